@@ -1,0 +1,291 @@
+"""The shardio dataset format, version 1: the spec, and the code that encodes and checks it.
+
+A dataset is a directory::
+
+    DIR/
+      manifest.json            the dataset: the only list of what is in it (written last, atomically)
+      shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
+      shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
+      reports/RUN.json         each run's report (the run history); not needed to read the data
+      .lock                    held (flock) by a running job
+
+Pixels (``.npy``). The standard numpy format, so ``np.load(path, mmap_mode="r")`` reads a shard with numpy
+alone and a batch is a slice of a memory map. The header is always exactly ``HEADER_BYTES`` = 128 bytes
+(magic ``\\x93NUMPY``, version 1.0, little-endian uint16 header length 118, a Python-literal dict
+``{'descr': '|u1', 'fortran_order': False, 'shape': (N, H, W, 3), }`` padded with spaces, ``\\n``), so a
+shard's exact size is ``128 + N*H*W*3`` bytes: a truncated shard is caught by one ``stat``. uint8 has no
+byte order; the layout is NHWC (channels last, RGB), what image code and ``torch`` channels-last expect.
+
+Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
+``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
+the image's member name in that tar), ``width``/``height`` (int, the original image size before any
+resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (int or null, the label),
+``json`` (object or null, the sample's ``.json``). No pickle anywhere.
+
+Manifest (``manifest.json``). A JSON object:
+
+=================  ======================================================================================
+``format``         ``"shardio"``
+``format_version`` ``1``; a reader refuses any other version and says which it supports
+``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample
+``samples``        total number of samples (sum over ``shards``)
+``config``         the resolved config that wrote the pixels; ``config_hash``: sha256 of its canonical JSON
+``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
+``shards``         list, in dataset order, of ``{path, meta_path, samples, bytes, sha256, meta_bytes,
+                   meta_sha256, input}``; paths are relative to DIR; sha256 is of the whole file
+``inputs``         object: input path -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
+                   what incremental runs compare against
+``updated``        ISO-8601 time of the last commit
+=================  ======================================================================================
+
+Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it
+is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
+half-visible.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shardio import storage
+from shardio.errors import ShardFormatError, ShardIntegrityError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "HEADER_BYTES",
+    "MANIFEST_NAME",
+    "SHARDS_DIR",
+    "REPORTS_DIR",
+    "ShardEntry",
+    "InputEntry",
+    "Manifest",
+    "npy_header",
+    "shard_nbytes",
+    "parse_npy_header",
+    "config_hash",
+    "load_manifest",
+    "check_shard_sizes",
+    "verify_checksums",
+    "file_sha256",
+]
+
+FORMAT_NAME = "shardio"
+FORMAT_VERSION = 1
+HEADER_BYTES = 128
+MANIFEST_NAME = "manifest.json"
+SHARDS_DIR = "shards"
+REPORTS_DIR = "reports"
+_MAGIC = b"\x93NUMPY\x01\x00"
+
+
+def npy_header(count: int, height: int, width: int) -> bytes:
+    """The fixed 128-byte .npy v1.0 header of a shard of ``count`` H×W×3 uint8 images."""
+    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d, %d, 3), }" % (count, height, width)
+    body_len = HEADER_BYTES - len(_MAGIC) - 2
+    if len(body) + 1 > body_len:
+        raise ValueError(f"shape ({count}, {height}, {width}, 3) does not fit a {HEADER_BYTES}-byte header")
+    padded = body.ljust(body_len - 1) + "\n"
+    return _MAGIC + body_len.to_bytes(2, "little") + padded.encode("latin1")
+
+
+def shard_nbytes(count: int, height: int, width: int) -> int:
+    return HEADER_BYTES + count * height * width * 3
+
+
+def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
+    """Return (N, H, W) from a shard's first 128 bytes, or say exactly what is wrong with them."""
+    if len(header) < HEADER_BYTES or not header.startswith(_MAGIC):
+        raise ShardFormatError(
+            f"{path}: not a shardio shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
+            "HINT: the file is corrupt or was not written by preprocess - re-run `preprocess verify --repair`"
+        )
+    try:
+        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
+        shape = tuple(meta["shape"])
+        ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 4 and shape[3] == 3
+    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        raise ShardFormatError(f"{path}: unreadable .npy header: {e}") from e
+    if not ok:
+        raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
+    return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest records it."""
+
+    path: str
+    meta_path: str
+    samples: int
+    bytes: int
+    sha256: str
+    meta_bytes: int
+    meta_sha256: str
+    input: str
+
+
+@dataclass
+class InputEntry:
+    """One committed input: how to recognise it next run, and which shards hold its samples."""
+
+    size: int
+    mtime_ns: int
+    samples: int
+    failed: int
+    shards: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    shape: tuple[int, int, int]
+    config: dict[str, Any]
+    versions: dict[str, Any]
+    shards: list[ShardEntry] = field(default_factory=list)
+    inputs: dict[str, InputEntry] = field(default_factory=dict)
+    updated: str = ""
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "layout": "NHWC",
+            "dtype": "uint8",
+            "shape": list(self.shape),
+            "samples": self.samples,
+            "config": self.config,
+            "config_hash": self.config_hash,
+            "versions": self.versions,
+            "shards": [asdict(s) for s in self.shards],
+            "inputs": {k: asdict(v) for k, v in sorted(self.inputs.items())},
+            "updated": self.updated,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], path: str) -> Manifest:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise ShardFormatError(f"{path}: not a shardio manifest (no \"format\": \"{FORMAT_NAME}\")")
+        version = doc.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ShardFormatError(
+                f"{path}: format_version {version!r}, this shardio reads version {FORMAT_VERSION}; "
+                "HINT: install the shardio version that wrote it, or re-run preprocess into a new directory"
+            )
+        try:
+            if doc["layout"] != "NHWC" or doc["dtype"] != "uint8" or len(doc["shape"]) != 3:
+                raise ShardFormatError(f"{path}: unsupported layout {doc['layout']}/{doc['dtype']}")
+            h, w, c = (int(x) for x in doc["shape"])
+            if c != 3:
+                raise ShardFormatError(f"{path}: shape {doc['shape']} is not H×W×3")
+            manifest = cls(
+                shape=(h, w, c),
+                config=doc["config"],
+                versions=doc.get("versions", {}),
+                shards=[ShardEntry(**s) for s in doc["shards"]],
+                inputs={k: InputEntry(**v) for k, v in doc.get("inputs", {}).items()},
+                updated=doc.get("updated", ""),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        if doc.get("samples") != manifest.samples:
+            raise ShardIntegrityError(
+                f"{path}: says {doc.get('samples')} samples but its shards hold {manifest.samples}"
+            )
+        return manifest
+
+
+def load_manifest(directory: str) -> Manifest:
+    """Read and check ``DIR/manifest.json``; errors say whether the directory is empty, mid-write or foreign."""
+    path = storage.join(directory, MANIFEST_NAME)
+    if not storage.exists(directory):
+        raise ShardFormatError(f"{directory}: no such dataset directory")
+    if not storage.exists(path):
+        entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
+        if not entries:
+            hint = "the directory is empty; run `preprocess run INPUT... --output DIR` first"
+        elif SHARDS_DIR in entries:
+            hint = "shards exist but no manifest: a first run is still writing or was killed; wait or re-run it"
+        else:
+            hint = "this is not a shardio dataset directory"
+        raise ShardFormatError(f"{path}: missing; {hint}")
+    try:
+        with storage.open_read(path) as f:
+            doc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e}); HINT: restore it or re-run preprocess") from e
+    return Manifest.from_json(doc, path)
+
+
+def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int]) -> int:
+    return shard_nbytes(entry.samples, shape[0], shape[1])
+
+
+def check_shard_sizes(directory: str, manifest: Manifest) -> None:
+    """O(1) per shard: every listed file exists with exactly the size the format implies."""
+    for entry in manifest.shards:
+        expected = expected_shard_size(entry, manifest.shape)
+        if entry.bytes != expected:
+            raise ShardIntegrityError(
+                f"{entry.path}: manifest says {entry.bytes} bytes, {entry.samples} samples imply {expected}"
+            )
+        for rel, size in ((entry.path, entry.bytes), (entry.meta_path, entry.meta_bytes)):
+            path = storage.join(directory, rel)
+            try:
+                actual = storage.file_size(path)
+            except FileNotFoundError:
+                raise ShardIntegrityError(
+                    f"{path}: listed in the manifest but missing; "
+                    "HINT: run `preprocess verify DIR --repair` to rebuild it from its input"
+                ) from None
+            if actual != size:
+                raise ShardIntegrityError(
+                    f"{path}: {actual} bytes, the manifest says {size} (truncated or overwritten); "
+                    "HINT: run `preprocess verify DIR --repair`"
+                )
+
+
+def file_sha256(path: str, chunk_bytes: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with storage.open_read(path) as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checksums(directory: str, manifest: Manifest) -> list[str]:
+    """Full read of every shard; returns one message per bad file (empty list: all good)."""
+    problems: list[str] = []
+    try:
+        check_shard_sizes(directory, manifest)
+    except ShardIntegrityError:
+        pass  # reported per file below
+    for entry in manifest.shards:
+        for rel, size, sha in (
+            (entry.path, entry.bytes, entry.sha256),
+            (entry.meta_path, entry.meta_bytes, entry.meta_sha256),
+        ):
+            path = storage.join(directory, rel)
+            if not storage.exists(path):
+                problems.append(f"{path}: missing")
+            elif storage.file_size(path) != size:
+                problems.append(f"{path}: {storage.file_size(path)} bytes, expected {size}")
+            elif file_sha256(path) != sha:
+                problems.append(f"{path}: sha256 differs from the manifest (corrupt)")
+    return problems

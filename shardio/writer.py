@@ -1,0 +1,159 @@
+"""Writing shards and the manifest, atomically (see ``shardio.format`` for the layout).
+
+A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
+header), so a worker holds one image at a time, not a shard: memory stays flat whatever
+``samples_per_shard`` is. The pixel file's sha256 (of the whole file, so ``sha256sum`` agrees) is taken
+at commit from the page cache, once the header is final.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from shardio import storage
+from shardio.format import (
+    HEADER_BYTES,
+    MANIFEST_NAME,
+    SHARDS_DIR,
+    Manifest,
+    ShardEntry,
+    npy_header,
+)
+
+__all__ = ["ShardWriter", "InputShardWriter", "write_manifest"]
+
+
+@dataclass
+class _OpenFile:
+    tmp_path: str
+    final_path: str
+    handle: Any
+    digest: Any  # None: hashed at commit instead
+    nbytes: int = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.handle.write(data)
+        if self.digest is not None:
+            self.digest.update(data)
+        self.nbytes += len(data)
+
+
+def _open_temp(final_path: str, hashed: bool) -> _OpenFile:
+    directory, name = os.path.split(final_path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{storage.TEMP_PREFIX}{name}.", dir=directory)
+    return _OpenFile(tmp, final_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
+
+
+class ShardWriter:
+    """One shard: ``add`` images of shape (H, W, 3) uint8 with their metadata, then ``commit``."""
+
+    def __init__(self, directory: str, name: str, height: int, width: int) -> None:
+        self.directory = directory
+        self.rel_path = f"{SHARDS_DIR}/{name}.npy"
+        self.rel_meta = f"{SHARDS_DIR}/{name}.jsonl"
+        self.height, self.width = height, width
+        self.count = 0
+        storage.makedirs(storage.join(directory, SHARDS_DIR))
+        self._pixels = _open_temp(storage.join(directory, self.rel_path), hashed=False)
+        self._meta = _open_temp(storage.join(directory, self.rel_meta), hashed=True)
+        # Placeholder: the real header (with the final count) is written at commit.
+        self._pixels.handle.write(b"\0" * HEADER_BYTES)
+
+    def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
+        if pixels.shape != (self.height, self.width, 3) or pixels.dtype != np.uint8:
+            raise ValueError(f"image {pixels.shape} {pixels.dtype} != ({self.height}, {self.width}, 3) uint8")
+        self._pixels.write(memoryview(np.ascontiguousarray(pixels)).cast("B"))
+        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._meta.write(line.encode("utf-8"))
+        self.count += 1
+
+    def commit(self, input_name: str) -> ShardEntry:
+        """Finish both files and rename them into place; returns the manifest entry."""
+        header = npy_header(self.count, self.height, self.width)
+        pixels = self._pixels
+        pixels.handle.seek(0)
+        pixels.handle.write(header)
+        pixels.handle.flush()
+        # Hashed once, here, from the page cache: the exact bytes on disk, header included.
+        whole = hashlib.sha256()
+        with open(pixels.tmp_path, "rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                whole.update(chunk)
+        for handle in (pixels, self._meta):
+            handle.handle.flush()
+            os.fsync(handle.handle.fileno())
+            handle.handle.close()
+        os.replace(self._meta.tmp_path, self._meta.final_path)
+        os.replace(pixels.tmp_path, pixels.final_path)
+        return ShardEntry(
+            path=self.rel_path,
+            meta_path=self.rel_meta,
+            samples=self.count,
+            bytes=HEADER_BYTES + pixels.nbytes,
+            sha256=whole.hexdigest(),
+            meta_bytes=self._meta.nbytes,
+            meta_sha256=self._meta.digest.hexdigest(),
+            input=input_name,
+        )
+
+    def abort(self) -> None:
+        for handle in (self._pixels, self._meta):
+            if not handle.handle.closed:
+                handle.handle.close()
+            storage.remove(handle.tmp_path)
+
+
+class InputShardWriter:
+    """All shards of one input, ``samples_per_shard`` each (the last one partial), named deterministically.
+
+    Names are ``{stem}-{index:05d}``: the same input and config give the same files, byte for byte. On
+    ``abort`` every file this writer made is removed, so a failed input leaves nothing behind.
+    """
+
+    def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int) -> None:
+        self.directory, self.stem = directory, stem
+        self.height, self.width = height, width
+        self.samples_per_shard = samples_per_shard
+        self.entries: list[ShardEntry] = []
+        self._current: ShardWriter | None = None
+
+    def add(self, pixels: np.ndarray, meta: dict[str, Any], input_name: str) -> None:
+        if self._current is None:
+            name = f"{self.stem}-{len(self.entries):05d}"
+            self._current = ShardWriter(self.directory, name, self.height, self.width)
+        self._current.add(pixels, meta)
+        if self._current.count >= self.samples_per_shard:
+            self.entries.append(self._current.commit(input_name))
+            self._current = None
+
+    def close(self, input_name: str) -> list[ShardEntry]:
+        if self._current is not None and self._current.count:
+            self.entries.append(self._current.commit(input_name))
+        elif self._current is not None:
+            self._current.abort()
+        self._current = None
+        return self.entries
+
+    def abort(self) -> None:
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        for entry in self.entries:
+            storage.remove(storage.join(self.directory, entry.path))
+            storage.remove(storage.join(self.directory, entry.meta_path))
+        self.entries = []
+
+
+def write_manifest(directory: str, manifest: Manifest) -> None:
+    """Publish the manifest atomically: this rename is the commit of everything it lists."""
+    manifest.updated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
+    storage.write_atomic(storage.join(directory, MANIFEST_NAME), data)
