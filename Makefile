@@ -23,10 +23,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull the multi-GB CUDA build.
 	$(PIP) install -q torch==$(TORCH_VERSION)
+	# WebP decoding needs libwebp headers at Pillow-SIMD build time (libjpeg and zlib are assumed there).
+	@if [ ! -f /usr/include/webp/decode.h ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -q libwebp-dev || (apt-get update -q && apt-get install -y -q libwebp-dev)) \
+			>/dev/null 2>&1 || echo "warning: no libwebp-dev: WebP samples will be counted as failures" >&2; fi
 	# Pillow-SIMD replaces stock Pillow (same `PIL` package): remove Pillow, build SIMD with AVX2.
+	# --no-cache-dir: a cached wheel may come from a build without AVX2 or without WebP.
 	-$(PIP) uninstall -q -y pillow
 	@if ! $(PIP) show pillow-simd >/dev/null 2>&1 || [ ! -f $(VENV)/.pillow-simd-avx2 ]; then \
-		CC="cc -mavx2" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd \
+		CC="cc -mavx2" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps --no-binary pillow-simd \
 			pillow-simd==$(PILLOW_SIMD_VERSION) && echo 'CC="cc -mavx2"' > $(VENV)/.pillow-simd-avx2; fi
 	$(PIP) install -q -e '.[preprocess,dev]'
 	# Anything that required `pillow` would have put stock Pillow back: fail loudly if so.

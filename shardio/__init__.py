@@ -11,7 +11,9 @@ from shardio.errors import (
     ShardIntegrityError,
     ShardioError,
 )
+from shardio.dataset import ShardDataset
 from shardio.format import FORMAT_VERSION
+from shardio.loader import DeviceLoader, ShardLoader, to_device
 from shardio.reader import DatasetSnapshot, open_dataset
 
 __version__ = "0.1.0"
@@ -20,6 +22,10 @@ __all__ = [
     "FORMAT_VERSION",
     "DatasetSnapshot",
     "open_dataset",
+    "ShardDataset",
+    "ShardLoader",
+    "DeviceLoader",
+    "to_device",
     "ShardioError",
     "ShardError",
     "ShardFormatError",

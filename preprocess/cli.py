@@ -1,0 +1,200 @@
+"""``preprocess``: the command line of the job (typer).
+
+Exit codes: 0 every input processed (bad samples are counted in the report, not fatal); 1 an input could
+not be processed (the others are still committed) or a check failed; 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from preprocess.config import ConfigError, load_config
+from preprocess.job import RunOptions, RunReport, report_dict, run_job
+from preprocess.output_lock import OutputLocked
+from preprocess.ray_runner import RayUnavailable
+from shardio.errors import DatasetIncompatibleError, ShardError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="WebDataset tars -> fixed-shape uint8 shards.")
+console = Console(stderr=True)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _fail_usage(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from preprocess.versions import pillow_build
+
+        import shardio
+
+        build = pillow_build()
+        kind = "Pillow-SIMD" if build["pillow_simd"] else "stock Pillow"
+        avx = "AVX2" if build["built_with_avx2"] else "no AVX2 marker"
+        typer.echo(f"preprocess (shardio {shardio.__version__}); PIL {build['pil_version']} ({kind}, {avx}); "
+                   f"libjpeg-turbo {build['libjpeg_turbo']}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show versions and exit.")
+    ] = False,
+) -> None:
+    """Preprocess WebDataset image tars once, offline, into shards that training reads with no CPU work."""
+
+
+class _Display:
+    """Progress bar over inputs with live images/s (stderr; plain lines when not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.live = console.is_terminal and not quiet
+        self.per_input: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.started = 0.0
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        import time
+
+        if kind == "plan":
+            self.started = time.perf_counter()
+            if not self.quiet:
+                console.print(f"{payload['todo']} input(s) to process, {payload['skipped']} already committed")
+            if payload["todo"] and self.live:
+                self.progress = Progress(
+                    TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("tars"),
+                    TextColumn("{task.fields[images]} images, {task.fields[rate]} img/s"),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                )
+                self.progress.start()
+                self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
+            return
+        if kind == "progress":
+            self.per_input[payload.input] = max(self.per_input.get(payload.input, 0), payload.done)
+        elif kind == "input":
+            self.per_input[payload.input] = payload.samples
+            if not self.live and not self.quiet:
+                status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
+                console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False)
+        images = sum(self.per_input.values())
+        rate = images / max(1e-9, time.perf_counter() - self.started)
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1 if kind == "input" else 0, images=images, rate=f"{rate:.0f}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _summary(report: RunReport, report_path: str) -> None:
+    console.rule("[bold]preprocess summary")
+    console.print(
+        f"samples written {report.samples_written}, failed {report.samples_failed}; "
+        f"inputs processed {len(report.inputs_processed)}, skipped {len(report.inputs_skipped)}, "
+        f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else ""),
+        highlight=False,
+    )
+    console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s; dataset now holds "
+                  f"{report.dataset_samples} samples in {report.output}", highlight=False)
+    if not report.inputs_processed and not report.inputs_failed:
+        console.print("nothing new to process", highlight=False)
+    for reason, count in list(report.failures_by_reason().items())[:8]:
+        console.print(f"  {count:6d} x {reason}", highlight=False)
+    for failed in report.inputs_failed[:10]:
+        console.print(f"[red]input failed:[/red] {failed['input']}: {failed['reason']}", highlight=False)
+    console.print(f"report: {report_path}", highlight=False)
+
+
+@app.command()
+def run(
+    inputs: Annotated[list[str], typer.Argument(help="Tar paths, globs ('data/*.tar') or brace ranges ('data/{00000..00099}.tar').")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Dataset directory (created, or appended to).")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
+    size: Annotated[Optional[int], typer.Option(help="Square output: height = width = SIZE.")] = None,
+    height: Annotated[Optional[int], typer.Option(help="Output height.")] = None,
+    width: Annotated[Optional[int], typer.Option(help="Output width.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch.")] = None,
+    resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
+    samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs (default: all cores). Ignored with --ray-address.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster (HOST:PORT, ray://HOST:PORT, auto).")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Also write the JSON report here (always kept in OUTPUT/reports/).")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="If another run holds OUTPUT, wait for it instead of exiting.")] = False,
+    prune: Annotated[bool, typer.Option("--prune", help="Drop committed inputs that are not among INPUTS.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+) -> None:
+    """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
+    if size is not None and (height is not None or width is not None):
+        _fail_usage("give --size or --height/--width, not both")
+    if workers is not None and workers < 1:
+        _fail_usage("--workers must be >= 1")
+    overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
+                 "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard}
+    try:
+        cfg = load_config(str(config) if config else None, overrides)
+    except ConfigError as e:
+        _fail_usage(str(e))
+    display = _Display(quiet)
+    options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
+                         ray_address=ray_address, wait_for_lock=wait, prune=prune)
+    try:
+        result = run_job(options, on_event=display)
+    except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError) as e:
+        display.close()
+        _fail_usage(str(e))
+    except ShardError as e:
+        display.close()
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    finally:
+        display.close()
+    report_path = f"{result.output}/reports/{result.run_id}.json"
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(report_dict(result), indent=1, ensure_ascii=False))
+        report_path = str(report)
+    if not quiet:
+        _summary(result, report_path)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def doctor() -> None:
+    """Which PIL build (Pillow-SIMD? AVX2?) and libjpeg-turbo are active, and whether that is right."""
+    from preprocess.versions import library_versions, pillow_build
+
+    build = pillow_build()
+    for key, value in {**library_versions(), **build}.items():
+        typer.echo(f"{key:24s} {value}")
+    problems = []
+    if not build["pillow_simd"]:
+        problems.append("stock Pillow is active, not Pillow-SIMD: resizing is 6-8x slower (run `make install`)")
+    if build["cpu_has_avx2"] and not build["built_with_avx2"]:
+        problems.append("Pillow-SIMD was not built with AVX2 by `make install` (CC=\"cc -mavx2\")")
+    if not build["libjpeg_turbo"]:
+        problems.append("PIL is not linked against libjpeg-turbo: decoding is slower")
+    for problem in problems:
+        typer.echo(f"WARNING: {problem}", err=True)
+    raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
+
+
+def main() -> None:
+    app(prog_name="preprocess")
+
+
+if __name__ == "__main__":
+    main()

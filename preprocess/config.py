@@ -1,0 +1,114 @@
+"""The job's config: typed defaults in one dataclass, a YAML file over them, CLI flags over the file.
+
+Only fields that change the pixels or the shard layout live here: they are stored in the manifest and
+hashed, and a dataset refuses a run whose config differs. Run-time choices (workers, Ray address, report
+path) are CLI options, not config, so they never make two runs incompatible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+__all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS"]
+
+RESIZE_MODES = ("center_crop", "pad", "stretch")
+# Pillow's filter names; "box" and "bilinear" are cheaper, "lanczos" sharper; bicubic is what
+# torchvision and timm use for ImageNet-style training.
+RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+
+
+class ConfigError(ValueError):
+    """A config file or flag is invalid; the CLI turns it into exit code 2."""
+
+
+@dataclass
+class JobConfig:
+    height: int = 256
+    width: int = 256
+    mode: str = "center_crop"
+    resample: str = "bicubic"
+    # Letterbox colour for mode=pad, and the background alpha is composited on (RGB 0-255).
+    fill: tuple[int, int, int] = (0, 0, 0)
+    background: tuple[int, int, int] = (255, 255, 255)
+    # Largest DCT scale (1/2, 1/4, 1/8) that keeps both kept sides >= the target: most of the speed.
+    draft: bool = True
+    samples_per_shard: int = 1000
+    # Pixel-bomb limit: an image with more pixels is a failed sample, never decoded. Pillow's own
+    # warning band (above MAX_IMAGE_PIXELS) is treated as this error too.
+    max_image_pixels: int = 89_478_485
+    image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+    # Fraction of failed samples above which the run exits non-zero even if every input was read.
+    max_failed_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.fill = tuple(self.fill)  # YAML gives lists
+        self.background = tuple(self.background)
+        self.image_extensions = tuple(e.lower().lstrip(".") for e in self.image_extensions)
+        self.validate()
+
+    def validate(self) -> None:
+        if not (1 <= self.height <= 8192 and 1 <= self.width <= 8192):
+            raise ConfigError(f"height/width must be 1..8192, got {self.height}x{self.width}")
+        if self.mode not in RESIZE_MODES:
+            raise ConfigError(f"mode must be one of {', '.join(RESIZE_MODES)}, got {self.mode!r}")
+        if self.resample not in RESAMPLE_FILTERS:
+            raise ConfigError(f"resample must be one of {', '.join(RESAMPLE_FILTERS)}, got {self.resample!r}")
+        for name in ("fill", "background"):
+            value = getattr(self, name)
+            if len(value) != 3 or not all(isinstance(v, int) and 0 <= v <= 255 for v in value):
+                raise ConfigError(f"{name} must be three integers 0-255, got {list(value)}")
+        if self.samples_per_shard < 1:
+            raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
+        if self.max_image_pixels < 1:
+            raise ConfigError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ConfigError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical form stored in the manifest and hashed (JSON types only)."""
+        d = dataclasses.asdict(self)
+        d["fill"] = list(self.fill)
+        d["background"] = list(self.background)
+        d["image_extensions"] = list(self.image_extensions)
+        return d
+
+    def output_dict(self) -> dict[str, Any]:
+        """The fields that decide the pixels and layout: what must match to append to a dataset."""
+        d = self.to_dict()
+        d.pop("max_failed_fraction")  # a run policy, not part of the data
+        return d
+
+
+_FIELDS = {f.name for f in dataclasses.fields(JobConfig)}
+
+
+def _from_mapping(values: dict[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(set(values) - _FIELDS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(_FIELDS))}")
+    return values
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> JobConfig:
+    """Defaults, then the YAML file at ``path``, then ``overrides`` (CLI flags; None values ignored)."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read config ({e.strerror})") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: a config file is a mapping of keys to values")
+        values.update(_from_mapping(doc, path))
+    values.update(_from_mapping({k: v for k, v in (overrides or {}).items() if v is not None}, "flags"))
+    try:
+        return JobConfig(**values)
+    except TypeError as e:
+        raise ConfigError(f"{path or 'config'}: {e}") from e

@@ -1,0 +1,258 @@
+"""The preprocessing job: inputs -> committed shards in one output directory, incrementally.
+
+A run: take the output lock, read the manifest (if any) and refuse a different config, clean what a
+killed run left, skip inputs already committed unchanged (same path, size and mtime), run the rest as
+Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
+commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
+files it lists are complete, files it does not list are invisible and removed by the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from preprocess.config import JobConfig
+from preprocess.inputs import resolve_inputs
+from preprocess.output_lock import OutputLock
+from preprocess.ray_runner import Progress, ray_session, stream_inputs
+from preprocess.versions import library_versions
+from preprocess.worker import InputResult
+from shardio import storage
+from shardio.errors import DatasetIncompatibleError
+from shardio.format import (
+    MANIFEST_NAME,
+    REPORTS_DIR,
+    SHARDS_DIR,
+    InputEntry,
+    Manifest,
+    ShardEntry,
+    load_manifest,
+)
+from shardio.writer import write_manifest
+
+__all__ = ["RunOptions", "RunReport", "run_job", "COMMIT_INTERVAL_S"]
+
+# Commit the manifest at most this often while inputs finish (and always at the end): a killed run
+# loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
+COMMIT_INTERVAL_S = 2.0
+
+
+@dataclass
+class RunOptions:
+    inputs: list[str]
+    output: str
+    config: JobConfig
+    workers: int | None = None
+    ray_address: str | None = None
+    wait_for_lock: bool = False
+    prune: bool = False
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    output: str
+    started: str
+    config: dict[str, Any]
+    samples_written: int = 0
+    samples_failed: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    inputs_processed: list[str] = field(default_factory=list)
+    inputs_skipped: list[str] = field(default_factory=list)
+    inputs_failed: list[dict[str, str]] = field(default_factory=list)
+    inputs_pruned: list[str] = field(default_factory=list)
+    dataset_samples: int = 0
+    elapsed_s: float = 0.0
+    images_per_s: float = 0.0
+    cluster: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed_fraction(self) -> float:
+        total = self.samples_written + self.samples_failed
+        return self.samples_failed / total if total else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0: every input processed (bad samples are counted, not fatal); 1: an input failed, or more
+        samples failed than the config's ``max_failed_fraction`` allows."""
+        too_many = self.failed_fraction > self.config.get("max_failed_fraction", 1.0)
+        return 1 if self.inputs_failed or too_many else 0
+
+    def failures_by_reason(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for failure in self.failures:
+            reason = failure["reason"].split(": ", 1)[-1].split(" (")[0][:60]
+            counts[reason] = counts.get(reason, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
+    wanted = cfg.output_dict()
+    if manifest.config == wanted:
+        return
+    keys = sorted(set(manifest.config) | set(wanted))
+    diffs = [f"{k}: dataset has {manifest.config.get(k)!r}, this run {wanted.get(k)!r}"
+             for k in keys if manifest.config.get(k) != wanted.get(k)]
+    raise DatasetIncompatibleError(
+        f"{storage.join(directory, MANIFEST_NAME)}: written with a different config ({'; '.join(diffs)}); "
+        "shards of different shapes or pixels never mix: use a new --output, or the dataset's own config"
+    )
+
+
+def _clean_leftovers(directory: str, manifest: Manifest | None) -> int:
+    """Remove temp files and shards no manifest lists (a killed run's work); returns how many."""
+    listed = set()
+    if manifest is not None:
+        for entry in manifest.shards:
+            listed.update((entry.path, entry.meta_path))
+    removed = 0
+    for name in storage.list_dir(directory):
+        if name.startswith(storage.TEMP_PREFIX):
+            storage.remove(storage.join(directory, name))
+            removed += 1
+    for name in storage.list_dir(storage.join(directory, SHARDS_DIR)):
+        if f"{SHARDS_DIR}/{name}" not in listed:
+            storage.remove(storage.join(directory, SHARDS_DIR, name))
+            removed += 1
+    return removed
+
+
+class _Committer:
+    """Folds finished inputs into the manifest and publishes it atomically, at most every few seconds."""
+
+    def __init__(self, directory: str, manifest: Manifest) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.dirty = False
+        self.last_commit = 0.0
+        self.obsolete: list[str] = []  # files of replaced inputs, deleted once no manifest lists them
+
+    def add(self, result: InputResult) -> None:
+        new_entries = [ShardEntry(**s) for s in result.shards]
+        new_paths = {e.path for e in new_entries}
+        old = self.manifest.inputs.get(result.input)
+        if old is not None:
+            self.drop(result.input, keep=new_paths)
+        self.manifest.shards.extend(new_entries)
+        self.manifest.inputs[result.input] = InputEntry(
+            size=result.size, mtime_ns=result.mtime_ns, samples=result.samples,
+            failed=len(result.failures), shards=[e.path for e in new_entries],
+        )
+        self.dirty = True
+
+    def drop(self, input_path: str, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        old = self.manifest.inputs.pop(input_path)
+        gone = set(old.shards) - keep
+        for entry in self.manifest.shards:
+            if entry.path in gone:
+                self.obsolete += [entry.path, entry.meta_path]
+        self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
+        self.dirty = True
+
+    def maybe_commit(self, force: bool = False) -> None:
+        if not self.dirty or (not force and time.monotonic() - self.last_commit < COMMIT_INTERVAL_S):
+            return
+        # Dataset order: by input path, then shard name: independent of which task finished first.
+        self.manifest.shards.sort(key=lambda e: (e.input, e.path))
+        write_manifest(self.directory, self.manifest)
+        self.last_commit = time.monotonic()
+        self.dirty = False
+        for rel in self.obsolete:
+            storage.remove(storage.join(self.directory, rel))
+        self.obsolete = []
+
+
+def run_job(
+    options: RunOptions, on_event: Callable[[str, Any], None] | None = None
+) -> RunReport:
+    """Run the job; ``on_event(kind, payload)`` receives "plan", "progress" and "input" events (the CLI's
+    progress bar and logs). Raises DatasetIncompatibleError / OutputLocked / RayUnavailable before any
+    work; returns the report otherwise (its ``exit_code`` says whether every input was processed)."""
+    emit = on_event or (lambda kind, payload: None)
+    started = time.perf_counter()
+    cfg = options.config
+    directory = storage.check_local(options.output)
+    report = RunReport(
+        run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
+        output=directory,
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        config=cfg.to_dict(),
+        versions=library_versions(),
+    )
+    paths, report.inputs_failed = resolve_inputs(options.inputs)
+    storage.makedirs(directory)
+    with OutputLock(directory, wait=options.wait_for_lock):
+        existing = load_manifest(directory) if storage.exists(storage.join(directory, MANIFEST_NAME)) else None
+        if existing is not None:
+            _check_compatible(existing, cfg, directory)
+        manifest = existing or Manifest(
+            shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions
+        )
+        manifest.versions = report.versions
+        _clean_leftovers(directory, existing)
+        committer = _Committer(directory, manifest)
+
+        todo: list[tuple[str, tuple[int, int]]] = []
+        for path in paths:
+            fingerprint = storage.stat_fingerprint(path)
+            committed = manifest.inputs.get(path)
+            if committed is not None and (committed.size, committed.mtime_ns) == fingerprint:
+                report.inputs_skipped.append(path)
+            else:
+                todo.append((path, fingerprint))
+        if options.prune:
+            for path in sorted(set(manifest.inputs) - set(paths)):
+                committer.drop(path)
+                report.inputs_pruned.append(path)
+        emit("plan", {"todo": len(todo), "skipped": len(report.inputs_skipped)})
+
+        if todo:
+            with ray_session(options.ray_address, options.workers) as cluster:
+                report.cluster = cluster
+                for message in stream_inputs(todo, directory, cfg):
+                    if isinstance(message, Progress):
+                        emit("progress", message)
+                        continue
+                    _record(report, message)
+                    if message.error is None:
+                        committer.add(message)
+                        committer.maybe_commit()
+                    emit("input", message)
+        committer.maybe_commit(force=True)
+        if existing is None and not storage.exists(storage.join(directory, MANIFEST_NAME)):
+            write_manifest(directory, manifest)  # an empty but valid dataset, so readers get a clear answer
+        report.dataset_samples = manifest.samples
+        report.elapsed_s = round(time.perf_counter() - started, 3)
+        report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
+        _save_report(directory, report)
+    return report
+
+
+def _record(report: RunReport, result: InputResult) -> None:
+    if result.error is not None:
+        report.inputs_failed.append({"input": result.input, "reason": result.error})
+        return
+    report.inputs_processed.append(result.input)
+    report.samples_written += result.samples
+    report.samples_failed += len(result.failures)
+    report.failures.extend(result.failures)
+
+
+def report_dict(report: RunReport) -> dict[str, Any]:
+    doc = {k: v for k, v in vars(report).items()}
+    doc["failures_by_reason"] = report.failures_by_reason()
+    doc["exit_code"] = report.exit_code
+    return doc
+
+
+def _save_report(directory: str, report: RunReport) -> None:
+    storage.makedirs(storage.join(directory, REPORTS_DIR))
+    data = json.dumps(report_dict(report), indent=1, ensure_ascii=False).encode()
+    storage.write_atomic(storage.join(directory, REPORTS_DIR, f"{report.run_id}.json"), data)

@@ -1,0 +1,58 @@
+"""One run per output directory at a time (a cron overlap must not interleave two runs' commits).
+
+An ``flock`` on ``DIR/.lock``: the kernel drops it when the holder dies, even by SIGKILL, so a dead run
+never leaves the dataset stuck. (flock is per host: on a shared filesystem seen by several hosts,
+schedule the job from one host.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+from shardio import storage
+from shardio.errors import ShardioError
+
+__all__ = ["OutputLocked", "OutputLock"]
+
+LOCK_NAME = ".lock"
+
+
+class OutputLocked(ShardioError):
+    """Another live run holds the output directory."""
+
+
+class OutputLock:
+    def __init__(self, directory: str, wait: bool = False, poll_s: float = 0.5) -> None:
+        self.path = storage.join(directory, LOCK_NAME)
+        self.wait = wait
+        self.poll_s = poll_s
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not self.wait:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise OutputLocked(
+                        f"{self.path}: another run is writing this output ({holder}); "
+                        "it will be picked up by the next run, or pass --wait to queue behind it"
+                    ) from None
+                time.sleep(self.poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

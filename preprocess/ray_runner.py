@@ -1,0 +1,137 @@
+"""Running inputs as Ray tasks: start or join a cluster, stream each task's progress and result.
+
+One task per input tar. A task writes its shards itself, straight into the output directory, and sends
+the driver only small messages (progress counts, then the shard list and failures): no image bytes or
+pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
+(``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+import preprocess
+import shardio
+from preprocess.config import JobConfig
+from preprocess.worker import InputResult, iter_process_input
+from shardio.errors import ShardioError
+
+__all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TASK_MAX_RETRIES"]
+
+TASK_MAX_RETRIES = 3
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RayUnavailable(ShardioError):
+    """The Ray cluster address given cannot be reached."""
+
+
+@dataclass
+class Progress:
+    input: str
+    done: int
+    failed: int
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a dead address: ``ray.init`` itself can retry for minutes."""
+    if address in ("auto", "local"):
+        return
+    host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnavailable(f"Ray address {address!r}: expected HOST:PORT, ray://HOST:PORT or 'auto'")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise RayUnavailable(
+            f"Ray cluster at {address} is unreachable ({e.strerror or e}); check the head node is up and "
+            "the address/port (`ray status` on the head), or drop --ray-address to run locally"
+        ) from None
+
+
+@contextmanager
+def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
+    """Use Ray as found (already initialised: tests, notebooks), join ``address``, or start it locally.
+
+    Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    started = False
+    if not ray.is_initialized():
+        common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                                  "configure_logging": True, "logging_level": "WARNING"}
+        if address:
+            _check_reachable(address)
+            # Ship our two packages to nodes that may not have them (their deps must be installed there).
+            runtime_env = {"py_modules": [os.path.dirname(preprocess.__file__), os.path.dirname(shardio.__file__)]}
+            ray.init(address=address, runtime_env=runtime_env, **common)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, **common)
+        started = True
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        yield {
+            "address": address or "local",
+            "nodes": len(nodes),
+            "cpus": int(ray.cluster_resources().get("CPU", 0)),
+        }
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
+    steps = iter_process_input(input_path, output_dir, JobConfig(**cfg_dict), fingerprint)
+    while True:
+        try:
+            done, failed = next(steps)
+        except StopIteration as stop:
+            yield stop.value
+            return
+        yield Progress(input_path, done, failed)
+
+
+def stream_inputs(
+    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None
+) -> Iterator[Progress | InputResult]:
+    """Run every (input, fingerprint) as a task; yield Progress messages and each InputResult as it ends.
+
+    At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
+    tars does not flood the scheduler, and a killed run has started little it did not finish.
+    """
+    remote = ray.remote(num_cpus=1, max_retries=TASK_MAX_RETRIES, retry_exceptions=False)(_task)
+    limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    queue = list(reversed(items))
+    fingerprints = dict(items)
+    running: dict[Any, str] = {}
+    cfg_dict = cfg.to_dict()
+    while queue or running:
+        while queue and len(running) < limit:
+            path, fingerprint = queue.pop()
+            running[remote.remote(path, output_dir, cfg_dict, fingerprint)] = path
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+        for generator in ready:
+            try:
+                ref = next(generator)
+            except StopIteration:
+                del running[generator]
+                continue
+            try:
+                message = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
+                path = running.pop(generator)
+                size, mtime_ns = fingerprints[path]
+                reason = f"worker failed: {e}".splitlines()[0]
+                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason)
+                continue
+            yield message

@@ -1,0 +1,142 @@
+"""Reading one WebDataset tar as samples, without ever writing a member to disk.
+
+Members are grouped into samples by webdataset's rule (``base_plus_ext``: ``dir/key.ext``; consecutive
+members with the same key form one sample). The tar is streamed (``r|*``, so ``.tar.gz`` works too) and
+members are read into memory, so member names with ``..``, absolute paths, directories and links can never
+make the job touch a file outside its output: they are skipped, and counted where they look like samples.
+
+Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
+is not a readable tar raises ``InputError`` naming it.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from webdataset.tariterators import base_plus_ext
+
+from shardio import storage
+from shardio.errors import InputError
+
+__all__ = ["RawSample", "SampleProblem", "iter_tar_samples", "MAX_MEMBER_BYTES"]
+
+# A member this large is not a web image (LAION's are ~300 KB); reading it would only risk memory.
+MAX_MEMBER_BYTES = 256 << 20
+_METADATA_EXTENSIONS = ("txt", "cls", "json")
+
+
+@dataclass
+class RawSample:
+    key: str
+    image_member: str
+    image: bytes
+    fields: dict[str, bytes] = field(default_factory=dict)  # "txt", "cls", "json" when present
+
+
+@dataclass
+class SampleProblem:
+    key: str
+    reason: str
+    member: str = ""
+
+
+@dataclass
+class _Group:
+    key: str
+    members: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # ext -> (member name, data)
+    problem: str | None = None
+
+
+def _is_unsafe(name: str) -> bool:
+    parts = name.replace("\\", "/").split("/")
+    return name.startswith(("/", "\\")) or ".." in parts or (len(name) > 1 and name[1] == ":")
+
+
+def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | SampleProblem:
+    if group.problem:
+        return SampleProblem(group.key, group.problem)
+    for ext in image_extensions:
+        if ext in group.members:
+            member, data = group.members[ext]
+            fields = {e: group.members[e][1] for e in _METADATA_EXTENSIONS if e in group.members}
+            return RawSample(group.key, member, data, fields)
+    present = ", ".join(sorted(group.members)) or "nothing"
+    return SampleProblem(group.key, f"no image member (has: {present})")
+
+
+def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[RawSample | SampleProblem]:
+    """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
+
+    Raises ``InputError`` if the file is missing, empty, not a tar, or truncated (including a tar cut
+    exactly at a member boundary, caught by its missing end-of-archive blocks).
+    """
+    try:
+        size = storage.file_size(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot stat ({e.strerror})") from e
+    if size == 0:
+        raise InputError(f"{path}: empty file (0 bytes), not a tar")
+    seen: set[str] = set()
+    group: _Group | None = None
+    last_member = "(none)"
+    try:
+        with storage.open_read(path) as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+            for info in tar:
+                name = info.name
+                if info.isdir():
+                    continue
+                parsed = base_plus_ext(name)
+                base = name.rsplit("/", 1)[-1]
+                if parsed is None or base.startswith("._") or "__MACOSX" in name:
+                    continue  # not a sample member (README, macOS resource forks)
+                key, ext = parsed[0], parsed[1].lower()
+                if group is None or key != group.key:
+                    if group is not None:
+                        yield _finish(group, image_extensions)
+                    group = _Group(key)
+                    if key in seen:
+                        group.problem = "key seen twice in this tar (the first occurrence is kept)"
+                    seen.add(key)
+                if group.problem:
+                    continue
+                if _is_unsafe(name):
+                    group.problem = f"unsafe member name {name!r} (absolute or '..'): ignored"
+                elif not info.isfile():
+                    kind = "symlink" if info.issym() else "hard link" if info.islnk() else "special file"
+                    group.problem = f"member {name!r} is a {kind}, not a regular file: ignored"
+                elif ext in group.members:
+                    group.problem = f"member {name!r} appears twice"
+                elif info.size > MAX_MEMBER_BYTES:
+                    group.problem = f"member {name!r} is {info.size} bytes (> {MAX_MEMBER_BYTES}): skipped"
+                else:
+                    handle = tar.extractfile(info)
+                    data = handle.read() if handle is not None else b""
+                    if len(data) != info.size:
+                        raise tarfile.ReadError(f"member {name!r}: {len(data)} of {info.size} bytes")
+                    group.members[ext] = (name, data)
+                last_member = name
+            end_offset = tar.offset
+    except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, OSError) as e:
+        reason = str(e) or type(e).__name__
+        if reason == "empty file":
+            reason = "no tar header"
+        raise InputError(f"{path}: not a readable tar ({reason}; last good member: {last_member})") from e
+    if group is None:
+        raise InputError(f"{path}: tar holds no sample members")
+    if not _compressed(path) and size - end_offset < tarfile.BLOCKSIZE:
+        raise InputError(
+            f"{path}: truncated tar (no end-of-archive blocks after member {last_member!r}); "
+            "re-download or re-create it"
+        )
+    yield _finish(group, image_extensions)
+
+
+def _compressed(path: str) -> bool:
+    with storage.open_read(path) as f:
+        magic = f.read(6)
+    return magic.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd"))

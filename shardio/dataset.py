@@ -1,0 +1,340 @@
+"""``ShardDataset``: whole batches from memory-mapped shards, with no per-sample CPU work.
+
+Epoch order. An epoch is a list of contiguous *runs* ``(shard, start, stop)``. With ``shuffle=False`` the
+runs are the shards in manifest order: the exact stored order. With ``shuffle=True``, from
+``np.random.default_rng([seed, epoch])``: the shard order is permuted; consecutive shards are grouped into
+windows of ``shuffle_window`` shards; each shard of a window is cut into blocks of ``shuffle_block``
+contiguous samples (block boundaries shifted by a random per-shard phase, so the same neighbours are not
+always cut together) and the blocks of the window are permuted. Same (seed, epoch), same order, on every
+rank and worker; ``set_epoch(e)`` picks the epoch.
+
+The trade-off. A batch is copied piece by piece, one ``memcpy`` per run it touches. Blocks of 16 samples
+of 256×256×3 are 3 MB copies, which run near ``np.copyto`` speed; single-sample blocks (a full shuffle)
+are 196 KB gathers, at ~1.7 GB/s against 6-12 GB/s here (see ``PERF_NOTES.md``), and on a disk rather
+than the page cache they turn sequential reads into random ones. So ``shuffle_block`` buys speed and
+costs mixing: samples that were stored within one block stay next to each other. ``shuffle_window`` costs
+no copy speed, only a working set of ``window`` shards that the page cache (or read-ahead) must hold; a
+larger window mixes samples from more shards into each batch. Within a window every sample can land
+anywhere, but no further than one window (``window × samples_per_shard`` samples) from where its shard
+lands: a batch draws from at most ``window`` shards, so data stored sorted (say one tar per class) needs a
+window of at least as many shards as the classes a batch should mix. ``python -m bench.reader`` measures
+speed and mixing for several settings.
+
+Distribution. Global batches of ``batch_size`` are cut from the epoch order; there are
+``N // (batch_size × world_size)`` full rounds and rank ``r`` gets global batches ``r, r + W, ...``. The
+remaining ``R = N mod (batch_size × W)`` samples:
+
+- ``drop_last=True``: dropped (the last R of the epoch order; other samples each epoch when shuffling).
+- ``drop_last=False``: split into one last, smaller batch per rank, sizes differing by at most one. If
+  ``R < W`` the ranks that would get nothing get one sample each from the start of the epoch order
+  (at most ``W - 1`` samples seen twice), so every rank yields ``len(ds)`` batches and DDP never waits.
+
+Every rank yields the same number of batches; together the ranks see each sample exactly once per epoch
+(but for those repeats or drops). Rank and world size come from the arguments, else from
+``torch.distributed`` when initialised (the dataset must be built after ``init_process_group``), else 0/1.
+
+Workers. DataLoader worker ``w`` of ``K`` takes the rank's batches ``w, w + K, ...``; DataLoader's in-order
+round robin then hands them out in the rank's order. With workers, each batch is assembled directly in
+shared memory (one copy), as ``default_collate`` does, so sending it to the main process copies nothing.
+
+Resume. ``state_dict()`` records the epoch and how many of this rank's batches were handed out;
+``load_state_dict`` makes the next iteration of that epoch skip them (later epochs start fresh).
+Iterated standalone the dataset counts itself; with workers use ``shardio.ShardLoader``, which counts
+the batches it hands out. ``set_epoch`` and ``load_state_dict`` act on the next iterator created, so they
+must come before it: ``ShardLoader`` refuses ``persistent_workers=True``, whose workers keep the dataset
+copy (and the epoch) of the first iterator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardio import storage
+from shardio.errors import ShardError
+from shardio.format import FORMAT_VERSION, MANIFEST_NAME
+from shardio.reader import DatasetSnapshot, ShardMeta, open_dataset
+
+__all__ = ["ShardDataset", "epoch_runs", "rank_batches"]
+
+Batch = dict[str, Any]
+
+
+def epoch_runs(
+    counts: np.ndarray, *, shuffle: bool, seed: int, epoch: int, shuffle_window: int, shuffle_block: int
+) -> np.ndarray:
+    """The epoch order as an R×3 int64 array of runs ``(shard, start, stop)`` (see the module docstring)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if not shuffle:
+        return np.stack([np.arange(len(counts)), np.zeros_like(counts), counts], axis=1)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(counts))
+    windows = []
+    for first in range(0, len(order), shuffle_window):
+        blocks = []
+        for shard in order[first : first + shuffle_window]:
+            count = int(counts[shard])
+            phase = int(rng.integers(0, min(shuffle_block, count))) if count else 0
+            starts = np.arange(phase, count, shuffle_block)
+            starts = np.concatenate([[0], starts]) if phase else starts
+            stops = np.append(starts[1:], count)
+            blocks.append(np.stack([np.full_like(starts, shard), starts, stops], axis=1))
+        window = np.concatenate(blocks) if blocks else np.empty((0, 3), np.int64)
+        windows.append(window[rng.permutation(len(window))])
+    runs = np.concatenate(windows).astype(np.int64) if windows else np.empty((0, 3), np.int64)
+    # Blocks that land next to their stored neighbour are one copy, not two.
+    joined = (runs[1:, 0] == runs[:-1, 0]) & (runs[1:, 1] == runs[:-1, 2])
+    head = np.flatnonzero(np.concatenate([[True], ~joined]))
+    tail = np.append(head[1:], len(runs)) - 1
+    return np.stack([runs[head, 0], runs[head, 1], runs[tail, 2]], axis=1)
+
+
+def rank_batches(samples: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[range]:
+    """This rank's batches of one epoch, each a range of positions in the epoch order."""
+    per_round = batch_size * world_size
+    full_rounds = samples // per_round
+    batches = [
+        range(g * batch_size, (g + 1) * batch_size) for g in range(rank, full_rounds * world_size, world_size)
+    ]
+    rest = samples - full_rounds * per_round
+    if rest and not drop_last:
+        base, extra = divmod(rest, world_size)
+        if base == 0 and rank >= rest:  # nothing left for this rank: repeat one of the first samples
+            repeat = (rank - rest) % samples  # the modulo only matters with fewer samples than ranks
+            batches.append(range(repeat, repeat + 1))
+        else:
+            start = full_rounds * per_round + rank * base + min(rank, extra)
+            batches.append(range(start, start + base + (rank < extra)))
+    return batches
+
+
+def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """(rank, world_size, from_torch_distributed); explicit arguments win."""
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank, world_size, initialised
+
+
+class ShardDataset(IterableDataset):
+    """Batches of a shardio dataset: ``{"image": uint8 [B, H, W, 3], "__key__": [str], "cls": int64 [B],
+    "txt": [str | None], "json": [dict | None]}``; ``cls``/``txt``/``json`` only where the batch's shards
+    carry them (a missing label is -1). Use with ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
+
+    ``len(ds)`` is this rank's batches per epoch. ``verify=True`` reads every shard and checks its sha256
+    at open (slow); without it, open checks the manifest, every file's size and every shard's header.
+    ``cache_shards`` is how many shards' memory maps and metadata each process keeps open.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        shuffle_window: int = 8,
+        shuffle_block: int = 16,
+        verify: bool = False,
+        cache_shards: int | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
+                            ("shuffle_block", shuffle_block)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.path = path
+        self.batch_size = batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+        self.shuffle_window, self.shuffle_block = shuffle_window, shuffle_block
+        self.rank, self.world_size, from_dist = _resolve_world(rank, world_size)
+        self.snapshot: DatasetSnapshot = open_dataset(path, verify=verify)
+        self.samples = len(self.snapshot)
+        manifest_path = storage.join(path, MANIFEST_NAME)
+        if self.samples == 0:
+            raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
+        for shard in range(len(self.snapshot.shards)):
+            self.snapshot.pixels(shard)  # reads and checks the header: a corrupt one fails now, not mid-epoch
+        if from_dist and self.world_size > 1:
+            self._check_same_snapshot(manifest_path)
+        if self.drop_last and self.samples < batch_size * self.world_size:
+            raise ValueError(
+                f"{path}: {self.samples} samples make no full batch of {batch_size} on each of "
+                f"{self.world_size} ranks, and drop_last=True would yield nothing"
+            )
+        self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
+        self.epoch = 0
+        self.batches_seen = 0  # counted when iterated standalone
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
+        self._cache: OrderedDict[int, tuple[np.ndarray, ShardMeta]] = OrderedDict()
+
+    def _check_same_snapshot(self, manifest_path: str) -> None:
+        """Ranks that opened different snapshots (a job appended in between) would disagree on the batch
+        count and hang DDP: refuse now, on every rank."""
+        mine = (self.samples, self.snapshot.manifest.updated)
+        everyone: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(everyone, mine)
+        if any(other != mine for other in everyone):
+            raise ShardError(
+                f"{manifest_path}: the ranks opened different snapshots (samples, updated) = {everyone}; "
+                "the dataset changed while they started - start them again once the writer is done"
+            )
+
+    # --- epochs, length, resume -------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (the shuffle order) of the next iterator."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self._batches())
+
+    def _batches(self) -> list[range]:
+        return rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last)
+
+    def runs(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch order as runs ``(shard, start, stop)``."""
+        return epoch_runs(
+            self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
+        )
+
+    def sample_order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch order as global stored sample indices (for tests and mixing measurements)."""
+        runs = self.runs(epoch)
+        offsets = self.snapshot.offsets
+        return np.concatenate([np.arange(offsets[s] + a, offsets[s] + b) for s, a, b in runs])
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """Where this rank is in the epoch; ``batches_seen`` defaults to what standalone iteration counted."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "batches_seen": self.batches_seen if batches_seen is None else int(batches_seen),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "samples": self.samples,
+            "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
+            "shuffle_block": self.shuffle_block,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iterator yields this epoch's batches after ``state["batches_seen"]``."""
+        mine = self.state_dict()
+        # Not the rank: in lockstep DDP every rank has seen as many batches, so rank 0's state fits all.
+        for key in ("seed", "world_size", "batch_size", "samples", "shuffle", "shuffle_window",
+                    "shuffle_block", "drop_last"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(
+                    f"cannot resume: the state has {key}={state[key]!r}, this dataset has {mine[key]!r}; "
+                    "resume with the same dataset snapshot and settings"
+                )
+        self.epoch = int(state["epoch"])
+        self.batches_seen = int(state["batches_seen"])
+        if not 0 <= self.batches_seen <= len(self):
+            raise ValueError(f"batches_seen={self.batches_seen} is outside this rank's 0..{len(self)}")
+        self._resume = (self.epoch, self.batches_seen)
+
+    def take_resume_skip(self) -> int:
+        """How many batches the next iterator skips: the loaded state's, once, if it is for this epoch."""
+        resume, self._resume = self._resume, None
+        return resume[1] if resume is not None and resume[0] == self.epoch else 0
+
+    # --- iteration ---------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        # Not a generator function: the epoch and resume point are read now, when DataLoader (or the
+        # caller) creates the iterator, not at the first next().
+        skip = self.take_resume_skip()
+        batches = self._batches()[skip:]
+        worker = get_worker_info()
+        if worker is not None:
+            batches = batches[worker.id :: worker.num_workers]
+        self.batches_seen = skip
+        return self._generate(self.runs(), batches, shared=worker is not None)
+
+    def _generate(self, runs: np.ndarray, batches: list[range], shared: bool) -> Iterator[Batch]:
+        stops = np.cumsum(runs[:, 2] - runs[:, 1])
+        for positions in batches:
+            first = int(np.searchsorted(stops, positions.start, side="right"))
+            last = int(np.searchsorted(stops, positions.stop, side="left"))
+            pieces = []
+            for i in range(first, last + 1):
+                shard, start, stop = (int(x) for x in runs[i])
+                begin = int(stops[i]) - (stop - start)
+                pieces.append((shard, start + max(0, positions.start - begin),
+                               start + min(stop - start, positions.stop - begin)))
+            batch = self._assemble(pieces, shared)
+            self.batches_seen += 1  # counted when handed out: a state_dict taken now skips this batch
+            yield batch
+
+    def _shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+        hit = self._cache.get(shard)
+        if hit is None:
+            hit = (self.snapshot.pixels(shard), self.snapshot.meta(shard))
+            self._cache[shard] = hit
+            if len(self._cache) > self.cache_shards:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(shard)
+        return hit
+
+    def _assemble(self, pieces: list[tuple[int, int, int]], shared: bool) -> Batch:
+        shards = [self._shard(shard) for shard, _, _ in pieces]
+        count = sum(stop - start for _, start, stop in pieces)
+        if len(pieces) == 1 and not shared:
+            # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
+            shard, start, stop = pieces[0]
+            image = torch.from_numpy(shards[0][0][start:stop])
+        else:
+            shape = (count, *self.snapshot.shape)
+            if shared:  # what default_collate does in a worker: no copy when sent to the main process
+                nbytes = count * int(np.prod(self.snapshot.shape))
+                image = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+                image = image.view(shape)
+            else:
+                image = torch.empty(shape, dtype=torch.uint8)
+            out = image.numpy()
+            at = 0
+            for (pixels, _), (_, start, stop) in zip(shards, pieces):
+                np.copyto(out[at : at + stop - start], pixels[start:stop])
+                at += stop - start
+        metas = [(meta, start, stop) for (_, meta), (_, start, stop) in zip(shards, pieces)]
+        batch: Batch = {"image": image, "__key__": _join([m.keys[a:b] for m, a, b in metas])}
+        if any(m.has_cls for m, _, _ in metas):
+            batch["cls"] = torch.from_numpy(np.concatenate([m.cls[a:b] for m, a, b in metas]))
+        if any(m.has_txt for m, _, _ in metas):
+            batch["txt"] = _join([m.txt[a:b] for m, a, b in metas])
+        if any(m.has_json for m, _, _ in metas):
+            batch["json"] = _join([m.json[a:b] for m, a, b in metas])
+        return batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = OrderedDict()  # each process maps its own shards
+        return state
+
+
+def _join(lists: list[list[Any]]) -> list[Any]:
+    return lists[0] if len(lists) == 1 else list(itertools.chain.from_iterable(lists))

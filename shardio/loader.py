@@ -1,0 +1,151 @@
+"""Feeding ``ShardDataset`` batches to a model: a counting DataLoader and a device prefetcher.
+
+``ShardLoader`` is a ``torch.utils.data.DataLoader`` fixed to what a batch-yielding dataset needs
+(``batch_size=None``, no per-sample collate) that counts the batches it hands out, so ``state_dict()``
+is exact with any number of workers. ``DeviceLoader`` moves each batch to the device with
+``non_blocking`` copies on a side CUDA stream while the model works on the previous one, and turns the
+uint8 NHWC images into normalised float NCHW (channels_last memory, which convolutions prefer).
+
+Copies per batch: memory map → pinned buffer (the pin thread, or the worker's shared memory then the pin
+thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from shardio.dataset import ShardDataset
+
+__all__ = ["ShardLoader", "DeviceLoader", "to_device", "IMAGENET_MEAN", "IMAGENET_STD"]
+
+# On the 0-255 scale of the uint8 pixels.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def _no_collate(batch: Any) -> Any:
+    # Module level so that it pickles for spawned workers.
+    return batch
+
+
+class ShardLoader(DataLoader):
+    """``DataLoader(dataset, batch_size=None, ...)`` that counts batches handed out for ``state_dict``."""
+
+    def __init__(self, dataset: ShardDataset, *, num_workers: int = 0, pin_memory: bool = False,
+                 **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"ShardLoader takes a ShardDataset, got {type(dataset).__name__}")
+        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if name in kwargs:
+                raise ValueError(f"{name}= belongs to ShardDataset, which yields whole batches")
+        if kwargs.get("persistent_workers"):
+            raise ValueError(
+                "persistent_workers=True keeps the workers' copy of the dataset from the first epoch, so "
+                "set_epoch and load_state_dict would not reach them; leave it False"
+            )
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
+        kwargs.setdefault("collate_fn", _no_collate)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
+        self.batches_seen = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        # Read the resume point before the workers copy the dataset; with workers the main process's
+        # dataset is never iterated, so it would otherwise keep it for the next epoch.
+        skip = dataset._resume[1] if dataset._resume and dataset._resume[0] == dataset.epoch else 0
+        batches = super().__iter__()
+        dataset._resume = None
+        self.batches_seen = skip
+        return self._count(batches)
+
+    def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self.batches_seen += 1
+            yield batch
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """The dataset's state with the batches this loader handed out in the current epoch."""
+        return self.dataset.state_dict(self.batches_seen if batches_seen is None else batches_seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+
+
+def to_device(
+    batch: dict[str, Any],
+    device: torch.device | str,
+    *,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """The batch on ``device``: ``image`` as ``(x - mean) / std`` float N×3×H×W (channels_last memory),
+    ``cls`` as int64; other fields unchanged. Copies are ``non_blocking``: overlapped when the source is
+    pinned and the caller is on a side stream (``DeviceLoader``)."""
+    device = torch.device(device)
+    image = batch["image"].to(device, non_blocking=True)
+    scale = torch.tensor([1.0 / s for s in std], device=device, dtype=dtype).view(1, 3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std)], device=device, dtype=dtype).view(1, 3, 1, 1)
+    # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
+    out = dict(batch)
+    out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
+    if "cls" in batch:
+        out["cls"] = batch["cls"].to(device, non_blocking=True)
+    return out
+
+
+class DeviceLoader:
+    """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``); on CUDA the next
+    batch's copy and normalisation run on a side stream during the current step.
+
+    ``state_dict()`` counts the batches this yielded, not the one it prefetched, so resuming repeats
+    nothing and skips nothing.
+    """
+
+    def __init__(self, loader: Any, device: torch.device | str, **to_device_kwargs: Any) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.to_device_kwargs = to_device_kwargs
+        self._prefetched = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield to_device(batch, self.device, **self.to_device_kwargs)
+            return
+        stream = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+
+        def load() -> dict[str, Any] | None:
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            with torch.cuda.stream(stream):
+                return to_device(batch, self.device, **self.to_device_kwargs)
+
+        upcoming = load()
+        self._prefetched = 1 if upcoming is not None else 0
+        while upcoming is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(stream)
+            batch = upcoming
+            for value in batch.values():
+                if isinstance(value, torch.Tensor) and value.is_cuda:
+                    value.record_stream(current)  # made on the side stream, freed on this one
+            upcoming = load()
+            self._prefetched = 1 if upcoming is not None else 0
+            yield batch
+        self._prefetched = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict(self.loader.batches_seen - self._prefetched)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

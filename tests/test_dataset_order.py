@@ -1,0 +1,88 @@
+"""shuffle=False: the exact stored order, whole batches, the carried fields, no copy where none is needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from dataset_fixtures import assert_exactly_once, indices, make_dataset
+
+from shardio import ShardDataset
+from shardio.dataset import rank_batches
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("order"))
+    make_dataset(directory)
+    return directory
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 8, 10, 117, 500])
+def test_stored_order(dataset_dir: str, batch_size: int) -> None:
+    ds = ShardDataset(dataset_dir, batch_size)
+    batches = list(ds)
+    assert len(batches) == len(ds) == -(-117 // batch_size)
+    assert [len(b["__key__"]) for b in batches[:-1]] == [batch_size] * (len(batches) - 1)
+    order = np.concatenate([indices(b) for b in batches])
+    assert (order == np.arange(117)).all()
+
+
+def test_batch_fields(dataset_dir: str) -> None:
+    batch = next(iter(ShardDataset(dataset_dir, 10)))
+    assert set(batch) == {"image", "__key__", "cls", "txt"}  # no sample has a .json
+    assert batch["image"].shape == (10, 8, 8, 3) and batch["image"].dtype == torch.uint8
+    assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (10,)
+    assert batch["txt"] == [f"caption {i}" for i in range(10)]
+
+
+def test_json_field(tmp_path) -> None:
+    make_dataset(str(tmp_path), (5,), txt=False, json_field=True)
+    batch = next(iter(ShardDataset(str(tmp_path), 5)))
+    assert "txt" not in batch
+    assert batch["json"] == [{"i": i} for i in range(5)]
+
+
+def test_one_shard_batch_is_a_view(dataset_dir: str) -> None:
+    """A batch inside one shard is the memory map itself; one spanning shards is one fresh buffer."""
+    ds = ShardDataset(dataset_dir, 4)
+    first, second, third = (b["image"] for b, _ in zip(ds, range(3)))
+    pixels = ds._shard(0)[0]
+    assert first.data_ptr() == pixels.ctypes.data and second.data_ptr() == pixels.ctypes.data + 4 * 8 * 8 * 3
+    spanning = list(ShardDataset(dataset_dir, 6))[1]  # samples 6..11: shards 0 and 1
+    assert (indices(spanning) == np.arange(6, 12)).all()
+    # Writing to a batch never reaches the file (copy-on-write map).
+    first.zero_()
+    assert (indices(next(iter(ShardDataset(dataset_dir, 4)))) == np.arange(4)).all()
+    del third
+
+
+@pytest.mark.parametrize("samples", [1, 5, 16, 117])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_rank_batches_partition(samples: int, world_size: int, batch_size: int) -> None:
+    """The arithmetic alone, over many sizes: equal counts, disjoint cover, at most W-1 repeats."""
+    for drop_last in (False, True):
+        plans = [rank_batches(samples, batch_size, r, world_size, drop_last) for r in range(world_size)]
+        assert len({len(p) for p in plans}) == 1
+        sizes = [len(b) for p in plans for b in p]
+        assert all(1 <= s <= batch_size for s in sizes)
+        seen = np.array([i for p in plans for b in p for i in b], dtype=np.int64)
+        full = samples - samples % (batch_size * world_size)
+        if drop_last:
+            assert (np.sort(seen) == np.arange(full)).all()
+        else:
+            unique = np.unique(seen)
+            assert (unique == np.arange(samples)).all()
+            assert len(seen) - samples == max(0, world_size - (samples - full)) * (samples != full)
+            last = [len(p[-1]) for p in plans]
+            assert max(last) - min(last) <= 1
+
+
+def test_imports_with_numpy_and_torch_only() -> None:
+    code = ("import sys, shardio; bad = [m for m in ('PIL', 'ray', 'yaml', 'webdataset') if m in sys.modules];"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
