@@ -65,12 +65,13 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, 
     Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _check_reachable(address)
     started = False
     if not ray.is_initialized():
         common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                                   "configure_logging": True, "logging_level": "WARNING"}
         if address:
-            _check_reachable(address)
             # Ship our two packages to nodes that may not have them (their deps must be installed there).
             runtime_env = {"py_modules": [os.path.dirname(preprocess.__file__), os.path.dirname(shardio.__file__)]}
             ray.init(address=address, runtime_env=runtime_env, **common)
