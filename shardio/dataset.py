@@ -72,7 +72,8 @@ def epoch_runs(
     """The epoch order as an R×3 int64 array of runs ``(shard, start, stop)`` (see the module docstring)."""
     counts = np.asarray(counts, dtype=np.int64)
     if not shuffle:
-        return np.stack([np.arange(len(counts)), np.zeros_like(counts), counts], axis=1)
+        runs = np.stack([np.arange(len(counts)), np.zeros_like(counts), counts], axis=1)
+        return runs[counts > 0]
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(counts))
     windows = []
@@ -80,7 +81,9 @@ def epoch_runs(
         blocks = []
         for shard in order[first : first + shuffle_window]:
             count = int(counts[shard])
-            phase = int(rng.integers(0, min(shuffle_block, count))) if count else 0
+            if count == 0:
+                continue
+            phase = int(rng.integers(0, min(shuffle_block, count)))
             starts = np.arange(phase, count, shuffle_block)
             starts = np.concatenate([[0], starts]) if phase else starts
             stops = np.append(starts[1:], count)

@@ -1,0 +1,41 @@
+"""to_device / DeviceLoader: normalised float NCHW on the device (CPU here; CUDA when present)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dataset_fixtures import indices, make_dataset
+
+from shardio import DeviceLoader, ShardDataset, ShardLoader, to_device
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("device"))
+    make_dataset(directory)
+    return directory
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device_normalises_to_nchw(dataset_dir: str, device: str) -> None:
+    batch = next(iter(ShardDataset(dataset_dir, 10)))
+    out = to_device(batch, device, mean=(10.0, 20.0, 30.0), std=(2.0, 4.0, 8.0))
+    image = out["image"]
+    assert image.shape == (10, 3, 8, 8) and image.dtype == torch.float32 and image.device.type == device
+    assert image.is_contiguous(memory_format=torch.channels_last)
+    expected = (batch["image"].permute(0, 3, 1, 2).float() - torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1))
+    expected /= torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    torch.testing.assert_close(image.cpu(), expected)
+    assert out["cls"].device.type == device and out["__key__"] == batch["__key__"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_loader_yields_every_batch_in_order(dataset_dir: str, device: str) -> None:
+    ds = ShardDataset(dataset_dir, 10, shuffle=True)
+    expected = [indices(b).tolist() for b in ds]
+    loader = DeviceLoader(ShardLoader(ds, pin_memory=device == "cuda"), device)
+    got = [b["cls"].cpu().tolist() for b in loader]
+    assert got == expected and len(loader) == len(expected)
+    assert loader.state_dict()["batches_seen"] == len(expected)

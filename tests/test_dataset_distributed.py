@@ -1,0 +1,102 @@
+"""Ranks and workers: equal batch counts, every sample exactly once per epoch, the rank's order kept."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+from dataset_fixtures import assert_exactly_once, indices, make_dataset
+
+from shardio import ShardDataset, ShardLoader
+
+SAMPLES = 117
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("distributed"))
+    make_dataset(directory)
+    return directory
+
+
+def rank_epochs(dataset_dir: str, world_size: int, workers: int, **kwargs) -> list[list[np.ndarray]]:
+    """Each simulated rank's batches (as index arrays) for epoch 1."""
+    out = []
+    for rank in range(world_size):
+        ds = ShardDataset(dataset_dir, 5, rank=rank, world_size=world_size, **kwargs)
+        ds.set_epoch(1)
+        source = ShardLoader(ds, num_workers=workers) if workers else ds
+        out.append([indices(b) for b in source])
+        assert len(out[-1]) == len(ds)
+    return out
+
+
+def check_split(dataset_dir: str, ranks: list[list[np.ndarray]], world_size: int, drop_last: bool,
+                shuffle: bool) -> None:
+    assert len({len(batches) for batches in ranks}) == 1, "ranks yield different batch counts"
+    seen = np.concatenate([b for batches in ranks for b in batches])
+    order = ShardDataset(dataset_dir, 5, shuffle=shuffle).sample_order(1)
+    per_round = 5 * world_size
+    rest = SAMPLES % per_round
+    if drop_last:
+        assert_exactly_once(np.concatenate([seen, order[SAMPLES - rest :]]), SAMPLES)
+    else:
+        repeats = max(0, world_size - rest) if rest else 0
+        assert len(seen) == SAMPLES + repeats
+        assert_exactly_once(np.unique(seen), SAMPLES)  # none missing
+        counts = np.bincount(seen, minlength=SAMPLES)
+        assert counts.max() <= 2 and set(np.flatnonzero(counts == 2)) == set(order[:repeats])
+    # Rank r's k-th batch is the global batch r + k*W of the epoch order.
+    for rank, batches in enumerate(ranks):
+        for k, batch in enumerate(batches[: SAMPLES // per_round]):
+            g = rank + k * world_size
+            assert (batch == order[g * 5 : g * 5 + 5]).all(), f"rank {rank} batch {k} out of order"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_ranks_standalone(dataset_dir: str, world_size: int, drop_last: bool, shuffle: bool) -> None:
+    ranks = rank_epochs(dataset_dir, world_size, 0, drop_last=drop_last, shuffle=shuffle)
+    check_split(dataset_dir, ranks, world_size, drop_last, shuffle)
+
+
+@pytest.mark.parametrize("world_size,workers,drop_last", [(1, 2, False), (3, 1, True), (4, 2, False)])
+def test_ranks_with_workers(dataset_dir: str, world_size: int, workers: int, drop_last: bool) -> None:
+    """Workers split a rank's batches and DataLoader hands them back in the rank's order."""
+    ranks = rank_epochs(dataset_dir, world_size, workers, drop_last=drop_last, shuffle=True)
+    check_split(dataset_dir, ranks, world_size, drop_last, True)
+    alone = rank_epochs(dataset_dir, world_size, 0, drop_last=drop_last, shuffle=True)
+    for with_workers, standalone in zip(ranks, alone):
+        assert all((a == b).all() for a, b in zip(with_workers, standalone))
+
+
+def _rank_main(rank: int, world_size: int, dataset_dir: str, store: str, results) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    try:
+        ds = ShardDataset(dataset_dir, 5, shuffle=True)
+        ds.set_epoch(1)
+        results.put((rank, ds.rank, ds.world_size, [indices(b).tolist() for b in ds]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_from_torch_distributed(dataset_dir: str, tmp_path) -> None:
+    """No rank arguments: two gloo processes read rank and world size from torch.distributed."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    store = os.path.join(tmp_path, "store")
+    procs = [context.Process(target=_rank_main, args=(r, 2, dataset_dir, store, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [(r, rank, ws) for r, rank, ws, _ in got] == [(0, 0, 2), (1, 1, 2)]
+    ranks = [[np.array(b) for b in batches] for *_, batches in got]
+    check_split(dataset_dir, ranks, 2, False, True)

@@ -1,0 +1,112 @@
+"""Bad input fails when the dataset is opened, with a ShardError naming the file and what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from dataset_fixtures import make_dataset
+
+from shardio import ShardDataset, ShardError, ShardFormatError, ShardIntegrityError
+
+
+@pytest.fixture
+def dataset_dir(tmp_path) -> str:
+    make_dataset(str(tmp_path), (20,))
+    return str(tmp_path)
+
+
+def shard_file(directory: str, index: int = 1, suffix: str = ".npy") -> str:
+    return os.path.join(directory, "shards", f"input-0-{index:05d}{suffix}")
+
+
+def test_missing_shard(dataset_dir: str) -> None:
+    os.remove(shard_file(dataset_dir))
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.npy.*missing.*HINT"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_missing_metadata(dataset_dir: str) -> None:
+    os.remove(shard_file(dataset_dir, suffix=".jsonl"))
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.jsonl.*missing"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_truncated_shard(dataset_dir: str) -> None:
+    path = shard_file(dataset_dir)
+    os.truncate(path, os.path.getsize(path) - 1)
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.npy.*truncated"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_corrupt_header(dataset_dir: str) -> None:
+    with open(shard_file(dataset_dir), "r+b") as f:
+        f.write(b"garbage!")
+    with pytest.raises(ShardFormatError, match=r"input-0-00001\.npy.*not a shardio shard"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_corrupt_pixels_found_by_verify(dataset_dir: str) -> None:
+    path = shard_file(dataset_dir)
+    with open(path, "r+b") as f:
+        f.seek(500)
+        f.write(b"\xff\x00\xff")
+    ShardDataset(dataset_dir, 4)  # same size, same header: only a full read can tell
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.npy.*sha256"):
+        ShardDataset(dataset_dir, 4, verify=True)
+
+
+def test_other_format_version(dataset_dir: str) -> None:
+    path = os.path.join(dataset_dir, "manifest.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["format_version"] = 2
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 2.*reads version 1"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_empty_directory(tmp_path) -> None:
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*directory is empty"):
+        ShardDataset(str(tmp_path), 4)
+
+
+def test_missing_directory(tmp_path) -> None:
+    with pytest.raises(ShardFormatError, match="no such dataset directory"):
+        ShardDataset(str(tmp_path / "nope"), 4)
+
+
+def test_shards_without_manifest(dataset_dir: str) -> None:
+    os.remove(os.path.join(dataset_dir, "manifest.json"))
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*still writing or was killed"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_errors_are_shard_errors() -> None:
+    assert issubclass(ShardFormatError, ShardError) and issubclass(ShardIntegrityError, ShardError)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"),
+    ({"batch_size": 4, "shuffle_window": 0}, "shuffle_window"),
+    ({"batch_size": 4, "shuffle_block": -1}, "shuffle_block"),
+    ({"batch_size": 4, "rank": 2, "world_size": 2}, "rank"),
+    ({"batch_size": 4, "rank": 1}, "rank"),
+    ({"batch_size": 4, "world_size": 0}, "world_size"),
+    ({"batch_size": 8, "world_size": 3, "drop_last": True}, "no full batch"),
+])
+def test_bad_arguments(dataset_dir: str, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ShardDataset(dataset_dir, **kwargs)
+
+
+def test_loader_refuses_what_would_break_order(dataset_dir: str) -> None:
+    from shardio import ShardLoader
+
+    ds = ShardDataset(dataset_dir, 4)
+    for kwargs in ({"persistent_workers": True, "num_workers": 1}, {"in_order": False}, {"batch_size": 4}):
+        with pytest.raises(ValueError):
+            ShardLoader(ds, **kwargs)

@@ -1,0 +1,68 @@
+"""shuffle=True: deterministic per (seed, epoch), different between epochs, every sample once, mixed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dataset_fixtures import assert_exactly_once, indices, make_dataset
+
+from shardio import ShardDataset
+from shardio.dataset import epoch_runs
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("shuffle"))
+    make_dataset(directory)
+    return directory
+
+
+def read_epoch(ds: ShardDataset, epoch: int) -> np.ndarray:
+    ds.set_epoch(epoch)
+    return np.concatenate([indices(b) for b in ds])
+
+
+def test_every_sample_once(dataset_dir: str) -> None:
+    ds = ShardDataset(dataset_dir, 10, shuffle=True, seed=3)
+    for epoch in range(3):
+        order = read_epoch(ds, epoch)
+        assert_exactly_once(order, 117)
+        assert (order == ds.sample_order(epoch)).all()
+
+
+def test_deterministic_per_seed_and_epoch(dataset_dir: str) -> None:
+    a = ShardDataset(dataset_dir, 10, shuffle=True, seed=1)
+    b = ShardDataset(dataset_dir, 10, shuffle=True, seed=1)
+    other_seed = ShardDataset(dataset_dir, 10, shuffle=True, seed=2)
+    assert (read_epoch(a, 4) == read_epoch(b, 4)).all()
+    assert (read_epoch(a, 4) == read_epoch(a, 4)).all()  # iterating again repeats the epoch
+    assert not (read_epoch(a, 4) == read_epoch(a, 5)).all()
+    assert not (read_epoch(a, 4) == read_epoch(other_seed, 4)).all()
+    assert not (read_epoch(a, 0) == np.arange(117)).all()
+
+
+@pytest.mark.parametrize("window,block", [(1, 1), (1, 16), (2, 3), (8, 16), (100, 1), (3, 1000)])
+def test_runs_cover_each_sample_once(window: int, block: int) -> None:
+    counts = np.array([8, 8, 8, 8, 8, 5, 8, 8, 8, 8, 8, 8, 5, 8, 8, 8, 3, 0, 1])
+    for epoch in range(3):
+        runs = epoch_runs(counts, shuffle=True, seed=0, epoch=epoch, shuffle_window=window,
+                          shuffle_block=block)
+        assert (runs[:, 1] < runs[:, 2]).all()
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        order = np.concatenate([np.arange(offsets[s] + a, offsets[s] + b) for s, a, b in runs])
+        assert_exactly_once(order, int(counts.sum()))
+
+
+def test_window_bounds_how_far_samples_move() -> None:
+    """A window of 1 shard keeps each shard's samples together; a larger one mixes shards."""
+    counts = np.full(32, 64)
+    narrow = epoch_runs(counts, shuffle=True, seed=0, epoch=0, shuffle_window=1, shuffle_block=4)
+    wide = epoch_runs(counts, shuffle=True, seed=0, epoch=0, shuffle_window=8, shuffle_block=4)
+    first_64 = [set(np.repeat(runs[:, 0], runs[:, 2] - runs[:, 1])[:64]) for runs in (narrow, wide)]
+    assert len(first_64[0]) == 1 and len(first_64[1]) >= 6
+
+
+def test_batches_mix_shards(dataset_dir: str) -> None:
+    ds = ShardDataset(dataset_dir, 16, shuffle=True, shuffle_window=8, shuffle_block=2)
+    shards_per_batch = [len(set(indices(b) // 8)) for b in ds]
+    assert np.mean(shards_per_batch) > 4
