@@ -11,12 +11,23 @@ from shardio.errors import (
     ShardIntegrityError,
     ShardioError,
 )
-from shardio.dataset import ShardDataset
 from shardio.format import FORMAT_VERSION
-from shardio.loader import DeviceLoader, ShardLoader, to_device
 from shardio.reader import DatasetSnapshot, open_dataset
 
 __version__ = "0.1.0"
+
+# The torch-based parts load on first use: the preprocessing workers import shardio's format and writer
+# only, and importing torch would cost each of them ~190 MB of RSS and over a second of start-up.
+_LAZY = {"ShardDataset": "shardio.dataset", "ShardLoader": "shardio.loader", "DeviceLoader": "shardio.loader",
+         "to_device": "shardio.loader"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'shardio' has no attribute {name!r}")
 
 __all__ = [
     "FORMAT_VERSION",
