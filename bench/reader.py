@@ -1,0 +1,192 @@
+"""Reader benchmark: ``ShardDataset`` bandwidth against ``np.copyto`` of the same bytes, and shuffle mixing.
+
+``python -m bench.reader [DIR] [--quick] [--no-webdataset]`` writes (into DIR, or a temp dir) 8 shards × 256
+random 256×256×3 images (403 MB), warms the page cache, then times, five rounds each, medians reported:
+
+- ``copyto``: ``np.copyto`` of in-memory batches into one reused buffer: the memory bandwidth ceiling,
+  measured in the same run because it varies 2× between runs on a shared machine;
+- ``ShardDataset`` sequential, and shuffled with several (window, block) settings: every batch is copied
+  once into a reused buffer, which is what ``pin_memory`` or ``.cuda()`` does with it;
+- ``ShardLoader`` with 2 workers (the batch crosses processes through shared memory);
+- a WebDataset + PIL decode ``DataLoader`` (2 workers) on LAION-like JPEGs, decoded and resized to the same
+  256×256, as the baseline the shards replace.
+
+Mixing, per setting, over one epoch's order: ``adjacent``: share of consecutive samples that were stored
+next to each other (sequential 1.0, a full shuffle ~0); ``shards/batch``: distinct shards in a batch of
+256; ``displacement``: mean |epoch position - stored position| over that of a uniform shuffle (N/3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from shardio import ShardDataset, ShardLoader
+from shardio.format import InputEntry, Manifest
+from shardio.writer import InputShardWriter, write_manifest
+
+SIDE = 256
+SHARDS = 8
+SAMPLES_PER_SHARD = 256
+BATCH = 256
+ROUNDS = 5
+SHUFFLES = [(8, 16), (8, 64), (8, 4), (8, 1), (1, 16), (SHARDS * 4, 16)]  # (window, block); the first is default
+
+
+def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES_PER_SHARD) -> str:
+    """Random-byte shards via the writer (pixels' content does not matter to a copy)."""
+    if os.path.exists(os.path.join(directory, "manifest.json")):
+        return directory
+    rng = np.random.default_rng(0)
+    manifest = Manifest(shape=(SIDE, SIDE, 3), config={"height": SIDE, "width": SIDE}, versions={})
+    writer = InputShardWriter(directory, "bench", SIDE, SIDE, samples_per_shard)
+    for i in range(shards * samples_per_shard):
+        writer.add(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8), {"key": f"{i:07d}", "cls": i % 1000},
+                   "bench.tar")
+    manifest.shards = writer.close("bench.tar")
+    manifest.inputs["bench.tar"] = InputEntry(0, 0, shards * samples_per_shard, 0,
+                                              [e.path for e in manifest.shards])
+    write_manifest(directory, manifest)
+    return directory
+
+
+def warm(directory: str) -> list[np.ndarray]:
+    """Read every shard (page cache warm) and return the pixels as in-memory arrays, for copyto."""
+    paths = sorted(glob.glob(os.path.join(directory, "shards", "*.npy")))
+    return [np.load(p) for p in paths]
+
+
+def timed(fn, rounds: int = ROUNDS) -> float:
+    """Median seconds of ``fn()`` over ``rounds`` runs, after one untimed warm-up run."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_batches(batches, out: np.ndarray) -> int:
+    samples = 0
+    for batch in batches:
+        image = batch["image"].numpy()
+        np.copyto(out[: len(image)], image)
+        samples += len(image)
+    return samples
+
+
+def mixing(ds: ShardDataset) -> dict[str, float]:
+    order = ds.sample_order(0)
+    n = len(order)
+    shard_of = np.searchsorted(ds.snapshot.offsets, order, side="right") - 1
+    per_batch = [len(np.unique(shard_of[i : i + BATCH])) for i in range(0, n - BATCH + 1, BATCH)]
+    return {
+        "adjacent": float(np.mean(np.diff(order) == 1)),
+        "shards_per_batch": float(np.mean(per_batch)),
+        "displacement": float(np.mean(np.abs(order - np.arange(n))) / (n / 3)),
+    }
+
+
+def webdataset_samples_per_s(workers: int = 2, tars: int = 2, samples_per_tar: int = 48) -> float:
+    """Samples/s of the WebDataset + PIL decode baseline on LAION-like JPEGs (from preprocess.sample_data)."""
+    from preprocess.sample_data import make_sample_dataset  # needs Pillow: only for this baseline
+
+    train = _load_example()
+    data_dir = os.path.join("bench", "out", "webdataset-tars")
+    make_sample_dataset(data_dir, tars=tars, samples_per_tar=samples_per_tar)
+    loader = train.webdataset_loader(os.path.join(data_dir, "*.tar"), batch_size=16, workers=workers,
+                                     side=SIDE, pin_memory=False)
+    start = time.perf_counter()
+    samples = sum(len(batch["cls"]) for batch in loader)  # worker start-up included: ~0.1 s of several
+    return samples / (time.perf_counter() - start)
+
+
+def _load_example() -> Any:
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train.py")
+    spec = importlib.util.spec_from_file_location("shardio_example_train", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, fewer shuffle settings")
+    parser.add_argument("--no-webdataset", action="store_true", help="skip the WebDataset + PIL baseline")
+    args = parser.parse_args(argv)
+    rounds = 2 if args.quick else ROUNDS
+    with tempfile.TemporaryDirectory(prefix="shardio-bench-") as tmp:
+        directory = build(args.directory or tmp)
+        arrays = warm(directory)
+        total = sum(a.nbytes for a in arrays)
+        out = np.empty((BATCH, SIDE, SIDE, 3), np.uint8)
+        in_memory = [{"image": _Numpy(a[i : i + BATCH])} for a in arrays for i in range(0, len(a), BATCH)]
+        rows: dict[str, dict[str, float]] = {}
+
+        def row(name: str, seconds: float, samples: int, **extra: float) -> None:
+            rows[name] = {"GB/s": total / seconds / 1e9, "samples/s": samples / seconds, **extra}
+
+        samples = sum(len(a) for a in arrays)
+        row("copyto", timed(lambda: copy_batches(in_memory, out), rounds), samples)
+        sequential = ShardDataset(directory, BATCH)
+        row("sequential", timed(lambda: copy_batches(sequential, out), rounds), samples, **mixing(sequential))
+        for window, block in SHUFFLES[:2] if args.quick else SHUFFLES:
+            ds = ShardDataset(directory, BATCH, shuffle=True, shuffle_window=window, shuffle_block=block)
+            row(f"shuffle w={window} b={block}", timed(lambda: copy_batches(ds, out), rounds), samples,
+                **mixing(ds))
+        loader = ShardLoader(ShardDataset(directory, BATCH, shuffle=True), num_workers=2)
+        row("shuffle, 2 workers", timed(lambda: copy_batches(loader, out), rounds), samples)
+        # copyto again: the machine's bandwidth drifts; the ratio uses the mean of both measurements.
+        again = total / timed(lambda: copy_batches(in_memory, out), rounds) / 1e9
+        rows["copyto"]["GB/s"] = (rows["copyto"]["GB/s"] + again) / 2
+        rows["copyto"]["samples/s"] = rows["copyto"]["GB/s"] * 1e9 / (total / samples)
+        for name, figures in rows.items():
+            figures["of copyto"] = figures["GB/s"] / rows["copyto"]["GB/s"]
+        result: dict[str, Any] = {"dataset_bytes": total, "batch": BATCH, "rows": rows}
+        if not args.no_webdataset:
+            baseline = webdataset_samples_per_s()
+            result["webdataset_pil_samples_per_s"] = baseline
+            result["sequential_over_webdataset"] = rows["sequential"]["samples/s"] / baseline
+            result["default_shuffle_over_webdataset"] = rows["shuffle w=8 b=16"]["samples/s"] / baseline
+    _print(result)
+    return result
+
+
+class _Numpy:
+    """Stands in for a tensor in the copyto rows: the same ``.numpy()`` call, no torch in the timing."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def numpy(self) -> np.ndarray:
+        return self.array
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{result['dataset_bytes'] / 1e6:.0f} MB, batches of {result['batch']}, medians of {ROUNDS} rounds")
+    columns = ["GB/s", "samples/s", "of copyto", "adjacent", "shards_per_batch", "displacement"]
+    print(f"{'':22}" + "".join(f"{c:>17}" for c in columns))
+    for name, figures in result["rows"].items():
+        cells = [f"{figures[c]:17.2f}" if c in figures else f"{'':17}" for c in columns]
+        print(f"{name:22}" + "".join(cells))
+    for key in ("webdataset_pil_samples_per_s", "sequential_over_webdataset", "default_shuffle_over_webdataset"):
+        if key in result:
+            print(f"{key}: {result[key]:.1f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=1))
