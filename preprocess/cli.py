@@ -108,7 +108,8 @@ def _summary(report: RunReport, report_path: str) -> None:
         f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else ""),
         highlight=False,
     )
-    console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s; dataset now holds "
+    steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
+    console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
                   f"{report.dataset_samples} samples in {report.output}", highlight=False)
     if not report.inputs_processed and not report.inputs_failed:
         console.print("nothing new to process", highlight=False)
