@@ -74,6 +74,7 @@ class RunReport:
     startup_s: float = 0.0
     processing_images_per_s: float = 0.0
     cluster: dict[str, Any] = field(default_factory=dict)
+    inputs_per_node: dict[str, int] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -247,6 +248,7 @@ def _record(report: RunReport, result: InputResult) -> None:
         report.inputs_failed.append({"input": result.input, "reason": result.error})
         return
     report.inputs_processed.append(result.input)
+    report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1
     report.samples_written += result.samples
     report.samples_failed += len(result.failures)
     report.failures.extend(result.failures)

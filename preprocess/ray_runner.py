@@ -96,7 +96,10 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
         try:
             done, failed = next(steps)
         except StopIteration as stop:
-            yield stop.value
+            result: InputResult = stop.value
+            # Host name plus Ray node id: several raylets can share one host (and do in the tests).
+            result.node = f"{result.node}/{ray.get_runtime_context().get_node_id()[:8]}"
+            yield result
             return
         yield Progress(input_path, done, failed)
 

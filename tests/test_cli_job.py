@@ -133,3 +133,15 @@ def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_p
     assert result.exit_code == 2
     assert "different config" in result.output and "height" in result.output
     assert shardio.open_dataset(out).shape == (16, 16, 3)
+
+
+def test_job_spreads_over_both_nodes_of_the_cluster(ray_cluster, tars, tmp_path):
+    for t in range(6):
+        tars.make(f"{t}.tar", range(t * 10, t * 10 + 10))
+    out, report_path = str(tmp_path / "out"), str(tmp_path / "r.json")
+    result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)
+    assert result.exit_code == 0
+    report = json.load(open(report_path))
+    assert report["cluster"]["nodes"] == 2
+    assert len(report["inputs_per_node"]) == 2, report["inputs_per_node"]
+    assert read_all(out)[0] == list(range(60))
