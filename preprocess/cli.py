@@ -73,7 +73,10 @@ class _Display:
         if kind == "plan":
             self.started = time.perf_counter()
             if not self.quiet:
-                console.print(f"{payload['todo']} input(s) to process, {payload['skipped']} already committed")
+                where = payload.get("cluster")
+                on = f" on {where['nodes']} node(s), {where['cpus']} CPUs" if where else ""
+                console.print(f"{payload['todo']} input(s) to process{on}, {payload['skipped']} already committed",
+                              highlight=False)
             if payload["todo"] and self.live:
                 self.progress = Progress(
                     TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("tars"),

@@ -215,11 +215,13 @@ def run_job(
             for path in sorted(set(manifest.inputs) - set(paths)):
                 committer.drop(path)
                 report.inputs_pruned.append(path)
-        emit("plan", {"todo": len(todo), "skipped": len(report.inputs_skipped)})
-
-        if todo:
+        plan = {"todo": len(todo), "skipped": len(report.inputs_skipped)}
+        if not todo:
+            emit("plan", plan)
+        else:
             with ray_session(options.ray_address, options.workers) as cluster:
                 report.cluster = cluster
+                emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
                 processing_started = time.perf_counter()
                 report.startup_s = round(processing_started - started, 3)
                 for message in stream_inputs(todo, directory, cfg):
