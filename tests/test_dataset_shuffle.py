@@ -66,3 +66,19 @@ def test_batches_mix_shards(dataset_dir: str) -> None:
     ds = ShardDataset(dataset_dir, 16, shuffle=True, shuffle_window=8, shuffle_block=2)
     shards_per_batch = [len(set(indices(b) // 8)) for b in ds]
     assert np.mean(shards_per_batch) > 4
+
+
+def test_held_batches_are_never_overwritten(dataset_dir: str) -> None:
+    """Multi-shard batches reuse buffers only once released: batches kept alive keep their samples."""
+    ds = ShardDataset(dataset_dir, 10, shuffle=True)
+    kept = list(ds)  # all alive at once: more than the pool holds
+    tensors_only = [b["image"][1:] for b in ShardDataset(dataset_dir, 10, shuffle=True)]  # views keep theirs
+    order = ds.sample_order(0)
+    assert (np.concatenate([indices(b) for b in kept]) == order).all()
+    heads = np.concatenate([(t.reshape(len(t), -1)[:, 0].numpy().astype(np.int64)) for t in tensors_only])
+    expected = np.concatenate([order[i * 10 + 1 : i * 10 + 10] for i in range(len(tensors_only))]) & 255
+    assert (heads == expected).all()
+    # Released batches' buffers are reused: the pool stays bounded.
+    fresh = ShardDataset(dataset_dir, 10, shuffle=True, shuffle_block=1)
+    addresses = {batch["image"].data_ptr() for batch in fresh}
+    assert len(addresses) <= 2 < len(fresh) and len(fresh._buffers.buffers) <= fresh._buffers.size

@@ -1,0 +1,248 @@
+"""Train a small CNN from shardio shards and report how much of each step is spent waiting for data.
+
+    python examples/train.py --shards out/sample-shards            # `make shards` writes that
+    python examples/train.py --demo                                 # synthetic shards in a temp dir
+    python examples/train.py --demo --tars 'data/sample/*.tar'      # also: WebDataset + PIL, same loop
+    torchrun --nproc-per-node 2 examples/train.py --shards DIR      # DDP: ranks come from torch.distributed
+
+The loop is the same for both sources: ``next()`` on the loader (timed as *waiting for data*, including
+the move to the device and normalisation), then forward, backward and the optimizer step. On CUDA the
+step runs asynchronously, so waiting is what the host spends blocked on data while the GPU may be busy;
+the share printed is ``wait / wall``. ``--checkpoint`` saves the model with the loader's position and
+``--resume`` continues mid-epoch from exactly the next batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from shardio import DeviceLoader, ShardDataset, ShardLoader  # noqa: E402
+from shardio.format import InputEntry, Manifest  # noqa: E402
+from shardio.writer import InputShardWriter, write_manifest  # noqa: E402
+
+
+def small_cnn(classes: int) -> nn.Module:
+    """~25k parameters; 256×256 input is reduced 4× by the first convolution to keep CPU steps short."""
+    def block(cin: int, cout: int, kernel: int, stride: int) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False), nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True)]
+    return nn.Sequential(*block(3, 16, 5, 4), *block(16, 32, 3, 2), *block(32, 64, 3, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
+
+
+def demo_shards(directory: str, samples: int = 1024, side: int = 256, classes: int = 10) -> str:
+    """A learnable synthetic dataset: class ``c`` is a noisy image tinted towards colour ``c``."""
+    rng = np.random.default_rng(0)
+    palette = rng.integers(0, 256, (classes, 3))
+    manifest = Manifest(shape=(side, side, 3), config={"demo": True, "height": side, "width": side}, versions={})
+    writer = InputShardWriter(directory, "demo", side, side, samples_per_shard=256)
+    for i in range(samples):
+        label = int(rng.integers(classes))
+        noise = rng.integers(0, 256, (side, side, 3))
+        pixels = ((noise + 3 * palette[label]) // 4).astype(np.uint8)
+        writer.add(pixels, {"key": f"{i:06d}", "cls": label, "txt": None}, "demo")
+    manifest.shards = writer.close("demo")
+    manifest.inputs["demo"] = InputEntry(0, 0, samples, 0, [s.path for s in manifest.shards])
+    write_manifest(directory, manifest)
+    return directory
+
+
+def _decode(sample: dict[str, Any], side: int) -> dict[str, Any]:
+    """What a typical WebDataset transform does per sample: full decode, resize the short side, crop."""
+    from PIL import Image
+
+    data = next(sample[k] for k in ("jpg", "jpeg", "png", "webp") if k in sample)
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    scale = side / min(image.size)
+    width, height = max(side, round(image.width * scale)), max(side, round(image.height * scale))
+    image = image.resize((width, height), Image.Resampling.BICUBIC)
+    left, top = (width - side) // 2, (height - side) // 2
+    image = image.crop((left, top, left + side, top + side))
+    return {"image": torch.from_numpy(np.asarray(image).copy()), "cls": int(sample.get("cls", b"0"))}
+
+
+def webdataset_loader(pattern: str, batch_size: int, workers: int, side: int, pin_memory: bool) -> Any:
+    """The baseline: WebDataset tars decoded by PIL in DataLoader workers (needs webdataset, Pillow)."""
+    import functools
+
+    import webdataset as wds
+
+    urls = sorted(glob.glob(pattern))
+    if not urls:
+        raise SystemExit(f"--tars {pattern!r} matches no file")
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(
+        functools.partial(_decode, side=side), handler=wds.ignore_and_continue)  # bad images are dropped
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                       pin_memory=pin_memory)
+
+
+def batches_forever(loader: Any, dataset: ShardDataset | None) -> Iterator[dict[str, Any]]:
+    epoch = dataset.epoch if dataset is not None else 0
+    while True:
+        if dataset is not None:
+            dataset.set_epoch(epoch)  # before the iterator is created: it fixes the epoch's order
+        yield from loader
+        epoch += 1
+
+
+class Timed:
+    """Wraps the uint8 batch source and adds up the time spent blocked in its ``next()``."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader, self.seconds = loader, 0.0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        while True:
+            before = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - before
+            yield batch
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        return self.loader.state_dict(batches_seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    @property
+    def batches_seen(self) -> int:
+        return self.loader.batches_seen
+
+
+def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
+          optimizer: torch.optim.Optimizer, steps: int, classes: int, device: torch.device) -> dict[str, float]:
+    """``batches``: on the device (a DeviceLoader over ``source``); ``source.seconds``: data wait."""
+    iterator = iter(batches)
+    loss_fn = nn.CrossEntropyLoss()
+    prepare = 0.0
+    samples = 0
+    source.seconds = 0.0
+    start = time.perf_counter()
+    for step in range(steps):
+        before = time.perf_counter()
+        batch = next(iterator)
+        prepare += time.perf_counter() - before
+        target = batch["cls"].clamp_min(0) % classes  # -1: no label
+        loss = loss_fn(model(batch["image"]), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        samples += len(target)
+        if step % 50 == 0 or step == steps - 1:
+            print(f"  [{name}] step {step:4d} loss {loss.item():.3f}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    # ``prepare`` holds the data wait plus, on CPU, the uint8 -> normalised float conversion (compute the
+    # GPU does on its side stream, overlapped); the data wait alone is what the loader costs.
+    result = {"steps": steps, "samples/s": samples / wall, "step ms": 1000 * wall / steps,
+              "waiting for data": source.seconds / wall, "normalising": (prepare - source.seconds) / wall}
+    print(f"{name}: {steps} steps, {result['samples/s']:.0f} samples/s, {result['step ms']:.1f} ms/step; "
+          f"{100 * result['waiting for data']:.1f}% of the time waiting for data, "
+          f"{100 * result['normalising']:.1f}% moving to {device} and normalising", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", help="shardio dataset directory")
+    parser.add_argument("--demo", action="store_true", help="write synthetic shards into a temp dir")
+    parser.add_argument("--tars", help="also train from these WebDataset tars, decoded with PIL")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--tar-steps", type=int, default=30, help="steps for --tars (it is slow)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=0, help="0: read in the main process (no decode)")
+    parser.add_argument("--tar-workers", type=int, default=2)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--checkpoint", help="save model, optimizer and loader position here at the end")
+    parser.add_argument("--resume", action="store_true", help="start from --checkpoint")
+    args = parser.parse_args(argv)
+
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:  # torchrun: ShardDataset takes rank and world size from the process group
+        torch.distributed.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device(
+        args.device)
+    with tempfile.TemporaryDirectory(prefix="shardio-demo-") as tmp:
+        if args.demo:
+            shards = demo_shards(tmp, classes=args.classes)
+        elif args.shards:
+            shards = args.shards
+        else:
+            parser.error("give --shards DIR (e.g. after `make shards`: out/sample-shards) or --demo")
+        dataset = ShardDataset(shards, args.batch_size, shuffle=True, drop_last=True)
+        loader = Timed(ShardLoader(dataset, num_workers=args.workers, pin_memory=device.type == "cuda"))
+        batches = DeviceLoader(loader, device)
+
+        torch.manual_seed(0)
+        model = small_cnn(args.classes).to(device, memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        if args.resume and args.checkpoint:
+            state = torch.load(args.checkpoint, map_location=device)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            batches.load_state_dict(state["loader"])
+            print(f"resumed at epoch {state['loader']['epoch']}, batch {state['loader']['batches_seen']}")
+        if distributed:
+            model = nn.parallel.DistributedDataParallel(model)
+
+        print(f"shards: {len(dataset.snapshot)} samples {dataset.snapshot.shape}, {len(dataset)} batches of "
+              f"{args.batch_size} per epoch on rank {dataset.rank}/{dataset.world_size}, device {device}")
+        results = {"shards": train("shards", batches_forever(batches, dataset), loader, model, optimizer,
+                                   args.steps, args.classes, device)}
+        if args.checkpoint and (not distributed or dataset.rank == 0):
+            torch.save({"model": getattr(model, "module", model).state_dict(),
+                        "optimizer": optimizer.state_dict(), "loader": batches.state_dict()}, args.checkpoint)
+            print(f"saved {args.checkpoint}")
+        if args.tars:
+            side = dataset.snapshot.shape[0]
+            tars = Timed(_Repeat(webdataset_loader(args.tars, args.batch_size, args.tar_workers, side,
+                                                   device.type == "cuda")))
+            results["webdataset+PIL"] = train("webdataset+PIL", DeviceLoader(tars, device), tars, model,
+                                              optimizer, args.tar_steps, args.classes, device)
+            ratio = results["shards"]["samples/s"] / results["webdataset+PIL"]["samples/s"]
+            print(f"shards / webdataset+PIL samples/s: {ratio:.1f}x")
+    if distributed:
+        torch.distributed.destroy_process_group()
+    return results
+
+
+class _Repeat:
+    """Epochs of a DataLoader back to back (the tars may hold fewer samples than the steps need)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield from self.loader
+
+
+if __name__ == "__main__":
+    main()
