@@ -8,6 +8,7 @@ random 256×256×3 images (403 MB), warms the page cache, then times, five round
 - ``ShardDataset`` sequential, and shuffled with several (window, block) settings: every batch is copied
   once into a reused buffer, which is what ``pin_memory`` or ``.cuda()`` does with it;
 - ``ShardLoader`` with 2 workers (the batch crosses processes through shared memory);
+- with CUDA: ``DeviceLoader`` to normalised float NCHW on the GPU, and a pinned batch's bare copy;
 - a WebDataset + PIL decode ``DataLoader`` (2 workers) on LAION-like JPEGs, decoded and resized to the same
   256×256, as the baseline the shards replace.
 
@@ -30,8 +31,9 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
-from shardio import ShardDataset, ShardLoader
+from shardio import DeviceLoader, ShardDataset, ShardLoader
 from shardio.format import InputEntry, Manifest
 from shardio.writer import InputShardWriter, write_manifest
 
@@ -84,6 +86,21 @@ def copy_batches(batches, out: np.ndarray) -> int:
         np.copyto(out[: len(image)], image)
         samples += len(image)
     return samples
+
+
+def to_cuda(ds: ShardDataset) -> int:
+    """Batches as normalised float NCHW on the GPU, through DeviceLoader (pinning thread, side stream)."""
+    samples = 0
+    for batch in DeviceLoader(ds, "cuda"):
+        samples += len(batch["image"])
+    torch.cuda.synchronize()
+    return samples
+
+
+def h2d(pinned: torch.Tensor, batches: int) -> None:
+    for _ in range(batches):
+        pinned.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
 
 
 def mixing(ds: ShardDataset) -> dict[str, float]:
@@ -149,6 +166,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 **mixing(ds))
         loader = ShardLoader(ShardDataset(directory, BATCH, shuffle=True), num_workers=2)
         row("shuffle, 2 workers", timed(lambda: copy_batches(loader, out), rounds), samples)
+        if torch.cuda.is_available():
+            for name, ds in (("sequential -> cuda", sequential),
+                             ("shuffle -> cuda", ShardDataset(directory, BATCH, shuffle=True))):
+                row(name, timed(lambda: to_cuda(ds), rounds), samples)
+            pinned = torch.from_numpy(arrays[0][:BATCH]).pin_memory()
+            row("pinned H2D (ceiling)", timed(lambda: h2d(pinned, len(in_memory)), rounds), samples)
         # copyto again: the machine's bandwidth drifts; the ratio uses the mean of both measurements.
         again = total / timed(lambda: copy_batches(in_memory, out), rounds) / 1e9
         rows["copyto"]["GB/s"] = (rows["copyto"]["GB/s"] + again) / 2

@@ -12,6 +12,9 @@ thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot o
 
 from __future__ import annotations
 
+import functools
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -89,8 +92,7 @@ def to_device(
     pinned and the caller is on a side stream (``DeviceLoader``)."""
     device = torch.device(device)
     image = batch["image"].to(device, non_blocking=True)
-    scale = torch.tensor([1.0 / s for s in std], device=device, dtype=dtype).view(1, 3, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std)], device=device, dtype=dtype).view(1, 3, 1, 1)
+    scale, shift = _affine(tuple(mean), tuple(std), device, dtype)
     # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
     out = dict(batch)
     out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
@@ -99,53 +101,128 @@ def to_device(
     return out
 
 
-class DeviceLoader:
-    """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``); on CUDA the next
-    batch's copy and normalisation run on a side stream during the current step.
+@functools.lru_cache(maxsize=16)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x * scale + shift == (x - mean) / std``, made once per device rather than copied every batch."""
+    scale = torch.tensor([1.0 / s for s in std], dtype=dtype).view(1, 3, 1, 1).to(device)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=dtype).view(1, 3, 1, 1).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # cached for every stream: let no stream see them half-copied
+    return scale, shift
 
-    ``state_dict()`` counts the batches this yielded, not the one it prefetched, so resuming repeats
-    nothing and skips nothing.
+
+class DeviceLoader:
+    """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``).
+
+    With ``prefetch > 0`` a background thread pulls the next ``prefetch`` host batches (the memory-map
+    copy and the pinning run there, both outside the GIL), so with ``num_workers=0``, or a
+    ``ShardDataset`` passed directly (pinned here when the loader did not), reading overlaps the step. On CUDA the next batch's host-to-device copy and normalisation run on a side stream
+    while the current step runs.
+
+    ``state_dict()`` counts the batches this yielded, not those prefetched, so resuming repeats nothing
+    and skips nothing.
     """
 
-    def __init__(self, loader: Any, device: torch.device | str, **to_device_kwargs: Any) -> None:
-        self.loader, self.device = loader, torch.device(device)
+    def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
+                 pin_memory: bool | None = None, **to_device_kwargs: Any) -> None:
+        self.loader, self.device, self.prefetch = loader, torch.device(device), prefetch
+        # Pin what the loader did not (a ShardDataset used directly), in the prefetch thread.
+        self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
-        self._prefetched = 0
+        self.batches_seen = 0
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def _host_batches(self) -> Iterator[tuple[Any, int]]:
+        """(batch, the loader's count once it was handed out)."""
+        counted = hasattr(self.loader, "batches_seen")
+        source = iter(self.loader)
+        if not counted:
+            self.batches_seen = 0
+        if self.prefetch <= 0:
+            for batch in source:
+                yield batch, self.loader.batches_seen if counted else self.batches_seen + 1
+            return
+        slots: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def pull() -> None:
+            try:
+                for batch in source:
+                    if self.pin_memory and not batch["image"].is_pinned():
+                        batch = {**batch, "image": batch["image"].pin_memory()}
+                    item = (batch, self.loader.batches_seen if counted else None)
+                    while not stop.is_set():
+                        try:
+                            slots.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            pass
+                    if stop.is_set():
+                        return
+                slots.put(_END)
+            except BaseException as error:  # handed to the consumer, raised there
+                slots.put(_Failed(error))
+
+        thread = threading.Thread(target=pull, name="shardio-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = slots.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failed):
+                    raise item.error
+                batch, count = item
+                yield batch, self.batches_seen + 1 if count is None else count
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a put() and let the thread see ``stop``
+                try:
+                    slots.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.device.type != "cuda":
-            for batch in self.loader:
+            for batch, count in self._host_batches():
+                self.batches_seen = count
                 yield to_device(batch, self.device, **self.to_device_kwargs)
             return
         stream = torch.cuda.Stream(self.device)
-        batches = iter(self.loader)
+        host = self._host_batches()
 
-        def load() -> dict[str, Any] | None:
-            batch = next(batches, None)
-            if batch is None:
+        def load() -> tuple[dict[str, Any], int] | None:
+            item = next(host, None)
+            if item is None:
                 return None
             with torch.cuda.stream(stream):
-                return to_device(batch, self.device, **self.to_device_kwargs)
+                return to_device(item[0], self.device, **self.to_device_kwargs), item[1]
 
         upcoming = load()
-        self._prefetched = 1 if upcoming is not None else 0
         while upcoming is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)
-            batch = upcoming
+            batch, count = upcoming
             for value in batch.values():
                 if isinstance(value, torch.Tensor) and value.is_cuda:
                     value.record_stream(current)  # made on the side stream, freed on this one
             upcoming = load()
-            self._prefetched = 1 if upcoming is not None else 0
+            self.batches_seen = count
             yield batch
-        self._prefetched = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict(self.loader.batches_seen - self._prefetched)
+        return self.loader.state_dict(self.batches_seen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()

@@ -39,3 +39,34 @@ def test_device_loader_yields_every_batch_in_order(dataset_dir: str, device: str
     got = [b["cls"].cpu().tolist() for b in loader]
     assert got == expected and len(loader) == len(expected)
     assert loader.state_dict()["batches_seen"] == len(expected)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_device_loader_state_after_early_stop(dataset_dir: str, prefetch: int) -> None:
+    """Prefetched batches are not counted: resuming from the state continues after the last one yielded."""
+    ds = ShardDataset(dataset_dir, 10, shuffle=True)
+    expected = [indices(b).tolist() for b in ds]
+    for source in (ShardLoader(ds), ds):
+        loader = DeviceLoader(source, "cpu", prefetch=prefetch)
+        head = []
+        for batch in loader:
+            head.append(batch["cls"].tolist())
+            if len(head) == 3:
+                break
+        state = loader.state_dict()
+        assert state["batches_seen"] == 3
+        resumed = DeviceLoader(ShardLoader(ShardDataset(dataset_dir, 10, shuffle=True)), "cpu", prefetch=prefetch)
+        resumed.load_state_dict(state)
+        assert head + [b["cls"].tolist() for b in resumed] == expected
+
+
+def test_device_loader_raises_the_loaders_error(dataset_dir: str) -> None:
+    class Broken:
+        def __iter__(self):
+            yield next(iter(ShardDataset(dataset_dir, 10)))
+            raise RuntimeError("disk on fire")
+
+    batches = iter(DeviceLoader(Broken(), "cpu"))
+    next(batches)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        next(batches)
