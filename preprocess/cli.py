@@ -196,6 +196,40 @@ def doctor() -> None:
     raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
 
+@app.command()
+def diagnose(
+    inputs: Annotated[list[str], typer.Argument(help="Tar paths, globs or brace ranges, as for `run`.")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Samples to time (from the first inputs).")] = 500,
+    project_images: Annotated[int, typer.Option(min=1, help="Project the job's time for this many images.")] = 1_000_000,
+    cores: Annotated[Optional[int], typer.Option(min=1, help="... on this many cores (default: this machine's).")] = None,
+    write_dir: Annotated[Optional[Path], typer.Option(help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Where the time goes: per stage (read, decode, convert, resize, write) mean/p50/p95 per image, the
+    per-core rate, a projection, the slowest samples and the bottleneck. Exit 1 if an input is unreadable."""
+    from preprocess.diagnose import diagnose as time_stages, render_text
+    from preprocess.inputs import resolve_inputs
+
+    try:
+        cfg = load_config(str(config) if config else None)
+    except ConfigError as e:
+        _fail_usage(str(e))
+    paths, failed = resolve_inputs(inputs)
+    result = time_stages(paths, cfg, limit=limit, project_images=project_images, cores=cores,
+                         write_dir=str(write_dir) if write_dir else None)
+    result["inputs_failed"] = failed + result["inputs_failed"]
+    if json_output:
+        typer.echo(json.dumps(result, indent=1, ensure_ascii=False))
+    else:
+        out = Console()
+        if not out.is_terminal:
+            out.width = 110  # a file or pipe: wide enough that the slowest-samples table is not cut
+        for item in render_text(result):
+            out.print(item, highlight=False)
+    raise typer.Exit(EXIT_FAILED if result["inputs_failed"] or not result["samples"] else EXIT_OK)
+
+
 def main() -> None:
     app(prog_name="preprocess")
 
