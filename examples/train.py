@@ -133,7 +133,7 @@ class Timed:
 
 def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
           optimizer: torch.optim.Optimizer, steps: int, classes: int, device: torch.device) -> dict[str, float]:
-    """``batches``: on the device (a DeviceLoader over ``source``); ``source.seconds``: data wait."""
+    """``batches``: on the device (a DeviceLoader over ``source``, which times the loader itself)."""
     iterator = iter(batches)
     loss_fn = nn.CrossEntropyLoss()
     prepare = 0.0
@@ -155,13 +155,15 @@ def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
-    # ``prepare`` holds the data wait plus, on CPU, the uint8 -> normalised float conversion (compute the
-    # GPU does on its side stream, overlapped); the data wait alone is what the loader costs.
+    # ``prepare``: the loop blocked on the next batch. ``source.seconds``: the loader's own time, spent in
+    # DeviceLoader's prefetch thread, overlapped with the steps (as is the conversion to normalised float:
+    # in that thread on CPU, on a side stream on CUDA).
     result = {"steps": steps, "samples/s": samples / wall, "step ms": 1000 * wall / steps,
-              "waiting for data": source.seconds / wall, "normalising": (prepare - source.seconds) / wall}
+              "waiting for data": prepare / wall, "loader busy": source.seconds / wall}
     print(f"{name}: {steps} steps, {result['samples/s']:.0f} samples/s, {result['step ms']:.1f} ms/step; "
-          f"{100 * result['waiting for data']:.1f}% of the time waiting for data, "
-          f"{100 * result['normalising']:.1f}% moving to {device} and normalising", flush=True)
+          f"{100 * result['waiting for data']:.1f}% of the time waiting for data "
+          f"(the loader itself was busy {100 * result['loader busy']:.0f}% of the time, in the background)",
+          flush=True)
     return result
 
 

@@ -141,6 +141,10 @@ class ShardDataset(IterableDataset):
     ``len(ds)`` is this rank's batches per epoch. ``verify=True`` reads every shard and checks its sha256
     at open (slow); without it, open checks the manifest, every file's size and every shard's header.
     ``cache_shards`` is how many shards' memory maps and metadata each process keeps open.
+    ``pin_memory=True`` (CUDA only) writes every batch straight into pinned memory, so the copy out of
+    the memory map is the only one before the GPU's; ``DeviceLoader`` turns it on for a dataset it is
+    given directly. Without it, a batch within one shard is a view of the memory map (no copy) and a
+    batch spanning runs is one copy into a reused buffer.
     """
 
     def __init__(
@@ -157,13 +161,17 @@ class ShardDataset(IterableDataset):
         shuffle_block: int = 16,
         verify: bool = False,
         cache_shards: int | None = None,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
                             ("shuffle_block", shuffle_block)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
         self.path = path
+        self.pin_memory = pin_memory
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.shuffle_block = shuffle_window, shuffle_block
@@ -308,7 +316,8 @@ class ShardDataset(IterableDataset):
     def _assemble(self, pieces: list[tuple[int, int, int]], shared: bool) -> Batch:
         shards = [self._shard(shard) for shard, _, _ in pieces]
         count = sum(stop - start for _, start, stop in pieces)
-        if len(pieces) == 1 and not shared:
+        pinned = self.pin_memory and not shared  # CUDA cannot be used in forked workers
+        if len(pieces) == 1 and not shared and not pinned:
             # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
             shard, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
@@ -318,6 +327,8 @@ class ShardDataset(IterableDataset):
                 nbytes = count * int(np.prod(self.snapshot.shape))
                 image = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
                 image = image.view(shape)
+            elif pinned:  # the one copy lands where the GPU copies from; torch caches pinned blocks
+                image = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
             else:
                 image = torch.from_numpy(self._buffers.take(shape))
             out = image.numpy()

@@ -53,6 +53,8 @@ class ShardLoader(DataLoader):
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
         kwargs.setdefault("collate_fn", _no_collate)
+        if pin_memory and num_workers == 0:
+            dataset.pin_memory = True  # assembled pinned: DataLoader's pin_memory() then has nothing to copy
         super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
         self.batches_seen = 0
 
@@ -115,8 +117,8 @@ def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.devic
 class DeviceLoader:
     """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``).
 
-    With ``prefetch > 0`` a background thread pulls the next ``prefetch`` host batches (the memory-map
-    copy and the pinning run there, both outside the GIL), so with ``num_workers=0``, or a
+    With ``prefetch > 0`` a background thread pulls the next ``prefetch`` batches (the memory-map copy
+    and the pinning run there, both outside the GIL, and on CPU the whole conversion), so with ``num_workers=0``, or a
     ``ShardDataset`` passed directly (pinned here when the loader did not), reading overlaps the step. On CUDA the next batch's host-to-device copy and normalisation run on a side stream
     while the current step runs.
 
@@ -129,21 +131,31 @@ class DeviceLoader:
         self.loader, self.device, self.prefetch = loader, torch.device(device), prefetch
         # Pin what the loader did not (a ShardDataset used directly), in the prefetch thread.
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
+        if self.pin_memory and isinstance(loader, ShardDataset):
+            loader.pin_memory = True  # batches assembled in pinned memory: one host copy, not two
         self.to_device_kwargs = to_device_kwargs
         self.batches_seen = 0
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU."""
+        if self.device.type != "cuda":
+            return to_device(batch, self.device, **self.to_device_kwargs)
+        if self.pin_memory and not batch["image"].is_pinned():
+            return {**batch, "image": batch["image"].pin_memory()}
+        return batch
+
     def _host_batches(self) -> Iterator[tuple[Any, int]]:
-        """(batch, the loader's count once it was handed out)."""
+        """(prepared batch, the loader's count once it was handed out)."""
         counted = hasattr(self.loader, "batches_seen")
         source = iter(self.loader)
         if not counted:
             self.batches_seen = 0
         if self.prefetch <= 0:
             for batch in source:
-                yield batch, self.loader.batches_seen if counted else self.batches_seen + 1
+                yield self._prepare(batch), self.loader.batches_seen if counted else self.batches_seen + 1
             return
         slots: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
@@ -151,8 +163,7 @@ class DeviceLoader:
         def pull() -> None:
             try:
                 for batch in source:
-                    if self.pin_memory and not batch["image"].is_pinned():
-                        batch = {**batch, "image": batch["image"].pin_memory()}
+                    batch = self._prepare(batch)
                     item = (batch, self.loader.batches_seen if counted else None)
                     while not stop.is_set():
                         try:
@@ -189,7 +200,7 @@ class DeviceLoader:
         if self.device.type != "cuda":
             for batch, count in self._host_batches():
                 self.batches_seen = count
-                yield to_device(batch, self.device, **self.to_device_kwargs)
+                yield batch
             return
         stream = torch.cuda.Stream(self.device)
         host = self._host_batches()

@@ -70,3 +70,17 @@ def test_device_loader_raises_the_loaders_error(dataset_dir: str) -> None:
     next(batches)
     with pytest.raises(RuntimeError, match="disk on fire"):
         next(batches)
+
+
+def test_pin_memory_needs_cuda_or_pins(dataset_dir: str) -> None:
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            ShardDataset(dataset_dir, 10, pin_memory=True)
+        return
+    for shuffle in (False, True):
+        ds = ShardDataset(dataset_dir, 10, shuffle=shuffle, pin_memory=True)
+        batches = list(ds)
+        assert all(b["image"].is_pinned() for b in batches)
+        assert (torch.cat([torch.from_numpy(indices(b)) for b in batches]).numpy() == ds.sample_order(0)).all()
+        pinned = batches[0]["image"]
+        assert pinned.pin_memory().data_ptr() == pinned.data_ptr()  # DataLoader's pinning copies nothing
