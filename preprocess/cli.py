@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from preprocess.config import ConfigError, load_config
 from preprocess.job import RunOptions, RunReport, report_dict, run_job
+from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.output_lock import OutputLocked
 from preprocess.ray_runner import RayUnavailable
 from shardio.errors import DatasetIncompatibleError, ShardError
@@ -86,6 +87,10 @@ class _Display:
                 self.progress.start()
                 self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
             return
+        if kind == "warning":
+            if not self.quiet:
+                console.print(f"[yellow]warning:[/yellow] {payload}", highlight=False)
+            return
         if kind == "progress":
             self.per_input[payload.input] = max(self.per_input.get(payload.input, 0), payload.done)
         elif kind == "input":
@@ -123,6 +128,25 @@ def _summary(report: RunReport, report_path: str) -> None:
     console.print(f"report: {report_path}", highlight=False)
 
 
+def _fan_out(*hooks: Any) -> Any:
+    def on_event(kind: str, payload: Any) -> None:
+        for hook in hooks:
+            hook(kind, payload)
+
+    return on_event
+
+
+def _close_log(event_log: EventLogger | None, report: RunReport | None = None, error: str | None = None) -> None:
+    if event_log is None:
+        return
+    if report is not None:
+        event_log.finish(report)
+    if error is not None:
+        event_log("error", error)
+    if event_log.stream is not sys.stderr:
+        event_log.stream.close()
+
+
 @app.command()
 def run(
     inputs: Annotated[list[str], typer.Argument(help="Tar paths, globs ('data/*.tar') or brace ranges ('data/{00000..00099}.tar').")],
@@ -140,6 +164,9 @@ def run(
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds OUTPUT, wait for it instead of exiting.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="Drop committed inputs that are not among INPUTS.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    log_format: Annotated[Optional[str], typer.Option(help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
+    log_file: Annotated[Optional[Path], typer.Option(help="Append the structured log to this file (format: --log-format, default human).")] = None,
+    strict_versions: Annotated[bool, typer.Option("--strict-versions", help="Refuse (exit 2) to append with a Pillow / libjpeg-turbo other than the dataset's; default: warn.")] = False,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
     if size is not None and (height is not None or width is not None):
@@ -152,20 +179,30 @@ def run(
         cfg = load_config(str(config) if config else None, overrides)
     except ConfigError as e:
         _fail_usage(str(e))
-    display = _Display(quiet)
+    if log_format is not None and log_format not in LOG_FORMATS:
+        _fail_usage(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    event_log = None
+    if log_format is not None or log_file is not None:
+        log_stream = open(log_file, "a", encoding="utf-8") if log_file is not None else sys.stderr
+        event_log = EventLogger(log_stream, log_format or "human")
+    # Log lines on stderr and a live progress bar would garble each other: the log wins.
+    display = _Display(quiet or (event_log is not None and log_file is None))
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
-                         ray_address=ray_address, wait_for_lock=wait, prune=prune)
+                         ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions)
     try:
-        result = run_job(options, on_event=display)
+        result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log))
     except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError) as e:
         display.close()
+        _close_log(event_log, error=str(e))
         _fail_usage(str(e))
     except ShardError as e:
         display.close()
+        _close_log(event_log, error=str(e))
         console.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         display.close()
+    _close_log(event_log, report=result)
     report_path = f"{result.output}/reports/{result.run_id}.json"
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)

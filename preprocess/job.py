@@ -20,8 +20,8 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from preprocess.output_lock import OutputLock
-from preprocess.ray_runner import Progress, ray_session, stream_inputs
-from preprocess.versions import library_versions
+from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
+from preprocess.versions import VersionDrift, library_versions, version_drift
 from preprocess.worker import InputResult
 from shardio import storage
 from shardio.errors import DatasetIncompatibleError
@@ -52,6 +52,7 @@ class RunOptions:
     ray_address: str | None = None
     wait_for_lock: bool = False
     prune: bool = False
+    strict_versions: bool = False  # a Pillow / libjpeg-turbo other than the dataset's: error, not warning
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RunReport:
     cluster: dict[str, Any] = field(default_factory=dict)
     inputs_per_node: dict[str, int] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed_fraction(self) -> float:
@@ -176,9 +178,10 @@ class _Committer:
 def run_job(
     options: RunOptions, on_event: Callable[[str, Any], None] | None = None
 ) -> RunReport:
-    """Run the job; ``on_event(kind, payload)`` receives "plan", "progress" and "input" events (the CLI's
-    progress bar and logs). Raises DatasetIncompatibleError / OutputLocked / RayUnavailable before any
-    work; returns the report otherwise (its ``exit_code`` says whether every input was processed)."""
+    """Run the job; ``on_event(kind, payload)`` receives "plan", "progress", "started" / "retried"
+    (``TaskEvent``), "input" (``InputResult``) and "warning" (str) events (the CLI's progress bar and logs).
+    Raises DatasetIncompatibleError (VersionDrift under ``strict_versions``) / OutputLocked / RayUnavailable
+    before any work; returns the report otherwise (its ``exit_code`` says whether every input was processed)."""
     emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
     cfg = options.config
@@ -196,6 +199,12 @@ def run_job(
         existing = load_manifest(directory) if storage.exists(storage.join(directory, MANIFEST_NAME)) else None
         if existing is not None:
             _check_compatible(existing, cfg, directory)
+            drift = version_drift(existing.versions, report.versions, storage.join(directory, MANIFEST_NAME))
+            if drift and options.strict_versions:
+                raise VersionDrift(drift)
+            if drift:
+                report.warnings.append(drift)
+                emit("warning", drift)
         manifest = existing or Manifest(
             shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions
         )
@@ -227,6 +236,9 @@ def run_job(
                 for message in stream_inputs(todo, directory, cfg):
                     if isinstance(message, Progress):
                         emit("progress", message)
+                        continue
+                    if isinstance(message, TaskEvent):
+                        emit(message.kind, message)  # "started" / "retried": the structured log's events
                         continue
                     _record(report, message)
                     if message.error is None:

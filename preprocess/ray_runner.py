@@ -23,7 +23,8 @@ from preprocess.config import JobConfig
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import ShardioError
 
-__all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TASK_MAX_RETRIES"]
+__all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
+           "TASK_MAX_RETRIES"]
 
 TASK_MAX_RETRIES = 3
 CONNECT_TIMEOUT_S = 5.0
@@ -38,6 +39,45 @@ class Progress:
     input: str
     done: int
     failed: int
+    node: str = ""  # host/Ray node id of the worker running this attempt
+    worker: str = ""  # Ray worker id (8 hex): a new one for the same input means Ray retried the task
+
+
+@dataclass
+class TaskEvent:
+    """An input's task "started" (its first message arrived) or was "retried" (messages now come from
+    another worker: the previous one died and Ray re-ran the task; ``attempt`` counts from 1)."""
+
+    kind: str
+    input: str
+    node: str
+    worker: str
+    attempt: int = 1
+    previous_worker: str = ""
+
+
+class AttemptTracker:
+    """Turns Progress messages into "started" (an input's first message) and "retried" (a message from
+    another worker than the input's last: Ray re-ran the task after its worker died) events.
+
+    Ray exposes no attempt number, so this is what the driver can see: a retry whose new attempt never
+    gets past the messages the old one already sent is invisible (``_task`` sends one more at the end, so
+    that only happens if the old worker died between its last message and its result).
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[str, tuple[str, int]] = {}  # input -> (worker of its latest attempt, attempt)
+
+    def see(self, message: Progress) -> TaskEvent | None:
+        seen = self.current.get(message.input)
+        if seen is None:
+            self.current[message.input] = (message.worker, 1)
+            return TaskEvent("started", message.input, message.node, message.worker)
+        worker, attempt = seen
+        if message.worker == worker:
+            return None
+        self.current[message.input] = (message.worker, attempt + 1)
+        return TaskEvent("retried", message.input, message.node, message.worker, attempt + 1, worker)
 
 
 def _check_reachable(address: str) -> None:
@@ -91,23 +131,31 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, 
 
 
 def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
+    context = ray.get_runtime_context()
+    # Host name plus Ray node id: several raylets can share one host (and do in the tests).
+    node = f"{os.uname().nodename}/{context.get_node_id()[:8]}"
+    worker = context.get_worker_id()[:8]
     steps = iter_process_input(input_path, output_dir, JobConfig(**cfg_dict), fingerprint)
+    yield Progress(input_path, 0, 0, node, worker)  # "started", with where
     while True:
         try:
             done, failed = next(steps)
         except StopIteration as stop:
             result: InputResult = stop.value
-            # Host name plus Ray node id: several raylets can share one host (and do in the tests).
-            result.node = f"{result.node}/{ray.get_runtime_context().get_node_id()[:8]}"
+            result.node = f"{result.node}/{context.get_node_id()[:8]}"
+            # Ray drops a retried generator's messages up to the index the driver already has, so a retry
+            # shows only in later ones: this last one always comes after, and names the worker.
+            yield Progress(input_path, result.samples, len(result.failures), node, worker)
             yield result
             return
-        yield Progress(input_path, done, failed)
+        yield Progress(input_path, done, failed, node, worker)
 
 
 def stream_inputs(
     items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None
-) -> Iterator[Progress | InputResult]:
-    """Run every (input, fingerprint) as a task; yield Progress messages and each InputResult as it ends.
+) -> Iterator[Progress | TaskEvent | InputResult]:
+    """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task
+    starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
     tars does not flood the scheduler, and a killed run has started little it did not finish.
@@ -118,6 +166,7 @@ def stream_inputs(
     fingerprints = dict(items)
     running: dict[Any, str] = {}
     cfg_dict = cfg.to_dict()
+    attempts = AttemptTracker()
     while queue or running:
         while queue and len(running) < limit:
             path, fingerprint = queue.pop()
@@ -138,4 +187,6 @@ def stream_inputs(
                 reason = f"worker failed: {e}".splitlines()[0]
                 yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason)
                 continue
+            if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
+                yield event
             yield message

@@ -17,9 +17,18 @@ import PIL
 from PIL import features
 
 import shardio
+from shardio.errors import DatasetIncompatibleError
 from shardio.format import FORMAT_VERSION
 
-__all__ = ["library_versions", "pillow_build"]
+__all__ = ["library_versions", "pillow_build", "PIXEL_LIBRARIES", "VersionDrift", "version_drift"]
+
+# The entries of ``library_versions()`` that change the pixels: the JPEG decoder and the resampler.
+PIXEL_LIBRARIES = ("pillow", "pillow_simd", "libjpeg_turbo")
+
+
+class VersionDrift(DatasetIncompatibleError):
+    """Appending with a different Pillow(-SIMD) / libjpeg-turbo than the dataset was written with, under
+    ``--strict-versions`` (otherwise only a warning)."""
 
 
 def _dist_version(name: str) -> str | None:
@@ -62,3 +71,18 @@ def library_versions() -> dict[str, Any]:
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
+
+
+def version_drift(recorded: dict[str, Any], current: dict[str, Any], where: str) -> str | None:
+    """A warning if ``current`` differs from ``recorded`` in a library that changes pixels; None if not.
+
+    Only libraries the record names are compared: a manifest without versions cannot drift.
+    """
+    changed = [k for k in PIXEL_LIBRARIES if k in recorded and recorded[k] != current.get(k)]
+    if not changed:
+        return None
+    was = ", ".join(f"{k} {recorded[k]}" for k in changed)
+    now = ", ".join(f"{k} {current.get(k)}" for k in changed)
+    return (f"{where}: the dataset was written with {was}; this run has {now}: samples appended now may differ "
+            "in pixels from the ones already there (JPEG decoder and resampler builds round differently); "
+            "use the same build, or a new --output (--strict-versions makes this an error)")

@@ -1,0 +1,110 @@
+"""The job's structured log: one record per input started / finished / failed / retried, and per run.
+
+``EventLogger`` is an ``on_event`` hook for ``run_job``. Each record carries the time, the event, the
+input, the worker node, the duration and running counts (inputs done of the plan, samples so far), as a
+human line or a JSON line (``preprocess run --log-format human|json --log-file PATH``)::
+
+    {"time": "2026-01-01T12:00:01.234Z", "event": "input_finished", "input": "/data/00001.tar",
+     "node": "host/1a2b3c4d", "duration_s": 2.31, "samples": 998, "failed": 2, "shards": 1,
+     "inputs_done": 2, "inputs_todo": 10, "samples_total": 1990}
+
+Events: ``run_planned``, ``input_started`` (its task's first message: it is running, and where),
+``input_retried`` (messages for the input now come from another Ray worker: the last one died and Ray ran
+the task again), ``input_finished``, ``input_failed``, ``warning``, ``run_finished``, or ``error`` (the
+run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held). Progress counts
+within an input are not logged (one message per 32 samples would drown the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+__all__ = ["EventLogger", "LOG_FORMATS"]
+
+LOG_FORMATS = ("human", "json")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class EventLogger:
+    """Writes one record per job event to ``stream`` (flushed, so ``tail -f`` follows a run)."""
+
+    def __init__(self, stream: TextIO, log_format: str = "human") -> None:
+        if log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+        self.stream, self.log_format = stream, log_format
+        self.todo = 0
+        self.done = 0
+        self.samples = 0
+        self.started_at: dict[str, float] = {}  # input -> monotonic time its task started
+        self.logged_failures: set[str] = set()
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "plan":
+            cluster = payload.get("cluster") or {}
+            self.todo = payload["todo"]
+            self._write("run_planned", inputs_todo=payload["todo"], inputs_skipped=payload["skipped"],
+                        nodes=cluster.get("nodes"), cpus=cluster.get("cpus"))
+        elif kind == "started":
+            self.started_at.setdefault(payload.input, time.monotonic())
+            self._write("input_started", input=payload.input, node=payload.node, worker=payload.worker,
+                        inputs_done=self.done, inputs_todo=self.todo)
+        elif kind == "retried":
+            self._write("input_retried", input=payload.input, node=payload.node, worker=payload.worker,
+                        attempt=payload.attempt, previous_worker=payload.previous_worker)
+        elif kind == "input":
+            self.done += 1
+            started = self.started_at.pop(payload.input, None)
+            # The worker's own time for the input; since-start on the driver if it never got that far.
+            duration = payload.elapsed_s or (time.monotonic() - started if started is not None else 0.0)
+            common = {"input": payload.input, "node": payload.node or None, "duration_s": round(duration, 3)}
+            if payload.error is None:
+                self.samples += payload.samples
+                self._write("input_finished", **common, samples=payload.samples, failed=len(payload.failures),
+                            shards=len(payload.shards), inputs_done=self.done, inputs_todo=self.todo,
+                            samples_total=self.samples)
+            else:
+                self.logged_failures.add(payload.input)
+                self._write("input_failed", **common, reason=payload.error, inputs_done=self.done,
+                            inputs_todo=self.todo)
+        elif kind in ("warning", "error"):
+            self._write(kind, message=str(payload))
+
+    def finish(self, report: Any) -> None:
+        """The run's closing record, from its ``RunReport``; inputs that failed before any task ran
+        (no such file, a glob matching nothing) get their ``input_failed`` record here."""
+        for failed in report.inputs_failed:
+            if failed["input"] not in self.logged_failures:
+                self._write("input_failed", input=failed["input"], reason=failed["reason"], duration_s=0.0)
+        self._write("run_finished", run_id=report.run_id, exit_code=report.exit_code,
+                    samples_written=report.samples_written, samples_failed=report.samples_failed,
+                    inputs_processed=len(report.inputs_processed), inputs_skipped=len(report.inputs_skipped),
+                    inputs_failed=len(report.inputs_failed), duration_s=report.elapsed_s,
+                    images_per_s=report.images_per_s, dataset_samples=report.dataset_samples)
+
+    def _write(self, event: str, **fields: Any) -> None:
+        record = {"time": _now(), "event": event, **{k: v for k, v in fields.items() if v is not None}}
+        if self.log_format == "json":
+            line = json.dumps(record, ensure_ascii=False)
+        else:
+            line = _human(record)
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _human(record: dict[str, Any]) -> str:
+    r = dict(record)
+    head = f"{r.pop('time')} {r.pop('event'):<14}"
+    subject = r.pop("input", None)
+    parts = [head] + ([subject] if subject else [])
+    if "duration_s" in r:
+        parts.append(f"{r.pop('duration_s'):.2f} s")
+    if "inputs_done" in r and "inputs_todo" in r:
+        parts.append(f"[{r.pop('inputs_done')}/{r.pop('inputs_todo')}]")
+    parts += [f"{k}={v}" for k, v in r.items()]
+    return "  ".join(str(p) for p in parts)

@@ -1,0 +1,142 @@
+"""The job's structured log (``--log-format``, ``--log-file``) and the library version drift check."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from preprocess.cli import app
+from preprocess.config import JobConfig
+from preprocess.logging_events import EventLogger
+from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
+from preprocess.versions import library_versions
+from preprocess.worker import InputResult
+from shardio import storage
+from shardio.format import InputEntry, Manifest
+from shardio.writer import write_manifest
+
+runner = CliRunner()
+
+
+def records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_retries_show_as_a_new_worker_for_the_same_input():
+    tracker = AttemptTracker()
+    started = tracker.see(Progress("a.tar", 0, 0, "host/n1", "w1"))
+    assert started == TaskEvent("started", "a.tar", "host/n1", "w1")
+    assert tracker.see(Progress("a.tar", 32, 0, "host/n1", "w1")) is None
+    assert tracker.see(Progress("b.tar", 0, 0, "host/n2", "w2")).kind == "started"
+    retried = tracker.see(Progress("a.tar", 64, 1, "host/n2", "w3"))  # w1 died; Ray re-ran a.tar on w3
+    assert retried == TaskEvent("retried", "a.tar", "host/n2", "w3", attempt=2, previous_worker="w1")
+    assert tracker.see(Progress("a.tar", 96, 1, "host/n2", "w3")) is None
+
+
+def test_one_json_record_per_event_with_counts_node_and_duration():
+    out = io.StringIO()
+    log = EventLogger(out, "json")
+    log("plan", {"todo": 2, "skipped": 1, "cluster": {"nodes": 2, "cpus": 4}})
+    log("started", TaskEvent("started", "a.tar", "host/n1", "w1"))
+    log("progress", Progress("a.tar", 32, 0, "host/n1", "w1"))  # not logged
+    log("retried", TaskEvent("retried", "a.tar", "host/n2", "w2", 2, "w1"))
+    log("input", InputResult("a.tar", 1, 1, samples=40, shards=[{}, {}], failures=[{"key": "k"}],
+                             elapsed_s=1.25, node="host/n2"))
+    log("input", InputResult("b.tar", 1, 1, error="not a readable tar", elapsed_s=0.5, node="host/n1"))
+    lines = records(out.getvalue())
+    assert [r["event"] for r in lines] == ["run_planned", "input_started", "input_retried", "input_finished",
+                                           "input_failed"]
+    assert lines[0]["inputs_todo"] == 2 and lines[0]["nodes"] == 2
+    assert lines[2]["attempt"] == 2 and lines[2]["previous_worker"] == "w1"
+    finished = lines[3]
+    assert finished["input"] == "a.tar" and finished["node"] == "host/n2" and finished["duration_s"] == 1.25
+    assert (finished["samples"], finished["failed"], finished["shards"]) == (40, 1, 2)
+    assert (finished["inputs_done"], finished["inputs_todo"], finished["samples_total"]) == (1, 2, 40)
+    assert lines[4]["reason"] == "not a readable tar" and lines[4]["inputs_done"] == 2
+    assert all(r["time"].endswith("Z") for r in lines)
+
+
+def test_human_lines_name_the_event_input_duration_and_counts():
+    out = io.StringIO()
+    log = EventLogger(out, "human")
+    log("plan", {"todo": 1, "skipped": 0})
+    log("input", InputResult("/data/a.tar", 1, 1, samples=7, elapsed_s=2.5, node="host/n1"))
+    line = out.getvalue().splitlines()[1]
+    assert "input_finished" in line and "/data/a.tar" in line and "2.50 s" in line and "[1/1]" in line
+    assert "samples=7" in line and "node=host/n1" in line
+    with pytest.raises(ValueError):
+        EventLogger(out, "xml")
+
+
+@pytest.mark.ray
+def test_run_writes_json_lines_for_each_input(ray_cluster, tars, tmp_path):
+    tars.make("a.tar", range(5))
+    tars.make("b.tar", range(5, 9))
+    junk = tars.path("c.tar")
+    open(junk, "wb").write(b"\x00junk" * 50)
+    log_file, out = tmp_path / "run.log", str(tmp_path / "out")
+    result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", str(tmp_path / "missing.tar"), "--output", out,
+                                 "--size", "16", "-q", "--log-format", "json", "--log-file", str(log_file)])
+    assert result.exit_code == 1, result.output
+    lines = records(log_file.read_text())
+    events = [r["event"] for r in lines]
+    assert events[0] == "run_planned" and events[-1] == "run_finished"
+    started = {os.path.basename(r["input"]) for r in lines if r["event"] == "input_started"}
+    assert started == {"a.tar", "b.tar", "c.tar"} and all(r["node"] for r in lines if "worker" in r)
+    finished = {os.path.basename(r["input"]): r for r in lines if r["event"] == "input_finished"}
+    assert finished["a.tar"]["samples"] == 5 and finished["b.tar"]["samples"] == 4
+    assert all(r["duration_s"] > 0 and "/" in r["node"] for r in finished.values())
+    failed = {os.path.basename(r["input"]): r["reason"] for r in lines if r["event"] == "input_failed"}
+    assert set(failed) == {"c.tar", "missing.tar"} and "no such file" in failed["missing.tar"]
+    assert lines[-1]["samples_written"] == 9 and lines[-1]["exit_code"] == 1
+
+
+def _dataset_written_with(directory: str, committed_tar: str, versions: dict) -> None:
+    """A dataset whose manifest lists ``committed_tar`` as done, so a rerun skips it and needs no Ray."""
+    cfg = JobConfig(height=16, width=16)
+    size, mtime_ns = storage.stat_fingerprint(committed_tar)
+    manifest = Manifest(shape=(16, 16, 3), config=cfg.output_dict(), versions=versions,
+                        inputs={committed_tar: InputEntry(size=size, mtime_ns=mtime_ns, samples=0, failed=0)})
+    os.makedirs(directory, exist_ok=True)
+    write_manifest(directory, manifest)
+
+
+def test_appending_with_another_libjpeg_turbo_warns_and_strict_versions_refuses(tars, tmp_path):
+    tar = tars.make("a.tar", range(3))
+    out = str(tmp_path / "out")
+    _dataset_written_with(out, tar, {**library_versions(), "libjpeg_turbo": "1.5.3"})
+    log_file = tmp_path / "run.jsonl"
+    result = runner.invoke(app, ["run", tar, "--output", out, "--size", "16", "--log-format", "json",
+                                 "--log-file", str(log_file)])
+    assert result.exit_code == 0, result.output
+    flat = result.output.replace("\n", " ")
+    assert "warning:" in flat and "libjpeg_turbo 1.5.3" in flat and "may differ in pixels" in flat
+    warning = [r for r in records(log_file.read_text()) if r["event"] == "warning"]
+    assert len(warning) == 1 and "libjpeg_turbo" in warning[0]["message"]
+    report_name = sorted(os.listdir(os.path.join(out, "reports")))[-1]
+    report = json.load(open(os.path.join(out, "reports", report_name)))
+    assert len(report["warnings"]) == 1
+
+    _dataset_written_with(out, tar, {**library_versions(), "pillow": "9.0.0"})
+    result = runner.invoke(app, ["run", tar, "--output", out, "--size", "16", "--strict-versions"])
+    assert result.exit_code == 2
+    assert "pillow 9.0.0" in result.output.replace("\n", " ")
+
+
+def test_same_versions_or_no_recorded_versions_do_not_warn(tars, tmp_path):
+    tar = tars.make("a.tar", range(3))
+    for versions in (library_versions(), {}):
+        out = str(tmp_path / f"out{len(versions)}")
+        _dataset_written_with(out, tar, versions)
+        result = runner.invoke(app, ["run", tar, "--output", out, "--size", "16", "--strict-versions"])
+        assert result.exit_code == 0 and "warning" not in result.output, result.output
+
+
+def test_bad_log_format_is_a_usage_error(tars, tmp_path):
+    result = runner.invoke(app, ["run", tars.make("a.tar", range(1)), "--output", str(tmp_path / "o"),
+                                 "--log-format", "xml"])
+    assert result.exit_code == 2 and "--log-format" in result.output
