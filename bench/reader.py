@@ -4,7 +4,8 @@
 random 256×256×3 images (403 MB), warms the page cache, then times, five rounds each, medians reported:
 
 - ``copyto``: ``np.copyto`` of in-memory batches into one reused buffer: the memory bandwidth ceiling,
-  measured in the same run because it varies 2× between runs on a shared machine;
+  measured in the same run because it varies 2× between runs on a shared machine (and ``torch copy_``,
+  the same copy split over torch's intra-op threads, which is how ShardDataset assembles batches);
 - ``ShardDataset`` sequential, and shuffled with several (window, block) settings: every batch is copied
   once into a reused buffer, which is what ``pin_memory`` or ``.cuda()`` does with it;
 - ``ShardLoader`` with 2 workers (the batch crosses processes through shared memory);
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         samples = sum(len(a) for a in arrays)
         row("copyto", timed(lambda: copy_batches(in_memory, out), rounds), samples)
+        flat = torch.from_numpy(out)
+        tensors = [torch.from_numpy(batch["image"].numpy()) for batch in in_memory]
+        row(f"torch copy_ ({torch.get_num_threads()} threads)",
+            timed(lambda: [flat[: len(t)].copy_(t) for t in tensors], rounds), samples)
         sequential = ShardDataset(directory, BATCH)
         row("sequential", timed(lambda: copy_batches(sequential, out), rounds), samples, **mixing(sequential))
         for window, block in SHUFFLES[:2] if args.quick else SHUFFLES:
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows["copyto"]["samples/s"] = rows["copyto"]["GB/s"] * 1e9 / (total / samples)
         for name, figures in rows.items():
             figures["of copyto"] = figures["GB/s"] / rows["copyto"]["GB/s"]
-        result: dict[str, Any] = {"dataset_bytes": total, "batch": BATCH, "rows": rows}
+        result: dict[str, Any] = {"dataset_bytes": total, "batch": BATCH, "rounds": rounds, "rows": rows}
         if not args.no_webdataset:
             baseline = webdataset_samples_per_s()
             result["webdataset_pil_samples_per_s"] = baseline
@@ -199,7 +204,7 @@ class _Numpy:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"{result['dataset_bytes'] / 1e6:.0f} MB, batches of {result['batch']}, medians of {ROUNDS} rounds")
+    print(f"{result['dataset_bytes'] / 1e6:.0f} MB, batches of {result['batch']}, medians of {result['rounds']} rounds")
     columns = ["GB/s", "samples/s", "of copyto", "adjacent", "shards_per_batch", "displacement"]
     print(f"{'':22}" + "".join(f"{c:>17}" for c in columns))
     for name, figures in result["rows"].items():
