@@ -43,7 +43,8 @@ SHARDS = 8
 SAMPLES_PER_SHARD = 256
 BATCH = 256
 ROUNDS = 5
-SHUFFLES = [(8, 16), (8, 64), (8, 4), (8, 1), (1, 16), (SHARDS * 4, 16)]  # (window, block); the first is default
+# (window, block); the first is the default; a window over the shard count is "all shards"
+SHUFFLES = [(8, 16), (8, 64), (8, 4), (8, 1), (1, 16), (SHARDS * 4, 16)]
 
 
 def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES_PER_SHARD) -> str:
@@ -54,8 +55,8 @@ def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES
     manifest = Manifest(shape=(SIDE, SIDE, 3), config={"height": SIDE, "width": SIDE}, versions={})
     writer = InputShardWriter(directory, "bench", SIDE, SIDE, samples_per_shard)
     for i in range(shards * samples_per_shard):
-        writer.add(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8), {"key": f"{i:07d}", "cls": i % 1000},
-                   "bench.tar")
+        pixels = rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+        writer.add(pixels, {"key": f"{i:07d}", "cls": i % 1000}, "bench.tar")
     manifest.shards = writer.close("bench.tar")
     manifest.inputs["bench.tar"] = InputEntry(0, 0, shards * samples_per_shard, 0,
                                               [e.path for e in manifest.shards])
@@ -167,14 +168,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row("sequential", timed(lambda: copy_batches(sequential, out), rounds), samples, **mixing(sequential))
         for window, block in SHUFFLES[:2] if args.quick else SHUFFLES:
             ds = ShardDataset(directory, BATCH, shuffle=True, shuffle_window=window, shuffle_block=block)
-            row(f"shuffle w={window} b={block}", timed(lambda: copy_batches(ds, out), rounds), samples,
+            row(f"shuffle w={window} b={block}", timed(lambda ds=ds: copy_batches(ds, out), rounds), samples,
                 **mixing(ds))
         loader = ShardLoader(ShardDataset(directory, BATCH, shuffle=True), num_workers=2)
         row("shuffle, 2 workers", timed(lambda: copy_batches(loader, out), rounds), samples)
         if torch.cuda.is_available():
             for name, ds in (("sequential -> cuda", sequential),
                              ("shuffle -> cuda", ShardDataset(directory, BATCH, shuffle=True))):
-                row(name, timed(lambda: to_cuda(ds), rounds), samples)
+                row(name, timed(lambda ds=ds: to_cuda(ds), rounds), samples)
             pinned = torch.from_numpy(arrays[0][:BATCH]).pin_memory()
             row("pinned H2D (ceiling)", timed(lambda: h2d(pinned, len(in_memory)), rounds), samples)
         # copyto again: the machine's bandwidth drifts; the ratio uses the mean of both measurements.
@@ -204,13 +205,15 @@ class _Numpy:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"{result['dataset_bytes'] / 1e6:.0f} MB, batches of {result['batch']}, medians of {result['rounds']} rounds")
+    print(f"{result['dataset_bytes'] / 1e6:.0f} MB, batches of {result['batch']}, "
+          f"medians of {result['rounds']} rounds")
     columns = ["GB/s", "samples/s", "of copyto", "adjacent", "shards_per_batch", "displacement"]
     print(f"{'':22}" + "".join(f"{c:>17}" for c in columns))
     for name, figures in result["rows"].items():
         cells = [f"{figures[c]:17.2f}" if c in figures else f"{'':17}" for c in columns]
         print(f"{name:22}" + "".join(cells))
-    for key in ("webdataset_pil_samples_per_s", "sequential_over_webdataset", "default_shuffle_over_webdataset"):
+    keys = ("webdataset_pil_samples_per_s", "sequential_over_webdataset", "default_shuffle_over_webdataset")
+    for key in keys:
         if key in result:
             print(f"{key}: {result[key]:.1f}")
     sys.stdout.flush()

@@ -30,9 +30,9 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from shardio import DeviceLoader, ShardDataset, ShardLoader  # noqa: E402
-from shardio.format import InputEntry, Manifest  # noqa: E402
-from shardio.writer import InputShardWriter, write_manifest  # noqa: E402
+from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.format import InputEntry, Manifest
+from shardio.writer import InputShardWriter, write_manifest
 
 
 def small_cnn(classes: int) -> nn.Module:
@@ -48,7 +48,8 @@ def demo_shards(directory: str, samples: int = 1024, side: int = 256, classes: i
     """A learnable synthetic dataset: class ``c`` is a noisy image tinted towards colour ``c``."""
     rng = np.random.default_rng(0)
     palette = rng.integers(0, 256, (classes, 3))
-    manifest = Manifest(shape=(side, side, 3), config={"demo": True, "height": side, "width": side}, versions={})
+    config = {"demo": True, "height": side, "width": side}
+    manifest = Manifest(shape=(side, side, 3), config=config, versions={})
     writer = InputShardWriter(directory, "demo", side, side, samples_per_shard=256)
     for i in range(samples):
         label = int(rng.integers(classes))
@@ -132,7 +133,8 @@ class Timed:
 
 
 def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
-          optimizer: torch.optim.Optimizer, steps: int, classes: int, device: torch.device) -> dict[str, float]:
+          optimizer: torch.optim.Optimizer, steps: int, classes: int,
+          device: torch.device) -> dict[str, float]:
     """``batches``: on the device (a DeviceLoader over ``source``, which times the loader itself)."""
     iterator = iter(batches)
     loss_fn = nn.CrossEntropyLoss()
@@ -188,9 +190,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     if distributed:  # torchrun: ShardDataset takes rank and world size from the process group
         torch.distributed.init_process_group("nccl" if args.device == "cuda" else "gloo")
         if args.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device(
-        args.device)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
     with tempfile.TemporaryDirectory(prefix="shardio-demo-") as tmp:
         if args.demo:
             shards = demo_shards(tmp, classes=args.classes)

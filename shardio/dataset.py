@@ -319,7 +319,7 @@ class ShardDataset(IterableDataset):
         pinned = self.pin_memory and not shared  # CUDA cannot be used in forked workers
         if len(pieces) == 1 and not shared and not pinned:
             # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
-            shard, start, stop = pieces[0]
+            _, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
         else:
             shape = (count, *self.snapshot.shape)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from shardio.dataset import ShardDataset
 
-__all__ = ["ShardLoader", "DeviceLoader", "to_device", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "ShardLoader", "to_device"]
 
 # On the 0-255 scale of the uint8 pixels.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -118,9 +118,10 @@ class DeviceLoader:
     """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``).
 
     With ``prefetch > 0`` a background thread pulls the next ``prefetch`` batches (the memory-map copy
-    and the pinning run there, both outside the GIL, and on CPU the whole conversion), so with ``num_workers=0``, or a
-    ``ShardDataset`` passed directly (pinned here when the loader did not), reading overlaps the step. On CUDA the next batch's host-to-device copy and normalisation run on a side stream
-    while the current step runs.
+    and the pinning run there, both outside the GIL, and on CPU the whole conversion), so with
+    ``num_workers=0``, or a ``ShardDataset`` passed directly (pinned here when the loader did not),
+    reading overlaps the step. On CUDA the next batch's host-to-device copy and normalisation run on a
+    side stream while the current step runs.
 
     ``state_dict()`` counts the batches this yielded, not those prefetched, so resuming repeats nothing
     and skips nothing.
@@ -174,7 +175,7 @@ class DeviceLoader:
                     if stop.is_set():
                         return
                 slots.put(_END)
-            except BaseException as error:  # handed to the consumer, raised there
+            except Exception as error:  # noqa: BLE001 - handed to the consumer, raised there
                 slots.put(_Failed(error))
 
         thread = threading.Thread(target=pull, name="shardio-prefetch", daemon=True)

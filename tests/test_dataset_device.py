@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from dataset_fixtures import indices, make_dataset
@@ -25,8 +26,9 @@ def test_to_device_normalises_to_nchw(dataset_dir: str, device: str) -> None:
     image = out["image"]
     assert image.shape == (10, 3, 8, 8) and image.dtype == torch.float32 and image.device.type == device
     assert image.is_contiguous(memory_format=torch.channels_last)
-    expected = (batch["image"].permute(0, 3, 1, 2).float() - torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1))
-    expected /= torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    nchw = batch["image"].permute(0, 3, 1, 2).float()
+    mean, std = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1), torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    expected = (nchw - mean) / std
     torch.testing.assert_close(image.cpu(), expected)
     assert out["cls"].device.type == device and out["__key__"] == batch["__key__"]
 
@@ -55,7 +57,8 @@ def test_device_loader_state_after_early_stop(dataset_dir: str, prefetch: int) -
                 break
         state = loader.state_dict()
         assert state["batches_seen"] == 3
-        resumed = DeviceLoader(ShardLoader(ShardDataset(dataset_dir, 10, shuffle=True)), "cpu", prefetch=prefetch)
+        again = ShardDataset(dataset_dir, 10, shuffle=True)
+        resumed = DeviceLoader(ShardLoader(again), "cpu", prefetch=prefetch)
         resumed.load_state_dict(state)
         assert head + [b["cls"].tolist() for b in resumed] == expected
 
@@ -81,6 +84,6 @@ def test_pin_memory_needs_cuda_or_pins(dataset_dir: str) -> None:
         ds = ShardDataset(dataset_dir, 10, shuffle=shuffle, pin_memory=True)
         batches = list(ds)
         assert all(b["image"].is_pinned() for b in batches)
-        assert (torch.cat([torch.from_numpy(indices(b)) for b in batches]).numpy() == ds.sample_order(0)).all()
+        assert (np.concatenate([indices(b) for b in batches]) == ds.sample_order(0)).all()
         pinned = batches[0]["image"]
         assert pinned.pin_memory().data_ptr() == pinned.data_ptr()  # DataLoader's pinning copies nothing
