@@ -27,7 +27,8 @@ def test_to_device_normalises_to_nchw(dataset_dir: str, device: str) -> None:
     assert image.shape == (10, 3, 8, 8) and image.dtype == torch.float32 and image.device.type == device
     assert image.is_contiguous(memory_format=torch.channels_last)
     nchw = batch["image"].permute(0, 3, 1, 2).float()
-    mean, std = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1), torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    mean = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1)
+    std = torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
     expected = (nchw - mean) / std
     torch.testing.assert_close(image.cpu(), expected)
     assert out["cls"].device.type == device and out["__key__"] == batch["__key__"]

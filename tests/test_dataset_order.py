@@ -83,6 +83,6 @@ def test_rank_batches_partition(samples: int, world_size: int, batch_size: int) 
 
 
 def test_imports_with_numpy_and_torch_only() -> None:
-    code = ("import sys, shardio; "
-            "bad = [m for m in ('PIL', 'ray', 'yaml', 'webdataset') if m in sys.modules]; assert not bad, bad")
+    code = ("import sys, shardio; bad = [m for m in ('PIL', 'ray', 'yaml', 'webdataset') "
+            "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
