@@ -70,7 +70,8 @@ class _ScratchWriter:
     def add(self, pixels: np.ndarray, meta: dict[str, Any], sample: _Sample) -> None:
         started = time.perf_counter()
         if self.writer is None:
-            self.writer = ShardWriter(self.directory, f"diagnose-{self.shards:05d}", self.cfg.height, self.cfg.width)
+            name = f"diagnose-{self.shards:05d}"
+            self.writer = ShardWriter(self.directory, name, self.cfg.height, self.cfg.width)
         self.writer.add(pixels, meta)
         sample.seconds["write"] = time.perf_counter() - started
         self.pending.append(sample)
@@ -196,7 +197,8 @@ def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[
                            "p95_ms": round(float(np.percentile(totals, 95)) * 1e3, 3)}
     rate = len(samples) / total_s
     report["images_per_s_per_core"] = round(rate, 2)
-    report["read_mb_per_s"] = round(sum(x.nbytes for x in samples) / max(1e-9, per_stage["read"].sum()) / 1e6, 1)
+    read_bytes = sum(x.nbytes for x in samples)
+    report["read_mb_per_s"] = round(read_bytes / max(1e-9, float(per_stage["read"].sum())) / 1e6, 1)
     projected_s = project_images / (rate * cores)
     report["projection"] = {"images": project_images, "cores": cores, "seconds": round(projected_s, 3),
                             "human": _duration(projected_s)}
@@ -209,7 +211,8 @@ def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[
     report["formats"] = dict(sorted(formats.items(), key=lambda kv: -kv[1]))
     report["slowest"] = [
         {"key": x.key, "tar": x.tar, "member": x.member, "bytes": x.nbytes, "size": f"{x.width}x{x.height}",
-         "format": x.format, "mode": x.mode, "draft_scale": x.draft_scale, "total_ms": round(x.total * 1e3, 2),
+         "format": x.format, "mode": x.mode, "draft_scale": x.draft_scale,
+         "total_ms": round(x.total * 1e3, 2),
          "slowest_stage": max(x.seconds, key=lambda s: x.seconds[s])}
         for x in sorted(samples, key=lambda x: -x.total)[:slowest]
     ]
@@ -238,10 +241,10 @@ def _verdict(report: dict[str, Any], samples: list[_Sample], cfg: JobConfig, bui
                 "tars on a local SSD, or read them over a faster link")
     if stage == "decode":
         if not jpeg:
-            return f"{head}: no JPEGs here, and PNG/WebP have no draft (DCT) scaling; more cores are the remedy"
+            return f"{head}: no JPEGs here, and PNG/WebP have no draft (DCT) scaling; more cores help"
         reduced = sum(x.draft_scale > 1 for x in jpeg) / len(jpeg)
         if not cfg.draft:
-            return f"{head}: draft decoding is off (draft: false); turning it on decodes JPEGs at 1/2-1/8 size"
+            return f"{head}: draft decoding is off (draft: false); on, it decodes JPEGs at 1/2-1/8 size"
         if reduced < 0.5:
             return (f"{head}: only {reduced:.0%} of the JPEGs could be decoded at a reduced scale (they are "
                     f"less than twice the {cfg.width}x{cfg.height} target); more cores are the remedy")
@@ -253,11 +256,11 @@ def _verdict(report: dict[str, Any], samples: list[_Sample], cfg: JobConfig, bui
         return (f"{head}: with Pillow-SIMD; the '{cfg.resample}' filter costs most - 'bilinear' or 'box' are "
                 "cheaper if the pixels may change")
     if stage == "convert":
-        return f"{head}: many images are not RGB ({report['formats']}); converting them costs more than decoding"
+        return f"{head}: many images are not RGB ({report['formats']}); converting them costs the most"
     if stage == "write":
         return (f"{head}: the scratch directory's disk is slow; time writes on the output's disk with "
                 "--write-dir, and write shards to a local SSD")
-    return f"{head}: per-sample Python overhead (metadata, bookkeeping) outweighs image work; images may be tiny"
+    return f"{head}: per-sample Python overhead (metadata, bookkeeping) outweighs the image work"
 
 
 def render_text(report: dict[str, Any]) -> list[Any]:
@@ -281,13 +284,15 @@ def render_text(report: dict[str, Any]) -> list[Any]:
         proj = report["projection"]
         out.append(f"rate: {report['images_per_s_per_core']:.1f} images/s per core; "
                    f"{proj['images']:,} images on {proj['cores']} cores: about {proj['human']}")
-        out.append("decode scale (JPEG draft; 1/1 = full size): " + ", ".join(f"{k}: {v}" for k, v in report["draft_scales"].items())
+        scales = ", ".join(f"{k}: {v}" for k, v in report["draft_scales"].items())
+        out.append(f"decode scale (JPEG draft; 1/1 = full size): {scales}"
                    + "; formats: " + ", ".join(f"{k}: {v}" for k, v in report["formats"].items()))
         slow = Table(title="slowest samples", title_justify="left", box=box.SIMPLE_HEAD)
         for name in ("key", "tar", "bytes", "size", "format", "mode", "draft", "ms", "most in"):
             slow.add_column(name, justify="right" if name in ("bytes", "ms") else "left")
         for x in report["slowest"]:
-            slow.add_row(x["key"], os.path.basename(x["tar"]), f"{x['bytes']:,}", x["size"], x["format"], x["mode"], f"1/{x['draft_scale']}",
+            slow.add_row(x["key"], os.path.basename(x["tar"]), f"{x['bytes']:,}", x["size"], x["format"],
+                         x["mode"], f"1/{x['draft_scale']}",
                          f"{x['total_ms']:.1f}", x["slowest_stage"])
         out.append(slow)
     if report["samples_failed"]:

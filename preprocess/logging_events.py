@@ -11,8 +11,8 @@ human line or a JSON line (``preprocess run --log-format human|json --log-file P
 Events: ``run_planned``, ``input_started`` (its task's first message: it is running, and where),
 ``input_retried`` (messages for the input now come from another Ray worker: the last one died and Ray ran
 the task again), ``input_finished``, ``input_failed``, ``warning``, ``run_finished``, or ``error`` (the
-run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held). Progress counts
-within an input are not logged (one message per 32 samples would drown the rest).
+run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held).
+Progress counts within an input are not logged (one message per 32 samples would drown the rest).
 """
 
 from __future__ import annotations

@@ -83,6 +83,6 @@ def version_drift(recorded: dict[str, Any], current: dict[str, Any], where: str)
         return None
     was = ", ".join(f"{k} {recorded[k]}" for k in changed)
     now = ", ".join(f"{k} {current.get(k)}" for k in changed)
-    return (f"{where}: the dataset was written with {was}; this run has {now}: samples appended now may differ "
-            "in pixels from the ones already there (JPEG decoder and resampler builds round differently); "
-            "use the same build, or a new --output (--strict-versions makes this an error)")
+    return (f"{where}: the dataset was written with {was}; this run has {now}: samples appended now may "
+            "differ in pixels from the ones already there (JPEG decoder and resampler builds round "
+            "differently); use the same build, or a new --output (--strict-versions makes this an error)")

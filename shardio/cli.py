@@ -39,7 +39,7 @@ def _workers(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,2,4, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected integers like 0,2,4, got {text!r}") from None
     if not counts or any(c < 0 for c in counts):
         raise argparse.ArgumentTypeError(f"worker counts must be >= 0, got {text!r}")
     return counts
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="The consumer's samples/s (e.g. the GPU step rate × batch size).")
     bench.add_argument("--batch-size", type=_positive_int, default=256)
     bench.add_argument("--workers", type=_workers, default=None, metavar="LIST",
-                       help="DataLoader worker counts to measure besides 0, e.g. 2,4 (default: the suggested).")
+                       help="Worker counts to measure besides 0, e.g. 2,4 (default: the suggested one).")
     bench.add_argument("--seconds", type=_positive_float, default=3.0, help="Per setting (default 3).")
     bench.add_argument("--no-shuffle", action="store_true", help="Read in stored order.")
     bench.add_argument("--json", action="store_true", help="Print JSON instead of text.")

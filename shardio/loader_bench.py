@@ -114,14 +114,14 @@ def _verdict(rate: LoaderRate, target_rate: float) -> tuple[bool, str]:
     if rate.num_workers == 0:
         assemble_s = rate.batch_size / max(rate.samples_per_s, 1e-9)
         share = assemble_s / (assemble_s + step_s)
-        return True, (f"num_workers=0: the consumer waits {assemble_s * 1e3:.1f} ms per batch for assembly in "
-                      f"its own process ({share:.0%} of its time at {target_rate:g} samples/s)")
+        return True, (f"num_workers=0: the consumer waits {assemble_s * 1e3:.1f} ms per batch for "
+                      f"assembly in its own process ({share:.0%} of its time at {target_rate:g} samples/s)")
     if rate.samples_per_s >= target_rate:
         return False, (f"num_workers={rate.num_workers}: {rate.samples_per_s:.0f} samples/s is "
                        f"{rate.samples_per_s / target_rate:.1f}x the target: the consumer would not wait")
     waits = 1 - rate.samples_per_s / target_rate
-    return True, (f"num_workers={rate.num_workers}: {rate.samples_per_s:.0f} samples/s, below the target: the "
-                  f"consumer would wait for data about {waits:.0%} of the time")
+    return True, (f"num_workers={rate.num_workers}: {rate.samples_per_s:.0f} samples/s, below the target: "
+                  f"the consumer would wait for data about {waits:.0%} of the time")
 
 
 def run_bench(path: str, *, batch_size: int = 256, workers: list[int] | None = None, shuffle: bool = True,
@@ -148,7 +148,8 @@ def run_bench(path: str, *, batch_size: int = 256, workers: list[int] | None = N
 
 
 def format_bench(report: dict[str, Any]) -> str:
-    lines = [f"dataset {report['dataset']} ({report['cpu_count']} cores; warm page cache, one copy per batch)",
+    lines = [f"dataset {report['dataset']} ({report['cpu_count']} cores; warm page cache, "
+             "one copy per batch)",
              f"{'workers':>8} {'shuffle':>8} {'batch':>6} {'batches/s':>10} {'samples/s':>10} {'MB/s':>8}"]
     for r in report["rates"]:
         lines.append(f"{r['num_workers']:>8} {str(r['shuffle']):>8} {r['batch_size']:>6} "

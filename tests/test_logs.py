@@ -79,8 +79,9 @@ def test_run_writes_json_lines_for_each_input(ray_cluster, tars, tmp_path):
     junk = tars.path("c.tar")
     open(junk, "wb").write(b"\x00junk" * 50)
     log_file, out = tmp_path / "run.log", str(tmp_path / "out")
-    result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", str(tmp_path / "missing.tar"), "--output", out,
-                                 "--size", "16", "-q", "--log-format", "json", "--log-file", str(log_file)])
+    result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", str(tmp_path / "missing.tar"),
+                                 "--output", out, "--size", "16", "-q", "--log-format", "json",
+                                 "--log-file", str(log_file)])
     assert result.exit_code == 1, result.output
     lines = records(log_file.read_text())
     events = [r["event"] for r in lines]

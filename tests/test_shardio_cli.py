@@ -42,8 +42,8 @@ def test_info_counts_failures_of_current_inputs_from_their_last_run(capsys, data
     write_report(dataset, "2024-01-01", [bad("a", "cannot decode: OSError: truncated (9 bytes)")],
                  ["input-0.tar"])
     # The second run reprocessed input-0: its failures replace the first run's, they do not add up.
-    write_report(dataset, "2024-01-02", [bad("b", "empty image member (0 bytes)"), bad("c", "empty image member")],
-                 ["input-0.tar"])
+    write_report(dataset, "2024-01-02",
+                 [bad("b", "empty image member (0 bytes)"), bad("c", "empty image member")], ["input-0.tar"])
     code, out, _ = run(capsys, "info", dataset)
     assert code == 0
     assert "117  (16x16x3 NHWC uint8, 15 shards from 3 inputs" in out
