@@ -47,15 +47,16 @@ ROUNDS = 5
 SHUFFLES = [(8, 16), (8, 64), (8, 4), (8, 1), (1, 16), (SHARDS * 4, 16)]
 
 
-def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES_PER_SHARD) -> str:
+def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES_PER_SHARD,
+          side: int = SIDE) -> str:
     """Random-byte shards via the writer (pixels' content does not matter to a copy)."""
     if os.path.exists(os.path.join(directory, "manifest.json")):
         return directory
     rng = np.random.default_rng(0)
-    manifest = Manifest(shape=(SIDE, SIDE, 3), config={"height": SIDE, "width": SIDE}, versions={})
-    writer = InputShardWriter(directory, "bench", SIDE, SIDE, samples_per_shard)
+    manifest = Manifest(shape=(side, side, 3), config={"height": side, "width": side}, versions={})
+    writer = InputShardWriter(directory, "bench", side, side, samples_per_shard)
     for i in range(shards * samples_per_shard):
-        pixels = rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+        pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
         writer.add(pixels, {"key": f"{i:07d}", "cls": i % 1000}, "bench.tar")
     manifest.shards = writer.close("bench.tar")
     manifest.inputs["bench.tar"] = InputEntry(0, 0, shards * samples_per_shard, 0,
@@ -145,13 +146,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, fewer shuffle settings")
     parser.add_argument("--no-webdataset", action="store_true", help="skip the WebDataset + PIL baseline")
+    parser.add_argument("--side", type=int, default=SIDE, help="image side (small images: per-copy overhead)")
+    parser.add_argument("--samples-per-shard", type=int, default=SAMPLES_PER_SHARD)
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else ROUNDS
     with tempfile.TemporaryDirectory(prefix="shardio-bench-") as tmp:
-        directory = build(args.directory or tmp)
+        directory = build(args.directory or tmp, samples_per_shard=args.samples_per_shard, side=args.side)
         arrays = warm(directory)
         total = sum(a.nbytes for a in arrays)
-        out = np.empty((BATCH, SIDE, SIDE, 3), np.uint8)
+        out = np.empty((BATCH, *arrays[0].shape[1:]), np.uint8)
         in_memory = [{"image": _Numpy(a[i : i + BATCH])} for a in arrays for i in range(0, len(a), BATCH)]
         rows: dict[str, dict[str, float]] = {}
 

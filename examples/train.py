@@ -44,7 +44,7 @@ def small_cnn(classes: int) -> nn.Module:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
 
 
-def demo_shards(directory: str, samples: int = 1024, side: int = 256, classes: int = 10) -> str:
+def demo_shards(directory: str, samples: int = 2048, side: int = 256, classes: int = 10) -> str:
     """A learnable synthetic dataset: class ``c`` is a noisy image tinted towards colour ``c``."""
     rng = np.random.default_rng(0)
     palette = rng.integers(0, 256, (classes, 3))

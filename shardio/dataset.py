@@ -8,17 +8,32 @@ contiguous samples (block boundaries shifted by a random per-shard phase, so the
 always cut together) and the blocks of the window are permuted. Same (seed, epoch), same order, on every
 rank and worker; ``set_epoch(e)`` picks the epoch.
 
-The trade-off. A batch is copied piece by piece, one ``memcpy`` per run it touches. Blocks of 16 samples
-of 256×256×3 are 3 MB copies, which run near ``np.copyto`` speed; single-sample blocks (a full shuffle)
-are 196 KB gathers, at ~1.7 GB/s against 6-12 GB/s here (see ``PERF_NOTES.md``), and on a disk rather
-than the page cache they turn sequential reads into random ones. So ``shuffle_block`` buys speed and
-costs mixing: samples that were stored within one block stay next to each other. ``shuffle_window`` costs
-no copy speed, only a working set of ``window`` shards that the page cache (or read-ahead) must hold; a
-larger window mixes samples from more shards into each batch. Within a window every sample can land
-anywhere, but no further than one window (``window × samples_per_shard`` samples) from where its shard
-lands: a batch draws from at most ``window`` shards, so data stored sorted (say one tar per class) needs a
-window of at least as many shards as the classes a batch should mix. ``python -m bench.reader`` measures
-speed and mixing for several settings.
+The trade-off. A batch is one copy of the runs it touches (one ``torch.cat`` over memory-map slices), and
+each run costs a few µs of Python plus a ``memcpy`` of its bytes. Blocks buy speed and cost mixing:
+samples stored within one block stay next to each other (``adjacent`` below). The window costs no copy
+speed, only a working set of ``window`` shards that the page cache or read-ahead must hold; a batch draws
+from at most ``window`` shards, and no sample moves further than one window (``window × samples_per_shard``
+positions) from where its shard lands, so data stored sorted (say one tar per class) needs a window of at
+least as many shards as a batch should mix classes. Measured by ``python -m bench.reader`` (2-core VM,
+8 shards × 256, batches of 256, every batch then copied once more as pinning would, medians of 5 runs):
+
+==================  ==============  ===============  ================  ===================
+setting             256×256: share  adjacent pairs   shards per batch  32×32 (3 KB) share
+                    of np.copyto    kept in storage                    of np.copyto
+==================  ==============  ===============  ================  ===================
+sequential          0.91-1.0        1.00             1                 0.95
+window 8, block 64  0.50-0.57       0.98             4.5               0.14
+window 8, block 16  0.50-0.62       0.93             7.3               0.12
+window 8, block 4   0.45-0.64       0.75             8                 0.11
+window 8, block 1   0.40-0.50       0.00             8                 0.04
+==================  ==============  ===============  ================  ===================
+
+At 256×256 a single image is a 196 KB copy, so even ``shuffle_block=1`` stays near copy speed from the page
+cache (a disk would see random 196 KB reads instead of 3 MB ones). For small images the fixed cost of a
+batch (~0.25 ms, about 1 M samples/s at 32×32) and of each run (a few µs) dominates, and the block is
+what keeps the copies, and reads from a disk, large. The block boundaries move each epoch (a random
+phase per shard: a small addition to the block scheme, so the same neighbours are not always cut
+together).
 
 Distribution. Global batches of ``batch_size`` are cut from the epoch order; there are
 ``N // (batch_size × world_size)`` full rounds and rank ``r`` gets global batches ``r, r + W, ...``. The
@@ -35,7 +50,14 @@ Every rank yields the same number of batches; together the ranks see each sample
 
 Workers. DataLoader worker ``w`` of ``K`` takes the rank's batches ``w, w + K, ...``; DataLoader's in-order
 round robin then hands them out in the rank's order. With workers, each batch is assembled directly in
-shared memory (one copy), as ``default_collate`` does, so sending it to the main process copies nothing.
+shared memory, as ``default_collate`` does, so sending it to the main process copies nothing more. There
+is no per-sample work to spread, though, and the shared-memory hand-over costs (0.1-0.2 of ``np.copyto``
+in ``bench.reader``): ``num_workers=0`` with ``shardio.DeviceLoader``, whose thread reads and pins in the
+background, is the fast path.
+
+Copies. A batch within one run of one shard is a view of the memory map (zero copies; the pin or
+``.cuda()`` copies it once); any other batch is one copy, into a buffer reused once the batch is released,
+into shared memory in a worker, or into pinned memory with ``pin_memory=True``.
 
 Resume. ``state_dict()`` records the epoch and how many of this rank's batches were handed out;
 ``load_state_dict`` makes the next iteration of that epoch skip them (later epochs start fresh).
@@ -47,6 +69,7 @@ copy (and the epoch) of the first iterator.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import weakref
 from collections import OrderedDict
@@ -288,14 +311,16 @@ class ShardDataset(IterableDataset):
         return self._generate(self.runs(), batches, shared=worker is not None)
 
     def _generate(self, runs: np.ndarray, batches: list[range], shared: bool) -> Iterator[Batch]:
-        stops = np.cumsum(runs[:, 2] - runs[:, 1])
+        # Python ints and lists from here: per-piece work is a few operations, not numpy scalar calls.
+        ends = np.cumsum(runs[:, 2] - runs[:, 1]).tolist()  # epoch position after each run
+        run_list = runs.tolist()
         for positions in batches:
-            first = int(np.searchsorted(stops, positions.start, side="right"))
-            last = int(np.searchsorted(stops, positions.stop, side="left"))
+            first = bisect.bisect_right(ends, positions.start)
+            last = bisect.bisect_left(ends, positions.stop)
             pieces = []
             for i in range(first, last + 1):
-                shard, start, stop = (int(x) for x in runs[i])
-                begin = int(stops[i]) - (stop - start)
+                shard, start, stop = run_list[i]
+                begin = ends[i] - (stop - start)
                 pieces.append((shard, start + max(0, positions.start - begin),
                                start + min(stop - start, positions.stop - begin)))
             batch = self._assemble(pieces, shared)
@@ -305,7 +330,8 @@ class ShardDataset(IterableDataset):
     def _shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
         hit = self._cache.get(shard)
         if hit is None:
-            hit = (self.snapshot.pixels(shard), self.snapshot.meta(shard))
+            # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            hit = (np.asarray(self.snapshot.pixels(shard)), self.snapshot.meta(shard))
             self._cache[shard] = hit
             if len(self._cache) > self.cache_shards:
                 self._cache.popitem(last=False)

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
 
 from shardio import ShardDataset, ShardLoader
@@ -100,3 +101,13 @@ def test_rank_from_torch_distributed(dataset_dir: str, tmp_path) -> None:
     assert [(r, rank, ws) for r, rank, ws, _ in got] == [(0, 0, 2), (1, 1, 2)]
     ranks = [[np.array(b) for b in batches] for *_, batches in got]
     check_split(dataset_dir, ranks, 2, False, True)
+
+
+def test_plain_dataloader(dataset_dir: str) -> None:
+    """The issue's spelling works too: DataLoader(ds, batch_size=None, num_workers=k, pin_memory=...)."""
+    from torch.utils.data import DataLoader
+
+    ds = ShardDataset(dataset_dir, 5, shuffle=True, rank=1, world_size=2)
+    expected = [indices(b).tolist() for b in ds]
+    loader = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=torch.cuda.is_available())
+    assert [indices(b).tolist() for b in loader] == expected
