@@ -142,9 +142,10 @@ def rank_batches(samples: int, batch_size: int, rank: int, world_size: int, drop
 
 
 def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
-    """(rank, world_size, from_torch_distributed); explicit arguments win."""
+    """(rank, world_size, both taken from torch.distributed); explicit arguments win."""
     dist = torch.distributed
     initialised = dist.is_available() and dist.is_initialized()
+    from_dist = initialised and rank is None and world_size is None  # explicit arguments may simulate ranks
     if world_size is None:
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:
@@ -153,7 +154,7 @@ def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, 
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    return rank, world_size, initialised
+    return rank, world_size, from_dist
 
 
 class ShardDataset(IterableDataset):
@@ -162,7 +163,9 @@ class ShardDataset(IterableDataset):
     carry them (a missing label is -1). Use with ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
 
     ``len(ds)`` is this rank's batches per epoch. ``verify=True`` reads every shard and checks its sha256
-    at open (slow); without it, open checks the manifest, every file's size and every shard's header.
+    at open (slow); without it, open checks the manifest, every file's size and every shard's header, so
+    bytes corrupted in place (same size) are only found by ``verify`` (or, for a ``.jsonl``, when its shard
+    is first read). Under ``torch.distributed`` the ranks compare what they opened: all raise or none.
     ``cache_shards`` is how many shards' memory maps and metadata each process keeps open.
     ``pin_memory=True`` (CUDA only) writes every batch straight into pinned memory, so the copy out of
     the memory map is the only one before the GPU's; ``DeviceLoader`` turns it on for a dataset it is
@@ -199,15 +202,21 @@ class ShardDataset(IterableDataset):
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.shuffle_block = shuffle_window, shuffle_block
         self.rank, self.world_size, from_dist = _resolve_world(rank, world_size)
-        self.snapshot: DatasetSnapshot = open_dataset(path, verify=verify)
-        self.samples = len(self.snapshot)
         manifest_path = storage.join(path, MANIFEST_NAME)
-        if self.samples == 0:
-            raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
-        for shard in range(len(self.snapshot.shards)):
-            self.snapshot.pixels(shard)  # reads and checks the header: a corrupt one fails now, not mid-epoch
+        error: ShardError | None = None
+        try:
+            self.snapshot: DatasetSnapshot = open_dataset(path, verify=verify)
+            self.samples = len(self.snapshot)
+            if self.samples == 0:
+                raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
+            for shard in range(len(self.snapshot.shards)):
+                self.snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
+        except ShardError as e:
+            error = e
         if from_dist and self.world_size > 1:
-            self._check_same_snapshot(manifest_path)
+            self._check_same_snapshot(manifest_path, error)  # every rank raises, or none
+        if error is not None:
+            raise error
         if self.drop_last and self.samples < batch_size * self.world_size:
             raise ValueError(
                 f"{path}: {self.samples} samples make no full batch of {batch_size} on each of "
@@ -220,13 +229,17 @@ class ShardDataset(IterableDataset):
         self._cache: OrderedDict[int, tuple[np.ndarray, ShardMeta]] = OrderedDict()
         self._buffers = _BufferPool()
 
-    def _check_same_snapshot(self, manifest_path: str) -> None:
+    def _check_same_snapshot(self, manifest_path: str, error: ShardError | None) -> None:
         """Ranks that opened different snapshots (a job appended in between) would disagree on the batch
-        count and hang DDP: refuse now, on every rank."""
-        mine = (self.samples, self.snapshot.manifest.updated)
+        count, and a rank that failed to open while the others go on leaves them waiting: either would
+        hang DDP. So the ranks compare notes, and all raise or none does."""
+        mine = (str(error),) if error is not None else (self.samples, self.snapshot.manifest.updated)
         everyone: list[Any] = [None] * self.world_size
         torch.distributed.all_gather_object(everyone, mine)
-        if any(other != mine for other in everyone):
+        failed = [(rank, note[0]) for rank, note in enumerate(everyone) if len(note) == 1]
+        if error is None and failed:
+            raise ShardError(f"{manifest_path}: rank {failed[0][0]} could not open the dataset: {failed[0][1]}")
+        if error is None and any(note != mine for note in everyone):
             raise ShardError(
                 f"{manifest_path}: the ranks opened different snapshots (samples, updated) = {everyone}; "
                 "the dataset changed while they started - start them again once the writer is done"

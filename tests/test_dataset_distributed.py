@@ -10,7 +10,7 @@ import pytest
 import torch
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
 
-from shardio import ShardDataset, ShardLoader
+from shardio import ShardDataset, ShardError, ShardLoader
 
 SAMPLES = 117
 
@@ -82,22 +82,29 @@ def _rank_main(rank: int, world_size: int, dataset_dir: str, store: str, results
         ds = ShardDataset(dataset_dir, 5, shuffle=True)
         ds.set_epoch(1)
         results.put((rank, ds.rank, ds.world_size, [indices(b).tolist() for b in ds]))
+    except ShardError as error:
+        results.put((rank, "error", str(error), []))
     finally:
         dist.destroy_process_group()
 
 
-def test_rank_from_torch_distributed(dataset_dir: str, tmp_path) -> None:
-    """No rank arguments: two gloo processes read rank and world size from torch.distributed."""
+def run_ranks(dataset_dirs: list[str], store: str) -> list[tuple]:
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    store = os.path.join(tmp_path, "store")
-    procs = [context.Process(target=_rank_main, args=(r, 2, dataset_dir, store, results)) for r in range(2)]
+    procs = [context.Process(target=_rank_main, args=(r, len(dataset_dirs), d, store, results))
+             for r, d in enumerate(dataset_dirs)]
     for p in procs:
         p.start()
     got = sorted(results.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    return got
+
+
+def test_rank_from_torch_distributed(dataset_dir: str, tmp_path) -> None:
+    """No rank arguments: two gloo processes read rank and world size from torch.distributed."""
+    got = run_ranks([dataset_dir, dataset_dir], os.path.join(tmp_path, "store"))
     assert [(r, rank, ws) for r, rank, ws, _ in got] == [(0, 0, 2), (1, 1, 2)]
     ranks = [[np.array(b) for b in batches] for *_, batches in got]
     check_split(dataset_dir, ranks, 2, False, True)
@@ -111,3 +118,24 @@ def test_plain_dataloader(dataset_dir: str) -> None:
     expected = [indices(b).tolist() for b in ds]
     loader = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=torch.cuda.is_available())
     assert [indices(b).tolist() for b in loader] == expected
+
+
+def test_ranks_on_different_snapshots_refuse(dataset_dir: str, tmp_path) -> None:
+    """A rank that opened another snapshot (the writer committed in between) would hang DDP: all refuse."""
+    other = str(tmp_path / "other")
+    make_dataset(other, (40, 45, 31))
+    got = run_ranks([dataset_dir, other], os.path.join(tmp_path, "store"))
+    assert [r[1] for r in got] == ["error", "error"]
+    assert all("manifest.json" in r[2] and "different snapshots" in r[2] for r in got)
+
+
+def test_a_rank_that_cannot_open_fails_them_all(dataset_dir: str, tmp_path) -> None:
+    """Rank 1 finds a truncated shard; rank 0 must not go on to wait for it in the first collective."""
+    broken = str(tmp_path / "broken")
+    make_dataset(broken)
+    shard = os.path.join(broken, "shards", "input-0-00000.npy")
+    os.truncate(shard, os.path.getsize(shard) - 1)
+    got = run_ranks([dataset_dir, broken], os.path.join(tmp_path, "store"))
+    assert [r[1] for r in got] == ["error", "error"]
+    assert "rank 1 could not open" in got[0][2] and "input-0-00000.npy" in got[0][2]
+    assert "truncated" in got[1][2]
