@@ -238,7 +238,8 @@ class ShardDataset(IterableDataset):
         torch.distributed.all_gather_object(everyone, mine)
         failed = [(rank, note[0]) for rank, note in enumerate(everyone) if len(note) == 1]
         if error is None and failed:
-            raise ShardError(f"{manifest_path}: rank {failed[0][0]} could not open the dataset: {failed[0][1]}")
+            rank, message = failed[0]
+            raise ShardError(f"{manifest_path}: rank {rank} could not open the dataset: {message}")
         if error is None and any(note != mine for note in everyone):
             raise ShardError(
                 f"{manifest_path}: the ranks opened different snapshots (samples, updated) = {everyone}; "
