@@ -1,0 +1,184 @@
+"""The preprocessing job itself (``preprocess.job.run_job``) on the corpus: start-up, steady rate, memory.
+
+Start-up and steady rate are separated by timing runs of different sizes: with Ray already up, a run over
+all the tars minus a run over ``cores`` tars is pure steady-state work (the same tasks, the same warm
+worker processes), so ``(large - small images) / (large - small seconds)`` is the marginal rate; a cold
+``run_job`` (which starts and stops Ray itself) minus ``images / marginal rate`` is the fixed cost.
+
+Memory is sampled from outside with psutil (every 20 ms) over the driver and its process tree: Ray's
+worker processes are descendants of the raylet the driver starts, and show as ``ray::...`` once
+``setproctitle`` names them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+import ray
+
+from preprocess.config import JobConfig
+from preprocess.job import RunOptions, RunReport, run_job
+
+__all__ = ["RssSampler", "cold_run", "warm_rates", "local_ray", "two_node_cluster", "memory_run"]
+
+_RAY_INIT = {"include_dashboard": False, "logging_level": "WARNING", "configure_logging": True,
+             "log_to_driver": True}
+
+
+def _fresh(root: str, name: str) -> str:
+    path = os.path.join(root, name)
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def _run(tars: list[str], output: str, cfg: JobConfig, workers: int | None = None) -> tuple[float, RunReport]:
+    start = time.perf_counter()
+    report = run_job(RunOptions(inputs=list(tars), output=output, config=cfg, workers=workers))
+    seconds = time.perf_counter() - start
+    if report.exit_code != 0 or report.samples_failed:
+        raise RuntimeError(f"benchmark job failed: {report.inputs_failed or report.failures[:3]}")
+    return seconds, report
+
+
+def cold_run(tars: list[str], root: str, cfg: JobConfig, workers: int | None = None) -> dict[str, Any]:
+    """One ``run_job`` that starts Ray itself and shuts it down: what a user's command costs."""
+    if ray.is_initialized():
+        raise RuntimeError("cold_run needs Ray down")
+    seconds, report = _run(tars, _fresh(root, "cold"), cfg, workers)
+    shutil.rmtree(os.path.join(root, "cold"), ignore_errors=True)
+    return {"seconds": round(seconds, 3), "images": report.samples_written, "ray_startup_s": report.startup_s,
+            "processing_images_per_s": report.processing_images_per_s, "images_per_s": report.images_per_s}
+
+
+def warm_rates(small: list[str], large: list[str], root: str, cfg: JobConfig, reps: int,
+               keep_last: bool = False) -> dict[str, Any]:
+    """Marginal images/s between runs over ``small`` and ``large`` tars, Ray already initialised.
+
+    One untimed warm-up run first (it starts the worker processes and imports PIL/numpy in them); then
+    ``reps`` alternating small/large runs; medians of each. Returns the last large output when asked.
+    """
+    _run(small, _fresh(root, "warmup"), cfg)
+    times: dict[str, list[float]] = {"small": [], "large": []}
+    images: dict[str, int] = {}
+    per_node: dict[str, int] = {}
+    for rep in range(reps):
+        for kind, tars in (("small", small), ("large", large)):
+            seconds, report = _run(tars, _fresh(root, kind), cfg)
+            times[kind].append(seconds)
+            images[kind] = report.samples_written
+            if kind == "large":
+                per_node = report.inputs_per_node
+            if not (keep_last and kind == "large" and rep == reps - 1):
+                shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
+    shutil.rmtree(os.path.join(root, "warmup"), ignore_errors=True)
+    small_s, large_s = statistics.median(times["small"]), statistics.median(times["large"])
+    marginal = (images["large"] - images["small"]) / (large_s - small_s) if large_s > small_s else float("nan")
+    return {
+        "small_images": images["small"], "large_images": images["large"],
+        "small_s": [round(t, 3) for t in times["small"]], "large_s": [round(t, 3) for t in times["large"]],
+        "large_images_per_s": round(images["large"] / large_s, 2),
+        "marginal_images_per_s": round(marginal, 2),
+        "inputs_per_node": per_node,
+        "output": os.path.join(root, "large") if keep_last else None,
+    }
+
+
+class local_ray:
+    """``ray.init`` with ``num_cpus`` local CPUs for the block (timed: ``startup_s``)."""
+
+    def __init__(self, num_cpus: int) -> None:
+        self.num_cpus = num_cpus
+        self.startup_s = 0.0
+
+    def __enter__(self) -> local_ray:
+        start = time.perf_counter()
+        ray.init(num_cpus=self.num_cpus, **_RAY_INIT)
+        self.startup_s = time.perf_counter() - start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ray.shutdown()
+
+
+class two_node_cluster:
+    """A local two-node Ray cluster (``ray.cluster_utils.Cluster``), 1 CPU per node, joined by the driver."""
+
+    def __enter__(self) -> two_node_cluster:
+        from ray.cluster_utils import Cluster
+
+        start = time.perf_counter()
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, **_RAY_INIT)
+        self.startup_s = time.perf_counter() - start
+        self.nodes = len([n for n in ray.nodes() if n.get("Alive")])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+class RssSampler:
+    """Peak RSS of a process (the driver) and of its ``ray::`` worker descendants, sampled in a thread."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self.root = psutil.Process(pid)
+        self.interval_s = interval_s
+        self.driver_peak = 0
+        self.worker_peak = 0
+        self.workers_seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.driver_peak = max(self.driver_peak, self.root.memory_info().rss)
+                children = self.root.children(recursive=True)
+            except psutil.Error:
+                return
+            for child in children:
+                try:
+                    title = " ".join(child.cmdline())
+                    if title.startswith("ray::") or "default_worker.py" in title:
+                        self.worker_peak = max(self.worker_peak, child.memory_info().rss)
+                        self.workers_seen.add(child.pid)
+                except psutil.Error:
+                    continue
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def memory_run(big_tar: str, root: str, cfg: JobConfig) -> dict[str, Any]:
+    """The CLI (``preprocess run``) on one tar of all the images, 1 worker, 1,000-sample shards: peak RSS
+    of the task's worker process and of the driver (a fresh process, so nothing of the bench is counted).
+    The dataset it writes stays in ``output`` (the reader figures read it)."""
+    output = _fresh(root, "memory")
+    command = [sys.executable, "-m", "preprocess.cli", "run", big_tar, "--output", output, "--workers", "1",
+               "--quiet", "--size", str(cfg.width), "--samples-per-shard", str(cfg.samples_per_shard)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with RssSampler(process.pid) as sampler:
+        _, stderr = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"memory run failed ({process.returncode}): {stderr.decode()[-2000:]}")
+    return {"worker_peak_rss_mb": round(sampler.worker_peak / 2**20, 1),
+            "driver_peak_rss_mb": round(sampler.driver_peak / 2**20, 1),
+            "worker_processes_seen": len(sampler.workers_seen),
+            "samples_per_shard": cfg.samples_per_shard, "size": [cfg.height, cfg.width], "output": output}

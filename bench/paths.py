@@ -1,0 +1,143 @@
+"""Per-core decode paths on the same images: the floor, the job's transform, and the two baselines.
+
+Every path turns one encoded JPEG into the job's target (256×256 centre crop, the job's resample filter) or,
+for the floor, stops after the one step nothing can skip. They run in a ``multiprocessing.Pool`` of one
+process per core over the same images (each process holds the encoded bytes, so only decoding is timed),
+which is how the Ray job uses the machine too: the pool's rate divided by the cores is the per-core rate.
+
+- ``floor``: ``draft("RGB", size)`` + ``load()``: libjpeg-turbo's DCT scaling to the smallest scale that
+  still covers the target; Huffman decoding of the whole file cannot be skipped, so no path goes faster.
+- ``transform``: ``preprocess.transform.process_image`` alone (the job without tar reading, Ray, writing).
+- ``naive``: what a DataLoader transform does: full-size decode with stock settings, ``convert("RGB")``,
+  resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
+- ``img2dataset``: img2dataset's resizer: ``cv2.imdecode`` at full size, ``INTER_AREA`` down to the short
+  side, centre crop, ``cv2.setNumThreads(1)``; only when OpenCV is installed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+import time
+from collections.abc import Callable
+from multiprocessing import Pool
+
+import numpy as np
+from PIL import Image
+
+from preprocess.config import JobConfig
+from preprocess.transform import _RESAMPLE, _draft_request, process_image
+
+__all__ = ["PATHS", "available_paths", "PathPool"]
+
+_images: list[bytes] = []
+_cfg = JobConfig()
+CHUNK = 8  # images per pool task: amortises the IPC round trip (~0.1 ms) over ~30-80 ms of work
+
+
+def _floor(data: bytes) -> None:
+    im = Image.open(io.BytesIO(data))
+    im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
+    im.load()
+
+
+def _transform(data: bytes) -> None:
+    process_image(data, _cfg)
+
+
+def _naive(data: bytes) -> None:
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    side = _cfg.width
+    scale = side / min(image.size)
+    width, height = max(side, round(image.width * scale)), max(side, round(image.height * scale))
+    image = image.resize((width, height), _RESAMPLE[_cfg.resample])
+    left, top = (width - side) // 2, (height - side) // 2
+    np.asarray(image.crop((left, top, left + side, top + side)))
+
+
+def _img2dataset(data: bytes) -> None:
+    import cv2
+
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    side = _cfg.width
+    height, width = image.shape[:2]
+    scale = side / min(width, height)
+    new_w, new_h = max(side, round(width * scale)), max(side, round(height * scale))
+    image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA)
+    left, top = (new_w - side) // 2, (new_h - side) // 2
+    np.ascontiguousarray(image[top : top + side, left : left + side])
+
+
+PATHS: dict[str, Callable[[bytes], None]] = {
+    "floor": _floor,
+    "transform": _transform,
+    "naive": _naive,
+    "img2dataset": _img2dataset,
+}
+
+
+def available_paths() -> list[str]:
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        return [p for p in PATHS if p != "img2dataset"]
+    return list(PATHS)
+
+
+def _init(images: list[bytes], cfg_dict: dict) -> None:
+    global _images, _cfg
+    _images, _cfg = images, JobConfig(**cfg_dict)
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)  # one process per core, as img2dataset configures it
+    except ImportError:
+        pass
+
+
+def _run_chunk(task: tuple[str, int, int]) -> int:
+    name, start, stop = task
+    fn = PATHS[name]
+    for data in _images[start:stop]:
+        fn(data)
+    return stop - start
+
+
+class PathPool:
+    """One process per core holding the images; ``rate(path)`` is images/s over all of them."""
+
+    def __init__(self, images: list[bytes], cfg: JobConfig, processes: int | None = None) -> None:
+        self.processes = processes or os.cpu_count() or 1
+        self.count = len(images)
+        self.pool = Pool(self.processes, initializer=_init, initargs=(images, cfg.to_dict()))
+        self.samples: dict[str, list[float]] = {}
+
+    def rate(self, name: str) -> float:
+        tasks = [(name, i, min(i + CHUNK, self.count)) for i in range(0, self.count, CHUNK)]
+        start = time.perf_counter()
+        done = sum(self.pool.imap_unordered(_run_chunk, tasks))
+        rate = done / (time.perf_counter() - start)
+        self.samples.setdefault(name, []).append(rate)
+        return rate
+
+    def rounds(self, names: list[str], rounds: int) -> None:
+        """Interleaved: drift on a shared machine then hits every path alike. The first pass warms up."""
+        for name in names:
+            self.pool.map(_run_chunk, [(name, 0, min(CHUNK, self.count))] * self.processes)
+        for _ in range(rounds):
+            for name in names:
+                self.rate(name)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+    def __enter__(self) -> PathPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
