@@ -6,7 +6,10 @@ members are read into memory, so member names with ``..``, absolute paths, direc
 make the job touch a file outside its output: they are skipped, and counted where they look like samples.
 
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
-is not a readable tar raises ``InputError`` naming it.
+is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
+short or garbled header after the first member; only a zero block (the end-of-archive marker) is taken as a
+proper end here, so a tar (or ``.tar.gz``) cut at a member boundary or corrupted mid-way is an error, not a
+silently shorter input.
 """
 
 from __future__ import annotations
@@ -65,6 +68,32 @@ def _is_unsafe(name: str) -> bool:
     return name.startswith(("/", "\\")) or ".." in parts or (len(name) > 1 and name[1] == ":")
 
 
+def _recording_tarinfo(stops: list[tarfile.HeaderError]) -> type[tarfile.TarInfo]:
+    """A TarInfo class that records the header error each ``next()`` stops at (tarfile swallows it)."""
+
+    class _RecordingTarInfo(tarfile.TarInfo):
+        @classmethod
+        def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+            try:
+                return super().fromtarfile(tar)
+            except tarfile.HeaderError as e:
+                stops.append(e)
+                raise
+
+    return _RecordingTarInfo
+
+
+def _end_problem(stop: tarfile.HeaderError | None, offset: int) -> str | None:
+    """Why the archive did not end properly, or None for the end-of-archive zero block."""
+    if isinstance(stop, tarfile.EOFHeaderError):
+        return None
+    if isinstance(stop, tarfile.InvalidHeaderError):
+        return f"corrupt tar header at byte {offset} of the archive ({stop})"
+    if isinstance(stop, tarfile.TruncatedHeaderError):
+        return f"truncated tar (cut inside the header at byte {offset})"
+    return f"truncated tar (ends at byte {offset} without end-of-archive blocks)"
+
+
 def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | SampleProblem:
     if group.problem:
         return SampleProblem(group.key, group.problem)
@@ -94,8 +123,11 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
     seen: set[str] = set()
     group: _Group | None = None
     last_member = "(none)"
+    stops: list[tarfile.HeaderError] = []
     try:
-        with storage.open_read(path) as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+        with storage.open_read(path) as raw, tarfile.open(
+            fileobj=raw, mode="r|*", tarinfo=_recording_tarinfo(stops)
+        ) as tar:
             for info in tar:
                 name = info.name
                 if info.isdir():
@@ -136,17 +168,9 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         if reason == "empty file":
             reason = "no tar header"
         raise InputError(f"{path}: not a readable tar ({reason}; last good member: {last_member})") from e
+    end_problem = _end_problem(stops[-1] if stops else None, end_offset)
+    if end_problem:
+        raise InputError(f"{path}: {end_problem} after member {last_member!r}; re-download or re-create it")
     if group is None:
         raise InputError(f"{path}: tar holds no sample members")
-    if not _compressed(path) and size - end_offset < tarfile.BLOCKSIZE:
-        raise InputError(
-            f"{path}: truncated tar (no end-of-archive blocks after member {last_member!r}); "
-            "re-download or re-create it"
-        )
     yield _finish(group, image_extensions)
-
-
-def _compressed(path: str) -> bool:
-    with storage.open_read(path) as f:
-        magic = f.read(6)
-    return magic.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd"))
