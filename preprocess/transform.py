@@ -8,12 +8,15 @@ transposed, never the large input.
 
 Every failure of an untrusted image becomes a ``SampleError`` with a short reason; the job counts it and
 goes on. ``LOAD_TRUNCATED_IMAGES`` is never set: a truncated JPEG is an error, not a grey bottom half.
+Each image is decoded by exactly one ``load()``: a second load after a failed one returns Pillow's partial
+pixels without an error (a PNG's eXIf chunk may follow its pixels, so non-JPEG orientation is read after it).
+The pixel-bomb limit is checked on the header's size, before any decoding; Pillow's process-wide
+``MAX_IMAGE_PIXELS`` is set to ``max_image_pixels`` so its own check neither loosens nor tightens it.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -64,6 +67,7 @@ class ProcessedImage:
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
     if not data:
         raise SampleError("empty image member (0 bytes)")
+    Image.MAX_IMAGE_PIXELS = cfg.max_image_pixels  # one job config per worker process
     with warnings.catch_warnings():
         # Pillow only warns between MAX_IMAGE_PIXELS and twice that; here the warning band is an error.
         warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -78,7 +82,8 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
         raise SampleError(f"{im.format} with an empty size {width}x{height}")
     if width * height > cfg.max_image_pixels:
         raise SampleError(
-            f"pixel bomb: {width}x{height} = {width * height} pixels > max_image_pixels {cfg.max_image_pixels}"
+            f"pixel bomb: {width}x{height} = {width * height} pixels"
+            f" > max_image_pixels {cfg.max_image_pixels}"
         )
     return im
 
@@ -101,36 +106,50 @@ def _orientation(im: Image.Image) -> int:
 
 
 def _draft_request(mode: str, size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
-    """The smallest decoded size whose kept region still covers the target in both dimensions."""
+    """The size to ask ``Image.draft`` for, so that it picks the largest DCT scale s (8, 4, 2, 1) that
+    keeps the kept region at or above the target: Pillow takes the largest s <= size // request per side.
+
+    center_crop and stretch keep regions that need both decoded sides >= the target. pad only needs the
+    side that fits (the other is letterboxed anyway). Asking for the scaled-down kept size instead would
+    round up and lose a scale: 1024x1025 -> 256 would decode at 1/2 instead of 1/4.
+    """
     width, height = size
     target_w, target_h = target
-    if mode == "stretch":
+    if mode != "pad":
         return target_w, target_h
-    fit = max if mode == "center_crop" else min
-    scale = fit(target_w / width, target_h / height)
-    return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+    return (target_w, 1) if target_w / width <= target_h / height else (1, target_h)
+
+
+def _composite(rgb: Image.Image, alpha: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    canvas = Image.new("RGB", rgb.size, background)
+    canvas.paste(rgb, mask=alpha)
+    return canvas
 
 
 def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     mode = im.mode
-    if mode == "RGB":
+    # A PNG colour key (tRNS on L/RGB/1) is transparency too: without this its pixels would keep the key
+    # colour instead of showing the background.
+    keyed = "transparency" in im.info and mode in ("P", "L", "RGB", "1")
+    if mode == "RGB" and not keyed:
         return im
-    if mode == "P":
-        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+    if mode in ("P", "L", "RGB", "1"):
+        if not keyed:
+            return im.convert("RGB")
+        im = im.convert("RGBA")
         mode = im.mode
-        if mode == "RGB":
-            return im
     if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = im.convert("RGBA")
-        canvas = Image.new("RGB", rgba.size, background)
-        canvas.paste(rgba, mask=rgba.getchannel("A"))
-        return canvas
+        return _composite(rgba, rgba.getchannel("A"), background)
     if mode.startswith("I"):
         # 16-bit samples (PNG/TIFF give I;16* or I): scale 0-65535 onto 0-255, never clip.
-        values = np.asarray(im).astype(np.uint32)
-        values = np.clip(values, 0, 65535)
-        gray = ((values * 255 + 32767) // 65535).astype(np.uint8)
-        return Image.fromarray(gray, "L").convert("RGB")
+        values = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+        gray = Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L").convert("RGB")
+        key = im.info.get("transparency")
+        if isinstance(key, int):
+            alpha = Image.fromarray(np.where(values == key, 0, 255).astype(np.uint8))
+            return _composite(gray, alpha, background)
+        return gray
     if mode == "F":
         values = np.asarray(im, dtype=np.float32)
         if values.size and float(values.max()) <= 1.0:
@@ -139,12 +158,18 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     return im.convert("RGB")  # L, 1, CMYK (Adobe-inverted handled by the decoder), YCbCr, LAB, HSV
 
 
-def _resize(im: Image.Image, cfg: JobConfig, target: tuple[int, int]) -> Image.Image:
+def _resize(
+    im: Image.Image, cfg: JobConfig, target: tuple[int, int], content: tuple[float, float]
+) -> Image.Image:
+    """One resize of the kept region. ``content`` is the picture's extent in decoded pixels: a JPEG drafted
+    at 1/s decodes ceil(w / s) columns of which only w / s are picture (Pillow's draft box)."""
     resample = _RESAMPLE[cfg.resample]
     target_w, target_h = target
-    width, height = im.size
+    width, height = content
     if cfg.mode == "stretch":
-        return im if im.size == target else im.resize(target, resample)
+        if im.size == target and content == target:
+            return im
+        return im.resize(target, resample, box=(0, 0, width, height))
     if cfg.mode == "center_crop":
         scale = max(target_w / width, target_h / height)
         crop_w, crop_h = target_w / scale, target_h / scale
@@ -153,7 +178,8 @@ def _resize(im: Image.Image, cfg: JobConfig, target: tuple[int, int]) -> Image.I
     scale = min(target_w / width, target_h / height)
     inner = (max(1, min(target_w, round(width * scale))), max(1, min(target_h, round(height * scale))))
     canvas = Image.new("RGB", target, cfg.fill)
-    canvas.paste(im.resize(inner, resample), ((target_w - inner[0]) // 2, (target_h - inner[1]) // 2))
+    content_im = im.resize(inner, resample, box=(0, 0, width, height))
+    canvas.paste(content_im, ((target_w - inner[0]) // 2, (target_h - inner[1]) // 2))
     return canvas
 
 
@@ -167,20 +193,27 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     t0 = clock()
     try:
         im = _open(data, cfg)
-        orientation = _orientation(im)
         stored_w, stored_h = im.size
-        rotated = orientation >= 5  # 5-8 swap width and height
-        target = (cfg.height, cfg.width) if rotated else (cfg.width, cfg.height)
+        is_jpeg = im.format in _JPEG_FORMATS
+        # A JPEG's EXIF came with its header, and draft needs the upright target before decoding; other
+        # formats are asked after the one load (see the module docstring).
+        orientation = _orientation(im) if is_jpeg else 1
         t1 = clock()
-        if cfg.draft and im.format in _JPEG_FORMATS:
-            im.draft("RGB", _draft_request(cfg.mode, im.size, target))
+        content: tuple[float, float] = (stored_w, stored_h)
+        if cfg.draft and is_jpeg:
+            rotated = orientation >= 5  # 5-8 swap width and height
+            drafted = im.draft("RGB", _draft_request(cfg.mode, im.size, _target(cfg, rotated)))
+            if drafted is not None:
+                content = drafted[1][2], drafted[1][3]
         source_format, source_mode = str(im.format or ""), im.mode
         im.load()
-        decoded_w = im.size[0]
+        if not is_jpeg:
+            orientation = _orientation(im)
+        rotated = orientation >= 5
         t2 = clock()
         im = _to_rgb(im, cfg.background)
         t3 = clock()
-        out = _resize(im, cfg, target)
+        out = _resize(im, cfg, _target(cfg, rotated), content)
         if orientation in _TRANSPOSE:
             out = out.transpose(_TRANSPOSE[orientation])
         pixels = np.asarray(out)
@@ -202,5 +235,10 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         height=stored_w if rotated else stored_h,
         format=source_format,
         mode=source_mode,
-        draft_scale=max(1, round(stored_w / decoded_w)),
+        draft_scale=max(1, round(stored_w / content[0])),
     )
+
+
+def _target(cfg: JobConfig, rotated: bool) -> tuple[int, int]:
+    """The resize target in stored orientation: the output is transposed upright afterwards."""
+    return (cfg.height, cfg.width) if rotated else (cfg.width, cfg.height)
