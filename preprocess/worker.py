@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
@@ -55,22 +56,40 @@ def shard_stem(input_path: str, size: int, mtime_ns: int) -> str:
 
 
 def parse_fields(fields: dict[str, bytes]) -> dict[str, Any]:
-    """The carried metadata (.txt, .cls, .json) as JSON values; raises SampleError if one is malformed."""
+    """The carried metadata (.txt, .cls, .json) as JSON values; raises SampleError if one is malformed.
+
+    .txt is UTF-8 (undecodable bytes become U+FFFD). .cls is a decimal integer 0..2**63-1: the reader
+    keeps labels in an int64 column with -1 for "no label". .json is one strict JSON object: no NaN or
+    Infinity, no lone surrogate (the UTF-8 metadata file cannot hold one), and nesting too deep for the
+    parser is malformed too, never an error that would abort the whole input.
+    """
     out: dict[str, Any] = {"txt": None, "cls": None, "json": None}
     if "txt" in fields:
         out["txt"] = fields["txt"].decode("utf-8", errors="replace")
     if "cls" in fields:
-        text = fields["cls"].decode("ascii", errors="replace").strip()
-        try:
-            out["cls"] = int(text)
-        except ValueError:
-            raise SampleError(f".cls is not an integer: {text[:40]!r}") from None
+        text = fields["cls"].decode("utf-8-sig", errors="replace").strip()
+        # At most 19 digits: int64's largest is 9223372036854775807 (and int() refuses > 4300 digits).
+        if not _CLS_DIGITS.fullmatch(text) or int(text) > _INT64_MAX:
+            raise SampleError(f".cls is not an integer in 0..2**63-1: {text[:40]!r}")
+        out["cls"] = int(text)
     if "json" in fields:
         try:
-            out["json"] = json.loads(fields["json"])
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SampleError(f".json is not valid JSON ({e})") from None
+            value = json.loads(fields["json"], parse_constant=_reject_constant)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeError are ValueErrors
+            raise SampleError(f".json is not valid JSON ({str(e)[:200]})") from None
+        if not isinstance(value, dict):
+            raise SampleError(f".json is not a JSON object but a {type(value).__name__}")
+        out["json"] = value
     return out
+
+
+_CLS_DIGITS = re.compile(r"[0-9]{1,19}")
+_INT64_MAX = 2**63 - 1
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def process_input(input_path: str, output_dir: str, cfg: JobConfig, fingerprint: tuple[int, int]) -> InputResult:
