@@ -69,7 +69,9 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
         raise SampleError("empty image member (0 bytes)")
     Image.MAX_IMAGE_PIXELS = cfg.max_image_pixels  # one job config per worker process
     with warnings.catch_warnings():
-        # Pillow only warns between MAX_IMAGE_PIXELS and twice that; here the warning band is an error.
+        # Pillow's other warnings ("Corrupt EXIF data" while reading a JPEG's dpi) must not fail an image
+        # under -W error. It only warns between MAX_IMAGE_PIXELS and twice that; that band is an error here.
+        warnings.simplefilter("ignore")
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             im = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
@@ -99,7 +101,9 @@ def _sniff(data: bytes) -> str:
 
 def _orientation(im: Image.Image) -> int:
     try:
-        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": one log line per image is only noise
+            value = im.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # a corrupt EXIF block must not cost the image: treat it as upright
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
