@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-__all__ = ["TarFactory", "Member", "index_image", "decode_index", "jpeg_bytes", "png_bytes"]
+__all__ = [
+    "TarFactory", "Member", "index_image", "decode_index", "jpeg_bytes", "png_bytes", "read_shards",
+]
 
 
 def index_image(index: int, width: int = 320, height: int = 240, mode: str = "RGB") -> Image.Image:
@@ -99,3 +101,13 @@ class TarFactory:
 
     def make(self, name: str, indices: Iterable[int], **kwargs) -> str:
         return self.write(name, self.samples(indices, **kwargs))
+
+
+def read_shards(output_dir: str, shards: Iterable[dict]) -> tuple[np.ndarray, list[dict]]:
+    """Pixels (N, H, W, 3) and metadata rows of ``InputResult.shards``, read with numpy and json alone."""
+    pixels, rows = [], []
+    for entry in shards:
+        pixels.append(np.load(os.path.join(output_dir, entry["path"])))
+        with open(os.path.join(output_dir, entry["meta_path"]), encoding="utf-8") as f:
+            rows += [json.loads(line) for line in f.read().split("\n") if line]
+    return (np.concatenate(pixels) if pixels else np.zeros((0, 0, 0, 3), np.uint8)), rows
