@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from preprocess.config import ConfigError, load_config
-from preprocess.job import RunOptions, RunReport, report_dict, run_job
+from preprocess.job import OutputFull, RunOptions, RunReport, report_dict, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.output_lock import OutputLocked
 from preprocess.ray_runner import RayUnavailable
@@ -195,7 +195,7 @@ def run(
         display.close()
         _close_log(event_log, error=str(e))
         _fail_usage(str(e))
-    except ShardError as e:
+    except (ShardError, OutputFull) as e:
         display.close()
         _close_log(event_log, error=str(e))
         console.print(f"[red]error:[/red] {e}", highlight=False)
@@ -211,6 +211,56 @@ def run(
     if not quiet:
         _summary(result, report_path)
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def verify(
+    directory: Annotated[Path, typer.Argument(help="Dataset directory (the --output of `run`).")],
+    repair: Annotated[bool, typer.Option("--repair", help="Rebuild the inputs behind bad shards from their tars.")] = False,
+    workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs for --repair (default: all cores).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
+) -> None:
+    """Check every shard's size and sha256 against the manifest; exit 1 naming each bad shard. With
+    --repair, drop the inputs behind bad shards and process just those again (same config)."""
+    from preprocess.verify import repair_dataset, verify_dataset
+
+    try:
+        result = verify_dataset(str(directory))
+    except ShardError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    for bad in result.bad:
+        typer.echo(f"BAD {bad.problem} (input {bad.input})")
+    checked = f"{result.shards} shard(s), {result.bytes / 1e6:.1f} MB checked"
+    if not result.bad:
+        typer.echo(f"{checked}: all match the manifest")
+        raise typer.Exit(EXIT_OK)
+    typer.echo(f"{checked}: {len(result.bad)} bad, from {len(result.bad_inputs)} input(s)")
+    if not repair:
+        typer.echo(f"HINT: `preprocess verify {directory} --repair` rebuilds them from their inputs")
+        raise typer.Exit(EXIT_FAILED)
+    try:
+        fixed = repair_dataset(str(directory), result, workers=workers, ray_address=ray_address, wait_for_lock=wait)
+    except (OutputLocked, RayUnavailable, NotImplementedError) as e:
+        _fail_usage(str(e))
+    except (ShardError, OutputFull) as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    for path in fixed.missing:
+        typer.echo(f"CANNOT REPAIR {path}: the input is gone; its shards stay listed and bad "
+                   "(restore the tar and rerun --repair, or `preprocess run ... --prune` without it)")
+    if fixed.run is not None:
+        for failed in fixed.run.inputs_failed:
+            typer.echo(f"REBUILD FAILED {failed['input']}: {failed['reason']}")
+        typer.echo(f"rebuilt {len(fixed.run.inputs_processed)} input(s), {fixed.run.samples_written} samples")
+    after = fixed.after
+    if after is not None and not after.bad:
+        typer.echo("repaired: every shard now matches the manifest")
+        raise typer.Exit(EXIT_OK)
+    for bad in after.bad if after else []:
+        typer.echo(f"STILL BAD {bad.problem} (input {bad.input})")
+    raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()

@@ -151,6 +151,15 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
         yield Progress(input_path, done, failed, node, worker)
 
 
+def _failure_reason(error: Exception) -> str:
+    """One line: the task's own exception (``OSError: [Errno 28] No space left on device``) where there is
+    one; Ray's first line only names the task and its pid."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"worker failed: {type(cause).__name__}: {cause}".splitlines()[0]
+    return f"worker failed: {error}".splitlines()[0]
+
+
 def stream_inputs(
     items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None
 ) -> Iterator[Progress | TaskEvent | InputResult]:
@@ -184,7 +193,7 @@ def stream_inputs(
                 # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
                 path = running.pop(generator)
                 size, mtime_ns = fingerprints[path]
-                reason = f"worker failed: {e}".splitlines()[0]
+                reason = _failure_reason(e)
                 yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason)
                 continue
             if isinstance(message, Progress) and (event := attempts.see(message)) is not None:

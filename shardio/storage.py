@@ -6,6 +6,7 @@ module's change. Today only local paths are supported; a URL scheme is refused w
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ __all__ = [
     "remove",
     "list_dir",
     "makedirs",
+    "sync_dir",
+    "is_disk_full",
     "TEMP_PREFIX",
 ]
 
@@ -87,12 +90,27 @@ def makedirs(path: str) -> None:
     os.makedirs(check_local(path), exist_ok=True)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def sync_dir(path: str) -> None:
+    """fsync a directory, so the renames into it survive a power cut (a SIGKILL needs no fsync: the page
+    cache outlives the process; a preempted VM's disk does not)."""
+    fd = os.open(check_local(path), os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_fsync_dir = sync_dir
+
+# ENOSPC: the filesystem is full; EDQUOT: the user's quota is. Either way no retry can succeed.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error: BaseException | str) -> bool:
+    """Whether an exception (or a worker's error message, which carries the strerror) means "out of space"."""
+    if isinstance(error, OSError):
+        return error.errno in _DISK_FULL_ERRNOS
+    return any(os.strerror(code) in str(error) for code in _DISK_FULL_ERRNOS)
 
 
 @contextmanager
