@@ -177,8 +177,11 @@ def _resize(
     if cfg.mode == "center_crop":
         scale = max(target_w / width, target_h / height)
         crop_w, crop_h = target_w / scale, target_h / scale
-        left, top = (width - crop_w) / 2, (height - crop_h) / 2
-        return im.resize(target, resample, box=(left, top, left + crop_w, top + crop_h))
+        # Clamped: 256 / (256 / 426.5) is 426.50000000000006, so a 1280x853 JPEG drafted to 640x426.5 got a
+        # box offset of -3e-14, which Pillow refuses ("box offset can't be negative"): a failed sample.
+        left, top = max(0.0, (width - crop_w) / 2), max(0.0, (height - crop_h) / 2)
+        right, bottom = min(width, left + crop_w), min(height, top + crop_h)
+        return im.resize(target, resample, box=(left, top, right, bottom))
     scale = min(target_w / width, target_h / height)
     inner = (max(1, min(target_w, round(width * scale))), max(1, min(target_h, round(height * scale))))
     canvas = Image.new("RGB", target, cfg.fill)
