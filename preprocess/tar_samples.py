@@ -83,15 +83,15 @@ def _recording_tarinfo(stops: list[tarfile.HeaderError]) -> type[tarfile.TarInfo
     return _RecordingTarInfo
 
 
-def _end_problem(stop: tarfile.HeaderError | None, offset: int) -> str | None:
+def _end_problem(stop: tarfile.HeaderError | None, offset: int, last_member: str) -> str | None:
     """Why the archive did not end properly, or None for the end-of-archive zero block."""
     if isinstance(stop, tarfile.EOFHeaderError):
         return None
     if isinstance(stop, tarfile.InvalidHeaderError):
-        return f"corrupt tar header at byte {offset} of the archive ({stop})"
+        return f"corrupt tar header at byte {offset}, after member {last_member!r} ({stop})"
     if isinstance(stop, tarfile.TruncatedHeaderError):
-        return f"truncated tar (cut inside the header at byte {offset})"
-    return f"truncated tar (ends at byte {offset} without end-of-archive blocks)"
+        return f"truncated tar: cut inside the header at byte {offset}, after member {last_member!r}"
+    return f"truncated tar: ends at byte {offset} after member {last_member!r}, with no end-of-archive blocks"
 
 
 def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | SampleProblem:
@@ -168,9 +168,9 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         if reason == "empty file":
             reason = "no tar header"
         raise InputError(f"{path}: not a readable tar ({reason}; last good member: {last_member})") from e
-    end_problem = _end_problem(stops[-1] if stops else None, end_offset)
+    end_problem = _end_problem(stops[-1] if stops else None, end_offset, last_member)
     if end_problem:
-        raise InputError(f"{path}: {end_problem} after member {last_member!r}; re-download or re-create it")
+        raise InputError(f"{path}: {end_problem}; re-download or re-create it")
     if group is None:
         raise InputError(f"{path}: tar holds no sample members")
     yield _finish(group, image_extensions)
