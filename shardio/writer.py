@@ -63,7 +63,12 @@ class ShardWriter:
         self.count = 0
         storage.makedirs(storage.join(directory, SHARDS_DIR))
         self._pixels = _open_temp(storage.join(directory, self.rel_path), hashed=False)
-        self._meta = _open_temp(storage.join(directory, self.rel_meta), hashed=True)
+        try:
+            self._meta = _open_temp(storage.join(directory, self.rel_meta), hashed=True)
+        except BaseException:
+            self._pixels.handle.close()
+            storage.remove(self._pixels.tmp_path)
+            raise
         # Placeholder: the real header (with the final count) is written at commit.
         self._pixels.handle.write(b"\0" * HEADER_BYTES)
 
@@ -106,8 +111,10 @@ class ShardWriter:
 
     def abort(self) -> None:
         for handle in (self._pixels, self._meta):
-            if not handle.handle.closed:
+            try:
                 handle.handle.close()
+            except OSError:
+                pass  # e.g. ENOSPC flushing the buffer: the file is being removed anyway
             storage.remove(handle.tmp_path)
 
 
