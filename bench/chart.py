@@ -33,21 +33,30 @@ def draw_chart(figures: list[dict[str, Any]], title: str, path: str) -> None:
     draw = ImageDraw.Draw(image)
     font, small = _font(15), _font(12)
     draw.text((16, 14), title, fill=INK, font=_font(18))
-    draw.text((16, 40), "measured / target (1.0 = target met; the value is in the label)", fill=GREY, font=small)
+    draw.text(
+        (16, 40), "measured / target (1.0 = target met; the value is in the label)", fill=GREY, font=small
+    )
     cap = 3.0
     scale = (WIDTH - LEFT - RIGHT) / cap
-    for i, figure in enumerate(rows):
-        y = TOP + i * ROW
-        score = figure["value"] / figure["target"] if figure.get("op", ">=") == ">=" \
-            else figure["target"] / max(figure["value"], 1e-9)
-        colour = GREEN if score >= 1.0 else RED
-        draw.text((16, y + 7), figure["name"], fill=INK, font=font)
-        draw.rectangle([LEFT, y + 6, LEFT + min(score, cap) * scale, y + ROW - 6], fill=colour)
-        label = f"{figure['value']:.3g}{figure.get('unit', '')} ({figure.get('op', '>=')} {figure['target']:g})"
-        draw.text((LEFT + min(score, cap) * scale + 8, y + 9), label, fill=INK, font=small)
     for tick in (1.0, 2.0, 3.0):
         x = LEFT + tick * scale
         for y in range(TOP - 4, TOP + ROW * len(rows), 8):
             draw.line([x, y, x, y + 4], fill=INK if tick == 1.0 else GREY, width=2 if tick == 1.0 else 1)
         draw.text((x - 10, TOP + ROW * len(rows) + 6), f"{tick:g}x", fill=GREY, font=small)
+    for i, figure in enumerate(rows):
+        y = TOP + i * ROW
+        score = (
+            figure["value"] / figure["target"]
+            if figure.get("op", ">=") == ">="
+            else figure["target"] / max(figure["value"], 1e-9)
+        )
+        colour = GREEN if score >= 1.0 else RED
+        draw.text((16, y + 7), figure["name"], fill=INK, font=font)
+        draw.rectangle([LEFT, y + 6, LEFT + min(score, cap) * scale, y + ROW - 6], fill=colour)
+        label = (
+            f"{figure['value']:.3g}{figure.get('unit', '')} ({figure.get('op', '>=')} {figure['target']:g})"
+        )
+        x = LEFT + min(score, cap) * scale + 8
+        draw.rectangle(draw.textbbox((x, y + 9), label, font=small), fill="white")  # over the tick lines
+        draw.text((x, y + 9), label, fill=INK, font=small)
     image.save(path, optimize=True)

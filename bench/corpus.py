@@ -19,11 +19,19 @@ import numpy as np
 
 from preprocess.sample_data import encode_jpeg, photo_like, write_tar
 
-__all__ = ["CorpusSpec", "Corpus", "build_corpus", "combined_tar", "read_images"]
+__all__ = ["Corpus", "CorpusSpec", "build_corpus", "combined_tar", "read_images"]
 
 # 1.05-2.46 MP, landscape and portrait, as web photos come.
-WEB_SIZES = [(1024, 1024), (1280, 853), (1280, 960), (1440, 1080), (1600, 1067), (1200, 1600), (1920, 1080),
-             (1920, 1280)]
+WEB_SIZES = [
+    (1024, 1024),
+    (1280, 853),
+    (1280, 960),
+    (1440, 1080),
+    (1600, 1067),
+    (1200, 1600),
+    (1920, 1080),
+    (1920, 1280),
+]
 
 
 @dataclass(frozen=True)
@@ -66,9 +74,20 @@ def _write_one(args: tuple[str, int, int, int]) -> dict:
         data = encode_jpeg(photo_like(rng, width, height), quality)
         key = f"{tar_index:05d}{i:04d}"
         caption = f"a photo-like benchmark image {key}, {width}x{height}"
-        meta = {"key": key, "url": f"https://example.com/{key}.jpg", "width": width, "height": height,
-                "caption": caption, "status": "success", "quality": quality}
-        members += [(f"{key}.jpg", data), (f"{key}.txt", caption.encode()), (f"{key}.json", json.dumps(meta).encode())]
+        meta = {
+            "key": key,
+            "url": f"https://example.com/{key}.jpg",
+            "width": width,
+            "height": height,
+            "caption": caption,
+            "status": "success",
+            "quality": quality,
+        }
+        members += [
+            (f"{key}.jpg", data),
+            (f"{key}.txt", caption.encode()),
+            (f"{key}.json", json.dumps(meta).encode()),
+        ]
         stats["pixels"] += width * height
         stats["bytes"] += len(data)
         stats["qualities"].append(quality)
@@ -85,28 +104,44 @@ def build_corpus(root: str, spec: CorpusSpec, processes: int | None = None, log=
     if os.path.exists(summary_path) and all(os.path.exists(p) for p in paths):
         with open(summary_path) as f:
             doc = json.load(f)
-        return Corpus(spec=spec, directory=directory, tars=paths, images=doc["images"],
-                      megapixels_mean=doc["megapixels_mean"], bits_per_pixel=doc["bits_per_pixel"],
-                      jpeg_kb_mean=doc["jpeg_kb_mean"], quality_range=tuple(doc["quality_range"]))
+        return Corpus(
+            spec=spec,
+            directory=directory,
+            tars=paths,
+            images=doc["images"],
+            megapixels_mean=doc["megapixels_mean"],
+            bits_per_pixel=doc["bits_per_pixel"],
+            jpeg_kb_mean=doc["jpeg_kb_mean"],
+            quality_range=tuple(doc["quality_range"]),
+        )
     images = spec.tars * spec.samples_per_tar
-    log(f"generating the corpus: {images} photo-like JPEGs in {spec.tars} tars (~0.3 s/image/core, cached "
-        f"in {directory})")
+    log(
+        f"generating the corpus: {images} photo-like JPEGs in {spec.tars} tars (~0.3 s/image/core, cached "
+        f"in {directory})"
+    )
     jobs = [(p, t, spec.samples_per_tar, spec.seed) for t, p in enumerate(paths)]
     with Pool(processes or os.cpu_count() or 1) as pool:
         stats = pool.map(_write_one, jobs, chunksize=1)
     pixels = sum(s["pixels"] for s in stats)
     size = sum(s["bytes"] for s in stats)
     qualities = [q for s in stats for q in s["qualities"]]
-    corpus = Corpus(spec=spec, directory=directory, tars=paths, images=images,
-                    megapixels_mean=round(pixels / images / 1e6, 3), bits_per_pixel=round(size * 8 / pixels, 3),
-                    jpeg_kb_mean=round(size / images / 1e3, 1), quality_range=(min(qualities), max(qualities)))
+    corpus = Corpus(
+        spec=spec,
+        directory=directory,
+        tars=paths,
+        images=images,
+        megapixels_mean=round(pixels / images / 1e6, 3),
+        bits_per_pixel=round(size * 8 / pixels, 3),
+        jpeg_kb_mean=round(size / images / 1e3, 1),
+        quality_range=(min(qualities), max(qualities)),
+    )
     with open(summary_path, "w") as f:
         json.dump(corpus.summary(), f, indent=1)
     return corpus
 
 
 def combined_tar(corpus: Corpus) -> str:
-    """All of the corpus in one tar (cached): one task then fills whole 1,000-sample shards (memory figure)."""
+    """All of the corpus in one tar (cached): one task fills whole 1,000-sample shards (memory figure)."""
     path = os.path.join(corpus.directory, "combined", "all.tar")
     if os.path.exists(path):
         return path

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import ray
@@ -27,10 +27,14 @@ import ray
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
 
-__all__ = ["RssSampler", "cold_run", "warm_rates", "local_ray", "two_node_cluster", "memory_run"]
+__all__ = ["RssSampler", "cold_run", "local_ray", "memory_run", "two_node_cluster", "warm_rates"]
 
-_RAY_INIT = {"include_dashboard": False, "logging_level": "WARNING", "configure_logging": True,
-             "log_to_driver": True}
+_RAY_INIT = {
+    "include_dashboard": False,
+    "logging_level": "WARNING",
+    "configure_logging": True,
+    "log_to_driver": True,
+}
 
 
 def _fresh(root: str, name: str) -> str:
@@ -48,18 +52,37 @@ def _run(tars: list[str], output: str, cfg: JobConfig, workers: int | None = Non
     return seconds, report
 
 
+# A bare ray.init() joins a cluster another process started on this machine (a concurrent test's
+# ray.cluster_utils.Cluster) and then refuses num_cpus: the job's own start-up does that, so wait and retry.
+_JOINED_OTHER = "When connecting to an existing cluster"
+RETRIES = 3
+
+
 def cold_run(tars: list[str], root: str, cfg: JobConfig, workers: int | None = None) -> dict[str, Any]:
     """One ``run_job`` that starts Ray itself and shuts it down: what a user's command costs."""
     if ray.is_initialized():
         raise RuntimeError("cold_run needs Ray down")
-    seconds, report = _run(tars, _fresh(root, "cold"), cfg, workers)
+    for attempt in range(RETRIES):
+        try:
+            seconds, report = _run(tars, _fresh(root, "cold"), cfg, workers)
+            break
+        except ValueError as e:
+            if _JOINED_OTHER not in str(e) or attempt == RETRIES - 1:
+                raise
+            time.sleep(10)
     shutil.rmtree(os.path.join(root, "cold"), ignore_errors=True)
-    return {"seconds": round(seconds, 3), "images": report.samples_written, "ray_startup_s": report.startup_s,
-            "processing_images_per_s": report.processing_images_per_s, "images_per_s": report.images_per_s}
+    return {
+        "seconds": round(seconds, 3),
+        "images": report.samples_written,
+        "ray_startup_s": report.startup_s,
+        "processing_images_per_s": report.processing_images_per_s,
+        "images_per_s": report.images_per_s,
+    }
 
 
-def warm_rates(small: list[str], large: list[str], root: str, cfg: JobConfig, reps: int,
-               keep_last: bool = False) -> dict[str, Any]:
+def warm_rates(
+    small: list[str], large: list[str], root: str, cfg: JobConfig, reps: int, keep_last: bool = False
+) -> dict[str, Any]:
     """Marginal images/s between runs over ``small`` and ``large`` tars, Ray already initialised.
 
     One untimed warm-up run first (it starts the worker processes and imports PIL/numpy in them); then
@@ -80,10 +103,14 @@ def warm_rates(small: list[str], large: list[str], root: str, cfg: JobConfig, re
                 shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
     shutil.rmtree(os.path.join(root, "warmup"), ignore_errors=True)
     small_s, large_s = statistics.median(times["small"]), statistics.median(times["large"])
-    marginal = (images["large"] - images["small"]) / (large_s - small_s) if large_s > small_s else float("nan")
+    marginal = (
+        (images["large"] - images["small"]) / (large_s - small_s) if large_s > small_s else float("nan")
+    )
     return {
-        "small_images": images["small"], "large_images": images["large"],
-        "small_s": [round(t, 3) for t in times["small"]], "large_s": [round(t, 3) for t in times["large"]],
+        "small_images": images["small"],
+        "large_images": images["large"],
+        "small_s": [round(t, 3) for t in times["small"]],
+        "large_s": [round(t, 3) for t in times["large"]],
         "large_images_per_s": round(images["large"] / large_s, 2),
         "marginal_images_per_s": round(marginal, 2),
         "inputs_per_node": per_node,
@@ -98,9 +125,11 @@ class local_ray:
         self.num_cpus = num_cpus
         self.startup_s = 0.0
 
-    def __enter__(self) -> local_ray:
+    def __enter__(self) -> Self:
         start = time.perf_counter()
-        ray.init(num_cpus=self.num_cpus, **_RAY_INIT)
+        # address="local": a new instance even while another cluster runs here (tests, `ray start`), which
+        # a bare ray.init() would join, refusing num_cpus.
+        ray.init(address="local", num_cpus=self.num_cpus, **_RAY_INIT)
         self.startup_s = time.perf_counter() - start
         return self
 
@@ -111,7 +140,7 @@ class local_ray:
 class two_node_cluster:
     """A local two-node Ray cluster (``ray.cluster_utils.Cluster``), 1 CPU per node, joined by the driver."""
 
-    def __enter__(self) -> two_node_cluster:
+    def __enter__(self) -> Self:
         from ray.cluster_utils import Cluster
 
         start = time.perf_counter()
@@ -157,7 +186,7 @@ class RssSampler:
                     continue
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -171,14 +200,36 @@ def memory_run(big_tar: str, root: str, cfg: JobConfig) -> dict[str, Any]:
     of the task's worker process and of the driver (a fresh process, so nothing of the bench is counted).
     The dataset it writes stays in ``output`` (the reader figures read it)."""
     output = _fresh(root, "memory")
-    command = [sys.executable, "-m", "preprocess.cli", "run", big_tar, "--output", output, "--workers", "1",
-               "--quiet", "--size", str(cfg.width), "--samples-per-shard", str(cfg.samples_per_shard)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    with RssSampler(process.pid) as sampler:
-        _, stderr = process.communicate()
+    command = [
+        sys.executable,
+        "-m",
+        "preprocess.cli",
+        "run",
+        big_tar,
+        "--output",
+        output,
+        "--workers",
+        "1",
+        "--quiet",
+        "--size",
+        str(cfg.width),
+        "--samples-per-shard",
+        str(cfg.samples_per_shard),
+    ]
+    for attempt in range(RETRIES):
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with RssSampler(process.pid) as sampler:
+            _, stderr = process.communicate()
+        if process.returncode == 0 or _JOINED_OTHER not in stderr.decode() or attempt == RETRIES - 1:
+            break
+        time.sleep(10)
     if process.returncode != 0:
         raise RuntimeError(f"memory run failed ({process.returncode}): {stderr.decode()[-2000:]}")
-    return {"worker_peak_rss_mb": round(sampler.worker_peak / 2**20, 1),
-            "driver_peak_rss_mb": round(sampler.driver_peak / 2**20, 1),
-            "worker_processes_seen": len(sampler.workers_seen),
-            "samples_per_shard": cfg.samples_per_shard, "size": [cfg.height, cfg.width], "output": output}
+    return {
+        "worker_peak_rss_mb": round(sampler.worker_peak / 2**20, 1),
+        "driver_peak_rss_mb": round(sampler.driver_peak / 2**20, 1),
+        "worker_processes_seen": len(sampler.workers_seen),
+        "samples_per_shard": cfg.samples_per_shard,
+        "size": [cfg.height, cfg.width],
+        "output": output,
+    }

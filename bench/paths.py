@@ -10,6 +10,8 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
 - ``transform``: ``preprocess.transform.process_image`` alone (the job without tar reading, Ray, writing).
 - ``naive``: what a DataLoader transform does: full-size decode with stock settings, ``convert("RGB")``,
   resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
+- ``worker``: ``preprocess.worker.process_input`` over whole tars (read the tar, transform, write and
+  commit shards): the job's task without Ray, so the job's rate over this one is what Ray costs.
 - ``img2dataset``: img2dataset's resizer: ``cv2.imdecode`` at full size, ``INTER_AREA`` down to the short
   side, centre crop, ``cv2.setNumThreads(1)``; only when OpenCV is installed.
 """
@@ -18,18 +20,21 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable
 from multiprocessing import Pool
+from typing import Self
 
 import numpy as np
 from PIL import Image
 
 from preprocess.config import JobConfig
 from preprocess.transform import _RESAMPLE, _draft_request, process_image
+from preprocess.worker import process_input
 
-__all__ = ["PATHS", "available_paths", "PathPool"]
+__all__ = ["PATHS", "PathPool", "available_paths"]
 
 _images: list[bytes] = []
 _cfg = JobConfig()
@@ -104,6 +109,15 @@ def _run_chunk(task: tuple[str, int, int]) -> int:
     return stop - start
 
 
+def _run_tar(task: tuple[str, str]) -> int:
+    tar, root = task
+    output = os.path.join(root, f"worker-{os.getpid()}")
+    stat = os.stat(tar)
+    result = process_input(tar, output, _cfg, (stat.st_size, stat.st_mtime_ns))
+    shutil.rmtree(output, ignore_errors=True)  # after the timed commit; the next task starts clean
+    return result.samples
+
+
 class PathPool:
     """One process per core holding the images; ``rate(path)`` is images/s over all of them."""
 
@@ -121,6 +135,14 @@ class PathPool:
         self.samples.setdefault(name, []).append(rate)
         return rate
 
+    def worker_rate(self, tars: list[str], root: str) -> float:
+        """images/s of ``process_input`` over ``tars``, one tar per task (recorded as path "worker")."""
+        start = time.perf_counter()
+        done = sum(self.pool.imap_unordered(_run_tar, [(tar, root) for tar in tars]))
+        rate = done / (time.perf_counter() - start)
+        self.samples.setdefault("worker", []).append(rate)
+        return rate
+
     def rounds(self, names: list[str], rounds: int) -> None:
         """Interleaved: drift on a shared machine then hits every path alike. The first pass warms up."""
         for name in names:
@@ -136,7 +158,7 @@ class PathPool:
         self.pool.close()
         self.pool.join()
 
-    def __enter__(self) -> PathPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,8 +27,14 @@ def reader_figures(dataset_dir: str, quick: bool) -> dict[str, Any]:
         result = reader.main([dataset_dir, "--no-webdataset"] + (["--quick"] if quick else []))
         rows = result["rows"]
         shuffled_name = next(n for n in rows if n.startswith("shuffle w="))  # the first is the default
-        return {"sequential": rows["sequential"], "shuffled": rows[shuffled_name], "shuffled_setting": shuffled_name,
-                "copyto": rows["copyto"], "rows": rows, "source": "bench.reader.main"}
+        return {
+            "sequential": rows["sequential"],
+            "shuffled": rows[shuffled_name],
+            "shuffled_setting": shuffled_name,
+            "copyto": rows["copyto"],
+            "rows": rows,
+            "source": "bench.reader.main",
+        }
     except (ImportError, AttributeError, KeyError, StopIteration, TypeError) as e:
         print(f"bench.reader unavailable or changed ({type(e).__name__}: {e}); measuring the reader here")
         return _minimal(dataset_dir, rounds=2 if quick else 5)
@@ -63,15 +69,23 @@ def _minimal(dataset_dir: str, rounds: int) -> dict[str, Any]:
         return statistics.median(times)
 
     rows = {}
-    for name, fn in (("copyto", copyto),
-                     ("sequential", lambda: through(ShardDataset(dataset_dir, BATCH))),
-                     ("shuffle (default)", lambda: through(ShardDataset(dataset_dir, BATCH, shuffle=True)))):
+    for name, fn in (
+        ("copyto", copyto),
+        ("sequential", lambda: through(ShardDataset(dataset_dir, BATCH))),
+        ("shuffle (default)", lambda: through(ShardDataset(dataset_dir, BATCH, shuffle=True))),
+    ):
         seconds = timed(fn)
         rows[name] = {"GB/s": total / seconds / 1e9, "samples/s": samples / seconds}
     for row in rows.values():
         row["of copyto"] = row["GB/s"] / rows["copyto"]["GB/s"]
-    return {"sequential": rows["sequential"], "shuffled": rows["shuffle (default)"],
-            "shuffled_setting": "shuffle (default)", "copyto": rows["copyto"], "rows": rows, "source": "bench"}
+    return {
+        "sequential": rows["sequential"],
+        "shuffled": rows["shuffle (default)"],
+        "shuffled_setting": "shuffle (default)",
+        "copyto": rows["copyto"],
+        "rows": rows,
+        "source": "bench",
+    }
 
 
 def webdataset_samples_per_s(pattern: str, workers: int, side: int) -> float | None:

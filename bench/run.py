@@ -38,8 +38,13 @@ def _machine() -> dict[str, Any]:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "cpu": model, "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+    return {
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": model,
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
 
 
 def _log(message: str) -> None:
@@ -54,18 +59,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     corpus = build_corpus(os.path.join(SCRATCH, "corpus"), spec, log=_log)
     runs = os.path.join(SCRATCH, "runs")
     small, large = corpus.tars[:cores], corpus.tars  # small: one tar per core, so every core is busy
-    results: dict[str, Any] = {"machine": _machine(), "pillow_build": pillow_build(), "versions": library_versions(),
-                               "config": cfg.to_dict(), "corpus": corpus.summary(), "quick": args.quick}
+    results: dict[str, Any] = {
+        "machine": _machine(),
+        "pillow_build": pillow_build(),
+        "versions": library_versions(),
+        "config": cfg.to_dict(),
+        "corpus": corpus.summary(),
+        "quick": args.quick,
+    }
     _log("PIL build: " + json.dumps(results["pillow_build"]))
 
     _log(f"per-core paths on the same {corpus.images} images, one process per core ({cores})")
     images = read_images(corpus.tars)
     names = available_paths()
     if "img2dataset" not in names:
-        _log("OpenCV not installed: the img2dataset-style baseline is skipped (pip install opencv-python-headless)")
+        _log("OpenCV not installed: img2dataset-style baseline skipped (pip install opencv-python-headless)")
     with PathPool(images, cfg, cores) as pool:
         del images
         pool.rounds(names, rounds)
+        for _ in range(rounds):
+            pool.worker_rate(large, runs)
 
         _log("job, cold: run_job starts Ray itself (what one `preprocess run` costs)")
         cold = cold_run(large, runs, cfg)
@@ -85,8 +98,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 cluster["startup_s"], cluster["nodes"] = round(nodes.startup_s, 3), nodes.nodes
         # The floor once more: the machine drifts; floor-relative figures use every floor sample.
         pool.rounds(["floor"], 1)
-        paths = {name: {"images_per_s": round(pool.median(name), 2), "samples": [round(r, 1) for r in pool.samples[name]]}
-                 for name in names}
+        paths = {
+            name: {
+                "images_per_s": round(pool.median(name), 2),
+                "samples": [round(r, 1) for r in pool.samples[name]],
+            }
+            for name in [*names, "worker"]
+        }
     for path in paths.values():
         path["ms_per_image_per_core"] = round(1000 * cores / path["images_per_s"], 3)
     steady = all_cores["marginal_images_per_s"]
@@ -119,13 +137,26 @@ def _wds(tars: list[str], workers: int, side: int) -> float | None:
     return round(rate, 2) if rate else None
 
 
-def _figure(name: str, value: float | None, target: float | None = None, op: str = ">=", unit: str = "x",
-            detail: str = "") -> dict[str, Any]:
+def _figure(
+    name: str,
+    value: float | None,
+    target: float | None = None,
+    op: str = ">=",
+    unit: str = "x",
+    detail: str = "",
+) -> dict[str, Any]:
     met = None
     if value is not None and target is not None:
         met = value >= target if op == ">=" else value <= target
-    return {"name": name, "value": None if value is None else round(value, 3), "target": target, "op": op,
-            "unit": unit, "met": met, "detail": detail}
+    return {
+        "name": name,
+        "value": None if value is None else round(value, 3),
+        "target": target,
+        "op": op,
+        "unit": unit,
+        "met": met,
+        "detail": detail,
+    }
 
 
 def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -135,44 +166,101 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     one = job["one_cpu"]["marginal_images_per_s"]
     floor = paths["floor"]["images_per_s"]
     out = [
-        _figure("job steady / (cores x per-core floor)", steady / floor, 0.85,
-                detail=f"{steady:.0f} vs {floor:.0f} img/s (draft+load, {cores} processes)"),
-        _figure("job / naive PIL path, per core", steady / paths["naive"]["images_per_s"], 2.5,
-                detail=f"naive {paths['naive']['ms_per_image_per_core']:.2f} ms/img/core (Pillow-SIMD resize)"),
+        _figure(
+            "job steady / (cores x per-core floor)",
+            steady / floor,
+            0.85,
+            detail=f"{steady:.0f} vs {floor:.0f} img/s (draft+load, {cores} processes)",
+        ),
+        _figure(
+            "job / naive PIL path, per core",
+            steady / paths["naive"]["images_per_s"],
+            2.5,
+            detail=f"naive {paths['naive']['ms_per_image_per_core']:.2f} ms/img/core (Pillow-SIMD resize)",
+        ),
     ]
     if "img2dataset" in paths:
-        out.append(_figure("job / img2dataset-style (OpenCV INTER_AREA)", steady / paths["img2dataset"]["images_per_s"],
-                           2.0, detail=f"{paths['img2dataset']['ms_per_image_per_core']:.2f} ms/img/core"))
+        out.append(
+            _figure(
+                "job / img2dataset-style (OpenCV INTER_AREA)",
+                steady / paths["img2dataset"]["images_per_s"],
+                2.0,
+                detail=f"{paths['img2dataset']['ms_per_image_per_core']:.2f} ms/img/core",
+            )
+        )
     else:
-        out.append(_figure("job / img2dataset-style (OpenCV INTER_AREA)", None, 2.0, detail="OpenCV not installed"))
+        out.append(
+            _figure("job / img2dataset-style (OpenCV INTER_AREA)", None, 2.0, detail="OpenCV not installed")
+        )
     out += [
-        _figure("scaling efficiency 1 -> all cores", steady / (cores * one), 0.9,
-                detail=f"{one:.0f} img/s on 1 CPU, {steady:.0f} on {cores}"),
-        _figure("job fixed start-up cost", job["cold"]["fixed_startup_s"], unit=" s",
-                detail=f"cold run of {job['cold']['images']} images: {job['cold']['seconds']:.1f} s; "
-                       f"ray.init {job['cold']['ray_startup_s']:.1f} s"),
-        _figure("transform alone / floor (no tar, Ray, write)", paths["transform"]["images_per_s"] / floor,
-                detail=f"{paths['transform']['ms_per_image_per_core']:.2f} vs "
-                       f"{paths['floor']['ms_per_image_per_core']:.2f} ms/img/core"),
+        _figure(
+            "scaling efficiency 1 -> all cores",
+            steady / (cores * one),
+            0.9,
+            detail=f"{one:.0f} img/s on 1 CPU, {steady:.0f} on {cores}",
+        ),
+        _figure(
+            "job fixed start-up cost",
+            job["cold"]["fixed_startup_s"],
+            unit=" s",
+            detail=f"cold run of {job['cold']['images']} images: {job['cold']['seconds']:.1f} s; "
+            f"ray.init {job['cold']['ray_startup_s']:.1f} s",
+        ),
+        _figure(
+            "transform alone / floor (no tar, Ray, write)",
+            paths["transform"]["images_per_s"] / floor,
+            detail=f"{paths['transform']['ms_per_image_per_core']:.2f} vs "
+            f"{paths['floor']['ms_per_image_per_core']:.2f} ms/img/core",
+        ),
+        _figure(
+            "worker without Ray / floor (tar read, transform, shard write)",
+            paths["worker"]["images_per_s"] / floor,
+            detail=f"{paths['worker']['ms_per_image_per_core']:.2f} ms/img/core",
+        ),
+        _figure("job steady / worker without Ray (what Ray costs)", steady / paths["worker"]["images_per_s"]),
     ]
     cluster = job.get("two_node_cluster")
     if cluster:
         rate = cluster["marginal_images_per_s"]
-        out.append(_figure("2-node cluster (1 CPU each) / (2 x 1 CPU)", rate / (2 * one),
-                           detail=f"{rate:.0f} img/s; inputs per node {sorted(cluster['inputs_per_node'].values())}"))
+        out.append(
+            _figure(
+                "2-node cluster (1 CPU each) / (2 x 1 CPU)",
+                rate / (2 * one),
+                detail=f"{rate:.0f} img/s; inputs per node {sorted(cluster['inputs_per_node'].values())}",
+            )
+        )
     out += [
-        _figure("worker peak RSS", memory["worker_peak_rss_mb"], 400, op="<=", unit=" MB",
-                detail=f"{memory['size'][0]}x{memory['size'][1]}, {memory['samples_per_shard']}-sample shards"),
+        _figure(
+            "worker peak RSS",
+            memory["worker_peak_rss_mb"],
+            400,
+            op="<=",
+            unit=" MB",
+            detail=f"{memory['size'][0]}x{memory['size'][1]}, {memory['samples_per_shard']}-sample shards",
+        ),
         _figure("driver peak RSS", memory["driver_peak_rss_mb"], unit=" MB", detail="preprocess run (CLI)"),
-        _figure("reader sequential / np.copyto", reader["sequential"]["of copyto"], 0.7,
-                detail=f"{reader['sequential']['GB/s']:.2f} vs {reader['copyto']['GB/s']:.2f} GB/s"),
-        _figure("reader shuffled / np.copyto", reader["shuffled"]["of copyto"], 0.35,
-                detail=f"{reader['shuffled_setting']}: {reader['shuffled']['GB/s']:.2f} GB/s"),
+        _figure(
+            "reader sequential / np.copyto",
+            reader["sequential"]["of copyto"],
+            0.7,
+            detail=f"{reader['sequential']['GB/s']:.2f} vs {reader['copyto']['GB/s']:.2f} GB/s",
+        ),
+        _figure(
+            "reader shuffled / np.copyto",
+            reader["shuffled"]["of copyto"],
+            0.35,
+            detail=f"{reader['shuffled_setting']}: {reader['shuffled']['GB/s']:.2f} GB/s",
+        ),
     ]
     wds = reader.get("webdataset_pil_samples_per_s")
-    out.append(_figure("reader sequential / WebDataset+PIL loader",
-                       reader["sequential"]["samples/s"] / wds if wds else None, 100,
-                       detail=f"{reader['sequential']['samples/s']:.0f} vs {wds or 0:.1f} samples/s"))
+    out.append(
+        _figure(
+            "reader sequential / WebDataset+PIL loader",
+            reader["sequential"]["samples/s"] / wds if wds else None,
+            100,
+            detail=f"{reader['sequential']['samples/s']:.0f} vs {wds or 0:.1f} samples/s",
+        )
+    )
     return out
 
 
@@ -185,7 +273,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"PIL {build['pil_version']} ({'Pillow-SIMD' if build['pillow_simd'] else 'stock Pillow'}, "
         f"AVX2 build: {build['built_with_avx2']}), libjpeg-turbo {build['libjpeg_turbo']}. "
         f"Corpus: {corpus['images']} JPEGs, {corpus['megapixels_mean']} MP mean, "
-        f"{corpus['bits_per_pixel']} bits/px, quality {corpus['quality_range'][0]}-{corpus['quality_range'][1]}, "
+        f"{corpus['bits_per_pixel']} bits/px, "
+        f"quality {corpus['quality_range'][0]}-{corpus['quality_range'][1]}, "
         f"tars of {corpus['spec']['samples_per_tar']}; target 256x256 centre crop."
         + (" **Quick run: too small to quote.**" if r["quick"] else ""),
         "",
@@ -194,29 +283,48 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for f in r["figures"]:
         value = "n/a" if f["value"] is None else f"{f['value']:.3g}{f['unit']}"
-        target = "" if f["target"] is None else f"{f['op']} {f['target']:g}{f['unit'] if f['unit'] != 'x' else 'x'}"
+        target = (
+            ""
+            if f["target"] is None
+            else f"{f['op']} {f['target']:g}{f['unit'] if f['unit'] != 'x' else 'x'}"
+        )
         met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
         lines.append(f"| {f['name']} | {value} | {target} | {met} | {f['detail']} |")
-    lines += ["", "Per-core decode paths (one process per core over the same images, medians):", "",
-              "| path | ms/image/core | images/s, all cores |", "|---|---|---|"]
+    lines += [
+        "",
+        "Per-core decode paths (one process per core over the same images, medians):",
+        "",
+        "| path | ms/image/core | images/s, all cores |",
+        "|---|---|---|",
+    ]
     for name, p in r["paths"].items():
         lines.append(f"| {name} | {p['ms_per_image_per_core']:.2f} | {p['images_per_s']:.0f} |")
     job = r["job"]
-    for label, run in (("job, all cores (steady)", job["all_cores"]), ("job, 1 CPU (steady)", job["one_cpu"]),
-                       ("job, 2-node cluster (steady)", job["two_node_cluster"])):
+    for label, run in (
+        ("job, all cores (steady)", job["all_cores"]),
+        ("job, 1 CPU (steady)", job["one_cpu"]),
+        ("job, 2-node cluster (steady)", job["two_node_cluster"]),
+    ):
         if run:
             rate = run["marginal_images_per_s"]
             cpus = 1 if "1 CPU" in label else cores
             lines.append(f"| {label} | {1000 * cpus / rate:.2f} | {rate:.0f} |")
-    lines += ["", "Generated by `make bench` (`python -m bench.run`); raw numbers in `bench/results.json`.", ""]
+    lines += [
+        "",
+        "Generated by `make bench` (`python -m bench.run`); raw numbers in `bench/results.json`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny corpus, one round (checks the bench runs)")
-    parser.add_argument("--results", help="directory for results.json/.md and chart.png "
-                                          "(default: bench/, or bench/out/quick with --quick)")
+    parser.add_argument(
+        "--results",
+        help="directory for results.json/.md and chart.png "
+        "(default: bench/, or bench/out/quick with --quick)",
+    )
     parser.add_argument("--no-cluster", action="store_true", help="skip the 2-node Ray cluster run")
     args = parser.parse_args(argv)
     results_dir = args.results or (os.path.join(SCRATCH, "quick") if args.quick else HERE)
@@ -229,9 +337,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = markdown(results)
     with open(os.path.join(results_dir, "results.md"), "w") as f:
         f.write(text)
-    draw_chart(results["figures"], f"shardio bench: {results['machine']['cores']} cores, "
-               f"PIL {results['pillow_build']['pil_version']}, libjpeg-turbo {results['pillow_build']['libjpeg_turbo']}",
-               os.path.join(results_dir, "chart.png"))
+    draw_chart(
+        results["figures"],
+        f"shardio bench: {results['machine']['cores']} cores, "
+        f"PIL {results['pillow_build']['pil_version']}, "
+        f"libjpeg-turbo {results['pillow_build']['libjpeg_turbo']}",
+        os.path.join(results_dir, "chart.png"),
+    )
     print(text)
     _log(f"done in {results['bench_seconds']:.0f} s; wrote {results_dir}/results.json, results.md, chart.png")
     return results
