@@ -319,3 +319,20 @@ def test_timings_are_reported_per_stage():
     timings: dict[str, float] = {}
     process_image(noise_jpeg(300, 200), JobConfig(height=32, width=32), timings)
     assert set(timings) == {"open", "decode", "convert", "resize"} and all(t >= 0 for t in timings.values())
+
+
+def test_fractional_draft_extent_never_gives_an_invalid_box():
+    # 1280x853 at 1/2 is 640x426.5 of picture: 256 / (256 / 426.5) rounds to 426.50000000000006, and an
+    # unclamped centre box started at -3e-14, which Pillow refuses (~11% of a LAION-like corpus).
+    out = process_image(noise_jpeg(1280, 853), JobConfig(height=256, width=256))
+    assert out.draft_scale == 2 and out.pixels.shape == (256, 256, 3)
+
+
+@pytest.mark.parametrize("mode", RESIZE_MODES)
+def test_many_sizes_decode_with_draft(mode):
+    rng = np.random.default_rng(11)
+    for width, height in rng.integers(40, 700, size=(40, 2)):
+        for target in ((17, 23), (32, 32)):
+            cfg = JobConfig(height=target[1], width=target[0], mode=mode, fill=(0, 0, 0))
+            out = process_image(noise_jpeg(int(width), int(height), quality=50), cfg)
+            assert out.pixels.shape == (target[1], target[0], 3), (width, height, target)
