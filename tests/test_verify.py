@@ -1,0 +1,88 @@
+"""`preprocess verify`: a flipped bit is caught and named; --repair rebuilds only that input, byte for
+byte; an input that is gone is named as unrepairable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from preprocess.cli import app
+from tests.dataset_compare import assert_clean, assert_indices, dataset_state
+
+pytestmark = pytest.mark.ray
+runner = CliRunner()
+
+
+def verify(out: str, *flags: str):
+    return runner.invoke(app, ["verify", out, *flags])
+
+
+def flip_bit(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.fixture
+def dataset(ray_cluster, tars, tmp_path):
+    tars.make("a.tar", range(0, 11))
+    tars.make("b.tar", range(11, 16))
+    out = str(tmp_path / "out")
+    result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "--size", "16",
+                                 "--samples-per-shard", "4", "-q"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_good_dataset_verifies(dataset):
+    result = verify(dataset)
+    assert result.exit_code == 0, result.output
+    assert "5 shard(s)" in result.output and "all match the manifest" in result.output
+
+
+def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tars):
+    before = dataset_state(dataset)
+    bad = before["shards"][1]  # a.tar's second shard
+    flip_bit(os.path.join(dataset, bad["path"]), 128 + 16 * 16 * 3 + 5)  # a pixel of its second image
+    result = verify(dataset)
+    assert result.exit_code == 1, result.output
+    bad_lines = [line for line in result.output.splitlines() if line.startswith("BAD")]
+    assert len(bad_lines) == 1, result.output
+    assert bad["path"] in bad_lines[0] and "sha256" in bad_lines[0] and "a.tar" in bad_lines[0]
+    assert "--repair" in result.output
+
+    b_mtimes = {p: os.stat(os.path.join(dataset, p)).st_mtime_ns
+                for s in before["shards"] if s["input"].endswith("b.tar") for p in (s["path"],)}
+    repaired = verify(dataset, "--repair")
+    assert repaired.exit_code == 0, repaired.output
+    assert "rebuilt 1 input(s)" in repaired.output and "repaired" in repaired.output
+    after = dataset_state(dataset)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
+    for path, mtime in b_mtimes.items():
+        assert os.stat(os.path.join(dataset, path)).st_mtime_ns == mtime, "a good input's shards were rewritten"
+    assert_clean(dataset)
+    assert_indices(dataset, list(range(16)))
+
+
+def test_repair_names_an_input_that_is_gone(dataset, tars):
+    state = dataset_state(dataset)
+    b_shard = next(s for s in state["shards"] if s["input"].endswith("b.tar"))
+    with open(os.path.join(dataset, b_shard["meta_path"]), "ab") as f:
+        f.write(b"{}\n")  # a truncated/overwritten metadata file: the size check catches it
+    os.remove(os.path.join(tars.directory, "b.tar"))
+    result = verify(dataset, "--repair")
+    assert result.exit_code == 1, result.output
+    assert "CANNOT REPAIR" in result.output and "b.tar" in result.output and "gone" in result.output
+    assert "bytes, the manifest says" in result.output
+    shutil.rmtree(dataset)
+
+
+def test_verify_on_a_missing_dataset_says_so(tmp_path):
+    result = verify(str(tmp_path / "nothing"))
+    assert result.exit_code == 1
+    assert "no such dataset directory" in " ".join(result.output.split())  # rich wraps long paths
