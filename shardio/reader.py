@@ -77,13 +77,21 @@ class DatasetSnapshot:
         entry = self.shards[shard_index]
         path = storage.join(self.directory, entry.meta_path)
         with storage.open_read(path) as f:
-            lines = f.read().decode("utf-8").splitlines()
+            # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
+            # and json.dumps(ensure_ascii=False) leaves unescaped.
+            lines = f.read().decode("utf-8").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
         if len(lines) != entry.samples:
             raise ShardIntegrityError(f"{path}: {len(lines)} lines, manifest says {entry.samples} samples")
         try:
             rows = [json.loads(line) for line in lines]
         except json.JSONDecodeError as e:
-            raise ShardFormatError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from e
+            bad = next(i for i, line in enumerate(lines) if not _parses(line))
+            raise ShardFormatError(
+                f"{path}: line {bad + 1} (sample {bad}): invalid JSON ({e.msg}); "
+                "HINT: run `preprocess verify DIR --repair`"
+            ) from e
         txt = [r.get("txt") for r in rows]
         labels = [r.get("cls") for r in rows]
         js = [r.get("json") for r in rows]
@@ -96,6 +104,14 @@ class DatasetSnapshot:
             has_cls=any(c is not None for c in labels),
             has_json=any(j is not None for j in js),
         )
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def open_dataset(directory: str, *, verify: bool = False) -> DatasetSnapshot:

@@ -110,3 +110,19 @@ def test_loader_refuses_what_would_break_order(dataset_dir: str) -> None:
     for kwargs in ({"persistent_workers": True, "num_workers": 1}, {"in_order": False}, {"batch_size": 4}):
         with pytest.raises(ValueError):
             ShardLoader(ds, **kwargs)
+
+
+def test_captions_with_unicode_line_separators_survive(tmp_path):
+    """U+2028 / U+2029 / U+0085 are common in web captions and are not line breaks in JSON lines."""
+    import numpy as np
+
+    from shardio import open_dataset
+    from shardio.format import Manifest
+    from shardio.writer import InputShardWriter, write_manifest
+
+    writer = InputShardWriter(str(tmp_path), "caps", 4, 4, 10)
+    captions = ["a\u2028b", "c\u2029d", "e\u0085f"]
+    for i, caption in enumerate(captions):
+        writer.add(np.full((4, 4, 3), i, np.uint8), {"key": str(i), "txt": caption}, "in.tar")
+    write_manifest(str(tmp_path), Manifest(shape=(4, 4, 3), config={}, versions={}, shards=writer.close("in.tar")))
+    assert open_dataset(str(tmp_path)).meta(0).txt == captions
