@@ -1,8 +1,9 @@
 """Reading one WebDataset tar as samples, without ever writing a member to disk.
 
 Members are grouped into samples by webdataset's rule (``base_plus_ext``: ``dir/key.ext``; consecutive
-members with the same key form one sample). The tar is streamed (``r|*``, so ``.tar.gz`` works too) and
-members are read into memory, so member names with ``..``, absolute paths, directories and links can never
+members with the same key form one sample). The tar is read in order with random-access mode (``r:*``,
+so ``.tar.gz`` works too): stream mode (``r|*``) copies through a 10 KB record buffer and cost ~0.8 ms
+per LAION sample against ~0.3 ms here, a fifth of the draft-decode floor. Members are read into memory, so member names with ``..``, absolute paths, directories and links can never
 make the job touch a file outside its output: they are skipped, and counted where they look like samples.
 
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
@@ -126,7 +127,7 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
     stops: list[tarfile.HeaderError] = []
     try:
         with storage.open_read(path) as raw, tarfile.open(
-            fileobj=raw, mode="r|*", tarinfo=_recording_tarinfo(stops)
+            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops)
         ) as tar:
             for info in tar:
                 name = info.name
