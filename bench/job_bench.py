@@ -27,7 +27,15 @@ import ray
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
 
-__all__ = ["RssSampler", "cold_run", "local_ray", "memory_run", "two_node_cluster", "warm_rates"]
+__all__ = [
+    "ForeignLoad",
+    "RssSampler",
+    "cold_run",
+    "local_ray",
+    "memory_run",
+    "two_node_cluster",
+    "warm_rates",
+]
 
 _RAY_INIT = {
     "include_dashboard": False,
@@ -185,6 +193,51 @@ class RssSampler:
                 except psutil.Error:
                     continue
             self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class ForeignLoad:
+    """CPU used by processes outside this one's tree (other agents' tests on a shared machine), sampled
+    every ``interval_s``: ``mean_cores`` and ``max_cores`` say whether a run's ratios can be trusted."""
+
+    def __init__(self, interval_s: float = 2.0) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def _cpu() -> dict[int, float]:
+        out = {}
+        for process in psutil.process_iter(["cpu_times"]):
+            times = process.info["cpu_times"]
+            if times is not None:
+                out[process.pid] = times.user + times.system
+        return out
+
+    def _loop(self) -> None:
+        me = psutil.Process()
+        before, start = self._cpu(), time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            try:
+                ours = {me.pid, *(p.pid for p in me.children(recursive=True))}
+            except psutil.Error:
+                continue
+            now, at = self._cpu(), time.monotonic()
+            foreign = sum(t - before.get(pid, 0.0) for pid, t in now.items() if pid not in ours)
+            self.samples.append(max(0.0, foreign) / (at - start))
+            before, start = now, at
+
+    def summary(self) -> dict[str, float]:
+        samples = self.samples or [0.0]
+        return {"mean_cores": round(statistics.mean(samples), 2), "max_cores": round(max(samples), 2)}
 
     def __enter__(self) -> Self:
         self._thread.start()
