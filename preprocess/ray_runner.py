@@ -116,7 +116,8 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, 
             runtime_env = {"py_modules": [os.path.dirname(preprocess.__file__), os.path.dirname(shardio.__file__)]}
             ray.init(address=address, runtime_env=runtime_env, **common)
         else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **common)
+            # address="local": always a new local instance, never an existing one found on this machine.
+            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **common)
         started = True
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
