@@ -8,8 +8,11 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
 - ``floor``: ``draft("RGB", size)`` + ``load()``: libjpeg-turbo's DCT scaling to the smallest scale that
   still covers the target; Huffman decoding of the whole file cannot be skipped, so no path goes faster.
 - ``transform``: ``preprocess.transform.process_image`` alone (the job without tar reading, Ray, writing).
-- ``naive``: what a DataLoader transform does: full-size decode with stock settings, ``convert("RGB")``,
-  resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
+- ``naive_stock`` / ``naive_simd``: what a DataLoader transform does: full-size decode with stock settings,
+  ``convert("RGB")``, resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
+  ``naive_stock`` is the baseline: stock Pillow, as torchvision installs it, run by ``bench.stock_pillow``
+  in a child interpreter with its own pool (this venv only has Pillow-SIMD); ``naive_simd`` is the same
+  code on this venv's Pillow-SIMD, whose resize is 6-8x faster.
 - ``worker``: ``preprocess.worker.process_input`` over whole tars (read the tar, transform, write and
   commit shards): the job's task without Ray, so the job's rate over this one is what Ray costs.
 - ``img2dataset``: img2dataset's resizer: ``cv2.imdecode`` at full size, ``INTER_AREA`` down to the short
@@ -25,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 from multiprocessing import Pool
-from typing import Self
+from typing import Protocol, Self
 
 import numpy as np
 from PIL import Image
@@ -34,7 +37,7 @@ from preprocess.config import JobConfig
 from preprocess.transform import _RESAMPLE, _draft_request, process_image
 from preprocess.worker import process_input
 
-__all__ = ["PATHS", "PathPool", "available_paths"]
+__all__ = ["PATHS", "PathPool", "RemotePath", "available_paths"]
 
 _images: list[bytes] = []
 _cfg = JobConfig()
@@ -77,17 +80,20 @@ def _img2dataset(data: bytes) -> None:
 PATHS: dict[str, Callable[[bytes], None]] = {
     "floor": _floor,
     "transform": _transform,
-    "naive": _naive,
+    "naive_stock": _naive,  # only meaningful in bench.stock_pillow's child, where PIL is stock Pillow
+    "naive_simd": _naive,
     "img2dataset": _img2dataset,
 }
 
 
 def available_paths() -> list[str]:
+    """The paths this interpreter runs itself (``naive_stock`` runs in ``bench.stock_pillow``'s child)."""
+    local = [p for p in PATHS if p != "naive_stock"]
     try:
         import cv2  # noqa: F401
     except ImportError:
-        return [p for p in PATHS if p != "img2dataset"]
-    return list(PATHS)
+        return [p for p in local if p != "img2dataset"]
+    return local
 
 
 def _init(images: list[bytes], cfg_dict: dict) -> None:
@@ -118,16 +124,38 @@ def _run_tar(task: tuple[str, str]) -> int:
     return result.samples
 
 
-class PathPool:
-    """One process per core holding the images; ``rate(path)`` is images/s over all of them."""
+class RemotePath(Protocol):
+    """A path another interpreter runs (``bench.stock_pillow.StockPillowPath``)."""
 
-    def __init__(self, images: list[bytes], cfg: JobConfig, processes: int | None = None) -> None:
+    def warm(self) -> None: ...
+
+    def rate(self) -> float: ...
+
+
+class PathPool:
+    """One process per core holding the images; ``rate(path)`` is images/s over all of them.
+
+    ``remote`` paths run elsewhere (their own pool of as many processes) but are interleaved and recorded
+    here like the local ones; only one pool works at a time."""
+
+    def __init__(
+        self,
+        images: list[bytes],
+        cfg: JobConfig,
+        processes: int | None = None,
+        remote: dict[str, RemotePath] | None = None,
+    ) -> None:
         self.processes = processes or os.cpu_count() or 1
         self.count = len(images)
         self.pool = Pool(self.processes, initializer=_init, initargs=(images, cfg.to_dict()))
         self.samples: dict[str, list[float]] = {}
+        self.remote = dict(remote or {})
 
     def rate(self, name: str) -> float:
+        if name in self.remote:
+            rate = self.remote[name].rate()
+            self.samples.setdefault(name, []).append(rate)
+            return rate
         tasks = [(name, i, min(i + CHUNK, self.count)) for i in range(0, self.count, CHUNK)]
         start = time.perf_counter()
         done = sum(self.pool.imap_unordered(_run_chunk, tasks))
@@ -146,7 +174,10 @@ class PathPool:
     def rounds(self, names: list[str], rounds: int) -> None:
         """Interleaved: drift on a shared machine then hits every path alike. The first pass warms up."""
         for name in names:
-            self.pool.map(_run_chunk, [(name, 0, min(CHUNK, self.count))] * self.processes)
+            if name in self.remote:
+                self.remote[name].warm()
+            else:
+                self.pool.map(_run_chunk, [(name, 0, min(CHUNK, self.count))] * self.processes)
         for _ in range(rounds):
             for name in names:
                 self.rate(name)

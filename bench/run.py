@@ -24,6 +24,7 @@ from bench.corpus import CorpusSpec, build_corpus, combined_tar, read_images
 from bench.job_bench import ForeignLoad, cold_run, local_ray, memory_run, two_node_cluster, warm_rates
 from bench.paths import PathPool, available_paths
 from bench.reader_figures import reader_figures, webdataset_samples_per_s
+from bench.stock_pillow import StockPillowPath, ensure_stock_pillow
 from preprocess.config import JobConfig
 from preprocess.versions import library_versions, pillow_build
 
@@ -70,13 +71,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     _log("PIL build: " + json.dumps(results["pillow_build"]))
 
     _log(f"per-core paths on the same {corpus.images} images, one process per core ({cores})")
-    images = read_images(corpus.tars)
     names = available_paths()
     if "img2dataset" not in names:
         _log("OpenCV not installed: img2dataset-style baseline skipped (pip install opencv-python-headless)")
-    with PathPool(images, cfg, cores) as pool:
+    stock, results["stock_pillow"] = _stock_pillow(corpus.tars, cfg, cores)
+    remote = {}
+    if stock is not None:
+        remote["naive_stock"] = stock
+        names.insert(names.index("naive_simd"), "naive_stock")
+    images = read_images(corpus.tars)
+    with PathPool(images, cfg, cores, remote) as pool:
         del images
-        pool.rounds(names, rounds)
+        try:
+            pool.rounds(names, rounds)
+        finally:
+            if stock is not None:
+                stock.close()  # its pool holds every image too; the job runs without it
         for _ in range(rounds):
             pool.worker_rate(large, runs)
 
@@ -126,6 +136,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def _stock_pillow(tars: list[str], cfg: JobConfig, cores: int) -> tuple[StockPillowPath | None, dict]:
+    """The stock-Pillow naive path's child (installing stock Pillow into bench/out on first use), or None
+    with the reason, printed, when it cannot run: the job / naive target then reads n/a."""
+    directory, why = ensure_stock_pillow(_log)
+    if directory is not None:
+        try:
+            stock = StockPillowPath(tars, cfg.to_dict(), cores, directory)
+        except RuntimeError as exc:
+            why = str(exc)
+        else:
+            info = {**stock.info, "directory": os.path.relpath(directory, os.path.dirname(HERE))}
+            _log("naive baseline on stock Pillow: " + json.dumps(info))
+            return stock, info
+    _log(f"SKIPPED the naive stock-Pillow baseline ({why}); job / naive reads n/a, the Pillow-SIMD row stays")
+    return None, {"skipped": why}
+
+
 def _wds(tars: list[str], workers: int, side: int) -> float | None:
     # examples/train.py globs its pattern: link the chosen tars into a directory of their own.
     directory = os.path.join(SCRATCH, "wds-tars")
@@ -165,6 +192,9 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     steady = job["all_cores"]["marginal_images_per_s"]
     one = job["one_cpu"]["marginal_images_per_s"]
     floor = paths["floor"]["images_per_s"]
+    simd = paths["naive_simd"]
+    stock = paths.get("naive_stock")
+    stock_pil = r.get("stock_pillow", {})
     out = [
         _figure(
             "job steady / (cores x per-core floor)",
@@ -173,10 +203,23 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
             detail=f"{steady:.0f} vs {floor:.0f} img/s (draft+load, {cores} processes)",
         ),
         _figure(
-            "job / naive PIL path, per core",
-            steady / paths["naive"]["images_per_s"],
+            "job / naive path (stock Pillow), per core",
+            steady / stock["images_per_s"] if stock else None,
             2.5,
-            detail=f"naive {paths['naive']['ms_per_image_per_core']:.2f} ms/img/core (Pillow-SIMD resize)",
+            detail=f"naive {stock['ms_per_image_per_core']:.2f} ms/img/core, Pillow {stock_pil['pil_version']} "
+            f"(libjpeg-turbo {stock_pil['libjpeg_turbo']})"
+            if stock
+            else f"skipped: {stock_pil.get('skipped', 'not measured')}",
+        ),
+        _figure(
+            "job / naive path (Pillow-SIMD), per core",
+            steady / simd["images_per_s"],
+            detail=f"naive {simd['ms_per_image_per_core']:.2f} ms/img/core"
+            + (
+                f"; stock / SIMD naive time {simd['images_per_s'] / stock['images_per_s']:.2f}x"
+                if stock
+                else ""
+            ),
         ),
     ]
     if "img2dataset" in paths:
@@ -299,8 +342,15 @@ def markdown(r: dict[str, Any]) -> str:
         "| path | ms/image/core | images/s, all cores |",
         "|---|---|---|",
     ]
+    labels = {
+        "naive_stock": f"naive, stock Pillow {r.get('stock_pillow', {}).get('pil_version', '')}",
+        "naive_simd": "naive, Pillow-SIMD"
+        if build["pillow_simd"]
+        else f"naive, venv PIL {build['pil_version']}",
+    }
     for name, p in r["paths"].items():
-        lines.append(f"| {name} | {p['ms_per_image_per_core']:.2f} | {p['images_per_s']:.0f} |")
+        label = labels.get(name, name)
+        lines.append(f"| {label} | {p['ms_per_image_per_core']:.2f} | {p['images_per_s']:.0f} |")
     job = r["job"]
     for label, run in (
         ("job, all cores (steady)", job["all_cores"]),
