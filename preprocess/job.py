@@ -189,6 +189,12 @@ class _Committer:
             return
         # Dataset order: by input path, then shard name: independent of which task finished first.
         self.manifest.shards.sort(key=lambda e: (e.input, e.path))
+        shards_dir = storage.join(self.directory, SHARDS_DIR)
+        if storage.exists(shards_dir):
+            # The workers' renames must be on disk before a manifest naming them is (files are fsynced
+            # before their rename): a power cut (a preempted VM) must not leave listed shards missing.
+            # One fsync per commit, ~0.2 ms here.
+            storage.sync_dir(shards_dir)
         write_manifest(self.directory, self.manifest)
         self.last_commit = time.monotonic()
         self.dirty = False
@@ -203,7 +209,8 @@ def run_job(
     """Run the job; ``on_event(kind, payload)`` receives "plan", "progress", "started" / "retried"
     (``TaskEvent``), "input" (``InputResult``) and "warning" (str) events (the CLI's progress bar and logs).
     Raises DatasetIncompatibleError (VersionDrift under ``strict_versions``) / OutputLocked / RayUnavailable
-    before any work; returns the report otherwise (its ``exit_code`` says whether every input was processed)."""
+    before any work, OutputFull if the output disk fills up (see the module docstring); returns the report
+    otherwise (its ``exit_code`` says whether every input was processed)."""
     emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
     cfg = options.config
@@ -269,7 +276,13 @@ def run_job(
         report.dataset_samples = manifest.samples
         report.elapsed_s = round(time.perf_counter() - started, 3)
         report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
-        _save_report(directory, report)
+        try:
+            _save_report(directory, report)
+        except OSError as e:
+            if not storage.is_disk_full(e):
+                raise
+            raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
+                             f"is committed ({manifest.samples} samples); free space before the next run") from e
     return report
 
 

@@ -45,8 +45,11 @@ class OutputLock:
                         "it will be picked up by the next run, or pass --wait to queue behind it"
                     ) from None
                 time.sleep(self.poll_s)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        except OSError:
+            pass  # the holder note is for the message only (a full disk must not stop the run here)
         self._fd = fd
         return self
 

@@ -147,10 +147,6 @@ class InputShardWriter:
         elif self._current is not None:
             self._current.abort()
         self._current = None
-        if self.entries:
-            # Once per input, before the driver can commit a manifest listing these files: their renames
-            # must be on disk first, or a power cut could leave a manifest naming shards that vanished.
-            storage.sync_dir(storage.join(self.directory, SHARDS_DIR))
         return self.entries
 
     def abort(self) -> None:
