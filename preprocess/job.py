@@ -7,10 +7,11 @@ commit: a run killed at any instant leaves the previous manifest or a newer one,
 files it lists are complete, files it does not list are invisible and removed by the next run.
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
-1,000 tars is then 1,000 ``stat`` calls (well under a second), where hashing would read every byte
-(1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten with the same size
-within the filesystem's mtime resolution (1 ns on ext4/xfs) is not seen as changed; ``touch`` it to
-force. A changed input gets new shard names (the fingerprint is in them), committed together with the
+1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
+process (mostly importing Ray; Ray itself is not started), where hashing would read every byte
+(1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten in place with the same
+size within one timestamp tick (kernels stamp mtime from a coarse clock, a few ms) is not seen as
+changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed. A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files are deleted after that commit.
 
 Idempotent under any kill: shard names and bytes depend only on (input path, size, mtime, config), so
