@@ -136,12 +136,14 @@ def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_p
 
 
 def test_job_spreads_over_both_nodes_of_the_cluster(ray_cluster, tars, tmp_path):
-    for t in range(6):
-        tars.make(f"{t}.tar", range(t * 10, t * 10 + 10))
+    # Enough work per input (~0.3 s) that the second node's fresh worker starts before the first node
+    # has drained the queue; with tiny inputs one warm worker can finish everything alone.
+    for t in range(8):
+        tars.make(f"{t}.tar", range(t * 30, t * 30 + 30), size=(1200, 900))
     out, report_path = str(tmp_path / "out"), str(tmp_path / "r.json")
     result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)
     assert result.exit_code == 0
     report = json.load(open(report_path))
     assert report["cluster"]["nodes"] == 2
     assert len(report["inputs_per_node"]) == 2, report["inputs_per_node"]
-    assert read_all(out)[0] == list(range(60))
+    assert read_all(out)[0] == list(range(240))
