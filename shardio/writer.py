@@ -53,6 +53,25 @@ def _open_temp(final_path: str, hashed: bool) -> _OpenFile:
     return _OpenFile(tmp, final_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
 
 
+_HASH_CHUNK = 16 << 20
+
+
+def _sha256_mapped(path: str):
+    """sha256 through mmap, not read(): no copy out of the page cache (0.22 -> 0.12 ms per 256² image).
+    Each 16 MB window is released after hashing, so the worker's RSS does not grow by a whole shard."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            for start in range(0, len(mapped), _HASH_CHUNK):
+                length = min(_HASH_CHUNK, len(mapped) - start)
+                digest.update(view[start : start + length])
+                mapped.madvise(mmap.MADV_DONTNEED, start, length)
+        finally:
+            view.release()
+    return digest
+
+
 class ShardWriter:
     """One shard: ``add`` images of shape (H, W, 3) uint8 with their metadata, then ``commit``."""
 
@@ -89,9 +108,7 @@ class ShardWriter:
         pixels.handle.write(header)
         pixels.handle.flush()
         # Hashed once, here, from the page cache: the exact bytes on disk, header included.
-        # Through mmap, not read(): no copy out of the page cache (0.22 -> 0.12 ms per 256² image).
-        with open(pixels.tmp_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            whole = hashlib.sha256(mapped)
+        whole = _sha256_mapped(pixels.tmp_path)
         for handle in (pixels, self._meta):
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
