@@ -268,6 +268,10 @@ def run_job(
             committer.maybe_commit(force=True)
             if existing is None and not storage.exists(storage.join(directory, MANIFEST_NAME)):
                 write_manifest(directory, manifest)  # an empty but valid dataset, so readers get a clear answer
+            if todo:
+                # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
+                # not at the next run. Safe: the lock is held and the manifest is committed.
+                _clean_leftovers(directory, committer.manifest)
         except OSError as e:
             if not storage.is_disk_full(e):
                 raise

@@ -13,6 +13,7 @@ import json
 import mmap
 import os
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -140,6 +141,10 @@ class InputShardWriter:
 
     Names are ``{stem}-{index:05d}``: the same input and config give the same files, byte for byte. On
     ``abort`` every file this writer made is removed, so a failed input leaves nothing behind.
+
+    A full shard is committed (sha256, fsync, rename) on a background thread while the next one fills:
+    the fsync of a 197 MB shard blocks ~0.5 s on this VM's disk, 0.5 ms per image the decoder would
+    otherwise wait. At most one commit is pending, so unsynced data stays under two shards.
     """
 
     def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int) -> None:
@@ -148,31 +153,61 @@ class InputShardWriter:
         self.samples_per_shard = samples_per_shard
         self.entries: list[ShardEntry] = []
         self._current: ShardWriter | None = None
+        self._made: list[ShardWriter] = []
+        self._pending: Future[ShardEntry] | None = None
+        self._committer: ThreadPoolExecutor | None = None
 
     def add(self, pixels: np.ndarray, meta: dict[str, Any], input_name: str) -> None:
         if self._current is None:
-            name = f"{self.stem}-{len(self.entries):05d}"
+            name = f"{self.stem}-{len(self._made):05d}"
             self._current = ShardWriter(self.directory, name, self.height, self.width)
+            self._made.append(self._current)
         self._current.add(pixels, meta)
         if self._current.count >= self.samples_per_shard:
-            self.entries.append(self._current.commit(input_name))
+            self._commit_in_background(self._current, input_name)
             self._current = None
 
+    def _commit_in_background(self, shard: ShardWriter, input_name: str) -> None:
+        self._wait_pending()
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-commit")
+        self._pending = self._committer.submit(shard.commit, input_name)
+
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.entries.append(pending.result())  # re-raises a failed commit (e.g. ENOSPC) here
+
+    def _stop_committer(self) -> None:
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
+
     def close(self, input_name: str) -> list[ShardEntry]:
-        if self._current is not None and self._current.count:
-            self.entries.append(self._current.commit(input_name))
-        elif self._current is not None:
-            self._current.abort()
-        self._current = None
+        try:
+            self._wait_pending()
+            if self._current is not None and self._current.count:
+                self.entries.append(self._current.commit(input_name))
+            elif self._current is not None:
+                self._current.abort()
+            self._current = None
+        finally:
+            self._stop_committer()
         return self.entries
 
     def abort(self) -> None:
+        if self._pending is not None:
+            self._pending.exception()  # wait for it; its outcome no longer matters
+            self._pending = None
+        self._stop_committer()
         if self._current is not None:
             self._current.abort()
             self._current = None
-        for entry in self.entries:
-            storage.remove(storage.join(self.directory, entry.path))
-            storage.remove(storage.join(self.directory, entry.meta_path))
+        for shard in self._made:
+            shard.abort()
+            storage.remove(storage.join(self.directory, shard.rel_path))
+            storage.remove(storage.join(self.directory, shard.rel_meta))
+        self._made = []
         self.entries = []
 
 

@@ -128,7 +128,7 @@ def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tar
     def task_whose_worker_dies_once(input_path, output_dir, cfg_dict, fingerprint):
         for number, message in enumerate(real_task(input_path, output_dir, cfg_dict, fingerprint)):
             yield message
-            # After 64 samples: 8 shards renamed into place, the 9th a temp file mid-write.
+            # After 64 samples: shards committed or mid-commit on the writer's background thread.
             if number == 2 and input_path.endswith("big.tar") and not os.path.exists(marker):
                 open(marker, "w").close()
                 os._exit(1)
