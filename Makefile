@@ -54,6 +54,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	# OpenCV for the img2dataset-style baseline (it needs no Pillow; the bench skips it if this fails).
+	-$(PIP) install -q opencv-python-headless
+	@if $(PIP) show pillow >/dev/null 2>&1; then echo "stock Pillow was installed over Pillow-SIMD" >&2; exit 1; fi
 	$(PY) -m bench.run
 
 lint: $(STAMP)
