@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +26,7 @@ from shardio.format import (
     SHARDS_DIR,
     Manifest,
     ShardEntry,
+    file_sha256,
     npy_header,
 )
 
@@ -52,25 +52,6 @@ def _open_temp(final_path: str, hashed: bool) -> _OpenFile:
     directory, name = os.path.split(final_path)
     fd, tmp = tempfile.mkstemp(prefix=f"{storage.TEMP_PREFIX}{name}.", dir=directory)
     return _OpenFile(tmp, final_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
-
-
-_HASH_CHUNK = 16 << 20
-
-
-def _sha256_mapped(path: str):
-    """sha256 through mmap, not read(): no copy out of the page cache (0.22 -> 0.12 ms per 256² image).
-    Each 16 MB window is released after hashing, so the worker's RSS does not grow by a whole shard."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            for start in range(0, len(mapped), _HASH_CHUNK):
-                length = min(_HASH_CHUNK, len(mapped) - start)
-                digest.update(view[start : start + length])
-                mapped.madvise(mmap.MADV_DONTNEED, start, length)
-        finally:
-            view.release()
-    return digest
 
 
 class ShardWriter:
@@ -109,7 +90,7 @@ class ShardWriter:
         pixels.handle.write(header)
         pixels.handle.flush()
         # Hashed once, here, from the page cache: the exact bytes on disk, header included.
-        whole = _sha256_mapped(pixels.tmp_path)
+        sha256 = file_sha256(pixels.tmp_path)
         for handle in (pixels, self._meta):
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
@@ -121,7 +102,7 @@ class ShardWriter:
             meta_path=self.rel_meta,
             samples=self.count,
             bytes=HEADER_BYTES + pixels.nbytes,
-            sha256=whole.hexdigest(),
+            sha256=sha256,
             meta_bytes=self._meta.nbytes,
             meta_sha256=self._meta.digest.hexdigest(),
             input=input_name,
