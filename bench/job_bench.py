@@ -165,17 +165,35 @@ class two_node_cluster:
         self.cluster.shutdown()
 
 
-class RssSampler:
+class _Sampler:
+    """Runs ``_loop`` in a daemon thread for the duration of a ``with`` block; ``_stop`` ends it."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class RssSampler(_Sampler):
     """Peak RSS of a process (the driver) and of its ``ray::`` worker descendants, sampled in a thread."""
 
     def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        super().__init__(interval_s)
         self.root = psutil.Process(pid)
-        self.interval_s = interval_s
         self.driver_peak = 0
         self.worker_peak = 0
         self.workers_seen: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -194,24 +212,14 @@ class RssSampler:
                     continue
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class ForeignLoad:
+class ForeignLoad(_Sampler):
     """CPU used by processes outside this one's tree (other agents' tests on a shared machine), sampled
     every ``interval_s``: ``mean_cores`` and ``max_cores`` say whether a run's ratios can be trusted."""
 
     def __init__(self, interval_s: float = 2.0) -> None:
-        self.interval_s = interval_s
+        super().__init__(interval_s)
         self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     @staticmethod
     def _cpu() -> dict[int, float]:
@@ -238,14 +246,6 @@ class ForeignLoad:
     def summary(self) -> dict[str, float]:
         samples = self.samples or [0.0]
         return {"mean_cores": round(statistics.mean(samples), 2), "max_cores": round(max(samples), 2)}
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def memory_run(big_tar: str, root: str, cfg: JobConfig) -> dict[str, Any]:
