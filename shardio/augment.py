@@ -25,10 +25,14 @@ to each batch as ``"__position__"`` for loops that apply the transform themselve
 Antialiasing. torchvision resizes the crop with ``antialias=True``; bilinear ``grid_sample`` does not
 antialias. Storing a side a little larger than the output keeps that cheap: from 256² or 288² to 224 a
 crop is at most 1.14× or 1.29× larger than the output along a side (ratio ≤ 4/3 caps the long side at
-the image's), where a triangle filter spans little more than bilinear's 2 taps. ``python -m
-bench.augment --quality`` measures the difference against ``interpolate(..., antialias=True)`` of the
-same crops (mean absolute difference on the 0-255 scale, random-texture images: the worst case):
-~0.4 at 1.14×, ~1.1 at 1.29×, ~6.7 at 2.3× (512² → 224). Keep the stored side under ~1.5× the output.
+the image's), where a triangle filter spans little more than bilinear's 2 taps. ``python -m bench.augment``
+measures it on the largest crop against ``interpolate(..., antialias=True)`` (mean |difference| on the
+0-255 scale; in brackets, antialiased bicubic against the same reference, a filter choice recipes make
+freely): random pixels, the worst case, 7.1 (9.5) at 1.14×, 12.9 (8.0) at 1.29×, 29.8 (4.6) at 2.29×
+(512² → 224); 1/f noise, the spectrum of photographs, 0.08 (0.12), 0.10 (0.10), 0.14 (0.08). On photo
+statistics the missing antialias is within the spread of filter choices at every factor; on pixel-level
+texture it is at 1.14×, 1.6× that spread at 1.29× and 6.5× at 2.29×: store a side near the output (256
+or 288 for 224), not 512. No area pre-filter is applied.
 """
 
 from __future__ import annotations
@@ -213,7 +217,8 @@ def _sample_points(start: torch.Tensor, length: torch.Tensor, points: int, size:
 
 
 @functools.lru_cache(maxsize=16)
-def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+def _affine(mean: tuple[float, ...], std: tuple[float, ...],
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.tensor([1.0 / s for s in std]).view(1, -1, 1, 1).to(device)
     shift = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, -1, 1, 1).to(device)
     if device.type == "cuda":
@@ -237,7 +242,8 @@ class TrainAugment:
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  dtype: torch.dtype = torch.float32) -> None:
         if not (0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"need 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], got {scale}, {ratio}")
+            raise ValueError(f"need 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], "
+                             f"got scale={scale}, ratio={ratio}")
         self.size, self.scale, self.ratio, self.flip_p, self.seed = _size(size), scale, ratio, flip_p, seed
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
 
@@ -250,7 +256,8 @@ class TrainAugment:
                  content_box: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.as_tensor(positions, device=image.device)
         if positions.shape != (image.shape[0],):
-            raise ValueError(f"positions must be [{image.shape[0]}] (one per image), got {list(positions.shape)}")
+            raise ValueError(f"positions must be [{image.shape[0]}] (one per image), "
+                             f"got {list(positions.shape)}")
         height, width = image.shape[1:3] if image.shape[-1] == 3 else image.shape[2:4]
         crops = self.params((height, width), epoch=epoch, positions=positions, content_box=content_box)
         return resized_crop(image, crops, self.size, mean=self.mean, std=self.std, dtype=self.dtype)
@@ -333,8 +340,9 @@ def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: to
                              "ShardLoader, or wrap the loader in shardio.augment.PositionedBatches")
         positions, epoch = batch_positions(dataset, batch_number), dataset.epoch
     if len(positions) != len(batch["image"]):
-        raise ValueError(f"{len(positions)} positions for a batch of {len(batch['image'])} images: the loader "
-                         "and the dataset disagree on the batch count (resume both from one state_dict)")
+        raise ValueError(f"{len(positions)} positions for a batch of {len(batch['image'])} images: the "
+                         "loader and the dataset disagree on the batch count (resume both from one "
+                         "state_dict)")
     out["image"] = transform(out["image"], epoch=epoch, positions=torch.as_tensor(positions).to(device),
                              content_box=out.get("content_box"))
     return out
@@ -348,7 +356,8 @@ class PositionedBatches:
     def __init__(self, loader: Any) -> None:
         dataset = _dataset_of(loader)
         if dataset is None or not hasattr(loader, "batches_seen"):
-            raise TypeError(f"PositionedBatches takes a ShardLoader or ShardDataset, got {type(loader).__name__}")
+            raise TypeError("PositionedBatches takes a ShardLoader or ShardDataset, "
+                            f"got {type(loader).__name__}")
         self.loader, self.dataset = loader, dataset
 
     def __len__(self) -> int:

@@ -35,7 +35,8 @@ SAMPLES = 20_000
 
 
 def torchvision_get_params(rng: random.Random, height: int, width: int, scale: tuple[float, float],
-                           ratio: tuple[float, float], *, log_uniform: bool = True) -> tuple[int, int, int, int]:
+                           ratio: tuple[float, float], *,
+                           log_uniform: bool = True) -> tuple[int, int, int, int]:
     """torchvision.transforms.RandomResizedCrop.get_params, with Python's random for torch's
     (``log_uniform=False``: a plausible bug, for the test of the test's power)."""
     area = height * width
@@ -199,7 +200,8 @@ def test_normalisation_uses_mean_and_std() -> None:
     raw = TrainAugment(16, **IDENTITY)(images, epoch=0, positions=positions)
     normalised = TrainAugment(16, mean=(10.0, 20.0, 30.0), std=(2.0, 4.0, 8.0))(
         images, epoch=0, positions=positions)
-    mean, std = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1), torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    mean = torch.tensor([10.0, 20.0, 30.0]).view(1, 3, 1, 1)
+    std = torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
     torch.testing.assert_close(normalised, (raw - mean) / std)
 
 
@@ -255,7 +257,8 @@ def test_crops_stay_inside_the_content_box(device: str) -> None:
     for epoch in range(5):
         crops = augment.params((72, 64), epoch=epoch, positions=positions, content_box=boxes)
         assert (crops.x0 >= boxes[:, 0]).all() and (crops.y0 >= boxes[:, 1]).all()
-        assert (crops.x0 + crops.width <= boxes[:, 2]).all() and (crops.y0 + crops.height <= boxes[:, 3]).all()
+        assert (crops.x0 + crops.width <= boxes[:, 2]).all()
+        assert (crops.y0 + crops.height <= boxes[:, 3]).all()
         out = augment(images, epoch=epoch, positions=positions, content_box=boxes)
         assert out.max().item() <= 100.01, "letterbox padding leaked into a crop"
     evaluated = EvalTransform(40, **IDENTITY)(images, content_box=boxes)
@@ -322,7 +325,8 @@ def positions_of(ds: ShardDataset, epoch: int, stored: np.ndarray) -> list[int]:
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 @pytest.mark.parametrize("wrap", ["dataset", "loader"])
-def test_device_loader_hands_each_sample_its_epoch_position(dataset_dir: str, wrap: str, prefetch: int) -> None:
+def test_device_loader_hands_each_sample_its_epoch_position(dataset_dir: str, wrap: str,
+                                                             prefetch: int) -> None:
     for world_size in (1, 2):
         for rank in range(world_size):
             ds = ShardDataset(dataset_dir, 10, shuffle=True, seed=5, rank=rank, world_size=world_size)
