@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -376,3 +378,35 @@ def test_transform_refuses_to_device_arguments_and_unknown_positions(dataset_dir
     plain = list(ShardDataset(dataset_dir, 10))[:2]
     with pytest.raises(ValueError, match="epoch position"):
         list(DeviceLoader(plain, "cpu", transform=Recorder()))
+
+
+def test_device_loader_with_train_augment_resumes_identically(dataset_dir: str) -> None:
+    def loader(state: dict | None = None) -> DeviceLoader:
+        ds = ShardDataset(dataset_dir, 10, shuffle=True)
+        ds.set_epoch(1)
+        made = DeviceLoader(ShardLoader(ds), "cpu", transform=TrainAugment(6, scale=(0.2, 1.0), seed=9))
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    full = list(loader())
+    assert full[0]["image"].shape == (10, 3, 6, 6) and full[0]["image"].dtype == torch.float32
+    assert full[0]["image"].is_contiguous(memory_format=torch.channels_last)
+    head = loader()
+    first = []
+    for batch in head:
+        first.append(batch)
+        if len(first) == 3:
+            break
+    again = first + list(loader(head.state_dict()))
+    assert len(again) == len(full)
+    for got, expected in zip(again, full):
+        assert torch.equal(got["image"], expected["image"]) and torch.equal(got["cls"], expected["cls"])
+
+
+def test_augment_imports_torch_only() -> None:
+    code = ("import sys, shardio.augment\n"
+            "bad = [m for m in ('PIL', 'torchvision', 'ray', 'yaml', 'typer') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
