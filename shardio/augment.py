@@ -189,6 +189,7 @@ def resized_crop(image: torch.Tensor, crops: CropParams, size: tuple[int, int], 
     nchw = image.permute(0, 3, 1, 2) if image.shape[-1] == 3 else image  # NHWC: a channels_last view
     batch, channels, height, width = nchw.shape
     out_h, out_w = size
+    crops = CropParams(*(field.to(nchw.device) for field in crops))
     work = torch.float32  # grid_sample's reference precision; bfloat16 only at the end
     # No rotation: the grid is an outer product of per-sample column and row coordinates, built from
     # [B, W] and [B, H] vectors (affine_grid's batched matmul over B×H×W×2 was a third of the CPU time).
