@@ -325,8 +325,8 @@ def positions_of(ds: ShardDataset, epoch: int, stored: np.ndarray) -> list[int]:
     return where[stored].tolist()
 
 
-@pytest.mark.parametrize("prefetch", [0, 2])
-@pytest.mark.parametrize("wrap", ["dataset", "loader"])
+@pytest.mark.parametrize(("wrap", "prefetch"),
+                         [("dataset", 0), ("dataset", 2), ("loader", 0), ("loader", 2), ("workers", 2)])
 def test_device_loader_hands_each_sample_its_epoch_position(dataset_dir: str, wrap: str,
                                                              prefetch: int) -> None:
     for world_size in (1, 2):
@@ -334,8 +334,8 @@ def test_device_loader_hands_each_sample_its_epoch_position(dataset_dir: str, wr
             ds = ShardDataset(dataset_dir, 10, shuffle=True, seed=5, rank=rank, world_size=world_size)
             ds.set_epoch(2)
             recorder = Recorder()
-            loader = DeviceLoader(ds if wrap == "dataset" else ShardLoader(ds), "cpu", prefetch=prefetch,
-                                  transform=recorder)
+            source = ds if wrap == "dataset" else ShardLoader(ds, num_workers=2 if wrap == "workers" else 0)
+            loader = DeviceLoader(source, "cpu", prefetch=prefetch, transform=recorder)
             batches = list(loader)
             assert len(recorder.calls) == len(batches) == len(ds)
             for batch, (epoch, positions) in zip(batches, recorder.calls):
