@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 # The torch-based parts load on first use: the preprocessing workers import shardio's format and writer
 # only, and importing torch would cost each of them ~190 MB of RSS and over a second of start-up.
 _LAZY = {"ShardDataset": "shardio.dataset", "ShardLoader": "shardio.loader", "DeviceLoader": "shardio.loader",
-         "to_device": "shardio.loader"}
+         "to_device": "shardio.loader", "TrainAugment": "shardio.augment", "EvalTransform": "shardio.augment",
+         "PositionedBatches": "shardio.augment"}
 
 
 def __getattr__(name: str):
@@ -37,6 +38,9 @@ __all__ = [
     "ShardLoader",
     "DeviceLoader",
     "to_device",
+    "TrainAugment",
+    "EvalTransform",
+    "PositionedBatches",
     "ShardioError",
     "ShardError",
     "ShardFormatError",

@@ -16,12 +16,15 @@ import functools
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from shardio.dataset import ShardDataset
+
+if TYPE_CHECKING:
+    from shardio.augment import BatchTransform
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "ShardLoader", "to_device"]
 
@@ -125,10 +128,18 @@ class DeviceLoader:
 
     ``state_dict()`` counts the batches this yielded, not those prefetched, so resuming repeats nothing
     and skips nothing.
+
+    ``transform`` (e.g. ``shardio.augment.TrainAugment``) replaces the normalisation: it gets the uint8
+    images on the device with their epoch positions and returns the float batch (on CPU it runs in the
+    consumer's thread, where the batch count that gives the positions is known).
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
-                 pin_memory: bool | None = None, **to_device_kwargs: Any) -> None:
+                 pin_memory: bool | None = None, transform: BatchTransform | None = None,
+                 **to_device_kwargs: Any) -> None:
+        if transform is not None and to_device_kwargs:
+            raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
+        self.transform = transform
         self.loader, self.device, self.prefetch = loader, torch.device(device), prefetch
         # Pin what the loader did not (a ShardDataset used directly), in the prefetch thread.
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
@@ -143,6 +154,8 @@ class DeviceLoader:
     def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
         """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU."""
         if self.device.type != "cuda":
+            if self.transform is not None:
+                return batch  # transformed once counted, in __iter__ (the count gives the positions)
             return to_device(batch, self.device, **self.to_device_kwargs)
         if self.pin_memory and not batch["image"].is_pinned():
             return {**batch, "image": batch["image"].pin_memory()}
@@ -201,7 +214,7 @@ class DeviceLoader:
         if self.device.type != "cuda":
             for batch, count in self._host_batches():
                 self.batches_seen = count
-                yield batch
+                yield self._transform(batch, count) if self.transform is not None else batch
             return
         stream = torch.cuda.Stream(self.device)
         host = self._host_batches()
@@ -211,6 +224,8 @@ class DeviceLoader:
             if item is None:
                 return None
             with torch.cuda.stream(stream):
+                if self.transform is not None:
+                    return self._transform(*item), item[1]
                 return to_device(item[0], self.device, **self.to_device_kwargs), item[1]
 
         upcoming = load()
@@ -224,6 +239,11 @@ class DeviceLoader:
             upcoming = load()
             self.batches_seen = count
             yield batch
+
+    def _transform(self, batch: dict[str, Any], count: int) -> dict[str, Any]:
+        from shardio.augment import transform_batch  # augment imports this module's constants
+
+        return transform_batch(self.transform, batch, self.device, self.loader, count)
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict(self.batches_seen)
