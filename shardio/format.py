@@ -339,9 +339,7 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
                "newest valid one (so does the next `preprocess run`)") if kept else ""
     if not storage.exists(path):
         entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
-        if kept:
-            hint = "deleted or lost"
-        elif not entries:
+        if not entries:
             hint = "the directory is empty; run `preprocess run INPUT... --output DIR` first"
         elif SHARDS_DIR in entries:
             hint = "shards exist but no manifest: a first run is still writing or was killed; wait or re-run it"
