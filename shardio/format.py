@@ -50,7 +50,8 @@ as ``../victim.npy`` must never make a reader read, or a job delete, a file outs
 
 Generations. A commit writes ``manifests/GEN.json`` (the same bytes as the new ``manifest.json``), then
 replaces ``manifest.json`` (the commit point); ``manifest.json`` stays the entry point of readers and of
-strangers. A generation file newer than ``manifest.json`` is a killed commit: the next run removes it.
+strangers. A generation file newer than ``manifest.json`` is a killed commit: the next run removes it
+(when ``manifest.json`` itself is missing, as after a killed first commit, the newest generation is restored).
 ``load_manifest(DIR, generation=G)`` / ``open_dataset(DIR, generation=G)`` reopen a kept generation,
 so a trainer resumes on the exact snapshot it started with (``DatasetSnapshot.generation``). A
 ``manifest.json`` that is corrupt or missing while generations exist is restored from the newest valid
