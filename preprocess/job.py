@@ -4,7 +4,8 @@ A run: take the output lock, read the manifest (if any) and refuse a different c
 killed run left, skip inputs already committed unchanged (same path, size and mtime), run the rest as
 Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
 commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
-files it lists are complete, files it does not list are invisible and removed by the next run.
+files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
+(the protocol itself, with what it needs from storage, is ``shardio.commit``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
@@ -390,7 +391,7 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
 
 def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:
     """Remove committed inputs (their shards) from the dataset in one atomic commit, under the output
-    lock, then delete their files; the next ``run_job`` over them processes them afresh. Returns the
+    lock (their files are retired, kept for older generations' readers); the next ``run_job`` over them processes them afresh. Returns the
     manifest as committed. (``preprocess verify --repair`` uses this for inputs behind bad shards.)"""
     directory = storage.check_local(directory)
     with OutputLock(directory, wait=wait_for_lock):

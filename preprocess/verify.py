@@ -3,8 +3,8 @@ only the inputs behind bad shards.
 
 Checking reads every byte (sha256 runs at ~1-2 GB/s a core and releases the GIL, so a few threads keep
 a disk busy). Repair is three steps, each safe to kill: drop the bad inputs from the manifest in one
-commit (their corrupt files go with it), then an ordinary ``run_job`` over just those inputs, which
-writes the same shard names and bytes an original run did, then verify again. An input whose tar is gone
+commit (their files are retired, not deleted), then an ordinary ``run_job`` over just those inputs, which
+writes the same shard names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
 cannot be rebuilt: it is named and left as it is (its shards stay listed, bad), and the exit is non-zero.
 A ``manifest.json`` that is missing or corrupt is first restored from the newest valid kept generation
 (``restore_manifest``); the shards are then checked against it as usual.
