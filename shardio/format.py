@@ -350,6 +350,8 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
     try:
         return _read_manifest(path)
     except ShardFormatError as e:
+        if not restore and "HINT" in str(e):
+            raise
         if not restore:
             raise ShardFormatError(f"{e}; HINT: restore it from a backup, or re-run preprocess into a new "
                                    "directory") from e
