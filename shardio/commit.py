@@ -143,9 +143,16 @@ def collect(directory: str, manifest: Manifest, retention: Retention, now: datet
     current = manifest.generation
     generations = [g for g in list_generations(directory) if g < current]
 
+    commit_times: dict[int, datetime | None] = {}
+
     def committed_at(generation: int) -> datetime | None:
         # A generation file is written once, at its commit: its mtime is the commit time (a copy that
         # resets mtimes only makes retention longer).
+        if generation not in commit_times:
+            commit_times[generation] = _mtime(generation)
+        return commit_times[generation]
+
+    def _mtime(generation: int) -> datetime | None:
         path = generation_path(directory, generation)
         if not storage.exists(path) and generation == current:
             path = storage.join(directory, MANIFEST_NAME)
@@ -162,7 +169,13 @@ def collect(directory: str, manifest: Manifest, retention: Retention, now: datet
     result = Collected()
     doomed = [g for g in generations if not kept(g, committed_at(g + 1))]
     result.kept_generations = [g for g in generations if g not in doomed] + [current]
-    candidates = [r for r in manifest.retired if not kept(r.generation - 1, _parse_time(r.since))]
+    def retired_at(entry: RetiredFile) -> datetime | None:
+        # The later of the recorded time and the generation file's: a retired file never goes before the
+        # generation file that lists it.
+        times = [t for t in (_parse_time(entry.since), committed_at(entry.generation)) if t is not None]
+        return max(times) if times else None
+
+    candidates = [r for r in manifest.retired if not kept(r.generation - 1, retired_at(r))]
     result.retained_files = len(manifest.retired) - len(candidates)
     if candidates:
         # The retired list already covers every older generation's files; reading the kept generations
@@ -194,7 +207,9 @@ def collect(directory: str, manifest: Manifest, retention: Retention, now: datet
 def recover_manifest(directory: str) -> Manifest:
     """Restore the newest valid kept generation (it parses, and every shard it lists is on disk with its
     size) as ``manifest.json`` and return it: for a ``manifest.json`` that is missing or unusable. Raises
-    ShardFormatError when no generation is valid. The caller holds the output lock."""
+    ShardFormatError when no generation is valid. The caller holds the output lock. Inputs that only an
+    unusable newer generation listed are then uncommitted: the next run processes them again from their
+    tars (the same shard names and bytes)."""
     problems = []
     for generation in reversed(list_generations(directory)):
         try:
