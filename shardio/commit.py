@@ -149,17 +149,15 @@ def collect(directory: str, manifest: Manifest, retention: Retention, now: datet
         # A generation file is written once, at its commit: its mtime is the commit time (a copy that
         # resets mtimes only makes retention longer).
         if generation not in commit_times:
-            commit_times[generation] = _mtime(generation)
+            path = generation_path(directory, generation)
+            if not storage.exists(path) and generation == current:
+                path = storage.join(directory, MANIFEST_NAME)
+            try:
+                mtime_ns = storage.stat_fingerprint(path)[1]
+                commit_times[generation] = datetime.fromtimestamp(mtime_ns / 1e9, timezone.utc)
+            except FileNotFoundError:
+                commit_times[generation] = None
         return commit_times[generation]
-
-    def _mtime(generation: int) -> datetime | None:
-        path = generation_path(directory, generation)
-        if not storage.exists(path) and generation == current:
-            path = storage.join(directory, MANIFEST_NAME)
-        try:
-            return datetime.fromtimestamp(storage.stat_fingerprint(path)[1] / 1e9, timezone.utc)
-        except FileNotFoundError:
-            return None
 
     def kept(generation: int, successor_committed: datetime | None) -> bool:
         # An unknown commit time keeps it: never delete what we are not sure is unused.
@@ -169,6 +167,7 @@ def collect(directory: str, manifest: Manifest, retention: Retention, now: datet
     result = Collected()
     doomed = [g for g in generations if not kept(g, committed_at(g + 1))]
     result.kept_generations = [g for g in generations if g not in doomed] + [current]
+
     def retired_at(entry: RetiredFile) -> datetime | None:
         # The later of the recorded time and the generation file's: a retired file never goes before the
         # generation file that lists it.
