@@ -115,9 +115,9 @@ def restore_manifest(directory: str, wait_for_lock: bool = False) -> Manifest | 
     """Under the output lock: if ``manifest.json`` is missing or unusable and kept generations exist, restore
     the newest valid one (``shardio.commit.recover_manifest``) and return it; None if it was fine."""
     directory = storage.check_local(directory)
+    if not list_generations(directory):
+        return None  # nothing to restore from (or no dataset at all): the caller's error stands
     with OutputLock(directory, wait=wait_for_lock):
-        if not list_generations(directory):
-            return None
         try:
             load_manifest(directory)
             return None
