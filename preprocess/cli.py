@@ -16,10 +16,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from preprocess.config import ConfigError, load_config
-from preprocess.job import OutputFull, RunOptions, RunReport, report_dict, run_job
+from preprocess.inputs import NoInputsMatched
+from preprocess.job import OutputFull, PruneRefused, RunOptions, RunReport, report_dict, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
-from preprocess.output_lock import OutputLocked
+from preprocess.output_lock import OutputLocked, OutputUnusable
 from preprocess.ray_runner import RayUnavailable
+from shardio.commit import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention
 from shardio.errors import DatasetIncompatibleError, ShardError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="WebDataset tars -> fixed-shape uint8 shards.")
@@ -113,7 +115,8 @@ def _summary(report: RunReport, report_path: str) -> None:
     console.print(
         f"samples written {report.samples_written}, failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {len(report.inputs_skipped)}, "
-        f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else ""),
+        f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
+        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""),
         highlight=False,
     )
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
@@ -167,6 +170,9 @@ def run(
     log_format: Annotated[Optional[str], typer.Option(help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
     log_file: Annotated[Optional[Path], typer.Option(help="Append the structured log to this file (format: --log-format, default human).")] = None,
     strict_versions: Annotated[bool, typer.Option("--strict-versions", help="Refuse (exit 2) to append with a Pillow / libjpeg-turbo other than the dataset's; default: warn.")] = False,
+    confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
+    retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
+    retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
     if size is not None and (height is not None or width is not None):
@@ -188,10 +194,13 @@ def run(
     # Log lines on stderr and a live progress bar would garble each other: the log wins.
     display = _Display(quiet or (event_log is not None and log_file is None))
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
-                         ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions)
+                         ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
+                         confirm_large_prune=confirm_large_prune,
+                         retention=Retention(hours=retain_hours, generations=retain_generations))
     try:
         result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log))
-    except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError) as e:
+    except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError, NoInputsMatched,
+            OutputUnusable, PruneRefused) as e:
         display.close()
         _close_log(event_log, error=str(e))
         _fail_usage(str(e))
@@ -223,13 +232,29 @@ def verify(
 ) -> None:
     """Check every shard's size and sha256 against the manifest; exit 1 naming each bad shard. With
     --repair, drop the inputs behind bad shards and process just those again (same config)."""
-    from preprocess.verify import repair_dataset, verify_dataset
+    from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 
     try:
         result = verify_dataset(str(directory))
     except ShardError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(EXIT_FAILED) from None
+        restored = None
+        if repair:
+            try:
+                restored = restore_manifest(str(directory), wait_for_lock=wait)
+            except (OutputLocked, OutputUnusable) as locked:
+                _fail_usage(str(locked))
+            except ShardError as still:
+                e = still
+        if restored is None:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
+            raise typer.Exit(EXIT_FAILED) from None
+        typer.echo(f"RESTORED manifest.json from kept generation {restored.generation} ({restored.samples} samples, "
+                   f"{len(restored.inputs)} inputs); it was unusable: {e}")
+        try:
+            result = verify_dataset(str(directory))
+        except ShardError as again:
+            console.print(f"[red]error:[/red] {again}", highlight=False)
+            raise typer.Exit(EXIT_FAILED) from None
     for bad in result.bad:
         typer.echo(f"BAD {bad.problem} (input {bad.input})")
     checked = f"{result.shards} shard(s), {result.bytes / 1e6:.1f} MB checked"
@@ -242,7 +267,7 @@ def verify(
         raise typer.Exit(EXIT_FAILED)
     try:
         fixed = repair_dataset(str(directory), result, workers=workers, ray_address=ray_address, wait_for_lock=wait)
-    except (OutputLocked, RayUnavailable, NotImplementedError) as e:
+    except (OutputLocked, OutputUnusable, RayUnavailable, NotImplementedError) as e:
         _fail_usage(str(e))
     except (ShardError, OutputFull) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False)
@@ -261,6 +286,31 @@ def verify(
     for bad in after.bad if after else []:
         typer.echo(f"STILL BAD {bad.problem} (input {bad.input})")
     raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def gc(
+    directory: Annotated[Path, typer.Argument(help="Dataset directory (the --output of `run`).")],
+    retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
+    retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    wait: Annotated[bool, typer.Option("--wait", help="If a run holds DIR, wait for it.")] = False,
+) -> None:
+    """Delete superseded shards and manifest generations that no kept generation needs (a run does this
+    at its end with its own --retain-* options)."""
+    from preprocess.retention import gc_dataset
+
+    try:
+        collected = gc_dataset(str(directory), Retention(hours=retain_hours, generations=retain_generations),
+                               wait_for_lock=wait)
+    except (OutputLocked, OutputUnusable, NotImplementedError) as e:
+        _fail_usage(str(e))
+    except ShardError as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(f"collected {len(collected.files)} retired file(s) ({collected.bytes / 1e6:.1f} MB) and "
+               f"{len(collected.generations)} manifest generation(s); kept generations "
+               f"{', '.join(map(str, collected.kept_generations))} and {collected.retained_files} retired file(s)")
+    raise typer.Exit(EXIT_OK)
 
 
 @app.command()
@@ -302,7 +352,11 @@ def diagnose(
         cfg = load_config(str(config) if config else None)
     except ConfigError as e:
         _fail_usage(str(e))
-    paths, failed = resolve_inputs(inputs)
+    try:
+        resolved = resolve_inputs(inputs)
+    except NoInputsMatched as e:
+        _fail_usage(str(e))
+    paths, failed = resolved.paths, resolved.failed
     result = time_stages(paths, cfg, limit=limit, project_images=project_images, cores=cores,
                          write_dir=str(write_dir) if write_dir else None)
     result["inputs_failed"] = failed + result["inputs_failed"]

@@ -4,7 +4,8 @@ A run: take the output lock, read the manifest (if any) and refuse a different c
 killed run left, skip inputs already committed unchanged (same path, size and mtime), run the rest as
 Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
 commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
-files it lists are complete, files it does not list are invisible and removed by the next run.
+files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
+(the protocol itself, with what it needs from storage, is ``shardio.commit``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
@@ -12,7 +13,14 @@ process (mostly importing Ray; Ray itself is not started), where hashing would r
 (1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten in place with the same
 size within one timestamp tick (kernels stamp mtime from a coarse clock, a few ms) is not seen as
 changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed. A changed input gets new shard names (the fingerprint is in them), committed together with the
-removal of its old shards in one manifest rename; the old files are deleted after that commit.
+removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
+readers of older generations, and the retention (``shardio.commit``: 24 h and 3 generations by default,
+``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
+
+``--prune`` that would drop more than half of the committed inputs or samples is refused
+(``PruneRefused``, before anything is touched) unless ``confirm_large_prune``: an input list that shrank
+by accident (a source mount half down) must not empty a dataset. A ``manifest.json`` that is missing or
+corrupt while kept generations exist is restored from the newest valid one, with a warning.
 
 Idempotent under any kill: shard names and bytes depend only on (input path, size, mtime, config), so
 a rerun after SIGKILL rewrites exactly the files the killed run would have, and the manifest lists
@@ -37,24 +45,27 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
-from preprocess.output_lock import OutputLock
+from preprocess.output_lock import OutputLock, ensure_output_dir
 from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
 from preprocess.versions import VersionDrift, library_versions, version_drift
 from preprocess.worker import InputResult
 from shardio import storage
-from shardio.errors import DatasetIncompatibleError, ShardioError
+from shardio.commit import Retention, clean_leftovers, collect, recover_manifest
+from shardio.errors import DatasetIncompatibleError, ShardError, ShardioError
 from shardio.format import (
     MANIFEST_NAME,
     REPORTS_DIR,
     SHARDS_DIR,
     InputEntry,
     Manifest,
+    RetiredFile,
     ShardEntry,
+    list_generations,
     load_manifest,
 )
 from shardio.writer import write_manifest
 
-__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "COMMIT_INTERVAL_S"]
+__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
 # loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
@@ -63,6 +74,10 @@ COMMIT_INTERVAL_S = 2.0
 
 class OutputFull(ShardioError):
     """The output filesystem is full (or over quota): the run stopped; the dataset is as of its last commit."""
+
+
+class PruneRefused(ShardioError):
+    """``--prune`` would drop most of the dataset and was not confirmed: a usage error, nothing touched."""
 
 
 @dataclass
@@ -75,6 +90,8 @@ class RunOptions:
     wait_for_lock: bool = False
     prune: bool = False
     strict_versions: bool = False  # a Pillow / libjpeg-turbo other than the dataset's: error, not warning
+    confirm_large_prune: bool = False  # let --prune drop more than half of the inputs or samples
+    retention: Retention = field(default_factory=Retention)
 
 
 @dataclass
@@ -90,6 +107,9 @@ class RunReport:
     inputs_skipped: list[str] = field(default_factory=list)
     inputs_failed: list[dict[str, str]] = field(default_factory=list)
     inputs_pruned: list[str] = field(default_factory=list)
+    inputs_ignored: list[str] = field(default_factory=list)  # non-tar files a glob matched
+    generation: int = 0  # the dataset's generation after this run
+    files_collected: list[str] = field(default_factory=list)  # retired files retention deleted
     dataset_samples: int = 0
     elapsed_s: float = 0.0
     images_per_s: float = 0.0
@@ -135,22 +155,8 @@ def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> Non
 
 
 def _clean_leftovers(directory: str, manifest: Manifest | None) -> int:
-    """Remove temp files and shards no manifest lists (a killed run's work); returns how many."""
-    listed = set()
-    if manifest is not None:
-        for entry in manifest.shards:
-            listed.update((entry.path, entry.meta_path))
-    removed = 0
-    for folder in (directory, storage.join(directory, REPORTS_DIR)):
-        for name in storage.list_dir(folder):
-            if name.startswith(storage.TEMP_PREFIX):
-                storage.remove(storage.join(folder, name))
-                removed += 1
-    for name in storage.list_dir(storage.join(directory, SHARDS_DIR)):
-        if f"{SHARDS_DIR}/{name}" not in listed:
-            storage.remove(storage.join(directory, SHARDS_DIR, name))
-            removed += 1
-    return removed
+    """Remove what a killed run left (``shardio.commit.clean_leftovers``); retired files stay."""
+    return clean_leftovers(directory, manifest)
 
 
 class _Committer:
@@ -161,7 +167,6 @@ class _Committer:
         self.manifest = manifest
         self.dirty = False
         self.last_commit = 0.0
-        self.obsolete: list[str] = []  # files of replaced inputs, deleted once no manifest lists them
 
     def add(self, result: InputResult) -> None:
         new_entries = [ShardEntry(**s) for s in result.shards]
@@ -169,6 +174,10 @@ class _Committer:
         old = self.manifest.inputs.get(result.input)
         if old is not None:
             self.drop(result.input, keep=new_paths)
+        # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
+        # (an input restored to its old state, a repair) is live again, not retention's to collect.
+        relisted = new_paths | {e.meta_path for e in new_entries}
+        self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
         self.manifest.shards.extend(new_entries)
         self.manifest.inputs[result.input] = InputEntry(
             size=result.size, mtime_ns=result.mtime_ns, samples=result.samples,
@@ -181,7 +190,8 @@ class _Committer:
         gone = set(old.shards) - keep
         for entry in self.manifest.shards:
             if entry.path in gone:
-                self.obsolete += [entry.path, entry.meta_path]
+                # Not deleted: a reader of the previous generation may be mid-epoch on them.
+                self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
         self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
         self.dirty = True
 
@@ -199,9 +209,6 @@ class _Committer:
         write_manifest(self.directory, self.manifest)
         self.last_commit = time.monotonic()
         self.dirty = False
-        for rel in self.obsolete:
-            storage.remove(storage.join(self.directory, rel))
-        self.obsolete = []
 
 
 def run_job(
@@ -223,10 +230,11 @@ def run_job(
         config=cfg.to_dict(),
         versions=library_versions(),
     )
-    paths, report.inputs_failed = resolve_inputs(options.inputs)
-    storage.makedirs(directory)
+    resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
+    paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+    ensure_output_dir(directory)
     with OutputLock(directory, wait=options.wait_for_lock):
-        existing = load_manifest(directory) if storage.exists(storage.join(directory, MANIFEST_NAME)) else None
+        existing = _load_committed(directory, report, emit)
         if existing is not None:
             _check_compatible(existing, cfg, directory)
             drift = version_drift(existing.versions, report.versions, storage.join(directory, MANIFEST_NAME))
@@ -239,6 +247,9 @@ def run_job(
             shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions
         )
         manifest.versions = report.versions
+        to_prune = sorted(set(manifest.inputs) - set(paths)) if options.prune else []
+        if to_prune and not options.confirm_large_prune:
+            _check_prune(manifest, to_prune, directory)
         _clean_leftovers(directory, existing)
         committer = _Committer(directory, manifest)
 
@@ -254,10 +265,9 @@ def run_job(
                 report.inputs_skipped.append(path)
             else:
                 todo.append((path, fingerprint))
-        if options.prune:
-            for path in sorted(set(manifest.inputs) - set(paths)):
-                committer.drop(path)
-                report.inputs_pruned.append(path)
+        for path in to_prune:
+            committer.drop(path)
+            report.inputs_pruned.append(path)
         plan = {"todo": len(todo), "skipped": len(report.inputs_skipped)}
         disk_full: str | None = None
         try:
@@ -272,6 +282,8 @@ def run_job(
                 # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
                 # not at the next run. Safe: the lock is held and the manifest is committed.
                 _clean_leftovers(directory, committer.manifest)
+            if disk_full is None:
+                report.files_collected = collect(directory, committer.manifest, options.retention).files
         except OSError as e:
             if not storage.is_disk_full(e):
                 raise
@@ -279,6 +291,7 @@ def run_job(
         if disk_full is not None:
             _stop_on_full_disk(directory, report, disk_full)
         report.dataset_samples = manifest.samples
+        report.generation = manifest.generation
         report.elapsed_s = round(time.perf_counter() - started, 3)
         report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
         try:
@@ -289,6 +302,38 @@ def run_job(
             raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
                              f"is committed ({manifest.samples} samples); free space before the next run") from e
     return report
+
+
+def _load_committed(directory: str, report: RunReport, emit: Callable[[str, Any], None]) -> Manifest | None:
+    """The committed manifest (None for a new dataset). A missing or corrupt ``manifest.json`` with kept
+    generations is restored from the newest valid one, with a warning: rebuilding from nothing would
+    drop every committed input (and a killed run's cleanup would delete their shards)."""
+    path = storage.join(directory, MANIFEST_NAME)
+    try:
+        if not storage.exists(path) and not list_generations(directory):
+            return None
+        return load_manifest(directory)
+    except ShardError as e:
+        if not list_generations(directory):
+            raise
+        problem = str(e.__cause__) if e.__cause__ is not None else "missing"  # without load_manifest's hint
+    restored = recover_manifest(directory)
+    warning = (f"{path}: restored from kept generation {restored.generation} ({restored.samples} samples, "
+               f"{len(restored.inputs)} inputs) because it was unusable: {problem}")
+    report.warnings.append(warning)
+    emit("warning", warning)
+    return restored
+
+
+def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> None:
+    """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
+    samples = sum(manifest.inputs[p].samples for p in to_prune)
+    if 2 * len(to_prune) > len(manifest.inputs) or 2 * samples > manifest.samples:
+        raise PruneRefused(
+            f"{directory}: --prune would drop {len(to_prune)} of {len(manifest.inputs)} committed inputs "
+            f"({samples} of {manifest.samples} samples), e.g. {to_prune[0]}; nothing was changed. If the inputs "
+            "really are gone, rerun with --confirm-large-prune; if not, check that the source is mounted"
+        )
 
 
 def _process(
@@ -346,7 +391,7 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
 
 def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:
     """Remove committed inputs (their shards) from the dataset in one atomic commit, under the output
-    lock, then delete their files; the next ``run_job`` over them processes them afresh. Returns the
+    lock (their files are retired, kept for older generations' readers); the next ``run_job`` over them processes them afresh. Returns the
     manifest as committed. (``preprocess verify --repair`` uses this for inputs behind bad shards.)"""
     directory = storage.check_local(directory)
     with OutputLock(directory, wait=wait_for_lock):

@@ -14,13 +14,29 @@ import time
 from shardio import storage
 from shardio.errors import ShardioError
 
-__all__ = ["OutputLocked", "OutputLock"]
+__all__ = ["OutputLocked", "OutputUnusable", "OutputLock", "ensure_output_dir"]
 
 LOCK_NAME = ".lock"
 
 
 class OutputLocked(ShardioError):
     """Another live run holds the output directory."""
+
+
+class OutputUnusable(ShardioError):
+    """``--output`` is a file, or a directory this user cannot create or write: a usage error (exit 2)."""
+
+
+def ensure_output_dir(directory: str) -> None:
+    """Create the output directory if needed; ``OutputUnusable`` (not a traceback) if it cannot be used."""
+    if storage.exists(directory) and not os.path.isdir(directory):
+        raise OutputUnusable(f"{directory}: --output is an existing file, not a directory; give a dataset "
+                             "directory (created if missing)")
+    try:
+        storage.makedirs(directory)
+    except OSError as e:
+        raise OutputUnusable(f"{directory}: --output cannot be created ({e.strerror}); check the path and "
+                             "that this user may write its parent") from e
 
 
 class OutputLock:
@@ -31,7 +47,12 @@ class OutputLock:
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # EACCES, EROFS, ...: the directory is not ours to write
+            directory = os.path.dirname(self.path)
+            raise OutputUnusable(f"{directory}: --output is not writable by this user ({e.strerror} creating "
+                                 f"{self.path}); run as the dataset's owner, or fix its permissions") from e
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

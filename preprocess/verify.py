@@ -3,9 +3,11 @@ only the inputs behind bad shards.
 
 Checking reads every byte (sha256 runs at ~1-2 GB/s a core and releases the GIL, so a few threads keep
 a disk busy). Repair is three steps, each safe to kill: drop the bad inputs from the manifest in one
-commit (their corrupt files go with it), then an ordinary ``run_job`` over just those inputs, which
-writes the same shard names and bytes an original run did, then verify again. An input whose tar is gone
+commit (their files are retired, not deleted), then an ordinary ``run_job`` over just those inputs, which
+writes the same shard names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
 cannot be rebuilt: it is named and left as it is (its shards stay listed, bad), and the exit is non-zero.
+A ``manifest.json`` that is missing or corrupt is first restored from the newest valid kept generation
+(``restore_manifest``); the shards are then checked against it as usual.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, drop_inputs, run_job
+from preprocess.output_lock import OutputLock
 from shardio import storage
-from shardio.format import Manifest, ShardEntry, file_sha256, load_manifest, shard_nbytes
+from shardio.commit import recover_manifest
+from shardio.errors import ShardError
+from shardio.format import Manifest, ShardEntry, file_sha256, list_generations, load_manifest, shard_nbytes
 
-__all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset"]
+__all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +109,17 @@ def repair_dataset(directory: str, result: VerifyResult, workers: int | None = N
                                         ray_address=ray_address, wait_for_lock=wait_for_lock))
     repair.after = verify_dataset(directory)
     return repair
+
+
+def restore_manifest(directory: str, wait_for_lock: bool = False) -> Manifest | None:
+    """Under the output lock: if ``manifest.json`` is missing or unusable and kept generations exist, restore
+    the newest valid one (``shardio.commit.recover_manifest``) and return it; None if it was fine."""
+    directory = storage.check_local(directory)
+    if not list_generations(directory):
+        return None  # nothing to restore from (or no dataset at all): the caller's error stands
+    with OutputLock(directory, wait=wait_for_lock):
+        try:
+            load_manifest(directory)
+            return None
+        except ShardError:
+            return recover_manifest(directory)

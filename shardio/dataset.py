@@ -167,6 +167,8 @@ class ShardDataset(IterableDataset):
     bytes corrupted in place (same size) are only found by ``verify`` (or, for a ``.jsonl``, when its shard
     is first read). Under ``torch.distributed`` the ranks compare what they opened: all raise or none.
     ``cache_shards`` is how many shards' memory maps and metadata each process keeps open.
+    ``generation`` opens that kept generation instead of the current one (``ds.snapshot.generation``
+    of an earlier run: resume on the exact snapshot it started with; see ``shardio.format``, "Retention").
     ``pin_memory=True`` (CUDA only) writes every batch straight into pinned memory, so the copy out of
     the memory map is the only one before the GPU's; ``DeviceLoader`` turns it on for a dataset it is
     given directly. Without it, a batch within one shard is a view of the memory map (no copy) and a
@@ -188,6 +190,7 @@ class ShardDataset(IterableDataset):
         verify: bool = False,
         cache_shards: int | None = None,
         pin_memory: bool = False,
+        generation: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
@@ -205,7 +208,7 @@ class ShardDataset(IterableDataset):
         manifest_path = storage.join(path, MANIFEST_NAME)
         error: ShardError | None = None
         try:
-            self.snapshot: DatasetSnapshot = open_dataset(path, verify=verify)
+            self.snapshot: DatasetSnapshot = open_dataset(path, verify=verify, generation=generation)
             self.samples = len(self.snapshot)
             if self.samples == 0:
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")

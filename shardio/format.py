@@ -3,7 +3,8 @@
 A dataset is a directory::
 
     DIR/
-      manifest.json            the dataset: the only list of what is in it (written last, atomically)
+      manifest.json            the dataset: the current generation (replaced last, atomically: the commit)
+      manifests/GEN.json       every kept generation, immutable, GEN zero-padded to 10 digits
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
       reports/RUN.json         each run's report (the run history); not needed to read the data
@@ -36,11 +37,38 @@ Manifest (``manifest.json``). A JSON object:
 ``inputs``         object: input path -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
                    what incremental runs compare against
 ``updated``        ISO-8601 time of the last commit
+``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
+                   generations existed
+``retired``        list of ``{path, generation, since}``: shard files (``.npy`` and ``.jsonl`` each) that
+                   generation ``generation`` (committed at ``since``, ISO-8601) stopped listing, kept on
+                   disk for the readers of older generations until the retention below collects them
 =================  ======================================================================================
+
+Every path in a manifest (``shards``, ``inputs[*].shards``, ``retired``) is ``shards/NAME``: relative, one
+level, no ``..``, no leading dot. ``load_manifest`` refuses any other (a manifest is data, and a path such
+as ``../victim.npy`` must never make a reader read, or a job delete, a file outside the dataset).
+
+Generations. A commit writes ``manifests/GEN.json`` (the same bytes as the new ``manifest.json``), then
+replaces ``manifest.json`` (the commit point); ``manifest.json`` stays the entry point of readers and of
+strangers. A generation file newer than ``manifest.json`` is a killed commit: the next run removes it
+(when ``manifest.json`` itself is missing, as after a killed first commit, the newest generation is restored).
+``load_manifest(DIR, generation=G)`` / ``open_dataset(DIR, generation=G)`` reopen a kept generation,
+so a trainer resumes on the exact snapshot it started with (``DatasetSnapshot.generation``). A
+``manifest.json`` that is corrupt or missing while generations exist is restored from the newest valid
+one by ``preprocess verify DIR --repair`` and by the next ``preprocess run``.
+
+Retention (``shardio.commit``). Files a commit stops listing are not deleted at that commit: a trainer
+that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
+generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
+successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
+what a day-long epoch started the night before still reads. A retired file is deleted, and a generation
+file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
+``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 
 Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it
 is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
-half-visible.
+half-visible. Every file is created with mode ``0o666`` less the umask (``0644`` under umask 022), so a
+trainer running as another user than the job can read the dataset.
 """
 
 from __future__ import annotations
@@ -50,6 +78,7 @@ import hashlib
 import json
 import mmap
 import os
+import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,9 +92,14 @@ __all__ = [
     "MANIFEST_NAME",
     "SHARDS_DIR",
     "REPORTS_DIR",
+    "MANIFESTS_DIR",
     "ShardEntry",
     "InputEntry",
+    "RetiredFile",
     "Manifest",
+    "generation_path",
+    "list_generations",
+    "check_dataset_path",
     "npy_header",
     "shard_nbytes",
     "parse_npy_header",
@@ -82,6 +116,7 @@ HEADER_BYTES = 128
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"
+MANIFESTS_DIR = "manifests"
 _MAGIC = b"\x93NUMPY\x01\x00"
 
 
@@ -148,6 +183,37 @@ class InputEntry:
 
 
 @dataclass
+class RetiredFile:
+    """A shard file that generation ``generation`` (committed at ``since``) stopped listing; kept for the
+    readers of older generations until retention collects it. ``generation`` 0: retired by the commit
+    being prepared (stamped when it is published)."""
+
+    path: str
+    generation: int = 0
+    since: str = ""
+
+
+def check_dataset_path(rel: Any, where: str) -> str:
+    """``rel`` if it is a safe shard path (``shards/NAME``, see the spec), else ShardFormatError naming it."""
+    ok = (
+        isinstance(rel, str)
+        and "\\" not in rel
+        and "\0" not in rel
+        and posixpath.normpath(rel) == rel
+        and rel.count("/") == 1
+        and rel.split("/")[0] == SHARDS_DIR
+        and not rel.split("/")[1].startswith(".")
+    )
+    if not ok:
+        raise ShardFormatError(
+            f"{where}: unsafe shard path {rel!r} (must be {SHARDS_DIR}/NAME inside the dataset); the manifest was "
+            "edited or forged: nothing was read or deleted. HINT: restore the manifest from a kept generation "
+            "(`preprocess verify DIR --repair`) or from a backup"
+        )
+    return rel
+
+
+@dataclass
 class Manifest:
     shape: tuple[int, int, int]
     config: dict[str, Any]
@@ -155,6 +221,8 @@ class Manifest:
     shards: list[ShardEntry] = field(default_factory=list)
     inputs: dict[str, InputEntry] = field(default_factory=dict)
     updated: str = ""
+    generation: int = 0
+    retired: list[RetiredFile] = field(default_factory=list)
 
     @property
     def samples(self) -> int:
@@ -178,6 +246,8 @@ class Manifest:
             "shards": [asdict(s) for s in self.shards],
             "inputs": {k: asdict(v) for k, v in sorted(self.inputs.items())},
             "updated": self.updated,
+            "generation": self.generation,
+            "retired": [asdict(r) for r in self.retired],
         }
 
     @classmethod
@@ -203,9 +273,19 @@ class Manifest:
                 shards=[ShardEntry(**s) for s in doc["shards"]],
                 inputs={k: InputEntry(**v) for k, v in doc.get("inputs", {}).items()},
                 updated=doc.get("updated", ""),
+                generation=int(doc.get("generation", 0)),
+                retired=[RetiredFile(**r) for r in doc.get("retired", [])],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        for entry in manifest.shards:
+            check_dataset_path(entry.path, path)
+            check_dataset_path(entry.meta_path, path)
+        for entry in manifest.inputs.values():
+            for rel in entry.shards:
+                check_dataset_path(rel, path)
+        for retired in manifest.retired:
+            check_dataset_path(retired.path, path)
         if doc.get("samples") != manifest.samples:
             raise ShardIntegrityError(
                 f"{path}: says {doc.get('samples')} samples but its shards hold {manifest.samples}"
@@ -213,11 +293,51 @@ class Manifest:
         return manifest
 
 
-def load_manifest(directory: str) -> Manifest:
-    """Read and check ``DIR/manifest.json``; errors say whether the directory is empty, mid-write or foreign."""
-    path = storage.join(directory, MANIFEST_NAME)
+def generation_path(directory: str, generation: int) -> str:
+    return storage.join(directory, MANIFESTS_DIR, f"{generation:010d}.json")
+
+
+def list_generations(directory: str) -> list[int]:
+    """The generations with a file in ``DIR/manifests/``, oldest first (temp files and strays ignored)."""
+    found = []
+    for name in storage.list_dir(storage.join(directory, MANIFESTS_DIR)):
+        stem, dot, ext = name.partition(".")
+        if dot and ext == "json" and stem.isdigit():
+            found.append(int(stem))
+    return sorted(found)
+
+
+def _read_manifest(path: str) -> Manifest:
+    try:
+        with storage.open_read(path) as f:
+            doc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    return Manifest.from_json(doc, path)
+
+
+def load_manifest(directory: str, generation: int | None = None) -> Manifest:
+    """Read and check ``DIR/manifest.json`` (the current generation), or the kept generation ``generation``
+    from ``DIR/manifests/``; errors say whether the directory is empty, mid-write or foreign, and which
+    kept generations can restore a corrupt ``manifest.json``."""
     if not storage.exists(directory):
         raise ShardFormatError(f"{directory}: no such dataset directory")
+    if generation is not None:
+        path = generation_path(directory, generation)
+        if not storage.exists(path):
+            kept = list_generations(directory)
+            raise ShardFormatError(
+                f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
+                "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations"
+            )
+        manifest = _read_manifest(path)
+        if manifest.generation != generation:
+            raise ShardFormatError(f"{path}: holds generation {manifest.generation}, not {generation}")
+        return manifest
+    path = storage.join(directory, MANIFEST_NAME)
+    kept = list_generations(directory)
+    restore = (f"; kept generations: {_describe(kept)}: `preprocess verify {directory} --repair` restores the "
+               "newest valid one (so does the next `preprocess run`)") if kept else ""
     if not storage.exists(path):
         entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
         if not entries:
@@ -226,13 +346,26 @@ def load_manifest(directory: str) -> Manifest:
             hint = "shards exist but no manifest: a first run is still writing or was killed; wait or re-run it"
         else:
             hint = "this is not a shardio dataset directory"
-        raise ShardFormatError(f"{path}: missing; {hint}")
+        raise ShardFormatError(f"{path}: missing; {hint}{restore}")
     try:
-        with storage.open_read(path) as f:
-            doc = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e}); HINT: restore it or re-run preprocess") from e
-    return Manifest.from_json(doc, path)
+        return _read_manifest(path)
+    except ShardFormatError as e:
+        if not restore and "HINT" in str(e):
+            raise
+        if not restore:
+            raise ShardFormatError(f"{e}; HINT: restore it from a backup, or re-run preprocess into a new "
+                                   "directory") from e
+        raise ShardFormatError(f"{e}{restore}") from e
+    except ShardIntegrityError as e:
+        raise ShardIntegrityError(f"{e}{restore}") from e
+
+
+def _describe(generations: list[int]) -> str:
+    if not generations:
+        return "none"
+    if len(generations) > 6:
+        return f"{generations[0]}..{generations[-1]} ({len(generations)} files)"
+    return ", ".join(str(g) for g in generations)
 
 
 def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int]) -> int:

@@ -2,7 +2,10 @@
 
 ``open_dataset`` reads the manifest once and checks every shard's size in O(1) (one ``stat`` each): a
 truncated or missing shard fails at open, naming the file, not mid-epoch. The shards it returns are the
-manifest's: a job appending meanwhile adds files the snapshot never sees.
+manifest's: a job appending meanwhile adds files the snapshot never sees, and a job replacing or pruning
+inputs leaves the snapshot's files on disk for the retention (``shardio.format``, "Retention": 24 h and
+3 generations by default). ``snapshot.generation`` names the snapshot; ``open_dataset(DIR, generation=G)``
+reopens it (to resume a run on exactly the data it started with) while it is kept.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class DatasetSnapshot:
     @property
     def shape(self) -> tuple[int, int, int]:
         return self.manifest.shape
+
+    @property
+    def generation(self) -> int:
+        """The commit this snapshot is (0: a manifest written before generations existed)."""
+        return self.manifest.generation
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -114,13 +122,14 @@ def _parses(line: str) -> bool:
     return True
 
 
-def open_dataset(directory: str, *, verify: bool = False) -> DatasetSnapshot:
+def open_dataset(directory: str, *, verify: bool = False, generation: int | None = None) -> DatasetSnapshot:
     """Open the dataset at ``directory``: manifest checked, every shard's size checked (O(1) each).
 
-    ``verify=True`` also reads every byte and compares sha256 with the manifest (slow: a full read).
+    ``generation``: open that kept generation instead of the current one (``snapshot.generation`` of an
+    earlier open). ``verify=True`` also reads every byte and compares sha256 with the manifest (slow).
     """
     directory = storage.check_local(directory)
-    manifest = load_manifest(directory)
+    manifest = load_manifest(directory, generation)
     check_shard_sizes(directory, manifest)
     if verify:
         problems = verify_checksums(directory, manifest)

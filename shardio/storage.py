@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -17,6 +17,7 @@ __all__ = [
     "check_local",
     "join",
     "open_read",
+    "create_temp",
     "atomic_writer",
     "write_atomic",
     "file_size",
@@ -113,6 +114,24 @@ def is_disk_full(error: BaseException | str) -> bool:
     return any(os.strerror(code) in str(error) for code in _DISK_FULL_ERRNOS)
 
 
+# New files get 0o666 less the umask (0644 under umask 022), as ``open()`` gives: a trainer running as
+# another user must read what a job running as ``data`` wrote. (``tempfile.mkstemp`` forces 0600.)
+_FILE_MODE = 0o666
+
+
+def create_temp(final_path: str) -> tuple[int, str]:
+    """Create a new, empty temp file beside ``final_path`` (``.tmp-NAME.RANDOM``, mode 0o666 less the
+    umask); returns (writable fd, temp path)."""
+    final_path = check_local(final_path)
+    directory, name = os.path.split(final_path)
+    while True:
+        tmp = os.path.join(directory or ".", f"{TEMP_PREFIX}{name}.{secrets.token_hex(4)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), _FILE_MODE), tmp
+        except FileExistsError:
+            continue  # 1 in 4 billion per existing temp file: draw another name
+
+
 @contextmanager
 def atomic_writer(path: str) -> Iterator[BinaryIO]:
     """Write ``path`` so that readers see either the old file or the whole new one, never a part.
@@ -123,7 +142,7 @@ def atomic_writer(path: str) -> Iterator[BinaryIO]:
     path = check_local(path)
     directory, name = os.path.split(path)
     directory = directory or "."
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=directory)
+    fd, tmp = create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

@@ -11,18 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
-from shardio import storage
+from shardio import commit, storage
 from shardio.format import (
     HEADER_BYTES,
-    MANIFEST_NAME,
     SHARDS_DIR,
     Manifest,
     ShardEntry,
@@ -49,8 +46,7 @@ class _OpenFile:
 
 
 def _open_temp(final_path: str, hashed: bool) -> _OpenFile:
-    directory, name = os.path.split(final_path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{storage.TEMP_PREFIX}{name}.", dir=directory)
+    fd, tmp = storage.create_temp(final_path)
     return _OpenFile(tmp, final_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
 
 
@@ -192,8 +188,7 @@ class InputShardWriter:
         self.entries = []
 
 
-def write_manifest(directory: str, manifest: Manifest) -> None:
-    """Publish the manifest atomically: this rename is the commit of everything it lists."""
-    manifest.updated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
-    storage.write_atomic(storage.join(directory, MANIFEST_NAME), data)
+def write_manifest(directory: str, manifest: Manifest) -> int:
+    """Publish the manifest as the dataset's next generation (``shardio.commit.publish``): the rename of
+    ``manifest.json`` is the commit of everything it lists. Returns the generation."""
+    return commit.publish(directory, manifest)

@@ -62,14 +62,17 @@ def test_changed_input_is_replaced_and_vanished_input_kept_unless_prune(ray_clus
     tars.make("a.tar", range(20, 23))  # same path, new content
     os.utime(a, ns=(1_800_000_000_000_000_000, 1_800_000_000_000_000_000))  # a sure mtime change
     os.remove(b)
-    assert run_cli(a, "--output", out, "-q").exit_code == 0
+    # No retention (superseded files are kept for readers by default: tests/test_generations.py).
+    no_retention = ("--retain-hours", "0", "--retain-generations", "1")
+    assert run_cli(a, "--output", out, "-q", *no_retention).exit_code == 0
     state = dataset_state(out)
     assert not set(old_a) & set(state["inputs"][a]["shards"]), "a changed input must get new shard names"
     assert b in state["inputs"], "an input that disappeared keeps its shards without --prune"
     assert_clean(out)  # the old shards of a.tar are deleted, not just unlisted
     assert_indices(out, [20, 21, 22, 10, 11, 12, 13])
 
-    assert run_cli(a, "--output", out, "-q", "--prune").exit_code == 0
+    # b.tar holds 4 of the 7 samples: a prune of most of the dataset must be confirmed.
+    assert run_cli(a, "--output", out, "-q", "--prune", "--confirm-large-prune", *no_retention).exit_code == 0
     assert b not in dataset_state(out)["inputs"]
     assert_clean(out)
     assert_indices(out, [20, 21, 22])

@@ -1,0 +1,155 @@
+"""The dataset-directory protocol without Ray (``shardio.commit``): generations, what retention keeps,
+what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``.
+The end-to-end behaviour through ``preprocess`` is in tests/test_retention_job.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import shardio
+from shardio import commit
+from shardio.errors import ShardFormatError
+from shardio.format import RetiredFile, generation_path, list_generations, load_manifest
+from shardio.writer import write_manifest
+from tests.dataset_fixtures import make_dataset
+
+
+def retire_input(directory: str, name: str) -> int:
+    """Drop one input as a run does (its files retired, not deleted) and commit; returns the generation."""
+    manifest = load_manifest(directory)
+    gone = manifest.inputs.pop(name)
+    for entry in [e for e in manifest.shards if e.path in gone.shards]:
+        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
+    return write_manifest(directory, manifest)
+
+
+def shard_files(directory: str) -> set[str]:
+    return {f"shards/{n}" for n in os.listdir(os.path.join(directory, "shards"))}
+
+
+def test_each_commit_is_an_immutable_generation_and_manifest_json_the_current_one(tmp_path):
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    assert retire_input(out, "input-1.tar") == 2
+    assert list_generations(out) == [1, 2]
+    current = open(os.path.join(out, "manifest.json"), "rb").read()
+    assert open(generation_path(out, 2), "rb").read() == current
+    assert json.loads(current)["generation"] == 2
+    first = shardio.open_dataset(out, generation=1)
+    assert first.generation == 1 and len(first) == 117
+    assert shardio.open_dataset(out).generation == 2 and len(shardio.open_dataset(out)) == 72
+    with pytest.raises(ShardFormatError, match="generation 7 is not kept"):
+        shardio.open_dataset(out, generation=7)
+
+
+def test_retired_files_stay_until_no_kept_generation_lists_them(tmp_path):
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    retired = {rel for e in load_manifest(out).shards if e.input == "input-1.tar" for rel in (e.path, e.meta_path)}
+    retire_input(out, "input-1.tar")  # generation 2; generation 1 lists the retired files
+    now = datetime.now(timezone.utc)
+
+    # Kept by count (generation 1 is one of the newest 3), then by time (it was current 1 h ago).
+    assert commit.collect(out, load_manifest(out), commit.Retention(24, 3), now).files == []
+    assert commit.collect(out, load_manifest(out), commit.Retention(24, 1), now).files == []
+    assert retired <= shard_files(out)
+    assert shardio.open_dataset(out, generation=1, verify=True).generation == 1
+
+    # Neither: collected, with generation 1's file; the current dataset is untouched.
+    later = now + timedelta(hours=25)
+    collected = commit.collect(out, load_manifest(out), commit.Retention(24, 1), later)
+    assert set(collected.files) == retired and collected.generations == [1]
+    assert not retired & shard_files(out) and list_generations(out) == [2]
+    assert len(shardio.open_dataset(out, verify=True)) == 72
+    # The next commit drops the collected entries from ``retired``.
+    manifest = load_manifest(out)
+    write_manifest(out, manifest)
+    assert load_manifest(out).retired == []
+
+
+def test_collect_never_deletes_a_file_the_current_generation_lists_again(tmp_path):
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    manifest = load_manifest(out)
+    listed = manifest.shards[0].path
+    # A stale or hand-made entry naming a live shard: retention must not trust it over the shard list.
+    manifest.retired.append(RetiredFile(listed, generation=1, since="2000-01-01T00:00:00+00:00"))
+    write_manifest(out, manifest)
+    collected = commit.collect(out, load_manifest(out), commit.Retention(0, 1))
+    assert collected.files == [] and os.path.exists(os.path.join(out, listed))
+
+
+def test_a_killed_commit_and_a_killed_run_leave_only_what_the_next_run_removes(tmp_path):
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    retire_input(out, "input-2.tar")
+    kept = shard_files(out)
+    # A run killed mid-way: an unlisted shard, a temp file, and a generation file written before the
+    # manifest.json rename that would have committed it.
+    open(os.path.join(out, "shards", "input-9-00000.npy"), "wb").close()
+    open(os.path.join(out, "manifests", ".tmp-0000000003.json.abcd"), "wb").close()
+    open(generation_path(out, 3), "wb").write(open(generation_path(out, 2), "rb").read())
+    assert commit.clean_leftovers(out, load_manifest(out)) == 3
+    assert shard_files(out) == kept, "retired files are retention's, not leftovers"
+    assert list_generations(out) == [1, 2]
+
+
+@pytest.mark.parametrize("where", ["path", "meta_path", "input", "retired"])
+@pytest.mark.parametrize("bad", ["../victim.npy", "/etc/passwd", "shards/../../victim.npy", "shards/x/../../v.npy",
+                                 "shards/.tmp-x", "shards/", "victim.npy"])
+def test_a_manifest_path_outside_shards_is_refused_at_load(tmp_path, where, bad):
+    out = str(tmp_path / "ds")
+    make_dataset(out, inputs=(3,))
+    path = os.path.join(out, "manifest.json")
+    doc = json.load(open(path))
+    if where == "input":
+        doc["inputs"]["input-0.tar"]["shards"][0] = bad
+    elif where == "retired":
+        doc["retired"] = [{"path": bad, "generation": 1, "since": "2000-01-01T00:00:00+00:00"}]
+    else:
+        doc["shards"][0][where] = bad
+    json.dump(doc, open(path, "w"))
+    with pytest.raises(ShardFormatError, match="unsafe shard path") as caught:
+        load_manifest(out)
+    assert repr(bad) in str(caught.value) and "kept generations: 1" in str(caught.value)
+
+
+def test_a_corrupt_manifest_names_the_kept_generations_and_is_restored_from_the_newest_valid(tmp_path):
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    retire_input(out, "input-0.tar")
+    path = os.path.join(out, "manifest.json")
+    good = open(path, "rb").read()
+    open(path, "wb").write(good[: len(good) // 2])
+    with pytest.raises(ShardFormatError) as caught:
+        load_manifest(out)
+    message = str(caught.value)
+    assert "not valid JSON" in message and "kept generations: 1, 2" in message and "--repair" in message
+
+    # The newest generation file is damaged too: the newest *valid* one wins.
+    open(generation_path(out, 2), "w").write("{")
+    restored = commit.recover_manifest(out)
+    assert restored.generation == 1 and load_manifest(out).generation == 1 and len(shardio.open_dataset(out)) == 117
+
+    for generation in list_generations(out):
+        os.remove(generation_path(out, generation))
+    open(path, "w").write("{")
+    with pytest.raises(ShardFormatError, match="no kept generation can replace it"):
+        commit.recover_manifest(out)
+
+
+def test_files_honour_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        out = str(tmp_path / "ds")
+        make_dataset(out, inputs=(9,))
+    finally:
+        os.umask(previous)
+    for root, _, names in os.walk(out):
+        for name in names:
+            assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o640, os.path.join(root, name)
