@@ -69,6 +69,10 @@ class JobConfig:
         self.image_extensions = tuple(e.lower().lstrip(".") for e in self.image_extensions)
         if isinstance(self.max_aspect_ratio, (int, float)) and math.isinf(self.max_aspect_ratio):
             self.max_aspect_ratio = None  # YAML's .inf: no limit, stored as null (JSON has no infinity)
+        for name in ("max_aspect_ratio", "max_decode_seconds"):  # YAML's 30 is stored as 30.0, as the default
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
         self.validate()
 
     def validate(self) -> None:
