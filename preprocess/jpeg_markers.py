@@ -31,15 +31,21 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _SOF_PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
 # Markers without a length field (TEM, RSTn); everything else from C0 to FE carries a 2-byte length.
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}
-# Fed in place of the EOI by ``_StrictJpegDecoder``: libjpeg-turbo reads up to 8 bytes past the last bit
-# it needs (a 64-bit bit buffer), so 16 zero bytes let a complete scan finish without suspending.
-_FILLER = bytes(16)
+# Fed in place of the EOI by ``_StrictJpegDecoder``: libjpeg-turbo's Huffman decoder refills its 64-bit
+# bit buffer to at least 57 bits, so it reads up to 8 bytes past the last bit it needs; 8 zero bytes let a
+# complete scan finish without suspending. No more: an incomplete scan decodes them as data, and 64 zero
+# bits can complete at most the tail of the last MCU (a luma block needs ~190 of them with the standard
+# tables), which is the one cut this check cannot see.
+_FILLER = bytes(8)
 
 
 @dataclass(frozen=True)
 class JpegLayout:
     scans: int  # SOS markers: 1 for a baseline JPEG, ~10 for a usual progressive one
     progressive: bool
+    # Huffman-coded (SOF0-3, 5-7): arithmetic-coded JPEGs (SOF9-15, rare) cannot suspend mid-scan, so the
+    # strict decoder's end-of-data probe does not apply to them.
+    huffman: bool
     # Every frame component reaches full precision (all 64 coefficients sent down to Al=0) in some scan.
     # False for a JPEG cut between two scans (an EOI appended there gives no decoder warning at all).
     complete: bool
@@ -52,7 +58,7 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
     decoder then gives its own reason)."""
     if not data.startswith(b"\xff\xd8"):
         return None
-    pos, scans, progressive = 2, 0, False
+    pos, scans, progressive, huffman = 2, 0, False, True
     size = len(data)
     components: list[int] = []
     full: dict[int, set[int]] = {}  # component id -> coefficients sent at full precision
@@ -81,6 +87,7 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
         if marker in _SOF and len(segment) >= 6:
             components = list(segment[6:6 + 3 * segment[5]:3])  # Nf, then (id, sampling, table) each
             progressive = marker in _SOF_PROGRESSIVE
+            huffman = marker < 0xC8
         elif marker == _SOS and segment:
             scans += 1
             count = segment[0]
@@ -94,7 +101,7 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
                 break  # cut inside the scan: the decoder reports the truncation
             pos = found.start()
     complete = bool(components) and all(len(full.get(c, ())) == 64 for c in components)
-    return JpegLayout(scans, progressive, complete, eoi, size - eoi - 2 if eoi is not None else 0)
+    return JpegLayout(scans, progressive, huffman, complete, eoi, size - eoi - 2 if eoi is not None else 0)
 
 
 class ScanDataEnded(OSError):
@@ -107,8 +114,8 @@ class _StrictJpegDecoder(ImageFile.PyDecoder):
     libjpeg pads a scan with zero bits and only warns when it *hits a marker* before the scan is complete;
     with no marker in sight, Pillow's suspending data source instead reports that it needs more data. So
     the EOI is held back: when everything before it has been delivered and the decoder still wants more,
-    it gets 16 zero bytes instead. A complete JPEG uses them only for libjpeg-turbo's read-ahead (up to 8
-    bytes past the last bit it needs): a single-scan one finishes, a multi-scan (progressive) one consumes
+    it gets 8 zero bytes instead. A complete JPEG uses them only for libjpeg-turbo's read-ahead: a
+    single-scan one finishes, a multi-scan (progressive) one consumes
     them all as bytes before a marker and waits for the EOI, which it then gets. An incomplete scan eats
     the zeros as data and suspends inside an MCU, leaving unconsumed bytes: that is the error. (One probe
     in ~8 can end exactly on an MCU boundary; three probes make a miss ~1 in 500 for an incomplete
@@ -158,6 +165,8 @@ def use_strict_decoder(im: Image.Image, layout: JpegLayout, data_size: int) -> N
     """Make ``im.load()`` (after any ``draft``) decode ``im`` with ``_StrictJpegDecoder``: data past the
     EOI is ignored (libjpeg ignores it too), and a missing EOI is no error if the scans are complete."""
     if len(im.tile) != 1 or im.tile[0].codec_name != "jpeg" or not isinstance(im.tile[0].args, tuple):
+        return
+    if not layout.huffman:
         return
     tile = im.tile[0]
     end = layout.eoi if layout.eoi is not None else data_size
