@@ -104,6 +104,7 @@ VALID = {
     "CMYK": lambda: jpeg_bytes(noise(97, 61, mode="CMYK")),
     "CMYK progressive": lambda: jpeg_bytes(noise(97, 61, mode="CMYK"), progressive=True),
     "restart markers": lambda: jpeg_bytes(noise(97, 61), restart_marker_blocks=2),
+    "progressive, restart markers": lambda: jpeg_bytes(noise(97, 61), progressive=True, restart_marker_blocks=2),
     "large, drafted to 1/8": lambda: jpeg_bytes(noise(800, 600), quality=90, subsampling=2),
 }
 
@@ -118,11 +119,12 @@ def test_valid_jpegs_decode_to_the_same_pixels(name, tail, monkeypatch):
     assert np.array_equal(process_image(variant, CFG).pixels, expected)
 
 
-def test_too_long_restart_interval_data_is_not_rejected_by_the_marker_walk():
-    # RST markers (FF D0-D7) inside the scan are part of it: the walk must not stop at them.
-    data = VALID["restart markers"]()
+def test_the_marker_walk_crosses_restart_markers():
+    # RST markers (FF D0-D7) inside a scan are part of it: the walk must not take them for its end.
+    data = VALID["progressive, restart markers"]()
+    assert data.count(b"\xff\xd0") > 1
     layout = jpeg_layout(data)
-    assert layout is not None and layout.scans == 1 and layout.complete and layout.eoi == len(data) - 2
+    assert layout is not None and layout.scans == 10 and layout.complete and layout.eoi == len(data) - 2
 
 
 def tiff_with_compression(code: int) -> bytes:
