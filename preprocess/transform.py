@@ -130,7 +130,8 @@ def _check_shape(width: int, height: int, cfg: JobConfig) -> None:
     """img2dataset's filters: a tiny thumbnail or a banner would be mostly invented or cut-off pixels."""
     short, long = min(width, height), max(width, height)
     if short < cfg.min_image_size:
-        raise SampleError(f"image too small ({width}x{height}: short side < min_image_size {cfg.min_image_size})")
+        raise SampleError(f"image too small ({width}x{height}: short side"
+                          f" < min_image_size {cfg.min_image_size})")
     if cfg.max_aspect_ratio is not None and long / short > cfg.max_aspect_ratio:
         raise SampleError(f"aspect ratio too large ({width}x{height} is {long / short:.2f}:1"
                           f" > max_aspect_ratio {cfg.max_aspect_ratio:g})")
@@ -154,7 +155,8 @@ def _check_decoded_bytes(im: Image.Image, cfg: JobConfig) -> None:
     width, height = im.size
     mode = im.mode
     keyed = "transparency" in im.info and mode in ("P", "L", "RGB", "1")
-    per_pixel = _DECODED_BYTES.get(mode, 4) + (_KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4))
+    conversion = _KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4)
+    per_pixel = _DECODED_BYTES.get(mode, 4) + conversion
     # Pillow resizes in two passes: the first keeps one full source side at the target's other size.
     needed = width * height * per_pixel + 4 * max(cfg.width, cfg.height) * max(width, height)
     if needed > cfg.max_decoded_bytes:
@@ -309,14 +311,16 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     except ScanDataEnded:
         if layout is not None and layout.eoi is None:
             raise SampleError("truncated JPEG (the data ends inside a scan)") from None
-        raise SampleError("JPEG scan data ends early (cut mid-scan with an EOI appended, or a header claiming"
-                          " more pixels than the data holds; libjpeg would fill the rest with grey)") from None
+        raise SampleError("JPEG scan data ends early (cut mid-scan with an EOI appended, or a header"
+                          " claiming more pixels than the data holds; libjpeg would fill the rest with grey)"
+                          ) from None
     except Exception as e:  # untrusted bytes: any decoder failure is this sample's, never the job's
         raise SampleError(f"cannot decode: {type(e).__name__}: {e}") from e
     if pixels.shape != (cfg.height, cfg.width, 3):
         raise SampleError(f"internal: produced {pixels.shape}, expected {(cfg.height, cfg.width, 3)}")
     if t4 - t0 > cfg.max_decode_seconds:
-        raise SampleError(f"decode too slow ({t4 - t0:.1f} s > max_decode_seconds {cfg.max_decode_seconds:g})")
+        raise SampleError(f"decode too slow ({t4 - t0:.1f} s"
+                          f" > max_decode_seconds {cfg.max_decode_seconds:g})")
     if timings is not None:
         timings["open"] = t1 - t0
         timings["decode"] = t2 - t1

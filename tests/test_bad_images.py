@@ -122,7 +122,7 @@ def test_not_an_image(data, expected):
 def test_pixel_bomb_is_refused_before_decoding(header, no_decoding):
     message = reason(header(30000, 30000))
     assert "pixel bomb" in message and "900000000" in message
-    # Pillow's own message quoted its error threshold, twice the limit (178,956,970): the configured one it is.
+    # Pillow's message quoted its error threshold, twice the limit (178,956,970): now the configured one.
     assert "max_image_pixels 89478485" in message and "178956970" not in message
 
 

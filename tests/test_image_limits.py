@@ -54,7 +54,8 @@ def png_header(width: int, height: int, bit_depth: int = 8, colour_type: int = 2
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    idat = chunk(b"IDAT", zlib.compress(b"\0"))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
 
 
 def reason(data: bytes, cfg: JobConfig = CFG) -> str:
@@ -145,7 +146,9 @@ def test_decoded_bytes_are_counted_after_the_jpeg_draft(no_decoding):
     assert "decoded size too large (~13 MiB for 2000x1500 RGB" in message
 
 
-@pytest.mark.parametrize("mode, bytes_per_pixel", [("L", 5), ("RGB", 4), ("P", 5), ("RGBA", 13), ("I;16", 34)])
+@pytest.mark.parametrize("mode, bytes_per_pixel", [
+    ("L", 5), ("RGB", 4), ("P", 5), ("RGBA", 13), ("I;16", 34),
+])
 def test_decoded_bytes_per_mode(mode, bytes_per_pixel, no_decoding):
     header = {"L": (8, 0), "RGB": (8, 2), "P": (8, 3), "RGBA": (8, 6), "I;16": (16, 0)}[mode]
     cfg = JobConfig(height=1, width=1, max_decoded_bytes=1)
@@ -158,7 +161,8 @@ def test_decoded_bytes_per_mode(mode, bytes_per_pixel, no_decoding):
 def test_max_decode_seconds_fails_a_slower_image():
     # Every decode takes more than a nanosecond: deterministic, whatever the machine's load.
     cfg = JobConfig(height=32, width=32, max_decode_seconds=1e-9)
-    assert "decode too slow (" in reason(THUMBNAIL, cfg) and "> max_decode_seconds 1e-09)" in reason(THUMBNAIL, cfg)
+    message = reason(THUMBNAIL, cfg)
+    assert "decode too slow (" in message and "> max_decode_seconds 1e-09)" in message
     assert process_image(THUMBNAIL, CFG).pixels.shape == (32, 32, 3)
 
 

@@ -104,7 +104,8 @@ VALID = {
     "CMYK": lambda: jpeg_bytes(noise(97, 61, mode="CMYK")),
     "CMYK progressive": lambda: jpeg_bytes(noise(97, 61, mode="CMYK"), progressive=True),
     "restart markers": lambda: jpeg_bytes(noise(97, 61), restart_marker_blocks=2),
-    "progressive, restart markers": lambda: jpeg_bytes(noise(97, 61), progressive=True, restart_marker_blocks=2),
+    "progressive, restart markers": lambda: jpeg_bytes(noise(97, 61), progressive=True,
+                                                       restart_marker_blocks=2),
     "large, drafted to 1/8": lambda: jpeg_bytes(noise(800, 600), quality=90, subsampling=2),
 }
 
