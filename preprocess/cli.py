@@ -113,7 +113,8 @@ class _Display:
 def _summary(report: RunReport, report_path: str) -> None:
     console.rule("[bold]preprocess summary")
     console.print(
-        f"samples written {report.samples_written}, failed {report.samples_failed}; "
+        f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
+        f"failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {len(report.inputs_skipped)}, "
         f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
         + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""),

@@ -8,6 +8,7 @@ path) are CLI options, not config, so they never make two runs incompatible.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,24 @@ class JobConfig:
     # Pixel-bomb limit: an image with more pixels is a failed sample, never decoded. Pillow's own
     # warning band (above MAX_IMAGE_PIXELS) is treated as this error too.
     max_image_pixels: int = 89_478_485
+    # Smallest accepted short side and largest long/short side ratio (img2dataset's min_image_size and
+    # max_aspect_ratio): 0 and None (no limit, img2dataset's inf) keep every image, as before these keys.
+    # A 90x160 thumbnail is upscaled to 256 otherwise; the report counts how many samples were upscaled.
+    min_image_size: int = 0
+    max_aspect_ratio: float | None = None
+    # Per-image resource limits, each a counted failure (see preprocess/transform.py). Decode time grows
+    # with a progressive JPEG's scan count (510 scans over 423 KB took 21 s): usual encoders write 10
+    # (libjpeg's progressive script; 6 for grayscale), so 100 leaves room for custom scripts.
+    max_jpeg_scans: int = 100
+    # Peak bytes of one image's decoded pixels plus its conversions to RGB, checked before decoding:
+    # Pillow stores RGB in 4 bytes a pixel, and an RGBA PNG needs ~13 bytes a pixel until it is
+    # composited (a 194 KB 16-bit RGBA PNG took 1.7 GB). 512 MiB admits RGB at the max_image_pixels limit
+    # (358 MB) and keeps a worker's memory bounded by about that plus its ~125 MB baseline.
+    max_decoded_bytes: int = 512 * 1024 * 1024
+    # Wall time of one image (decode to resized pixels), checked after the fact: a decode inside one C call
+    # cannot be interrupted, the two limits above prevent the long ones. Normal images take ~5 ms; a
+    # sample failed by this limit depends on the machine's load, so keep it far above the normal.
+    max_decode_seconds: float = 30.0
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
     max_failed_fraction: float = 1.0
@@ -48,6 +67,12 @@ class JobConfig:
         self.fill = tuple(self.fill)  # YAML gives lists
         self.background = tuple(self.background)
         self.image_extensions = tuple(e.lower().lstrip(".") for e in self.image_extensions)
+        if isinstance(self.max_aspect_ratio, (int, float)) and math.isinf(self.max_aspect_ratio):
+            self.max_aspect_ratio = None  # YAML's .inf: no limit, stored as null (JSON has no infinity)
+        for name in ("max_aspect_ratio", "max_decode_seconds"):  # YAML's 30 is stored as 30.0, as the default
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
         self.validate()
 
     def validate(self) -> None:
@@ -65,6 +90,12 @@ class JobConfig:
             raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
         if self.max_image_pixels < 1:
             raise ConfigError(f"max_image_pixels must be >= 1, got {self.max_image_pixels}")
+        _check_number("min_image_size", self.min_image_size, int, 0)
+        if self.max_aspect_ratio is not None:
+            _check_number("max_aspect_ratio", self.max_aspect_ratio, float, 1.0)
+        _check_number("max_jpeg_scans", self.max_jpeg_scans, int, 1)
+        _check_number("max_decoded_bytes", self.max_decoded_bytes, int, 1)
+        _check_number("max_decode_seconds", self.max_decode_seconds, float, 1e-9)
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ConfigError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
 
@@ -80,7 +111,17 @@ class JobConfig:
         """The fields that decide the pixels and layout: what must match to append to a dataset."""
         d = self.to_dict()
         d.pop("max_failed_fraction")  # a run policy, not part of the data
+        d.pop("max_decode_seconds")  # a run policy too: what it fails depends on the machine's load
         return d
+
+
+def _check_number(name: str, value: Any, kind: type, minimum: float) -> None:
+    # bool is an int in Python: `min_image_size: true` is a mistake, not 1.
+    ok_types = (int,) if kind is int else (int, float)
+    bad_type = isinstance(value, bool) or not isinstance(value, ok_types)
+    if bad_type or not value >= minimum or not math.isfinite(value):  # JSON (the manifest) has no infinity
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{name} must be {what} >= {minimum:g}, got {value!r}")
 
 
 _FIELDS = {f.name for f in dataclasses.fields(JobConfig)}

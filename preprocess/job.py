@@ -102,6 +102,7 @@ class RunReport:
     config: dict[str, Any]
     samples_written: int = 0
     samples_failed: int = 0
+    samples_upscaled: int = 0  # written, but smaller than the target on a side (see min_image_size)
     failures: list[dict[str, str]] = field(default_factory=list)
     inputs_processed: list[str] = field(default_factory=list)
     inputs_skipped: list[str] = field(default_factory=list)
@@ -143,11 +144,12 @@ class RunReport:
 
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
     wanted = cfg.output_dict()
-    if manifest.config == wanted:
+    stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
+    if stored == wanted:
         return
-    keys = sorted(set(manifest.config) | set(wanted))
-    diffs = [f"{k}: dataset has {manifest.config.get(k)!r}, this run {wanted.get(k)!r}"
-             for k in keys if manifest.config.get(k) != wanted.get(k)]
+    keys = sorted(set(stored) | set(wanted))
+    diffs = [f"{k}: dataset has {stored.get(k)!r}, this run {wanted.get(k)!r}"
+             for k in keys if stored.get(k) != wanted.get(k)]
     raise DatasetIncompatibleError(
         f"{storage.join(directory, MANIFEST_NAME)}: written with a different config ({'; '.join(diffs)}); "
         "shards of different shapes or pixels never mix: use a new --output, or the dataset's own config"
@@ -411,6 +413,7 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1
     report.samples_written += result.samples
     report.samples_failed += len(result.failures)
+    report.samples_upscaled += result.upscaled
     report.failures.extend(result.failures)
 
 

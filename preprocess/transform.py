@@ -12,19 +12,34 @@ Each image is decoded by exactly one ``load()``: a second load after a failed on
 pixels without an error (a PNG's eXIf chunk may follow its pixels, so non-JPEG orientation is read after it).
 The pixel-bomb limit is checked on the header's size, before any decoding; Pillow's process-wide
 ``MAX_IMAGE_PIXELS`` is set to ``max_image_pixels`` so its own check neither loosens nor tightens it.
+
+Limits per image, each a counted failure (config keys): ``min_image_size`` and ``max_aspect_ratio`` on the
+header's size; ``max_jpeg_scans`` on the SOS markers counted in the bytes; ``max_decoded_bytes`` on the
+decoded size and mode (after draft) with the conversions to RGB, before decoding; ``max_decode_seconds``
+after the fact (one C call cannot be interrupted; the other limits keep such calls short).
+
+JPEG data must be complete, though libjpeg only warns when it is not: a JPEG cut mid-scan with an EOI
+appended, or whose header claims more pixels than its data holds, would come out grey-filled. It is
+decoded by ``jpeg_markers.use_strict_decoder`` (Pillow's decoder, the EOI held back: same pixels, no
+second decode) and its scans must bring every component to full precision. Not caught (libjpeg warns,
+the pixels are damaged locally): corruption inside the data that resynchronises before the scan ends, or
+that ends a scan early with extra bytes before the next marker. Bytes after the EOI (common on the web)
+are ignored, as libjpeg does, and a missing EOI after complete scans is accepted.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError, features
 
 from preprocess.config import JobConfig
+from preprocess.jpeg_markers import JpegLayout, ScanDataEnded, jpeg_layout, use_strict_decoder
 from shardio.errors import SampleError
 
 __all__ = ["ProcessedImage", "process_image", "ALLOWED_FORMATS"]
@@ -44,6 +59,18 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+# Without libtiff (make install builds Pillow-SIMD without it), Pillow decodes uncompressed TIFF only:
+# deflate, LZW, JPEG... would fail with "decoder libtiff not available". Refused by name instead.
+_TIFF_CODECS = None if features.check("libtiff") else ("raw",)
+# Peak bytes a pixel while an image is decoded and converted to RGB by ``_to_rgb``. Pillow keeps 1 byte a
+# pixel for 1/L/P, 2 for I;16*, 4 for every other mode (RGB included); the conversions add their copies:
+# RGBA: rgba copy 4 + alpha 1 + canvas 4; a colour key goes through RGBA first (+4); 16-bit and float
+# samples go through numpy (int64 / float32 temporaries); the rest convert to RGB once (+4).
+_DECODED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
+_CONVERSION_BYTES = {"RGB": 0, "1": 4, "L": 4, "P": 4, "RGBA": 9, "RGBa": 9, "LA": 9, "La": 9, "PA": 9,
+                     "I": 32, "I;16": 32, "I;16B": 32, "I;16L": 32, "I;16N": 32, "F": 24}
+_KEYED_EXTRA_BYTES = 4 + 9  # P/L/RGB/1 with a tRNS colour key: to RGBA, then the RGBA path
+_PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
     "box": Image.Resampling.BOX,
@@ -62,6 +89,7 @@ class ProcessedImage:
     format: str
     mode: str  # the decoded mode before conversion to RGB
     draft_scale: int  # 1, 2, 4 or 8: the DCT scale the decoder used
+    upscaled: bool = False  # the kept region was smaller than the target on a side: pixels were invented
 
 
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
@@ -78,7 +106,10 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
         except UnidentifiedImageError:
             raise SampleError(f"not a supported image ({_sniff(data)}, {len(data)} bytes)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise SampleError(f"pixel bomb: {e}") from None
+            # Pillow's message quotes its error threshold, twice the configured limit: name ours.
+            found = _PILLOW_BOMB_PIXELS.search(str(e))
+            pixels = f"{int(found.group(1))} pixels" if found else "more pixels"
+            raise SampleError(f"pixel bomb: {pixels} > max_image_pixels {cfg.max_image_pixels}") from None
     width, height = im.size
     if width < 1 or height < 1:
         raise SampleError(f"{im.format} with an empty size {width}x{height}")
@@ -87,7 +118,51 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
             f"pixel bomb: {width}x{height} = {width * height} pixels"
             f" > max_image_pixels {cfg.max_image_pixels}"
         )
+    _check_shape(width, height, cfg)
+    compression = im.info.get("compression", "raw") if im.format == "TIFF" else None
+    if compression is not None and _TIFF_CODECS is not None and compression not in _TIFF_CODECS:
+        raise SampleError(f"TIFF compression not supported ({compression}: this Pillow build has no libtiff,"
+                          " only uncompressed TIFF is decoded)")
     return im
+
+
+def _check_shape(width: int, height: int, cfg: JobConfig) -> None:
+    """img2dataset's filters: a tiny thumbnail or a banner would be mostly invented or cut-off pixels."""
+    short, long = min(width, height), max(width, height)
+    if short < cfg.min_image_size:
+        raise SampleError(f"image too small ({width}x{height}: short side"
+                          f" < min_image_size {cfg.min_image_size})")
+    if cfg.max_aspect_ratio is not None and long / short > cfg.max_aspect_ratio:
+        raise SampleError(f"aspect ratio too large ({width}x{height} is {long / short:.2f}:1"
+                          f" > max_aspect_ratio {cfg.max_aspect_ratio:g})")
+
+
+def _check_jpeg(layout: JpegLayout | None, cfg: JobConfig) -> None:
+    if layout is None:
+        return  # not a well-formed marker sequence: the decoder gives its own reason
+    if layout.scans > cfg.max_jpeg_scans:
+        raise SampleError(f"too many JPEG scans ({layout.scans} > max_jpeg_scans {cfg.max_jpeg_scans};"
+                          " decode time grows with each)")
+    if not layout.complete:
+        if layout.eoi is None:
+            raise SampleError(f"truncated JPEG (the data ends after {layout.scans} scan(s))")
+        raise SampleError("incomplete JPEG (its scans stop before every component is complete:"
+                          " cut between two scans)")
+
+
+def _check_decoded_bytes(im: Image.Image, cfg: JobConfig) -> None:
+    """Refuse before decoding what would take more than ``max_decoded_bytes`` (``im`` after any draft)."""
+    width, height = im.size
+    mode = im.mode
+    keyed = "transparency" in im.info and mode in ("P", "L", "RGB", "1")
+    conversion = _KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4)
+    per_pixel = _DECODED_BYTES.get(mode, 4) + conversion
+    # Pillow resizes in two passes: the first keeps one full source side at the target's other size.
+    needed = width * height * per_pixel + 4 * max(cfg.width, cfg.height) * max(width, height)
+    if needed > cfg.max_decoded_bytes:
+        raise SampleError(f"decoded size too large (~{needed / 2**20:.0f} MiB for {width}x{height} {mode},"
+                          f" {per_pixel} bytes a pixel with its conversion to RGB"
+                          f" > max_decoded_bytes {cfg.max_decoded_bytes})")
 
 
 def _sniff(data: bytes) -> str:
@@ -198,10 +273,13 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     """
     clock = time.perf_counter
     t0 = clock()
+    layout: JpegLayout | None = None
     try:
         im = _open(data, cfg)
         stored_w, stored_h = im.size
         is_jpeg = im.format in _JPEG_FORMATS
+        layout = jpeg_layout(data) if is_jpeg else None
+        _check_jpeg(layout, cfg)
         # A JPEG's EXIF came with its header, and draft needs the upright target before decoding; other
         # formats are asked after the one load (see the module docstring).
         orientation = _orientation(im) if is_jpeg else 1
@@ -213,6 +291,9 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             if drafted is not None:
                 content = drafted[1][2], drafted[1][3]
         source_format, source_mode = str(im.format or ""), im.mode
+        _check_decoded_bytes(im, cfg)
+        if layout is not None:
+            use_strict_decoder(im, layout, len(data))
         im.load()
         if not is_jpeg:
             orientation = _orientation(im)
@@ -227,23 +308,42 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         t4 = clock()
     except SampleError:
         raise
+    except ScanDataEnded:
+        if layout is not None and layout.eoi is None:
+            raise SampleError("truncated JPEG (the data ends inside a scan)") from None
+        raise SampleError("JPEG scan data ends early (cut mid-scan with an EOI appended, or a header"
+                          " claiming more pixels than the data holds; libjpeg would fill the rest with grey)"
+                          ) from None
     except Exception as e:  # untrusted bytes: any decoder failure is this sample's, never the job's
         raise SampleError(f"cannot decode: {type(e).__name__}: {e}") from e
     if pixels.shape != (cfg.height, cfg.width, 3):
         raise SampleError(f"internal: produced {pixels.shape}, expected {(cfg.height, cfg.width, 3)}")
+    if t4 - t0 > cfg.max_decode_seconds:
+        raise SampleError(f"decode too slow ({t4 - t0:.1f} s"
+                          f" > max_decode_seconds {cfg.max_decode_seconds:g})")
     if timings is not None:
         timings["open"] = t1 - t0
         timings["decode"] = t2 - t1
         timings["convert"] = t3 - t2
         timings["resize"] = t4 - t3
+    width, height = (stored_h, stored_w) if rotated else (stored_w, stored_h)
     return ProcessedImage(
         pixels=pixels,
-        width=stored_h if rotated else stored_w,
-        height=stored_w if rotated else stored_h,
+        width=width,
+        height=height,
         format=source_format,
         mode=source_mode,
         draft_scale=max(1, round(stored_w / content[0])),
+        upscaled=_upscales(width, height, cfg),
     )
+
+
+def _upscales(width: int, height: int, cfg: JobConfig) -> bool:
+    """Whether the resize enlarges the kept region (upright size against the upright target)."""
+    if cfg.mode == "stretch":
+        return cfg.width > width or cfg.height > height
+    scales = (cfg.width / width, cfg.height / height)
+    return (max(scales) if cfg.mode == "center_crop" else min(scales)) > 1
 
 
 def _target(cfg: JobConfig, rotated: bool) -> tuple[int, int]:

@@ -38,6 +38,7 @@ class InputResult:
     samples: int = 0
     shards: list[dict[str, Any]] = field(default_factory=list)  # ShardEntry as dicts (plain data for Ray)
     failures: list[dict[str, str]] = field(default_factory=list)  # {input, key, reason}
+    upscaled: int = 0  # samples written whose kept region was smaller than the target (pixels invented)
     error: str | None = None  # the input itself could not be processed
     elapsed_s: float = 0.0
     node: str = ""
@@ -155,6 +156,7 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
     except SampleError as e:
         result.failures.append({"input": input_path, "key": sample.key, "reason": f"{sample.image_member}: {e}"})
         return None
+    result.upscaled += image.upscaled
     return {
         "__pixels__": image.pixels,
         "key": sample.key,

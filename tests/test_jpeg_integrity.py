@@ -1,0 +1,155 @@
+"""JPEG data that libjpeg only *warns* about is a failed sample, and every valid JPEG still decodes exactly.
+
+libjpeg pads a scan that runs out of data with zeros and carries on (Pillow drops the warning), so these
+came out as good images with a grey bottom: a JPEG cut mid-scan with an EOI appended, a header claiming
+more pixels than the data holds, a scan with bytes lost in the middle, a progressive JPEG cut between
+scans. The valid side compares pixels with Pillow's plain decode path (the strict decoder switched off).
+TIFF: without libtiff only uncompressed TIFF decodes, so compressed TIFF is refused by name.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image, features
+
+from preprocess import transform
+from preprocess.config import JobConfig
+from preprocess.jpeg_markers import jpeg_layout
+from preprocess.transform import process_image
+from shardio.errors import SampleError
+from tests.tar_factory import jpeg_bytes
+
+CFG = JobConfig(height=32, width=32)
+SCAN_ENDS_EARLY = "JPEG scan data ends early"
+
+
+@pytest.fixture(autouse=True)
+def _restore_pillow_limit(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+
+
+def noise(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    # Noise, not flat colour: a long scan, so a cut lands well inside it.
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def reason(data: bytes, cfg: JobConfig = CFG) -> str:
+    with pytest.raises(SampleError) as caught:
+        process_image(data, cfg)
+    return str(caught.value)
+
+
+def cut_with_eoi(data: bytes, fraction: float) -> bytes:
+    return data[: int(len(data) * fraction)] + b"\xff\xd9"
+
+
+BASELINE = jpeg_bytes(noise(160, 120), quality=90, subsampling=2)
+PROGRESSIVE = jpeg_bytes(noise(160, 120, seed=1), quality=90, progressive=True, subsampling=2)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9, 0.99])
+def test_baseline_jpeg_cut_mid_scan_with_eoi_appended(fraction):
+    assert SCAN_ENDS_EARLY in reason(cut_with_eoi(BASELINE, fraction))
+
+
+def test_progressive_jpeg_cut_inside_its_last_scan_with_eoi_appended():
+    layout = jpeg_layout(PROGRESSIVE)
+    assert layout is not None and layout.scans == 10
+    last_sos = PROGRESSIVE.rindex(b"\xff\xda")
+    for fraction in (0.3, 0.6, 0.9):
+        cut = last_sos + 20 + int((len(PROGRESSIVE) - last_sos - 22) * fraction)
+        assert SCAN_ENDS_EARLY in reason(PROGRESSIVE[:cut] + b"\xff\xd9")
+
+
+def test_progressive_jpeg_cut_between_scans():
+    # Whole scans missing, the last one complete: no decoder warning at all, a blurry or colourless image.
+    sixth_sos = [i for i in range(len(PROGRESSIVE) - 1) if PROGRESSIVE[i:i + 2] == b"\xff\xda"][5]
+    assert "incomplete JPEG" in reason(PROGRESSIVE[:sixth_sos] + b"\xff\xd9")
+    assert "truncated JPEG" in reason(PROGRESSIVE[:sixth_sos])
+
+
+def test_header_claiming_9000x9000_over_64x64_of_data():
+    data = bytearray(jpeg_bytes(noise(64, 64, seed=2), quality=90))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5: sof + 9] = struct.pack(">HH", 9000, 9000)
+    assert SCAN_ENDS_EARLY in reason(bytes(data))
+
+
+def test_scan_with_bytes_lost_in_the_middle():
+    sos = BASELINE.index(b"\xff\xda")
+    middle = (sos + len(BASELINE)) // 2
+    lost = BASELINE[:middle] + BASELINE[middle + 400:]  # a lost block of a download, EOI still there
+    assert SCAN_ENDS_EARLY in reason(lost)
+
+
+def plain_pillow(data: bytes, monkeypatch) -> np.ndarray:
+    with monkeypatch.context() as patch:
+        patch.setattr(transform, "use_strict_decoder", lambda im, layout, size: None)
+        return process_image(data, CFG).pixels
+
+
+VALID = {
+    "baseline 4:2:0": lambda: jpeg_bytes(noise(97, 61), quality=85, subsampling=2),
+    "baseline 4:4:4": lambda: jpeg_bytes(noise(97, 61), quality=95),
+    "optimized tables": lambda: jpeg_bytes(noise(97, 61), quality=80, optimize=True, subsampling=2),
+    "progressive 4:2:0": lambda: jpeg_bytes(noise(97, 61), progressive=True, subsampling=2),
+    "progressive 4:4:4": lambda: jpeg_bytes(noise(97, 61), progressive=True),
+    "grayscale": lambda: jpeg_bytes(noise(97, 61, mode="L")),
+    "grayscale progressive": lambda: jpeg_bytes(noise(97, 61, mode="L"), progressive=True),
+    "CMYK": lambda: jpeg_bytes(noise(97, 61, mode="CMYK")),
+    "CMYK progressive": lambda: jpeg_bytes(noise(97, 61, mode="CMYK"), progressive=True),
+    "restart markers": lambda: jpeg_bytes(noise(97, 61), restart_marker_blocks=2),
+    "progressive, restart markers": lambda: jpeg_bytes(noise(97, 61), progressive=True,
+                                                       restart_marker_blocks=2),
+    "large, drafted to 1/8": lambda: jpeg_bytes(noise(800, 600), quality=90, subsampling=2),
+}
+
+
+@pytest.mark.parametrize("name", VALID)
+@pytest.mark.parametrize("tail", [b"", b"trailing garbage \xff\xd9 after EOI" * 20, None])
+def test_valid_jpegs_decode_to_the_same_pixels(name, tail, monkeypatch):
+    data = VALID[name]()
+    expected = plain_pillow(data, monkeypatch)
+    # None: the EOI missing after complete scans, which Pillow alone reported as truncated.
+    variant = data[:-2] if tail is None else data + tail
+    assert np.array_equal(process_image(variant, CFG).pixels, expected)
+
+
+def test_the_marker_walk_crosses_restart_markers():
+    # RST markers (FF D0-D7) inside a scan are part of it: the walk must not take them for its end.
+    data = VALID["progressive, restart markers"]()
+    assert data.count(b"\xff\xd0") > 1
+    layout = jpeg_layout(data)
+    assert layout is not None and layout.scans == 10 and layout.complete and layout.eoi == len(data) - 2
+
+
+def tiff_with_compression(code: int) -> bytes:
+    """An uncompressed TIFF whose Compression tag (259) is patched to ``code`` (8: Adobe deflate)."""
+    out = io.BytesIO()
+    noise(40, 30).save(out, "TIFF")
+    data = bytearray(out.getvalue())
+    assert data[:4] == b"II*\x00"
+    (ifd,) = struct.unpack_from("<I", data, 4)
+    (count,) = struct.unpack_from("<H", data, ifd)
+    for i in range(count):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack_from("<H", data, entry)[0] == 259:
+            struct.pack_into("<H", data, entry + 8, code)
+            return bytes(data)
+    raise AssertionError("no Compression tag")
+
+
+@pytest.mark.skipif(features.check("libtiff"), reason="this Pillow has libtiff: compressed TIFF is decoded")
+@pytest.mark.parametrize("code, name", [(8, "tiff_adobe_deflate"), (32946, "tiff_deflate"), (5, "tiff_lzw")])
+def test_compressed_tiff_without_libtiff_is_refused_by_name(code, name):
+    message = reason(tiff_with_compression(code))
+    assert f"TIFF compression not supported ({name}: this Pillow build has no libtiff" in message
+
+
+def test_uncompressed_tiff_decodes():
+    assert process_image(tiff_with_compression(1), CFG).pixels.shape == (32, 32, 3)
