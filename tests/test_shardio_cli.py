@@ -53,7 +53,7 @@ def test_info_counts_failures_of_current_inputs_from_their_last_run(capsys, data
     info = json.loads(out)
     assert code == 0 and info["samples"] == 117 and info["shape"] == [16, 16, 3] and info["shards"] == 15
     assert info["pixel_bytes"] == 117 * 16 * 16 * 3 + 15 * 128
-    assert info["failures_by_reason"] == {"empty image member": 2}
+    assert info["failures_by_reason"] == {"empty image member (0 bytes)": 2}
     assert [r["run_id"] for r in info["runs"]] == ["2024-01-01", "2024-01-02"]
 
 
