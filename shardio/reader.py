@@ -79,7 +79,16 @@ class DatasetSnapshot:
         with storage.open_read(path) as f:
             # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
             # and json.dumps(ensure_ascii=False) leaves unescaped.
-            lines = f.read().decode("utf-8").split("\n")
+            data = f.read()
+        try:
+            lines = data.decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
+            line = data.count(b"\n", 0, e.start)
+            raise ShardFormatError(
+                f"{path}: line {line + 1} (sample {line}): not UTF-8 ({e.reason} at byte {e.start}); "
+                "HINT: run `preprocess verify DIR --repair`"
+            ) from e
         if lines and lines[-1] == "":
             lines.pop()
         if len(lines) != entry.samples:
