@@ -64,7 +64,16 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_the_cli_reports_rounds_median_and_spread(capsys, tmp_path):
+@pytest.fixture
+def keep_torch_threads():
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # --torch-threads sets it for the whole (test) process
+
+
+def test_the_cli_reports_rounds_median_and_spread(capsys, tmp_path, keep_torch_threads):
     directory = str(tmp_path / "ds")
     make_dataset(directory, height=16, width=16)
     code, out = _cli(capsys, "bench", directory, "--batch-size", "16", "--seconds", "0.05", "--repeats", "3",
