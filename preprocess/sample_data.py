@@ -108,7 +108,7 @@ def annotate(image: Image.Image, index: int, note: str = "") -> Image.Image:
     _text(draw, (cx, top + head * 1.25), "UP", int(0.07 * side), "mt")
     _text(draw, (cx, cy + 0.06 * side), f"#{index}", int(0.16 * side), "mt")
     if note:
-        _text(draw, (cx, cy + 0.25 * side), note, int(0.06 * side), "mt")
+        _text(draw, (cx, cy + 0.23 * side), note, int(0.1 * side), "mt")
     return image
 
 
