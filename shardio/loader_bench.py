@@ -6,11 +6,12 @@ unshuffled batch is a view of the page cache, and timing only the view would tim
 for a warm page cache; a dataset larger than RAM runs at the disk's speed on the first epoch.
 
 One measurement is not a rate: on a shared 2-core VM, single 3 s runs of the sample dataset read
-anywhere from 3k to 50k samples/s from one run to the next (other processes, page cache, worker start-up
-all move it), and a verdict drawn from one of them flipped with it. So every setting is measured in ``repeats`` rounds, interleaved (round 1 of
-every setting, then round 2, ...) so that a slow spell hits all settings alike, after one discarded
-warm-up round; the report gives the median, the min-max range and the spread, and a verdict is only
-"keeps up" or "waits" when the whole range is on one side of the target ("uncertain" otherwise).
+anywhere from 3k to 50k samples/s from one run to the next (other processes, torch's intra-op threads
+waiting for a busy core, worker start-up all move it), and a verdict drawn from one of them flipped with
+it. So every setting is measured in ``repeats`` rounds, interleaved (round 1 of every setting, then
+round 2, ...) so that a slow spell hits all settings alike, after one discarded warm-up round; the
+report gives the median, the min-max range and the spread, and a verdict is only "keeps up" or "waits"
+when the whole range is on one side of the target ("uncertain" otherwise).
 
 Whether a consumer waits: the README's fast path is ``num_workers=0`` with ``DeviceLoader``, whose
 prefetch thread assembles (and pins) the next batches while the step runs, so the consumer waits only if
@@ -159,6 +160,7 @@ def suggest(rates: list[SettingRate], target_rate: float | None) -> dict[str, An
         settings["note"] = (f"no setting measured reached {target_rate:g} samples/s in every round (best median "
                             f"{best.samples_per_s:.0f}, num_workers={best.num_workers}); ~{needed} workers "
                             f"would be needed" + (f" but this machine has {cores} cores" if needed > workers
+                                                   else "" if any(r.num_workers == workers for r in rates)
                                                    else f": measure them with --workers {workers}"))
     settings["num_workers"] = workers
     settings["code"] = (f"DeviceLoader(ShardLoader(ShardDataset(path, {in_process.batch_size}, shuffle=True), "
