@@ -39,6 +39,18 @@ def test_undecodable_metadata_names_the_shard_and_the_line(dataset_dir: str) -> 
             pass
 
 
+@pytest.mark.parametrize("row", [b'{"txt": "no key"}', b"[1, 2]", b'{"key": 7}'])
+def test_a_metadata_line_that_is_not_a_sample_record_is_named(dataset_dir: str, row: bytes) -> None:
+    path = os.path.join(dataset_dir, "shards", "input-0-00001.jsonl")
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[4] = row.ljust(len(lines[4]))  # JSON allows the trailing spaces; the size (checked at open) stays
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines))
+    with pytest.raises(ShardFormatError, match=r"input-0-00001\.jsonl: line 5 \(sample 4\): not a sample record"):
+        open_dataset(dataset_dir).meta(1)
+
+
 def test_the_tar_folder_says_to_preprocess_first(tmp_path) -> None:
     tars = tmp_path / "tars"
     tars.mkdir()
