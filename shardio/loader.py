@@ -16,6 +16,7 @@ import atexit
 import functools
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -208,6 +209,9 @@ class DeviceLoader:
         self.loader.load_state_dict(state)
 
 
+CLOSE_TIMEOUT_S = 60.0
+
+
 class _Prefetcher:
     """The prefetch thread and its queue: ``close()`` stops and joins it, whether the consumer finished,
     raised, or dropped the iterator; at interpreter exit every live one is closed first.
@@ -259,7 +263,10 @@ class _Prefetcher:
 
     def close(self) -> None:
         self.stop.set()
-        while self.thread.is_alive():  # the thread ends at its next batch or put (0.1 s)
+        # The thread ends at its next batch or put: a batch takes milliseconds to assemble, a worker start
+        # a few seconds. A source stuck for good (a hung worker) must not hang the exit as well.
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        while self.thread.is_alive() and time.monotonic() < deadline:
             self.thread.join(timeout=0.1)
         _Prefetcher.live.discard(self)
         while not self.slots.empty():  # drop prefetched batches now, not when the iterator is collected
