@@ -277,9 +277,8 @@ def verify(
 @app.command()
 def doctor() -> None:
     """Which PIL build (Pillow-SIMD? AVX2?) and libjpeg-turbo are active, and whether that is right."""
-    from preprocess.versions import library_versions, pillow_build
-
     from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
+    from preprocess.versions import library_versions, pillow_build
 
     build = pillow_build()
     for key, value in {**library_versions(), **build}.items():

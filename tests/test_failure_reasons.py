@@ -24,6 +24,7 @@ from preprocess.diagnose import diagnose, render_text
 from preprocess.job import RunReport
 from preprocess.worker import process_input
 from shardio import storage
+from shardio.errors import InputError
 from shardio.failure_reasons import count_by_category, failure_category
 from tests.tar_factory import Member, index_image, jpeg_bytes
 
@@ -162,3 +163,10 @@ def test_an_input_failure_names_its_path_once(tars, tmp_path, monkeypatch):
     assert f"input failed: {path}: tar holds no sample members" in printed
     assert printed.count(os.path.basename(path)) == 1, printed
     assert any(f"input failed: {path}: tar holds" in str(line) for line in render_text(diagnosed))
+
+
+def test_an_input_error_keeps_input_and_reason_through_pickling():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(InputError("/data/a.tar", "no such file")))  # as Ray would carry it
+    assert (error.input, error.reason, str(error)) == ("/data/a.tar", "no such file", "/data/a.tar: no such file")
