@@ -14,9 +14,12 @@ OUTPUT ?= out/sample-shards
 CONFIG ?= configs/default.yaml
 SAMPLE_DIR ?= data/sample
 
-.PHONY: install shards sample test bench lint doctor clean
+.PHONY: install pillow-simd pillow-simd-rebuild shards sample test bench lint doctor clean
 
+# `install` checks Pillow-SIMD every time, not only when the stamp is stale: anything that requires
+# `pillow` (pip install torchvision, matplotlib) writes stock Pillow over it without touching the stamp.
 install: $(STAMP)
+	@$(MAKE) --no-print-directory pillow-simd
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,17 +30,30 @@ $(STAMP): pyproject.toml Makefile
 	@if [ ! -f /usr/include/webp/decode.h ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		(apt-get install -y -q libwebp-dev || (apt-get update -q && apt-get install -y -q libwebp-dev)) \
 			>/dev/null 2>&1 || echo "warning: no libwebp-dev: WebP samples will be counted as failures" >&2; fi
-	# Pillow-SIMD replaces stock Pillow (same `PIL` package): remove Pillow, build SIMD with AVX2.
-	# --no-cache-dir: a cached wheel may come from a build without AVX2 or without WebP.
-	-$(PIP) uninstall -q -y pillow
-	@if ! $(PIP) show pillow-simd >/dev/null 2>&1 || [ ! -f $(VENV)/.pillow-simd-avx2 ]; then \
-		CC="cc -mavx2" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps --no-binary pillow-simd \
-			pillow-simd==$(PILLOW_SIMD_VERSION) && echo 'CC="cc -mavx2"' > $(VENV)/.pillow-simd-avx2; fi
+	# Pillow-SIMD before the package, so pip finds `pillow-simd` satisfied and never pulls stock Pillow.
+	@$(MAKE) --no-print-directory pillow-simd
 	$(PIP) install -q -e '.[preprocess,dev]'
-	# Anything that required `pillow` would have put stock Pillow back: fail loudly if so.
-	@if $(PIP) show pillow >/dev/null 2>&1; then echo "stock Pillow was reinstalled over Pillow-SIMD" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m preprocess.cli doctor
 	touch $(STAMP)
+
+# Pillow-SIMD active and built with AVX2 (preprocess/pillow_check.py compares the PIL files on disk
+# with Pillow-SIMD's install record), or rebuilt from source now.
+pillow-simd:
+	@$(PY) -m preprocess.pillow_check || $(MAKE) --no-print-directory pillow-simd-rebuild
+
+# Stock Pillow and Pillow-SIMD share the PIL directory: uninstalling one deletes the other's files, so
+# remove both and whatever is left of PIL, then build Pillow-SIMD afresh. --no-cache-dir: a cached wheel
+# may come from a build without AVX2 or without WebP.
+pillow-simd-rebuild:
+	@echo "rebuilding Pillow-SIMD $(PILLOW_SIMD_VERSION) from source (CC=\"cc -mavx2\")" >&2
+	-$(PIP) uninstall -q -y pillow pillow-simd
+	rm -rf "$$($(PY) -m preprocess.pillow_check --pil-dir)" $(VENV)/.pillow-simd-avx2
+	CC="cc -mavx2" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps --no-binary pillow-simd \
+		pillow-simd==$(PILLOW_SIMD_VERSION)
+	echo 'CC="cc -mavx2"' > $(VENV)/.pillow-simd-avx2
+	# Fails loudly (exit 1, the reasons on stderr) if the rebuild did not give a working Pillow-SIMD.
+	$(PY) -m preprocess.pillow_check
 
 sample: $(STAMP)
 	$(PY) -m preprocess.sample_data $(SAMPLE_DIR)
@@ -56,7 +72,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	# OpenCV for the img2dataset-style baseline (it needs no Pillow; the bench skips it if this fails).
 	-$(PIP) install -q opencv-python-headless
-	@if $(PIP) show pillow >/dev/null 2>&1; then echo "stock Pillow was installed over Pillow-SIMD" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m bench.run
 
 lint: $(STAMP)

@@ -110,6 +110,16 @@ class _Display:
             self.progress.stop()
 
 
+def _warn_about_pillow() -> None:
+    """Stock Pillow (put back by anything that requires `pillow`) decodes and resizes slower, and its
+    pixels differ from Pillow-SIMD's: say so before a run (on stderr, even with -q) rather than never."""
+    from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
+
+    problems = pillow_problems(current_state())
+    if problems:
+        console.print(f"[yellow]warning:[/yellow] {'; '.join(problems)}: {SLOWDOWN}", highlight=False)
+
+
 def _summary(report: RunReport, report_path: str) -> None:
     console.rule("[bold]preprocess summary")
     console.print(
@@ -176,6 +186,7 @@ def run(
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
+    _warn_about_pillow()
     if size is not None and (height is not None or width is not None):
         _fail_usage("give --size or --height/--width, not both")
     if workers is not None and workers < 1:
@@ -317,16 +328,15 @@ def gc(
 @app.command()
 def doctor() -> None:
     """Which PIL build (Pillow-SIMD? AVX2?) and libjpeg-turbo are active, and whether that is right."""
+    from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
     from preprocess.versions import library_versions, pillow_build
 
     build = pillow_build()
     for key, value in {**library_versions(), **build}.items():
         typer.echo(f"{key:24s} {value}")
-    problems = []
-    if not build["pillow_simd"]:
-        problems.append("stock Pillow is active, not Pillow-SIMD: resizing is 6-8x slower (run `make install`)")
-    if build["cpu_has_avx2"] and not build["built_with_avx2"]:
-        problems.append("Pillow-SIMD was not built with AVX2 by `make install` (CC=\"cc -mavx2\")")
+    problems = pillow_problems(current_state())
+    if problems:
+        problems.append(SLOWDOWN)
     if not build["libjpeg_turbo"]:
         problems.append("PIL is not linked against libjpeg-turbo: decoding is slower")
     for problem in problems:

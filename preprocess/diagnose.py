@@ -32,6 +32,7 @@ from preprocess.transform import process_image
 from preprocess.versions import pillow_build
 from preprocess.worker import parse_fields
 from shardio.errors import InputError, SampleError
+from shardio.failure_reasons import count_by_category
 from shardio.writer import ShardWriter
 
 __all__ = ["STAGES", "diagnose", "render_text"]
@@ -97,10 +98,6 @@ class _ScratchWriter:
             self.writer = None
 
 
-def _reason(text: str) -> str:
-    return text.split(" (")[0][:60]
-
-
 def diagnose(
     paths: list[str],
     cfg: JobConfig,
@@ -117,7 +114,7 @@ def diagnose(
     """
     cores = cores or os.cpu_count() or 1
     samples: list[_Sample] = []
-    failures: dict[str, int] = {}
+    failure_reasons: list[str] = []
     inputs_failed: list[dict[str, str]] = []
     inputs_read: list[str] = []
     scratch_dir = tempfile.mkdtemp(prefix="shardio-diagnose-", dir=write_dir)
@@ -136,14 +133,14 @@ def diagnose(
                     if item is None:
                         break
                     if isinstance(item, SampleProblem):
-                        failures[_reason(item.reason)] = failures.get(_reason(item.reason), 0) + 1
+                        failure_reasons.append(item.reason)
                         continue
                     timings: dict[str, float] = {}
                     try:
                         fields = parse_fields(item.fields)
                         image = process_image(item.image, cfg, timings)
                     except SampleError as e:
-                        failures[_reason(str(e))] = failures.get(_reason(str(e)), 0) + 1
+                        failure_reasons.append(str(e))
                         continue
                     sample = _Sample(
                         key=item.key, tar=path, member=item.image_member, nbytes=len(item.image),
@@ -159,12 +156,13 @@ def diagnose(
                     samples.append(sample)
                 inputs_read.append(path)
             except InputError as e:
-                inputs_failed.append({"input": path, "reason": str(e)})
+                inputs_failed.append({"input": path, "reason": e.reason})
         scratch.flush()
     finally:
         scratch.abort()
         shutil.rmtree(scratch_dir, ignore_errors=True)
-    return _report(samples, failures, inputs_read, inputs_failed, cfg, project_images, cores, slowest)
+    return _report(samples, count_by_category(failure_reasons), inputs_read, inputs_failed, cfg,
+                   project_images, cores, slowest)
 
 
 def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[str],
@@ -174,7 +172,7 @@ def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[
     report: dict[str, Any] = {
         "inputs_read": inputs_read, "inputs_failed": inputs_failed, "samples": len(samples),
         "samples_failed": sum(failures.values()),
-        "failures_by_reason": dict(sorted(failures.items(), key=lambda kv: -kv[1])),
+        "failures_by_reason": failures,
         "config": cfg.to_dict(), "pillow": build,
     }
     if not samples:

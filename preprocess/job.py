@@ -52,6 +52,7 @@ from preprocess.worker import InputResult
 from shardio import storage
 from shardio.commit import Retention, clean_leftovers, collect, recover_manifest
 from shardio.errors import DatasetIncompatibleError, ShardError, ShardioError
+from shardio.failure_reasons import count_by_category
 from shardio.format import (
     MANIFEST_NAME,
     REPORTS_DIR,
@@ -135,11 +136,7 @@ class RunReport:
         return 1 if self.inputs_failed or too_many else 0
 
     def failures_by_reason(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for failure in self.failures:
-            reason = failure["reason"].split(": ", 1)[-1].split(" (")[0][:60]
-            counts[reason] = counts.get(reason, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+        return count_by_category(failure["reason"] for failure in self.failures)
 
 
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:

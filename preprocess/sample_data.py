@@ -3,8 +3,16 @@
 ``python -m preprocess.sample_data DIR`` writes ``DIR/{00000..0000N}.tar`` of photo-like JPEGs at web sizes
 (1-2.5 megapixels, quality 80-95, ~1.5 bits per pixel: multi-scale texture, not flat colour, so decode
 cost is realistic), each with ``.json``, ``.txt`` and ``.cls``. The same arguments give the same bytes.
-A few samples are the awkward cases real crawls hold: EXIF-rotated, grayscale, CMYK, PNG with alpha, and
-one truncated JPEG (counted as a failed sample, not fatal).
+
+Each image says at a glance whether the job cropped and oriented it right (``shardio preview``): an "UP"
+arrow, a border coloured by side (top red, right yellow, bottom blue, left green), corner labels, a ring
+centred on the image (a centre crop keeps it whole and centred) and the sample index as text. A few
+samples are the awkward cases real crawls hold: EXIF orientations 2, 3, 6 and 8 (the pixels are stored
+turned or mirrored, so a missing or wrong transpose shows a tilted arrow or mirrored text), grayscale,
+CMYK, PNG with alpha, and one truncated JPEG (counted as a failed sample, not fatal).
+
+No real photos: the registry packages that ship some (scikit-image's ``data``, imageio's standard
+images) require stock ``pillow``, which would replace Pillow-SIMD, and scipy's datasets download at use.
 """
 
 from __future__ import annotations
@@ -17,9 +25,26 @@ import tarfile
 from collections.abc import Iterable
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["photo_like", "encode_jpeg", "write_tar", "make_sample_dataset"]
+__all__ = ["photo_like", "annotate", "stored_for_orientation", "encode_jpeg", "write_tar",
+           "make_sample_dataset", "SIDE_COLOURS"]
+
+# Border colour of each side of the upright image: in a preview, red must be at the top.
+SIDE_COLOURS = {"top": (220, 30, 30), "right": (240, 200, 20), "bottom": (30, 60, 220), "left": (30, 170, 60)}
+
+# The transpose that turns the upright image into the stored pixels for an EXIF orientation: the inverse
+# of what a viewer applies (6 is displayed rotated 270 degrees counter-clockwise, so it is stored
+# rotated 90; the others are their own inverse).
+_STORE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
 
 _WEB_SIZES = [(1600, 1067), (1280, 960), (1024, 1024), (1920, 1080), (1200, 1600), (1440, 1080), (1280, 853)]
 
@@ -43,6 +68,55 @@ def photo_like(rng: np.random.Generator, width: int, height: int) -> Image.Image
     return Image.fromarray(np.clip(luma[..., None] + chroma + base, 0, 255).astype(np.uint8))
 
 
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    try:
+        return ImageFont.load_default(size=size)  # Pillow >= 10.1 with FreeType: a scalable font
+    except (TypeError, ImportError, OSError):
+        return ImageFont.load_default()
+
+
+def _text(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, size: int, anchor: str) -> None:
+    draw.text(xy, text, fill=(255, 255, 255), font=_font(size), anchor=anchor, stroke_width=max(1, size // 12),
+              stroke_fill=(0, 0, 0))
+
+
+def annotate(image: Image.Image, index: int, note: str = "") -> Image.Image:
+    """``image`` (upright) with the orientation and crop markers and the sample index drawn on it."""
+    image = image.convert("RGB")
+    width, height = image.size
+    side = min(width, height)
+    draw = ImageDraw.Draw(image)
+    bar = max(8, side // 28)
+    draw.rectangle((0, 0, width, bar), fill=SIDE_COLOURS["top"])
+    draw.rectangle((0, height - bar, width, height), fill=SIDE_COLOURS["bottom"])
+    draw.rectangle((0, bar, bar, height - bar), fill=SIDE_COLOURS["left"])
+    draw.rectangle((width - bar, bar, width, height - bar), fill=SIDE_COLOURS["right"])
+    corner = side // 16
+    for label, xy, anchor in (("TL", (2 * bar, 2 * bar), "lt"), ("TR", (width - 2 * bar, 2 * bar), "rt"),
+                              ("BL", (2 * bar, height - 2 * bar), "lb"),
+                              ("BR", (width - 2 * bar, height - 2 * bar), "rb")):
+        _text(draw, xy, label, corner, anchor)
+    cx, cy = width / 2, height / 2
+    ring = 0.44 * side  # inside the centre square a centre crop keeps, with the bars beyond it
+    draw.ellipse((cx - ring, cy - ring, cx + ring, cy + ring), outline=(255, 255, 255), width=max(4, side // 90))
+    # The arrow: a shaft and a head, pointing to the top side, with "UP" under the head.
+    shaft, head = 0.06 * side, 0.17 * side
+    top, bottom = cy - 0.36 * side, cy + 0.02 * side
+    draw.polygon([(cx, top), (cx + head, top + head * 1.1), (cx + shaft, top + head * 1.1),
+                  (cx + shaft, bottom), (cx - shaft, bottom), (cx - shaft, top + head * 1.1),
+                  (cx - head, top + head * 1.1)], fill=(255, 255, 255), outline=(0, 0, 0), width=max(2, side // 200))
+    _text(draw, (cx, top + head * 1.25), "UP", int(0.07 * side), "mt")
+    _text(draw, (cx, cy + 0.06 * side), f"#{index}", int(0.16 * side), "mt")
+    if note:
+        _text(draw, (cx, cy + 0.23 * side), note, int(0.1 * side), "mt")
+    return image
+
+
+def stored_for_orientation(upright: Image.Image, orientation: int) -> Image.Image:
+    """The pixels to store with EXIF ``orientation`` so that a viewer applying the tag shows ``upright``."""
+    return upright.transpose(_STORE[orientation]) if orientation in _STORE else upright
+
+
 def encode_jpeg(image: Image.Image, quality: int, orientation: int = 1) -> bytes:
     out = io.BytesIO()
     exif = Image.Exif()
@@ -63,11 +137,15 @@ def write_tar(path: str, members: Iterable[tuple[str, bytes]]) -> None:
     os.replace(tmp, path)
 
 
-def _awkward(rng: np.random.Generator, kind: str) -> tuple[str, bytes]:
-    image = photo_like(rng, 1200, 900)
+def _awkward(rng: np.random.Generator, kind: str, index: int) -> tuple[str, bytes]:
+    note = {"gray": "grayscale", "cmyk": "CMYK", "png_alpha": "PNG alpha"}.get(kind, "")
+    if kind.startswith("exif"):
+        note = f"EXIF {kind[4:]}"
+    image = annotate(photo_like(rng, 1200, 900), index, note)
     out = io.BytesIO()
-    if kind == "rotated":
-        return "jpg", encode_jpeg(image, 90, orientation=6)
+    if kind.startswith("exif"):
+        orientation = int(kind[4:])
+        return "jpg", encode_jpeg(stored_for_orientation(image, orientation), 90, orientation=orientation)
     if kind == "gray":
         image.convert("L").save(out, "JPEG", quality=85)
     elif kind == "cmyk":
@@ -87,7 +165,9 @@ def make_sample_dataset(directory: str, tars: int = 4, samples_per_tar: int = 48
     """Write the sample tars into ``directory`` (skipping ones already there); return their paths."""
     os.makedirs(directory, exist_ok=True)
     paths = []
-    awkward = {5: "rotated", 11: "gray", 17: "cmyk", 23: "png_alpha", 29: "truncated"}
+    # (tar, sample in tar) -> the awkward case it is
+    awkward = {(0, 5): "exif6", (0, 11): "gray", (0, 17): "cmyk", (0, 23): "png_alpha", (0, 29): "truncated",
+               (1, 5): "exif3", (1, 11): "exif8", (2, 5): "exif2", (3, 5): "exif6"}
     for t in range(tars):
         path = os.path.join(directory, f"{t:05d}.tar")
         paths.append(path)
@@ -98,12 +178,13 @@ def make_sample_dataset(directory: str, tars: int = 4, samples_per_tar: int = 48
         for i in range(samples_per_tar):
             index = t * samples_per_tar + i
             key = f"{t:05d}{i:04d}"
-            if t == 0 and i in awkward:
-                ext, data = _awkward(rng, awkward[i])
+            if (t, i) in awkward:
+                ext, data = _awkward(rng, awkward[t, i], index)
                 width, height = 1200, 900
             else:
                 width, height = _WEB_SIZES[int(rng.integers(len(_WEB_SIZES)))]
-                ext, data = "jpg", encode_jpeg(photo_like(rng, width, height), int(rng.integers(80, 96)))
+                image = annotate(photo_like(rng, width, height), index)
+                ext, data = "jpg", encode_jpeg(image, int(rng.integers(80, 96)))
             caption = f"sample {index}: a photo-like test image of {width}x{height} pixels"
             meta = {"key": key, "url": f"https://example.com/{key}.jpg", "width": width, "height": height,
                     "caption": caption, "status": "success"}

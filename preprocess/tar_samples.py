@@ -116,11 +116,11 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
     try:
         size = storage.file_size(path)
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        raise InputError(path, "no such file") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot stat ({e.strerror})") from e
+        raise InputError(path, f"cannot stat ({e.strerror})") from e
     if size == 0:
-        raise InputError(f"{path}: empty file (0 bytes), not a tar")
+        raise InputError(path, "empty file (0 bytes), not a tar")
     seen: set[str] = set()
     group: _Group | None = None
     last_member = "(none)"
@@ -168,10 +168,10 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         reason = str(e) or type(e).__name__
         if reason == "empty file":
             reason = "no tar header"
-        raise InputError(f"{path}: not a readable tar ({reason}; last good member: {last_member})") from e
+        raise InputError(path, f"not a readable tar ({reason}; last good member: {last_member})") from e
     end_problem = _end_problem(stops[-1] if stops else None, end_offset, last_member)
     if end_problem:
-        raise InputError(f"{path}: {end_problem}; re-download or re-create it")
+        raise InputError(path, f"{end_problem}; re-download or re-create it")
     if group is None:
-        raise InputError(f"{path}: tar holds no sample members")
+        raise InputError(path, "tar holds no sample members")
     yield _finish(group, image_extensions)

@@ -136,7 +136,7 @@ def iter_process_input(
         entries: list[ShardEntry] = writer.close(input_path)
     except InputError as e:
         writer.abort()
-        result.error = str(e)
+        result.error = e.reason
         result.failures = []
         result.elapsed_s = time.perf_counter() - started
         return result

@@ -2,7 +2,7 @@
 
     shardio info DIR [--json]                      count, shape, bytes, config, versions, failures, runs
     shardio preview DIR --out grid.png [--n 64]    a contact sheet of random samples (+ grid.png.json)
-    shardio bench DIR [--target-rate R]            ShardDataset batches/s and samples/s; DataLoader advice
+    shardio bench DIR [--target-rate R]            ShardDataset samples/s (median, range); loader advice
 
 Exit codes: 0 done; 1 the dataset cannot be read (the message says why and what to do); 2 usage error.
 """
@@ -68,8 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=_positive_int, default=256)
     bench.add_argument("--workers", type=_workers, default=None, metavar="LIST",
                        help="Worker counts to measure besides 0, e.g. 2,4 (default: the suggested one).")
-    bench.add_argument("--seconds", type=_positive_float, default=3.0, help="Per setting (default 3).")
+    bench.add_argument("--seconds", type=_positive_float, default=1.0,
+                       help="Per round and setting (default 1).")
+    bench.add_argument("--repeats", type=_positive_int, default=5,
+                       help="Interleaved rounds per setting; the report gives median and range (default 5).")
     bench.add_argument("--no-shuffle", action="store_true", help="Read in stored order.")
+    bench.add_argument("--torch-threads", type=_positive_int, default=None, metavar="N",
+                       help="torch.set_num_threads(N) first (default: torch's, one per core).")
     bench.add_argument("--json", action="store_true", help="Print JSON instead of text.")
     return parser
 
@@ -92,10 +97,15 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{row['number']:4d}  {row['key']}{caption}")
         return EXIT_OK
     from shardio.loader_bench import format_bench, run_bench
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
 
     workers = [c for c in args.workers if c > 0] if args.workers is not None else None
     report = run_bench(args.directory, batch_size=args.batch_size, workers=workers,
-                       shuffle=not args.no_shuffle, seconds=args.seconds, target_rate=args.target_rate)
+                       shuffle=not args.no_shuffle, seconds=args.seconds, repeats=args.repeats,
+                       target_rate=args.target_rate)
     print(json.dumps(report, indent=1) if args.json else format_bench(report))
     return EXIT_OK
 

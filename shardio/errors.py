@@ -49,4 +49,16 @@ class SampleError(ShardioError):
 
 
 class InputError(ShardioError):
-    """One input could not be read as a tar; the job names it and goes on with the rest."""
+    """One input could not be read as a tar; the job names it and goes on with the rest.
+
+    ``str(e)`` is ``"{input}: {reason}"``; a run report stores ``{input, reason}`` apart, so the reason
+    alone (``e.reason``) goes there: the summary once printed the path twice (``PATH: PATH: reason``).
+    """
+
+    def __init__(self, input: str, reason: str) -> None:
+        super().__init__(f"{input}: {reason}")
+        self.input = input
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) rebuilds from both fields
+        return (type(self), (self.input, self.reason))

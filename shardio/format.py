@@ -322,6 +322,12 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
     kept generations can restore a corrupt ``manifest.json``."""
     if not storage.exists(directory):
         raise ShardFormatError(f"{directory}: no such dataset directory")
+    if storage.is_file(directory):
+        kind = "a tar file (an input)" if directory.endswith(_TAR_SUFFIXES) else "a file"
+        raise ShardFormatError(
+            f"{directory}: is {kind}, not a dataset directory; a dataset is the directory that "
+            "`preprocess run INPUT... --output DIR` writes (DIR holds manifest.json): pass DIR"
+        )
     if generation is not None:
         path = generation_path(directory, generation)
         if not storage.exists(path):
@@ -339,14 +345,7 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
     restore = (f"; kept generations: {_describe(kept)}: `preprocess verify {directory} --repair` restores the "
                "newest valid one (so does the next `preprocess run`)") if kept else ""
     if not storage.exists(path):
-        entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
-        if not entries:
-            hint = "the directory is empty; run `preprocess run INPUT... --output DIR` first"
-        elif SHARDS_DIR in entries:
-            hint = "shards exist but no manifest: a first run is still writing or was killed; wait or re-run it"
-        else:
-            hint = "this is not a shardio dataset directory"
-        raise ShardFormatError(f"{path}: missing; {hint}{restore}")
+        raise ShardFormatError(f"{path}: missing; {_why_no_manifest(directory)}{restore}")
     try:
         return _read_manifest(path)
     except ShardFormatError as e:
@@ -366,6 +365,30 @@ def _describe(generations: list[int]) -> str:
     if len(generations) > 6:
         return f"{generations[0]}..{generations[-1]} ({len(generations)} files)"
     return ", ".join(str(g) for g in generations)
+
+
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _why_no_manifest(directory: str) -> str:
+    """What a directory without a manifest is, and what to pass instead (the common mistakes: the
+    folder of input tars, the dataset's own ``shards/``)."""
+    entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not entries:
+        return "the directory is empty; run `preprocess run INPUT... --output DIR` first"
+    if SHARDS_DIR in entries:
+        return "shards exist but no manifest: a first run is still writing or was killed; wait or re-run it"
+    if os.path.basename(os.path.abspath(directory)) == SHARDS_DIR or any(e.endswith(".npy") for e in entries):
+        if storage.exists(storage.join(parent, MANIFEST_NAME)):
+            return f"this is the dataset's {SHARDS_DIR}/ folder: pass the dataset directory {parent}"
+        return f"this looks like a {SHARDS_DIR}/ folder: pass the dataset directory (its parent, with manifest.json)"
+    tars = [e for e in entries if e.endswith(_TAR_SUFFIXES)]
+    if tars:
+        return (f"this directory holds {len(tars)} input tar(s), not a dataset: preprocess them first "
+                f"(`preprocess run '{storage.join(directory, '*.tar')}' --output OUT`) and pass OUT")
+    return ("this is not a shardio dataset directory: pass the directory that "
+            "`preprocess run --output DIR` wrote (it holds manifest.json)")
 
 
 def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int]) -> int:

@@ -12,17 +12,11 @@ import os
 from typing import Any
 
 from shardio import storage
+from shardio.failure_reasons import count_by_category
 from shardio.format import REPORTS_DIR
 from shardio.reader import open_dataset
 
 __all__ = ["dataset_info", "run_history", "format_info"]
-
-
-def _reason(text: str) -> str:
-    # The same shortening as preprocess's report (``RunReport.failures_by_reason``): drop the member
-    # name before ": " and any detail in parentheses, so "x.jpg: cannot decode: OSError: truncated (46
-    # bytes not processed)" and the same error on another image count as one reason.
-    return text.split(": ", 1)[-1].split(" (")[0][:60]
 
 
 def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -69,11 +63,8 @@ def dataset_info(directory: str) -> dict[str, Any]:
             failures_of_input[path] = []
         for failure in run.get("failures", []):
             if failure.get("input") in processed:
-                failures_of_input[failure["input"]].append(_reason(str(failure.get("reason", ""))))
-    reasons: dict[str, int] = {}
-    for path in manifest.inputs:
-        for reason in failures_of_input.get(path, []):
-            reasons[reason] = reasons.get(reason, 0) + 1
+                failures_of_input[failure["input"]].append(str(failure.get("reason", "")))
+    reasons = count_by_category(reason for path in manifest.inputs for reason in failures_of_input.get(path, []))
     pixel_bytes = sum(s.bytes for s in manifest.shards)
     meta_bytes = sum(s.meta_bytes for s in manifest.shards)
     return {
@@ -91,7 +82,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
         "config": manifest.config,
         "config_hash": manifest.config_hash,
         "versions": manifest.versions,
-        "failures_by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        "failures_by_reason": reasons,
         "runs": [
             {
                 "run_id": r.get("run_id"), "started": r.get("started"),

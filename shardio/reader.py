@@ -87,7 +87,16 @@ class DatasetSnapshot:
         with storage.open_read(path) as f:
             # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
             # and json.dumps(ensure_ascii=False) leaves unescaped.
-            lines = f.read().decode("utf-8").split("\n")
+            data = f.read()
+        try:
+            lines = data.decode("utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
+            line = data.count(b"\n", 0, e.start)
+            raise ShardFormatError(
+                f"{path}: line {line + 1} (sample {line}): not UTF-8 ({e.reason} at byte {e.start}); "
+                "HINT: run `preprocess verify DIR --repair`"
+            ) from e
         if lines and lines[-1] == "":
             lines.pop()
         if len(lines) != entry.samples:
@@ -100,6 +109,14 @@ class DatasetSnapshot:
                 f"{path}: line {bad + 1} (sample {bad}): invalid JSON ({e.msg}); "
                 "HINT: run `preprocess verify DIR --repair`"
             ) from e
+        for i, row in enumerate(rows):
+            # One pass of isinstance checks (~0.1 µs a row); a corrupt row otherwise surfaced as a bare
+            # KeyError or AttributeError from the column lists below.
+            if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+                raise ShardFormatError(
+                    f"{path}: line {i + 1} (sample {i}): not a sample record (a JSON object with a \"key\"); "
+                    "HINT: run `preprocess verify DIR --repair`"
+                )
         txt = [r.get("txt") for r in rows]
         labels = [r.get("cls") for r in rows]
         js = [r.get("json") for r in rows]
