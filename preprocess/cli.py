@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from preprocess.config import ConfigError, load_config
-from preprocess.job import OutputFull, RunOptions, RunReport, report_dict, run_job
+from preprocess.job import OutputFull, RunOptions, RunReport, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.output_lock import OutputLocked
 from preprocess.ray_runner import RayUnavailable
+from preprocess.stop_signals import StopOnSignal
 from shardio.errors import DatasetIncompatibleError, ShardError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="WebDataset tars -> fixed-shape uint8 shards.")
@@ -86,6 +87,10 @@ class _Display:
                 )
                 self.progress.start()
                 self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
+            return
+        if kind == "ray":  # a line Ray printed: quiet means quiet
+            if not self.quiet:
+                console.print(payload, markup=False, highlight=False)
             return
         if kind == "warning":
             if not self.quiet:
@@ -189,8 +194,14 @@ def run(
     display = _Display(quiet or (event_log is not None and log_file is None))
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions)
+    # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
+    # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
+    json_stderr = event_log is not None and event_log.log_format == "json" and log_file is None
+    stop = StopOnSignal(json_lines=json_stderr)
     try:
-        result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log))
+        with stop.installed():
+            result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log),
+                             stop_requested=stop.requested)
     except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError) as e:
         display.close()
         _close_log(event_log, error=str(e))
@@ -206,10 +217,13 @@ def run(
     report_path = f"{result.output}/reports/{result.run_id}.json"
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(report_dict(result), indent=1, ensure_ascii=False))
+        report.write_bytes(report_json(result))
         report_path = str(report)
-    if not quiet:
+    if not quiet and not json_stderr:
         _summary(result, report_path)
+    elif result.interrupted and not json_stderr:
+        # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
+        console.print(f"{result.warnings[-1]}; report: {report_path}", highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
 
 

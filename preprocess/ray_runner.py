@@ -1,6 +1,8 @@
 """Running inputs as Ray tasks: start or join a cluster, stream each task's progress and result.
 
-One task per input tar. A task writes its shards itself, straight into the output directory, and sends
+One task per input tar, scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
+from the first task on, instead of piling onto whichever node's worker started first (on a loaded
+2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into the output directory, and sends
 the driver only small messages (progress counts, then the shard list and failures): no image bytes or
 pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
 (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
@@ -8,9 +10,14 @@ pixels pass through the driver or the object store. A task whose worker dies is 
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
-from collections.abc import Iterator
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +27,19 @@ import ray
 import preprocess
 import shardio
 from preprocess.config import JobConfig
+from preprocess.ray_watchdog import start_watchdog
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import ShardioError
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES"]
+           "TASK_MAX_RETRIES", "TASK_OPTIONS"]
 
 TASK_MAX_RETRIES = 3
+# SPREAD: see the module docstring. The options are a constant so the tests can check them.
+TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, "retry_exceptions": False,
+                                "scheduling_strategy": "SPREAD"}
+# How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
+WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -98,27 +111,180 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+class _RayOutput:
+    """Routes what a Ray instance this run starts prints, to ``on_line`` (the job's event hook: the
+    progress display drops it under ``-q``, the JSON log wraps it as ``{"event": "ray", "line": ...}``).
+
+    Two channels: Python logging of the ``ray`` logger (the "Token authentication is enabled" warning), and
+    raw writes to fd 2 by Ray's C++ core in this process and by the processes ``ray.init`` starts (they
+    inherit fd 2). fd 2 points into a pipe while Ray starts and stops; a reader thread delivers its lines
+    as they come, except while fd 2 is redirected (its own writes would loop back): those wait in a
+    buffer until fd 2 is restored.
+    """
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.lock = threading.Lock()
+        self.redirected = False
+        self.pending: list[str] = []
+        self.closed = False  # after the session: the run's log may be closed, late lines are dropped
+        self.pipe_w: int | None = None
+        self.handler = _LineHandler(self.deliver)
+        self.saved_handlers: list[logging.Handler] = []
+        self.saved_propagate = True
+
+    def deliver(self, line: str) -> None:
+        if not line.strip():
+            return
+        with self.lock:
+            if self.closed:
+                return
+            if self.redirected:
+                self.pending.append(line)
+                return
+            self.on_line(line)
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            for raw in stream:
+                self.deliver(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    @contextmanager
+    def fd2(self) -> Iterator[None]:
+        if self.pipe_w is None:
+            read_end, self.pipe_w = os.pipe()
+            threading.Thread(target=self._read, args=(read_end,), name="ray-output", daemon=True).start()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        saved = os.dup(2)
+        with self.lock:
+            os.dup2(self.pipe_w, 2)
+            self.redirected = True
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            with self.lock:
+                os.dup2(saved, 2)
+                os.close(saved)
+                self.redirected = False
+                pending, self.pending = self.pending, []
+            for line in pending:
+                self.deliver(line)
+
+    def take_python_logging(self) -> None:
+        """From now on the ``ray`` logger's records go to ``on_line`` (``ray.init`` set up its own handler)."""
+        ray_logger = logging.getLogger("ray")
+        self.saved_handlers, self.saved_propagate = list(ray_logger.handlers), ray_logger.propagate
+        for handler in self.saved_handlers:
+            ray_logger.removeHandler(handler)
+        ray_logger.addHandler(self.handler)
+        ray_logger.propagate = False
+
+    def release(self) -> None:
+        with self.lock:
+            self.closed = True
+        ray_logger = logging.getLogger("ray")
+        ray_logger.removeHandler(self.handler)
+        for handler in self.saved_handlers:
+            ray_logger.addHandler(handler)
+        ray_logger.propagate = self.saved_propagate
+        if self.pipe_w is not None:
+            os.close(self.pipe_w)  # the reader sees EOF once the processes Ray started have exited too
+            self.pipe_w = None
+
+
+class _LineHandler(logging.Handler):
+    def __init__(self, deliver: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.deliver = deliver
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s -- %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.deliver(self.format(record))
+
+
+def _init_deferring_signals(**init_args: Any) -> None:
+    """``ray.init`` that leaves SIGINT and SIGTERM to whoever handled them before (the CLI's handler only
+    records a signal; the job acts on it once Ray is up).
+
+    Ray's ``init`` sets its own SIGTERM handler (``sys.exit``) first thing, and its C++ core installs
+    crash handlers: a SIGTERM would then tear through a half-initialised core worker, as a KeyboardInterrupt
+    did for SIGINT (9 segfaults in 23 trials, rc -11). So Ray's hook is a no-op for the duration, and the
+    Python handlers are set again afterwards. (``ray.init`` cannot run in a helper thread instead: the
+    processes it starts are fate-shared via PR_SET_PDEATHSIG, which fires when the starting *thread* ends.)
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    utils = getattr(ray._private, "utils", None)
+    set_sigterm_handler = getattr(utils, "set_sigterm_handler", None)
+    if set_sigterm_handler is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**init_args)
+    finally:
+        if set_sigterm_handler is not None:
+            utils.set_sigterm_handler = set_sigterm_handler
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+
+
+def _local_session() -> tuple[str, list[int]] | None:
+    """The session directory and raylet pid(s) of the local Ray this process started (Ray's private API:
+    None if it moved, and then the watchdog is not started)."""
+    try:
+        node = ray._private.worker._global_node
+        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET, [])
+        return node.get_session_dir_path(), [info.process.pid for info in raylets]
+    except AttributeError:
+        return None
+
+
 @contextmanager
-def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
+def ray_session(
+    address: str | None, workers: int | None, on_output: Callable[[str], None] | None = None
+) -> Iterator[dict[str, Any]]:
     """Use Ray as found (already initialised: tests, notebooks), join ``address``, or start it locally.
 
-    Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started.
+    Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started; a
+    local Ray it started is cleaned up by ``preprocess.ray_watchdog`` (processes and session directory),
+    also when this process is killed. ``on_output``: where the Ray it starts prints (see ``_RayOutput``);
+    None leaves Ray's output as Ray sends it.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         _check_reachable(address)
     started = False
+    output = _RayOutput(on_output) if on_output is not None else None
+    watchdog = None
     if not ray.is_initialized():
-        common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+        # Workers' prints reach the driver only when nothing asked for quiet or JSON-only output; a task's
+        # failure still comes back as its exception.
+        common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": output is None,
                                   "configure_logging": True, "logging_level": "WARNING"}
         if address:
             # Ship our two packages to nodes that may not have them (their deps must be installed there).
             runtime_env = {"py_modules": [os.path.dirname(preprocess.__file__), os.path.dirname(shardio.__file__)]}
-            ray.init(address=address, runtime_env=runtime_env, **common)
+            init_args = {"address": address, "runtime_env": runtime_env, **common}
         else:
             # address="local": always a new local instance, never an existing one found on this machine.
-            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **common)
-        started = True
+            init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
+        try:
+            if output is not None:
+                with output.fd2():
+                    _init_deferring_signals(**init_args)
+                output.take_python_logging()
+            else:
+                _init_deferring_signals(**init_args)
+            started = True
+            local = _local_session() if not address else None
+            if local is not None:
+                watchdog = start_watchdog(*local)
+        except BaseException:
+            if output is not None:
+                output.release()
+            raise
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         yield {
@@ -128,7 +294,21 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, 
         }
     finally:
         if started:
-            ray.shutdown()
+            if output is not None:
+                with output.fd2():
+                    ray.shutdown()
+            else:
+                ray.shutdown()
+        if watchdog is not None:
+            watchdog.stdin.close()  # type: ignore[union-attr]
+            # Ray stopped its processes above; the watchdog removes the session directory (and any
+            # straggler) in well under a second. Never block a finished run on it for long.
+            try:
+                watchdog.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        if output is not None:
+            output.release()
 
 
 def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
@@ -162,15 +342,19 @@ def _failure_reason(error: Exception) -> str:
 
 
 def stream_inputs(
-    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None
+    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
-    tars does not flood the scheduler, and a killed run has started little it did not finish.
+    tars does not flood the scheduler, and a killed run has started little it did not finish. Once
+    ``should_stop()`` (checked at least every ``WAIT_S``) is true, nothing more is submitted, the running
+    tasks are cancelled (their inputs are simply not done: a cancelled task removes its partial shards,
+    and the job removes whatever a killed one left) and the iteration ends.
     """
-    remote = ray.remote(num_cpus=1, max_retries=TASK_MAX_RETRIES, retry_exceptions=False)(_task)
+    remote = ray.remote(**TASK_OPTIONS)(_task)
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
     queue = list(reversed(items))
     fingerprints = dict(items)
@@ -178,10 +362,14 @@ def stream_inputs(
     cfg_dict = cfg.to_dict()
     attempts = AttemptTracker()
     while queue or running:
+        if should_stop():
+            for generator in running:
+                ray.cancel(generator)
+            return
         while queue and len(running) < limit:
             path, fingerprint = queue.pop()
             running[remote.remote(path, output_dir, cfg_dict, fingerprint)] = path
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
         for generator in ready:
             try:
                 ref = next(generator)
