@@ -35,6 +35,8 @@ class StopOnSignal:
     def __init__(self, json_lines: bool = False) -> None:
         self.json_lines = json_lines  # stderr carries the JSON log: the one line written here is JSON too
         self.signal_name = ""
+        # A copy of stderr taken at install: fd 2 itself points into a pipe while Ray starts (ray_runner).
+        self.stderr_fd = 2
 
     def requested(self) -> str:
         return self.signal_name
@@ -56,7 +58,7 @@ class StopOnSignal:
         else:
             line = f"preprocess: {message}"
         try:
-            os.write(2, (line + "\n").encode("utf-8", "replace"))
+            os.write(self.stderr_fd, (line + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
 
@@ -65,9 +67,12 @@ class StopOnSignal:
         if threading.current_thread() is not threading.main_thread():
             yield self  # signal handlers can only be set from the main thread (embedding callers)
             return
+        self.stderr_fd = os.dup(2)
         previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         try:
             yield self
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            os.close(self.stderr_fd)
+            self.stderr_fd = 2
