@@ -55,7 +55,8 @@ from shardio.format import (
 )
 from shardio.writer import write_manifest
 
-__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "COMMIT_INTERVAL_S", "report_json"]
+__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "COMMIT_INTERVAL_S",
+           "report_json"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
 # loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
@@ -407,7 +408,9 @@ def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, tupl
     emit("warning", message)
 
 
-def _save_report_after_error(committer: _Committer, report: RunReport, error: BaseException, started: float) -> None:
+def _save_report_after_error(
+    committer: _Committer, report: RunReport, error: BaseException, started: float
+) -> None:
     """An unexpected exception after the lock was taken: commit what finished and keep a report saying
     so (best effort: the original exception is what the caller re-raises)."""
     report.warnings.append(f"stopped by an error: {type(error).__name__}: {error}".splitlines()[0])

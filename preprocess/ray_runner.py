@@ -2,8 +2,8 @@
 
 One task per input tar, scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
 from the first task on, instead of piling onto whichever node's worker started first (on a loaded
-2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into the output directory, and sends
-the driver only small messages (progress counts, then the shard list and failures): no image bytes or
+2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
+the output directory, and sends the driver only small messages (progress counts, then the shard list and failures): no image bytes or
 pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
 (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
 """
@@ -156,7 +156,11 @@ class _RayOutput:
             threading.Thread(target=self._read, args=(read_end,), name="ray-output", daemon=True).start()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        saved = os.dup(2)
+        try:
+            saved = os.dup(2)
+        except OSError:  # no fd 2 at all (a daemon): nothing to route
+            yield
+            return
         with self.lock:
             os.dup2(self.pipe_w, 2)
             self.redirected = True
@@ -173,7 +177,7 @@ class _RayOutput:
                 self.deliver(line)
 
     def take_python_logging(self) -> None:
-        """From now on the ``ray`` logger's records go to ``on_line`` (``ray.init`` set up its own handler)."""
+        """From now on the ``ray`` logger's records go to ``on_line`` (``ray.init`` set up its own)."""
         ray_logger = logging.getLogger("ray")
         self.saved_handlers, self.saved_propagate = list(ray_logger.handlers), ray_logger.propagate
         for handler in self.saved_handlers:
@@ -342,7 +346,8 @@ def _failure_reason(error: Exception) -> str:
 
 
 def stream_inputs(
-    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None,
+    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig,
+    max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task

@@ -67,12 +67,16 @@ class StopOnSignal:
         if threading.current_thread() is not threading.main_thread():
             yield self  # signal handlers can only be set from the main thread (embedding callers)
             return
-        self.stderr_fd = os.dup(2)
+        try:
+            self.stderr_fd = os.dup(2)
+        except OSError:
+            self.stderr_fd = 2
         previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         try:
             yield self
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            os.close(self.stderr_fd)
+            if self.stderr_fd != 2:
+                os.close(self.stderr_fd)
             self.stderr_fd = 2

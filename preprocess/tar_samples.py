@@ -133,7 +133,8 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
     stops: list[tarfile.HeaderError] = []
     try:
         with storage.open_read(path) as raw, tarfile.open(
-            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops), encoding="utf-8", errors="surrogateescape"
+            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops),
+            encoding="utf-8", errors="surrogateescape",
         ) as tar:
             for info in tar:
                 name = info.name
@@ -174,7 +175,9 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         reason = str(e) or type(e).__name__
         if reason == "empty file":
             reason = "no tar header"
-        raise InputError(f"{path}: not a readable tar ({reason}; last good member: {escape_name(last_member)})") from e
+        raise InputError(
+            f"{path}: not a readable tar ({reason}; last good member: {escape_name(last_member)})"
+        ) from e
     end_problem = _end_problem(stops[-1] if stops else None, end_offset, last_member)
     if end_problem:
         raise InputError(f"{path}: {end_problem}; re-download or re-create it")

@@ -14,7 +14,9 @@ import signal
 import pytest
 
 import shardio
-from tests.interrupt_helpers import SAMPLES_PER_TAR, config_file, has_event, log_events, slow_inputs, start, wait_until
+from tests.interrupt_helpers import (
+    SAMPLES_PER_TAR, config_file, has_event, log_events, slow_inputs, start, wait_until,
+)
 
 pytestmark = pytest.mark.ray
 INPUTS = 30
