@@ -1,7 +1,8 @@
 """``preprocess``: the command line of the job (typer).
 
 Exit codes: 0 every input processed (bad samples are counted in the report, not fatal); 1 an input could
-not be processed (the others are still committed) or a check failed; 2 usage or config error.
+not be processed (the others are still committed) or a check failed; 2 usage or config error; 130 / 143
+``run`` stopped by SIGINT / SIGTERM (see ``preprocess.stop_signals``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
+from preprocess.job import RunReport
 from preprocess.logging_events import EventLogger
 from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
 from preprocess.versions import library_versions
@@ -141,3 +142,16 @@ def test_bad_log_format_is_a_usage_error(tars, tmp_path):
     result = runner.invoke(app, ["run", tars.make("a.tar", range(1)), "--output", str(tmp_path / "o"),
                                  "--log-format", "xml"])
     assert result.exit_code == 2 and "--log-format" in result.output
+
+
+def test_ray_output_and_an_interrupted_run_are_json_records():
+    stream = io.StringIO()
+    log = EventLogger(stream, "json")
+    log("ray", "2026-01-01 00:00:00,000\tWARNING authentication_token_setup.py:85 -- Token authentication ...")
+    report = RunReport(run_id="r", output="o", started="s", config={}, interrupted="SIGTERM",
+                       inputs_unfinished=["b.tar"])
+    log.finish(report)
+    ray_line, finished = records(stream.getvalue())
+    assert ray_line["event"] == "ray" and "Token authentication" in ray_line["line"]
+    assert finished["event"] == "run_finished" and finished["interrupted"] == "SIGTERM"
+    assert finished["exit_code"] == 143
