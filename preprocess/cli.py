@@ -224,7 +224,8 @@ def run(
         _summary(result, report_path)
     elif result.interrupted and not json_stderr:
         # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
-        console.print(f"{result.warnings[-1]}; report: {report_path}", highlight=False, markup=False)
+        console.print(f"{result.warnings[-1]}; report: {report_path}", highlight=False, markup=False,
+                      soft_wrap=True)
     raise typer.Exit(result.exit_code)
 
 

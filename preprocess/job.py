@@ -39,7 +39,7 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from preprocess.output_lock import OutputLock
-from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
+from preprocess.ray_runner import Progress, RayUnavailable, TaskEvent, ray_session, stream_inputs
 from preprocess.versions import VersionDrift, library_versions, version_drift
 from preprocess.worker import InputResult
 from shardio import storage
@@ -296,6 +296,8 @@ def run_job(
                 _save_report_after_error(committer, report, e, started)
                 raise
             disk_full = f"writing the manifest: {e}"
+        except RayUnavailable:
+            raise  # refused before any work, like a lock held: no run happened to report
         except BaseException as e:
             _save_report_after_error(committer, report, e, started)
             raise
