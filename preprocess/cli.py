@@ -206,11 +206,14 @@ def run(
     except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError) as e:
         display.close()
         _close_log(event_log, error=str(e))
+        if json_stderr:
+            raise typer.Exit(EXIT_USAGE) from None  # the "error" record above said it, as JSON
         _fail_usage(str(e))
     except (ShardError, OutputFull) as e:
         display.close()
         _close_log(event_log, error=str(e))
-        console.print(f"[red]error:[/red] {e}", highlight=False)
+        if not json_stderr:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         display.close()

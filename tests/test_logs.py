@@ -155,3 +155,13 @@ def test_ray_output_and_an_interrupted_run_are_json_records():
     assert ray_line["event"] == "ray" and "Token authentication" in ray_line["line"]
     assert finished["event"] == "run_finished" and finished["interrupted"] == "SIGTERM"
     assert finished["exit_code"] == 143
+
+
+def test_a_refused_run_in_json_mode_prints_only_json(ray_cluster, tars, tmp_path):
+    tar = tars.make("a.tar", range(2))
+    out = str(tmp_path / "out")
+    assert runner.invoke(app, ["run", tar, "--output", out, "--size", "16", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["run", tar, "--output", out, "--size", "24", "--log-format", "json"])
+    assert result.exit_code == 2
+    (error,) = records(result.output)  # every line is JSON: no human "error:" line beside the record
+    assert error["event"] == "error" and "different config" in error["message"]
