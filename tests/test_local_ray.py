@@ -38,7 +38,8 @@ def _assert_gone(processes: list[psutil.Process], session_dirs: list[str], timeo
         if not alive and not left:
             return
         time.sleep(0.05)
-    raise AssertionError(f"left behind: processes {[p.pid for p in alive]}, session dirs {left}")
+    raise AssertionError(f"left behind: processes {[(p.pid, p.name()) for p in alive]}, "
+                         f"session dirs {left}")
 
 
 def _test_cluster_nodes() -> int:
