@@ -1,7 +1,8 @@
 """``preprocess``: the command line of the job (typer).
 
 Exit codes: 0 every input processed (bad samples are counted in the report, not fatal); 1 an input could
-not be processed (the others are still committed) or a check failed; 2 usage or config error.
+not be processed (the others are still committed) or a check failed; 2 usage or config error; 130 / 143
+``run`` stopped by SIGINT / SIGTERM (see ``preprocess.stop_signals``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from preprocess.config import ConfigError, load_config
 from preprocess.inputs import NoInputsMatched
-from preprocess.job import OutputFull, PruneRefused, RunOptions, RunReport, report_dict, run_job
+from preprocess.job import OutputFull, PruneRefused, RunOptions, RunReport, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.output_lock import OutputLocked, OutputUnusable
 from preprocess.ray_runner import RayUnavailable
+from preprocess.stop_signals import StopOnSignal
 from shardio.commit import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention
 from shardio.errors import DatasetIncompatibleError, ShardError
 
@@ -88,6 +90,10 @@ class _Display:
                 )
                 self.progress.start()
                 self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
+            return
+        if kind == "ray":  # a line Ray printed: quiet means quiet
+            if not self.quiet:
+                console.print(payload, markup=False, highlight=False)
             return
         if kind == "warning":
             if not self.quiet:
@@ -209,17 +215,26 @@ def run(
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune,
                          retention=Retention(hours=retain_hours, generations=retain_generations))
+    # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
+    # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
+    json_stderr = event_log is not None and event_log.log_format == "json" and log_file is None
+    stop = StopOnSignal(json_lines=json_stderr)
     try:
-        result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log))
+        with stop.installed():
+            result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log),
+                             stop_requested=stop.requested)
     except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError, NoInputsMatched,
             OutputUnusable, PruneRefused) as e:
         display.close()
         _close_log(event_log, error=str(e))
+        if json_stderr:
+            raise typer.Exit(EXIT_USAGE) from None  # the "error" record above said it, as JSON
         _fail_usage(str(e))
     except (ShardError, OutputFull) as e:
         display.close()
         _close_log(event_log, error=str(e))
-        console.print(f"[red]error:[/red] {e}", highlight=False)
+        if not json_stderr:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(EXIT_FAILED) from None
     finally:
         display.close()
@@ -227,10 +242,14 @@ def run(
     report_path = f"{result.output}/reports/{result.run_id}.json"
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(report_dict(result), indent=1, ensure_ascii=False))
+        report.write_bytes(report_json(result))
         report_path = str(report)
-    if not quiet:
+    if not quiet and not json_stderr:
         _summary(result, report_path)
+    elif result.interrupted and not json_stderr:
+        # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
+        console.print(f"{result.warnings[-1]}; report: {report_path}", highlight=False, markup=False,
+                      soft_wrap=True)
     raise typer.Exit(result.exit_code)
 
 

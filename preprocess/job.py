@@ -36,6 +36,7 @@ its last commit.
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from preprocess.output_lock import OutputLock, ensure_output_dir
-from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
+from preprocess.ray_runner import Progress, RayUnavailable, TaskEvent, ray_session, stream_inputs
 from preprocess.versions import VersionDrift, library_versions, version_drift
 from preprocess.worker import InputResult
 from shardio import storage
@@ -66,7 +67,8 @@ from shardio.format import (
 )
 from shardio.writer import write_manifest
 
-__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S"]
+__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
+           "report_json"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
 # loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
@@ -122,6 +124,10 @@ class RunReport:
     inputs_per_node: dict[str, int] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # A stop request (the CLI: SIGINT / SIGTERM) ended the run early: the signal's name, and the planned
+    # inputs it left undone (not committed; the next run processes them).
+    interrupted: str = ""
+    inputs_unfinished: list[str] = field(default_factory=list)
 
     @property
     def failed_fraction(self) -> float:
@@ -131,7 +137,10 @@ class RunReport:
     @property
     def exit_code(self) -> int:
         """0: every input processed (bad samples are counted, not fatal); 1: an input failed, or more
-        samples failed than the config's ``max_failed_fraction`` allows."""
+        samples failed than the config's ``max_failed_fraction`` allows; 128 + the signal's number (130
+        SIGINT, 143 SIGTERM) when a signal stopped the run, as a shell reports a process it killed."""
+        if self.interrupted:
+            return 128 + signal.Signals[self.interrupted].value
         too_many = self.failed_fraction > self.config.get("max_failed_fraction", 1.0)
         return 1 if self.inputs_failed or too_many else 0
 
@@ -211,13 +220,20 @@ class _Committer:
 
 
 def run_job(
-    options: RunOptions, on_event: Callable[[str, Any], None] | None = None
+    options: RunOptions, on_event: Callable[[str, Any], None] | None = None,
+    stop_requested: Callable[[], str] = lambda: "",
 ) -> RunReport:
     """Run the job; ``on_event(kind, payload)`` receives "plan", "progress", "started" / "retried"
-    (``TaskEvent``), "input" (``InputResult``) and "warning" (str) events (the CLI's progress bar and logs).
-    Raises DatasetIncompatibleError (VersionDrift under ``strict_versions``) / OutputLocked / RayUnavailable
-    before any work, OutputFull if the output disk fills up (see the module docstring); returns the report
-    otherwise (its ``exit_code`` says whether every input was processed)."""
+    (``TaskEvent``), "input" (``InputResult``), "warning" (str) and "ray" (str: a line a Ray instance this
+    run started printed) events (the CLI's progress bar and logs). Raises DatasetIncompatibleError
+    (VersionDrift under ``strict_versions``) / OutputLocked / RayUnavailable before any work, OutputFull if
+    the output disk fills up (see the module docstring); returns the report otherwise (its ``exit_code``
+    says whether every input was processed).
+
+    ``stop_requested()`` returns why to stop early (a signal's name, e.g. "SIGINT"), or "": once it does,
+    no more inputs start, running ones are cancelled, the finished ones are committed and the report
+    (``interrupted``, ``inputs_unfinished``) is written. A report is written whatever happens after the
+    lock is taken, an unexpected exception included (then re-raised)."""
     emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
     cfg = options.config
@@ -270,10 +286,13 @@ def run_job(
         plan = {"todo": len(todo), "skipped": len(report.inputs_skipped)}
         disk_full: str | None = None
         try:
-            if not todo:
+            if not todo or stop_requested():
                 emit("plan", plan)
             else:
-                disk_full = _process(todo, options, plan, committer, report, emit, started)
+                disk_full = _process(todo, options, plan, committer, report, emit, started, stop_requested,
+                                     routes_ray=on_event is not None)
+            if stop_requested():
+                _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
             if existing is None and not storage.exists(storage.join(directory, MANIFEST_NAME)):
                 write_manifest(directory, manifest)  # an empty but valid dataset, so readers get a clear answer
@@ -285,8 +304,14 @@ def run_job(
                 report.files_collected = collect(directory, committer.manifest, options.retention).files
         except OSError as e:
             if not storage.is_disk_full(e):
+                _save_report_after_error(committer, report, e, started)
                 raise
             disk_full = f"writing the manifest: {e}"
+        except RayUnavailable:
+            raise  # refused before any work, like a lock held: no run happened to report
+        except BaseException as e:
+            _save_report_after_error(committer, report, e, started)
+            raise
         if disk_full is not None:
             _stop_on_full_disk(directory, report, disk_full)
         report.dataset_samples = manifest.samples
@@ -337,16 +362,21 @@ def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> Non
 
 def _process(
     todo: list[tuple[str, tuple[int, int]]], options: RunOptions, plan: dict[str, Any], committer: _Committer,
-    report: RunReport, emit: Callable[[str, Any], None], started: float,
+    report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
+    routes_ray: bool,
 ) -> str | None:
     """Run ``todo`` as Ray tasks, committing as inputs finish; returns why it stopped early if the output
-    disk filled up (every later input would fail the same way), else None."""
-    with ray_session(options.ray_address, options.workers) as cluster:
+    disk filled up (every later input would fail the same way), else None. Returns early, tasks
+    cancelled, once ``stop_requested()``."""
+    # With no event hook (library use) Ray prints as it always does; the CLI routes it (quiet, JSON).
+    ray_output = (lambda line: emit("ray", line)) if routes_ray else None
+    with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
         emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - started, 3)
-        stream = stream_inputs(todo, committer.directory, options.config)
+        stream = stream_inputs(todo, committer.directory, options.config,
+                               should_stop=lambda: bool(stop_requested()))
         try:
             for message in stream:
                 if isinstance(message, Progress):
@@ -414,6 +444,32 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.failures.extend(result.failures)
 
 
+def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, tuple[int, int]]],
+                      emit: Callable[[str, Any], None]) -> None:
+    report.interrupted = reason
+    ended = set(report.inputs_processed) | {failed["input"] for failed in report.inputs_failed}
+    report.inputs_unfinished = [path for path, _ in todo if path not in ended]
+    message = (f"{reason}: stopped early; {len(report.inputs_processed)} finished input(s) committed, "
+               f"{len(report.inputs_unfinished)} not processed (the next run does them)")
+    report.warnings.append(message)
+    emit("warning", message)
+
+
+def _save_report_after_error(
+    committer: _Committer, report: RunReport, error: BaseException, started: float
+) -> None:
+    """An unexpected exception after the lock was taken: commit what finished and keep a report saying
+    so (best effort: the original exception is what the caller re-raises)."""
+    report.warnings.append(f"stopped by an error: {type(error).__name__}: {error}".splitlines()[0])
+    report.elapsed_s = round(time.perf_counter() - started, 3)
+    try:
+        committer.maybe_commit(force=True)
+        report.dataset_samples = committer.manifest.samples
+        _save_report(committer.directory, report)
+    except Exception:  # noqa: BLE001 - never mask the error being raised
+        pass
+
+
 def report_dict(report: RunReport) -> dict[str, Any]:
     doc = {k: v for k, v in vars(report).items()}
     doc["failures_by_reason"] = report.failures_by_reason()
@@ -421,7 +477,17 @@ def report_dict(report: RunReport) -> dict[str, Any]:
     return doc
 
 
+def report_json(report: RunReport) -> bytes:
+    """The report as UTF-8 JSON; never fails on content: a string that UTF-8 cannot hold (a lone surrogate
+    from a non-UTF-8 name that reached a reason) falls back to ASCII ``\\uXXXX`` escapes, a value JSON
+    has no type for to its ``str``. The report must survive whatever a run met."""
+    doc = report_dict(report)
+    try:
+        return json.dumps(doc, indent=1, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(doc, indent=1, ensure_ascii=True, default=str).encode("ascii")
+
+
 def _save_report(directory: str, report: RunReport) -> None:
     storage.makedirs(storage.join(directory, REPORTS_DIR))
-    data = json.dumps(report_dict(report), indent=1, ensure_ascii=False).encode()
-    storage.write_atomic(storage.join(directory, REPORTS_DIR, f"{report.run_id}.json"), data)
+    storage.write_atomic(storage.join(directory, REPORTS_DIR, f"{report.run_id}.json"), report_json(report))

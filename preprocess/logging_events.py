@@ -11,13 +11,17 @@ human line or a JSON line (``preprocess run --log-format human|json --log-file P
 Events: ``run_planned``, ``input_started`` (its task's first message: it is running, and where),
 ``input_retried`` (messages for the input now come from another Ray worker: the last one died and Ray ran
 the task again), ``input_finished``, ``input_failed``, ``warning``, ``run_finished``, or ``error`` (the
-run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held).
+run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held);
+``ray`` (``line``: what a Ray instance this run started printed, so that in JSON mode every line of the
+stream is JSON) and ``signal`` (``message``: Ctrl-C / SIGTERM received, written by
+``preprocess.stop_signals``). ``run_finished`` carries ``interrupted`` (the signal) when one stopped the run.
 Progress counts within an input are not logged (one message per 32 samples would drown the rest).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -43,6 +47,7 @@ class EventLogger:
         self.samples = 0
         self.started_at: dict[str, float] = {}  # input -> monotonic time its task started
         self.logged_failures: set[str] = set()
+        self.lock = threading.Lock()  # Ray's output arrives from a reader thread
 
     def __call__(self, kind: str, payload: Any) -> None:
         if kind == "plan":
@@ -74,6 +79,8 @@ class EventLogger:
                             inputs_todo=self.todo)
         elif kind in ("warning", "error"):
             self._write(kind, message=str(payload))
+        elif kind == "ray":
+            self._write("ray", line=str(payload))
 
     def finish(self, report: Any) -> None:
         """The run's closing record, from its ``RunReport``; inputs that failed before any task ran
@@ -85,7 +92,8 @@ class EventLogger:
                     samples_written=report.samples_written, samples_failed=report.samples_failed,
                     inputs_processed=len(report.inputs_processed), inputs_skipped=len(report.inputs_skipped),
                     inputs_failed=len(report.inputs_failed), duration_s=report.elapsed_s,
-                    images_per_s=report.images_per_s, dataset_samples=report.dataset_samples)
+                    images_per_s=report.images_per_s, dataset_samples=report.dataset_samples,
+                    interrupted=getattr(report, "interrupted", "") or None)
 
     def _write(self, event: str, **fields: Any) -> None:
         record = {"time": _now(), "event": event, **{k: v for k, v in fields.items() if v is not None}}
@@ -93,8 +101,9 @@ class EventLogger:
             line = json.dumps(record, ensure_ascii=False)
         else:
             line = _human(record)
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        with self.lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
 
 
 def _human(record: dict[str, Any]) -> str:

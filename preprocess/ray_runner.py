@@ -1,7 +1,9 @@
 """Running inputs as Ray tasks: start or join a cluster, stream each task's progress and result.
 
-One task per input tar. A task writes its shards itself, straight into the output directory, and sends
-the driver only small messages (progress counts, then the shard list and failures): no image bytes or
+One task per input tar, scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
+from the first task on, instead of piling onto whichever node's worker started first (on a loaded
+2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
+the output directory, and sends the driver only small messages (progress counts, then the shard list and failures): no image bytes or
 pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
 (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
 """
@@ -9,8 +11,11 @@ pixels pass through the driver or the object store. A task whose worker dies is 
 from __future__ import annotations
 
 import os
+import signal
 import socket
-from collections.abc import Iterator
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +25,20 @@ import ray
 import preprocess
 import shardio
 from preprocess.config import JobConfig
+from preprocess.ray_output import RayOutput
+from preprocess.ray_watchdog import start_watchdog
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import ShardioError
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES"]
+           "TASK_MAX_RETRIES", "TASK_OPTIONS"]
 
 TASK_MAX_RETRIES = 3
+# SPREAD: see the module docstring. The options are a constant so the tests can check them.
+TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, "retry_exceptions": False,
+                                "scheduling_strategy": "SPREAD"}
+# How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
+WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -98,27 +110,89 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+def _init_deferring_signals(**init_args: Any) -> None:
+    """``ray.init`` that leaves SIGINT and SIGTERM to whoever handled them before (the CLI's handler only
+    records a signal; the job acts on it once Ray is up).
+
+    Ray's ``init`` sets its own SIGTERM handler (``sys.exit``) first thing, and its C++ core installs
+    crash handlers: a SIGTERM would then tear through a half-initialised core worker, as a KeyboardInterrupt
+    did for SIGINT (9 segfaults in 23 trials, rc -11). So Ray's hook is a no-op for the duration, and the
+    Python handlers are set again afterwards. (``ray.init`` cannot run in a helper thread instead: the
+    processes it starts are fate-shared via PR_SET_PDEATHSIG, which fires when the starting *thread* ends.)
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    utils = getattr(ray._private, "utils", None)
+    set_sigterm_handler = getattr(utils, "set_sigterm_handler", None)
+    if set_sigterm_handler is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**init_args)
+    finally:
+        if set_sigterm_handler is not None:
+            utils.set_sigterm_handler = set_sigterm_handler
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+
+
+def _local_session() -> tuple[str, list[int]] | None:
+    """The session directory and raylet pid(s) of the local Ray this process started (Ray's private API:
+    None if it moved, and then the watchdog is not started)."""
+    try:
+        node = ray._private.worker._global_node
+        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET, [])
+        return node.get_session_dir_path(), [info.process.pid for info in raylets]
+    except AttributeError:
+        return None
+
+
 @contextmanager
-def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
+def ray_session(
+    address: str | None, workers: int | None, on_output: Callable[[str], None] | None = None
+) -> Iterator[dict[str, Any]]:
     """Use Ray as found (already initialised: tests, notebooks), join ``address``, or start it locally.
 
-    Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started.
+    Yields a small description (address, nodes, CPUs) for the report. Shuts down only what it started; a
+    local Ray it started is cleaned up by ``preprocess.ray_watchdog`` (processes and session directory),
+    also when this process is killed. ``on_output``: where the Ray it starts prints (see
+    ``preprocess.ray_output``); None leaves Ray's output as Ray sends it.
     """
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         _check_reachable(address)
     started = False
+    output = RayOutput(on_output) if on_output is not None else None
+    watchdog = None
     if not ray.is_initialized():
-        common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+        # Workers' prints reach the driver only when nothing asked for quiet or JSON-only output; a task's
+        # failure still comes back as its exception.
+        common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": output is None,
                                   "configure_logging": True, "logging_level": "WARNING"}
         if address:
             # Ship our two packages to nodes that may not have them (their deps must be installed there).
             runtime_env = {"py_modules": [os.path.dirname(preprocess.__file__), os.path.dirname(shardio.__file__)]}
-            ray.init(address=address, runtime_env=runtime_env, **common)
+            init_args = {"address": address, "runtime_env": runtime_env, **common}
         else:
             # address="local": always a new local instance, never an existing one found on this machine.
-            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **common)
-        started = True
+            init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
+        try:
+            if output is not None:
+                with output.fd2():
+                    _init_deferring_signals(**init_args)
+                output.take_python_logging()
+            else:
+                _init_deferring_signals(**init_args)
+            started = True
+            local = _local_session() if not address else None
+            if local is not None:
+                watchdog = start_watchdog(*local)
+        except BaseException:
+            if started:
+                ray.shutdown()
+            if output is not None:
+                output.release()
+            raise
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         yield {
@@ -128,7 +202,22 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[dict[str, 
         }
     finally:
         if started:
-            ray.shutdown()
+            if output is not None:
+                with output.fd2():
+                    ray.shutdown()
+            else:
+                ray.shutdown()
+        if watchdog is not None:
+            watchdog.stdin.close()  # type: ignore[union-attr]
+            # Ray stopped its processes above (ray.shutdown: 1.4 s here); the watchdog then removes the
+            # session directory, ~30 ms more (a straggler: SIGTERM, SIGKILL after 5 s). Never block a
+            # finished run on it for long.
+            try:
+                watchdog.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        if output is not None:
+            output.release()
 
 
 def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
@@ -162,15 +251,20 @@ def _failure_reason(error: Exception) -> str:
 
 
 def stream_inputs(
-    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig, max_in_flight: int | None = None
+    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig,
+    max_in_flight: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
-    tars does not flood the scheduler, and a killed run has started little it did not finish.
+    tars does not flood the scheduler, and a killed run has started little it did not finish. Once
+    ``should_stop()`` (checked at least every ``WAIT_S``) is true, nothing more is submitted, the running
+    tasks are cancelled (their inputs are simply not done: a cancelled task removes its partial shards,
+    and the job removes whatever a killed one left) and the iteration ends.
     """
-    remote = ray.remote(num_cpus=1, max_retries=TASK_MAX_RETRIES, retry_exceptions=False)(_task)
+    remote = ray.remote(**TASK_OPTIONS)(_task)
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
     queue = list(reversed(items))
     fingerprints = dict(items)
@@ -178,10 +272,14 @@ def stream_inputs(
     cfg_dict = cfg.to_dict()
     attempts = AttemptTracker()
     while queue or running:
+        if should_stop():
+            for generator in running:
+                ray.cancel(generator)
+            return
         while queue and len(running) < limit:
             path, fingerprint = queue.pop()
             running[remote.remote(path, output_dir, cfg_dict, fingerprint)] = path
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
         for generator in ready:
             try:
                 ref = next(generator)

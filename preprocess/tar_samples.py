@@ -10,7 +10,9 @@ Problems with one sample are yielded as ``SampleProblem`` (the job records them 
 is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
 short or garbled header after the first member; only a zero block (the end-of-archive marker) is taken as a
 proper end here, so a tar (or ``.tar.gz``) cut at a member boundary or corrupted mid-way is an error, not a
-silently shorter input.
+silently shorter input. Member names are bytes: keys and member names are yielded escaped to valid UTF-8
+(``shardio.format.escape_name``), and reasons quote names with ``repr`` (ASCII escapes), so a non-UTF-8 name
+is one sample, never a failed tar or a report that cannot be written.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from shardio import storage
 from shardio.errors import InputError
+from shardio.format import escape_name
 
 __all__ = ["RawSample", "SampleProblem", "iter_tar_samples", "MAX_MEMBER_BYTES"]
 
@@ -96,15 +99,18 @@ def _end_problem(stop: tarfile.HeaderError | None, offset: int, last_member: str
 
 
 def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | SampleProblem:
+    # Names leave this module escaped (shardio.format "Names"): a key with a non-UTF-8 byte is then one
+    # sample like any other, where its lone surrogate used to fail the metadata write of the whole tar.
+    key = escape_name(group.key)
     if group.problem:
-        return SampleProblem(group.key, group.problem)
+        return SampleProblem(key, group.problem)
     for ext in image_extensions:
         if ext in group.members:
             member, data = group.members[ext]
             fields = {e: group.members[e][1] for e in _METADATA_EXTENSIONS if e in group.members}
-            return RawSample(group.key, member, data, fields)
-    present = ", ".join(sorted(group.members)) or "nothing"
-    return SampleProblem(group.key, f"no image member (has: {present})")
+            return RawSample(key, escape_name(member), data, fields)
+    present = ", ".join(escape_name(ext) for ext in sorted(group.members)) or "nothing"
+    return SampleProblem(key, f"no image member (has: {present})")
 
 
 def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[RawSample | SampleProblem]:
@@ -127,7 +133,8 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
     stops: list[tarfile.HeaderError] = []
     try:
         with storage.open_read(path) as raw, tarfile.open(
-            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops)
+            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops),
+            encoding="utf-8", errors="surrogateescape",
         ) as tar:
             for info in tar:
                 name = info.name
@@ -168,7 +175,7 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         reason = str(e) or type(e).__name__
         if reason == "empty file":
             reason = "no tar header"
-        raise InputError(path, f"not a readable tar ({reason}; last good member: {last_member})") from e
+        raise InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})") from e
     end_problem = _end_problem(stops[-1] if stops else None, end_offset, last_member)
     if end_problem:
         raise InputError(path, f"{end_problem}; re-download or re-create it")

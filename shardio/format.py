@@ -23,6 +23,11 @@ the image's member name in that tar), ``width``/``height`` (int, the original im
 resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (int or null, the label),
 ``json`` (object or null, the sample's ``.json``). No pickle anywhere.
 
+Names (``key``, ``member``, and the ``key`` of a report's failures) are always valid UTF-8. Tar member
+names are bytes; a name that is valid UTF-8 is stored as is, except that each backslash is doubled
+(``\\\\``); each byte that is not part of valid UTF-8 is stored as ``\\xNN`` (two lower-case hex digits),
+so ``b"caf\\xe9.jpg"`` (Latin-1) is stored as ``caf\\xe9.jpg``. ``unescape_name`` gives back the exact bytes.
+
 Manifest (``manifest.json``). A JSON object:
 
 =================  ======================================================================================
@@ -79,6 +84,7 @@ import json
 import mmap
 import os
 import posixpath
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,6 +114,8 @@ __all__ = [
     "check_shard_sizes",
     "verify_checksums",
     "file_sha256",
+    "escape_name",
+    "unescape_name",
 ]
 
 FORMAT_NAME = "shardio"
@@ -458,3 +466,36 @@ def verify_checksums(directory: str, manifest: Manifest) -> list[str]:
             elif file_sha256(path) != sha:
                 problems.append(f"{path}: sha256 differs from the manifest (corrupt)")
     return problems
+
+
+_ESCAPED = re.compile(r"\\(x[0-9a-f]{2}|\\)")
+
+
+def escape_name(name: str) -> str:
+    """A tar member name (``str`` as ``tarfile`` decodes it: UTF-8, undecodable bytes as lone surrogates
+    ``U+DC80..U+DCFF``) as valid UTF-8 text, reversibly: see "Names" in the module docstring."""
+    if name.isascii() and "\\" not in name:
+        return name  # nearly every name: nothing to escape
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+    out = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def unescape_name(text: str) -> bytes:
+    """The member name's original bytes from its stored form (the inverse of ``escape_name``)."""
+    out = bytearray()
+    position = 0
+    for match in _ESCAPED.finditer(text):
+        out += text[position:match.start()].encode("utf-8")
+        token = match.group(1)
+        out += b"\\" if token == "\\" else bytes([int(token[1:], 16)])
+        position = match.end()
+    out += text[position:].encode("utf-8")
+    return bytes(out)

@@ -10,7 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 import shardio
+from preprocess import ray_runner
 from preprocess.cli import app
+from preprocess.config import JobConfig
+from preprocess.job import RunOptions, RunReport, report_json, run_job
 from tests.tar_factory import Member, decode_index
 
 pytestmark = pytest.mark.ray
@@ -136,14 +139,52 @@ def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_p
 
 
 def test_job_spreads_over_both_nodes_of_the_cluster(ray_cluster, tars, tmp_path):
-    # Enough work per input (~0.3 s) that the second node's fresh worker starts before the first node
-    # has drained the queue; with tiny inputs one warm worker can finish everything alone.
+    # Tasks are scheduled SPREAD: the first two go to different nodes because both have a free CPU, not
+    # because the second node's worker happened to start in time (the default policy packs the driver's
+    # node first: on a loaded machine all 8 inputs landed there). Tiny inputs on purpose: one warm worker
+    # could finish them all alone, so only the strategy can put inputs on both nodes.
+    assert ray_runner.TASK_OPTIONS["scheduling_strategy"] == "SPREAD"
     for t in range(8):
-        tars.make(f"{t}.tar", range(t * 30, t * 30 + 30), size=(1200, 900))
+        tars.make(f"{t}.tar", range(t * 2, t * 2 + 2), with_meta=False)
     out, report_path = str(tmp_path / "out"), str(tmp_path / "r.json")
     result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)
     assert result.exit_code == 0
     report = json.load(open(report_path))
     assert report["cluster"]["nodes"] == 2
     assert len(report["inputs_per_node"]) == 2, report["inputs_per_node"]
-    assert read_all(out)[0] == list(range(240))
+    assert read_all(out)[0] == list(range(16))
+
+
+def test_a_non_utf8_key_that_is_also_a_bad_sample_is_reported_not_fatal(ray_cluster, tars, tmp_path):
+    bad_name = b"bad\xff-000002.jpg".decode("utf-8", "surrogateescape")  # a Latin-1 byte, as tarfile reads it
+    path = tars.write("names.tar", [*tars.samples([0, 1]), Member(bad_name, b"not an image")])
+    out, report_path = str(tmp_path / "out"), str(tmp_path / "r.json")
+    result = run_cli(path, "--output", out, "--size", "16", "--report", report_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(open(report_path, encoding="utf-8").read())
+    assert report["inputs_processed"] == [path] and report["samples_written"] == 2
+    assert [f["key"] for f in report["failures"]] == ["bad\\xff-000002"]
+    assert len(os.listdir(os.path.join(out, "reports"))) == 1
+
+
+def test_the_report_survives_any_content_and_an_error_after_a_commit(ray_cluster, tars, tmp_path):
+    # A lone surrogate (a non-UTF-8 name that reached a reason) cannot be UTF-8: ASCII escapes instead.
+    report = RunReport(run_id="r", output="o", started="s", config={},
+                       failures=[{"input": "a.tar", "key": "k\udcff", "reason": "bad \udcff"}])
+    assert json.loads(report_json(report))["failures"][0]["key"] == "k\udcff"
+    # An unexpected exception after an input was committed still leaves the commit and a report.
+    tars.make("a.tar", range(3))
+    out = str(tmp_path / "out")
+
+    def broken_hook(kind, payload):
+        if kind == "input":
+            raise RuntimeError("a bug in a progress hook")
+
+    cfg = JobConfig(height=16, width=16)
+    with pytest.raises(RuntimeError):
+        run_job(RunOptions(inputs=[tars.made[0]], output=out, config=cfg), on_event=broken_hook)
+    (saved,) = os.listdir(os.path.join(out, "reports"))
+    saved_report = json.load(open(os.path.join(out, "reports", saved)))
+    assert "stopped by an error: RuntimeError: a bug in a progress hook" in saved_report["warnings"]
+    assert saved_report["inputs_processed"] == [tars.made[0]] and saved_report["dataset_samples"] == 3
+    assert len(shardio.open_dataset(out)) == 3

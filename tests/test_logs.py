@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
+from preprocess.job import RunReport
 from preprocess.logging_events import EventLogger
 from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
 from preprocess.versions import library_versions
@@ -141,3 +142,26 @@ def test_bad_log_format_is_a_usage_error(tars, tmp_path):
     result = runner.invoke(app, ["run", tars.make("a.tar", range(1)), "--output", str(tmp_path / "o"),
                                  "--log-format", "xml"])
     assert result.exit_code == 2 and "--log-format" in result.output
+
+
+def test_ray_output_and_an_interrupted_run_are_json_records():
+    stream = io.StringIO()
+    log = EventLogger(stream, "json")
+    log("ray", "2026-01-01 00:00:00,000\tWARNING authentication_token_setup.py:85 -- Token authentication ...")
+    report = RunReport(run_id="r", output="o", started="s", config={}, interrupted="SIGTERM",
+                       inputs_unfinished=["b.tar"])
+    log.finish(report)
+    ray_line, finished = records(stream.getvalue())
+    assert ray_line["event"] == "ray" and "Token authentication" in ray_line["line"]
+    assert finished["event"] == "run_finished" and finished["interrupted"] == "SIGTERM"
+    assert finished["exit_code"] == 143
+
+
+def test_a_refused_run_in_json_mode_prints_only_json(ray_cluster, tars, tmp_path):
+    tar = tars.make("a.tar", range(2))
+    out = str(tmp_path / "out")
+    assert runner.invoke(app, ["run", tar, "--output", out, "--size", "16", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["run", tar, "--output", out, "--size", "24", "--log-format", "json"])
+    assert result.exit_code == 2
+    (error,) = records(result.output)  # every line is JSON: no human "error:" line beside the record
+    assert error["event"] == "error" and "different config" in error["message"]

@@ -19,6 +19,7 @@ from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.worker import process_input
 from shardio import storage
 from shardio.errors import InputError
+from shardio.format import unescape_name
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=32, width=32)
@@ -269,3 +270,31 @@ def test_unsafe_members_are_counted_and_touch_nothing_outside_the_output(tars, t
     assert all(f.startswith(os.path.join("a", "b", "out") + os.sep) for f in created), created
     assert not os.path.exists(absolute) and not os.path.exists("/evil.jpg")
     assert secret.read_bytes() == jpeg_bytes(index_image(66))
+
+
+# --- member names that are not UTF-8 ----------------------------------------------------------------------
+
+
+def test_a_non_utf8_member_name_is_one_sample_stored_escaped_and_reversible(tars, tmp_path):
+    latin1 = b"caf\xe9-000001".decode("utf-8", "surrogateescape")  # what tarfile makes of byte 0xE9
+    backslash = "back\\x41slash-000003"  # a literal backslash: escaped too, so the stored form is unambiguous
+    path = tars.write("names.tar", [
+        *tars.samples([0]),
+        Member(f"{latin1}.jpg", jpeg_bytes(index_image(1))),
+        Member(f"{latin1}.txt", b"caption 1"),
+        Member(b"bad\xff\xfe-000002.jpg".decode("utf-8", "surrogateescape"), b"not an image"),
+        Member(f"{backslash}.jpg", jpeg_bytes(index_image(3))),
+    ])
+    out = tmp_path / "out"
+    result = run(path, str(out))
+
+    assert result.error is None, result.error
+    assert result.samples == 3
+    assert [f["key"] for f in result.failures] == ["bad\\xff\\xfe-000002"]
+    pixels, rows = read_shards(str(out), result.shards)  # the .jsonl is valid UTF-8 JSON
+    assert [decode_index(p) for p in pixels] == [0, 1, 3]
+    assert [r["key"] for r in rows] == ["000000", "caf\\xe9-000001", "back\\\\x41slash-000003"]
+    assert rows[1]["member"] == "caf\\xe9-000001.jpg" and rows[1]["txt"] == "caption 1"
+    assert unescape_name(rows[1]["member"]) == b"caf\xe9-000001.jpg"
+    assert unescape_name(rows[2]["member"]) == b"back\\x41slash-000003.jpg"
+    assert unescape_name(result.failures[0]["key"]) == b"bad\xff\xfe-000002"

@@ -1,0 +1,96 @@
+"""A run that starts its own local Ray (no --ray-address): what it prints and what it leaves behind.
+
+Two subprocess runs (~5 s each of Ray start-up), one per way a run ends: a SIGINT during Ray's start-up
+(acted on after it: exit 130 with a report, never a segfault), with ``--log-format json`` on stderr, where
+every line must be JSON, Ray's own included; and a SIGKILL mid-run under ``-q``, which must print nothing.
+Either way the Ray processes the run started and their session directory must go, while the session's
+own cluster (another Ray instance on this machine) is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import ray
+
+import shardio
+from shardio import storage
+from tests.interrupt_helpers import config_file, session_dirs_of, slow_inputs, start, wait_until
+
+pytestmark = pytest.mark.ray
+
+
+def _ray_processes_of(run_pid: int) -> list[psutil.Process]:
+    return psutil.Process(run_pid).children(recursive=True)
+
+
+def _assert_gone(processes: list[psutil.Process], session_dirs: list[str], timeout_s: float = 60.0) -> None:
+    """Everything the run's Ray started is gone, promptly (polled; Ray's own agents took ~60 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if _alive(p)]
+        left = [d for d in session_dirs if os.path.exists(d)]
+        if not alive and not left:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"left behind: processes {[(p.pid, p.name()) for p in alive]}, "
+                         f"session dirs {left}")
+
+
+def _test_cluster_nodes() -> int:
+    return len([node for node in ray.nodes() if node["Alive"]]) if ray.is_initialized() else 0
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigint_during_ray_start_up_then_clean_exit_with_json_only_stderr(ray_cluster, tars, tmp_path):
+    tars.make("a.tar", range(3))
+    out, stderr, report_path = str(tmp_path / "out"), str(tmp_path / "stderr.txt"), str(tmp_path / "r.json")
+    run = start([tars.made[0], "--output", out, "--size", "16", "--workers", "1", "--log-format", "json",
+                 "--report", report_path], stderr, local_ray=True)
+    # The lock is taken just before Ray starts; its session directory appears as ray.init begins.
+    wait_until(lambda: session_dirs_of(run.pid), run, what="Ray's start-up")
+    processes = _ray_processes_of(run.pid)
+    session_dirs = session_dirs_of(run.pid)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=120) == 130, open(stderr, "rb").read()[-2000:]
+
+    lines = open(stderr, encoding="utf-8").read().splitlines()
+    records = [json.loads(line) for line in lines]  # every line on stderr is JSON (Ray's own lines too)
+    events = [r["event"] for r in records]
+    assert "signal" in events and events[-1] == "run_finished", events
+    assert records[-1]["interrupted"] == "SIGINT" and records[-1]["exit_code"] == 130
+    report = json.load(open(report_path))
+    assert report["interrupted"] == "SIGINT" and report["inputs_processed"] == []
+    assert report["inputs_unfinished"] == [tars.made[0]]
+    assert len(shardio.open_dataset(out)) == 0  # nothing half-done; the next run does it all
+
+    _assert_gone(processes, session_dirs)
+    assert _test_cluster_nodes() == 2, "touched the test cluster"
+
+
+def test_a_sigkilled_quiet_run_leaves_no_ray_processes_or_session_dir(ray_cluster, tars, tmp_path):
+    slow_inputs(tars, 6)
+    out, stderr = str(tmp_path / "out"), str(tmp_path / "stderr.txt")
+    run = start([f"{tars.directory}/*.tar", "--output", out, "--config", config_file(str(tmp_path)),
+                 "--workers", "1", "-q"], stderr, local_ray=True)
+    wait_until(lambda: storage.list_dir(os.path.join(out, "shards")), run, what="the first shard file")
+    processes = _ray_processes_of(run.pid)
+    session_dirs = session_dirs_of(run.pid)
+    assert session_dirs and any("raylet" in " ".join(p.cmdline()) for p in processes)
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=30)
+
+    assert open(stderr, "rb").read() == b"", "-q printed something (Ray's start-up warnings?)"
+    _assert_gone(processes, session_dirs)  # the watchdog included: it ends once it has cleaned up
+    assert _test_cluster_nodes() == 2, "touched the test cluster"
