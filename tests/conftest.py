@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from collections.abc import Iterator
 
 import numpy as np
@@ -27,11 +28,14 @@ def ray_cluster() -> Iterator[str]:
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
     cluster.wait_for_nodes()
+    session_dir = cluster.head_node.get_session_dir_path()  # every node of a Cluster shares it
     try:
         yield cluster.address
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # The session's logs and sockets: a test session must not leave a /tmp/ray directory behind each time.
+        shutil.rmtree(session_dir, ignore_errors=True)
 
 
 @pytest.fixture

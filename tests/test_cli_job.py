@@ -138,20 +138,50 @@ def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_p
     assert shardio.open_dataset(out).shape == (16, 16, 3)
 
 
-def test_job_spreads_over_both_nodes_of_the_cluster(ray_cluster, tars, tmp_path):
-    # Tasks are scheduled SPREAD: the first two go to different nodes because both have a free CPU, not
-    # because the second node's worker happened to start in time (the default policy packs the driver's
-    # node first: on a loaded machine all 8 inputs landed there). Tiny inputs on purpose: one warm worker
-    # could finish them all alone, so only the strategy can put inputs on both nodes.
-    assert ray_runner.TASK_OPTIONS["scheduling_strategy"] == "SPREAD"
-    for t in range(8):
-        tars.make(f"{t}.tar", range(t * 2, t * 2 + 2), with_meta=False)
-    out, report_path = str(tmp_path / "out"), str(tmp_path / "r.json")
-    result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)
-    assert result.exit_code == 0
-    report = json.load(open(report_path))
-    assert report["cluster"]["nodes"] == 2
-    assert len(report["inputs_per_node"]) == 2, report["inputs_per_node"]
+def _occupy(node_id: str):
+    """An actor holding the only CPU of ``node_id`` until killed (defined here: Ray's workers cannot import a
+    test module, and a local class is shipped by value)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    class _HoldsCpu:
+        def ready(self) -> bool:
+            return True
+
+    actor = ray.remote(num_cpus=1)(_HoldsCpu).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    ray.get(actor.ready.remote())
+    return actor
+
+
+def test_every_node_of_the_cluster_processes_inputs_into_one_dataset(ray_cluster, tars, tmp_path):
+    # Placement is Ray's business and depends on load (on a busy machine one node can take all 8 inputs even
+    # with SPREAD), so the test does not wait for luck: it takes the CPU of one node while a drop runs, then
+    # of the other for the next drop. Each node must then process inputs, and one dataset must result.
+    import ray
+
+    assert ray_runner.TASK_OPTIONS["scheduling_strategy"] == "SPREAD"  # what spreads inputs on real clusters
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    assert len(nodes) == 2
+    out = str(tmp_path / "out")
+    used: dict[str, int] = {}
+    for drop, busy in enumerate(nodes):
+        for t in range(drop * 4, drop * 4 + 4):
+            tars.make(f"{t}.tar", range(t * 2, t * 2 + 2), with_meta=False)
+        blocker = _occupy(busy)
+        try:
+            report_path = str(tmp_path / f"r{drop}.json")
+            result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)
+        finally:
+            ray.kill(blocker)
+        assert result.exit_code == 0, result.output
+        report = json.load(open(report_path))
+        assert report["cluster"]["nodes"] == 2
+        on = {node.rsplit("/", 1)[-1] for node in report["inputs_per_node"]}
+        assert on and not any(busy.startswith(n) for n in on), f"drop {drop} ran on the occupied node: {on}"
+        for node, count in report["inputs_per_node"].items():
+            used[node] = used.get(node, 0) + count
+    assert len(used) == 2 and sum(used.values()) == 8, used
     assert read_all(out)[0] == list(range(16))
 
 
