@@ -50,7 +50,7 @@ def test_one_shard_batch_is_a_view(dataset_dir: str) -> None:
     """A batch inside one shard is the memory map itself; one spanning shards is one fresh buffer."""
     ds = ShardDataset(dataset_dir, 4)
     first, second, third = (b["image"] for b, _ in zip(ds, range(3)))
-    pixels = ds._shard(0)[0]
+    pixels = ds.shard(0)[0]
     assert first.data_ptr() == pixels.ctypes.data and second.data_ptr() == pixels.ctypes.data + 4 * 8 * 8 * 3
     spanning = list(ShardDataset(dataset_dir, 6))[1]  # samples 6..11: shards 0 and 1
     assert (indices(spanning) == np.arange(6, 12)).all()
