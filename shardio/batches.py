@@ -17,17 +17,27 @@ import torch
 
 from shardio.reader import DatasetSnapshot, ShardMeta
 
-__all__ = ["Batch", "BatchAssembler"]
+__all__ = ["FIELDS", "Batch", "BatchAssembler"]
 
 Batch = dict[str, Any]
 
 
+# The metadata fields a batch can carry, and what a sample without one holds.
+FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
+
+
 class BatchAssembler:
     """Batches of one snapshot: ``assemble(pieces, shared, pinned)``; keeps ``cache_shards`` shards'
-    memory maps and metadata open (per process: a pickled copy starts empty)."""
+    memory maps and metadata open (per process: a pickled copy starts empty). Every batch has the keys
+    ``image``, ``__key__`` and ``fields``, whatever shards it came from (one schema per dataset)."""
 
-    def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4) -> None:
+    def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
+                 fields: tuple[str, ...] = FIELDS) -> None:
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
         self.snapshot, self.cache_shards, self.buffer_count = snapshot, cache_shards, buffers
+        self.fields = fields
         self.cache: OrderedDict[int, tuple[np.ndarray, ShardMeta]] = OrderedDict()
         self.buffers = BufferPool(buffers)
 
@@ -69,11 +79,11 @@ class BatchAssembler:
             torch.cat([torch.from_numpy(piece) for piece in slices], out=image)
         metas = [(meta, start, stop) for (_, meta), (_, start, stop) in zip(shards, pieces)]
         batch: Batch = {"image": image, "__key__": _join([m.keys[a:b] for m, a, b in metas])}
-        if any(m.has_cls for m, _, _ in metas):
+        if "cls" in self.fields:
             batch["cls"] = torch.from_numpy(np.concatenate([m.cls[a:b] for m, a, b in metas]))
-        if any(m.has_txt for m, _, _ in metas):
+        if "txt" in self.fields:
             batch["txt"] = _join([m.txt[a:b] for m, a, b in metas])
-        if any(m.has_json for m, _, _ in metas):
+        if "json" in self.fields:
             batch["json"] = _join([m.json[a:b] for m, a, b in metas])
         return batch
 

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio import storage
-from shardio.batches import Batch, BatchAssembler
+from shardio.batches import FIELDS, Batch, BatchAssembler
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, load_manifest
 from shardio.order import epoch_runs, rank_batches, run_pieces
@@ -54,8 +54,9 @@ def _identity(batch: Batch) -> Batch:
 
 class ShardDataset(IterableDataset):
     """Batches of a shardio dataset: ``{"image": uint8 [B, H, W, 3], "__key__": [str], "cls": int64 [B],
-    "txt": [str | None], "json": [dict | None]}``; ``cls``/``txt``/``json`` only where the batch's shards
-    carry them (a missing label is -1). Use with ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
+    "txt": [str | None], "json": [dict | None]}``, the same keys in every batch (``ds.fields``: those the
+    manifest records, else all three; a missing label is -1, a missing caption or json None). Use with
+    ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
 
     Each new iteration is the next epoch (order from ``(seed, epoch)``, starting at 0); ``set_epoch(e)``
     pins the next one. ``len(ds)`` is this rank's batches per epoch. ``state_dict()``/``load_state_dict()``
@@ -144,8 +145,13 @@ class ShardDataset(IterableDataset):
             )
         self.snapshot: DatasetSnapshot = snapshot
         self.samples = len(snapshot)
+        # One schema per dataset: the fields the job recorded in the manifest, when it records them
+        # (a newer writer), else all of them; a sample without one has -1 (cls) or None.
+        recorded = getattr(snapshot.manifest, "fields", None)
+        self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
-        self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4)
+        self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
+                                         fields=self.fields)
 
     def _check_same_snapshot(self, manifest_path: str, snapshot: DatasetSnapshot | None,
                              error: ShardError | None) -> None:

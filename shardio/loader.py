@@ -193,8 +193,9 @@ class DeviceLoader:
         source = self.loader
         if isinstance(source, ShardDataset):
             epoch_pass: EpochPass | None = source.begin_pass()
-            batches = source.iter_pass(epoch_pass, pin_memory=self.pin_memory and self.device.type == "cuda",
-                                       prefetch=0)
+            # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
+            pinned = (self.pin_memory and self.device.type == "cuda") or None
+            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0)
         elif isinstance(source, ShardLoader):
             epoch_pass = source.begin_pass()
             batches = source.iter_pass(epoch_pass, prefetch=0)
