@@ -69,11 +69,17 @@ class EpochCursor:
 
     def next_pass(self) -> tuple[int, int, int | None]:
         """(epoch, start position, generation or None) of the pass about to begin; no state changes."""
-        if self._pending is not None:
-            return self._pending["epoch"], self._pending["position"], self._pending.get("generation")
+        pending = self._pending
+        if pending is not None and (self._pinned or self._left(pending["samples"], pending["position"])):
+            return pending["epoch"], pending["position"], pending.get("generation")
+        if pending is not None:  # the state's epoch was finished: an iteration now is the next one
+            return pending["epoch"] + 1, 0, None
         if self._pinned or self.current is None:
             return self.epoch, 0, None
         return self.epoch + 1, 0, None
+
+    def _left(self, samples: int, position: int) -> bool:
+        return bool(rank_batches(samples, self.batch_size, 0, self.world_size, self.drop_last, position))
 
     def begin(self, samples: int, generation: int) -> EpochPass:
         """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation``."""
@@ -104,12 +110,14 @@ class EpochCursor:
         """This rank's batch number of the last batch handed out in the epoch (0: none yet)."""
         if self._pending is not None:
             return int(self._pending["batches_seen"])
-        return 0 if self.current is None else self.current.before + self.handed
+        if self.current is None or self._pinned:  # set_epoch since the pass: the pinned epoch's start
+            return 0
+        return self.current.before + self.handed
 
     def position(self) -> int:
         if self._pending is not None:
             return int(self._pending["position"])
-        if self.current is None:
+        if self.current is None or self._pinned:
             return 0
         return consumed_position(self.current.samples, self.batch_size, self.world_size, self.current.start,
                                  self.handed)
@@ -123,7 +131,7 @@ class EpochCursor:
                 return self.state_dict(samples, generation)
             finally:
                 self.handed = handed
-        if self._pending is None and current is not None:
+        if self._pending is None and current is not None and not self._pinned:
             samples, generation = current.samples, current.generation
         elif self._pending is not None:
             samples = self._pending.get("samples", samples)

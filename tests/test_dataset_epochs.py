@@ -140,3 +140,15 @@ def test_lightning_trainer_advances_epochs_without_a_hook(dataset_dir: str, tmp_
     for epoch in range(2):
         seen = np.concatenate(model.seen[epoch * per_epoch : (epoch + 1) * per_epoch])
         assert (seen == ds.sample_order(epoch)).all(), f"Lightning's epoch {epoch} had another order"
+
+
+def test_state_after_set_epoch_is_the_start_of_the_pinned_epoch(dataset_dir: str) -> None:
+    ds = make(dataset_dir)
+    batches = iter(ds)
+    next(batches), next(batches)
+    ds.set_epoch(4)
+    state = ds.state_dict()
+    assert (state["epoch"], state["position"], state["batches_seen"]) == (4, 0, 0)
+    resumed = make(dataset_dir)
+    resumed.load_state_dict(state)
+    assert (order_of(resumed) == ds.sample_order(4)).all()
