@@ -12,7 +12,9 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    consumed (``position``; ranks step in lockstep under DDP, so one rank's count stands for all). It
    does not depend on the world size or the number of workers, so ``load_state_dict`` may come from
    another world size: the next pass deals what is left of that epoch over the new ranks (elastic
-   resume). It also pins the dataset ``generation`` the epoch was taken on.
+   resume). It also pins the dataset ``generation`` the epoch was taken on. A state whose epoch is
+   finished resumes at the next epoch (unless ``set_epoch`` pins the finished one again); a state taken
+   after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
 
 ``batches_seen`` (in the state and on the cursor) is kept for readers of older states: this rank's batch
 number within the epoch, counting the batches before a resume at the resumed layout.
