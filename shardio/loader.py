@@ -79,7 +79,9 @@ class ShardLoader(DataLoader):
         if self.num_workers == 0:
             # DataLoader's single-process iterator adds nothing to whole batches: the dataset assembles
             # them pinned itself (DataLoader's pin_memory() would then copy nothing) and prefetches.
-            return dataset.iter_pass(epoch_pass, pin_memory=self.pin_memory or None, prefetch=prefetch)
+            # pin_memory without CUDA is a no-op for DataLoader (it warns): the same here.
+            pinned = (self.pin_memory and torch.cuda.is_available()) or None
+            return dataset.iter_pass(epoch_pass, pin_memory=pinned, prefetch=prefetch)
         # The workers copy the dataset while DataLoader's iterator starts: hand them this pass.
         dataset.cursor.hand_over(epoch_pass)
         try:

@@ -95,3 +95,9 @@ def test_an_error_reaches_the_caller_and_stops_the_thread(tmp_path) -> None:
 
 def _shard_files(directory: str) -> list[str]:
     return [os.path.join("shards", name) for name in os.listdir(os.path.join(directory, "shards"))]
+
+
+def test_shard_loader_pin_memory_without_cuda_is_a_no_op_like_dataloaders(dataset_dir: str) -> None:
+    ds = ShardDataset(dataset_dir, 10)
+    got = np.concatenate([indices(b) for b in ShardLoader(ds, pin_memory=True)])
+    assert (got == np.arange(117)).all()
