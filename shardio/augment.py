@@ -45,8 +45,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.nn.functional as F
 
-from shardio.dataset import ShardDataset, rank_batches
-from shardio.loader import IMAGENET_MEAN, IMAGENET_STD
+from shardio.dataset import ShardDataset
+from shardio.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
 
 __all__ = [
     "BatchTransform",
@@ -304,19 +304,10 @@ def _dataset_of(source: Any) -> ShardDataset | None:
     return dataset if isinstance(dataset, ShardDataset) else None
 
 
-@functools.lru_cache(maxsize=8)
-def _rank_batches(samples: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[range]:
-    return rank_batches(samples, batch_size, rank, world_size, drop_last)
-
-
 def batch_positions(dataset: ShardDataset, batch_number: int) -> torch.Tensor:
     """Epoch positions (int64 [B]) of this rank's ``batch_number``-th batch of the epoch (1-based: the
-    count ``ShardLoader.batches_seen`` / ``ShardDataset.batches_seen`` has right after handing it out)."""
-    batches = _rank_batches(dataset.samples, dataset.batch_size, dataset.rank, dataset.world_size,
-                            dataset.drop_last)
-    if not 1 <= batch_number <= len(batches):
-        raise ValueError(f"batch {batch_number} is outside this rank's 1..{len(batches)} of {dataset.path}")
-    positions = batches[batch_number - 1]
+    count ``ShardDataset.batches_seen`` has right after handing it out; see ``shardio.resume``)."""
+    positions = dataset.batch_positions(batch_number)
     return torch.arange(positions.start, positions.stop, dtype=torch.int64)
 
 
@@ -352,23 +343,26 @@ def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: to
 class PositionedBatches:
     """Iterate a ``ShardLoader`` (or a ``ShardDataset``) adding ``"__position__"`` (int64 [B], the samples'
     epoch positions) and ``"__epoch__"`` to each batch, for a transform applied later (Lightning's
-    ``on_after_batch_transfer``). ``len``, ``state_dict`` and ``load_state_dict`` pass through."""
+    ``on_after_batch_transfer``). ``len``, ``state_dict`` and ``load_state_dict`` pass through; this is
+    the layer that hands batches out, so it counts them (``shardio.resume``)."""
 
-    def __init__(self, loader: Any) -> None:
-        dataset = _dataset_of(loader)
-        if dataset is None or not hasattr(loader, "batches_seen"):
+    def __init__(self, loader: ShardLoader | ShardDataset) -> None:
+        if not isinstance(loader, (ShardLoader, ShardDataset)):
             raise TypeError("PositionedBatches takes a ShardLoader or ShardDataset, "
                             f"got {type(loader).__name__}")
-        self.loader, self.dataset = loader, dataset
+        self.loader = loader
+        self.dataset: ShardDataset = loader if isinstance(loader, ShardDataset) else loader.dataset
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch in self.loader:
-            # The count right after handing out a batch is that batch's number, resume skips included.
-            yield {**batch, "__position__": batch_positions(self.dataset, self.loader.batches_seen),
-                   "__epoch__": self.dataset.epoch}
+        epoch_pass = self.loader.begin_pass()
+        for index, batch in enumerate(self.loader.iter_pass(epoch_pass)):
+            self.dataset.cursor.hand_out(epoch_pass)
+            positions = epoch_pass.batches[index]
+            yield {**batch, "__position__": torch.arange(positions.start, positions.stop, dtype=torch.int64),
+                   "__epoch__": epoch_pass.epoch}
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         return self.loader.state_dict(batches_seen)

@@ -368,6 +368,7 @@ def test_positioned_batches_for_on_after_batch_transfer(dataset_dir: str) -> Non
         assert batch["__epoch__"] == 1
         assert batch["__position__"].tolist() == positions_of(ds, 1, indices(batch))
     recorder = Recorder()
+    ds.set_epoch(1)  # each iteration is the next epoch: this one repeats epoch 1
     list(DeviceLoader(PositionedBatches(ds), "cpu", transform=recorder))
     assert recorder.calls and all(epoch == 1 for epoch, _ in recorder.calls)
 

@@ -38,6 +38,7 @@ def test_to_device_normalises_to_nchw(dataset_dir: str, device: str) -> None:
 def test_device_loader_yields_every_batch_in_order(dataset_dir: str, device: str) -> None:
     ds = ShardDataset(dataset_dir, 10, shuffle=True)
     expected = [indices(b).tolist() for b in ds]
+    ds.set_epoch(0)  # each iteration is the next epoch: this one repeats epoch 0
     loader = DeviceLoader(ShardLoader(ds, pin_memory=device == "cuda"), device)
     got = [b["cls"].cpu().tolist() for b in loader]
     assert got == expected and len(loader) == len(expected)
@@ -47,9 +48,9 @@ def test_device_loader_yields_every_batch_in_order(dataset_dir: str, device: str
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_device_loader_state_after_early_stop(dataset_dir: str, prefetch: int) -> None:
     """Prefetched batches are not counted: resuming from the state continues after the last one yielded."""
-    ds = ShardDataset(dataset_dir, 10, shuffle=True)
-    expected = [indices(b).tolist() for b in ds]
-    for source in (ShardLoader(ds), ds):
+    expected = [indices(b).tolist() for b in ShardDataset(dataset_dir, 10, shuffle=True)]
+    for wrap in (ShardLoader, lambda ds: ds):
+        source = wrap(ShardDataset(dataset_dir, 10, shuffle=True))
         loader = DeviceLoader(source, "cpu", prefetch=prefetch)
         head = []
         for batch in loader:

@@ -116,6 +116,7 @@ def test_plain_dataloader(dataset_dir: str) -> None:
 
     ds = ShardDataset(dataset_dir, 5, shuffle=True, rank=1, world_size=2)
     expected = [indices(b).tolist() for b in ds]
+    ds.set_epoch(0)  # the workers' copies cannot advance the epoch: a plain DataLoader needs set_epoch
     loader = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=torch.cuda.is_available())
     assert [indices(b).tolist() for b in loader] == expected
 

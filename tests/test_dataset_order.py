@@ -33,7 +33,8 @@ def test_stored_order(dataset_dir: str, batch_size: int) -> None:
 
 def test_batch_fields(dataset_dir: str) -> None:
     batch = next(iter(ShardDataset(dataset_dir, 10)))
-    assert set(batch) == {"image", "__key__", "cls", "txt"}  # no sample has a .json
+    assert set(batch) == {"image", "__key__", "cls", "txt", "json"}  # one schema: no sample has a .json
+    assert batch["json"] == [None] * 10
     assert batch["image"].shape == (10, 8, 8, 3) and batch["image"].dtype == torch.uint8
     assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (10,)
     assert batch["txt"] == [f"caption {i}" for i in range(10)]
@@ -42,7 +43,7 @@ def test_batch_fields(dataset_dir: str) -> None:
 def test_json_field(tmp_path) -> None:
     make_dataset(str(tmp_path), (5,), txt=False, json_field=True)
     batch = next(iter(ShardDataset(str(tmp_path), 5)))
-    assert "txt" not in batch
+    assert batch["txt"] == [None] * 5
     assert batch["json"] == [{"i": i} for i in range(5)]
 
 
@@ -50,7 +51,7 @@ def test_one_shard_batch_is_a_view(dataset_dir: str) -> None:
     """A batch inside one shard is the memory map itself; one spanning shards is one fresh buffer."""
     ds = ShardDataset(dataset_dir, 4)
     first, second, third = (b["image"] for b, _ in zip(ds, range(3)))
-    pixels = ds._shard(0)[0]
+    pixels = ds.shard(0)[0]
     assert first.data_ptr() == pixels.ctypes.data and second.data_ptr() == pixels.ctypes.data + 4 * 8 * 8 * 3
     spanning = list(ShardDataset(dataset_dir, 6))[1]  # samples 6..11: shards 0 and 1
     assert (indices(spanning) == np.arange(6, 12)).all()
@@ -86,3 +87,40 @@ def test_imports_with_numpy_and_torch_only() -> None:
     code = ("import sys, shardio; bad = [m for m in ('PIL', 'ray', 'yaml', 'webdataset') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_batch_has_the_same_keys_whatever_its_shards_carry(tmp_path) -> None:
+    """Input 0 has captions and labels, input 1 neither, input 2 json only: one schema for all batches,
+    a missing label -1 and a missing caption or json None, also in batches spanning both kinds."""
+    mixed = str(tmp_path / "mixed")
+    _mixed_dataset(mixed)
+    ds = ShardDataset(mixed, 5, shuffle=True)
+    assert ds.fields == ("cls", "txt", "json")
+    batches = list(ds)
+    assert {frozenset(b) for b in batches} == {frozenset({"image", "__key__", "cls", "txt", "json"})}
+    for batch in batches:
+        found = np.array([int(k[1:]) for k in batch["__key__"]])
+        labelled = found < 10
+        assert (batch["cls"].numpy() == np.where(labelled, found, -1)).all()
+        assert batch["txt"] == [f"caption {i}" if i < 10 else None for i in found]
+        assert batch["json"] == [{"i": int(i)} if i >= 20 else None for i in found]
+
+
+def _mixed_dataset(directory: str) -> None:
+    from shardio.format import InputEntry, Manifest
+    from shardio.writer import InputShardWriter, write_manifest
+
+    manifest = Manifest(shape=(8, 8, 3), config={"height": 8, "width": 8}, versions={"shardio": "test"})
+    for number, (first, count) in enumerate([(0, 10), (10, 10), (20, 9)]):
+        name = f"input-{number}.tar"
+        writer = InputShardWriter(directory, f"input-{number}", 8, 8, 8)
+        for i in range(first, first + count):
+            meta = {"key": f"s{i:06d}", "tar": name, "member": f"{i}.jpg", "width": 8, "height": 8,
+                    "cls": i if i < 10 else None, "txt": f"caption {i}" if i < 10 else None,
+                    "json": {"i": i} if i >= 20 else None}
+            writer.add(np.full((8, 8, 3), i, dtype=np.uint8), meta, name)
+        entries = writer.close(name)
+        manifest.shards.extend(entries)
+        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
+                                           shards=[e.path for e in entries])
+    write_manifest(directory, manifest)

@@ -79,6 +79,12 @@ def test_held_batches_are_never_overwritten(dataset_dir: str) -> None:
     expected = np.concatenate([order[i * 10 + 1 : i * 10 + 10] for i in range(len(tensors_only))]) & 255
     assert (heads == expected).all()
     # Released batches' buffers are reused: the pool stays bounded.
-    fresh = ShardDataset(dataset_dir, 10, shuffle=True, shuffle_block=1)
+    fresh = ShardDataset(dataset_dir, 10, shuffle=True, shuffle_block=1, prefetch=0)
     addresses = {batch["image"].data_ptr() for batch in fresh}
-    assert len(addresses) <= 2 < len(fresh) and len(fresh._buffers.buffers) <= fresh._buffers.size
+    pool = fresh._assembler.buffers
+    assert len(addresses) <= 2 < len(fresh) and len(pool.buffers) <= pool.size
+    # Prefetching holds more batches at once (the queue's, the thread's): still a bounded pool.
+    ahead = ShardDataset(dataset_dir, 10, shuffle=True, shuffle_block=1, prefetch=3)
+    addresses = {batch["image"].data_ptr() for batch in ahead}
+    pool = ahead._assembler.buffers
+    assert len(addresses) <= pool.size < len(ahead) and len(pool.buffers) <= pool.size

@@ -1,0 +1,128 @@
+"""Resume while the dataset grows: a state pins its generation, the resumed epoch finishes on it even
+after new drops were committed, the next epoch moves to the newest generation (``follow_updates``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dataset_fixtures import assert_exactly_once, indices, make_dataset
+
+from shardio import ShardDataset, ShardFormatError, ShardLoader
+from shardio.format import InputEntry, RetiredFile, load_manifest
+from shardio.writer import InputShardWriter, write_manifest
+
+FIRST = 117
+
+
+def add_input(directory: str, name: str, first: int, count: int) -> int:
+    """Commit a drop of ``count`` self-identifying samples ``first..`` (as make_dataset writes them)."""
+    manifest = load_manifest(directory)
+    writer = InputShardWriter(directory, name.removesuffix(".tar"), 8, 8, 8)
+    for index in range(first, first + count):
+        pixels = np.full((8, 8, 3), index % 251, dtype=np.uint8)
+        pixels.reshape(-1)[:3] = [index & 255, (index >> 8) & 255, (index >> 16) & 255]
+        writer.add(pixels, {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 8,
+                            "height": 8, "cls": index, "txt": None, "json": None}, name)
+    entries = writer.close(name)
+    manifest.shards.extend(entries)
+    manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
+                                       shards=[e.path for e in entries])
+    return write_manifest(directory, manifest)
+
+
+def drop_input(directory: str, name: str) -> int:
+    """Commit the removal of one input: its files retired (kept by retention), not deleted."""
+    manifest = load_manifest(directory)
+    gone = manifest.inputs.pop(name)
+    for entry in [e for e in manifest.shards if e.path in gone.shards]:
+        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
+    return write_manifest(directory, manifest)
+
+
+def make(directory: str, **kwargs) -> ShardDataset:
+    return ShardDataset(directory, 5, shuffle=True, seed=2, **kwargs)
+
+
+def epoch_of(source) -> np.ndarray:
+    return np.concatenate([indices(b) for b in source])
+
+
+def test_resumed_epoch_finishes_on_its_generation_and_the_next_moves_on(tmp_path) -> None:
+    directory = str(tmp_path)
+    make_dataset(directory)
+    ds = make(directory)
+    first_generation = ds.snapshot.generation
+    batches = iter(ds)
+    head = [indices(next(batches)) for _ in range(7)]
+    state = ds.state_dict()
+    assert state["generation"] == first_generation
+
+    newer = add_input(directory, "input-3.tar", FIRST, 20)  # drops committed while the run was down
+    newest = drop_input(directory, "input-0.tar")
+    assert newest > newer > first_generation
+
+    resumed = make(directory)  # opens the newest generation ...
+    assert resumed.snapshot.generation == newest
+    resumed.load_state_dict(state)  # ... and finishes the state's epoch on the state's generation
+    tail = epoch_of(ShardLoader(resumed, num_workers=2))
+    assert resumed.snapshot.generation == first_generation
+    assert_exactly_once(np.concatenate(head + [tail]), FIRST)
+
+    # The next epoch is on the newest generation: inputs 1, 2 and 3, every sample once.
+    after = epoch_of(resumed)
+    assert resumed.snapshot.generation == newest and resumed.epoch == 1
+    expected = np.arange(40, FIRST + 20)
+    assert sorted(after) == expected.tolist()
+    assert_exactly_once(after - 40, len(expected))
+
+
+def test_follow_updates_false_stays_on_the_opened_generation(tmp_path) -> None:
+    directory = str(tmp_path)
+    make_dataset(directory)
+    following, staying = make(directory), make(directory, follow_updates=False)
+    assert len(epoch_of(following)) == len(epoch_of(staying)) == FIRST
+    add_input(directory, "input-3.tar", FIRST, 20)
+    assert_exactly_once(epoch_of(following), FIRST + 20)
+    assert_exactly_once(epoch_of(staying), FIRST)
+    assert len(following) == -(-(FIRST + 20) // 5) and len(staying) == -(-FIRST // 5)
+
+
+def test_a_pinned_generation_does_not_follow_by_default(tmp_path) -> None:
+    directory = str(tmp_path)
+    make_dataset(directory)
+    generation = load_manifest(directory).generation
+    add_input(directory, "input-3.tar", FIRST, 20)
+    pinned = make(directory, generation=generation)
+    for _ in range(2):
+        assert_exactly_once(epoch_of(pinned), FIRST)
+
+
+def test_a_state_of_a_generation_no_longer_kept_says_so(tmp_path) -> None:
+    directory = str(tmp_path)
+    make_dataset(directory)
+    state = {**make(directory).state_dict(), "generation": 99}
+    with pytest.raises(ShardFormatError, match="generation 99 is not kept"):
+        make(directory).load_state_dict(state)
+
+
+def test_ddp_ranks_move_to_the_newest_generation_they_all_see(tmp_path, monkeypatch) -> None:
+    """A commit landing between two ranks' reads: the rank that saw it takes the older one too (kept by
+    retention), so both deal the same epoch."""
+    directory = str(tmp_path)
+    make_dataset(directory)
+    ds = make(directory)
+    older = ds.snapshot.generation
+    epoch_of(ds)
+    add_input(directory, "input-3.tar", FIRST, 20)
+    gathered = []
+
+    def all_gather_object(out: list, mine: int) -> None:  # the other rank has not seen the commit yet
+        gathered.append(mine)
+        out[:] = [mine, older]
+
+    monkeypatch.setattr(ds, "_from_dist", True)
+    monkeypatch.setattr(ds, "world_size", 2)
+    monkeypatch.setattr("torch.distributed.all_gather_object", all_gather_object)
+    ds.begin_pass()
+    assert gathered == [older + 1] and ds.snapshot.generation == older
