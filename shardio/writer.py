@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from shardio import commit, storage
+from shardio import directory as dataset_directory
+from shardio import storage
 from shardio.format import (
     HEADER_BYTES,
     SHARDS_DIR,
@@ -91,8 +92,8 @@ class ShardWriter:
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
             handle.handle.close()
-        os.replace(self._meta.tmp_path, self._meta.final_path)
-        os.replace(pixels.tmp_path, pixels.final_path)
+        storage.promote(self._meta.tmp_path, self._meta.final_path)
+        storage.promote(pixels.tmp_path, pixels.final_path)
         return ShardEntry(
             path=self.rel_path,
             meta_path=self.rel_meta,
@@ -189,6 +190,6 @@ class InputShardWriter:
 
 
 def write_manifest(directory: str, manifest: Manifest) -> int:
-    """Publish the manifest as the dataset's next generation (``shardio.commit.publish``): the rename of
-    ``manifest.json`` is the commit of everything it lists. Returns the generation."""
-    return commit.publish(directory, manifest)
+    """Publish the manifest as the dataset's next generation (``shardio.directory.publish``): the rename
+    of ``manifest.json`` is the commit of everything it lists. Returns the generation."""
+    return dataset_directory.publish(directory, manifest)
