@@ -281,21 +281,46 @@ class Storage(Protocol):
 
 
 class LocalStorage:
-    """``Storage`` on a local (or mounted) filesystem: this module's functions."""
+    """``Storage`` on a local (or mounted) filesystem: this module's functions, looked up at each call."""
 
-    join = staticmethod(join)
-    open_read = staticmethod(open_read)
-    exists = staticmethod(exists)
-    is_dir = staticmethod(lambda path: os.path.isdir(check_local(path)))
-    file_size = staticmethod(file_size)
-    stat_fingerprint = staticmethod(stat_fingerprint)
-    list_dir = staticmethod(list_dir)
-    makedirs = staticmethod(makedirs)
-    remove = staticmethod(remove)
-    publish = staticmethod(write_atomic)
-    publish_new = staticmethod(publish_new)
-    barrier = staticmethod(sync_dir)
-    lock = staticmethod(lock)
+    def join(self, *parts: str) -> str:
+        return join(*parts)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open_read(path)
+
+    def exists(self, path: str) -> bool:
+        return exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(check_local(path))
+
+    def file_size(self, path: str) -> int:
+        return file_size(path)
+
+    def stat_fingerprint(self, path: str) -> tuple[int, int]:
+        return stat_fingerprint(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        return list_dir(path)
+
+    def makedirs(self, path: str) -> None:
+        makedirs(path)
+
+    def remove(self, path: str) -> None:
+        remove(path)
+
+    def publish(self, path: str, data: bytes) -> None:
+        write_atomic(path, data)
+
+    def publish_new(self, path: str, data: bytes) -> None:
+        publish_new(path, data)
+
+    def barrier(self, path: str) -> None:
+        sync_dir(path)
+
+    def lock(self, directory: str, wait: bool = False) -> ContextManager[None]:
+        return lock(directory, wait)
 
 
 _LOCAL = LocalStorage()
