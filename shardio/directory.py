@@ -14,8 +14,9 @@ What it owns, in the order of a run:
   the newest valid kept generation: ``recover_manifest``).
 - **Cleaning leftovers** of a killed run: ``clean_leftovers`` (temp files, unlisted shard files,
   generation files newer than the commit).
-- **Staging and publishing shards**: workers stage each file under a unique ``.tmp-`` name and promote
-  it to its final name (``shardio.writer``); a name is unlisted, so invisible, until a commit lists it.
+- **Staging and publishing shards**: workers (``shardio.writer``) ``stage`` each file under a unique
+  ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
+  lists it.
 - **The commit** (``Committer`` / ``commit``): shards in dataset order, a storage barrier (the shards are
   durable first), ``manifests/GEN.json`` created once (conditional create), then ``manifest.json`` (the
   commit point). Killed between the two, the generation file is newer than ``manifest.json`` and
@@ -58,9 +59,13 @@ from shardio.format import (
     load_manifest,
 )
 
-__all__ = ["Retention", "Collected", "Committer", "ensure_output_dir", "writing", "load_committed", "publish",
-           "commit", "drop_inputs", "clean_leftovers", "collect", "gc", "recover_manifest", "restore_manifest",
-           "save_report", "report_path", "shard_problems", "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS"]
+__all__ = [
+    "ensure_output_dir", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
+    "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
+    "publish", "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
+    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path", "shard_problem",
+    "shard_problems",
+]
 
 # A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
 # day-long epoch; 3 generations cover reruns in quick succession (a retry, a repair) on top of that.
@@ -321,6 +326,38 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting)."""
     with storage.for_path(directory).lock(directory, wait_for_lock):
         yield
+
+
+# --- staging shards (``shardio.writer``) ----------------------------------------------------------------
+
+
+def shard_paths(name: str) -> tuple[str, str]:
+    """The pixel and metadata files of shard ``name``, relative to the dataset directory."""
+    return f"{SHARDS_DIR}/{name}.npy", f"{SHARDS_DIR}/{name}.jsonl"
+
+
+def stage(directory: str, rel_path: str) -> tuple[int, str]:
+    """A new staged file for ``rel_path`` under a unique name no other writer can pick (a ``.tmp-`` name:
+    unlisted, so invisible, and removed by ``clean_leftovers`` if its writer dies); (writable fd, path)."""
+    store = storage.for_path(directory)
+    store.makedirs(store.join(directory, SHARDS_DIR))
+    return store.create_temp(store.join(directory, rel_path))
+
+
+def promote(directory: str, staged_path: str, rel_path: str) -> None:
+    """Give a finished (fsynced) staged file its final name; it is visible once a commit lists it."""
+    store = storage.for_path(directory)
+    store.promote(staged_path, store.join(directory, rel_path))
+
+
+def discard_staged(directory: str, staged_path: str) -> None:
+    storage.for_path(directory).remove(staged_path)
+
+
+def discard(directory: str, rel_path: str) -> None:
+    """Remove a promoted file no commit lists (a failed input's shards)."""
+    store = storage.for_path(directory)
+    store.remove(store.join(directory, rel_path))
 
 
 # --- the commit ---------------------------------------------------------------------------------------

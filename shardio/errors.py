@@ -19,8 +19,9 @@
     └── InputError                  one input (tar) could not be read (named in the report, others go on)
 
 Every message names the file (and the tar member, input or shard) and says what to do. A command's exit
-status for an exception is ``exit_code(error)``, from the one table ``EXIT_CODES`` below (a run that
-ends without one exits by its report: ``shardio.run_report.RunReport.exit_code``).
+status for an exception is ``exit_code(error)``, from the one table ``EXIT_CODES`` below; a run that
+ends without one exits by its report (``shardio.run_report.RunReport.exit_code``: ``EXIT_OK``,
+``EXIT_FAILED`` or ``signal_exit_code``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_CODES",
     "exit_code",
+    "signal_exit_code",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -142,6 +144,12 @@ EXIT_CODES: dict[type[ShardioError], int] = {
     UsageError: EXIT_USAGE,
     ShardioError: EXIT_FAILED,
 }
+
+
+def signal_exit_code(signum: int) -> int:
+    """A command stopped by signal ``signum`` exits as a shell reports a process it killed: 128 + the
+    number (130 SIGINT, 143 SIGTERM)."""
+    return 128 + signum
 
 
 def exit_code(error: ShardioError) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardio import storage
+from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
 from shardio.format import REPORTS_DIR
 
@@ -65,9 +66,9 @@ class RunReport:
         samples failed than the config's ``max_failed_fraction`` allows; 128 + the signal's number (130
         SIGINT, 143 SIGTERM) when a signal stopped the run, as a shell reports a process it killed."""
         if self.interrupted:
-            return 128 + signal.Signals[self.interrupted].value
+            return signal_exit_code(signal.Signals[self.interrupted].value)
         too_many = self.failed_fraction > self.config.get("max_failed_fraction", 1.0)
-        return 1 if self.inputs_failed or too_many else 0
+        return EXIT_FAILED if self.inputs_failed or too_many else EXIT_OK
 
     def failures_by_reason(self) -> dict[str, int]:
         return count_by_category(failure["reason"] for failure in self.failures)
