@@ -205,7 +205,9 @@ def promote(staged_path: str, final_path: str) -> None:
 
 def publish_new(path: str, data: bytes) -> None:
     """Publish ``data`` at ``path`` only if nothing is there (``FileExistsError`` otherwise), atomically:
-    the fsynced temp file is hard-linked to the name, which fails if the name exists."""
+    the fsynced temp file is hard-linked to the name, which fails if the name exists. On a filesystem
+    without hard links (some FUSE / SMB mounts: EPERM, ENOTSUP) it is a check, then a rename: not atomic
+    against a second writer, which the directory's lock already excludes."""
     path = check_local(path)
     fd, tmp = create_temp(path)
     try:
@@ -213,7 +215,14 @@ def publish_new(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.link(tmp, path)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+            os.replace(tmp, path)
         _fsync_dir(os.path.dirname(path) or ".")
     finally:
         remove(tmp)
