@@ -169,7 +169,7 @@ def run_job(
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
             if existing is None and manifest.generation == 0:  # nothing committed yet
-                dataset_dir.commit(directory, manifest)  # an empty but valid dataset: readers get a clear answer
+                dataset_dir.commit(directory, manifest)  # an empty, valid dataset: readers get a clear answer
             if todo:
                 # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
                 # not at the next run. Safe: the lock is held and the manifest is committed.

@@ -291,8 +291,8 @@ def load_committed(directory: str) -> tuple[Manifest | None, str]:
             raise
         problem = str(e.__cause__) if e.__cause__ is not None else "missing"  # without load_manifest's hint
     restored = recover_manifest(directory)
-    return restored, (f"{path}: restored from kept generation {restored.generation} ({restored.samples} samples, "
-                      f"{len(restored.inputs)} inputs) because it was unusable: {problem}")
+    return restored, (f"{path}: restored from kept generation {restored.generation} ({restored.samples} "
+                      f"samples, {len(restored.inputs)} inputs) because it was unusable: {problem}")
 
 
 def manifest_path(directory: str) -> str:
@@ -387,8 +387,8 @@ class Committer:
         self.dirty = False
         self.last_commit = 0.0
 
-    def add_input(self, input_path: str, size: int, mtime_ns: int, shards: Iterable[ShardEntry | dict[str, Any]],
-                  failed: int = 0) -> None:
+    def add_input(self, input_path: str, size: int, mtime_ns: int,
+                  shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0) -> None:
         """List ``input_path``'s (promoted) shards, replacing the input's older ones, which are retired."""
         new_entries = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in shards]
         new_paths = {e.path for e in new_entries}
@@ -438,7 +438,8 @@ def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) 
         return committer.manifest
 
 
-def gc(directory: str, retention: Retention, wait_for_lock: bool = False, now: datetime | None = None) -> Collected:
+def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
+       now: datetime | None = None) -> Collected:
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
     what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
     --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""

@@ -1,22 +1,22 @@
 """Every exception shardio and preprocess raise on purpose, as one tree::
 
-    ShardioError
-    ├── ShardError                  a dataset or shard cannot be used                           exit 1
-    │   ├── ShardFormatError        not a shardio dataset, or another format version / layout
-    │   ├── ShardIntegrityError     size or checksum differs from the manifest (truncated, corrupt)
-    │   └── DatasetIncompatibleError  an existing dataset was made with another config         exit 2
-    │       └── VersionDrift        ... or another Pillow / libjpeg-turbo (``--strict-versions``)
-    ├── OutputFull                  the output disk filled up; the dataset is as of its last commit  exit 1
-    ├── UsageError                  refused before any work: fix the command and rerun           exit 2
-    │   ├── ConfigError             a bad config key or value (also a ValueError)
-    │   ├── NoInputsMatched         a glob / brace range matched no tar
-    │   ├── OutputUnusable          --output is a file, or not writable by this user
-    │   ├── OutputLocked            another live run holds the dataset directory
-    │   ├── PruneRefused            --prune would drop most of the dataset, unconfirmed
-    │   ├── RayUnavailable          the Ray address cannot be reached
-    │   └── UnsupportedPath         a URL scheme no storage backend serves yet (also a NotImplementedError)
-    ├── SampleError                 one image could not be turned into pixels (counted, never fatal)
-    └── InputError                  one input (tar) could not be read (named in the report, others go on)
+    ShardioError                          (exit: see EXIT_CODES)
+    ├── ShardError                        a dataset or shard cannot be used: exit 1
+    │   ├── ShardFormatError              not a shardio dataset, or another format version / layout
+    │   ├── ShardIntegrityError           size or checksum differs from the manifest (truncated, corrupt)
+    │   └── DatasetIncompatibleError      the dataset was made with another config: exit 2
+    │       └── VersionDrift              ... or another Pillow / libjpeg-turbo (``--strict-versions``)
+    ├── OutputFull                        the output disk filled up; the dataset is as of its last commit
+    ├── UsageError                        refused before any work, fix the command and rerun: exit 2
+    │   ├── ConfigError                   a bad config key or value (also a ValueError)
+    │   ├── NoInputsMatched               a glob / brace range matched no tar
+    │   ├── OutputUnusable                --output is a file, or not writable by this user
+    │   ├── OutputLocked                  another live run holds the dataset directory
+    │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
+    │   ├── RayUnavailable                the Ray address cannot be reached
+    │   └── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
+    ├── SampleError                       one image could not be turned into pixels (counted, not fatal)
+    └── InputError                        one input (tar) could not be read (named in the report)
 
 Every message names the file (and the tar member, input or shard) and says what to do. A command's exit
 status for an exception is ``exit_code(error)``, from the one table ``EXIT_CODES`` below; a run that
@@ -81,7 +81,8 @@ class VersionDrift(DatasetIncompatibleError):
 
 
 class OutputFull(ShardioError):
-    """The output filesystem is full (or over quota): the run stopped; the dataset is as of its last commit."""
+    """The output filesystem is full (or over quota): the run stopped; the dataset is as of its last
+    commit."""
 
 
 class UsageError(ShardioError):

@@ -148,8 +148,8 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     manifest = load_manifest(directory, generation)
     problems = shard_problems(directory, manifest)  # O(1) each: sizes only
     if problems:
-        raise ShardIntegrityError(f"{problems[0][1]}; HINT: run `preprocess verify DIR --repair` to rebuild it "
-                                  "from its input")
+        raise ShardIntegrityError(f"{problems[0][1]}; HINT: run `preprocess verify DIR --repair` to rebuild "
+                                  "it from its input")
     if verify:
         problems = shard_problems(directory, manifest, checksums=True)
         if problems:

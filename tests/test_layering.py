@@ -58,7 +58,8 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                top = alias.name.split(".")[0]
+                names[alias.asname or top] = alias.name if alias.asname else top
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -71,7 +72,8 @@ def _short(origin: str) -> str:
 
 
 def _open_mode(call: ast.Call) -> str:
-    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    keyword = next((k.value for k in call.keywords if k.arg == "mode"), None)
+    mode = call.args[1] if len(call.args) > 1 else keyword
     return mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
 
 
@@ -105,7 +107,8 @@ def file_writes(source: str) -> list[tuple[int, str]]:
                     found.append((node.lineno, origin))
                     continue
             is_module = isinstance(base, ast.Name) and base.id in aliases
-            if not is_module and (func.attr in PATH_METHODS or (func.attr in PATH_MOVES and len(node.args) == 1)):
+            moves = func.attr in PATH_MOVES and len(node.args) == 1
+            if not is_module and (func.attr in PATH_METHODS or moves):
                 found.append((node.lineno, f"Path.{func.attr}"))
     return found
 
@@ -114,7 +117,8 @@ def test_the_scanner_finds_each_kind_of_write():
     source = (
         "import os, shutil, tempfile\nfrom shardio import storage\nfrom shardio.format import SHARDS_DIR\n"
         "os.replace(a, b)\nos.remove(a)\nshutil.rmtree(d)\ntempfile.mkstemp()\nopen(p, 'wb')\n"
-        "open(p, mode='a')\nopen(p)\np.write_text('x')\np.rename(q)\nname.replace('a', 'b')\nstorage.write_atomic(p, b'')\nstorage.join(d, SHARDS_DIR)\n"
+        "open(p, mode='a')\nopen(p)\np.write_text('x')\np.rename(q)\nname.replace('a', 'b')\n"
+        "storage.write_atomic(p, b'')\nstorage.join(d, SHARDS_DIR)\n"
     )
     calls = [call for _, call in file_writes(source)]
     assert calls.count("SHARDS_DIR") == 2  # the import and the use
@@ -140,7 +144,8 @@ def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
 
 def test_import_shardio_loads_no_preprocess_ray_pillow_yaml_typer():
     code = (
-        "import sys, shardio, shardio.directory, shardio.storage, shardio.run_report, shardio.info, shardio.writer\n"
+        "import sys, shardio, shardio.directory, shardio.storage, shardio.run_report, shardio.info\n"
+        "import shardio.writer\n"
         "bad = [m for m in ('preprocess', 'ray', 'PIL', 'yaml', 'typer') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -179,7 +184,8 @@ def test_every_exception_lives_in_the_one_tree():
 @pytest.mark.parametrize(("error", "code"), [
     (errors.ConfigError("x"), 2), (errors.NoInputsMatched("x"), 2), (errors.OutputLocked("x"), 2),
     (errors.OutputUnusable("x"), 2), (errors.PruneRefused("x"), 2), (errors.RayUnavailable("x"), 2),
-    (errors.UnsupportedPath("x"), 2), (errors.DatasetIncompatibleError("x"), 2), (errors.VersionDrift("x"), 2),
+    (errors.UnsupportedPath("x"), 2), (errors.DatasetIncompatibleError("x"), 2),
+    (errors.VersionDrift("x"), 2),
     (errors.ShardError("x"), 1), (errors.ShardFormatError("x"), 1), (errors.ShardIntegrityError("x"), 1),
     (errors.OutputFull("x"), 1), (errors.InputError("a.tar", "bad"), 1),
 ])
