@@ -1,4 +1,4 @@
-"""The one owner of a dataset directory: everything that opens, writes, renames or removes a file in it.
+"""The one owner of a dataset directory: everything that creates, writes, renames or removes a file there.
 
 Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.writer`` stages
 shards here); the reader calls only the shard checker. Written once against ``shardio.storage.Storage``
@@ -100,10 +100,13 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# --- generations: publish, leftovers, retention, restore ---------------------------------------------
+
+
 def publish(directory: str, manifest: Manifest) -> int:
-    """Commit ``manifest`` as the next generation: ``manifests/GEN.json``, then ``manifest.json``. Stamps
-    the files retired by this commit, drops retired entries whose file ``collect`` already deleted, and
-    returns the new generation."""
+    """Commit ``manifest`` as the next generation: ``manifests/GEN.json`` (created once: never over an
+    existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
+    whose file ``collect`` already deleted, and returns the new generation."""
     store = storage.for_path(directory)
     generation = max([manifest.generation, *list_generations(directory)]) + 1
     now = _now().isoformat(timespec="seconds")
@@ -164,7 +167,8 @@ def _parse_time(text: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def collect(directory: str, manifest: Manifest, retention: Retention, now: datetime | None = None) -> Collected:
+def collect(directory: str, manifest: Manifest, retention: Retention,
+            now: datetime | None = None) -> Collected:
     """Delete the retired files and generation files no kept generation needs (see the format spec).
     ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
     ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
