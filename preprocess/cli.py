@@ -2,7 +2,9 @@
 
 Exit codes: 0 every input processed (bad samples are counted in the report, not fatal); 1 an input could
 not be processed (the others are still committed) or a check failed; 2 usage or config error; 130 / 143
-``run`` stopped by SIGINT / SIGTERM (see ``preprocess.stop_signals``).
+``run`` stopped by SIGINT / SIGTERM (see ``preprocess.stop_signals``). A command ended by an exception
+exits with ``shardio.errors.exit_code`` (the one table, derived from the exception tree); a finished run
+with its report's ``exit_code``.
 """
 
 from __future__ import annotations
@@ -16,25 +18,28 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from preprocess.config import ConfigError, load_config
-from preprocess.inputs import NoInputsMatched
-from preprocess.job import OutputFull, PruneRefused, RunOptions, RunReport, report_json, run_job
+from preprocess.config import load_config
+from preprocess.job import RunOptions, RunReport, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
-from preprocess.output_lock import OutputLocked, OutputUnusable
-from preprocess.ray_runner import RayUnavailable
 from preprocess.stop_signals import StopOnSignal
-from shardio.commit import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention
-from shardio.errors import DatasetIncompatibleError, ShardError
+from shardio.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
+from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="WebDataset tars -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _fail_usage(message: str) -> None:
     console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(EXIT_USAGE)
+
+
+def _fail(error: ShardioError, quiet: bool = False) -> None:
+    """End the command for ``error``: its message (unless ``quiet``: already said, e.g. as JSON) and its
+    exit status from the exception tree (``shardio.errors.exit_code``)."""
+    if not quiet:
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+    raise typer.Exit(exit_code(error)) from None
 
 
 def _version_callback(value: bool) -> None:
@@ -201,8 +206,8 @@ def run(
                  "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard}
     try:
         cfg = load_config(str(config) if config else None, overrides)
-    except ConfigError as e:
-        _fail_usage(str(e))
+    except ShardioError as e:  # ConfigError
+        _fail(e)
     if log_format is not None and log_format not in LOG_FORMATS:
         _fail_usage(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     event_log = None
@@ -223,32 +228,23 @@ def run(
         with stop.installed():
             result = run_job(options, on_event=display if event_log is None else _fan_out(display, event_log),
                              stop_requested=stop.requested)
-    except (DatasetIncompatibleError, RayUnavailable, OutputLocked, NotImplementedError, NoInputsMatched,
-            OutputUnusable, PruneRefused) as e:
+    except ShardioError as e:
         display.close()
         _close_log(event_log, error=str(e))
-        if json_stderr:
-            raise typer.Exit(EXIT_USAGE) from None  # the "error" record above said it, as JSON
-        _fail_usage(str(e))
-    except (ShardError, OutputFull) as e:
-        display.close()
-        _close_log(event_log, error=str(e))
-        if not json_stderr:
-            console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(EXIT_FAILED) from None
+        _fail(e, quiet=json_stderr)  # a JSON log's "error" record above said it, as JSON
     finally:
         display.close()
     _close_log(event_log, report=result)
-    report_path = f"{result.output}/reports/{result.run_id}.json"
+    saved_at = report_path(result.output, result.run_id)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_bytes(report_json(result))
-        report_path = str(report)
+        saved_at = str(report)
     if not quiet and not json_stderr:
-        _summary(result, report_path)
+        _summary(result, saved_at)
     elif result.interrupted and not json_stderr:
         # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
-        console.print(f"{result.warnings[-1]}; report: {report_path}", highlight=False, markup=False,
+        console.print(f"{result.warnings[-1]}; report: {saved_at}", highlight=False, markup=False,
                       soft_wrap=True)
     raise typer.Exit(result.exit_code)
 
@@ -267,25 +263,21 @@ def verify(
 
     try:
         result = verify_dataset(str(directory))
-    except ShardError as e:
+    except ShardioError as e:
         restored = None
-        if repair:
+        if repair and exit_code(e) != EXIT_USAGE:
             try:
                 restored = restore_manifest(str(directory), wait_for_lock=wait)
-            except (OutputLocked, OutputUnusable) as locked:
-                _fail_usage(str(locked))
-            except ShardError as still:
+            except ShardioError as still:
                 e = still
         if restored is None:
-            console.print(f"[red]error:[/red] {e}", highlight=False)
-            raise typer.Exit(EXIT_FAILED) from None
+            _fail(e)
         typer.echo(f"RESTORED manifest.json from kept generation {restored.generation} ({restored.samples} samples, "
                    f"{len(restored.inputs)} inputs); it was unusable: {e}")
         try:
             result = verify_dataset(str(directory))
-        except ShardError as again:
-            console.print(f"[red]error:[/red] {again}", highlight=False)
-            raise typer.Exit(EXIT_FAILED) from None
+        except ShardioError as again:
+            _fail(again)
     for bad in result.bad:
         typer.echo(f"BAD {bad.problem} (input {bad.input})")
     checked = f"{result.shards} shard(s), {result.bytes / 1e6:.1f} MB checked"
@@ -298,11 +290,8 @@ def verify(
         raise typer.Exit(EXIT_FAILED)
     try:
         fixed = repair_dataset(str(directory), result, workers=workers, ray_address=ray_address, wait_for_lock=wait)
-    except (OutputLocked, OutputUnusable, RayUnavailable, NotImplementedError) as e:
-        _fail_usage(str(e))
-    except (ShardError, OutputFull) as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(EXIT_FAILED) from None
+    except ShardioError as e:
+        _fail(e)
     for path in fixed.missing:
         typer.echo(f"CANNOT REPAIR {path}: the input is gone; its shards stay listed and bad "
                    "(restore the tar and rerun --repair, or `preprocess run ... --prune` without it)")
@@ -328,16 +317,13 @@ def gc(
 ) -> None:
     """Delete superseded shards and manifest generations that no kept generation needs (a run does this
     at its end with its own --retain-* options)."""
-    from preprocess.retention import gc_dataset
+    from shardio.directory import gc as collect_garbage
 
     try:
-        collected = gc_dataset(str(directory), Retention(hours=retain_hours, generations=retain_generations),
-                               wait_for_lock=wait)
-    except (OutputLocked, OutputUnusable, NotImplementedError) as e:
-        _fail_usage(str(e))
-    except ShardError as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(EXIT_FAILED) from None
+        collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations),
+                                    wait_for_lock=wait)
+    except ShardioError as e:
+        _fail(e)
     typer.echo(f"collected {len(collected.files)} retired file(s) ({collected.bytes / 1e6:.1f} MB) and "
                f"{len(collected.generations)} manifest generation(s); kept generations "
                f"{', '.join(map(str, collected.kept_generations))} and {collected.retained_files} retired file(s)")
@@ -380,12 +366,9 @@ def diagnose(
 
     try:
         cfg = load_config(str(config) if config else None)
-    except ConfigError as e:
-        _fail_usage(str(e))
-    try:
         resolved = resolve_inputs(inputs)
-    except NoInputsMatched as e:
-        _fail_usage(str(e))
+    except ShardioError as e:  # ConfigError, NoInputsMatched
+        _fail(e)
     paths, failed = resolved.paths, resolved.failed
     result = time_stages(paths, cfg, limit=limit, project_images=project_images, cores=cores,
                          write_dir=str(write_dir) if write_dir else None)

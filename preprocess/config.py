@@ -14,16 +14,14 @@ from typing import Any
 
 import yaml
 
+from shardio.errors import ConfigError
+
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS"]
 
 RESIZE_MODES = ("center_crop", "pad", "stretch")
 # Pillow's filter names; "box" and "bilinear" are cheaper, "lanczos" sharper; bicubic is what
 # torchvision and timm use for ImageNet-style training.
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
-
-
-class ConfigError(ValueError):
-    """A config file or flag is invalid; the CLI turns it into exit code 2."""
 
 
 @dataclass

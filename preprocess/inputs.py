@@ -21,17 +21,13 @@ from dataclasses import dataclass, field
 from braceexpand import braceexpand
 
 from shardio import storage
-from shardio.errors import ShardioError
+from shardio.errors import NoInputsMatched
 
 __all__ = ["resolve_inputs", "ResolvedInputs", "NoInputsMatched", "TAR_SUFFIXES"]
 
 _GLOB_CHARS = set("*?[")
 # What the tar reader opens (``tarfile`` mode ``r|*``: plain, gzip, bzip2, xz).
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-
-
-class NoInputsMatched(ShardioError):
-    """A glob or brace range matched no tar: a usage error, raised before the output is touched."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ killed run left, skip inputs already committed unchanged (same path, size and mt
 Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
 commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
 files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
-(the protocol itself, with what it needs from storage, is ``shardio.commit``).
+(the protocol itself, with what it needs from storage, is ``shardio.directory``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
@@ -14,7 +14,7 @@ process (mostly importing Ray; Ray itself is not started), where hashing would r
 size within one timestamp tick (kernels stamp mtime from a coarse clock, a few ms) is not seen as
 changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed. A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
-readers of older generations, and the retention (``shardio.commit``: 24 h and 3 generations by default,
+readers of older generations, and the retention (``shardio.directory``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
 
 ``--prune`` that would drop more than half of the committed inputs or samples is refused
@@ -35,8 +35,6 @@ its last commit.
 
 from __future__ import annotations
 
-import json
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -46,26 +44,15 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
-from preprocess.output_lock import OutputLock, ensure_output_dir
-from preprocess.ray_runner import Progress, RayUnavailable, TaskEvent, ray_session, stream_inputs
-from preprocess.versions import VersionDrift, library_versions, version_drift
+from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
+from preprocess.versions import library_versions, version_drift
 from preprocess.worker import InputResult
+from shardio import directory as dataset_dir
 from shardio import storage
-from shardio.commit import Retention, clean_leftovers, collect, recover_manifest
-from shardio.errors import DatasetIncompatibleError, ShardError, ShardioError
-from shardio.failure_reasons import count_by_category
-from shardio.format import (
-    MANIFEST_NAME,
-    REPORTS_DIR,
-    SHARDS_DIR,
-    InputEntry,
-    Manifest,
-    RetiredFile,
-    ShardEntry,
-    list_generations,
-    load_manifest,
-)
-from shardio.writer import write_manifest
+from shardio.directory import Committer, Retention, drop_inputs
+from shardio.errors import DatasetIncompatibleError, OutputFull, PruneRefused, RayUnavailable, VersionDrift
+from shardio.format import Manifest
+from shardio.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json"]
@@ -73,14 +60,6 @@ __all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "P
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
 # loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
 COMMIT_INTERVAL_S = 2.0
-
-
-class OutputFull(ShardioError):
-    """The output filesystem is full (or over quota): the run stopped; the dataset is as of its last commit."""
-
-
-class PruneRefused(ShardioError):
-    """``--prune`` would drop most of the dataset and was not confirmed: a usage error, nothing touched."""
 
 
 @dataclass
@@ -97,57 +76,6 @@ class RunOptions:
     retention: Retention = field(default_factory=Retention)
 
 
-@dataclass
-class RunReport:
-    run_id: str
-    output: str
-    started: str
-    config: dict[str, Any]
-    samples_written: int = 0
-    samples_failed: int = 0
-    samples_upscaled: int = 0  # written, but smaller than the target on a side (see min_image_size)
-    failures: list[dict[str, str]] = field(default_factory=list)
-    inputs_processed: list[str] = field(default_factory=list)
-    inputs_skipped: list[str] = field(default_factory=list)
-    inputs_failed: list[dict[str, str]] = field(default_factory=list)
-    inputs_pruned: list[str] = field(default_factory=list)
-    inputs_ignored: list[str] = field(default_factory=list)  # non-tar files a glob matched
-    generation: int = 0  # the dataset's generation after this run
-    files_collected: list[str] = field(default_factory=list)  # retired files retention deleted
-    dataset_samples: int = 0
-    elapsed_s: float = 0.0
-    images_per_s: float = 0.0
-    # Ray start-up (a few seconds locally) is a fixed cost: these two separate it from the steady rate.
-    startup_s: float = 0.0
-    processing_images_per_s: float = 0.0
-    cluster: dict[str, Any] = field(default_factory=dict)
-    inputs_per_node: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    # A stop request (the CLI: SIGINT / SIGTERM) ended the run early: the signal's name, and the planned
-    # inputs it left undone (not committed; the next run processes them).
-    interrupted: str = ""
-    inputs_unfinished: list[str] = field(default_factory=list)
-
-    @property
-    def failed_fraction(self) -> float:
-        total = self.samples_written + self.samples_failed
-        return self.samples_failed / total if total else 0.0
-
-    @property
-    def exit_code(self) -> int:
-        """0: every input processed (bad samples are counted, not fatal); 1: an input failed, or more
-        samples failed than the config's ``max_failed_fraction`` allows; 128 + the signal's number (130
-        SIGINT, 143 SIGTERM) when a signal stopped the run, as a shell reports a process it killed."""
-        if self.interrupted:
-            return 128 + signal.Signals[self.interrupted].value
-        too_many = self.failed_fraction > self.config.get("max_failed_fraction", 1.0)
-        return 1 if self.inputs_failed or too_many else 0
-
-    def failures_by_reason(self) -> dict[str, int]:
-        return count_by_category(failure["reason"] for failure in self.failures)
-
-
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
@@ -157,66 +85,9 @@ def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> Non
     diffs = [f"{k}: dataset has {stored.get(k)!r}, this run {wanted.get(k)!r}"
              for k in keys if stored.get(k) != wanted.get(k)]
     raise DatasetIncompatibleError(
-        f"{storage.join(directory, MANIFEST_NAME)}: written with a different config ({'; '.join(diffs)}); "
+        f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
         "shards of different shapes or pixels never mix: use a new --output, or the dataset's own config"
     )
-
-
-def _clean_leftovers(directory: str, manifest: Manifest | None) -> int:
-    """Remove what a killed run left (``shardio.commit.clean_leftovers``); retired files stay."""
-    return clean_leftovers(directory, manifest)
-
-
-class _Committer:
-    """Folds finished inputs into the manifest and publishes it atomically, at most every few seconds."""
-
-    def __init__(self, directory: str, manifest: Manifest) -> None:
-        self.directory = directory
-        self.manifest = manifest
-        self.dirty = False
-        self.last_commit = 0.0
-
-    def add(self, result: InputResult) -> None:
-        new_entries = [ShardEntry(**s) for s in result.shards]
-        new_paths = {e.path for e in new_entries}
-        old = self.manifest.inputs.get(result.input)
-        if old is not None:
-            self.drop(result.input, keep=new_paths)
-        # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
-        # (an input restored to its old state, a repair) is live again, not retention's to collect.
-        relisted = new_paths | {e.meta_path for e in new_entries}
-        self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
-        self.manifest.shards.extend(new_entries)
-        self.manifest.inputs[result.input] = InputEntry(
-            size=result.size, mtime_ns=result.mtime_ns, samples=result.samples,
-            failed=len(result.failures), shards=[e.path for e in new_entries],
-        )
-        self.dirty = True
-
-    def drop(self, input_path: str, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        old = self.manifest.inputs.pop(input_path)
-        gone = set(old.shards) - keep
-        for entry in self.manifest.shards:
-            if entry.path in gone:
-                # Not deleted: a reader of the previous generation may be mid-epoch on them.
-                self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
-        self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
-        self.dirty = True
-
-    def maybe_commit(self, force: bool = False) -> None:
-        if not self.dirty or (not force and time.monotonic() - self.last_commit < COMMIT_INTERVAL_S):
-            return
-        # Dataset order: by input path, then shard name: independent of which task finished first.
-        self.manifest.shards.sort(key=lambda e: (e.input, e.path))
-        shards_dir = storage.join(self.directory, SHARDS_DIR)
-        if storage.exists(shards_dir):
-            # The workers' renames must be on disk before a manifest naming them is (files are fsynced
-            # before their rename): a power cut (a preempted VM) must not leave listed shards missing.
-            # One fsync per commit, ~0.2 ms here.
-            storage.sync_dir(shards_dir)
-        write_manifest(self.directory, self.manifest)
-        self.last_commit = time.monotonic()
-        self.dirty = False
 
 
 def run_job(
@@ -247,12 +118,15 @@ def run_job(
     )
     resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
-    ensure_output_dir(directory)
-    with OutputLock(directory, wait=options.wait_for_lock):
-        existing = _load_committed(directory, report, emit)
+    dataset_dir.ensure_output_dir(directory)
+    with dataset_dir.writing(directory, options.wait_for_lock):
+        existing, restored = dataset_dir.load_committed(directory)
+        if restored:
+            report.warnings.append(restored)
+            emit("warning", restored)
         if existing is not None:
             _check_compatible(existing, cfg, directory)
-            drift = version_drift(existing.versions, report.versions, storage.join(directory, MANIFEST_NAME))
+            drift = version_drift(existing.versions, report.versions, dataset_dir.manifest_path(directory))
             if drift and options.strict_versions:
                 raise VersionDrift(drift)
             if drift:
@@ -265,8 +139,8 @@ def run_job(
         to_prune = sorted(set(manifest.inputs) - set(paths)) if options.prune else []
         if to_prune and not options.confirm_large_prune:
             _check_prune(manifest, to_prune, directory)
-        _clean_leftovers(directory, existing)
-        committer = _Committer(directory, manifest)
+        dataset_dir.clean_leftovers(directory, existing)
+        committer = Committer(directory, manifest, COMMIT_INTERVAL_S)
 
         todo: list[tuple[str, tuple[int, int]]] = []
         for path in paths:
@@ -281,7 +155,7 @@ def run_job(
             else:
                 todo.append((path, fingerprint))
         for path in to_prune:
-            committer.drop(path)
+            committer.drop_input(path)
             report.inputs_pruned.append(path)
         plan = {"todo": len(todo), "skipped": len(report.inputs_skipped)}
         disk_full: str | None = None
@@ -294,14 +168,14 @@ def run_job(
             if stop_requested():
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
-            if existing is None and not storage.exists(storage.join(directory, MANIFEST_NAME)):
-                write_manifest(directory, manifest)  # an empty but valid dataset, so readers get a clear answer
+            if existing is None and manifest.generation == 0:  # nothing committed yet
+                dataset_dir.commit(directory, manifest)  # an empty, valid dataset: readers get a clear answer
             if todo:
                 # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
                 # not at the next run. Safe: the lock is held and the manifest is committed.
-                _clean_leftovers(directory, committer.manifest)
+                dataset_dir.clean_leftovers(directory, committer.manifest)
             if disk_full is None:
-                report.files_collected = collect(directory, committer.manifest, options.retention).files
+                report.files_collected = dataset_dir.collect(directory, committer.manifest, options.retention).files
         except OSError as e:
             if not storage.is_disk_full(e):
                 _save_report_after_error(committer, report, e, started)
@@ -328,27 +202,6 @@ def run_job(
     return report
 
 
-def _load_committed(directory: str, report: RunReport, emit: Callable[[str, Any], None]) -> Manifest | None:
-    """The committed manifest (None for a new dataset). A missing or corrupt ``manifest.json`` with kept
-    generations is restored from the newest valid one, with a warning: rebuilding from nothing would
-    drop every committed input (and a killed run's cleanup would delete their shards)."""
-    path = storage.join(directory, MANIFEST_NAME)
-    try:
-        if not storage.exists(path) and not list_generations(directory):
-            return None
-        return load_manifest(directory)
-    except ShardError as e:
-        if not list_generations(directory):
-            raise
-        problem = str(e.__cause__) if e.__cause__ is not None else "missing"  # without load_manifest's hint
-    restored = recover_manifest(directory)
-    warning = (f"{path}: restored from kept generation {restored.generation} ({restored.samples} samples, "
-               f"{len(restored.inputs)} inputs) because it was unusable: {problem}")
-    report.warnings.append(warning)
-    emit("warning", warning)
-    return restored
-
-
 def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> None:
     """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
     samples = sum(manifest.inputs[p].samples for p in to_prune)
@@ -361,7 +214,7 @@ def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> Non
 
 
 def _process(
-    todo: list[tuple[str, tuple[int, int]]], options: RunOptions, plan: dict[str, Any], committer: _Committer,
+    todo: list[tuple[str, tuple[int, int]]], options: RunOptions, plan: dict[str, Any], committer: Committer,
     report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
     routes_ray: bool,
 ) -> str | None:
@@ -387,7 +240,8 @@ def _process(
                     continue
                 _record(report, message)
                 if message.error is None:
-                    committer.add(message)
+                    committer.add_input(message.input, message.size, message.mtime_ns, message.shards,
+                                        failed=len(message.failures))
                     committer.maybe_commit()
                 emit("input", message)
                 if message.error is not None and storage.is_disk_full(message.error):
@@ -402,8 +256,8 @@ def _process(
 def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
     """Out of space: remove what no manifest lists (frees space, nothing half-visible), keep a report if it
     fits, and raise ``OutputFull`` naming what the dataset still holds."""
-    on_disk = load_manifest(directory) if storage.exists(storage.join(directory, MANIFEST_NAME)) else None
-    _clean_leftovers(directory, on_disk)
+    on_disk = dataset_dir.load_current(directory)
+    dataset_dir.clean_leftovers(directory, on_disk)
     report.dataset_samples = on_disk.samples if on_disk else 0
     report.warnings.append(f"stopped: output disk full ({reason})")
     try:
@@ -416,20 +270,6 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
         f"{directory}: output disk full ({reason}); the run stopped and published nothing partial: {state}. "
         "Free space (or raise the quota) and rerun: committed inputs are skipped."
     )
-
-
-def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:
-    """Remove committed inputs (their shards) from the dataset in one atomic commit, under the output
-    lock (their files are retired, kept for older generations' readers); the next ``run_job`` over them processes them afresh. Returns the
-    manifest as committed. (``preprocess verify --repair`` uses this for inputs behind bad shards.)"""
-    directory = storage.check_local(directory)
-    with OutputLock(directory, wait=wait_for_lock):
-        committer = _Committer(directory, load_manifest(directory))
-        for path in inputs:
-            if path in committer.manifest.inputs:
-                committer.drop(path)
-        committer.maybe_commit(force=True)
-        return committer.manifest
 
 
 def _record(report: RunReport, result: InputResult) -> None:
@@ -456,7 +296,7 @@ def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, tupl
 
 
 def _save_report_after_error(
-    committer: _Committer, report: RunReport, error: BaseException, started: float
+    committer: Committer, report: RunReport, error: BaseException, started: float
 ) -> None:
     """An unexpected exception after the lock was taken: commit what finished and keep a report saying
     so (best effort: the original exception is what the caller re-raises)."""
@@ -470,24 +310,5 @@ def _save_report_after_error(
         pass
 
 
-def report_dict(report: RunReport) -> dict[str, Any]:
-    doc = {k: v for k, v in vars(report).items()}
-    doc["failures_by_reason"] = report.failures_by_reason()
-    doc["exit_code"] = report.exit_code
-    return doc
-
-
-def report_json(report: RunReport) -> bytes:
-    """The report as UTF-8 JSON; never fails on content: a string that UTF-8 cannot hold (a lone surrogate
-    from a non-UTF-8 name that reached a reason) falls back to ASCII ``\\uXXXX`` escapes, a value JSON
-    has no type for to its ``str``. The report must survive whatever a run met."""
-    doc = report_dict(report)
-    try:
-        return json.dumps(doc, indent=1, ensure_ascii=False, default=str).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(doc, indent=1, ensure_ascii=True, default=str).encode("ascii")
-
-
 def _save_report(directory: str, report: RunReport) -> None:
-    storage.makedirs(storage.join(directory, REPORTS_DIR))
-    storage.write_atomic(storage.join(directory, REPORTS_DIR, f"{report.run_id}.json"), report_json(report))
+    dataset_dir.save_report(directory, report.run_id, report_json(report))

@@ -28,7 +28,7 @@ from preprocess.config import JobConfig
 from preprocess.ray_output import RayOutput
 from preprocess.ray_watchdog import start_watchdog
 from preprocess.worker import InputResult, iter_process_input
-from shardio.errors import ShardioError
+from shardio.errors import RayUnavailable
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
            "TASK_MAX_RETRIES", "TASK_OPTIONS"]
@@ -40,10 +40,6 @@ TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, 
 # How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
 WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
-
-
-class RayUnavailable(ShardioError):
-    """The Ray cluster address given cannot be reached."""
 
 
 @dataclass

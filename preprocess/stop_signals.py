@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from types import FrameType
 
+from shardio.errors import signal_exit_code
+
 __all__ = ["StopOnSignal", "STOP_SIGNALS"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -45,7 +47,7 @@ class StopOnSignal:
         name = signal.Signals(signum).name
         if self.signal_name:
             self._say(f"second signal ({name}): exiting now; the dataset stays as of its last commit")
-            os._exit(128 + signum)
+            os._exit(signal_exit_code(signum))
         self.signal_name = name
         self._say(f"{name}: stopping: no new inputs; committing the finished ones "
                   "(send it again to exit at once)")

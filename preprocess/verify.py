@@ -1,28 +1,26 @@
 """``preprocess verify DIR``: every shard's size and sha256 against the manifest; ``--repair`` rebuilds
 only the inputs behind bad shards.
 
-Checking reads every byte (sha256 runs at ~1-2 GB/s a core and releases the GIL, so a few threads keep
-a disk busy). Repair is three steps, each safe to kill: drop the bad inputs from the manifest in one
-commit (their files are retired, not deleted), then an ordinary ``run_job`` over just those inputs, which
-writes the same shard names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
+Checking reads every byte, with the one shard checker (``shardio.directory.shard_problems``). Repair is
+three steps, each safe to kill: drop the bad inputs from the manifest in one commit (their files are
+retired, not deleted), then an ordinary ``run_job`` over just those inputs, which writes the same shard
+names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
 cannot be rebuilt: it is named and left as it is (its shards stay listed, bad), and the exit is non-zero.
 A ``manifest.json`` that is missing or corrupt is first restored from the newest valid kept generation
-(``restore_manifest``); the shards are then checked against it as usual.
+(``shardio.directory.restore_manifest``); the shards are then checked against it as usual.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
-from preprocess.job import RunOptions, RunReport, drop_inputs, run_job
-from preprocess.output_lock import OutputLock
+from preprocess.job import RunOptions, RunReport, run_job
+from shardio import directory as dataset_dir
 from shardio import storage
-from shardio.commit import recover_manifest
-from shardio.errors import ShardError
-from shardio.format import Manifest, ShardEntry, file_sha256, list_generations, load_manifest, shard_nbytes
+from shardio.directory import restore_manifest
+from shardio.format import Manifest, ShardEntry, load_manifest
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
 
@@ -54,28 +52,10 @@ class RepairResult:
     after: VerifyResult | None = None  # the check after the rebuild
 
 
-def _check_shard(directory: str, entry: ShardEntry, shape: tuple[int, int, int]) -> str | None:
-    if entry.bytes != shard_nbytes(entry.samples, shape[0], shape[1]):
-        return f"{entry.path}: the manifest lists {entry.bytes} bytes for {entry.samples} samples (inconsistent)"
-    for rel, size, sha in ((entry.path, entry.bytes, entry.sha256),
-                           (entry.meta_path, entry.meta_bytes, entry.meta_sha256)):
-        path = storage.join(directory, rel)
-        try:
-            actual = storage.file_size(path)
-        except FileNotFoundError:
-            return f"{rel}: missing"
-        if actual != size:
-            return f"{rel}: {actual} bytes, the manifest says {size} (truncated or overwritten)"
-        if file_sha256(path) != sha:
-            return f"{rel}: sha256 differs from the manifest (corrupt)"
-    return None
-
-
 def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) -> list[BadShard]:
-    threads = min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(threads) as pool:
-        problems = list(pool.map(lambda e: _check_shard(directory, e, manifest.shape), entries))
-    return [BadShard(e.path, e.input, p) for e, p in zip(entries, problems) if p is not None]
+    problems = dataset_dir.shard_problems(directory, manifest, entries, checksums=True,
+                                          threads=min(8, os.cpu_count() or 1))
+    return [BadShard(entry.path, entry.input, problem) for entry, problem in problems]
 
 
 def verify_dataset(directory: str) -> VerifyResult:
@@ -103,23 +83,9 @@ def repair_dataset(directory: str, result: VerifyResult, workers: int | None = N
     for path in result.bad_inputs:
         (repair.rebuilt if storage.is_file(path) else repair.missing).append(path)
     if repair.rebuilt:
-        manifest = drop_inputs(directory, repair.rebuilt, wait_for_lock=wait_for_lock)
+        manifest = dataset_dir.drop_inputs(directory, repair.rebuilt, wait_for_lock=wait_for_lock)
         config = JobConfig(**manifest.config)
         repair.run = run_job(RunOptions(inputs=repair.rebuilt, output=directory, config=config, workers=workers,
                                         ray_address=ray_address, wait_for_lock=wait_for_lock))
     repair.after = verify_dataset(directory)
     return repair
-
-
-def restore_manifest(directory: str, wait_for_lock: bool = False) -> Manifest | None:
-    """Under the output lock: if ``manifest.json`` is missing or unusable and kept generations exist, restore
-    the newest valid one (``shardio.commit.recover_manifest``) and return it; None if it was fine."""
-    directory = storage.check_local(directory)
-    if not list_generations(directory):
-        return None  # nothing to restore from (or no dataset at all): the caller's error stands
-    with OutputLock(directory, wait=wait_for_lock):
-        try:
-            load_manifest(directory)
-            return None
-        except ShardError:
-            return recover_manifest(directory)

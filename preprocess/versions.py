@@ -17,18 +17,13 @@ import PIL
 from PIL import features
 
 import shardio
-from shardio.errors import DatasetIncompatibleError
+from shardio.errors import VersionDrift
 from shardio.format import FORMAT_VERSION
 
 __all__ = ["library_versions", "pillow_build", "PIXEL_LIBRARIES", "VersionDrift", "version_drift"]
 
 # The entries of ``library_versions()`` that change the pixels: the JPEG decoder and the resampler.
 PIXEL_LIBRARIES = ("pillow", "pillow_simd", "libjpeg_turbo")
-
-
-class VersionDrift(DatasetIncompatibleError):
-    """Appending with a different Pillow(-SIMD) / libjpeg-turbo than the dataset was written with, under
-    ``--strict-versions`` (otherwise only a warning)."""
 
 
 def _dist_version(name: str) -> str | None:

@@ -1,14 +1,27 @@
-"""The exceptions shardio and preprocess raise, as one small tree::
+"""Every exception shardio and preprocess raise on purpose, as one tree::
 
-    ShardioError
-    ├── ShardError              a dataset or shard cannot be used
-    │   ├── ShardFormatError    not a shardio dataset, or another format version / layout
-    │   ├── ShardIntegrityError size or checksum differs from the manifest (truncated, corrupt)
-    │   └── DatasetIncompatibleError  an existing dataset was made with another config
-    ├── SampleError             one image could not be turned into pixels (counted, never fatal)
-    └── InputError              one input (tar) could not be read (named in the report, others go on)
+    ShardioError                          (exit: see EXIT_CODES)
+    ├── ShardError                        a dataset or shard cannot be used: exit 1
+    │   ├── ShardFormatError              not a shardio dataset, or another format version / layout
+    │   ├── ShardIntegrityError           size or checksum differs from the manifest (truncated, corrupt)
+    │   └── DatasetIncompatibleError      the dataset was made with another config: exit 2
+    │       └── VersionDrift              ... or another Pillow / libjpeg-turbo (``--strict-versions``)
+    ├── OutputFull                        the output disk filled up; the dataset is as of its last commit
+    ├── UsageError                        refused before any work, fix the command and rerun: exit 2
+    │   ├── ConfigError                   a bad config key or value (also a ValueError)
+    │   ├── NoInputsMatched               a glob / brace range matched no tar
+    │   ├── OutputUnusable                --output is a file, or not writable by this user
+    │   ├── OutputLocked                  another live run holds the dataset directory
+    │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
+    │   ├── RayUnavailable                the Ray address cannot be reached
+    │   └── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
+    ├── SampleError                       one image could not be turned into pixels (counted, not fatal)
+    └── InputError                        one input (tar) could not be read (named in the report)
 
-Every message names the file (and the tar member or shard index) and says what to do.
+Every message names the file (and the tar member, input or shard) and says what to do. A command's exit
+status for an exception is ``exit_code(error)``, from the one table ``EXIT_CODES`` below; a run that
+ends without one exits by its report (``shardio.run_report.RunReport.exit_code``: ``EXIT_OK``,
+``EXIT_FAILED`` or ``signal_exit_code``).
 """
 
 from __future__ import annotations
@@ -19,9 +32,27 @@ __all__ = [
     "ShardFormatError",
     "ShardIntegrityError",
     "DatasetIncompatibleError",
+    "VersionDrift",
+    "OutputFull",
+    "UsageError",
+    "ConfigError",
+    "NoInputsMatched",
+    "OutputUnusable",
+    "OutputLocked",
+    "PruneRefused",
+    "RayUnavailable",
+    "UnsupportedPath",
     "SampleError",
     "InputError",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "EXIT_CODES",
+    "exit_code",
+    "signal_exit_code",
 ]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class ShardioError(Exception):
@@ -44,6 +75,49 @@ class DatasetIncompatibleError(ShardError):
     """An existing dataset was written with a different config; shapes must never mix."""
 
 
+class VersionDrift(DatasetIncompatibleError):
+    """Appending with a different Pillow(-SIMD) / libjpeg-turbo than the dataset was written with, under
+    ``--strict-versions`` (otherwise only a warning)."""
+
+
+class OutputFull(ShardioError):
+    """The output filesystem is full (or over quota): the run stopped; the dataset is as of its last
+    commit."""
+
+
+class UsageError(ShardioError):
+    """The command was refused before it changed anything: what was asked cannot be done as given."""
+
+
+class ConfigError(UsageError, ValueError):
+    """A config file or flag has an unknown key or a value out of range (a ValueError for callers that
+    validate values generically)."""
+
+
+class NoInputsMatched(UsageError):
+    """A glob or brace range matched no tar: a source mount that is down must not look like "no new data"."""
+
+
+class OutputUnusable(UsageError):
+    """``--output`` is a file, or a directory this user cannot create or write."""
+
+
+class OutputLocked(UsageError):
+    """Another live run holds the output directory."""
+
+
+class PruneRefused(UsageError):
+    """``--prune`` would drop most of the dataset and was not confirmed: nothing touched."""
+
+
+class RayUnavailable(UsageError):
+    """The Ray cluster named by ``--ray-address`` cannot be reached (refused before any work)."""
+
+
+class UnsupportedPath(UsageError, NotImplementedError):
+    """A path with a URL scheme (``s3://``) that no storage backend serves yet."""
+
+
 class SampleError(ShardioError):
     """One sample could not be decoded; the job records the reason and goes on."""
 
@@ -62,3 +136,26 @@ class InputError(ShardioError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) rebuilds from both fields
         return (type(self), (self.input, self.reason))
+
+
+# The exit status of a command that ends with one of these: the most specific class listed wins (a
+# DatasetIncompatibleError is a ShardError, but asks the user to change the command, so it exits 2).
+EXIT_CODES: dict[type[ShardioError], int] = {
+    DatasetIncompatibleError: EXIT_USAGE,
+    UsageError: EXIT_USAGE,
+    ShardioError: EXIT_FAILED,
+}
+
+
+def signal_exit_code(signum: int) -> int:
+    """A command stopped by signal ``signum`` exits as a shell reports a process it killed: 128 + the
+    number (130 SIGINT, 143 SIGTERM)."""
+    return 128 + signum
+
+
+def exit_code(error: ShardioError) -> int:
+    """The exit status for ``error``: its nearest class in ``EXIT_CODES``."""
+    for cls in type(error).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return EXIT_FAILED

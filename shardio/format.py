@@ -7,8 +7,10 @@ A dataset is a directory::
       manifests/GEN.json       every kept generation, immutable, GEN zero-padded to 10 digits
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
-      reports/RUN.json         each run's report (the run history); not needed to read the data
+      reports/RUN.json         each run's report (the run history, ``shardio.run_report``); not needed to read
       .lock                    held (flock) by a running job
+
+One module writes, renames and removes files here, in the order this spec requires: ``shardio.directory``.
 
 Pixels (``.npy``). The standard numpy format, so ``np.load(path, mmap_mode="r")`` reads a shard with numpy
 alone and a batch is a slice of a memory map. The header is always exactly ``HEADER_BYTES`` = 128 bytes
@@ -62,7 +64,7 @@ so a trainer resumes on the exact snapshot it started with (``DatasetSnapshot.ge
 ``manifest.json`` that is corrupt or missing while generations exist is restored from the newest valid
 one by ``preprocess verify DIR --repair`` and by the next ``preprocess run``.
 
-Retention (``shardio.commit``). Files a commit stops listing are not deleted at that commit: a trainer
+Retention (``shardio.directory``). Files a commit stops listing are not deleted at that commit: a trainer
 that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
 generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
@@ -111,8 +113,6 @@ __all__ = [
     "parse_npy_header",
     "config_hash",
     "load_manifest",
-    "check_shard_sizes",
-    "verify_checksums",
     "file_sha256",
     "escape_name",
     "unescape_name",
@@ -403,30 +403,6 @@ def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int]) -> int:
     return shard_nbytes(entry.samples, shape[0], shape[1])
 
 
-def check_shard_sizes(directory: str, manifest: Manifest) -> None:
-    """O(1) per shard: every listed file exists with exactly the size the format implies."""
-    for entry in manifest.shards:
-        expected = expected_shard_size(entry, manifest.shape)
-        if entry.bytes != expected:
-            raise ShardIntegrityError(
-                f"{entry.path}: manifest says {entry.bytes} bytes, {entry.samples} samples imply {expected}"
-            )
-        for rel, size in ((entry.path, entry.bytes), (entry.meta_path, entry.meta_bytes)):
-            path = storage.join(directory, rel)
-            try:
-                actual = storage.file_size(path)
-            except FileNotFoundError:
-                raise ShardIntegrityError(
-                    f"{path}: listed in the manifest but missing; "
-                    "HINT: run `preprocess verify DIR --repair` to rebuild it from its input"
-                ) from None
-            if actual != size:
-                raise ShardIntegrityError(
-                    f"{path}: {actual} bytes, the manifest says {size} (truncated or overwritten); "
-                    "HINT: run `preprocess verify DIR --repair`"
-                )
-
-
 _HASH_WINDOW = 16 << 20
 
 
@@ -448,24 +424,6 @@ def file_sha256(path: str) -> str:
             finally:
                 view.release()
     return digest.hexdigest()
-
-
-def verify_checksums(directory: str, manifest: Manifest) -> list[str]:
-    """Full read of every shard; returns one message per bad file (empty list: all good)."""
-    problems: list[str] = []
-    for entry in manifest.shards:
-        for rel, size, sha in (
-            (entry.path, entry.bytes, entry.sha256),
-            (entry.meta_path, entry.meta_bytes, entry.meta_sha256),
-        ):
-            path = storage.join(directory, rel)
-            if not storage.exists(path):
-                problems.append(f"{path}: missing")
-            elif storage.file_size(path) != size:
-                problems.append(f"{path}: {storage.file_size(path)} bytes, expected {size}")
-            elif file_sha256(path) != sha:
-                problems.append(f"{path}: sha256 differs from the manifest (corrupt)")
-    return problems
 
 
 _ESCAPED = re.compile(r"\\(x[0-9a-f]{2}|\\)")

@@ -1,43 +1,20 @@
 """What a dataset holds and how it was made: the manifest, the bytes on disk and the run history.
 
-The run history is ``DIR/reports/*.json`` (one per ``preprocess run``). Failures by reason are counted
-for the inputs the manifest lists now, each from the last run that processed it, so an input reprocessed
-after a fix is not counted twice.
+The run history is ``DIR/reports/*.json`` (one per ``preprocess run``; its format: ``shardio.run_report``).
+Failures by reason are counted for the inputs the manifest lists now, each from the last run that
+processed it, so an input reprocessed after a fix is not counted twice.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from shardio import storage
 from shardio.failure_reasons import count_by_category
-from shardio.format import REPORTS_DIR
 from shardio.reader import open_dataset
+from shardio.run_report import run_history
 
-__all__ = ["dataset_info", "run_history", "format_info"]
-
-
-def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every readable run report, oldest first, and one message per unreadable one."""
-    reports_dir = storage.join(directory, REPORTS_DIR)
-    runs, problems = [], []
-    for name in sorted(storage.list_dir(reports_dir)):
-        if not name.endswith(".json"):
-            continue
-        path = storage.join(reports_dir, name)
-        try:
-            with storage.open_read(path) as f:
-                doc = json.load(f)
-            if not isinstance(doc, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
-            problems.append(f"{path}: unreadable report ({e})")
-            continue
-        runs.append(doc)
-    runs.sort(key=lambda r: (str(r.get("started", "")), str(r.get("run_id", ""))))
-    return runs, problems
+__all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio.run_report
 
 
 def _directory_bytes(directory: str) -> int:

@@ -17,15 +17,14 @@ from typing import Any
 import numpy as np
 
 from shardio import storage
+from shardio.directory import shard_problems
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format import (
     HEADER_BYTES,
     Manifest,
     ShardEntry,
-    check_shard_sizes,
     load_manifest,
     parse_npy_header,
-    verify_checksums,
 )
 
 __all__ = ["DatasetSnapshot", "ShardMeta", "open_dataset"]
@@ -147,9 +146,12 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     """
     directory = storage.check_local(directory)
     manifest = load_manifest(directory, generation)
-    check_shard_sizes(directory, manifest)
+    problems = shard_problems(directory, manifest)  # O(1) each: sizes only
+    if problems:
+        raise ShardIntegrityError(f"{problems[0][1]}; HINT: run `preprocess verify DIR --repair` to rebuild "
+                                  "it from its input")
     if verify:
-        problems = verify_checksums(directory, manifest)
+        problems = shard_problems(directory, manifest, checksums=True)
         if problems:
-            raise ShardIntegrityError("; ".join(problems))
+            raise ShardIntegrityError("; ".join(problem for _, problem in problems))
     return DatasetSnapshot(directory, manifest)

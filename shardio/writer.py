@@ -1,4 +1,5 @@
-"""Writing shards and the manifest, atomically (see ``shardio.format`` for the layout).
+"""Writing shards and the manifest, atomically (see ``shardio.format`` for the layout; every file goes
+in and out of the dataset directory through ``shardio.directory``: staged, promoted, discarded).
 
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
@@ -17,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from shardio import commit, storage
+from shardio import directory as dataset_directory
 from shardio.format import (
     HEADER_BYTES,
-    SHARDS_DIR,
     Manifest,
     ShardEntry,
     file_sha256,
@@ -33,7 +33,7 @@ __all__ = ["ShardWriter", "InputShardWriter", "write_manifest"]
 @dataclass
 class _OpenFile:
     tmp_path: str
-    final_path: str
+    rel_path: str  # its name in the dataset directory once promoted
     handle: Any
     digest: Any  # None: hashed at commit instead
     nbytes: int = 0
@@ -45,9 +45,9 @@ class _OpenFile:
         self.nbytes += len(data)
 
 
-def _open_temp(final_path: str, hashed: bool) -> _OpenFile:
-    fd, tmp = storage.create_temp(final_path)
-    return _OpenFile(tmp, final_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
+def _open_temp(directory: str, rel_path: str, hashed: bool) -> _OpenFile:
+    fd, tmp = dataset_directory.stage(directory, rel_path)
+    return _OpenFile(tmp, rel_path, os.fdopen(fd, "wb"), hashlib.sha256() if hashed else None)
 
 
 class ShardWriter:
@@ -55,17 +55,15 @@ class ShardWriter:
 
     def __init__(self, directory: str, name: str, height: int, width: int) -> None:
         self.directory = directory
-        self.rel_path = f"{SHARDS_DIR}/{name}.npy"
-        self.rel_meta = f"{SHARDS_DIR}/{name}.jsonl"
+        self.rel_path, self.rel_meta = dataset_directory.shard_paths(name)
         self.height, self.width = height, width
         self.count = 0
-        storage.makedirs(storage.join(directory, SHARDS_DIR))
-        self._pixels = _open_temp(storage.join(directory, self.rel_path), hashed=False)
+        self._pixels = _open_temp(directory, self.rel_path, hashed=False)
         try:
-            self._meta = _open_temp(storage.join(directory, self.rel_meta), hashed=True)
+            self._meta = _open_temp(directory, self.rel_meta, hashed=True)
         except BaseException:
             self._pixels.handle.close()
-            storage.remove(self._pixels.tmp_path)
+            dataset_directory.discard_staged(directory, self._pixels.tmp_path)
             raise
         # Placeholder: the real header (with the final count) is written at commit.
         self._pixels.handle.write(b"\0" * HEADER_BYTES)
@@ -91,8 +89,8 @@ class ShardWriter:
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
             handle.handle.close()
-        os.replace(self._meta.tmp_path, self._meta.final_path)
-        os.replace(pixels.tmp_path, pixels.final_path)
+        dataset_directory.promote(self.directory, self._meta.tmp_path, self.rel_meta)
+        dataset_directory.promote(self.directory, pixels.tmp_path, self.rel_path)
         return ShardEntry(
             path=self.rel_path,
             meta_path=self.rel_meta,
@@ -110,7 +108,7 @@ class ShardWriter:
                 handle.handle.close()
             except OSError:
                 pass  # e.g. ENOSPC flushing the buffer: the file is being removed anyway
-            storage.remove(handle.tmp_path)
+            dataset_directory.discard_staged(self.directory, handle.tmp_path)
 
 
 class InputShardWriter:
@@ -182,13 +180,13 @@ class InputShardWriter:
             self._current = None
         for shard in self._made:
             shard.abort()
-            storage.remove(storage.join(self.directory, shard.rel_path))
-            storage.remove(storage.join(self.directory, shard.rel_meta))
+            dataset_directory.discard(self.directory, shard.rel_path)
+            dataset_directory.discard(self.directory, shard.rel_meta)
         self._made = []
         self.entries = []
 
 
 def write_manifest(directory: str, manifest: Manifest) -> int:
-    """Publish the manifest as the dataset's next generation (``shardio.commit.publish``): the rename of
-    ``manifest.json`` is the commit of everything it lists. Returns the generation."""
-    return commit.publish(directory, manifest)
+    """Publish the manifest as the dataset's next generation (``shardio.directory.publish``): the rename
+    of ``manifest.json`` is the commit of everything it lists. Returns the generation."""
+    return dataset_directory.publish(directory, manifest)

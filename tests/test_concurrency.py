@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
-from preprocess.output_lock import OutputLock, OutputLocked
 from shardio import storage
+from shardio.directory import writing
+from shardio.errors import OutputLocked
 from shardio.format import InputEntry, Manifest
 from shardio.writer import write_manifest
 
@@ -40,7 +41,7 @@ def run_cli(tar: str, out: str, *flags: str):
 def test_a_second_run_exits_at_once_naming_the_holder(tars, tmp_path):
     out = str(tmp_path / "out")
     tar = committed_dataset(tars, out)
-    with OutputLock(out):
+    with writing(out):
         started = time.perf_counter()
         result = run_cli(tar, out)
         assert time.perf_counter() - started < 5
@@ -53,8 +54,9 @@ def test_a_second_run_exits_at_once_naming_the_holder(tars, tmp_path):
 def test_wait_queues_behind_the_running_one(tars, tmp_path):
     out = str(tmp_path / "out")
     tar = committed_dataset(tars, out)
-    lock = OutputLock(out).__enter__()
-    threading.Timer(1.0, lock.__exit__).start()
+    lock = writing(out)
+    lock.__enter__()
+    threading.Timer(1.0, lock.__exit__, args=(None, None, None)).start()
     started = time.perf_counter()
     result = run_cli(tar, out, "--wait")
     assert result.exit_code == 0, result.output
@@ -66,19 +68,19 @@ def test_a_run_killed_with_sigkill_does_not_leave_the_lock_stuck(tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from preprocess.output_lock import OutputLock\n"
-         "with OutputLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", out],
+        [sys.executable, "-c", "import sys, time; from shardio.directory import writing\n"
+         "with writing(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", out],
         stdout=subprocess.PIPE, text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
         try:
-            with OutputLock(out):
+            with writing(out):
                 raise AssertionError("the lock was taken while a live run holds it")
         except OutputLocked as e:
             assert f"pid {holder.pid}" in str(e)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    with OutputLock(out):  # the kernel dropped the dead run's flock: no stale lock file to clear
+    with writing(out):  # the kernel dropped the dead run's flock: no stale lock file to clear
         pass

@@ -1,4 +1,4 @@
-"""The dataset-directory protocol without Ray (``shardio.commit``): generations, what retention keeps,
+"""The dataset-directory protocol without Ray (``shardio.directory``): generations, what retention keeps,
 what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``.
 The end-to-end behaviour through ``preprocess`` is in tests/test_retention_job.py."""
 
@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import shardio
-from shardio import commit
+from shardio import directory as dataset_dir
 from shardio.errors import ShardFormatError
 from shardio.format import RetiredFile, generation_path, list_generations, load_manifest
 from shardio.writer import write_manifest
@@ -55,14 +55,14 @@ def test_retired_files_stay_until_no_kept_generation_lists_them(tmp_path):
     now = datetime.now(timezone.utc)
 
     # Kept by count (generation 1 is one of the newest 3), then by time (it was current 1 h ago).
-    assert commit.collect(out, load_manifest(out), commit.Retention(24, 3), now).files == []
-    assert commit.collect(out, load_manifest(out), commit.Retention(24, 1), now).files == []
+    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3), now).files == []
+    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1), now).files == []
     assert retired <= shard_files(out)
     assert shardio.open_dataset(out, generation=1, verify=True).generation == 1
 
     # Neither: collected, with generation 1's file; the current dataset is untouched.
     later = now + timedelta(hours=25)
-    collected = commit.collect(out, load_manifest(out), commit.Retention(24, 1), later)
+    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1), later)
     assert set(collected.files) == retired and collected.generations == [1]
     assert not retired & shard_files(out) and list_generations(out) == [2]
     assert len(shardio.open_dataset(out, verify=True)) == 72
@@ -80,7 +80,7 @@ def test_collect_never_deletes_a_file_the_current_generation_lists_again(tmp_pat
     # A stale or hand-made entry naming a live shard: retention must not trust it over the shard list.
     manifest.retired.append(RetiredFile(listed, generation=1, since="2000-01-01T00:00:00+00:00"))
     write_manifest(out, manifest)
-    collected = commit.collect(out, load_manifest(out), commit.Retention(0, 1))
+    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(0, 1))
     assert collected.files == [] and os.path.exists(os.path.join(out, listed))
 
 
@@ -94,7 +94,7 @@ def test_a_killed_commit_and_a_killed_run_leave_only_what_the_next_run_removes(t
     open(os.path.join(out, "shards", "input-9-00000.npy"), "wb").close()
     open(os.path.join(out, "manifests", ".tmp-0000000003.json.abcd"), "wb").close()
     open(generation_path(out, 3), "wb").write(open(generation_path(out, 2), "rb").read())
-    assert commit.clean_leftovers(out, load_manifest(out)) == 3
+    assert dataset_dir.clean_leftovers(out, load_manifest(out)) == 3
     assert shard_files(out) == kept, "retired files are retention's, not leftovers"
     assert list_generations(out) == [1, 2]
 
@@ -133,14 +133,14 @@ def test_a_corrupt_manifest_names_the_kept_generations_and_is_restored_from_the_
 
     # The newest generation file is damaged too: the newest *valid* one wins.
     open(generation_path(out, 2), "w").write("{")
-    restored = commit.recover_manifest(out)
+    restored = dataset_dir.recover_manifest(out)
     assert restored.generation == 1 and load_manifest(out).generation == 1 and len(shardio.open_dataset(out)) == 117
 
     for generation in list_generations(out):
         os.remove(generation_path(out, generation))
     open(path, "w").write("{")
     with pytest.raises(ShardFormatError, match="no kept generation can replace it"):
-        commit.recover_manifest(out)
+        dataset_dir.recover_manifest(out)
 
 
 def test_files_honour_the_umask(tmp_path):

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
-from preprocess.inputs import NoInputsMatched, resolve_inputs
+from preprocess.inputs import resolve_inputs
+from shardio.errors import NoInputsMatched
 from shardio import storage
 from shardio.format import InputEntry, Manifest, load_manifest
 from shardio.writer import write_manifest

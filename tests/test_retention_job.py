@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import shardio
 from preprocess.cli import app
-from preprocess.retention import gc_dataset
-from shardio.commit import Retention
+from shardio.directory import Retention
+from shardio.directory import gc as gc_dataset
 from shardio.errors import ShardFormatError
 from shardio.format import list_generations
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state

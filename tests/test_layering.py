@@ -1,0 +1,200 @@
+"""Each responsibility has one owner: ``shardio`` imports nothing of preprocess / Ray / Pillow / YAML /
+typer; ``preprocess`` never opens, renames or removes a file in a dataset directory itself (only
+``shardio.directory`` and the writer it stages for do); every exception is in the one tree of
+``shardio.errors``, and the exit codes derive from it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import preprocess
+import shardio
+from shardio import errors, storage
+
+PREPROCESS_DIR = pathlib.Path(preprocess.__file__).parent
+SHARDIO_DIR = pathlib.Path(shardio.__file__).parent
+
+# Calls that create, change or remove files, as "module.function" (after resolving `import x as y`).
+MUTATING_CALLS = {
+    *(f"os.{name}" for name in ("replace", "rename", "renames", "remove", "unlink", "rmdir", "removedirs",
+                                "makedirs", "mkdir", "link", "symlink", "truncate", "ftruncate", "open",
+                                "fdopen", "mkfifo")),
+    *(f"storage.{name}" for name in ("write_atomic", "atomic_writer", "create_temp", "remove", "makedirs",
+                                     "promote", "publish_new", "lock", "sync_dir", "join")),
+}
+MUTATING_MODULES = ("shutil", "tempfile")  # any call into them
+PATH_METHODS = {"write_bytes", "write_text", "mkdir", "unlink", "rmdir", "touch"}
+PATH_MOVES = {"rename", "replace"}  # pathlib's take one argument; str.replace takes two
+# Names that build a path inside a dataset directory: only shardio.directory (and format/reader) use them.
+DATASET_PATH_NAMES = {"MANIFEST_NAME", "SHARDS_DIR", "REPORTS_DIR", "MANIFESTS_DIR", "generation_path",
+                      "LOCK_NAME", "TEMP_PREFIX"}
+
+# The named exceptions: file writes of preprocess that are not in a dataset directory.
+ALLOWED = {
+    ("cli.py", "open"): "--log-file: the structured log, appended where the user says",
+    ("cli.py", "Path.write_bytes"): "--report FILE: a copy of the run report where the user says",
+    ("cli.py", "Path.mkdir"): "--report FILE: its parent folder",
+    ("diagnose.py", "os.remove"): "diagnose: its own scratch folder for timing shard writes",
+    ("diagnose.py", "tempfile.mkdtemp"): "diagnose: creates that scratch folder",
+    ("diagnose.py", "shutil.rmtree"): "diagnose: removes that scratch folder",
+    ("ray_output.py", "os.fdopen"): "reads the pipe Ray's output is routed through (mode rb)",
+    ("ray_watchdog.py", "shutil.rmtree"): "removes the session folder of a Ray instance the run started",
+    ("ray_watchdog.py", "os.unlink"): "removes Ray's session_latest link that would dangle",
+    ("sample_data.py", "tarfile.open"): "`preprocess sample-data`: writes input tars, not a dataset",
+    ("sample_data.py", "os.replace"): "... renames a finished input tar into place",
+    ("sample_data.py", "os.makedirs"): "... creates the inputs' folder",
+}
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> dotted origin for the module's imports (``from shardio import storage`` etc.)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                names[alias.asname or top] = alias.name if alias.asname else top
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _short(origin: str) -> str:
+    """``shardio.storage.remove`` -> ``storage.remove``; ``os.path.join`` -> ``os.path.join``."""
+    return origin.removeprefix("shardio.")
+
+
+def _open_mode(call: ast.Call) -> str:
+    keyword = next((k.value for k in call.keywords if k.arg == "mode"), None)
+    mode = call.args[1] if len(call.args) > 1 else keyword
+    return mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+
+
+def file_writes(source: str) -> list[tuple[int, str]]:
+    """(line, call) for every call in ``source`` that can create, change or remove a file."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in DATASET_PATH_NAMES:
+            found.append((node.lineno, node.id))
+        if isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name in DATASET_PATH_NAMES]
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name):
+            origin = _short(aliases.get(func.id, func.id))
+            if origin == "open" and set(_open_mode(node)) & set("wax+"):
+                found.append((node.lineno, "open"))
+            elif origin in MUTATING_CALLS or origin.split(".")[0] in MUTATING_MODULES:
+                found.append((node.lineno, origin))
+        elif isinstance(func, ast.Attribute):
+            base = func.value
+            if isinstance(base, ast.Name):
+                origin = _short(f"{aliases.get(base.id, base.id)}.{func.attr}")
+                if origin in MUTATING_CALLS or origin.split(".")[0] in MUTATING_MODULES:
+                    found.append((node.lineno, origin))
+                    continue
+                if origin == "tarfile.open" and set(_open_mode(node)) & set("wax"):
+                    found.append((node.lineno, origin))
+                    continue
+            is_module = isinstance(base, ast.Name) and base.id in aliases
+            moves = func.attr in PATH_MOVES and len(node.args) == 1
+            if not is_module and (func.attr in PATH_METHODS or moves):
+                found.append((node.lineno, f"Path.{func.attr}"))
+    return found
+
+
+def test_the_scanner_finds_each_kind_of_write():
+    source = (
+        "import os, shutil, tempfile\nfrom shardio import storage\nfrom shardio.format import SHARDS_DIR\n"
+        "os.replace(a, b)\nos.remove(a)\nshutil.rmtree(d)\ntempfile.mkstemp()\nopen(p, 'wb')\n"
+        "open(p, mode='a')\nopen(p)\np.write_text('x')\np.rename(q)\nname.replace('a', 'b')\n"
+        "storage.write_atomic(p, b'')\nstorage.join(d, SHARDS_DIR)\n"
+    )
+    calls = [call for _, call in file_writes(source)]
+    assert calls.count("SHARDS_DIR") == 2  # the import and the use
+    assert calls.count("Path.rename") == 1 and "Path.replace" not in calls  # str.replace is no file move
+    for call in ("os.replace", "os.remove", "shutil.rmtree", "tempfile.mkstemp", "Path.write_text",
+                 "storage.write_atomic", "storage.join"):
+        assert call in calls, call
+    assert calls.count("open") == 2  # 'wb' and mode='a'; a read is not a write
+
+
+def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
+    unexpected = []
+    seen = set()
+    for path in sorted(PREPROCESS_DIR.glob("*.py")):
+        for line, call in file_writes(path.read_text(encoding="utf-8")):
+            seen.add((path.name, call))
+            if (path.name, call) not in ALLOWED:
+                unexpected.append(f"preprocess/{path.name}:{line}: {call}")
+    assert not unexpected, ("file writes or dataset paths outside shardio.directory (go through it, or name "
+                            "the exception in ALLOWED with why): " + "; ".join(unexpected))
+    assert not set(ALLOWED) - seen, f"stale exceptions: {sorted(set(ALLOWED) - seen)}"
+
+
+def test_import_shardio_loads_no_preprocess_ray_pillow_yaml_typer():
+    code = (
+        "import sys, shardio, shardio.directory, shardio.storage, shardio.run_report, shardio.info\n"
+        "import shardio.writer\n"
+        "bad = [m for m in ('preprocess', 'ray', 'PIL', 'yaml', 'typer') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _exception_classes(folder: pathlib.Path) -> list[str]:
+    """Classes defined in ``folder``'s modules that derive from an ...Error / Exception base."""
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                if any(b.endswith(("Error", "Exception")) or b in errors.__all__ for b in bases):
+                    found.append(f"{folder.name}/{path.name}:{node.name}")
+    return found
+
+
+# Exceptions internal to one module that never leave it (not part of the public tree).
+INTERNAL_EXCEPTIONS = {"preprocess/jpeg_markers.py:ScanDataEnded"}
+
+
+def test_every_exception_lives_in_the_one_tree():
+    outside = [name for name in _exception_classes(PREPROCESS_DIR) + _exception_classes(SHARDIO_DIR)
+               if not name.startswith("shardio/errors.py:") and name not in INTERNAL_EXCEPTIONS]
+    assert not outside, f"exceptions outside shardio/errors.py: {outside}"
+    doc = errors.__doc__ or ""
+    for name in errors.__all__:
+        member = getattr(errors, name)
+        if inspect.isclass(member):
+            assert issubclass(member, errors.ShardioError), name
+            assert name in doc, f"{name} is not drawn in the tree of the errors docstring"
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (errors.ConfigError("x"), 2), (errors.NoInputsMatched("x"), 2), (errors.OutputLocked("x"), 2),
+    (errors.OutputUnusable("x"), 2), (errors.PruneRefused("x"), 2), (errors.RayUnavailable("x"), 2),
+    (errors.UnsupportedPath("x"), 2), (errors.DatasetIncompatibleError("x"), 2),
+    (errors.VersionDrift("x"), 2),
+    (errors.ShardError("x"), 1), (errors.ShardFormatError("x"), 1), (errors.ShardIntegrityError("x"), 1),
+    (errors.OutputFull("x"), 1), (errors.InputError("a.tar", "bad"), 1),
+])
+def test_exit_codes_derive_from_the_tree(error, code):
+    assert errors.exit_code(error) == code
+
+
+def test_compatibility_bases_are_kept():
+    # Callers that caught the old bases still do: ConfigError was a ValueError, a URL a NotImplementedError.
+    assert issubclass(errors.ConfigError, ValueError)
+    with pytest.raises(NotImplementedError, match="s3://"):
+        storage.check_local("s3://bucket/ds")
