@@ -4,8 +4,9 @@
 ``results.md`` and ``chart.png`` into ``bench/`` (``--quick``: a 4-tar corpus of 24 images each, one round,
 results into ``bench/out/quick``). ``--job-floor-only --rounds 5`` measures only the headline ratio, job /
 (cores x floor), in interleaved rounds (``bench.job_floor``; ~2-3 minutes on 2 cores) and writes
-``bench/out/job-floor/results.json``: the confirmation run for a quiet machine. Absolute rates drift 2x on a shared machine; every target is a ratio of two rates
-measured minutes apart in the same run, on the same images, to the same 256×256 centre crop.
+``bench/out/job-floor/results.json``: the confirmation run for a quiet machine. Absolute rates drift 2x
+on a shared machine; every target is a ratio of two rates measured in the same run (the headline one in
+the same rounds), on the same images, to the same 256×256 centre crop.
 The corpus and scratch datasets live in ``bench/out`` (the corpus is cached between runs).
 """
 
@@ -82,6 +83,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if stock is not None:
         remote["naive_stock"] = stock
         names.insert(names.index("naive_simd"), "naive_stock")
+        remote["floor_stock"] = stock.path("floor_stock")
+        names.insert(names.index("floor") + 1, "floor_stock")
     images = read_images(corpus.tars)
     with PathPool(images, cfg, cores, remote) as pool:
         del images
@@ -95,8 +98,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         _log("job, cold: run_job starts Ray itself (what one `preprocess run` costs)")
         cold = cold_run(large, runs, cfg)
-        _log(f"job, warm, {cores} CPUs: small ({len(small)} tars) vs large ({len(large)} tars) runs, each round"
-             " after a floor round")
+        _log(f"job, warm, {cores} CPUs: small ({len(small)} tars) vs large ({len(large)} tars) runs,"
+             " each round after a floor round")
         with local_ray(cores) as session:
             all_cores = job_floor_rounds(pool, small, large, runs, cfg, args.rounds, log=_log)
             all_cores["ray_init_s"] = round(session.startup_s, 3)
@@ -206,7 +209,8 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
             0.9,
             detail=f"median of {len(job['all_cores']['rounds'])} interleaved rounds, spread "
             f"{job['all_cores']['ratio_min']:.3f}-{job['all_cores']['ratio_max']:.3f}; "
-            f"{steady:.0f} vs {job['all_cores']['floor_images_per_s']:.0f} img/s (draft+load, {cores} processes)",
+            f"{steady:.0f} vs {job['all_cores']['floor_images_per_s']:.0f} img/s "
+            f"(draft+load, {cores} processes)",
         ),
         _figure(
             "job / naive path (stock Pillow), per core",
@@ -228,6 +232,17 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
             ),
         ),
     ]
+    if stock:
+        floor_stock = paths["floor_stock"]
+        out.append(
+            _figure(
+                "floor, stock Pillow / floor, this PIL (libjpeg-turbo)",
+                floor_stock["images_per_s"] / floor,
+                detail=f"{floor_stock['ms_per_image_per_core']:.2f} vs "
+                f"{paths['floor']['ms_per_image_per_core']:.2f} ms/img/core; libjpeg-turbo "
+                f"{stock_pil['libjpeg_turbo']} vs {r['pillow_build']['libjpeg_turbo']}",
+            )
+        )
     if "img2dataset" in paths:
         out.append(
             _figure(
@@ -350,6 +365,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     labels = {
         "naive_stock": f"naive, stock Pillow {r.get('stock_pillow', {}).get('pil_version', '')}",
+        "floor_stock": f"floor, stock Pillow {r.get('stock_pillow', {}).get('pil_version', '')}",
         "naive_simd": "naive, Pillow-SIMD"
         if build["pillow_simd"]
         else f"naive, venv PIL {build['pil_version']}",
@@ -389,8 +405,9 @@ def measure_job_floor(args: argparse.Namespace) -> dict[str, Any]:
     with PathPool(images, cfg, cores) as pool, local_ray(cores) as session:
         del images
         _log(f"{args.rounds} rounds of: floor ({cores} processes), job on {cores} then {len(corpus.tars)} tars")
-        results["job_floor"] = job_floor_rounds(pool, corpus.tars[:cores], corpus.tars, runs, cfg, args.rounds,
-                                                log=_log)
+        results["job_floor"] = job_floor_rounds(
+            pool, corpus.tars[:cores], corpus.tars, runs, cfg, args.rounds, log=_log
+        )
         results["job_floor"]["ray_init_s"] = round(session.startup_s, 3)
     shutil.rmtree(runs, ignore_errors=True)
     return results
@@ -407,7 +424,8 @@ def _job_floor_only(args: argparse.Namespace) -> dict[str, Any]:
     jf, load = results["job_floor"], results["foreign_load"]
     print("| round | floor img/s | job img/s | job / floor |\n|---|---|---|---|")
     for index, row in enumerate(jf["rounds"], 1):
-        print(f"| {index} | {row['floor_images_per_s']:.0f} | {row['job_images_per_s']:.0f} | {row['ratio']:.3f} |")
+        print(f"| {index} | {row['floor_images_per_s']:.0f} | {row['job_images_per_s']:.0f} "
+              f"| {row['ratio']:.3f} |")
     print(f"\njob / (cores x floor): median {jf['ratio_median']:.3f} (spread {jf['ratio_min']:.3f}-"
           f"{jf['ratio_max']:.3f}, {len(jf['rounds'])} rounds; target >= 0.9); other processes used "
           f"{load['mean_cores']} cores on average (max {load['max_cores']})")

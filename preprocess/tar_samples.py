@@ -33,7 +33,9 @@ from shardio import storage
 from shardio.errors import InputError
 from shardio.format import escape_name
 
-__all__ = ["RawSample", "SampleProblem", "TarMember", "TarIndex", "index_tar", "iter_tar_samples", "MAX_MEMBER_BYTES"]
+__all__ = [
+    "RawSample", "SampleProblem", "TarMember", "TarIndex", "index_tar", "iter_tar_samples", "MAX_MEMBER_BYTES",
+]
 
 # webdataset's grouping rule (``webdataset.tariterators.base_plus_ext``), inlined: importing webdataset
 # imports torch, which costs every Ray worker ~190 MB of RSS and 1.5 s of start-up for one regex.
@@ -181,7 +183,8 @@ def _walk_headers(
     """
     for info in tar:
         member = TarMember(info.name, info.offset_data, info.size, _kind(info))
-        if archive_bytes is not None and member.kind == "file" and member.offset + member.size > archive_bytes:
+        past_end = archive_bytes is not None and member.offset + member.size > archive_bytes
+        if member.kind == "file" and past_end:
             raise tarfile.ReadError("unexpected end of data")
         yield member, info
         progress[0] = member.name
