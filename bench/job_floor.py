@@ -59,7 +59,9 @@ def job_floor_rounds(
                      "ratio": round(steady / floor, 4)})
         log(f"round {index + 1}/{rounds}: floor {floor:.0f} img/s, job {steady:.0f} img/s, "
             f"ratio {steady / floor:.3f}")
-    ratios = [row["ratio"] for row in rows]
+    # A round whose large run was not slower than its small one measured nothing (a stall hit the small
+    # run): it stays in "rounds" but not in the figure, whose median NaN would otherwise poison.
+    ratios = [row["ratio"] for row in rows if row["ratio"] == row["ratio"]] or [float("nan")]
     return {
         "rounds": rows,
         "ratio_median": round(statistics.median(ratios), 4),
@@ -67,7 +69,8 @@ def job_floor_rounds(
         "ratio_max": max(ratios),
         "floor_images_per_s": round(statistics.median(r["floor_images_per_s"] for r in rows), 2),
         # Kept under warm_rates' names: the other figures (scaling, Ray's cost) read them.
-        "marginal_images_per_s": round(statistics.median(r["job_images_per_s"] for r in rows), 2),
+        "marginal_images_per_s": round(statistics.median(
+            [r["job_images_per_s"] for r in rows if r["ratio"] == r["ratio"]] or [float("nan")]), 2),
         "small_images": images["small"],
         "large_images": images["large"],
         "small_s": [r["small_s"] for r in rows],
