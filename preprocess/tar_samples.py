@@ -215,19 +215,81 @@ def _open_input(path: str) -> BinaryIO:
 
 
 def _index_open(path: str, raw: BinaryIO, archive_bytes: int) -> list[TarMember] | None:
-    stops: list[tarfile.HeaderError] = []
     progress = ["(none)"]
+    members: list[TarMember] = []
     try:
+        # Detection: gzip/bz2/xz first, then a plain tar whose first header parses (tarfile's messages).
         with tarfile.open(
-            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops),
+            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo([]),
             encoding="utf-8", errors="surrogateescape",
         ) as tar:
             if tar.fileobj is not raw:
                 return None
-            # tarfile seeks over the data from header to header: ~30 us of Python per member, no data read.
-            return [member for member, _ in _walk_headers(path, tar, archive_bytes, stops, progress)]
+        offset = _index_plain_headers(raw.fileno(), archive_bytes, members, progress)
+        # From the first header that is not a plain regular file (a directory, a link, a GNU long name,
+        # pax extensions, the end-of-archive blocks, damage) tarfile takes over, at that absolute offset:
+        # what it accepts and every message about a broken or unterminated archive stay tarfile's.
+        raw.seek(offset)
+        stops: list[tarfile.HeaderError] = []
+        with tarfile.open(
+            fileobj=raw, mode="r:", tarinfo=_recording_tarinfo(stops),
+            encoding="utf-8", errors="surrogateescape",
+        ) as tar:
+            members += [member for member, _ in _walk_headers(path, tar, archive_bytes, stops, progress)]
     except _READ_ERRORS as e:
         raise _not_readable(path, e, progress[0]) from e
+    return members
+
+
+_USTAR_MAGICS = (b"ustar\0", b"ustar ")  # POSIX ustar, GNU
+_REGULAR_TYPES = (b"0", b"\0")
+
+
+def _octal(field: bytes) -> int | None:
+    if field[:1] in (b"\x80", b"\xff"):
+        return None  # base-256: tarfile's
+    nul = field.find(b"\0")
+    try:
+        return int((field if nul == -1 else field[:nul]).strip() or b"0", 8)
+    except ValueError:
+        return None
+
+
+def _plain_header(block: bytes) -> tuple[str, int] | None:
+    """(name, size) of a ustar/GNU header of a regular file with a short name and a valid checksum, as
+    ``tarfile.TarInfo.frombuf`` would read it; None for anything else, which tarfile then parses."""
+    if len(block) != tarfile.BLOCKSIZE or block[156:157] not in _REGULAR_TYPES:
+        return None
+    if block[257:263] not in _USTAR_MAGICS or block[345:346] != b"\0":  # no ustar prefix (GNU: atime)
+        return None
+    # tarfile's unsigned checksum: the header's bytes with the checksum field counted as 8 spaces.
+    if _octal(block[148:156]) != sum(block) - sum(block[148:156]) + 256:
+        return None
+    size = _octal(block[124:136])
+    raw_name = block[:100].split(b"\0", 1)[0]
+    if size is None or not raw_name or raw_name.endswith(b"/"):
+        return None
+    return raw_name.decode("utf-8", "surrogateescape"), size
+
+
+def _index_plain_headers(fd: int, archive_bytes: int, members: list[TarMember], progress: list[str]) -> int:
+    """The run of plain regular-file headers from the start, parsed here (~5 us a header against ~30 us
+    through tarfile, ~3% of the draft floor for 3 members a sample); returns where it stopped."""
+    offset = 0
+    while True:
+        if offset > archive_bytes:  # the last member's padding is cut: tarfile.next()'s own check
+            raise tarfile.ReadError("unexpected end of data")
+        parsed = _plain_header(os.pread(fd, tarfile.BLOCKSIZE, offset))
+        if parsed is None:
+            break
+        name, size = parsed
+        data = offset + tarfile.BLOCKSIZE
+        if data + size > archive_bytes:
+            raise tarfile.ReadError("unexpected end of data")
+        members.append(TarMember(name, data, size, "file"))
+        progress[0] = name
+        offset = data + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    return offset
 
 
 def _group(
