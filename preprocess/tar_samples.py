@@ -7,10 +7,11 @@ regular-file headers are parsed here, the rest by tarfile), then each used membe
 its byte range (``offset``, ``size``). That replaced ``tarfile.extractfile().read()`` per member: with
 decoding in between, ``preprocess diagnose`` on the sample tars read a sample in p50 0.36-0.39 ms that
 way (0.69 ms mean on a quiet VM, 13% of an image's time) and in p50 0.12-0.15 ms by ``pread``, plus
-~0.04 ms a sample for the index pass. A compressed tar (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``; ``r:*`` detects it) has no byte
-ranges: it is read in one streaming pass, each member as it goes by. Members are read into memory, so
-member names with ``..``, absolute paths, directories and links can never make the job touch a file
-outside its output: they are skipped, and counted where they look like samples.
+~0.04 ms a sample for the index pass. A compressed tar (``.tar.gz``, ``.tgz``, ``.tar.bz2``,
+``.tar.xz``; ``r:*`` detects it) has no byte ranges: it is read in one streaming pass, each member as it
+goes by. Members are read into memory, so member names with ``..``, absolute paths, directories and
+links can never make the job touch a file outside its output: they are skipped, and counted where they
+look like samples.
 
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
 is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
