@@ -74,6 +74,8 @@ bench: $(STAMP)
 	-$(PIP) install -q opencv-python-headless
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m bench.run
+	# Augmentation on the device (here the CPU): samples/s against copying the batch, and resampling error.
+	$(PY) -m bench.augment
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff

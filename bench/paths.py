@@ -13,6 +13,8 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
   ``naive_stock`` is the baseline: stock Pillow, as torchvision installs it, run by ``bench.stock_pillow``
   in a child interpreter with its own pool (this venv only has Pillow-SIMD); ``naive_simd`` is the same
   code on this venv's Pillow-SIMD, whose resize is 6-8x faster.
+- ``floor_stock``: the floor on stock Pillow (same child): what libjpeg-turbo 3.1.3, bundled in the stock
+  wheel, would change against the 2.1.5 Pillow-SIMD links here (the draft + load code is Pillow's, alike).
 - ``worker``: ``preprocess.worker.process_input`` over whole tars (read the tar, transform, write and
   commit shards): the job's task without Ray, so the job's rate over this one is what Ray costs.
 - ``img2dataset``: img2dataset's resizer: ``cv2.imdecode`` at full size, ``INTER_AREA`` down to the short
@@ -80,7 +82,9 @@ def _img2dataset(data: bytes) -> None:
 PATHS: dict[str, Callable[[bytes], None]] = {
     "floor": _floor,
     "transform": _transform,
-    "naive_stock": _naive,  # only meaningful in bench.stock_pillow's child, where PIL is stock Pillow
+    # The *_stock paths are only meaningful in bench.stock_pillow's child, where PIL is stock Pillow.
+    "floor_stock": _floor,  # stock Pillow's libjpeg-turbo (3.1.3 bundled) vs the system's 2.1.5
+    "naive_stock": _naive,
     "naive_simd": _naive,
     "img2dataset": _img2dataset,
 }
@@ -88,7 +92,7 @@ PATHS: dict[str, Callable[[bytes], None]] = {
 
 def available_paths() -> list[str]:
     """The paths this interpreter runs itself (``naive_stock`` runs in ``bench.stock_pillow``'s child)."""
-    local = [p for p in PATHS if p != "naive_stock"]
+    local = [p for p in PATHS if not p.endswith("_stock")]
     try:
         import cv2  # noqa: F401
     except ImportError:

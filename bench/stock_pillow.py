@@ -9,7 +9,8 @@ the parent interleaves it with its own paths round by round.
 
 ``python -m bench.stock_pillow`` is that child: the first stdin line names the tars, config and process
 count; it replies on stdout with the PIL it loaded (refusing to run unless it is the stock ``pillow``
-distribution from the target directory), then answers ``"warm"`` and ``"rate"`` requests.
+distribution from the target directory), then answers ``{"warm": path}`` and ``{"rate": path}`` requests
+for the ``*_stock`` paths of ``bench.paths`` (``naive_stock``, ``floor_stock``).
 """
 
 from __future__ import annotations
@@ -110,11 +111,15 @@ class StockPillowPath:
             raise RuntimeError(reply["error"])
         return reply
 
-    def warm(self) -> None:
-        self._ask("warm")
+    def warm(self, path: str = "naive_stock") -> None:
+        self._ask({"warm": path})
 
-    def rate(self) -> float:
-        return float(self._ask("rate"))
+    def rate(self, path: str = "naive_stock") -> float:
+        return float(self._ask({"rate": path}))
+
+    def path(self, name: str) -> _ChildPath:
+        """Another ``bench.paths`` path (e.g. ``floor_stock``) run by the same child, as a RemotePath."""
+        return _ChildPath(self, name)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -131,6 +136,17 @@ class StockPillowPath:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _ChildPath:
+    def __init__(self, child: StockPillowPath, name: str) -> None:
+        self.child, self.name = child, name
+
+    def warm(self) -> None:
+        self.child.warm(self.name)
+
+    def rate(self) -> float:
+        return self.child.rate(self.name)
 
 
 def _loaded_pil(directory: str) -> dict[str, Any]:
@@ -189,11 +205,11 @@ def _serve() -> None:
         reply(info)
         for line in sys.stdin:
             command = json.loads(line)
-            if command == "warm":
-                pool.rounds(["naive_stock"], 0)
+            if isinstance(command, dict) and command.get("warm", "").endswith("_stock"):
+                pool.rounds([command["warm"]], 0)
                 reply("ok")
-            elif command == "rate":
-                reply(pool.rate("naive_stock"))
+            elif isinstance(command, dict) and command.get("rate", "").endswith("_stock"):
+                reply(pool.rate(command["rate"]))
             else:
                 reply({"error": f"unknown request {command!r}"})
 

@@ -4,7 +4,8 @@ It runs the job's own code on a sample of the inputs, in this process: the tar r
 a real ``ShardWriter`` into a scratch directory (committed, so the fsync and sha256 a real shard costs are
 counted, spread over its images; then deleted). Stages per image:
 
-- ``read``: reading the sample's members out of the tar (the ``iter_tar_samples`` step; disk or network)
+- ``index``: the tar's index pass (``index_tar``: every member header, no data), spread over its images
+- ``read``: reading the sample's members out of the tar: one byte range each (disk, page cache or network)
 - ``decode``: opening the image and decoding it (for JPEG at the draft scale, 1/2 to 1/8, that
   libjpeg-turbo's DCT scaling allows)
 - ``convert``: to RGB (palette, alpha, CMYK, 16-bit); ``resize``: crop/resize/orient to the target
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from preprocess.config import JobConfig
-from preprocess.tar_samples import SampleProblem, iter_tar_samples
+from preprocess.tar_samples import SampleProblem, index_tar, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import pillow_build
 from preprocess.worker import parse_fields
@@ -37,7 +38,7 @@ from shardio.writer import ShardWriter
 
 __all__ = ["STAGES", "diagnose", "render_text"]
 
-STAGES = ("read", "decode", "convert", "resize", "write", "other")
+STAGES = ("index", "read", "decode", "convert", "resize", "write", "other")
 
 
 @dataclass
@@ -124,8 +125,12 @@ def diagnose(
         for path in paths:
             if limit is not None and len(samples) >= limit:
                 break
+            first = len(samples)
             try:
-                items = iter_tar_samples(path, cfg.image_extensions)
+                t0 = clock()
+                index = index_tar(path)
+                index_s = clock() - t0
+                items = iter_tar_samples(path, cfg.image_extensions, index=index)
                 while limit is None or len(samples) < limit:
                     t0 = clock()
                     item = next(items, None)
@@ -154,6 +159,8 @@ def diagnose(
                     scratch.add(image.pixels, meta, sample)
                     sample.seconds["other"] = max(0.0, clock() - t0 - sample.total)
                     samples.append(sample)
+                for sample in samples[first:]:
+                    sample.seconds["index"] = index_s / (len(samples) - first)
                 inputs_read.append(path)
             except InputError as e:
                 inputs_failed.append({"input": path, "reason": e.reason})

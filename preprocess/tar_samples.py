@@ -1,10 +1,17 @@
 """Reading one WebDataset tar as samples, without ever writing a member to disk.
 
 Members are grouped into samples by webdataset's rule (``base_plus_ext``: ``dir/key.ext``; consecutive
-members with the same key form one sample). The tar is read in order with random-access mode (``r:*``,
-so ``.tar.gz`` works too): stream mode (``r|*``) copies through a 10 KB record buffer and cost ~0.8 ms
-per LAION sample against ~0.3 ms here, a fifth of the draft-decode floor. Members are read into memory, so member names with ``..``, absolute paths, directories and links can never
-make the job touch a file outside its output: they are skipped, and counted where they look like samples.
+members with the same key form one sample). Reading is split in two, so that an object store can serve the
+second half with range requests: ``index_tar`` walks the headers once, reading no data (plain
+regular-file headers are parsed here, the rest by tarfile), then each used member is one ``os.pread`` of
+its byte range (``offset``, ``size``). That replaced ``tarfile.extractfile().read()`` per member: with
+decoding in between, ``preprocess diagnose`` on the sample tars read a sample in p50 0.36-0.39 ms that
+way (0.69 ms mean on a quiet VM, 13% of an image's time) and in p50 0.12-0.15 ms by ``pread``, plus
+~0.04 ms a sample for the index pass. A compressed tar (``.tar.gz``, ``.tgz``, ``.tar.bz2``,
+``.tar.xz``; ``r:*`` detects it) has no byte ranges: it is read in one streaming pass, each member as it
+goes by. Members are read into memory, so member names with ``..``, absolute paths, directories and
+links can never make the job touch a file outside its output: they are skipped, and counted where they
+look like samples.
 
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
 is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
@@ -17,18 +24,22 @@ is one sample, never a failed tar or a report that cannot be written.
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 from dataclasses import dataclass, field
-
 
 from shardio import storage
 from shardio.errors import InputError
 from shardio.format import escape_name
 
-__all__ = ["RawSample", "SampleProblem", "iter_tar_samples", "MAX_MEMBER_BYTES"]
+__all__ = [
+    "RawSample", "SampleProblem", "TarMember", "TarIndex", "index_tar", "iter_tar_samples",
+    "MAX_MEMBER_BYTES",
+]
 
 # webdataset's grouping rule (``webdataset.tariterators.base_plus_ext``), inlined: importing webdataset
 # imports torch, which costs every Ray worker ~190 MB of RSS and 1.5 s of start-up for one regex.
@@ -113,12 +124,36 @@ def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | Sam
     return SampleProblem(key, f"no image member (has: {present})")
 
 
-def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[RawSample | SampleProblem]:
-    """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
+@dataclass(frozen=True)
+class TarMember:
+    """One member's header, as the index pass found it: where its data lies, not the data."""
 
-    Raises ``InputError`` if the file is missing, empty, not a tar, or truncated (including a tar cut
-    exactly at a member boundary, caught by its missing end-of-archive blocks).
-    """
+    name: str  # as decoded from the header (surrogate-escaped where not UTF-8)
+    offset: int  # of its data in the (uncompressed) archive
+    size: int
+    kind: str  # "file", "dir", "symlink", "hard link", "special file"
+
+
+@dataclass
+class TarIndex:
+    """Every member of one uncompressed tar, in order: read once, then each sample is a byte range."""
+
+    path: str
+    members: list[TarMember]
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    if info.isdir():
+        return "dir"
+    if info.issym():
+        return "symlink"
+    if info.islnk():
+        return "hard link"
+    # A GNU sparse member's bytes are not one contiguous range; web datasets never hold one.
+    return "file" if info.isfile() and not info.issparse() else "special file"
+
+
+def _check_size(path: str) -> int:
     try:
         size = storage.file_size(path)
     except FileNotFoundError:
@@ -127,58 +162,247 @@ def iter_tar_samples(path: str, image_extensions: tuple[str, ...]) -> Iterator[R
         raise InputError(path, f"cannot stat ({e.strerror})") from e
     if size == 0:
         raise InputError(path, "empty file (0 bytes), not a tar")
+    return size
+
+
+def _not_readable(path: str, e: BaseException, last_member: str) -> InputError:
+    reason = str(e) or type(e).__name__
+    if reason == "empty file":
+        reason = "no tar header"
+    return InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})")
+
+
+_READ_ERRORS = (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, OSError)
+
+
+def _walk_headers(
+    path: str, tar: tarfile.TarFile, archive_bytes: int | None, stops: list[tarfile.HeaderError],
+    progress: list[str],
+) -> Iterator[tuple[TarMember, tarfile.TarInfo]]:
+    """Each member of an open tar in order; then raises InputError unless it ended with the zero block.
+
+    ``archive_bytes`` (uncompressed tars): a member whose data runs past the end of the file is the end of
+    the readable archive, named as the member before it, as reading it would. ``progress[0]`` is the last
+    member whose data is known complete (for messages).
+    """
+    for info in tar:
+        member = TarMember(info.name, info.offset_data, info.size, _kind(info))
+        past_end = archive_bytes is not None and member.offset + member.size > archive_bytes
+        if member.kind == "file" and past_end:
+            raise tarfile.ReadError("unexpected end of data")
+        yield member, info
+        progress[0] = member.name
+    end_problem = _end_problem(stops[-1] if stops else None, tar.offset, progress[0])
+    if end_problem:
+        raise InputError(path, f"{end_problem}; re-download or re-create it")
+
+
+def index_tar(path: str) -> TarIndex | None:
+    """The index pass: every member header of the tar at ``path``, reading no member data.
+
+    None for a compressed tar (``.tar.gz``...): its members can only be read in order, as they stream by
+    (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does.
+    """
+    archive_bytes = _check_size(path)
+    with _open_input(path) as raw:
+        members = _index_open(path, raw, archive_bytes)
+    return None if members is None else TarIndex(path, members)
+
+
+def _open_input(path: str) -> BinaryIO:
+    try:
+        return storage.open_read(path)
+    except OSError as e:  # a directory, no permission
+        raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))") from e
+
+
+def _index_open(path: str, raw: BinaryIO, archive_bytes: int) -> list[TarMember] | None:
+    progress = ["(none)"]
+    members: list[TarMember] = []
+    try:
+        # Detection: gzip/bz2/xz first, then a plain tar whose first header parses (tarfile's messages).
+        with tarfile.open(
+            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo([]),
+            encoding="utf-8", errors="surrogateescape",
+        ) as tar:
+            if tar.fileobj is not raw:
+                return None
+        offset = _index_plain_headers(raw.fileno(), archive_bytes, members, progress)
+        # From the first header that is not a plain regular file (a directory, a link, a GNU long name,
+        # pax extensions, the end-of-archive blocks, damage) tarfile takes over, at that absolute offset:
+        # what it accepts and every message about a broken or unterminated archive stay tarfile's.
+        raw.seek(offset)
+        stops: list[tarfile.HeaderError] = []
+        with tarfile.open(
+            fileobj=raw, mode="r:", tarinfo=_recording_tarinfo(stops),
+            encoding="utf-8", errors="surrogateescape",
+        ) as tar:
+            members += [member for member, _ in _walk_headers(path, tar, archive_bytes, stops, progress)]
+    except _READ_ERRORS as e:
+        raise _not_readable(path, e, progress[0]) from e
+    return members
+
+
+_USTAR_MAGICS = (b"ustar\0", b"ustar ")  # POSIX ustar, GNU
+_REGULAR_TYPES = (b"0", b"\0")
+
+
+def _octal(field: bytes) -> int | None:
+    if field[:1] in (b"\x80", b"\xff"):
+        return None  # base-256: tarfile's
+    nul = field.find(b"\0")
+    try:
+        return int((field if nul == -1 else field[:nul]).strip() or b"0", 8)
+    except ValueError:
+        return None
+
+
+def _plain_header(block: bytes) -> tuple[str, int] | None:
+    """(name, size) of a ustar/GNU header of a regular file with a short name and a valid checksum, as
+    ``tarfile.TarInfo.frombuf`` would read it; None for anything else, which tarfile then parses."""
+    if len(block) != tarfile.BLOCKSIZE or block[156:157] not in _REGULAR_TYPES:
+        return None
+    if block[257:263] not in _USTAR_MAGICS or block[345:346] != b"\0":  # no ustar prefix (GNU: atime)
+        return None
+    # tarfile's unsigned checksum: the header's bytes with the checksum field counted as 8 spaces.
+    if _octal(block[148:156]) != sum(block) - sum(block[148:156]) + 256:
+        return None
+    size = _octal(block[124:136])
+    raw_name = block[:100].split(b"\0", 1)[0]
+    if size is None or not raw_name or raw_name.endswith(b"/"):
+        return None
+    return raw_name.decode("utf-8", "surrogateescape"), size
+
+
+def _index_plain_headers(fd: int, archive_bytes: int, members: list[TarMember], progress: list[str]) -> int:
+    """The run of plain regular-file headers from the start, parsed here (~5 us a header against ~30 us
+    through tarfile, ~3% of the draft floor for 3 members a sample); returns where it stopped."""
+    offset = 0
+    while True:
+        if offset > archive_bytes:  # the last member's padding is cut: tarfile.next()'s own check
+            raise tarfile.ReadError("unexpected end of data")
+        parsed = _plain_header(os.pread(fd, tarfile.BLOCKSIZE, offset))
+        if parsed is None:
+            break
+        name, size = parsed
+        data = offset + tarfile.BLOCKSIZE
+        if data + size > archive_bytes:
+            raise tarfile.ReadError("unexpected end of data")
+        members.append(TarMember(name, data, size, "file"))
+        progress[0] = name
+        offset = data + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    return offset
+
+
+def _group(
+    members: Iterator[TarMember], read: Callable[[TarMember], bytes], image_extensions: tuple[str, ...]
+) -> Iterator[RawSample | SampleProblem]:
+    """webdataset's grouping of members into samples; ``read`` fetches the data of the members used."""
     seen: set[str] = set()
     group: _Group | None = None
-    last_member = "(none)"
+    for member in members:
+        name = member.name
+        if member.kind == "dir":
+            continue
+        parsed = base_plus_ext(name)
+        base = name.rsplit("/", 1)[-1]
+        if parsed is None or base.startswith("._") or "__MACOSX" in name:
+            continue  # not a sample member (README, macOS resource forks)
+        key, ext = parsed[0], parsed[1].lower()
+        if group is None or key != group.key:
+            if group is not None:
+                yield _finish(group, image_extensions)
+            group = _Group(key)
+            if key in seen:
+                group.problem = "key seen twice in this tar (the first occurrence is kept)"
+            seen.add(key)
+        if group.problem:
+            continue
+        if _is_unsafe(name):
+            group.problem = f"unsafe member name {name!r} (absolute or '..'): ignored"
+        elif member.kind != "file":
+            group.problem = f"member {name!r} is a {member.kind}, not a regular file: ignored"
+        elif ext in group.members:
+            group.problem = f"member {name!r} appears twice"
+        elif member.size > MAX_MEMBER_BYTES:
+            group.problem = f"member {name!r} is {member.size} bytes (> {MAX_MEMBER_BYTES}): skipped"
+        else:
+            group.members[ext] = (name, read(member))
+    if group is None:
+        raise _NoSamples
+    yield _finish(group, image_extensions)
+
+
+class _NoSamples(Exception):
+    pass
+
+
+def iter_tar_samples(
+    path: str, image_extensions: tuple[str, ...], index: TarIndex | None = None
+) -> Iterator[RawSample | SampleProblem]:
+    """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
+
+    Raises ``InputError`` if the file is missing, empty, not a tar, or truncated (including a tar cut
+    exactly at a member boundary, caught by its missing end-of-archive blocks). An uncompressed tar is
+    indexed first (``index_tar``; pass ``index`` to reuse one), so a broken one fails before any sample is
+    yielded; then each member is one ``pread`` of its byte range.
+    """
+    archive_bytes = _check_size(path)
+    with _open_input(path) as raw:
+        # Indexed and read through one open file: a tar replaced under the same path in between cannot
+        # mix two archives' offsets and bytes.
+        members = index.members if index is not None else _index_open(path, raw, archive_bytes)
+        if members is not None:
+            yield from _read_ranges(path, raw.fileno(), members, image_extensions)
+            return
+    yield from _stream_compressed(path, image_extensions)
+
+
+def _read_ranges(
+    path: str, fd: int, members: list[TarMember], image_extensions: tuple[str, ...]
+) -> Iterator[RawSample | SampleProblem]:
+    def read(member: TarMember) -> bytes:
+        # One syscall copying page cache -> a fresh bytes object (bytes, so io.BytesIO in the decoder
+        # shares it rather than copying): no Python file layers between the tar and the decoder.
+        data = os.pread(fd, member.size, member.offset)
+        if len(data) != member.size:
+            raise InputError(path, f"member {escape_name(member.name)!r} ends after {len(data)} of "
+                             f"{member.size} bytes: the tar changed while it was read; rerun")
+        return data
+
+    try:
+        yield from _group(iter(members), read, image_extensions)
+    except _NoSamples:
+        raise InputError(path, "tar holds no sample members") from None
+    except OSError as e:
+        raise InputError(path, f"cannot read ({e.strerror or e})") from e
+
+
+def _stream_compressed(path: str, image_extensions: tuple[str, ...]) -> Iterator[RawSample | SampleProblem]:
+    """A compressed tar in one pass: each member's data is read as the stream passes it."""
     stops: list[tarfile.HeaderError] = []
+    progress = ["(none)"]
     try:
         with storage.open_read(path) as raw, tarfile.open(
             fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops),
             encoding="utf-8", errors="surrogateescape",
         ) as tar:
-            for info in tar:
-                name = info.name
-                if info.isdir():
-                    continue
-                parsed = base_plus_ext(name)
-                base = name.rsplit("/", 1)[-1]
-                if parsed is None or base.startswith("._") or "__MACOSX" in name:
-                    continue  # not a sample member (README, macOS resource forks)
-                key, ext = parsed[0], parsed[1].lower()
-                if group is None or key != group.key:
-                    if group is not None:
-                        yield _finish(group, image_extensions)
-                    group = _Group(key)
-                    if key in seen:
-                        group.problem = "key seen twice in this tar (the first occurrence is kept)"
-                    seen.add(key)
-                if group.problem:
-                    continue
-                if _is_unsafe(name):
-                    group.problem = f"unsafe member name {name!r} (absolute or '..'): ignored"
-                elif not info.isfile():
-                    kind = "symlink" if info.issym() else "hard link" if info.islnk() else "special file"
-                    group.problem = f"member {name!r} is a {kind}, not a regular file: ignored"
-                elif ext in group.members:
-                    group.problem = f"member {name!r} appears twice"
-                elif info.size > MAX_MEMBER_BYTES:
-                    group.problem = f"member {name!r} is {info.size} bytes (> {MAX_MEMBER_BYTES}): skipped"
-                else:
-                    handle = tar.extractfile(info)
-                    data = handle.read() if handle is not None else b""
-                    if len(data) != info.size:
-                        raise tarfile.ReadError(f"member {name!r}: {len(data)} of {info.size} bytes")
-                    group.members[ext] = (name, data)
-                last_member = name
-            end_offset = tar.offset
-    except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, OSError) as e:
-        reason = str(e) or type(e).__name__
-        if reason == "empty file":
-            reason = "no tar header"
-        raise InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})") from e
-    end_problem = _end_problem(stops[-1] if stops else None, end_offset, last_member)
-    if end_problem:
-        raise InputError(path, f"{end_problem}; re-download or re-create it")
-    if group is None:
-        raise InputError(path, "tar holds no sample members")
-    yield _finish(group, image_extensions)
+            current: dict[str, tarfile.TarInfo] = {}
+
+            def members() -> Iterator[TarMember]:
+                for member, info in _walk_headers(path, tar, None, stops, progress):
+                    current["info"] = info
+                    yield member
+
+            def read(member: TarMember) -> bytes:
+                handle = tar.extractfile(current["info"])
+                data = handle.read() if handle is not None else b""
+                if len(data) != member.size:
+                    raise tarfile.ReadError(f"member {member.name!r}: {len(data)} of {member.size} bytes")
+                return data
+
+            yield from _group(members(), read, image_extensions)
+    except _NoSamples:
+        raise InputError(path, "tar holds no sample members") from None
+    except _READ_ERRORS as e:
+        raise _not_readable(path, e, progress[0]) from e

@@ -35,6 +35,10 @@ def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
         assert 0 <= stage["p50_ms"] <= stage["p95_ms"] and stage["mean_ms"] >= 0
     assert sum(s["share"] for s in report["stages"].values()) == pytest.approx(1.0, abs=0.01)
     assert report["stages"]["decode"]["mean_ms"] > 0 and report["stages"]["write"]["mean_ms"] > 0
+    # The tar's index pass is its own stage, spread evenly over the tar's images (p50 == p95 == mean).
+    index = report["stages"]["index"]
+    assert index["mean_ms"] > 0
+    assert index["p50_ms"] == index["p95_ms"] == pytest.approx(index["mean_ms"], abs=0.002)
     assert report["draft_scales"] == {"1/4": 12}
     rate = report["images_per_s_per_core"]
     assert report["projection"]["seconds"] == pytest.approx(1000 / (rate * 4), rel=0.01)
