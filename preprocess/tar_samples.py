@@ -295,7 +295,7 @@ def _index_plain_headers(fd: int, archive_bytes: int, members: list[TarMember], 
 
 
 def _group(
-    members: Iterator[TarMember], read: Callable[[TarMember], bytes], image_extensions: tuple[str, ...]
+    path: str, members: Iterator[TarMember], read: Callable[[TarMember], bytes], image_extensions: tuple[str, ...]
 ) -> Iterator[RawSample | SampleProblem]:
     """webdataset's grouping of members into samples; ``read`` fetches the data of the members used."""
     seen: set[str] = set()
@@ -329,12 +329,8 @@ def _group(
         else:
             group.members[ext] = (name, read(member))
     if group is None:
-        raise _NoSamples
+        raise InputError(path, "tar holds no sample members")
     yield _finish(group, image_extensions)
-
-
-class _NoSamples(Exception):
-    pass
 
 
 def iter_tar_samples(
@@ -371,9 +367,7 @@ def _read_ranges(
         return data
 
     try:
-        yield from _group(iter(members), read, image_extensions)
-    except _NoSamples:
-        raise InputError(path, "tar holds no sample members") from None
+        yield from _group(path, iter(members), read, image_extensions)
     except OSError as e:
         raise InputError(path, f"cannot read ({e.strerror or e})") from e
 
@@ -401,8 +395,6 @@ def _stream_compressed(path: str, image_extensions: tuple[str, ...]) -> Iterator
                     raise tarfile.ReadError(f"member {member.name!r}: {len(data)} of {member.size} bytes")
                 return data
 
-            yield from _group(members(), read, image_extensions)
-    except _NoSamples:
-        raise InputError(path, "tar holds no sample members") from None
+            yield from _group(path, members(), read, image_extensions)
     except _READ_ERRORS as e:
         raise _not_readable(path, e, progress[0]) from e
