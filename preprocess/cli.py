@@ -175,7 +175,8 @@ def _close_log(event_log: EventLogger | None, report: RunReport | None = None, e
 @app.command()
 def run(
     inputs: Annotated[list[str], typer.Argument(help="Tar paths, globs ('data/*.tar') or brace ranges ('data/{00000..00099}.tar').")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Dataset directory (created, or appended to).")],
+    # str, not Path: pathlib turns s3://bucket/x into s3:/bucket/x, a local folder (a URL must stay a URL).
+    output: Annotated[str, typer.Option("--output", "-o", help="Dataset directory (created, or appended to).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
     size: Annotated[Optional[int], typer.Option(help="Square output: height = width = SIZE.")] = None,
     height: Annotated[Optional[int], typer.Option(help="Output height.")] = None,
@@ -251,7 +252,7 @@ def run(
 
 @app.command()
 def verify(
-    directory: Annotated[Path, typer.Argument(help="Dataset directory (the --output of `run`).")],
+    directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
     repair: Annotated[bool, typer.Option("--repair", help="Rebuild the inputs behind bad shards from their tars.")] = False,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs for --repair (default: all cores).")] = None,
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
@@ -310,7 +311,7 @@ def verify(
 
 @app.command()
 def gc(
-    directory: Annotated[Path, typer.Argument(help="Dataset directory (the --output of `run`).")],
+    directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
     wait: Annotated[bool, typer.Option("--wait", help="If a run holds DIR, wait for it.")] = False,
