@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio.format import InputEntry, Manifest
+from shardio.format import InputEntry, Manifest, RetiredFile, load_manifest
 from shardio.writer import InputShardWriter, write_manifest
 
 # 117 samples from three inputs in shards of 8: every input ends in a partial shard (40 = 5×8, 45, 32).
@@ -79,3 +79,14 @@ def assert_exactly_once(seen: np.ndarray, samples: int) -> None:
     assert missing.size == 0, f"{missing.size} samples missing, e.g. {missing[:10].tolist()}"
     duplicated = np.flatnonzero(counts > 1)
     assert duplicated.size == 0, f"{duplicated.size} samples duplicated, e.g. {duplicated[:10].tolist()}"
+
+
+def retire_input(directory: str, name: str) -> int:
+    """Drop one input as a run does (its files retired, kept by retention, not deleted) and commit; returns
+    the new generation."""
+    manifest = load_manifest(directory)
+    gone = manifest.inputs.pop(name)
+    for entry in [e for e in manifest.shards if e.path in gone.shards]:
+        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
+    return write_manifest(directory, manifest)

@@ -20,26 +20,9 @@ from preprocess.worker import parse_fields, process_input
 from shardio import storage
 from shardio.errors import SampleError
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards
+from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401
 
 CFG = JobConfig(height=32, width=32)
-
-
-@pytest.fixture(autouse=True)
-def _restore_pillow_limit(monkeypatch):
-    # process_image sets Pillow's process-wide limit to the config's; keep other tests' Pillow default.
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
-
-
-class DecodeStarted(Exception):
-    pass
-
-
-@pytest.fixture
-def no_decoding(monkeypatch):
-    def load(self):
-        raise DecodeStarted(f"decoding a {self.size} image")
-
-    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dataset_fixtures import assert_exactly_once, indices, make_dataset
+from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, retire_input
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
-from shardio.format import InputEntry, RetiredFile, load_manifest
+from shardio.format import InputEntry, load_manifest
 from shardio.writer import InputShardWriter, write_manifest
 
 FIRST = 117
@@ -30,15 +30,6 @@ def add_input(directory: str, name: str, first: int, count: int) -> int:
     return write_manifest(directory, manifest)
 
 
-def drop_input(directory: str, name: str) -> int:
-    """Commit the removal of one input: its files retired (kept by retention), not deleted."""
-    manifest = load_manifest(directory)
-    gone = manifest.inputs.pop(name)
-    for entry in [e for e in manifest.shards if e.path in gone.shards]:
-        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
-    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
-    return write_manifest(directory, manifest)
-
 
 def make(directory: str, **kwargs) -> ShardDataset:
     return ShardDataset(directory, 5, shuffle=True, seed=2, **kwargs)
@@ -59,7 +50,7 @@ def test_resumed_epoch_finishes_on_its_generation_and_the_next_moves_on(tmp_path
     assert state["generation"] == first_generation
 
     newer = add_input(directory, "input-3.tar", FIRST, 20)  # drops committed while the run was down
-    newest = drop_input(directory, "input-0.tar")
+    newest = retire_input(directory, "input-0.tar")
     assert newest > newer > first_generation
 
     resumed = make(directory)  # opens the newest generation ...

@@ -15,17 +15,8 @@ from shardio import directory as dataset_dir
 from shardio.errors import ShardFormatError
 from shardio.format import RetiredFile, generation_path, list_generations, load_manifest
 from shardio.writer import write_manifest
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import make_dataset, retire_input
 
-
-def retire_input(directory: str, name: str) -> int:
-    """Drop one input as a run does (its files retired, not deleted) and commit; returns the generation."""
-    manifest = load_manifest(directory)
-    gone = manifest.inputs.pop(name)
-    for entry in [e for e in manifest.shards if e.path in gone.shards]:
-        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
-    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
-    return write_manifest(directory, manifest)
 
 
 def shard_files(directory: str) -> set[str]:

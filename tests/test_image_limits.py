@@ -25,26 +25,10 @@ from shardio.errors import DatasetIncompatibleError, SampleError
 from shardio.format import Manifest
 from shardio.writer import write_manifest
 from tests.tar_factory import Member, index_image, jpeg_bytes
+from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401
 
 CFG = JobConfig(height=32, width=32)
 NEW_KEYS = ("min_image_size", "max_aspect_ratio", "max_jpeg_scans", "max_decoded_bytes")
-
-
-@pytest.fixture(autouse=True)
-def _restore_pillow_limit(monkeypatch):
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
-
-
-class DecodeStarted(Exception):
-    pass
-
-
-@pytest.fixture
-def no_decoding(monkeypatch):
-    def load(self):
-        raise DecodeStarted(f"decoding a {self.size} image")
-
-    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
 
 
 def png_header(width: int, height: int, bit_depth: int = 8, colour_type: int = 2) -> bytes:

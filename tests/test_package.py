@@ -12,6 +12,8 @@ def test_shardio_imports_without_ray_pillow_or_preprocess():
     code = (
         "import sys, shardio\n"
         "from shardio import ShardDataset, open_dataset\n"
+        # the writer side too: the dataset directory, storage, the run report and `shardio info`
+        "import shardio.directory, shardio.storage, shardio.run_report, shardio.info, shardio.writer\n"
         "bad = [m for m in ('PIL', 'ray', 'yaml', 'typer', 'webdataset', 'preprocess') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
