@@ -1,0 +1,114 @@
+"""``shardio.lightning.ShardDataModule`` under a real Lightning Trainer on CPU.
+
+Every sample carries its index in its pixels and key (``tests/training_helpers.py``); the module records
+the keys each training step gets, so one comparison catches missing, repeated and reordered samples.
+117 samples in batches of 8 (``drop_last=False``) make 15 batches an epoch, the last one of 5.
+"""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+import lightning.pytorch as pl  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from shardio.lightning import ShardDataModule  # noqa: E402
+from tests.dataset_fixtures import assert_exactly_once  # noqa: E402
+from tests.training_helpers import make_mixed_dataset  # noqa: E402
+
+SAMPLES, BATCH = 117, 8
+BATCHES = -(-SAMPLES // BATCH)  # 15
+
+# Lightning's advice for real runs (workers, logging intervals) is noise for a 15-batch CPU test.
+pytestmark = [pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
+              pytest.mark.filterwarnings("ignore:.*GPU available but not used.*"),
+              pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
+              # Lightning 2.6's own use of torch's pytree on torch 2.9+; not ours.
+              pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")]
+
+
+class KeyRecorder(pl.LightningModule):
+    """A linear model that notes, per epoch, the sample indices of each batch it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.seen: list[tuple[int, int, list[int]]] = []  # (epoch, batch_idx, indices)
+
+    def training_step(self, batch, batch_idx):
+        image = batch["image"]
+        assert image.dtype == torch.float32 and image.shape[1] == 3  # normalised NCHW after the transfer
+        self.seen.append((self.current_epoch, batch_idx, [int(k[1:]) for k in batch["__key__"]]))
+        return self.layer(image.mean(dim=(2, 3))).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def epochs(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for epoch, _, keys in self.seen:
+            out.setdefault(epoch, []).extend(keys)
+        return out
+
+
+def trainer(**kwargs) -> pl.Trainer:
+    defaults = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+def fit(path: str, ckpt_path: str | None = None, **kwargs) -> KeyRecorder:
+    torch.manual_seed(0)
+    model = KeyRecorder()
+    module = ShardDataModule(path, BATCH, shuffle=True, seed=3, drop_last=False)
+    trainer(**kwargs).fit(model, module, ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("lightning") / "ds")
+    make_mixed_dataset(path)
+    return path
+
+
+def test_epochs_are_different_permutations_and_repeat_when_rerun(dataset):
+    first = fit(dataset, max_epochs=2).epochs()
+    assert sorted(first) == [0, 1]
+    for epoch in (0, 1):
+        assert_exactly_once(np.array(first[epoch]), SAMPLES)
+    assert first[0] != first[1], "the Trainer's epochs reached the dataset: each has its own order"
+    again = fit(dataset, max_epochs=2).epochs()
+    assert again == first, "same seed, same orders"
+
+
+@pytest.mark.parametrize("stop_after", [6, BATCHES + 6, BATCHES])
+def test_checkpoint_mid_epoch_resumes_at_exactly_the_next_batch(dataset, tmp_path, stop_after):
+    reference = fit(dataset, max_epochs=2)
+    checkpoints = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=stop_after, save_top_k=-1)
+    interrupted = fit(dataset, max_steps=stop_after, callbacks=[checkpoints], enable_checkpointing=True)
+    saved = glob.glob(str(tmp_path / f"*step={stop_after}.ckpt"))
+    assert len(saved) == 1, saved
+    resumed = fit(dataset, ckpt_path=saved[0], max_epochs=2)
+
+    assert [keys for _, _, keys in interrupted.seen] == [keys for _, _, keys in reference.seen[:stop_after]]
+    # The resumed run starts with the batch after the checkpoint, with Lightning's own batch_idx.
+    assert [(e, i) for e, i, _ in resumed.seen] == [(e, i) for e, i, _ in reference.seen[stop_after:]]
+    combined = interrupted.epochs()
+    for epoch, keys in resumed.epochs().items():
+        combined.setdefault(epoch, []).extend(keys)
+    for epoch in (0, 1):
+        assert_exactly_once(np.array(combined[epoch]), SAMPLES)  # nothing missing or repeated
+    assert combined == reference.epochs(), "and in the uninterrupted order"
+
+
+def test_importing_shardio_does_not_import_lightning():
+    code = "import sys, shardio; shardio.ShardDataset; assert 'lightning' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
