@@ -45,3 +45,19 @@ def test_train_py_trains_on_labelled_caption_only_and_mixed_data(tmp_path, kind)
         assert labelled == 0
     else:
         assert labelled > 0 and unlabelled > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_train_lightning_py_trains_on_labelled_caption_only_and_mixed_data(tmp_path, kind):
+    pytest.importorskip("lightning")
+    make_mixed_dataset(str(tmp_path / "ds"), labelled=KINDS[kind], side=32)
+    done = run_example("train_lightning.py", "--shards", str(tmp_path / "ds"), "--max-steps", "4",
+                       "--batch-size", "16", "--accelerator", "cpu")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = next(line for line in done.stdout.splitlines() if "objective:" in line)
+    assert summary.startswith("trained 4 steps")
+    labelled = int(summary.split("objective: ")[1].split()[0])
+    unlabelled = int(summary.split(", ")[1].split()[0])
+    assert labelled + unlabelled == 4 * 16
+    assert (labelled > 0) == (kind != "caption-only") and (unlabelled > 0) == (kind != "labelled")
