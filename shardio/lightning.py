@@ -7,12 +7,17 @@ What Lightning does with it, as read in Lightning 2.6 (``loops/fit_loop.py``, ``
 - **Epochs.** Lightning calls ``set_epoch`` only on a DataLoader's *sampler*; a dataset that yields whole
   batches has none. The train loader here (``EpochLoader``) sets the dataset's epoch to
   ``trainer.current_epoch`` when each iterator Lightning creates yields its first batch (epoch 0's is
-  created in ``FitLoop.setup_data``, later ones after ``on_train_epoch_start``). (Once ``ShardDataset`` advances epochs on each new iterator
-  by itself this stays correct: it names the epoch the Trainer counts, which also survives a restart.)
+  created in ``FitLoop.setup_data``, later ones after ``on_train_epoch_start``), as a DataLoader's
+  sampler is read at the first batch. Lightning creates a resumed run's iterator before it moves past
+  the epoch a checkpoint ended, so reading the epoch any earlier restarted a finished epoch (nothing to
+  train on). Once ``ShardDataset`` advances its epoch on each new iterator by itself this stays right:
+  it names the epoch the Trainer counts, which survives a restart.
 - **Resume.** ``FitLoop.on_save_checkpoint`` stores ``state_dict()`` of every train loader that has
   ``state_dict``/``load_state_dict`` (``_Stateful``); ``fit(ckpt_path=...)`` calls ``load_state_dict``
-  before it creates the first iterator, which then starts at exactly the next batch. Lightning fetches
-  no batch ahead when the loader has a length, so the count in the checkpoint is the batches trained on.
+  before the first batch, which is then exactly the next one (a state for another epoch than the
+  Trainer's, as after a checkpoint at an epoch's last batch, is ignored: that epoch starts fresh).
+  Lightning fetches no batch ahead when the loader has a length, so the count in the checkpoint is the
+  batches trained on.
 - **The device.** ``ShardLoader`` assembles batches in pinned memory when the Trainer's device is CUDA;
   Lightning's ``transfer_batch_to_device`` copies them ``non_blocking``; ``on_after_batch_transfer``
   then turns the uint8 NHWC images into float NCHW on the device: ``train_transform`` (e.g.

@@ -164,5 +164,6 @@ class SubsetDataset(ShardDataset):
         self.samples = len(self.snapshot)
         self.drop_last = drop_last
         if drop_last and self.samples < batch_size * self.world_size:
-            raise ValueError(f"{path}: the subset's {self.samples} samples make no full batch of {batch_size} "
-                             f"on each of {self.world_size} ranks, and drop_last=True would yield nothing")
+            raise ValueError(f"{path}: the subset's {self.samples} samples make no full batch of "
+                             f"{batch_size} on each of {self.world_size} ranks, and drop_last=True would "
+                             "yield nothing")

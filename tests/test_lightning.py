@@ -19,7 +19,9 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
+from shardio.dataset import ShardDataset  # noqa: E402
 from shardio.lightning import ShardDataModule  # noqa: E402
+from shardio.mixing import MixedDataset  # noqa: E402
 from tests.dataset_fixtures import assert_exactly_once  # noqa: E402
 from tests.training_helpers import make_mixed_dataset  # noqa: E402
 
@@ -64,10 +66,13 @@ def trainer(**kwargs) -> pl.Trainer:
     return pl.Trainer(**{**defaults, **kwargs})
 
 
-def fit(path: str, ckpt_path: str | None = None, **kwargs) -> KeyRecorder:
+def fit(path, ckpt_path: str | None = None, **kwargs) -> KeyRecorder:
+    """``path``: a dataset directory, or a function making the train dataset (a new one per fit, as a
+    new process would)."""
     torch.manual_seed(0)
     model = KeyRecorder()
-    module = ShardDataModule(path, BATCH, shuffle=True, seed=3, drop_last=False)
+    module = ShardDataModule(path if isinstance(path, str) else path(), BATCH, shuffle=True, seed=3,
+                             drop_last=False)
     trainer(**kwargs).fit(model, module, ckpt_path=ckpt_path)
     return model
 
@@ -109,6 +114,27 @@ def test_checkpoint_mid_epoch_resumes_at_exactly_the_next_batch(dataset, tmp_pat
     assert combined == reference.epochs(), "and in the uninterrupted order"
 
 
+def test_a_mixed_dataset_resumes_mid_epoch_under_the_trainer(dataset, tmp_path):
+    other = str(tmp_path / "b")
+    make_mixed_dataset(other, (30,), (False,), first_index=1000)
+
+    def mixed() -> MixedDataset:
+        parts = [ShardDataset(dataset, BATCH, shuffle=True), ShardDataset(other, BATCH, shuffle=True)]
+        return MixedDataset(parts, [2, 1], seed=4)
+
+    reference = fit(mixed, max_epochs=2)
+    per_epoch = len(mixed())
+    assert [e for e, _, _ in reference.seen] == [0] * per_epoch + [1] * per_epoch
+    assert reference.epochs()[0] != reference.epochs()[1]
+    stop = per_epoch + 4
+    checkpoints = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=stop, save_top_k=-1)
+    interrupted = fit(mixed, max_steps=stop, callbacks=[checkpoints], enable_checkpointing=True)
+    (saved,) = glob.glob(str(tmp_path / "ckpt" / f"*step={stop}.ckpt"))
+    resumed = fit(mixed, ckpt_path=saved, max_epochs=2)
+    assert [k for _, _, k in interrupted.seen + resumed.seen] == [k for _, _, k in reference.seen]
+
+
 def test_importing_shardio_does_not_import_lightning():
-    code = "import sys, shardio; shardio.ShardDataset; assert 'lightning' not in sys.modules, 'imported'"
+    code = ("import sys, shardio; shardio.ShardDataset, shardio.MixedDataset, shardio.SubsetDataset; "
+            "assert 'lightning' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

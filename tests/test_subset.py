@@ -81,7 +81,8 @@ def test_a_fraction_is_decided_per_key_stable_across_opens_and_appends(path, tmp
     assert other_seed.snapshot.selected.tolist() != sorted(members)
     grown = str(tmp_path / "grown")
     make_mixed_dataset(grown, (*INPUTS, 50), (True, False, True, True))  # a nightly run added an input
-    grown_members = set(SubsetDataset(grown, 5, fraction=fraction, fraction_seed=2).snapshot.selected.tolist())
+    grown_subset = SubsetDataset(grown, 5, fraction=fraction, fraction_seed=2)
+    grown_members = set(grown_subset.snapshot.selected.tolist())
     assert grown_members & set(range(SAMPLES)) == members, "appending keeps the old members, adds no old one"
 
 
