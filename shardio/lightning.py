@@ -134,10 +134,11 @@ class ShardDataModule(pl.LightningDataModule):
                                          self._trainer_epoch)
         return self._train_loader
 
-    def val_dataloader(self) -> Any:
+    def val_dataloader(self) -> EpochLoader | list[Any]:
         if self.val_dataset is None:
             return []
-        return self._loader(self.val_dataset)
+        # Wrapped for the same reason as the train loader: no ``dataset`` attribute for Lightning to warn of.
+        return EpochLoader(self._loader(self.val_dataset), self.val_dataset)
 
     def _trainer_epoch(self) -> int:
         return self.trainer.current_epoch if self.trainer is not None else 0

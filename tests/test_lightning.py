@@ -134,6 +134,27 @@ def test_a_mixed_dataset_resumes_mid_epoch_under_the_trainer(dataset, tmp_path):
     assert [k for _, _, k in interrupted.seen + resumed.seen] == [k for _, _, k in reference.seen]
 
 
+class AugmentedRecorder(KeyRecorder):
+    def training_step(self, batch, batch_idx):
+        assert batch["image"].shape[1:] == (3, 6, 6), "TrainAugment(6) ran after the transfer"
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        assert batch["image"].dtype == torch.float32 and batch["image"].shape[1:] == (3, 8, 8)
+        self.validated = getattr(self, "validated", []) + [int(k[1:]) for k in batch["__key__"]]
+
+
+def test_train_transform_and_validation_set(dataset):
+    from shardio.augment import TrainAugment
+
+    model = AugmentedRecorder()
+    module = ShardDataModule(dataset, BATCH, val=dataset, train_transform=TrainAugment(6, seed=0))
+    trainer(max_epochs=1).fit(model, module)
+    assert len(model.seen) == SAMPLES // BATCH  # drop_last=True by default for training
+    assert_exactly_once(np.array(model.validated), SAMPLES)  # validation: every sample, in stored order
+    assert model.validated == sorted(model.validated)
+
+
 def test_importing_shardio_does_not_import_lightning():
     code = ("import sys, shardio; shardio.ShardDataset, shardio.MixedDataset, shardio.SubsetDataset; "
             "assert 'lightning' not in sys.modules, 'imported'")
