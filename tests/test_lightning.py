@@ -8,6 +8,9 @@ the keys each training step gets, so one comparison catches missing, repeated an
 from __future__ import annotations
 
 import glob
+import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -153,6 +156,30 @@ def test_train_transform_and_validation_set(dataset):
     assert len(model.seen) == SAMPLES // BATCH  # drop_last=True by default for training
     assert_exactly_once(np.array(model.validated), SAMPLES)  # validation: every sample, in stored order
     assert model.validated == sorted(model.validated)
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_ranks_split_the_epoch(dataset, tmp_path):
+    """Two CPU processes under torchrun: each rank opens the dataset in setup() with its rank from
+    torch.distributed; the ranks train on disjoint samples, as many batches each."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               os.path.join(root, "tests", "lightning_ddp_worker.py"), dataset, str(tmp_path)]
+    # A session of its own: on a timeout the ranks are killed with torchrun, not left behind.
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
+    per_rank = SAMPLES // (BATCH * 2) * BATCH  # drop_last: 7 batches of 8 each
+    assert [len(r["seen"]) for r in ranks] == [per_rank, per_rank]
+    assert not set(ranks[0]["seen"]) & set(ranks[1]["seen"])
 
 
 def test_importing_shardio_does_not_import_lightning():
