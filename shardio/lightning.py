@@ -98,7 +98,6 @@ class ShardDataModule(pl.LightningDataModule):
         self.train_transform, self.val_transform, self.normalise = train_transform, val_transform, normalise
         self.train_dataset: Any = None
         self.val_dataset: Any = None
-        self._train_loader: EpochLoader | None = None
         if val is None:
             # Lightning treats a defined val_dataloader as a validation set ("is_overridden" looks the
             # attribute up on the instance): without one, a model with no validation_step got a warning.
@@ -130,9 +129,7 @@ class ShardDataModule(pl.LightningDataModule):
         if self.train_dataset is None:
             self.setup("fit")
         # One loader for the whole fit: Lightning keeps the object unless reload_dataloaders_every_n_epochs.
-        self._train_loader = EpochLoader(self._loader(self.train_dataset), self.train_dataset,
-                                         self._trainer_epoch)
-        return self._train_loader
+        return EpochLoader(self._loader(self.train_dataset), self.train_dataset, self._trainer_epoch)
 
     def val_dataloader(self) -> EpochLoader | list[Any]:
         if self.val_dataset is None:

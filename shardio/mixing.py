@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.augment import batch_positions
 from shardio.dataset import ShardDataset
@@ -130,6 +130,10 @@ class MixedDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read when the iterator is made.
+        if get_worker_info() is not None:
+            raise ValueError("MixedDataset reads its datasets in the process that iterates it: use it with "
+                             "num_workers=0 (or directly, or with shardio.DeviceLoader); every DataLoader "
+                             "worker would otherwise yield the whole epoch")
         resume, self._resume = self._resume, None
         skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
         choices = self.choices()

@@ -140,6 +140,13 @@ def test_datasets_of_different_shapes_or_batch_sizes_are_refused(paths, tmp_path
         MixedDataset([a, a], [1, 1])
 
 
+def test_dataloader_workers_are_refused(paths):
+    from torch.utils.data import DataLoader
+
+    with pytest.raises(ValueError, match="num_workers=0"):
+        list(DataLoader(mixed(paths), batch_size=None, num_workers=1))
+
+
 def test_a_state_from_other_weights_is_refused(paths):
     state = mixed(paths, weights=(3, 1)).state_dict()
     with pytest.raises(ValueError, match="weights"):
