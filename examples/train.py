@@ -73,7 +73,7 @@ def _decode(sample: dict[str, Any], side: int) -> dict[str, Any]:
     image = image.resize((width, height), Image.Resampling.BICUBIC)
     left, top = (width - side) // 2, (height - side) // 2
     image = image.crop((left, top, left + side, top + side))
-    return {"image": torch.from_numpy(np.asarray(image).copy()), "cls": int(sample.get("cls", b"0"))}
+    return {"image": torch.from_numpy(np.asarray(image).copy()), "cls": int(sample.get("cls", b"-1"))}
 
 
 def webdataset_loader(pattern: str, batch_size: int, workers: int, side: int, pin_memory: bool) -> Any:
@@ -132,6 +132,46 @@ class Timed:
         return self.loader.batches_seen
 
 
+ROTATIONS = 4  # the self-supervised head: which of 0/90/180/270 degrees the image was turned
+
+
+def objective(model: nn.Module, batch: dict[str, Any], classes: int, loss_fn: nn.Module,
+              step: int) -> tuple[torch.Tensor, int]:
+    """(loss, labelled samples): classification where a sample has a label, rotation prediction
+    (RotNet, Gidaris et al. 2018) where it has none.
+
+    A dataset of caption-only tars has no ``cls`` at all, and one mixing labelled and caption-only tars
+    has ``cls`` in some batches (``-1`` for the unlabelled samples) and not in others: indexing
+    ``batch["cls"]`` blindly died there with ``KeyError: 'cls'``. Rotation prediction needs no label and
+    still trains the convolutions on the images; the model's last ``ROTATIONS`` outputs are its head.
+    """
+    images = batch["image"]
+    labels = batch.get("cls")
+    if labels is None:
+        labels = torch.full((len(images),), -1, dtype=torch.int64, device=images.device)
+    has_label = labels >= 0
+    labelled = int(has_label.sum())
+    parts, targets = [images[has_label]], [labels[has_label] % classes]
+    unlabelled = images[~has_label]
+    if len(unlabelled):
+        # Square images turn by quarters; others only by 180 degrees, which keeps their shape.
+        turns = (0, 1, 2, 3) if unlabelled.shape[2] == unlabelled.shape[3] else (0, 2)
+        generator = torch.Generator().manual_seed(step)
+        rotation = torch.tensor(turns)[torch.randint(len(turns), (len(unlabelled),), generator=generator)]
+        parts += [torch.rot90(unlabelled[(rotation == k).to(images.device)], k, dims=(2, 3)) for k in turns]
+        targets += [rotation[rotation == k].to(images.device) for k in turns]
+    # One forward pass for both objectives: DDP expects one per backward.
+    logits = model(torch.cat(parts).contiguous(memory_format=torch.channels_last))
+    target = torch.cat(targets)
+    loss = images.new_zeros((), dtype=logits.dtype)
+    if labelled:
+        loss = loss + labelled * loss_fn(logits[:labelled, :classes], target[:labelled])
+    if len(unlabelled):
+        loss = loss + len(unlabelled) * loss_fn(logits[labelled:, classes:], target[labelled:])
+    loss = loss / len(images)
+    return loss, labelled
+
+
 def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
           optimizer: torch.optim.Optimizer, steps: int, classes: int,
           device: torch.device) -> dict[str, float]:
@@ -139,19 +179,19 @@ def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn
     iterator = iter(batches)
     loss_fn = nn.CrossEntropyLoss()
     prepare = 0.0
-    samples = 0
+    samples = classified = 0
     source.seconds = 0.0
     start = time.perf_counter()
     for step in range(steps):
         before = time.perf_counter()
         batch = next(iterator)
         prepare += time.perf_counter() - before
-        target = batch["cls"].clamp_min(0) % classes  # -1: no label
-        loss = loss_fn(model(batch["image"]), target)
+        loss, labelled = objective(model, batch, classes, loss_fn, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        samples += len(target)
+        samples += len(batch["image"])
+        classified += labelled
         if step % 50 == 0 or step == steps - 1:
             print(f"  [{name}] step {step:4d} loss {loss.item():.3f}", flush=True)
     if device.type == "cuda":
@@ -166,6 +206,8 @@ def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn
           f"{100 * result['waiting for data']:.1f}% of the time waiting for data "
           f"(the loader itself was busy {100 * result['loader busy']:.0f}% of the time, in the background)",
           flush=True)
+    print(f"{name}: objective: {classified} samples with labels (classification), {samples - classified} "
+          "without (rotation prediction)", flush=True)
     return result
 
 
@@ -206,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         batches = DeviceLoader(loader, device)
 
         torch.manual_seed(0)
-        model = small_cnn(args.classes).to(device, memory_format=torch.channels_last)
+        model = small_cnn(args.classes + ROTATIONS).to(device, memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         if args.resume and args.checkpoint:
             state = torch.load(args.checkpoint, map_location=device)
