@@ -213,6 +213,13 @@ class ShardDataset(IterableDataset):
         """Pin the epoch (the shuffle order) of the next iterator; later ones count on from it."""
         self.cursor.set_epoch(epoch)
 
+    def seek(self, epoch: int, batches: int = 0) -> None:
+        """The next iterator is ``epoch`` after this rank's first ``batches`` batches of it, on the
+        snapshot open now (``EpochCursor.seek``): for a caller that schedules the dataset's epochs itself."""
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an epoch")
+        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation)
+
     @property
     def batches_seen(self) -> int:
         """This rank's batches handed out in the current epoch (resumed ones included)."""

@@ -7,19 +7,27 @@ batch, at the cost of one copy per sample, ~0.4 of copy speed at 256×256 in ``b
 
 The schedule is a pure function of ``(seed, epoch)``: epoch ``e``'s ``batches_per_epoch`` choices come
 from ``np.random.default_rng([seed, e])``, the same on every rank. Each dataset is read as an endless
-sequence of its own epochs (its ``set_epoch`` advanced each time it runs out); where it stands at the
-start of mixed epoch ``e`` is the number of batches the choices of epochs ``0..e-1`` took from it. So:
+sequence of its own epochs, through its own resume protocol (``shardio.resume``): this mixer begins the
+dataset's passes, iterates them uncounted and hands out each batch on the dataset's cursor when it yields
+it. Where a dataset stands at the start of mixed epoch ``e`` is the number of batches the choices of
+epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
 
-- ``set_epoch(e)`` alone gives epoch ``e``'s batches, whatever ran before in this process;
-- ``state_dict()`` is ``(epoch, batches_seen)`` and resumes at exactly the next batch;
+- each new iteration is the next mixed epoch (the first is 0); ``set_epoch(e)`` pins the next one and
+  gives epoch ``e``'s batches, whatever ran before in this process;
+- ``state_dict()`` holds the schedule's place (``epoch``, ``batches_seen``: batches this yielded) and each
+  dataset's own ``state_dict()`` (its global position and generation); ``load_state_dict`` resumes at
+  exactly the next batch, each dataset where its state says (a mid-epoch dataset finishes that epoch on
+  the generation its state pins). A state of a finished mixed epoch resumes at the next one, unless
+  ``set_epoch`` pins another epoch first, which drops the state (Lightning, after an epoch's last batch);
 - every rank yields ``batches_per_epoch`` batches: the ranks draw the same choices, and each dataset
   yields the same number of batches on every rank (``ShardDataset``'s guarantee), so DDP never waits.
 
 A dataset weighted above its share of ``batches_per_epoch`` (default: the datasets' batches together)
 repeats its epochs within one mixed epoch; one weighted below it spreads an epoch over several. Each
 batch carries ``"__source__"`` (the dataset's index) and ``"__position__"``/``"__epoch__"`` (its samples'
-positions in that dataset's epoch, for ``shardio.augment`` transforms). Iterate it directly or with
-``DeviceLoader`` (``num_workers=0``: the datasets are read in this process).
+positions in that dataset's epoch, for ``shardio.augment`` transforms). Iterate it directly, in the
+process that consumes the batches (``num_workers=0``): it counts a batch when it yields it, so a
+consumer that pulls batches ahead (``DeviceLoader(prefetch>0)``) would count those not yet trained on.
 """
 
 from __future__ import annotations
@@ -28,10 +36,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.augment import batch_positions
-from shardio.dataset import ShardDataset
+from shardio.dataset import EpochPass, ShardDataset
 from shardio.errors import DatasetIncompatibleError
 
 __all__ = ["MixedDataset"]
@@ -75,9 +83,11 @@ class MixedDataset(IterableDataset):
         if self.batches_per_epoch < 1:
             raise ValueError(f"batches_per_epoch must be >= 1, got {batches_per_epoch}")
         self.seed = int(seed)
-        self.epoch = 0
+        self.epoch = 0  # of the current (before the first iteration: the next) iteration
         self.batches_seen = 0
-        self._resume: tuple[int, int] | None = None
+        self._started = False  # an iteration has begun: the next one is epoch + 1
+        self._pinned = False  # set_epoch since the last iteration
+        self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
         self._taken_before: dict[int, np.ndarray] = {0: np.zeros(len(datasets), np.int64)}
 
     @property
@@ -88,8 +98,11 @@ class MixedDataset(IterableDataset):
         return self.batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next iterator."""
-        self.epoch = int(epoch)
+        """Pin the epoch of the next iterator (later ones count on from it); a loaded state of another
+        epoch is dropped, one of the same epoch still resumes it."""
+        self.epoch, self._pinned = int(epoch), True
+        if self._resume is not None and self._resume["epoch"] != self.epoch:
+            self._resume = None
 
     def choices(self, epoch: int | None = None) -> np.ndarray:
         """The dataset index of each batch of ``epoch`` (int64 [batches_per_epoch])."""
@@ -106,27 +119,47 @@ class MixedDataset(IterableDataset):
         self._taken_before[epoch] = taken
         return taken
 
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        """Where this iteration is; ``batches_seen`` defaults to the batches handed out."""
-        return {"epoch": self.epoch, "batches_seen": self.batches_seen if batches_seen is None else
-                int(batches_seen), "seed": self.seed, "weights": self.weights.tolist(),
-                "batches_per_epoch": self.batches_per_epoch,
-                "datasets": [d.state_dict(0)["samples"] for d in self.datasets]}
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule's place (``epoch``, ``batches_seen``: batches handed out) and each dataset's own
+        state (``sources``), with the settings a resume must match."""
+        if self._resume is not None:
+            return dict(self._resume)
+        return {"epoch": self.epoch, "batches_seen": self.batches_seen, "seed": self.seed,
+                "weights": self.weights.tolist(), "batches_per_epoch": self.batches_per_epoch,
+                "sources": [d.state_dict() for d in self.datasets]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iterator of ``state["epoch"]`` yields the batches after ``batches_seen``."""
-        mine = self.state_dict()
-        for key in ("seed", "batches_per_epoch", "datasets"):
-            if state[key] != mine[key]:
+        """Resume: the next iterator yields what is left of ``state["epoch"]`` after ``batches_seen``."""
+        for key, mine in (("seed", self.seed), ("batches_per_epoch", self.batches_per_epoch)):
+            if state[key] != mine:
                 raise ValueError(f"cannot resume: the state has {key}={state[key]!r}, this MixedDataset has "
-                                 f"{mine[key]!r}; resume with the same datasets and settings")
-        if not np.allclose(state["weights"], mine["weights"], rtol=0, atol=1e-12):
+                                 f"{mine!r}; resume with the same datasets and settings")
+        if not np.allclose(state["weights"], self.weights, rtol=0, atol=1e-12):
             raise ValueError(f"cannot resume: the state has weights {state['weights']}, this MixedDataset "
-                             f"has {mine['weights']}")
+                             f"has {self.weights.tolist()}")
+        if len(state["sources"]) != len(self.datasets):
+            raise ValueError(f"cannot resume: the state mixes {len(state['sources'])} datasets, this "
+                             f"MixedDataset {len(self.datasets)}")
         if not 0 <= int(state["batches_seen"]) <= self.batches_per_epoch:
             raise ValueError(f"batches_seen={state['batches_seen']} is outside 0..{self.batches_per_epoch}")
-        self.epoch, self.batches_seen = int(state["epoch"]), int(state["batches_seen"])
-        self._resume = (self.epoch, self.batches_seen)
+        self.epoch, self._pinned = int(state["epoch"]), False
+        self._resume = {**state, "epoch": self.epoch, "batches_seen": int(state["batches_seen"])}
+
+    def _begin(self) -> tuple[int, int]:
+        """(epoch, batches already handed out of it) of the iteration about to start; places each
+        dataset where that epoch needs it."""
+        resume, self._resume = self._resume, None
+        if resume is not None and (self._pinned or resume["batches_seen"] < self.batches_per_epoch):
+            for dataset, state in zip(self.datasets, resume["sources"]):
+                dataset.load_state_dict(state)
+            return resume["epoch"], resume["batches_seen"]
+        if resume is not None:  # a finished epoch's state: an iteration now is the next epoch
+            epoch = resume["epoch"] + 1
+        else:
+            epoch = self.epoch if self._pinned or not self._started else self.epoch + 1
+        for dataset, taken in zip(self.datasets, self._batches_before(epoch).tolist()):
+            dataset.seek(*divmod(taken, len(dataset)))
+        return epoch, 0
 
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read when the iterator is made.
@@ -134,36 +167,32 @@ class MixedDataset(IterableDataset):
             raise ValueError("MixedDataset reads its datasets in the process that iterates it: use it with "
                              "num_workers=0 (or directly, or with shardio.DeviceLoader); every DataLoader "
                              "worker would otherwise yield the whole epoch")
-        resume, self._resume = self._resume, None
-        skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
-        choices = self.choices()
-        start = self._batches_before(self.epoch) + np.bincount(choices[:skip], minlength=len(self.datasets))
-        self.batches_seen = skip
-        return self._generate(choices[skip:].tolist(), start.tolist())
+        self.epoch, skip = self._begin()
+        self._started, self._pinned, self.batches_seen = True, False, skip
+        return self._generate(self.choices(self.epoch)[skip:].tolist())
 
-    def _generate(self, choices: list[int], start: list[int]) -> Iterator[Batch]:
-        streams: list[Iterator[Batch] | None] = [None] * len(self.datasets)
+    def _generate(self, choices: list[int]) -> Iterator[Batch]:
+        streams: list[Iterator[tuple[EpochPass, int, Batch]] | None] = [None] * len(self.datasets)
         for source in choices:
             stream = streams[source]
-            if stream is None:  # opened on first use: a dataset never drawn is never read
-                stream = streams[source] = _endless(self.datasets[source], start[source])
-            batch = next(stream)
-            dataset = self.datasets[source]
-            where = dataset.state_dict()  # the batch just handed out is number batches_seen of its epoch
+            if stream is None:  # begun on first use: a dataset never drawn is never read
+                stream = streams[source] = _endless(self.datasets[source])
+            epoch_pass, index, batch = next(stream)
+            self.datasets[source].cursor.hand_out(epoch_pass)  # this is the layer that hands it out
+            positions = epoch_pass.batches[index]
             batch["__source__"] = source
-            batch["__epoch__"] = where["epoch"]
-            batch["__position__"] = batch_positions(dataset, where["batches_seen"])
+            batch["__epoch__"] = epoch_pass.epoch
+            batch["__position__"] = torch.arange(positions.start, positions.stop, dtype=torch.int64)
             self.batches_seen += 1
             yield batch
 
 
-def _endless(dataset: ShardDataset, position: int) -> Iterator[Batch]:
-    """``dataset``'s batches from ``position`` (counted over its epochs 0, 1, ...) on, epoch after epoch."""
-    epoch, skip = divmod(position, len(dataset))
+def _endless(dataset: ShardDataset) -> Iterator[tuple[EpochPass, int, Batch]]:
+    """``(pass, index in the pass, batch)`` of ``dataset``'s passes, epoch after epoch, uncounted: each new
+    pass is the dataset's next epoch (or the rest of the one it was placed or resumed in)."""
     while True:
-        dataset.set_epoch(epoch)
-        if skip:
-            dataset.load_state_dict(dataset.state_dict(skip))
-        yield from dataset
-        epoch, skip = epoch + 1, 0
-
+        epoch_pass = dataset.begin_pass()
+        if epoch_pass.start == 0 and not epoch_pass.batches:
+            raise ValueError(f"{dataset.path}: an epoch of this rank has no batch to mix")
+        for index, batch in enumerate(dataset.iter_pass(epoch_pass)):
+            yield epoch_pass, index, batch
