@@ -154,3 +154,28 @@ def test_a_state_from_other_weights_is_refused(paths):
     state = mixed(paths, weights=(3, 1)).state_dict()
     with pytest.raises(ValueError, match="weights"):
         mixed(paths, weights=(1, 1)).load_state_dict(state)
+
+
+def test_each_new_iteration_is_the_next_epoch_and_a_finished_state_resumes_at_the_next(paths):
+    reference = mixed(paths)
+    pinned = [[b.tolist() for b in epoch_batches(reference, e)] for e in range(3)]
+    advancing = mixed(paths)
+    assert [[ids(b).tolist() for b in advancing] for _ in range(3)] == pinned
+    finished = advancing.state_dict()
+    assert finished["epoch"] == 2 and finished["batches_seen"] == len(advancing)
+    resumed = mixed(paths)
+    resumed.load_state_dict(finished)
+    assert [ids(b).tolist() for b in resumed] == [b.tolist() for b in epoch_batches(reference, 3)]
+
+
+def test_the_state_holds_each_datasets_own_state(paths):
+    ds = mixed(paths)
+    iterator = iter(ds)
+    batches = [next(iterator) for _ in range(9)]
+    state = ds.state_dict()
+    assert state["epoch"] == 0 and state["batches_seen"] == 9
+    assert state["sources"] == [d.state_dict() for d in ds.datasets]
+    for source, dataset_state in enumerate(state["sources"]):
+        drawn = sum(b["__source__"] == source for b in batches)
+        # the dataset's global position: samples consumed by all ranks (one rank here, full batches)
+        assert dataset_state["position"] == drawn * BATCH

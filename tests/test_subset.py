@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from shardio.errors import ShardError
+from shardio.format import RetiredFile, load_manifest
 from shardio.loader import ShardLoader
 from shardio.subset import SubsetDataset, fraction_member
 from tests.dataset_fixtures import assert_exactly_once
+from shardio.writer import write_manifest
 from tests.training_helpers import ids, make_mixed_dataset
 
 INPUTS = (40, 45, 32)
@@ -128,3 +130,43 @@ def test_unknown_keys_or_inputs_and_empty_subsets_are_clear_errors(path):
         SubsetDataset(path, 4, fraction=1.5)
     with pytest.raises(ValueError, match="no full batch"):
         SubsetDataset(path, 8, keys=["s000001"], drop_last=True)
+
+
+def drop_input(directory: str, name: str) -> int:
+    """Commit the removal of one input: its files retired (kept by retention for older generations)."""
+    manifest = load_manifest(directory)
+    gone = manifest.inputs.pop(name)
+    for entry in [e for e in manifest.shards if e.path in gone.shards]:
+        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
+    return write_manifest(directory, manifest)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_a_resumed_subset_finishes_its_epoch_on_the_pinned_generation_then_follows(tmp_path, prefetch):
+    directory = str(tmp_path / "ds")
+    make_mixed_dataset(directory, INPUTS, (True, False, True))
+    fraction, seed = 0.5, 4
+    members = {i for i in range(SAMPLES) if fraction_member(f"s{i:06d}", fraction, seed)}
+
+    def subset() -> SubsetDataset:
+        return SubsetDataset(directory, 5, fraction=fraction, fraction_seed=seed, shuffle=True,
+                             prefetch=prefetch)
+
+    ds = subset()
+    batches = iter(ds)
+    head = np.concatenate([ids(next(batches)) for _ in range(4)])
+    state = ds.state_dict()
+    full = read_epoch(subset())  # the uninterrupted epoch 0
+    drop_input(directory, "input-2.tar")  # a newer generation without samples 85..116
+
+    resumed = subset()
+    assert resumed.snapshot.generation == state["generation"] + 1
+    resumed.load_state_dict(state)
+    rest = read_epoch(resumed)
+    assert np.concatenate([head, rest]).tolist() == full.tolist(), "the epoch finished on its generation"
+    assert set(resumed.snapshot.selected.tolist()) == members
+    following = read_epoch(resumed)  # the next epoch: the newest generation, the same criteria
+    remaining = {i for i in members if i < 85}
+    assert set(following.tolist()) <= remaining
+    assert_exactly_once(np.searchsorted(sorted(remaining), following), len(remaining))
