@@ -31,6 +31,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.resume import EpochPass
 from shardio.format import InputEntry, Manifest
 from shardio.writer import InputShardWriter, write_manifest
 
@@ -91,26 +92,21 @@ def webdataset_loader(pattern: str, batch_size: int, workers: int, side: int, pi
                                        pin_memory=pin_memory)
 
 
-def batches_forever(loader: Any, dataset: ShardDataset | None) -> Iterator[dict[str, Any]]:
-    epoch = dataset.epoch if dataset is not None else 0
+def batches_forever(loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Epoch after epoch: each new iteration of a shardio loader is the dataset's next epoch (a resumed
+    one first finishes the state's epoch)."""
     while True:
-        if dataset is not None:
-            dataset.set_epoch(epoch)  # before the iterator is created: it fixes the epoch's order
         yield from loader
-        epoch += 1
 
 
-class Timed:
-    """Wraps the uint8 batch source and adds up the time spent blocked in its ``next()``."""
+class Stopwatch:
+    """Adds up the time spent blocked in ``next()`` of the iterators it times: the loader's own work."""
 
-    def __init__(self, loader: Any) -> None:
-        self.loader, self.seconds = loader, 0.0
+    def __init__(self) -> None:
+        self.seconds = 0.0
 
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
+    def time(self, iterator: Iterable[Any]) -> Iterator[Any]:
+        iterator = iter(iterator)
         while True:
             before = time.perf_counter()
             try:
@@ -121,15 +117,28 @@ class Timed:
                 self.seconds += time.perf_counter() - before
             yield batch
 
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        return self.loader.state_dict(batches_seen)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
+class TimedShardLoader(ShardLoader):
+    """A ``ShardLoader`` whose passes ``stopwatch`` times. A subclass, not a wrapper: ``DeviceLoader``
+    still drives it through the resume protocol (``begin_pass``, ``iter_pass``, ``cursor``), so the
+    checkpoint counts the batches handed to the training loop, not those its thread prefetched."""
 
-    @property
-    def batches_seen(self) -> int:
-        return self.loader.batches_seen
+    def __init__(self, dataset: ShardDataset, stopwatch: Stopwatch, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.stopwatch = stopwatch
+
+    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
+        return self.stopwatch.time(super().iter_pass(epoch_pass, prefetch=prefetch))
+
+
+class Timed:
+    """Any batch source (here the WebDataset loader, which has no resume state) timed by ``stopwatch``."""
+
+    def __init__(self, loader: Iterable[Any], stopwatch: Stopwatch) -> None:
+        self.loader, self.stopwatch = loader, stopwatch
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.stopwatch.time(self.loader)
 
 
 ROTATIONS = 4  # the self-supervised head: which of 0/90/180/270 degrees the image was turned
@@ -172,15 +181,15 @@ def objective(model: nn.Module, batch: dict[str, Any], classes: int, loss_fn: nn
     return loss, labelled
 
 
-def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
+def train(name: str, batches: Iterable[dict[str, Any]], stopwatch: Stopwatch, model: nn.Module,
           optimizer: torch.optim.Optimizer, steps: int, classes: int,
           device: torch.device) -> dict[str, float]:
-    """``batches``: on the device (a DeviceLoader over ``source``, which times the loader itself)."""
+    """``batches``: on the device (a DeviceLoader over a loader that ``stopwatch`` times)."""
     iterator = iter(batches)
     loss_fn = nn.CrossEntropyLoss()
     prepare = 0.0
     samples = classified = 0
-    source.seconds = 0.0
+    stopwatch.seconds = 0.0
     start = time.perf_counter()
     for step in range(steps):
         before = time.perf_counter()
@@ -197,11 +206,11 @@ def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
-    # ``prepare``: the loop blocked on the next batch. ``source.seconds``: the loader's own time, spent in
+    # ``prepare``: the loop blocked on the next batch. ``stopwatch.seconds``: the loader's own time, spent in
     # DeviceLoader's prefetch thread, overlapped with the steps (as is the conversion to normalised float:
     # in that thread on CPU, on a side stream on CUDA).
     result = {"steps": steps, "samples/s": samples / wall, "step ms": 1000 * wall / steps,
-              "waiting for data": prepare / wall, "loader busy": source.seconds / wall}
+              "waiting for data": prepare / wall, "loader busy": stopwatch.seconds / wall}
     print(f"{name}: {steps} steps, {result['samples/s']:.0f} samples/s, {result['step ms']:.1f} ms/step; "
           f"{100 * result['waiting for data']:.1f}% of the time waiting for data "
           f"(the loader itself was busy {100 * result['loader busy']:.0f}% of the time, in the background)",
@@ -244,7 +253,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         else:
             parser.error("give --shards DIR (e.g. after `make shards`: out/sample-shards) or --demo")
         dataset = ShardDataset(shards, args.batch_size, shuffle=True, drop_last=True)
-        loader = Timed(ShardLoader(dataset, num_workers=args.workers, pin_memory=device.type == "cuda"))
+        stopwatch = Stopwatch()
+        loader = TimedShardLoader(dataset, stopwatch, num_workers=args.workers,
+                                  pin_memory=device.type == "cuda")
         batches = DeviceLoader(loader, device)
 
         torch.manual_seed(0)
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
         print(f"shards: {len(dataset.snapshot)} samples {dataset.snapshot.shape}, {len(dataset)} batches of "
               f"{args.batch_size} per epoch on rank {dataset.rank}/{dataset.world_size}, device {device}")
-        results = {"shards": train("shards", batches_forever(batches, dataset), loader, model, optimizer,
+        results = {"shards": train("shards", batches_forever(batches), stopwatch, model, optimizer,
                                    args.steps, args.classes, device)}
         if args.checkpoint and (not distributed or dataset.rank == 0):
             torch.save({"model": getattr(model, "module", model).state_dict(),
@@ -269,10 +280,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             print(f"saved {args.checkpoint}")
         if args.tars:
             side = dataset.snapshot.shape[0]
+            tar_stopwatch = Stopwatch()
             tars = Timed(_Repeat(webdataset_loader(args.tars, args.batch_size, args.tar_workers, side,
-                                                   device.type == "cuda")))
-            results["webdataset+PIL"] = train("webdataset+PIL", DeviceLoader(tars, device), tars, model,
-                                              optimizer, args.tar_steps, args.classes, device)
+                                                   device.type == "cuda")), tar_stopwatch)
+            results["webdataset+PIL"] = train("webdataset+PIL", DeviceLoader(tars, device), tar_stopwatch,
+                                              model, optimizer, args.tar_steps, args.classes, device)
             ratio = results["shards"]["samples/s"] / results["webdataset+PIL"]["samples/s"]
             print(f"shards / webdataset+PIL samples/s: {ratio:.1f}x")
     if distributed:

@@ -217,7 +217,8 @@ class ShardDataset(IterableDataset):
         """The next iterator is ``epoch`` after this rank's first ``batches`` batches of it, on the
         snapshot open now (``EpochCursor.seek``): for a caller that schedules the dataset's epochs itself."""
         if not 0 <= batches <= len(self):
-            raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an epoch")
+            raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an "
+                             "epoch")
         self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation)
 
     @property

@@ -60,9 +60,10 @@ class SampleSelection:
         """The selected samples of ``snapshot``; a ``ShardError`` when they are none."""
         selected = select_samples(snapshot, self)
         if len(selected) == 0:
+            inputs = None if self.inputs is None else list(self.inputs)
             raise ShardError(f"{snapshot.directory}: the subset (keys={self.keys is not None}, inputs="
-                             f"{None if self.inputs is None else list(self.inputs)}, fraction={self.fraction})"
-                             f" selects no sample of generation {snapshot.generation}")
+                             f"{inputs}, fraction={self.fraction}) selects no sample of generation "
+                             f"{snapshot.generation}")
         return SubsetSnapshot(snapshot, selected)
 
 

@@ -61,3 +61,31 @@ def test_train_lightning_py_trains_on_labelled_caption_only_and_mixed_data(tmp_p
     unlabelled = int(summary.split(", ")[1].split()[0])
     assert labelled + unlabelled == 4 * 16
     assert (labelled > 0) == (kind != "caption-only") and (unlabelled > 0) == (kind != "labelled")
+
+
+def test_train_py_checkpoint_counts_only_the_batches_the_loop_took(tmp_path):
+    """``train.py`` times its ShardLoader inside DeviceLoader, whose thread prefetches: the loader's state
+    must count the batches the loop took (resume at exactly the next one), not those prefetched."""
+    import importlib.util
+
+    from shardio import DeviceLoader, ShardDataset
+
+    spec = importlib.util.spec_from_file_location("train_example", os.path.join(ROOT, "examples", "train.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    make_mixed_dataset(str(tmp_path / "ds"))
+
+    def loader() -> DeviceLoader:
+        dataset = ShardDataset(str(tmp_path / "ds"), 8, shuffle=True)
+        return DeviceLoader(example.TimedShardLoader(dataset, example.Stopwatch()), "cpu", prefetch=3)
+
+    reference = example.batches_forever(loader())
+    everything = [next(reference)["__key__"] for _ in range(25)]  # the images are floats: keys tell  # into the second epoch
+    interrupted = loader()
+    batches = example.batches_forever(interrupted)
+    for _ in range(18):
+        next(batches)
+    resumed = loader()
+    resumed.load_state_dict(interrupted.state_dict())
+    again = example.batches_forever(resumed)
+    assert [next(again)["__key__"] for _ in range(7)] == everything[18:]
