@@ -80,7 +80,8 @@ def test_train_py_checkpoint_counts_only_the_batches_the_loop_took(tmp_path):
         return DeviceLoader(example.TimedShardLoader(dataset, example.Stopwatch()), "cpu", prefetch=3)
 
     reference = example.batches_forever(loader())
-    everything = [next(reference)["__key__"] for _ in range(25)]  # the images are floats: keys tell  # into the second epoch
+    # 25 batches run into the second epoch; the images are normalised floats, so the keys tell
+    everything = [next(reference)["__key__"] for _ in range(25)]
     interrupted = loader()
     batches = example.batches_forever(interrupted)
     for _ in range(18):
