@@ -10,8 +10,9 @@ What Lightning does with it, as read in Lightning 2.6 (``loops/fit_loop.py``, ``
   created in ``FitLoop.setup_data``, later ones after ``on_train_epoch_start``), as a DataLoader's
   sampler is read at the first batch. Lightning creates a resumed run's iterator before it moves past
   the epoch a checkpoint ended, so reading the epoch any earlier restarted a finished epoch (nothing to
-  train on). Once ``ShardDataset`` advances its epoch on each new iterator by itself this stays right:
-  it names the epoch the Trainer counts, which survives a restart.
+  train on). ``ShardDataset`` and ``MixedDataset`` also advance their epoch on each new iterator by
+  themselves; the explicit ``set_epoch`` wins over that and names the epoch the Trainer counts, which
+  survives a restart.
 - **Resume.** ``FitLoop.on_save_checkpoint`` stores ``state_dict()`` of every train loader that has
   ``state_dict``/``load_state_dict`` (``_Stateful``); ``fit(ckpt_path=...)`` calls ``load_state_dict``
   before the first batch, which is then exactly the next one (a state for another epoch than the
@@ -31,7 +32,7 @@ What Lightning does with it, as read in Lightning 2.6 (``loops/fit_loop.py``, ``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Union
 
 import lightning.pytorch as pl
 import torch
@@ -39,8 +40,12 @@ import torch
 from shardio.augment import BatchTransform, PositionedBatches, transform_batch
 from shardio.dataset import ShardDataset
 from shardio.loader import ShardLoader, to_device
+from shardio.mixing import MixedDataset
 
-__all__ = ["EpochLoader", "ShardDataModule"]
+__all__ = ["EpochLoader", "ShardDataModule", "TrainDataset"]
+
+TrainDataset = Union[ShardDataset, MixedDataset]
+"""What a ``ShardDataModule`` trains or validates on (a ``SubsetDataset`` is a ``ShardDataset``)."""
 
 
 class EpochLoader:
@@ -51,7 +56,8 @@ class EpochLoader:
     batch restarts the Trainer in the next epoch, which must start fresh (it yielded nothing at all when
     the state's epoch was kept), and the dataset ignores a resume point for another epoch."""
 
-    def __init__(self, source: Any, dataset: Any, current_epoch: Callable[[], int] | None = None) -> None:
+    def __init__(self, source: PositionedBatches | MixedDataset, dataset: TrainDataset,
+                 current_epoch: Callable[[], int] | None = None) -> None:
         # Not ``self.dataset``: Lightning warns that an IterableDataset's len may be wrong with workers
         # whenever a loader has one; ShardDataset's is exact (its workers split its batches).
         self.source, self.epoch_dataset, self.current_epoch = source, dataset, current_epoch
@@ -87,7 +93,8 @@ class ShardDataModule(pl.LightningDataModule):
     usually fastest: a batch is a slice of a memory map).
     """
 
-    def __init__(self, train: str | Any, batch_size: int = 256, *, val: str | Any | None = None,
+    def __init__(self, train: str | TrainDataset, batch_size: int = 256, *,
+                 val: str | TrainDataset | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
                  train_transform: BatchTransform | None = None, val_transform: BatchTransform | None = None,
                  **normalise: Any) -> None:
@@ -96,8 +103,8 @@ class ShardDataModule(pl.LightningDataModule):
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.num_workers = num_workers
         self.train_transform, self.val_transform, self.normalise = train_transform, val_transform, normalise
-        self.train_dataset: Any = None
-        self.val_dataset: Any = None
+        self.train_dataset: TrainDataset | None = None
+        self.val_dataset: TrainDataset | None = None
         if val is None:
             # Lightning treats a defined val_dataloader as a validation set ("is_overridden" looks the
             # attribute up on the instance): without one, a model with no validation_step got a warning.
@@ -109,7 +116,7 @@ class ShardDataModule(pl.LightningDataModule):
         if self.val_source is not None and self.val_dataset is None:
             self.val_dataset = self._open(self.val_source, shuffle=False, drop_last=False)
 
-    def _open(self, source: str | Any, *, shuffle: bool, drop_last: bool) -> Any:
+    def _open(self, source: str | TrainDataset, *, shuffle: bool, drop_last: bool) -> TrainDataset:
         if not isinstance(source, str):
             return source
         return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last)
@@ -118,7 +125,7 @@ class ShardDataModule(pl.LightningDataModule):
         trainer = self.trainer
         return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
-    def _loader(self, dataset: Any) -> Any:
+    def _loader(self, dataset: TrainDataset) -> PositionedBatches | MixedDataset:
         if isinstance(dataset, ShardDataset):
             # Positions ride along so the transform after the transfer knows each sample's place.
             return PositionedBatches(ShardLoader(dataset, num_workers=self.num_workers,

@@ -39,8 +39,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.dataset import EpochPass, ShardDataset
+from shardio.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
+from shardio.resume import EpochPass
 
 __all__ = ["MixedDataset"]
 
@@ -164,9 +165,9 @@ class MixedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read when the iterator is made.
         if get_worker_info() is not None:
-            raise ValueError("MixedDataset reads its datasets in the process that iterates it: use it with "
-                             "num_workers=0 (or directly, or with shardio.DeviceLoader); every DataLoader "
-                             "worker would otherwise yield the whole epoch")
+            raise ValueError("MixedDataset reads its datasets in the process that iterates it: iterate it "
+                             "directly (or in a DataLoader with num_workers=0); every DataLoader worker would "
+                             "otherwise yield the whole epoch")
         self.epoch, skip = self._begin()
         self._started, self._pinned, self.batches_seen = True, False, skip
         return self._generate(self.choices(self.epoch)[skip:].tolist())
