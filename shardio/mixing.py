@@ -166,8 +166,8 @@ class MixedDataset(IterableDataset):
         # Not a generator function: the epoch and resume point are read when the iterator is made.
         if get_worker_info() is not None:
             raise ValueError("MixedDataset reads its datasets in the process that iterates it: iterate it "
-                             "directly (or in a DataLoader with num_workers=0); every DataLoader worker would "
-                             "otherwise yield the whole epoch")
+                             "directly (or in a DataLoader with num_workers=0); every DataLoader worker "
+                             "would otherwise yield the whole epoch")
         self.epoch, skip = self._begin()
         self._started, self._pinned, self.batches_seen = True, False, skip
         return self._generate(self.choices(self.epoch)[skip:].tolist())
