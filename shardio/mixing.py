@@ -125,9 +125,10 @@ class MixedDataset(IterableDataset):
         state (``sources``), with the settings a resume must match."""
         if self._resume is not None:
             return dict(self._resume)
-        return {"epoch": self.epoch, "batches_seen": self.batches_seen, "seed": self.seed,
-                "weights": self.weights.tolist(), "batches_per_epoch": self.batches_per_epoch,
-                "sources": [d.state_dict() for d in self.datasets]}
+        # After set_epoch(e) and before the next iteration: the start of e (which the schedule places).
+        return {"epoch": self.epoch, "batches_seen": 0 if self._pinned else self.batches_seen,
+                "seed": self.seed, "weights": self.weights.tolist(),
+                "batches_per_epoch": self.batches_per_epoch, "sources": [d.state_dict() for d in self.datasets]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iterator yields what is left of ``state["epoch"]`` after ``batches_seen``."""
@@ -150,12 +151,13 @@ class MixedDataset(IterableDataset):
         """(epoch, batches already handed out of it) of the iteration about to start; places each
         dataset where that epoch needs it."""
         resume, self._resume = self._resume, None
-        if resume is not None and (self._pinned or resume["batches_seen"] < self.batches_per_epoch):
+        if resume is not None and resume["batches_seen"] > 0 and (
+                self._pinned or resume["batches_seen"] < self.batches_per_epoch):
             for dataset, state in zip(self.datasets, resume["sources"]):
                 dataset.load_state_dict(state)
             return resume["epoch"], resume["batches_seen"]
-        if resume is not None:  # a finished epoch's state: an iteration now is the next epoch
-            epoch = resume["epoch"] + 1
+        if resume is not None:  # an epoch's start (the schedule places the datasets), or a finished one
+            epoch = resume["epoch"] + (resume["batches_seen"] > 0 and not self._pinned)
         else:
             epoch = self.epoch if self._pinned or not self._started else self.epoch + 1
         for dataset, taken in zip(self.datasets, self._batches_before(epoch).tolist()):

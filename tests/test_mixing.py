@@ -179,3 +179,16 @@ def test_the_state_holds_each_datasets_own_state(paths):
         drawn = sum(b["__source__"] == source for b in batches)
         # the dataset's global position: samples consumed by all ranks (one rank here, full batches)
         assert dataset_state["position"] == drawn * BATCH
+
+
+def test_a_state_taken_after_set_epoch_is_that_epochs_start(paths):
+    reference = mixed(paths)
+    expected = [b.tolist() for b in epoch_batches(reference, 2)]
+    ds = mixed(paths)
+    list(ds)  # epoch 0, finished
+    ds.set_epoch(2)
+    state = ds.state_dict()
+    assert (state["epoch"], state["batches_seen"]) == (2, 0)
+    resumed = mixed(paths)
+    resumed.load_state_dict(state)
+    assert [ids(b).tolist() for b in resumed] == expected
