@@ -126,8 +126,8 @@ class MixedDataset(IterableDataset):
         if self._resume is not None:
             return dict(self._resume)
         # After set_epoch(e) and before the next iteration: the start of e (which the schedule places).
-        return {"epoch": self.epoch, "batches_seen": 0 if self._pinned else self.batches_seen,
-                "seed": self.seed, "weights": self.weights.tolist(),
+        seen = 0 if self._pinned else self.batches_seen
+        return {"epoch": self.epoch, "batches_seen": seen, "seed": self.seed, "weights": self.weights.tolist(),
                 "batches_per_epoch": self.batches_per_epoch, "sources": [d.state_dict() for d in self.datasets]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
