@@ -127,8 +127,9 @@ class MixedDataset(IterableDataset):
             return dict(self._resume)
         # After set_epoch(e) and before the next iteration: the start of e (which the schedule places).
         seen = 0 if self._pinned else self.batches_seen
-        return {"epoch": self.epoch, "batches_seen": seen, "seed": self.seed, "weights": self.weights.tolist(),
-                "batches_per_epoch": self.batches_per_epoch, "sources": [d.state_dict() for d in self.datasets]}
+        return {"epoch": self.epoch, "batches_seen": seen, "seed": self.seed,
+                "weights": self.weights.tolist(), "batches_per_epoch": self.batches_per_epoch,
+                "sources": [d.state_dict() for d in self.datasets]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iterator yields what is left of ``state["epoch"]`` after ``batches_seen``."""
