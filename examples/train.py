@@ -31,6 +31,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.resume import EpochPass
 from shardio.format import InputEntry, Manifest
 from shardio.writer import InputShardWriter, write_manifest
 
@@ -73,7 +74,7 @@ def _decode(sample: dict[str, Any], side: int) -> dict[str, Any]:
     image = image.resize((width, height), Image.Resampling.BICUBIC)
     left, top = (width - side) // 2, (height - side) // 2
     image = image.crop((left, top, left + side, top + side))
-    return {"image": torch.from_numpy(np.asarray(image).copy()), "cls": int(sample.get("cls", b"0"))}
+    return {"image": torch.from_numpy(np.asarray(image).copy()), "cls": int(sample.get("cls", b"-1"))}
 
 
 def webdataset_loader(pattern: str, batch_size: int, workers: int, side: int, pin_memory: bool) -> Any:
@@ -91,26 +92,21 @@ def webdataset_loader(pattern: str, batch_size: int, workers: int, side: int, pi
                                        pin_memory=pin_memory)
 
 
-def batches_forever(loader: Any, dataset: ShardDataset | None) -> Iterator[dict[str, Any]]:
-    epoch = dataset.epoch if dataset is not None else 0
+def batches_forever(loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Epoch after epoch: each new iteration of a shardio loader is the dataset's next epoch (a resumed
+    one first finishes the state's epoch)."""
     while True:
-        if dataset is not None:
-            dataset.set_epoch(epoch)  # before the iterator is created: it fixes the epoch's order
         yield from loader
-        epoch += 1
 
 
-class Timed:
-    """Wraps the uint8 batch source and adds up the time spent blocked in its ``next()``."""
+class Stopwatch:
+    """Adds up the time spent blocked in ``next()`` of the iterators it times: the loader's own work."""
 
-    def __init__(self, loader: Any) -> None:
-        self.loader, self.seconds = loader, 0.0
+    def __init__(self) -> None:
+        self.seconds = 0.0
 
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self.loader)
+    def time(self, iterator: Iterable[Any]) -> Iterator[Any]:
+        iterator = iter(iterator)
         while True:
             before = time.perf_counter()
             try:
@@ -121,51 +117,106 @@ class Timed:
                 self.seconds += time.perf_counter() - before
             yield batch
 
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        return self.loader.state_dict(batches_seen)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
+class TimedShardLoader(ShardLoader):
+    """A ``ShardLoader`` whose passes ``stopwatch`` times. A subclass, not a wrapper: ``DeviceLoader``
+    still drives it through the resume protocol (``begin_pass``, ``iter_pass``, ``cursor``), so the
+    checkpoint counts the batches handed to the training loop, not those its thread prefetched."""
 
-    @property
-    def batches_seen(self) -> int:
-        return self.loader.batches_seen
+    def __init__(self, dataset: ShardDataset, stopwatch: Stopwatch, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.stopwatch = stopwatch
+
+    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
+        return self.stopwatch.time(super().iter_pass(epoch_pass, prefetch=prefetch))
 
 
-def train(name: str, batches: Iterable[dict[str, Any]], source: Timed, model: nn.Module,
+class Timed:
+    """Any batch source (here the WebDataset loader, which has no resume state) timed by ``stopwatch``."""
+
+    def __init__(self, loader: Iterable[Any], stopwatch: Stopwatch) -> None:
+        self.loader, self.stopwatch = loader, stopwatch
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.stopwatch.time(self.loader)
+
+
+ROTATIONS = 4  # the self-supervised head: which of 0/90/180/270 degrees the image was turned
+
+
+def objective(model: nn.Module, batch: dict[str, Any], classes: int, loss_fn: nn.Module,
+              step: int) -> tuple[torch.Tensor, int]:
+    """(loss, labelled samples): classification where a sample has a label, rotation prediction
+    (RotNet, Gidaris et al. 2018) where it has none.
+
+    A dataset of caption-only tars has no ``cls`` at all, and one mixing labelled and caption-only tars
+    has ``cls`` in some batches (``-1`` for the unlabelled samples) and not in others: indexing
+    ``batch["cls"]`` blindly died there with ``KeyError: 'cls'``. Rotation prediction needs no label and
+    still trains the convolutions on the images; the model's last ``ROTATIONS`` outputs are its head.
+    """
+    images = batch["image"]
+    labels = batch.get("cls")
+    if labels is None:
+        labels = torch.full((len(images),), -1, dtype=torch.int64, device=images.device)
+    has_label = labels >= 0
+    labelled = int(has_label.sum())
+    parts, targets = [images[has_label]], [labels[has_label] % classes]
+    unlabelled = images[~has_label]
+    if len(unlabelled):
+        # Square images turn by quarters; others only by 180 degrees, which keeps their shape.
+        turns = (0, 1, 2, 3) if unlabelled.shape[2] == unlabelled.shape[3] else (0, 2)
+        generator = torch.Generator().manual_seed(step)
+        rotation = torch.tensor(turns)[torch.randint(len(turns), (len(unlabelled),), generator=generator)]
+        parts += [torch.rot90(unlabelled[(rotation == k).to(images.device)], k, dims=(2, 3)) for k in turns]
+        targets += [rotation[rotation == k].to(images.device) for k in turns]
+    # One forward pass for both objectives: DDP expects one per backward.
+    logits = model(torch.cat(parts).contiguous(memory_format=torch.channels_last))
+    target = torch.cat(targets)
+    loss = images.new_zeros((), dtype=logits.dtype)
+    if labelled:
+        loss = loss + labelled * loss_fn(logits[:labelled, :classes], target[:labelled])
+    if len(unlabelled):
+        loss = loss + len(unlabelled) * loss_fn(logits[labelled:, classes:], target[labelled:])
+    loss = loss / len(images)
+    return loss, labelled
+
+
+def train(name: str, batches: Iterable[dict[str, Any]], stopwatch: Stopwatch, model: nn.Module,
           optimizer: torch.optim.Optimizer, steps: int, classes: int,
           device: torch.device) -> dict[str, float]:
-    """``batches``: on the device (a DeviceLoader over ``source``, which times the loader itself)."""
+    """``batches``: on the device (a DeviceLoader over a loader that ``stopwatch`` times)."""
     iterator = iter(batches)
     loss_fn = nn.CrossEntropyLoss()
     prepare = 0.0
-    samples = 0
-    source.seconds = 0.0
+    samples = classified = 0
+    stopwatch.seconds = 0.0
     start = time.perf_counter()
     for step in range(steps):
         before = time.perf_counter()
         batch = next(iterator)
         prepare += time.perf_counter() - before
-        target = batch["cls"].clamp_min(0) % classes  # -1: no label
-        loss = loss_fn(model(batch["image"]), target)
+        loss, labelled = objective(model, batch, classes, loss_fn, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        samples += len(target)
+        samples += len(batch["image"])
+        classified += labelled
         if step % 50 == 0 or step == steps - 1:
             print(f"  [{name}] step {step:4d} loss {loss.item():.3f}", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
-    # ``prepare``: the loop blocked on the next batch. ``source.seconds``: the loader's own time, spent in
+    # ``prepare``: the loop blocked on the next batch. ``stopwatch.seconds``: the loader's own time, spent in
     # DeviceLoader's prefetch thread, overlapped with the steps (as is the conversion to normalised float:
     # in that thread on CPU, on a side stream on CUDA).
     result = {"steps": steps, "samples/s": samples / wall, "step ms": 1000 * wall / steps,
-              "waiting for data": prepare / wall, "loader busy": source.seconds / wall}
+              "waiting for data": prepare / wall, "loader busy": stopwatch.seconds / wall}
     print(f"{name}: {steps} steps, {result['samples/s']:.0f} samples/s, {result['step ms']:.1f} ms/step; "
           f"{100 * result['waiting for data']:.1f}% of the time waiting for data "
           f"(the loader itself was busy {100 * result['loader busy']:.0f}% of the time, in the background)",
           flush=True)
+    print(f"{name}: objective: {classified} samples with labels (classification), {samples - classified} "
+          "without (rotation prediction)", flush=True)
     return result
 
 
@@ -202,11 +253,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         else:
             parser.error("give --shards DIR (e.g. after `make shards`: out/sample-shards) or --demo")
         dataset = ShardDataset(shards, args.batch_size, shuffle=True, drop_last=True)
-        loader = Timed(ShardLoader(dataset, num_workers=args.workers, pin_memory=device.type == "cuda"))
+        stopwatch = Stopwatch()
+        loader = TimedShardLoader(dataset, stopwatch, num_workers=args.workers,
+                                  pin_memory=device.type == "cuda")
         batches = DeviceLoader(loader, device)
 
         torch.manual_seed(0)
-        model = small_cnn(args.classes).to(device, memory_format=torch.channels_last)
+        model = small_cnn(args.classes + ROTATIONS).to(device, memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         if args.resume and args.checkpoint:
             state = torch.load(args.checkpoint, map_location=device)
@@ -219,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
         print(f"shards: {len(dataset.snapshot)} samples {dataset.snapshot.shape}, {len(dataset)} batches of "
               f"{args.batch_size} per epoch on rank {dataset.rank}/{dataset.world_size}, device {device}")
-        results = {"shards": train("shards", batches_forever(batches, dataset), loader, model, optimizer,
+        results = {"shards": train("shards", batches_forever(batches), stopwatch, model, optimizer,
                                    args.steps, args.classes, device)}
         if args.checkpoint and (not distributed or dataset.rank == 0):
             torch.save({"model": getattr(model, "module", model).state_dict(),
@@ -227,10 +280,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             print(f"saved {args.checkpoint}")
         if args.tars:
             side = dataset.snapshot.shape[0]
+            tar_stopwatch = Stopwatch()
             tars = Timed(_Repeat(webdataset_loader(args.tars, args.batch_size, args.tar_workers, side,
-                                                   device.type == "cuda")))
-            results["webdataset+PIL"] = train("webdataset+PIL", DeviceLoader(tars, device), tars, model,
-                                              optimizer, args.tar_steps, args.classes, device)
+                                                   device.type == "cuda")), tar_stopwatch)
+            results["webdataset+PIL"] = train("webdataset+PIL", DeviceLoader(tars, device), tar_stopwatch,
+                                              model, optimizer, args.tar_steps, args.classes, device)
             ratio = results["shards"]["samples/s"] / results["webdataset+PIL"]["samples/s"]
             print(f"shards / webdataset+PIL samples/s: {ratio:.1f}x")
     if distributed:

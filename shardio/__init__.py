@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 # only, and importing torch would cost each of them ~190 MB of RSS and over a second of start-up.
 _LAZY = {"ShardDataset": "shardio.dataset", "ShardLoader": "shardio.loader", "DeviceLoader": "shardio.loader",
          "to_device": "shardio.loader", "TrainAugment": "shardio.augment", "EvalTransform": "shardio.augment",
-         "PositionedBatches": "shardio.augment"}
+         "PositionedBatches": "shardio.augment", "MixedDataset": "shardio.mixing",
+         "SubsetDataset": "shardio.subset"}
 
 
 def __getattr__(name: str):
@@ -41,6 +42,8 @@ __all__ = [
     "TrainAugment",
     "EvalTransform",
     "PositionedBatches",
+    "MixedDataset",
+    "SubsetDataset",
     "ShardioError",
     "ShardError",
     "ShardFormatError",

@@ -24,6 +24,7 @@ from shardio.order import epoch_runs, rank_batches, run_pieces
 from shardio.prefetch import prefetched
 from shardio.reader import DatasetSnapshot, open_dataset
 from shardio.resume import EpochCursor, EpochPass
+from shardio.selection import SampleSelection
 
 # epoch_runs and rank_batches lived here before shardio.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
@@ -73,6 +74,8 @@ class ShardDataset(IterableDataset):
     the memory map is the only one before the GPU's. Without it, a batch within one shard is a view of the
     memory map (no copy) and a batch spanning runs is one copy into a reused buffer. ``prefetch`` batches
     are assembled ahead on a background thread when iterated in the main process (0: none).
+    ``selection`` (``shardio.selection.SampleSelection``) reads only the samples it picks, in every
+    generation the dataset opens (``shardio.subset.SubsetDataset`` is the shorthand).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class ShardDataset(IterableDataset):
         generation: int | None = None,
         follow_updates: bool | None = None,
         prefetch: int = 2,
+        selection: SampleSelection | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
@@ -110,6 +114,7 @@ class ShardDataset(IterableDataset):
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.shuffle_block = shuffle_window, shuffle_block
         self.verify = verify
+        self.selection = selection
         self.follow_updates = generation is None if follow_updates is None else follow_updates
         self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
@@ -138,6 +143,7 @@ class ShardDataset(IterableDataset):
             self._check_same_snapshot(manifest_path, None if error else snapshot, error)  # all raise or none
         if error is not None:
             raise error
+        snapshot = self._select(snapshot)
         if self.drop_last and len(snapshot) < self.batch_size * self.world_size:
             raise ValueError(
                 f"{self.path}: {len(snapshot)} samples make no full batch of {self.batch_size} on each of "
@@ -145,13 +151,18 @@ class ShardDataset(IterableDataset):
             )
         self.snapshot: DatasetSnapshot = snapshot
         self.samples = len(snapshot)
-        # One schema per dataset: the fields the job recorded in the manifest, when it records them
-        # (a newer writer), else all of them; a sample without one has -1 (cls) or None.
-        recorded = getattr(snapshot.manifest, "fields", None)
+        # One schema per dataset: the fields the snapshot knows its samples carry (a subset: its shards'),
+        # else all of them; a sample without one has -1 (cls) or None.
+        recorded = snapshot.fields
         self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
         self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
                                          fields=self.fields)
+
+    def _select(self, snapshot: DatasetSnapshot) -> DatasetSnapshot:
+        # Applied to every snapshot opened (a resume's pinned generation, a new epoch's newest one), so
+        # a subset stays the subset whichever generation the cursor asks for.
+        return snapshot if self.selection is None else self.selection.apply(snapshot)
 
     def _check_same_snapshot(self, manifest_path: str, snapshot: DatasetSnapshot | None,
                              error: ShardError | None) -> None:
@@ -189,7 +200,7 @@ class ShardDataset(IterableDataset):
     def _samples_at(self, generation: int | None) -> int:
         if generation is None or generation == self.snapshot.generation:
             return self.samples
-        return len(open_dataset(self.path, generation=generation))
+        return len(self._select(open_dataset(self.path, generation=generation)))
 
     # --- epochs, length, resume -------------------------------------------------------------------
 
@@ -201,6 +212,14 @@ class ShardDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Pin the epoch (the shuffle order) of the next iterator; later ones count on from it."""
         self.cursor.set_epoch(epoch)
+
+    def seek(self, epoch: int, batches: int = 0) -> None:
+        """The next iterator is ``epoch`` after this rank's first ``batches`` batches of it, on the
+        snapshot open now (``EpochCursor.seek``): for a caller that schedules the dataset's epochs itself."""
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an "
+                             "epoch")
+        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation)
 
     @property
     def batches_seen(self) -> int:

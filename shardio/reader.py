@@ -65,6 +65,12 @@ class DatasetSnapshot:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def fields(self) -> tuple[str, ...] | None:
+        """The metadata fields (of ``cls``, ``txt``, ``json``) this snapshot's samples carry, where that is
+        known at open; ``None``: a manifest does not record them, so a batch carries all three."""
+        return None
+
     def pixels(self, shard_index: int) -> np.ndarray:
         """The shard's N×H×W×3 pixels as a copy-on-write memory map (writable views, no copy, no warning
         from ``torch.from_numpy``; pages stay shared with the page cache until someone writes)."""

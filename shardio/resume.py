@@ -69,6 +69,17 @@ class EpochCursor:
         if self._pending is not None and self._pending["epoch"] != self.epoch:
             self._pending = None
 
+    def seek(self, epoch: int, batches: int, samples: int, generation: int) -> None:
+        """The next pass is ``epoch`` after this rank's first ``batches`` of it (which the ranks consumed
+        in lockstep), as if a state taken there were loaded; ``batches=0`` is ``set_epoch(epoch)``. For a
+        caller that places the dataset in its epochs itself (``shardio.mixing`` interleaves datasets)."""
+        self.set_epoch(epoch)
+        self._pending = None
+        if batches:
+            position = consumed_position(samples, self.batch_size, self.world_size, 0, int(batches))
+            self._pending = {"epoch": self.epoch, "position": position, "batches_seen": int(batches),
+                             "generation": generation, "samples": samples}
+
     def next_pass(self) -> tuple[int, int, int | None]:
         """(epoch, start position, generation or None) of the pass about to begin; no state changes."""
         pending = self._pending

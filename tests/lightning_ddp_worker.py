@@ -1,0 +1,43 @@
+"""One rank of ``tests/test_lightning.py``'s DDP test, run under torchrun: trains one epoch with
+``ShardDataModule`` on CPU (gloo) and writes the sample indices this rank trained on to OUT/rank{R}.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import lightning.pytorch as pl
+import torch
+
+from shardio.lightning import ShardDataModule
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.extend(int(k[1:]) for k in batch["__key__"])
+        return self.layer(batch["image"].mean(dim=(2, 3))).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def main(path: str, out: str) -> None:
+    model = Recorder()
+    trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp",
+                         max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    data = ShardDataModule(path, 8, shuffle=True, seed=1, drop_last=True)
+    trainer.fit(model, data)
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
+        json.dump({"seen": model.seen, "world": data.train_dataset.world_size,
+                   "rank": data.train_dataset.rank}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

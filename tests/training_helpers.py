@@ -1,0 +1,61 @@
+"""Datasets for the training tests (Lightning, mixing, subsets, examples), written without Ray or Pillow.
+
+Like ``tests/dataset_fixtures.py``, sample ``i`` carries ``i + first_index`` in its first three pixel bytes
+and ``key = "s{i:06d}"``; here each input is labelled (``cls = i``) or caption-only (no ``cls``), so a
+dataset can mix both as a drop of img2dataset tars with and without class files does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardio.format import InputEntry, Manifest
+from shardio.writer import InputShardWriter, write_manifest
+
+
+def make_mixed_dataset(
+    directory: str,
+    inputs: tuple[int, ...] = (40, 45, 32),
+    labelled: tuple[bool, ...] = (True, True, True),
+    *,
+    samples_per_shard: int = 8,
+    side: int = 8,
+    first_index: int = 0,
+) -> Manifest:
+    """``sum(inputs)`` self-identifying samples; input ``n`` has labels when ``labelled[n]``."""
+    manifest = Manifest(shape=(side, side, 3), config={"height": side, "width": side},
+                        versions={"shardio": "test"})
+    index = first_index
+    for number, (count, has_cls) in enumerate(zip(inputs, labelled)):
+        name = f"input-{number}.tar"
+        writer = InputShardWriter(directory, f"input-{number}", side, side, samples_per_shard)
+        for _ in range(count):
+            pixels = np.full((side, side, 3), index % 251, dtype=np.uint8)
+            pixels.reshape(-1)[:3] = [index & 255, (index >> 8) & 255, (index >> 16) & 255]
+            meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
+                                    "width": side, "height": side, "txt": f"caption {index}"}
+            if has_cls:
+                meta["cls"] = index
+            writer.add(pixels, meta, name)
+            index += 1
+        entries = writer.close(name)
+        manifest.shards.extend(entries)
+        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
+                                           shards=[e.path for e in entries])
+    os.makedirs(directory, exist_ok=True)
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def ids(batch: dict[str, Any]) -> np.ndarray:
+    """The sample indices of a uint8 NHWC batch, read from the pixels; checks the keys agree."""
+    image = batch["image"]
+    assert image.dtype == torch.uint8 and image.ndim == 4 and image.shape[-1] == 3
+    head = image.reshape(image.shape[0], -1)[:, :3].cpu().numpy().astype(np.int64)
+    found = head[:, 0] + (head[:, 1] << 8) + (head[:, 2] << 16)
+    assert list(batch["__key__"]) == [f"s{i:06d}" for i in found], "keys and pixels disagree"
+    return found
