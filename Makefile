@@ -76,6 +76,9 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 	# Augmentation on the device (here the CPU): samples/s against copying the batch, and resampling error.
 	$(PY) -m bench.augment
+	# Lightning's SimpleProfiler: share of the epoch in train_dataloader_next, on the sample shards and tars.
+	@$(MAKE) --no-print-directory shards
+	$(PY) -m bench.lightning
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
