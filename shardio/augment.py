@@ -346,8 +346,9 @@ class PositionedBatches:
     """Iterate a ``ShardLoader`` (or a ``ShardDataset``) adding ``"__position__"`` (int64 [B], the samples'
     epoch positions) and ``"__epoch__"`` to each batch, for a transform applied later (Lightning's
     ``on_after_batch_transfer``: ``transform_batch(augment, batch, device)`` there also passes a
-    ``mode: pad`` batch's ``"content_box"``, which this leaves in the batch). ``len``, ``state_dict`` and ``load_state_dict`` pass through; this is
-    the layer that hands batches out, so it counts them (``shardio.resume``)."""
+    ``mode: pad`` batch's ``"content_box"``, which this leaves in the batch). ``len``, ``state_dict`` and
+    ``load_state_dict`` pass through; this is the layer that hands batches out, so it counts them
+    (``shardio.resume``)."""
 
     def __init__(self, loader: ShardLoader | ShardDataset) -> None:
         if not isinstance(loader, (ShardLoader, ShardDataset)):

@@ -120,8 +120,9 @@ def to_device(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """The batch on ``device``: ``image`` as ``(x - mean) / std`` float N×3×H×W (channels_last memory),
-    ``cls`` as int64 and ``content_box`` (``mode: pad``) on ``device`` too; other fields unchanged. Copies are ``non_blocking``: overlapped when the source is
-    pinned and the caller is on a side stream (``DeviceLoader``)."""
+    ``cls`` as int64 and ``content_box`` (``mode: pad``) on ``device`` too; other fields unchanged.
+    Copies are ``non_blocking``: overlapped when the source is pinned and the caller is on a side stream
+    (``DeviceLoader``)."""
     device = torch.device(device)
     image = batch["image"].to(device, non_blocking=True)
     scale, shift = _affine(tuple(mean), tuple(std), device, dtype)

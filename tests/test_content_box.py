@@ -6,6 +6,8 @@ lanczos ringing), so a box is right exactly when every pixel outside it is the f
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -62,8 +64,6 @@ def test_pad_box_is_where_the_picture_is(stored, output, orientation, encode) ->
 
 
 def _png_with_exif(image: Image.Image, orientation: int) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     image.save(buffer, "PNG", exif=exif(orientation))
     return buffer.getvalue()
@@ -78,4 +78,5 @@ def test_one_pixel_results_are_one_pixel_boxes() -> None:
 
 @pytest.mark.parametrize("mode", ["center_crop", "stretch"])
 def test_other_modes_have_no_box(mode: str) -> None:
-    assert process_image(png_bytes(gradient(100, 50)), JobConfig(width=32, height=32, mode=mode)).content_box is None
+    out = process_image(png_bytes(gradient(100, 50)), JobConfig(width=32, height=32, mode=mode))
+    assert out.content_box is None
