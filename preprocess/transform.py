@@ -90,6 +90,9 @@ class ProcessedImage:
     mode: str  # the decoded mode before conversion to RGB
     draft_scale: int  # 1, 2, 4 or 8: the DCT scale the decoder used
     upscaled: bool = False  # the kept region was smaller than the target on a side: pixels were invented
+    # ``mode: pad`` only: (x0, y0, x1, y1), end-exclusive, of the output pixels that hold the picture (the
+    # rest is ``fill``); stored as the ``.jsonl`` line's ``box`` (shardio.format). None in other modes.
+    content_box: tuple[int, int, int, int] | None = None
 
 
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
@@ -257,12 +260,47 @@ def _resize(
         left, top = max(0.0, (width - crop_w) / 2), max(0.0, (height - crop_h) / 2)
         right, bottom = min(width, left + crop_w), min(height, top + crop_h)
         return im.resize(target, resample, box=(left, top, right, bottom))
-    scale = min(target_w / width, target_h / height)
-    inner = (max(1, min(target_w, round(width * scale))), max(1, min(target_h, round(height * scale))))
+    x0, y0, x1, y1 = _pad_box(target, content)
     canvas = Image.new("RGB", target, cfg.fill)
-    content_im = im.resize(inner, resample, box=(0, 0, width, height))
-    canvas.paste(content_im, ((target_w - inner[0]) // 2, (target_h - inner[1]) // 2))
+    content_im = im.resize((x1 - x0, y1 - y0), resample, box=(0, 0, width, height))
+    canvas.paste(content_im, (x0, y0))
     return canvas
+
+
+def _pad_box(target: tuple[int, int], content: tuple[float, float]) -> tuple[int, int, int, int]:
+    """Where ``pad`` pastes the resized picture on the ``target`` canvas (stored orientation): its size
+    rounded, at least 1 pixel (a 1x5000 banner into 256² is 1 column, not 0), centred with the odd pixel
+    of fill after it. The one place this is computed, so the stored box is where the pixels are."""
+    target_w, target_h = target
+    width, height = content
+    scale = min(target_w / width, target_h / height)
+    inner_w = max(1, min(target_w, round(width * scale)))
+    inner_h = max(1, min(target_h, round(height * scale)))
+    x0, y0 = (target_w - inner_w) // 2, (target_h - inner_h) // 2
+    return x0, y0, x0 + inner_w, y0 + inner_h
+
+
+def _transposed_box(box: tuple[int, int, int, int], canvas: tuple[int, int],
+                    orientation: int) -> tuple[int, int, int, int]:
+    """``box`` on a ``canvas`` (width, height) after ``_TRANSPOSE[orientation]``: the same rectangle of
+    pixels, in the upright output's coordinates (end-exclusive edges map to end-exclusive edges)."""
+    x0, y0, x1, y1 = box
+    w, h = canvas
+    if orientation == 2:  # FLIP_LEFT_RIGHT
+        return w - x1, y0, w - x0, y1
+    if orientation == 3:  # ROTATE_180
+        return w - x1, h - y1, w - x0, h - y0
+    if orientation == 4:  # FLIP_TOP_BOTTOM
+        return x0, h - y1, x1, h - y0
+    if orientation == 5:  # TRANSPOSE: (x, y) -> (y, x)
+        return y0, x0, y1, x1
+    if orientation == 6:  # ROTATE_270 (clockwise): (x, y) -> (h - 1 - y, x)
+        return h - y1, x0, h - y0, x1
+    if orientation == 7:  # TRANSVERSE: (x, y) -> (h - 1 - y, w - 1 - x)
+        return h - y1, w - x1, h - y0, w - x0
+    if orientation == 8:  # ROTATE_90 (counter-clockwise): (x, y) -> (y, w - 1 - x)
+        return y0, w - x1, y1, w - x0
+    return box
 
 
 def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None = None) -> ProcessedImage:
@@ -301,7 +339,11 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         t2 = clock()
         im = _to_rgb(im, cfg.background)
         t3 = clock()
-        out = _resize(im, cfg, _target(cfg, rotated), content)
+        target = _target(cfg, rotated)
+        out = _resize(im, cfg, target, content)
+        content_box = None
+        if cfg.mode == "pad":
+            content_box = _transposed_box(_pad_box(target, content), target, orientation)
         if orientation in _TRANSPOSE:
             out = out.transpose(_TRANSPOSE[orientation])
         pixels = np.asarray(out)
@@ -335,6 +377,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         mode=source_mode,
         draft_scale=max(1, round(stored_w / content[0])),
         upscaled=_upscales(width, height, cfg),
+        content_box=content_box,
     )
 
 

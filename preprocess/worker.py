@@ -157,7 +157,7 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
         result.failures.append({"input": input_path, "key": sample.key, "reason": f"{sample.image_member}: {e}"})
         return None
     result.upscaled += image.upscaled
-    return {
+    meta = {
         "__pixels__": image.pixels,
         "key": sample.key,
         "tar": input_path,
@@ -166,3 +166,6 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
         "height": image.height,
         **fields,
     }
+    if image.content_box is not None:  # mode: pad only; other modes' lines stay byte-identical
+        meta["box"] = list(image.content_box)
+    return meta

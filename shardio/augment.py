@@ -11,8 +11,10 @@ Crop parameters follow torchvision's ``RandomResizedCrop.get_params``: up to 10 
 uniform in ``scale`` and an aspect ratio log-uniform in ``ratio``, rounded to whole pixels, the first that
 fits wins, with a uniform integer offset; if none fits, the centre crop clamped to ``ratio``. All 10 tries
 are drawn for every sample and the first fitting one is picked with ``argmax``: the same distribution,
-vectorised. With ``mode: pad`` datasets, pass each image's ``content_box`` (x0, y0, x1, y1 in pixels,
-end-exclusive): crops are drawn inside it, as if the letterboxed image were the content alone.
+vectorised. With ``mode: pad`` datasets, each image's ``content_box`` (x0, y0, x1, y1 in pixels,
+end-exclusive) keeps crops inside it, as if the letterboxed image were the content alone: the job stores
+it per sample and every batch of such a dataset carries it as ``"content_box"``, which
+``DeviceLoader(..., transform=...)`` and ``transform_batch`` pass on by themselves.
 
 Randomness is counter-based: every number is splitmix64 of (seed, epoch, sample position, draw index), in
 int64 tensor ops on the batch's device. A sample's crop depends on nothing else, not on the batch it lands
@@ -343,8 +345,10 @@ def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: to
 class PositionedBatches:
     """Iterate a ``ShardLoader`` (or a ``ShardDataset``) adding ``"__position__"`` (int64 [B], the samples'
     epoch positions) and ``"__epoch__"`` to each batch, for a transform applied later (Lightning's
-    ``on_after_batch_transfer``). ``len``, ``state_dict`` and ``load_state_dict`` pass through; this is
-    the layer that hands batches out, so it counts them (``shardio.resume``)."""
+    ``on_after_batch_transfer``: ``transform_batch(augment, batch, device)`` there also passes a
+    ``mode: pad`` batch's ``"content_box"``, which this leaves in the batch). ``len``, ``state_dict`` and
+    ``load_state_dict`` pass through; this is the layer that hands batches out, so it counts them
+    (``shardio.resume``)."""
 
     def __init__(self, loader: ShardLoader | ShardDataset) -> None:
         if not isinstance(loader, (ShardLoader, ShardDataset)):

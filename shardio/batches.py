@@ -17,7 +17,7 @@ import torch
 
 from shardio.reader import DatasetSnapshot, ShardMeta
 
-__all__ = ["FIELDS", "Batch", "BatchAssembler"]
+__all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
 
 Batch = dict[str, Any]
 
@@ -26,10 +26,18 @@ Batch = dict[str, Any]
 FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
 
 
+def has_content_box(snapshot: DatasetSnapshot) -> bool:
+    """Whether every batch of this dataset carries ``content_box``: decided once from the manifest's
+    config (``mode: pad``), never from the shards a batch happens to touch (one schema per dataset)."""
+    return isinstance(snapshot.manifest.config, dict) and snapshot.manifest.config.get("mode") == "pad"
+
+
 class BatchAssembler:
     """Batches of one snapshot: ``assemble(pieces, shared, pinned)``; keeps ``cache_shards`` shards'
     memory maps and metadata open (per process: a pickled copy starts empty). Every batch has the keys
-    ``image``, ``__key__`` and ``fields``, whatever shards it came from (one schema per dataset)."""
+    ``image``, ``__key__`` and ``fields``, whatever shards it came from (one schema per dataset), and a
+    ``mode: pad`` dataset's every batch ``content_box`` (int32 [B, 4] x0, y0, x1, y1; see
+    ``has_content_box``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
                  fields: tuple[str, ...] = FIELDS) -> None:
@@ -38,6 +46,7 @@ class BatchAssembler:
             raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
         self.snapshot, self.cache_shards, self.buffer_count = snapshot, cache_shards, buffers
         self.fields = fields
+        self.content_box = has_content_box(snapshot)
         self.cache: OrderedDict[int, tuple[np.ndarray, ShardMeta]] = OrderedDict()
         self.buffers = BufferPool(buffers)
 
@@ -85,6 +94,8 @@ class BatchAssembler:
             batch["txt"] = _join([m.txt[a:b] for m, a, b in metas])
         if "json" in self.fields:
             batch["json"] = _join([m.json[a:b] for m, a, b in metas])
+        if self.content_box:
+            batch["content_box"] = torch.from_numpy(np.concatenate([m.box[a:b] for m, a, b in metas]))
         return batch
 
     def __getstate__(self) -> dict[str, Any]:

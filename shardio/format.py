@@ -23,7 +23,10 @@ Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of t
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
 the image's member name in that tar), ``width``/``height`` (int, the original image size before any
 resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (int or null, the label),
-``json`` (object or null, the sample's ``.json``). No pickle anywhere.
+``json`` (object or null, the sample's ``.json``), and, in datasets written with ``mode: pad`` only, ``box``
+(``[x0, y0, x1, y1]``, ints, end-exclusive, ``0 <= x0 < x1 <= W``, ``0 <= y0 < y1 <= H``: the output pixels
+that hold the picture, the rest being the config's ``fill``; crops drawn inside it never show the
+letterbox). A line without ``box`` means the whole H×W image. No pickle anywhere.
 
 Names (``key``, ``member``, and the ``key`` of a report's failures) are always valid UTF-8. Tar member
 names are bytes; a name that is valid UTF-8 is stored as is, except that each backslash is doubled

@@ -120,16 +120,18 @@ def to_device(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """The batch on ``device``: ``image`` as ``(x - mean) / std`` float N×3×H×W (channels_last memory),
-    ``cls`` as int64; other fields unchanged. Copies are ``non_blocking``: overlapped when the source is
-    pinned and the caller is on a side stream (``DeviceLoader``)."""
+    ``cls`` as int64 and ``content_box`` (``mode: pad``) on ``device`` too; other fields unchanged.
+    Copies are ``non_blocking``: overlapped when the source is pinned and the caller is on a side stream
+    (``DeviceLoader``)."""
     device = torch.device(device)
     image = batch["image"].to(device, non_blocking=True)
     scale, shift = _affine(tuple(mean), tuple(std), device, dtype)
     # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
     out = dict(batch)
     out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
-    if "cls" in batch:
-        out["cls"] = batch["cls"].to(device, non_blocking=True)
+    for name in ("cls", "content_box"):
+        if name in batch:
+            out[name] = batch[name].to(device, non_blocking=True)
     return out
 
 
@@ -159,7 +161,8 @@ class DeviceLoader:
     only moved to the device (``state_dict`` is then the loader's own).
 
     ``transform`` (e.g. ``shardio.augment.TrainAugment``) replaces the normalisation: it gets the uint8
-    images on the device with their epoch positions and returns the float batch.
+    images on the device with their epoch positions, and the batch's ``content_box`` (on the device) when
+    it has one (every batch of a ``mode: pad`` dataset), and returns the float batch.
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,

@@ -38,6 +38,9 @@ class ShardMeta:
     txt: list[str | None]
     cls: np.ndarray  # int64, -1 where a sample has no label
     json: list[dict[str, Any] | None]
+    # int32 [N, 4] (x0, y0, x1, y1), end-exclusive: the picture's pixels in a ``mode: pad`` dataset (the
+    # ``.jsonl`` ``box``); [0, 0, W, H], the whole image, where a line has none.
+    box: np.ndarray
     has_txt: bool
     has_cls: bool
     has_json: bool
@@ -130,10 +133,31 @@ class DatasetSnapshot:
             txt=txt,
             cls=np.array([-1 if c is None else c for c in labels], dtype=np.int64),
             json=js,
+            box=self._boxes(rows, path),
             has_txt=any(t is not None for t in txt),
             has_cls=any(c is not None for c in labels),
             has_json=any(j is not None for j in js),
         )
+
+    def _boxes(self, rows: list[dict[str, Any]], path: str) -> np.ndarray:
+        height, width = self.shape[:2]
+        boxes = np.empty((len(rows), 4), dtype=np.int32)
+        boxes[:] = (0, 0, width, height)
+        for i, row in enumerate(rows):
+            box = row.get("box")
+            if box is None:
+                continue
+            # A box outside the image or empty would make crops read outside the sample or divide by zero.
+            if (not isinstance(box, list) or len(box) != 4
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
+                    or not (0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height)):
+                raise ShardFormatError(
+                    f"{path}: line {i + 1} (sample {i}): box {box!r} is not [x0, y0, x1, y1] ints with "
+                    f"0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= {height}; "
+                    "HINT: run `preprocess verify DIR --repair`"
+                )
+            boxes[i] = box
+        return boxes
 
 
 def _parses(line: str) -> bool:
