@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardio.batches import FIELDS, has_content_box
 from shardio.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
 from shardio.resume import EpochPass
@@ -78,6 +79,10 @@ class MixedDataset(IterableDataset):
                         f"cannot mix {first.path} ({name}={getattr(first, name)}) with {other.path} "
                         f"({name}={getattr(other, name)}): the mixed datasets need one {name}")
         self.datasets = datasets
+        # One schema for the mix: every batch has each key any of the datasets carries, filled as a single
+        # dataset fills a sample without it (cls -1, txt/json None, content_box the whole image).
+        self.fields = tuple(f for f in FIELDS if any(f in d.fields for d in datasets))
+        self.content_box = any(has_content_box(d.snapshot) for d in datasets)
         self.weights = weight_array / weight_array.sum()
         self.batches_per_epoch = (sum(len(d) for d in datasets) if batches_per_epoch is None
                                   else int(batches_per_epoch))
@@ -184,11 +189,22 @@ class MixedDataset(IterableDataset):
             epoch_pass, index, batch = next(stream)
             self.datasets[source].cursor.hand_out(epoch_pass)  # this is the layer that hands it out
             positions = epoch_pass.batches[index]
+            self._fill_schema(batch)
             batch["__source__"] = source
             batch["__epoch__"] = epoch_pass.epoch
             batch["__position__"] = torch.arange(positions.start, positions.stop, dtype=torch.int64)
             self.batches_seen += 1
             yield batch
+
+
+    def _fill_schema(self, batch: Batch) -> None:
+        count = len(batch["__key__"])
+        for name in self.fields:
+            if name not in batch:
+                batch[name] = torch.full((count,), -1, dtype=torch.int64) if name == "cls" else [None] * count
+        if self.content_box and "content_box" not in batch:
+            height, width = batch["image"].shape[1:3]  # uint8 NHWC, as the datasets yield it
+            batch["content_box"] = torch.tensor([[0, 0, width, height]], dtype=torch.int32).repeat(count, 1)
 
 
 def _endless(dataset: ShardDataset) -> Iterator[tuple[EpochPass, int, Batch]]:

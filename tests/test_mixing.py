@@ -192,3 +192,29 @@ def test_a_state_taken_after_set_epoch_is_that_epochs_start(paths):
     resumed = mixed(paths)
     resumed.load_state_dict(state)
     assert [ids(b).tolist() for b in resumed] == expected
+
+
+def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
+    # A `mode: pad` dataset's batches carry content_box, another's do not: the mix has one schema, and a
+    # sample of the non-pad dataset gets the whole image as its box (what a box-less sample means).
+    from shardio.format import load_manifest
+    from shardio.writer import write_manifest
+    from tests.dataset_fixtures import make_dataset
+
+    plain, padded = str(tmp_path / "plain"), str(tmp_path / "padded")
+    make_dataset(plain, (16,))
+    make_dataset(padded, (16,))
+    manifest = load_manifest(padded)
+    manifest.config = {**manifest.config, "mode": "pad"}
+    write_manifest(padded, manifest)
+    datasets = [ShardDataset(plain, 4), ShardDataset(padded, 4)]
+    assert "content_box" not in next(iter(datasets[0])) and "content_box" in next(iter(datasets[1]))
+    mixed = MixedDataset(datasets, [1, 1], seed=3)
+    batches = list(mixed)
+    assert {b["__source__"] for b in batches} == {0, 1}
+    keys = {frozenset(b) for b in batches}
+    assert len(keys) == 1 and "content_box" in next(iter(keys)), keys
+    for batch in batches:
+        assert batch["content_box"].shape == (4, 4)
+        if batch["__source__"] == 0:
+            assert batch["content_box"].tolist() == [[0, 0, 8, 8]] * 4
