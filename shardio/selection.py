@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -168,9 +168,8 @@ class SubsetSnapshot(DatasetSnapshot):
             raise ShardError(f"{self.directory}: no metadata for shard {shard}")
         # The has_* flags stay the shard's: a batch has "cls" where its shards carry labels, as without
         # a subset.
-        return ShardMeta(keys=meta.keys[start:stop], txt=meta.txt[start:stop], cls=meta.cls[start:stop],
-                         json=meta.json[start:stop], has_txt=meta.has_txt, has_cls=meta.has_cls,
-                         has_json=meta.has_json)
+        return replace(meta, keys=meta.keys[start:stop], txt=meta.txt[start:stop], cls=meta.cls[start:stop],
+                       json=meta.json[start:stop], box=meta.box[start:stop])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
