@@ -8,6 +8,7 @@ indices a test reads back catches missing, duplicated and reordered samples.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,47 @@ from shardio.writer import InputShardWriter, write_manifest
 
 # 117 samples from three inputs in shards of 8: every input ends in a partial shard (40 = 5×8, 45, 32).
 AWKWARD_INPUTS = (40, 45, 32)
+
+
+def self_identifying_pixels(index: int, height: int, width: int) -> np.ndarray:
+    """Sample ``index``'s pixels: its index in the first three bytes, the rest ``index % 251``."""
+    pixels = np.full((height, width, 3), index % 251, dtype=np.uint8)
+    pixels.reshape(-1)[:3] = [index & 255, (index >> 8) & 255, (index >> 16) & 255]
+    return pixels
+
+
+def write_inputs(
+    directory: str,
+    inputs: tuple[int, ...],
+    meta_for: Callable[[int, int, str], dict[str, Any]],
+    *,
+    height: int,
+    width: int,
+    samples_per_shard: int = 8,
+    config: dict[str, Any] | None = None,
+    pixels_for: Callable[[int], np.ndarray] | None = None,
+    first_index: int = 0,
+) -> Manifest:
+    """A dataset as the job writes one, without Ray or Pillow: input ``n`` (``input-{n}.tar``) holds
+    ``inputs[n]`` samples; sample ``i`` gets ``pixels_for(i)`` (default: self-identifying) and the metadata
+    line ``meta_for(i, n, tar name)``. Returns the committed manifest."""
+    manifest = Manifest(shape=(height, width, 3), config=config or {"height": height, "width": width},
+                        versions={"shardio": "test"})
+    index = first_index
+    for number, count in enumerate(inputs):
+        name = f"input-{number}.tar"
+        writer = InputShardWriter(directory, f"input-{number}", height, width, samples_per_shard)
+        for _ in range(count):
+            pixels = pixels_for(index) if pixels_for else self_identifying_pixels(index, height, width)
+            writer.add(pixels, meta_for(index, number, name), name)
+            index += 1
+        entries = writer.close(name)
+        manifest.shards.extend(entries)
+        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
+                                           shards=[e.path for e in entries])
+    os.makedirs(directory, exist_ok=True)
+    write_manifest(directory, manifest)
+    return manifest
 
 
 def make_dataset(
@@ -31,28 +73,13 @@ def make_dataset(
     json_field: bool = False,
 ) -> Manifest:
     """Write a dataset of ``sum(inputs)`` self-identifying samples into ``directory``; return its manifest."""
-    manifest = Manifest(shape=(height, width, 3), config={"height": height, "width": width},
-                        versions={"shardio": "test"})
-    index = 0
-    for number, count in enumerate(inputs):
-        name = f"input-{number}.tar"
-        writer = InputShardWriter(directory, f"input-{number}", height, width, samples_per_shard)
-        for _ in range(count):
-            pixels = np.full((height, width, 3), index % 251, dtype=np.uint8)
-            pixels.reshape(-1)[:3] = [index & 255, (index >> 8) & 255, (index >> 16) & 255]
-            meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
-                                    "width": width, "height": height, "cls": index,
-                                    "txt": f"caption {index}" if txt else None,
-                                    "json": {"i": index} if json_field else None}
-            writer.add(pixels, meta, name)
-            index += 1
-        entries = writer.close(name)
-        manifest.shards.extend(entries)
-        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
-                                           shards=[e.path for e in entries])
-    os.makedirs(directory, exist_ok=True)
-    write_manifest(directory, manifest)
-    return manifest
+    def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
+        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": width, "height": height,
+                "cls": index, "txt": f"caption {index}" if txt else None,
+                "json": {"i": index} if json_field else None}
+
+    return write_inputs(directory, inputs, meta_for, height=height, width=width,
+                        samples_per_shard=samples_per_shard)
 
 
 def indices(batch: dict[str, Any]) -> np.ndarray:

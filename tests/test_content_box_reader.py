@@ -16,8 +16,7 @@ import torch
 from shardio import DeviceLoader, ShardDataset, ShardLoader, open_dataset, to_device
 from shardio.augment import PositionedBatches, transform_batch
 from shardio.errors import ShardFormatError
-from shardio.format import InputEntry, Manifest
-from shardio.writer import InputShardWriter, write_manifest
+from tests.dataset_fixtures import write_inputs
 
 HEIGHT, WIDTH = 8, 12
 INPUTS = (13, 9)  # 22 samples in shards of 8: partial shards, and batches of 5 that straddle them
@@ -31,27 +30,18 @@ def expected_box(index: int) -> list[int]:
 
 
 def write_dataset(directory: str, mode: str, bad_box: Any = None) -> None:
-    manifest = Manifest(shape=(HEIGHT, WIDTH, 3), config={"height": HEIGHT, "width": WIDTH, "mode": mode},
-                        versions={"shardio": "test"})
-    index = 0
-    for number, count in enumerate(INPUTS):
-        name = f"input-{number}.tar"
-        writer = InputShardWriter(directory, f"input-{number}", HEIGHT, WIDTH, 8)
-        for _ in range(count):
-            meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
-                                    "width": WIDTH, "height": HEIGHT, "cls": index, "txt": None, "json": None}
-            if index % 5 != 4:
-                meta["box"] = expected_box(index)
-            if bad_box is not None and index == 2:
-                meta["box"] = bad_box
-            writer.add(np.full((HEIGHT, WIDTH, 3), index, dtype=np.uint8), meta, name)
-            index += 1
-        entries = writer.close(name)
-        manifest.shards.extend(entries)
-        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
-                                           shards=[e.path for e in entries])
-    os.makedirs(directory, exist_ok=True)
-    write_manifest(directory, manifest)
+    def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
+                                "width": WIDTH, "height": HEIGHT, "cls": index, "txt": None, "json": None}
+        if index % 5 != 4:
+            meta["box"] = expected_box(index)
+        if bad_box is not None and index == 2:
+            meta["box"] = bad_box
+        return meta
+
+    write_inputs(directory, INPUTS, meta_for, height=HEIGHT, width=WIDTH,
+                 config={"height": HEIGHT, "width": WIDTH, "mode": mode},
+                 pixels_for=lambda index: np.full((HEIGHT, WIDTH, 3), index, dtype=np.uint8))
 
 
 @pytest.fixture(scope="module")

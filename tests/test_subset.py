@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from shardio.errors import ShardError
-from shardio.format import RetiredFile, load_manifest
 from shardio.loader import ShardLoader
 from shardio.subset import SubsetDataset, fraction_member
-from tests.dataset_fixtures import assert_exactly_once
-from shardio.writer import write_manifest
+from tests.dataset_fixtures import assert_exactly_once, retire_input
 from tests.training_helpers import ids, make_mixed_dataset
 
 INPUTS = (40, 45, 32)
@@ -132,15 +130,6 @@ def test_unknown_keys_or_inputs_and_empty_subsets_are_clear_errors(path):
         SubsetDataset(path, 8, keys=["s000001"], drop_last=True)
 
 
-def drop_input(directory: str, name: str) -> int:
-    """Commit the removal of one input: its files retired (kept by retention for older generations)."""
-    manifest = load_manifest(directory)
-    gone = manifest.inputs.pop(name)
-    for entry in [e for e in manifest.shards if e.path in gone.shards]:
-        manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
-    manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
-    return write_manifest(directory, manifest)
-
 
 @pytest.mark.parametrize("prefetch", [0, 3])
 def test_a_resumed_subset_finishes_its_epoch_on_the_pinned_generation_then_follows(tmp_path, prefetch):
@@ -158,7 +147,7 @@ def test_a_resumed_subset_finishes_its_epoch_on_the_pinned_generation_then_follo
     head = np.concatenate([ids(next(batches)) for _ in range(4)])
     state = ds.state_dict()
     full = read_epoch(subset())  # the uninterrupted epoch 0
-    drop_input(directory, "input-2.tar")  # a newer generation without samples 85..116
+    retire_input(directory, "input-2.tar")  # a newer generation without samples 85..116
 
     resumed = subset()
     assert resumed.snapshot.generation == state["generation"] + 1

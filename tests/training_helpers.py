@@ -7,14 +7,13 @@ dataset can mix both as a drop of img2dataset tars with and without class files 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardio.format import InputEntry, Manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.format import Manifest
+from tests.dataset_fixtures import write_inputs
 
 
 def make_mixed_dataset(
@@ -27,28 +26,15 @@ def make_mixed_dataset(
     first_index: int = 0,
 ) -> Manifest:
     """``sum(inputs)`` self-identifying samples; input ``n`` has labels when ``labelled[n]``."""
-    manifest = Manifest(shape=(side, side, 3), config={"height": side, "width": side},
-                        versions={"shardio": "test"})
-    index = first_index
-    for number, (count, has_cls) in enumerate(zip(inputs, labelled)):
-        name = f"input-{number}.tar"
-        writer = InputShardWriter(directory, f"input-{number}", side, side, samples_per_shard)
-        for _ in range(count):
-            pixels = np.full((side, side, 3), index % 251, dtype=np.uint8)
-            pixels.reshape(-1)[:3] = [index & 255, (index >> 8) & 255, (index >> 16) & 255]
-            meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
-                                    "width": side, "height": side, "txt": f"caption {index}"}
-            if has_cls:
-                meta["cls"] = index
-            writer.add(pixels, meta, name)
-            index += 1
-        entries = writer.close(name)
-        manifest.shards.extend(entries)
-        manifest.inputs[name] = InputEntry(size=count, mtime_ns=0, samples=count, failed=0,
-                                           shards=[e.path for e in entries])
-    os.makedirs(directory, exist_ok=True)
-    write_manifest(directory, manifest)
-    return manifest
+    def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg",
+                                "width": side, "height": side, "txt": f"caption {index}"}
+        if labelled[number]:
+            meta["cls"] = index
+        return meta
+
+    return write_inputs(directory, inputs, meta_for, height=side, width=side,
+                        samples_per_shard=samples_per_shard, first_index=first_index)
 
 
 def ids(batch: dict[str, Any]) -> np.ndarray:
