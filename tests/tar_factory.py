@@ -11,7 +11,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +64,15 @@ class TarFactory:
     def path(self, name: str) -> str:
         os.makedirs(self.directory, exist_ok=True)
         return os.path.join(self.directory, name)
+
+    def derive(self, name: str, source: str, transform: Callable[[bytes], bytes]) -> str:
+        """A new file ``name`` holding ``transform(bytes of source)``: a tar cut short, compressed, or both."""
+        with open(source, "rb") as f:
+            data = transform(f.read())
+        path = self.path(name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
 
     def write(self, name: str, members: Iterable[Member]) -> str:
         path = self.path(name)

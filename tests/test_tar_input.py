@@ -63,12 +63,7 @@ def test_samples_in_tar_order_with_their_fields(tars):
 
 
 def test_tar_gz_works(tars, tmp_path):
-    path = tars.make("good.tar", range(5))
-    with open(path, "rb") as f:
-        compressed = gzip.compress(f.read())
-    gz = tars.path("good.tar.gz")
-    with open(gz, "wb") as f:
-        f.write(compressed)
+    gz = tars.derive("good.tar.gz", tars.make("good.tar", range(5)), gzip.compress)
     assert [s.key for s in items(gz)] == [f"{i:06d}" for i in range(5)]
     result = run(gz, str(tmp_path / "out"))
     assert result.error is None and result.samples == 5
@@ -132,15 +127,6 @@ def test_oversized_member_is_skipped_not_read(tars, monkeypatch):
 # --- broken input --------------------------------------------------------------------------------------
 
 
-def _cut(tars, name: str, source: str, length: int) -> str:
-    with open(source, "rb") as f:
-        data = f.read()
-    path = tars.path(name)
-    with open(path, "wb") as f:
-        f.write(data[:length])
-    return path
-
-
 @pytest.mark.parametrize("where, expected", [
     # tarfile alone stops quietly at the first two: 000002.cls and the rest would just be missing
     ("boundary", "truncated tar: ends at byte {at} after member '000002.txt', with no end-of-archive blocks"),
@@ -155,26 +141,19 @@ def test_truncated_tar(tars, where, expected):
     length = {"boundary": header, "in_header": header + 100, "in_data": header + 600,
               "after_last_member": offsets[-1][1]}
     at = offsets[-1][1] if where == "after_last_member" else header
-    assert expected.format(at=at) in input_error(_cut(tars, f"cut-{where}.tar", good, length[where]))
+    assert expected.format(at=at) in input_error(tars.derive(f"cut-{where}.tar", good, lambda data: data[: length[where]]))
 
 
 def test_truncated_tar_gz_at_a_member_boundary(tars):
     good = tars.make("good.tar", range(4))
-    with open(good, "rb") as f:
-        data = f.read()
-    path = tars.path("cut.tar.gz")
-    with open(path, "wb") as f:
-        f.write(gzip.compress(data[: member_offsets(good)[8][1]]))  # up to 000002.jpg
+    end = member_offsets(good)[8][1]  # up to 000002.jpg
+    path = tars.derive("cut.tar.gz", good, lambda data: gzip.compress(data[:end]))
     assert "after member '000001.json', with no end-of-archive blocks" in input_error(path)
 
 
 def test_truncated_gzip_stream(tars):
-    good = tars.make("good.tar", range(4))
-    with open(good, "rb") as f:
-        compressed = gzip.compress(f.read())
-    path = tars.path("half.tar.gz")
-    with open(path, "wb") as f:
-        f.write(compressed[: len(compressed) // 2])
+    compressed = tars.derive("whole.tar.gz", tars.make("good.tar", range(4)), gzip.compress)
+    path = tars.derive("half.tar.gz", compressed, lambda data: data[: len(data) // 2])
     assert "not a readable tar" in input_error(path)
 
 
@@ -215,7 +194,7 @@ def test_only_readme_is_an_error(tars):
 
 def test_process_input_reports_a_broken_tar_and_leaves_no_shards(tars, tmp_path):
     good = tars.make("good.tar", range(20))
-    path = _cut(tars, "cut.tar", good, member_offsets(good)[-4][1])  # 19 of 20 samples, then nothing
+    path = tars.derive("cut.tar", good, lambda data: data[: member_offsets(good)[-4][1]])  # 19 of 20 samples, then nothing
     out = tmp_path / "out"
     result = process_input(path, str(out), JobConfig(height=16, width=16, samples_per_shard=4),
                            storage.stat_fingerprint(path))

@@ -58,12 +58,7 @@ def test_samples_are_read_from_the_ranges_of_the_index(tars):
 
 
 def test_a_truncated_tar_fails_before_the_first_sample(tars):
-    good = tars.make("good.tar", range(6))
-    with open(good, "rb") as f:
-        data = f.read()
-    path = tars.path("cut.tar")
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
+    path = tars.derive("cut.tar", tars.make("good.tar", range(6)), lambda data: data[: len(data) // 2])
     samples = iter_tar_samples(path, IMAGE_EXTENSIONS)
     with pytest.raises(InputError, match="not a readable tar|truncated"):
         next(samples)  # the tarfile-per-member reader yielded the first samples, then failed
@@ -80,12 +75,7 @@ def test_a_tar_shrunk_after_indexing_is_an_input_error(tars):
 
 
 def test_compressed_tars_have_no_index_and_stream(tars):
-    good = tars.make("good.tar", range(3))
-    with open(good, "rb") as f:
-        compressed = gzip.compress(f.read())
-    gz = tars.path("good.tar.gz")
-    with open(gz, "wb") as f:
-        f.write(compressed)
+    gz = tars.derive("good.tar.gz", tars.make("good.tar", range(3)), gzip.compress)
     assert index_tar(gz) is None
     assert [s.key for s in iter_tar_samples(gz, IMAGE_EXTENSIONS)] == ["000000", "000001", "000002"]
 
