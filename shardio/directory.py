@@ -285,7 +285,7 @@ def load_committed(directory: str) -> tuple[Manifest | None, str]:
     ``manifest.json`` with kept generations is restored from the newest valid one, and the warning says
     so: rebuilding from nothing would drop every committed input (and the leftover cleaning would then
     delete their shards). The caller holds the lock."""
-    path = storage.for_path(directory).join(directory, MANIFEST_NAME)
+    path = manifest_path(directory)
     try:
         if not storage.for_path(directory).exists(path) and not list_generations(directory):
             return None, ""

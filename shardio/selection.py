@@ -138,7 +138,8 @@ class SubsetSnapshot(DatasetSnapshot):
         """The fields the subset's shards carry: a subset is a dataset with its own batch schema (a subset
         of caption-only inputs has no ``cls``). Reads the selected shards' ``.jsonl`` once."""
         if self._fields is None:
-            metas = [self.parent.meta(int(shard)) for shard in np.unique(self.segments[:, 0])]
+            # Through _parent: the .jsonl parsed here is the one the first batches use (no second parse).
+            metas = [self._parent(int(shard), with_meta=True)[1] for shard in np.unique(self.segments[:, 0])]
             flags = {"cls": any(m.has_cls for m in metas), "txt": any(m.has_txt for m in metas),
                      "json": any(m.has_json for m in metas)}
             self._fields = tuple(name for name, carried in flags.items() if carried)
