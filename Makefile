@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml Makefile
 			>/dev/null 2>&1 || echo "warning: no libwebp-dev: WebP samples will be counted as failures" >&2; fi
 	# Pillow-SIMD before the package, so pip finds `pillow-simd` satisfied and never pulls stock Pillow.
 	@$(MAKE) --no-print-directory pillow-simd
-	$(PIP) install -q -e '.[preprocess,dev]'
+	$(PIP) install -q -e '.[preprocess,dev,s3]'
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m preprocess.cli doctor
 	touch $(STAMP)

@@ -1,4 +1,4 @@
-"""Shared fixtures: one 2-node local Ray cluster per test session, and generated WebDataset tars.
+"""Shared fixtures: one 2-node local Ray cluster and one S3 server per test session, and generated tars.
 
 Ray starts once (~4 s a node) and every Ray test shares it; the job reuses an initialised Ray instead of
 starting its own, and subprocess runs join it with ``--ray-address``. Two nodes (1 CPU each) make every
@@ -16,11 +16,40 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tests.s3_server import S3Server
 from tests.tar_factory import TarFactory
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[str]:
+def s3_server(tmp_path_factory) -> Iterator[S3Server]:
+    """One SeaweedFS server for the session (tests/s3_server.py). Its AWS variables go into this process's
+    environment (and so into every subprocess and every Ray worker started after it): the product reads
+    credentials and endpoint from the standard AWS environment, as it would on a real cluster."""
+    server = S3Server(str(tmp_path_factory.mktemp("s3-server")))
+    server.start()
+    saved = {key: os.environ.get(key) for key in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A new, empty bucket on the session's server (its name; URLs are ``s3://NAME/...``)."""
+    return s3_server.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_server) -> Iterator[str]:
+    # After s3_server: the raylets (and so every Ray worker) inherit the AWS variables, as the nodes of a
+    # real cluster read their own credentials.
     import ray
     from ray.cluster_utils import Cluster
 
