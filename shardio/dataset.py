@@ -24,7 +24,8 @@ from shardio.order import epoch_runs, rank_batches, run_pieces
 from shardio.prefetch import prefetched
 from shardio.reader import DatasetSnapshot, open_dataset
 from shardio.resume import EpochCursor, EpochPass
-from shardio.selection import SampleSelection
+from shardio.selection import SampleSelection, SubsetSnapshot
+from shardio.shard_cache import CachedAssembler, ShardCache, cache_for
 
 # epoch_runs and rank_batches lived here before shardio.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
@@ -47,6 +48,13 @@ def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     return rank, world_size, from_dist
+
+
+def _cache_units(snapshot: DatasetSnapshot) -> list[int]:
+    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment."""
+    if isinstance(snapshot, SubsetSnapshot):
+        return [int(s) for s in snapshot.segments[:, 0]]
+    return list(range(len(snapshot.shards)))
 
 
 def _identity(batch: Batch) -> Batch:
@@ -76,6 +84,13 @@ class ShardDataset(IterableDataset):
     are assembled ahead on a background thread when iterated in the main process (0: none).
     ``selection`` (``shardio.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.subset.SubsetDataset`` is the shorthand).
+
+    ``path`` may be an object-storage URL (``s3://bucket/ds``): shards are downloaded ahead of need into
+    ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
+    bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
+    and half the cache disk's free space), evicting the shard needed farthest ahead
+    (``shardio.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
+    (a local dataset is read in place).
     """
 
     def __init__(
@@ -97,8 +112,13 @@ class ShardDataset(IterableDataset):
         follow_updates: bool | None = None,
         prefetch: int = 2,
         selection: SampleSelection | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
+        if not storage.is_remote(path) and (cache_dir is not None or cache_limit is not None):
+            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); a local "
+                             "dataset is memory-mapped in place: leave them out")
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
                             ("shuffle_block", shuffle_block)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -118,6 +138,9 @@ class ShardDataset(IterableDataset):
         self.follow_updates = generation is None if follow_updates is None else follow_updates
         self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
+        self.cache_dir = cache_dir
+        self.cache_limit: int | str | None = cache_limit
+        self._cache: ShardCache | None = None
         self._open(generation, check_ranks=True)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
@@ -135,8 +158,11 @@ class ShardDataset(IterableDataset):
             snapshot = open_dataset(self.path, verify=self.verify, generation=generation)
             if len(snapshot) == 0:
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
-            for shard in range(len(snapshot.shards)):
-                snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
+            if storage.is_remote(self.path):
+                self._attach_cache(snapshot)
+            else:
+                for shard in range(len(snapshot.shards)):
+                    snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
         except ShardError as e:
             error = e
         if check_ranks and self._from_dist and self.world_size > 1:
@@ -156,8 +182,27 @@ class ShardDataset(IterableDataset):
         recorded = snapshot.fields
         self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
-        self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
-                                         fields=self.fields)
+        if self._cache is not None:
+            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, self.cache_shards,
+                                                              buffers=self.prefetch + 4, fields=self.fields)
+        else:
+            self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
+                                             fields=self.fields)
+
+    def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
+        """A snapshot on object storage reads through a new cache (same directory and limit: the files
+        of shards a new generation keeps are content addressed, found again, not downloaded again)."""
+        cache = cache_for(snapshot, self.cache_dir, self.cache_limit)
+        self.cache_limit = cache.limit  # the default, resolved once
+        snapshot.cache = cache
+        if self._cache is not None:
+            self._cache.close()
+        self._cache = cache
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """The shard cache's counters (downloads, bytes_downloaded, adopted, hits, misses, evictions,
+        retries, peak_bytes, held_bytes) in this process; None for a local dataset."""
+        return None if self._cache is None else dict(self._cache.stats)
 
     def _select(self, snapshot: DatasetSnapshot) -> DatasetSnapshot:
         # Applied to every snapshot opened (a resume's pinned generation, a new epoch's newest one), so
@@ -329,8 +374,22 @@ class ShardDataset(IterableDataset):
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
         ends = np.cumsum(runs[:, 2] - runs[:, 1]).tolist()  # epoch position after each run
         run_list = runs.tolist()
-        for positions in batches:
-            yield assembler.assemble(run_pieces(ends, run_list, positions), shared, pinned)
+        if not isinstance(assembler, CachedAssembler):
+            for positions in batches:
+                yield assembler.assemble(run_pieces(ends, run_list, positions), shared, pinned)
+            return
+        # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady).
+        cache, snapshot = assembler.shard_cache, assembler.snapshot
+        pieces = [run_pieces(ends, run_list, positions) for positions in batches]
+        unit_of = _cache_units(snapshot)
+        shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
+        worker = get_worker_info()
+        if worker is not None:
+            cache.share(worker.num_workers)
+        cache.plan(shards)
+        for number, batch in enumerate(pieces):
+            cache.advance(number)
+            yield assembler.assemble(batch, shared, pinned)
 
     def shard(self, shard: int) -> tuple[np.ndarray, Any]:
         """Shard ``shard``'s pixels (a view of its memory map) and metadata, as batches read them."""

@@ -6,13 +6,18 @@ manifest's: a job appending meanwhile adds files the snapshot never sees, and a 
 inputs leaves the snapshot's files on disk for the retention (``shardio.format``, "Retention": 24 h and
 3 generations by default). ``snapshot.generation`` names the snapshot; ``open_dataset(DIR, generation=G)``
 reopens it (to resume a run on exactly the data it started with) while it is kept.
+
+On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
+1,000 objects; the bytes are read through a ``shardio.shard_cache.ShardCache`` that ``ShardDataset``
+attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
+size and sha256, and ``pixels`` maps the cached file exactly as a local shard.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +28,13 @@ from shardio.format import (
     HEADER_BYTES,
     Manifest,
     ShardEntry,
+    expected_shard_size,
     load_manifest,
     parse_npy_header,
 )
+
+if TYPE_CHECKING:
+    from shardio.shard_cache import ShardCache
 
 __all__ = ["DatasetSnapshot", "ShardMeta", "open_dataset"]
 
@@ -47,11 +56,13 @@ class ShardMeta:
 
 
 class DatasetSnapshot:
-    """The shards one manifest lists, with lazy memory maps and metadata."""
+    """The shards one manifest lists, with lazy memory maps and metadata (read through ``cache``, a
+    ``ShardCache``, when the dataset is on object storage)."""
 
     def __init__(self, directory: str, manifest: Manifest) -> None:
         self.directory = directory
         self.manifest = manifest
+        self.cache: ShardCache | None = None
         self.shards: list[ShardEntry] = list(manifest.shards)
         self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
@@ -77,6 +88,8 @@ class DatasetSnapshot:
     def pixels(self, shard_index: int) -> np.ndarray:
         """The shard's N×H×W×3 pixels as a copy-on-write memory map (writable views, no copy, no warning
         from ``torch.from_numpy``; pages stay shared with the page cache until someone writes)."""
+        if self.cache is not None:
+            return self.cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = storage.join(self.directory, entry.path)
         with storage.open_read(path) as f:
@@ -92,11 +105,14 @@ class DatasetSnapshot:
     def meta(self, shard_index: int) -> ShardMeta:
         entry = self.shards[shard_index]
         path = storage.join(self.directory, entry.meta_path)
-        with storage.open_read(path) as f:
+        if self.cache is not None:
+            data = self.cache.meta_bytes(shard_index)
+        else:
+            with storage.open_read(path) as f:
+                data = f.read()
+        try:
             # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
             # and json.dumps(ensure_ascii=False) leaves unescaped.
-            data = f.read()
-        try:
             lines = data.decode("utf-8").split("\n")
         except UnicodeDecodeError as e:
             # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
@@ -173,7 +189,15 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
 
     ``generation``: open that kept generation instead of the current one (``snapshot.generation`` of an
     earlier open). ``verify=True`` also reads every byte and compares sha256 with the manifest (slow).
+    A URL: the sizes from a LIST of the shards' folders; ``verify`` is moot (every download is checked).
     """
+    if storage.is_remote(directory):
+        manifest = load_manifest(directory, generation)
+        problem = _remote_size_problem(directory, manifest)
+        if problem:
+            raise ShardIntegrityError(f"{problem}; HINT: run `preprocess verify {directory} --repair` to rebuild "
+                                      "it from its input")
+        return DatasetSnapshot(directory, manifest)
     directory = storage.check_local(directory)
     manifest = load_manifest(directory, generation)
     problems = shard_problems(directory, manifest)  # O(1) each: sizes only
@@ -185,3 +209,24 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
         if problems:
             raise ShardIntegrityError("; ".join(problem for _, problem in problems))
     return DatasetSnapshot(directory, manifest)
+
+
+def _remote_size_problem(directory: str, manifest: Manifest) -> str | None:
+    """The first listed file missing or of the wrong size, from one LIST of each folder holding shards
+    (1,000 objects a request), not a HEAD per file."""
+    store = storage.for_path(directory)
+    wanted = {}
+    for entry in manifest.shards:
+        if entry.bytes != expected_shard_size(entry, manifest.shape):
+            return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
+                    f"{entry.samples} samples imply {expected_shard_size(entry, manifest.shape)} (inconsistent)")
+        wanted[store.join(directory, entry.path)] = entry.bytes
+        wanted[store.join(directory, entry.meta_path)] = entry.meta_bytes
+    folders = sorted({path.rsplit("/", 1)[0] for path in wanted})
+    found = {info.path: info.size for folder in folders for info in store.list_files(folder)}
+    for path, size in wanted.items():
+        if path not in found:
+            return f"{path}: listed in the manifest but missing"
+        if found[path] != size:
+            return f"{path}: {found[path]} bytes, the manifest says {size} (truncated or overwritten)"
+    return None

@@ -1,0 +1,661 @@
+"""The reader's local cache of remote shards: downloaded ahead in the order they will be read, bounded
+in bytes, evicting the shard needed farthest in the future (Belady's optimal policy).
+
+Why this works: the epoch order is a pure function of ``(seed, epoch, rank)``, so at the start of a pass
+the reader hands the cache its exact *access sequence* (``plan``: the shard of every piece of every batch
+this process will assemble, in order). The cache then knows, at every moment, when each shard is next
+needed, which no LRU cache of a streaming loader can know.
+
+- **Ahead of need, in order.** ``threads`` download threads take the next shard of the sequence that is
+  not on disk, as long as room can be made for it; the reader waits only for a shard that is late.
+- **Bounded.** Bytes held = finished files + downloads in flight (reserved before they start) + files
+  evicted while still memory-mapped (on Linux an unlinked file that is mapped keeps its blocks; such a
+  file is *doomed*: removed when the last map of it goes, counted until then, rescued if needed again).
+  Held bytes never exceed ``limit``; ``stats["peak_bytes"]`` records the most ever held.
+- **Belady.** To make room for shard ``u`` (next needed at sequence index ``i``), evict the held shard
+  whose next use is farthest, and only one needed later than ``i`` (else ``u`` waits its turn).
+- **Checked.** A download lands under a temp name, its size, ``.npy`` header and both files' sha256 are
+  checked against the manifest, then it is renamed into place: a file under its final name is always
+  whole and right. Failures are retried ``attempts`` times; then every ``pixels``/``meta_bytes`` call for
+  that shard raises ``ShardError`` naming the URL (a waiting reader is woken, never left hanging).
+- **Shared by processes.** Files are named by the shard's sha256 (content addressed: two datasets or
+  generations share them; a stale file can never stand for another shard). Each shard has a lock file
+  (``locks/SHA.lock``): a process downloads it holding ``flock(LOCK_EX)``, and holds ``LOCK_SH`` while it
+  keeps the file; another process waiting for it then adopts the finished file instead of downloading it
+  again. A process removes a file only when it can take ``LOCK_EX``, i.e. no other process holds it.
+- **Warm.** A file already on disk under its name with the right size is used at once (no re-hash: it
+  was hashed before its rename). ``plan`` first trims the directory to ``limit``: files no process holds,
+  those this pass does not need first, then those needed last.
+
+The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
+``limit / num_workers``). Pickling a cache gives a new, empty one (a worker plans its own batches).
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from shardio.batches import BatchAssembler, ShardMeta
+from shardio.errors import ShardError, ShardIntegrityError
+from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
+from shardio.reader import DatasetSnapshot
+
+__all__ = ["CachedAssembler", "CachedShard", "Downloader", "ShardCache", "cache_for", "default_cache_dir",
+           "default_cache_limit", "parse_size"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+
+# A reader stuck this long on bytes held only by maps (batches the program keeps alive) raises instead of
+# hanging a DDP job: the limit cannot hold what the program keeps mapped.
+STUCK_TIMEOUT_S = 120.0
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string such as ``"50GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5TB"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"cache_limit must be bytes (an int) or a size such as '50GB', got {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ValueError(f"cache_limit {value!r} is not a size: use an int of bytes or a string such as "
+                             "'50GB', '512MiB'")
+        size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    if size <= 0:
+        raise ValueError(f"cache_limit must be positive, got {value!r}")
+    return size
+
+
+def default_cache_dir() -> str:
+    """``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``."""
+    return os.environ.get("SHARDIO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shardio")
+
+
+def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
+    """The smaller of the dataset's size (files listed by the manifest) and half the free space of the
+    disk holding ``cache_dir``."""
+    probe = os.path.abspath(cache_dir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
+
+
+class Downloader(Protocol):
+    """What the cache needs from a store: ``Storage.download`` (whole object into a local file, retried
+    on transient errors; ``FileNotFoundError`` for a missing object)."""
+
+    def download(self, path: str, local_path: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class CachedShard:
+    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by the shard's sha256."""
+
+    key: str  # the .npy's sha256
+    npy_url: str
+    meta_url: str
+    npy_bytes: int
+    meta_bytes: int
+    meta_sha256: str
+    samples: int
+
+    @property
+    def size(self) -> int:
+        return self.npy_bytes + self.meta_bytes
+
+    @classmethod
+    def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
+        return cls(entry.sha256, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
+                   entry.meta_bytes, entry.meta_sha256, entry.samples)
+
+
+_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
+
+
+class ShardCache:
+    """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
+    ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``
+    and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads."""
+
+    def __init__(self, units: Sequence[CachedShard], store: Downloader | None, cache_dir: str, limit: int, *,
+                 shape: tuple[int, int, int], threads: int = 4, attempts: int = 3) -> None:
+        self.units, self.store, self.cache_dir, self.limit = list(units), store, cache_dir, int(limit)
+        self.shape, self.threads, self.attempts = shape, threads, attempts
+        self.full_limit = self.limit
+        self._check_limit()
+        self.on_wait: Callable[[], None] | None = None  # called while the reader waits (drop idle maps)
+        self._setup()
+
+    def _check_limit(self) -> None:
+        largest = sorted((u.size for u in self.units), reverse=True)[:2]
+        if sum(largest) > self.limit:
+            raise ValueError(f"cache_limit {self.limit} bytes cannot hold the two largest shards ({sum(largest)} "
+                             f"bytes: the one in use and the next; shards of {self.units[0].npy_url}'s "
+                             "dataset); raise cache_limit")
+
+    def _setup(self) -> None:
+        os.makedirs(os.path.join(self.cache_dir, "locks"), exist_ok=True)
+        self._cond = threading.Condition(threading.RLock())
+        self._state = {u.key: _ABSENT for u in self.units}
+        self._errors: dict[str, str] = {}
+        self._locks: dict[str, int] = {}  # key -> fd holding LOCK_SH while held
+        self._maps: dict[str, int] = {}  # live memory maps per key
+        self._demanded: list[str] = []  # wanted by the reader now (first in line)
+        self._starts: list[int] = [0]  # sequence index where each batch starts (and the end)
+        self._batch = 0
+        self._released: deque[str] = deque()  # maps gone (finalizers only append: any thread, any time)
+        self._used = 0
+        self._sequence: list[str] = []
+        self._uses: dict[str, list[int]] = {}
+        self._position = 0
+        self._scan = 0
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self.dooms = 0  # how many times a mapped file was marked for eviction (readers drop their maps)
+        self.stats = {"downloads": 0, "bytes_downloaded": 0, "adopted": 0, "hits": 0, "misses": 0,
+                      "evictions": 0, "retries": 0, "peak_bytes": 0, "held_bytes": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("units", "store", "cache_dir", "limit", "full_limit", "shape", "threads", "attempts")
+        return {name: self.__dict__[name] for name in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.on_wait = None
+        self._setup()
+
+    # --- the plan ---------------------------------------------------------------------------------
+
+    def plan(self, batches: Sequence[Sequence[int]]) -> None:
+        """This pass's access sequence: for each batch, the shard index of each of its pieces, in the
+        order they are read (``advance(b)`` says the reader starts batch ``b``). Refuses (``ShardError``)
+        a limit that cannot hold a batch's shards plus the one the previous batch maps (a batch of one
+        slice is a view of its shard, alive while the program holds it)."""
+        previous: set[str] = set()
+        for shards in batches:
+            keys = {self.units[s].key for s in shards}
+            need = sum(self._unit(k).size for k in keys | previous)
+            if need > self.limit:
+                raise ShardError(
+                    f"{self.units[shards[0]].npy_url}: a batch of this pass needs {len(keys | previous)} shards "
+                    f"({need} bytes) on disk at once, over cache_limit {self.limit}; raise cache_limit or lower "
+                    "shuffle_window")
+            previous = keys if len(shards) == 1 else set()
+        with self._cond:
+            sequence: list[str] = []
+            starts = []
+            for shards in batches:
+                starts.append(len(sequence))
+                for shard in shards:
+                    key = self.units[shard].key
+                    if not sequence or sequence[-1] != key:
+                        sequence.append(key)
+            self._sequence, self._starts = sequence, starts + [len(sequence)]
+            self._uses = {}
+            for i, key in enumerate(sequence):
+                self._uses.setdefault(key, []).append(i)
+            self._batch = 0
+            self._position = self._scan = 0
+            self._trim()
+            self._cond.notify_all()
+        self._start_threads()
+
+    def advance(self, batch: int) -> None:
+        """The reader starts batch ``batch`` of the plan."""
+        with self._cond:
+            self._batch = batch
+            self._position = self._starts[batch]
+            self._scan = max(self._scan, self._position)
+            self._cond.notify_all()
+        self._start_threads()
+
+    def share(self, parts: int) -> None:
+        """Keep ``limit / parts`` (a DataLoader worker: the workers of a rank share its limit)."""
+        self.limit = self.full_limit // max(1, parts)
+        self._check_limit()
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.cache_dir, f"{key}.npy")
+
+    def meta_path(self, unit: CachedShard) -> str:
+        return os.path.join(self.cache_dir, f"{unit.key}.{unit.meta_sha256[:16]}.jsonl")
+
+    def pixels(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s N×H×W×3 pixels: a copy-on-write map of the cached file (waits for it)."""
+        unit = self.units[shard]
+        height, width = self.shape[:2]
+        with self._cond:  # held from the check to the map: no eviction in between
+            self._acquire(unit)
+            if unit.samples == 0:
+                return np.empty((0, height, width, 3), np.uint8)
+            mapped = np.memmap(self.path(unit.key), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
+                               shape=(unit.samples, height, width, 3))
+            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
+            weakref.finalize(mapped._mmap, self._released.append, unit.key)
+        return mapped
+
+    def meta_bytes(self, shard: int) -> bytes:
+        """Shard ``shard``'s ``.jsonl`` bytes (waits for it)."""
+        unit = self.units[shard]
+        with self._cond:  # an open file stays readable even if evicted once the lock is released
+            self._acquire(unit)
+            f = open(self.meta_path(unit), "rb")
+        with f:
+            return f.read()
+
+    def _acquire(self, unit: CachedShard) -> None:
+        waited, stuck_since = False, None
+        with self._cond:
+            while True:
+                self._collect()
+                state = self._state[unit.key]
+                if state == _DOOMED:  # needed again before its maps went: keep it
+                    self._state[unit.key] = state = _HELD
+                if state == _HELD:
+                    self.stats["misses" if waited else "hits"] += 1
+                    return
+                if state == _FAILED:
+                    raise ShardError(self._errors[unit.key])
+                if state == _ABSENT and unit.key not in self._demanded:
+                    self._demanded.append(unit.key)  # first in line (also one read outside the plan)
+                waited = True
+                self._start_threads()
+                stuck = not any(s == _LOADING for s in self._state.values())
+                if stuck and self.on_wait is not None:
+                    self.on_wait()
+                    self._collect()
+                stuck_since = (stuck_since or time.monotonic()) if stuck else None
+                if stuck_since is not None and time.monotonic() - stuck_since > STUCK_TIMEOUT_S:
+                    raise ShardError(
+                        f"{unit.npy_url}: waited {STUCK_TIMEOUT_S:.0f} s for room in the cache ({self.cache_dir}, "
+                        f"cache_limit {self.limit}): {self._used} bytes are held by shards still memory-mapped "
+                        "by batches the program keeps; raise cache_limit or release old batches")
+                self._cond.notify_all()
+                self._cond.wait(0.05)
+
+    # --- planning (under the lock) ----------------------------------------------------------------
+
+    def doomed(self) -> set[str]:
+        """Keys of files waiting for their maps to go before they are removed."""
+        with self._cond:
+            return {k for k, s in self._state.items() if s == _DOOMED}
+
+    def _unit(self, key: str) -> CachedShard:
+        return self._by_key[key]
+
+    @property
+    def _by_key(self) -> dict[str, CachedShard]:
+        by_key = self.__dict__.get("_by_key_cache")
+        if by_key is None:
+            by_key = self.__dict__["_by_key_cache"] = {u.key: u for u in self.units}
+        return by_key
+
+    def _next_use(self, key: str) -> float:
+        uses = self._uses.get(key, ())
+        i = bisect.bisect_left(uses, self._position)
+        return uses[i] if i < len(uses) else float("inf")
+
+    def _collect(self) -> None:
+        """Account for maps that went away; remove doomed files nothing maps any more."""
+        while self._released:
+            key = self._released.popleft()
+            self._maps[key] -= 1
+        for key, state in list(self._state.items()):
+            if state == _DOOMED and not self._maps.get(key):
+                self._drop(key)
+
+    def _next_job(self) -> CachedShard | None:
+        """The next shard to download, with room reserved for it, or None (nothing to do yet)."""
+        self._collect()
+        if self._stop.is_set():
+            return None
+        self._demanded = [k for k in self._demanded if self._state[k] == _ABSENT]
+        if self._demanded:
+            return self._reserve(self._demanded[0], float(self._position))
+        while self._scan < len(self._sequence):
+            key = self._sequence[self._scan]
+            if self._state[key] == _ABSENT:
+                return self._reserve(key, float(self._scan))
+            if self._state[key] == _DOOMED:
+                self._state[key] = _HELD  # needed again: keep it
+            self._scan += 1
+        return None
+
+    def _reserve(self, key: str, needed_at: float) -> CachedShard | None:
+        unit = self._unit(key)
+        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
+        current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
+        for_current = needed_at < batch_end
+        # Doomed files free their bytes when their maps go: doom no more than the room still missing.
+        freeing = sum(self._unit(k).size for k, state in self._state.items() if state == _DOOMED)
+        while self.limit - self._used + freeing < unit.size:
+            victims = []
+            for k, state in self._state.items():
+                if state != _HELD:
+                    continue
+                if k in current:
+                    if for_current:
+                        continue
+                    uses = self._uses.get(k, ())
+                    i = bisect.bisect_left(uses, batch_end)
+                    use: float = uses[i] if i < len(uses) else float("inf")
+                else:
+                    use = self._next_use(k)
+                if use > needed_at:
+                    victims.append((use, k not in current, not self._maps.get(k), k))
+            if not victims:
+                return None
+            _, free_now, _, victim = max(victims)
+            if not free_now:
+                return None  # the farthest is the shard in use: wait for the batch to end, then evict it
+            self.stats["evictions"] += 1
+            if self._maps.get(victim):
+                self.dooms += 1
+                self._state[victim] = _DOOMED  # removed when its last map goes; counted until then
+                freeing += self._unit(victim).size
+            else:
+                self._drop(victim)
+        if self.limit - self._used < unit.size:
+            return None  # waiting for doomed files' maps to go
+        self._state[key] = _LOADING
+        self._add_used(unit.size)
+        return unit
+
+    def _add_used(self, delta: int) -> None:
+        self._used += delta
+        self.stats["held_bytes"] = self._used
+        self.stats["peak_bytes"] = max(self.stats["peak_bytes"], self._used)
+
+    def _drop(self, key: str) -> None:
+        """Give up a held file: removed unless another process holds it too."""
+        unit = self._unit(key)
+        fd = self._locks.pop(key, None)
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another process holds it
+                _remove(self.path(key))
+                _remove(self.meta_path(unit))
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+        self._state[key] = _ABSENT
+        self._add_used(-unit.size)
+        if self._scan > self._position and key in self._uses:
+            self._scan = self._position  # it may be needed again in this pass
+
+    def _trim(self) -> None:
+        """Bring the directory under the limit: remove files no process holds, first those this pass does
+        not need, then those it needs last."""
+        sizes: dict[str, int] = {}
+        for name in os.listdir(self.cache_dir):
+            key = name.split(".", 1)[0]
+            if name.endswith((".npy", ".jsonl")) and not name.startswith("."):
+                try:
+                    sizes[key] = sizes.get(key, 0) + os.stat(os.path.join(self.cache_dir, name)).st_size
+                except FileNotFoundError:
+                    pass
+        total = sum(sizes.values())
+        unheld = [k for k in sizes if self._state.get(k) in (None, _ABSENT, _FAILED)]
+        unheld.sort(key=lambda k: -self._next_use(k))  # not needed (inf) first, then needed last
+        for key in unheld:
+            if total <= self.limit:
+                break
+            if self._remove_unheld(key):
+                total -= sizes[key]
+
+    def _remove_unheld(self, key: str) -> bool:
+        fd = os.open(os.path.join(self.cache_dir, "locks", f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            for name in os.listdir(self.cache_dir):
+                if name.split(".", 1)[0] == key:
+                    _remove(os.path.join(self.cache_dir, name))
+        finally:
+            os.close(fd)
+        return True
+
+    # --- download threads -------------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        self._workers = [t for t in self._workers if t.is_alive()]
+        while len(self._workers) < self.threads and not self._stop.is_set():
+            thread = threading.Thread(target=self._work, name="shardio-cache", daemon=True)
+            self._workers.append(thread)
+            thread.start()
+
+    def _work(self) -> None:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            with self._cond:
+                unit = self._next_job()
+                if unit is None:
+                    if time.monotonic() - idle_since > 30:
+                        return  # restarted by the next plan or wait
+                    self._cond.wait(0.05)
+                    continue
+            idle_since = time.monotonic()
+            fd, error = None, None
+            try:
+                fd = self._fetch(unit)
+            except Exception as e:  # noqa: BLE001 - recorded, raised in the reader that needs the shard
+                error = e
+            with self._cond:
+                if fd is not None:
+                    self._locks[unit.key] = fd
+                    self._state[unit.key] = _HELD
+                else:
+                    self._state[unit.key] = _FAILED
+                    self._errors[unit.key] = str(error) if isinstance(error, ShardError) else \
+                        f"{unit.npy_url}: download failed: {type(error).__name__}: {error}"
+                    self._add_used(-unit.size)
+                self._cond.notify_all()
+
+    def _fetch(self, unit: CachedShard) -> int:
+        """Make the unit's files present and whole; return an fd holding its ``LOCK_SH``."""
+        fd = os.open(os.path.join(self.cache_dir, "locks", f"{unit.key}.lock"),
+                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            while True:
+                if self._stop.is_set():
+                    raise ShardError(f"{unit.npy_url}: the cache was closed")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    # Another process downloads it (EX) or holds it (SH): adopt it once it is whole.
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        time.sleep(0.05)
+                        continue
+                    if self._present(unit):
+                        self._count_adopted()
+                        return fd
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    time.sleep(0.05)
+                    continue
+                if not self._present(unit):
+                    self._download(unit)
+                else:
+                    self._count_adopted()
+                fcntl.flock(fd, fcntl.LOCK_SH)  # others may adopt it now; none may remove it
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _store(self) -> Downloader:
+        if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
+            from shardio import storage
+
+            return storage.for_path(self.units[0].npy_url)
+        return self.store
+
+    def _count_adopted(self) -> None:
+        with self._cond:
+            self.stats["adopted"] += 1
+
+    def _present(self, unit: CachedShard) -> bool:
+        return _size(self.path(unit.key)) == unit.npy_bytes and _size(self.meta_path(unit)) == unit.meta_bytes
+
+    def _download(self, unit: CachedShard) -> None:
+        """Both files, under temp names, checked, then renamed; holding the unit's ``LOCK_EX``."""
+        for name in os.listdir(self.cache_dir):  # a killed download's leftovers (only we write them now)
+            if name.startswith(f".tmp-{unit.key}"):
+                _remove(os.path.join(self.cache_dir, name))
+        last: Exception | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                with self._cond:
+                    self.stats["retries"] += 1
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+            temps = []
+            try:
+                for url, final, size, sha in (
+                        (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.key),
+                        (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_sha256)):
+                    temp = os.path.join(self.cache_dir, f".tmp-{unit.key}.{secrets.token_hex(4)}")
+                    temps.append((temp, final))
+                    try:
+                        self._store().download(url, temp)
+                    except FileNotFoundError as e:
+                        raise ShardError(f"{url}: listed in the manifest but missing from the store; "
+                                         "HINT: run `preprocess verify DIR --repair`") from e
+                    self._check(url, temp, size, sha)
+                    with self._cond:
+                        self.stats["bytes_downloaded"] += size
+                for temp, final in temps:
+                    os.replace(temp, final)
+                with self._cond:
+                    self.stats["downloads"] += 1
+                return
+            except ShardError as e:
+                last = e
+                if "missing from the store" in str(e):
+                    raise
+            except Exception as e:  # noqa: BLE001 - a network or disk error: retried, then reported
+                last = ShardError(f"{unit.npy_url}: download failed: {type(e).__name__}: {e}")
+                last.__cause__ = e
+                if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise last from e
+            finally:
+                for temp, _ in temps:
+                    _remove(temp)
+        assert last is not None
+        raise ShardError(f"{last} (after {self.attempts} attempts)") from last
+
+    def _check(self, url: str, path: str, size: int, sha256: str) -> None:
+        actual = _size(path)
+        if actual != size:
+            raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
+        if url.endswith(".npy"):
+            with open(path, "rb") as f:
+                n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
+            if (h, w) != self.shape[:2]:
+                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the dataset's images are "
+                                          f"{self.shape[:2]}")
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != sha256:
+            raise ShardIntegrityError(f"{url}: sha256 differs from the manifest (corrupt object in the store, "
+                                      "or changed after the commit); HINT: run `preprocess verify DIR --repair`")
+
+    def close(self) -> None:
+        """Stop the download threads and release this process's hold on its files (they stay on disk
+        for the next reader: a warm cache)."""
+        self._stop.set()
+        for thread in self._workers:
+            thread.join(timeout=60)
+        with self._cond:
+            for fd in self._locks.values():
+                os.close(fd)
+            self._locks.clear()
+
+    def __del__(self) -> None:
+        stop = self.__dict__.get("_stop")
+        if stop is not None:
+            stop.set()
+
+
+class CachedAssembler(BatchAssembler):
+    """A ``BatchAssembler`` whose kept memory maps give way to the cache: before each shard (and while
+    the reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
+    removed as soon as no batch uses it (its bytes count against the limit until then)."""
+
+    def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
+                 fields: tuple[str, ...] = ("cls", "txt", "json")) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields)
+        self.shard_cache = cache
+        self._seen_dooms = 0
+        cache.on_wait = self.release_doomed
+
+    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+        if self.shard_cache.dooms != self._seen_dooms:
+            self.release_doomed()
+        return super().shard(shard)
+
+    def release_doomed(self) -> None:
+        self._seen_dooms = self.shard_cache.dooms
+        doomed = self.shard_cache.doomed()
+        for shard in [s for s in self.cache if self.snapshot.shards[s].sha256 in doomed]:
+            del self.cache[shard]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.shard_cache.on_wait = self.release_doomed  # a worker's own cache (pickled afresh)
+
+
+def cache_for(snapshot: DatasetSnapshot, cache_dir: str | None, cache_limit: int | str | None,
+              store: Downloader | None = None) -> ShardCache:
+    """The cache of a remote snapshot, defaults resolved (``default_cache_dir``, ``default_cache_limit``)."""
+    from shardio import storage
+
+    cache_dir = cache_dir or default_cache_dir()
+    join = storage.for_path(snapshot.directory).join
+    units = [CachedShard.of(snapshot.directory, entry, join) for entry in snapshot.shards]
+    if cache_limit is None:
+        limit = default_cache_limit(sum(u.size for u in units), cache_dir)
+    else:
+        limit = parse_size(cache_limit)
+    return ShardCache(units, store, cache_dir, limit, shape=snapshot.shape)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
