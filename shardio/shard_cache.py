@@ -156,6 +156,8 @@ class ShardCache:
         os.makedirs(os.path.join(self.cache_dir, "locks"), exist_ok=True)
         self._cond = threading.Condition(threading.RLock())
         self._state = {u.key: _ABSENT for u in self.units}
+        self._in: dict[str, set[str]] = {state: set() for state in (_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED)}
+        self._in[_ABSENT].update(self._state)  # the keys in each state (planning touches only these)
         self._errors: dict[str, str] = {}
         self._locks: dict[str, int] = {}  # key -> fd holding LOCK_SH while held
         self._maps: dict[str, int] = {}  # live memory maps per key
@@ -252,7 +254,7 @@ class ShardCache:
             mapped = np.memmap(self.path(unit.key), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
                                shape=(unit.samples, height, width, 3))
             self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
-            weakref.finalize(mapped._mmap, self._released.append, unit.key)
+            weakref.finalize(mapped._mmap, self._released.append, unit.key).atexit = False
         return mapped
 
     def meta_bytes(self, shard: int) -> bytes:
@@ -271,7 +273,8 @@ class ShardCache:
                 self._collect()
                 state = self._state[unit.key]
                 if state == _DOOMED:  # needed again before its maps went: keep it
-                    self._state[unit.key] = state = _HELD
+                    self._set(unit.key, _HELD)
+                    state = _HELD
                 if state == _HELD:
                     self.stats["misses" if waited else "hits"] += 1
                     return
@@ -281,7 +284,7 @@ class ShardCache:
                     self._demanded.append(unit.key)  # first in line (also one read outside the plan)
                 waited = True
                 self._start_threads()
-                stuck = not any(s == _LOADING for s in self._state.values())
+                stuck = not self._in[_LOADING]
                 if stuck and self.on_wait is not None:
                     self.on_wait()
                     self._collect()
@@ -299,7 +302,12 @@ class ShardCache:
     def doomed(self) -> set[str]:
         """Keys of files waiting for their maps to go before they are removed."""
         with self._cond:
-            return {k for k, s in self._state.items() if s == _DOOMED}
+            return set(self._in[_DOOMED])
+
+    def _set(self, key: str, state: str) -> None:
+        self._in[self._state[key]].discard(key)
+        self._state[key] = state
+        self._in[state].add(key)
 
     def _unit(self, key: str) -> CachedShard:
         return self._by_key[key]
@@ -321,9 +329,8 @@ class ShardCache:
         while self._released:
             key = self._released.popleft()
             self._maps[key] -= 1
-        for key, state in list(self._state.items()):
-            if state == _DOOMED and not self._maps.get(key):
-                self._drop(key)
+        for key in [k for k in self._in[_DOOMED] if not self._maps.get(k)]:
+            self._drop(key)
 
     def _next_job(self) -> CachedShard | None:
         """The next shard to download, with room reserved for it, or None (nothing to do yet)."""
@@ -338,7 +345,7 @@ class ShardCache:
             if self._state[key] == _ABSENT:
                 return self._reserve(key, float(self._scan))
             if self._state[key] == _DOOMED:
-                self._state[key] = _HELD  # needed again: keep it
+                self._set(key, _HELD)  # needed again: keep it
             self._scan += 1
         return None
 
@@ -348,12 +355,10 @@ class ShardCache:
         current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
         for_current = needed_at < batch_end
         # Doomed files free their bytes when their maps go: doom no more than the room still missing.
-        freeing = sum(self._unit(k).size for k, state in self._state.items() if state == _DOOMED)
+        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
         while self.limit - self._used + freeing < unit.size:
             victims = []
-            for k, state in self._state.items():
-                if state != _HELD:
-                    continue
+            for k in self._in[_HELD]:
                 if k in current:
                     if for_current:
                         continue
@@ -372,13 +377,13 @@ class ShardCache:
             self.stats["evictions"] += 1
             if self._maps.get(victim):
                 self.dooms += 1
-                self._state[victim] = _DOOMED  # removed when its last map goes; counted until then
+                self._set(victim, _DOOMED)  # removed when its last map goes; counted until then
                 freeing += self._unit(victim).size
             else:
                 self._drop(victim)
         if self.limit - self._used < unit.size:
             return None  # waiting for doomed files' maps to go
-        self._state[key] = _LOADING
+        self._set(key, _LOADING)
         self._add_used(unit.size)
         return unit
 
@@ -400,7 +405,7 @@ class ShardCache:
                 pass
             finally:
                 os.close(fd)
-        self._state[key] = _ABSENT
+        self._set(key, _ABSENT)
         self._add_used(-unit.size)
         if self._scan > self._position and key in self._uses:
             self._scan = self._position  # it may be needed again in this pass
@@ -457,7 +462,7 @@ class ShardCache:
                 if unit is None:
                     if time.monotonic() - idle_since > 30:
                         return  # restarted by the next plan or wait
-                    self._cond.wait(0.05)
+                    self._cond.wait(0.2)  # woken by plan, advance, a reader waiting, a download done
                     continue
             idle_since = time.monotonic()
             fd, error = None, None
@@ -468,9 +473,9 @@ class ShardCache:
             with self._cond:
                 if fd is not None:
                     self._locks[unit.key] = fd
-                    self._state[unit.key] = _HELD
+                    self._set(unit.key, _HELD)
                 else:
-                    self._state[unit.key] = _FAILED
+                    self._set(unit.key, _FAILED)
                     self._errors[unit.key] = str(error) if isinstance(error, ShardError) else \
                         f"{unit.npy_url}: download failed: {type(error).__name__}: {error}"
                     self._add_used(-unit.size)
