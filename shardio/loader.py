@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from torch.utils.data import DataLoader
 
+from shardio import storage
 from shardio.dataset import EpochPass, ShardDataset
 from shardio.prefetch import Prefetcher, prefetched
 from shardio.resume import EpochCursor
@@ -60,6 +61,9 @@ class ShardLoader(DataLoader):
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
         kwargs.setdefault("collate_fn", _no_collate)
+        if num_workers and storage.is_remote(dataset.path):
+            # The S3 client (obstore's tokio runtime) does not survive fork(): workers start fresh.
+            kwargs.setdefault("multiprocessing_context", "spawn")
         super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
 
     @property

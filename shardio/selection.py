@@ -158,6 +158,12 @@ class SubsetSnapshot(DatasetSnapshot):
             self._maps.move_to_end(shard)
         return hit
 
+    def forget(self, sha256s: set[str]) -> None:
+        """Drop the kept maps of the parent's shards with these checksums (a shard cache evicting them:
+        ``shardio.shard_cache.CachedAssembler``)."""
+        for shard in [s for s in self._maps if self.parent.shards[s].sha256 in sha256s]:
+            del self._maps[shard]
+
     def pixels(self, shard_index: int) -> np.ndarray:
         shard, start, stop = (int(v) for v in self.segments[shard_index])
         return self._parent(shard, with_meta=False)[0][start:stop]

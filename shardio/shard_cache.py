@@ -50,11 +50,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from shardio.batches import BatchAssembler, ShardMeta
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
 from shardio.reader import DatasetSnapshot
+from shardio.selection import SubsetSnapshot
 
 __all__ = ["CachedAssembler", "CachedShard", "Downloader", "ShardCache", "cache_for", "default_cache_dir",
            "default_cache_limit", "parse_size"]
@@ -130,6 +132,17 @@ class CachedShard:
 
 _ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
 
+# Every cache of this process, so that a forked child resets them (``ShardCache._after_fork``).
+_LIVE: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for cache in list(_LIVE):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
 
 class ShardCache:
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
@@ -172,9 +185,22 @@ class ShardCache:
         self._scan = 0
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
+        self._forked = False
+        _LIVE.add(self)
         self.dooms = 0  # how many times a mapped file was marked for eviction (readers drop their maps)
         self.stats = {"downloads": 0, "bytes_downloaded": 0, "adopted": 0, "hits": 0, "misses": 0,
                       "evictions": 0, "retries": 0, "peak_bytes": 0, "held_bytes": 0}
+
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): start afresh. The parent's threads are not here, its
+        lock may have been held at the fork, and its flocks belong to the parent's open files."""
+        for fd in self._locks.values():
+            try:
+                os.close(fd)  # our copy only: the parent's hold stays
+            except OSError:
+                pass
+        self._setup()
+        self._forked = True
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("units", "store", "cache_dir", "limit", "full_limit", "shape", "threads", "attempts")
@@ -190,18 +216,22 @@ class ShardCache:
     def plan(self, batches: Sequence[Sequence[int]]) -> None:
         """This pass's access sequence: for each batch, the shard index of each of its pieces, in the
         order they are read (``advance(b)`` says the reader starts batch ``b``). Refuses (``ShardError``)
-        a limit that cannot hold a batch's shards plus the one the previous batch maps (a batch of one
-        slice is a view of its shard, alive while the program holds it)."""
-        previous: set[str] = set()
+        a limit that cannot hold the shards of one batch (all mapped while it is assembled)."""
+        if self._forked and self.store is None:
+            raise ShardError(
+                f"{self.units[0].npy_url}: an object-storage dataset cannot be read in a process started by "
+                "fork() (a DataLoader worker's default on Linux): the S3 client's runtime (obstore, tokio) does "
+                "not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
+                "shardio.ShardLoader (its workers are spawned), or DataLoader(..., "
+                "multiprocessing_context='spawn')")
         for shards in batches:
             keys = {self.units[s].key for s in shards}
-            need = sum(self._unit(k).size for k in keys | previous)
+            need = sum(self._unit(k).size for k in keys)
             if need > self.limit:
                 raise ShardError(
-                    f"{self.units[shards[0]].npy_url}: a batch of this pass needs {len(keys | previous)} shards "
-                    f"({need} bytes) on disk at once, over cache_limit {self.limit}; raise cache_limit or lower "
+                    f"{self.units[shards[0]].npy_url}: a batch of this pass needs {len(keys)} shards ({need} "
+                    f"bytes) on disk at once, over cache_limit {self.limit}; raise cache_limit or lower "
                     "shuffle_window")
-            previous = keys if len(shards) == 1 else set()
         with self._cond:
             sequence: list[str] = []
             starts = []
@@ -209,7 +239,7 @@ class ShardCache:
                 starts.append(len(sequence))
                 for shard in shards:
                     key = self.units[shard].key
-                    if not sequence or sequence[-1] != key:
+                    if len(sequence) == starts[-1] or sequence[-1] != key:  # a batch starts with its own
                         sequence.append(key)
             self._sequence, self._starts = sequence, starts + [len(sequence)]
             self._uses = {}
@@ -610,9 +640,13 @@ class ShardCache:
 
 
 class CachedAssembler(BatchAssembler):
-    """A ``BatchAssembler`` whose kept memory maps give way to the cache: before each shard (and while
-    the reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
-    removed as soon as no batch uses it (its bytes count against the limit until then)."""
+    """A ``BatchAssembler`` whose memory maps give way to the cache: before each shard (and while the
+    reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
+    removed as soon as no batch is being assembled from it (its bytes count against the limit until
+    then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
+    view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
+    ``list(ds)`` would hold every shard), and the limit could not be kept. The pinned (CUDA) and
+    worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
                  fields: tuple[str, ...] = ("cls", "txt", "json")) -> None:
@@ -626,11 +660,22 @@ class CachedAssembler(BatchAssembler):
             self.release_doomed()
         return super().shard(shard)
 
+    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool) -> dict[str, Any]:
+        batch = super().assemble(pieces, shared, pinned)
+        if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
+            view = batch["image"]
+            image = torch.from_numpy(self.buffers.take(tuple(view.shape)))
+            image.copy_(view)
+            batch["image"] = image
+        return batch
+
     def release_doomed(self) -> None:
         self._seen_dooms = self.shard_cache.dooms
         doomed = self.shard_cache.doomed()
         for shard in [s for s in self.cache if self.snapshot.shards[s].sha256 in doomed]:
             del self.cache[shard]
+        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
+            self.snapshot.forget(doomed)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

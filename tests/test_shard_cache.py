@@ -338,7 +338,7 @@ def test_a_batch_wider_than_the_limit_is_refused(dataset, tmp_path):
     cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), 2 * max(u.size for u in units),
                        shape=shape)
     try:
-        with pytest.raises(ShardError, match="needs 4 shards"):
+        with pytest.raises(ShardError, match="needs 3 shards"):
             cache.plan([[0], [1, 2, 3]])
     finally:
         cache.close()

@@ -1,0 +1,166 @@
+"""``ShardDataset("s3://...")`` end to end against the session's SeaweedFS server: the dataset is written
+locally with the test writer, uploaded with boto3, and read back through the shard cache.
+
+Checked: the same batches, byte for byte, as the local copy (several epochs, two ranks, shuffled, with a
+limit that forces evictions, and with DataLoader workers sharing one cache directory); the cache never
+holds more than its limit; a warm cache downloads nothing; a corrupt object and a missing one are clear
+errors naming the URL; cache arguments on a local path and a limit below two shards are refused.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from shardio.dataset import ShardDataset
+from shardio.errors import ShardError, ShardIntegrityError
+from shardio.format import load_manifest
+from shardio.loader import ShardLoader
+from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset
+
+
+def upload(s3_server, bucket: str, directory: str, prefix: str = "ds") -> str:
+    client = s3_server.client()
+    for base, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(base, name)
+            key = f"{prefix}/{os.path.relpath(path, directory)}"
+            client.upload_file(path, bucket, key)
+    return f"s3://{bucket}/{prefix}"
+
+
+@pytest.fixture
+def local(tmp_path) -> str:
+    directory = str(tmp_path / "local")
+    make_dataset(directory, inputs=(40, 45, 32), samples_per_shard=8, height=16, width=16)
+    return directory
+
+
+@pytest.fixture
+def remote(s3_server, s3_bucket, local) -> str:
+    return upload(s3_server, s3_bucket, local)
+
+
+def shard_bytes(directory: str) -> list[int]:
+    return [e.bytes + e.meta_bytes for e in load_manifest(directory).shards]
+
+
+def same_batch(a: dict, b: dict) -> None:
+    assert torch.equal(a["image"], b["image"])
+    assert a["__key__"] == b["__key__"] and a["txt"] == b["txt"] and torch.equal(a["cls"], b["cls"])
+
+
+SETTINGS = dict(shuffle=True, seed=3, shuffle_window=3, shuffle_block=4, drop_last=False)
+
+
+def test_batches_from_the_bucket_equal_the_local_ones(local, remote, tmp_path):
+    limit = 5 * max(shard_bytes(local))  # 5 of 15 shards: evictions every epoch
+    for rank in range(2):
+        here = ShardDataset(local, 8, rank=rank, world_size=2, **SETTINGS)
+        there = ShardDataset(remote, 8, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"),
+                             cache_limit=limit, **SETTINGS)
+        for epoch in range(3):
+            here.set_epoch(epoch)
+            there.set_epoch(epoch)
+            expected, got = list(here), list(there)
+            assert len(got) == len(expected) == len(there)
+            for a, b in zip(expected, got):
+                same_batch(a, b)
+                indices(b)  # labels, keys and pixels agree
+        stats = there.cache_stats()
+        assert stats is not None and 0 < stats["peak_bytes"] <= limit
+        assert stats["evictions"] > 0 and stats["downloads"] + stats["adopted"] > len(shard_bytes(local))
+
+
+def test_every_sample_once_per_epoch_over_ranks(local, remote, tmp_path):
+    seen = []
+    for rank in range(2):
+        ds = ShardDataset(remote, 10, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"),
+                          cache_limit="1MiB", **SETTINGS)
+        seen += [indices(b) for b in ds]
+    assert_exactly_once(np.concatenate(seen), 117)
+
+
+def test_a_warm_cache_downloads_nothing_and_reads_the_same(local, remote, tmp_path):
+    cache = str(tmp_path / "cache")
+    first = ShardDataset(remote, 16, cache_dir=cache, cache_limit="10MB")
+    cold = list(first)
+    assert first.cache_stats()["downloads"] == 15
+    second = ShardDataset(remote, 16, cache_dir=cache, cache_limit="10MB")
+    warm = list(second)
+    stats = second.cache_stats()
+    assert stats["downloads"] == 0 and stats["adopted"] == 15 and stats["bytes_downloaded"] == 0
+    for a, b in zip(cold, warm):
+        same_batch(a, b)
+
+
+def test_dataloader_workers_share_one_cache_dir(local, remote, tmp_path):
+    # ShardLoader spawns its workers for a URL (the S3 client does not survive fork); each plans its own
+    # batches with half the limit, and they share the directory's files.
+    cache = str(tmp_path / "cache")
+    ds = ShardDataset(remote, 8, cache_dir=cache, cache_limit="1MiB", **SETTINGS)
+    here = ShardDataset(local, 8, **SETTINGS)
+    loader = ShardLoader(ds, num_workers=2)
+    got = list(loader)
+    expected = list(here)
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        same_batch(a, b)
+    names = os.listdir(cache)
+    assert not [n for n in names if n.startswith(".tmp-")]
+    assert len([n for n in names if n.endswith(".npy")]) <= 15
+
+
+def test_forked_workers_are_refused_with_a_clear_error(remote, tmp_path):
+    ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(ShardError, match="cannot be read in a process started by fork"):
+        list(loader)
+
+
+def test_a_corrupt_object_is_an_error_naming_its_url(s3_server, s3_bucket, local, remote, tmp_path):
+    entry = load_manifest(local).shards[4]
+    data = bytearray(open(os.path.join(local, entry.path), "rb").read())
+    data[-1] ^= 0xFF  # same size, one bit off: only the sha256 can tell
+    s3_server.client().put_object(Bucket=s3_bucket, Key=f"ds/{entry.path}", Body=bytes(data))
+    ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))  # sizes are right: opens
+    with pytest.raises(ShardError, match=f"{remote}/{entry.path}: sha256 differs from the manifest"):
+        list(ds)
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(entry.sha256)]
+
+
+def test_a_missing_object_is_an_error_on_every_rank(s3_server, s3_bucket, local, remote, tmp_path):
+    entry = load_manifest(local).shards[6]
+    s3_server.client().delete_object(Bucket=s3_bucket, Key=f"ds/{entry.meta_path}")
+    for rank in range(2):  # each rank's open lists the shards' folder: every rank refuses, none waits
+        with pytest.raises(ShardIntegrityError, match=f"{remote}/{entry.meta_path}: listed in the manifest but "
+                           "missing"):
+            ShardDataset(remote, 8, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"))
+
+
+def test_an_object_gone_after_open_is_an_error_naming_its_url(s3_server, s3_bucket, local, remote, tmp_path):
+    ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))
+    entry = load_manifest(local).shards[9]
+    s3_server.client().delete_object(Bucket=s3_bucket, Key=f"ds/{entry.path}")
+    with pytest.raises(ShardError, match=f"{remote}/{entry.path}: listed in the manifest but missing"):
+        list(ds)
+
+
+def test_cache_arguments_are_checked(local, remote, tmp_path):
+    with pytest.raises(ValueError, match="cache_dir and cache_limit are for object-storage URLs"):
+        ShardDataset(local, 8, cache_dir=str(tmp_path / "cache"))
+    assert ShardDataset(local, 8).cache_stats() is None
+    with pytest.raises(ValueError, match="cannot hold the two largest shards"):
+        ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"), cache_limit=max(shard_bytes(local)))
+    with pytest.raises(ValueError, match="is not a size"):
+        ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"), cache_limit="big")
+
+
+def test_the_default_cache_dir_comes_from_the_environment(remote, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "env-cache"))
+    ds = ShardDataset(remote, 16)
+    list(ds)
+    assert len([n for n in os.listdir(tmp_path / "env-cache") if n.endswith(".npy")]) == 15
