@@ -37,6 +37,7 @@ from typing import Any, Union
 import lightning.pytorch as pl
 import torch
 
+from shardio import storage
 from shardio.augment import BatchTransform, PositionedBatches, transform_batch
 from shardio.dataset import ShardDataset
 from shardio.loader import ShardLoader, to_device
@@ -90,18 +91,22 @@ class ShardDataModule(pl.LightningDataModule):
     device with ``"image"`` float NCHW: ``train_transform(image, epoch=, positions=)`` when given (e.g.
     ``TrainAugment(224)``), else normalised with ``mean``/``std`` (``shardio.to_device``'s defaults).
     ``num_workers``: DataLoader processes for a ``ShardDataset`` (0, reading in the main process, is
-    usually fastest: a batch is a slice of a memory map).
+    usually fastest: a batch is a slice of a memory map). ``cache_dir`` / ``cache_limit``: the shard
+    cache of a ``train`` / ``val`` given as an object-storage URL (``ShardDataset``'s; not passed for a
+    local directory).
     """
 
     def __init__(self, train: str | TrainDataset, batch_size: int = 256, *,
                  val: str | TrainDataset | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
                  train_transform: BatchTransform | None = None, val_transform: BatchTransform | None = None,
+                 cache_dir: str | None = None, cache_limit: int | str | None = None,
                  **normalise: Any) -> None:
         super().__init__()
         self.train_source, self.val_source = train, val
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.num_workers = num_workers
+        self.cache_dir, self.cache_limit = cache_dir, cache_limit
         self.train_transform, self.val_transform, self.normalise = train_transform, val_transform, normalise
         self.train_dataset: TrainDataset | None = None
         self.val_dataset: TrainDataset | None = None
@@ -119,7 +124,9 @@ class ShardDataModule(pl.LightningDataModule):
     def _open(self, source: str | TrainDataset, *, shuffle: bool, drop_last: bool) -> TrainDataset:
         if not isinstance(source, str):
             return source
-        return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last)
+        cache = {"cache_dir": self.cache_dir, "cache_limit": self.cache_limit} if storage.is_remote(source) else {}
+        return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last,
+                            **cache)
 
     def _pinned(self) -> bool:
         trainer = self.trainer

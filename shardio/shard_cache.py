@@ -52,10 +52,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from shardio.batches import BatchAssembler, ShardMeta
+from shardio.batches import BatchAssembler
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
-from shardio.reader import DatasetSnapshot
+from shardio.reader import DatasetSnapshot, ShardMeta
 from shardio.selection import SubsetSnapshot
 
 __all__ = ["CachedAssembler", "CachedShard", "Downloader", "ShardCache", "cache_for", "default_cache_dir",
@@ -72,9 +72,7 @@ STUCK_TIMEOUT_S = 120.0
 
 def parse_size(value: int | str) -> int:
     """Bytes from an int or a string such as ``"50GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5TB"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"cache_limit must be bytes (an int) or a size such as '50GB', got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         size = value
     else:
         match = _SIZE.match(str(value))
@@ -292,7 +290,7 @@ class ShardCache:
         unit = self.units[shard]
         with self._cond:  # an open file stays readable even if evicted once the lock is released
             self._acquire(unit)
-            f = open(self.meta_path(unit), "rb")
+            f = open(self.meta_path(unit), "rb")  # noqa: SIM115 - read outside the lock
         with f:
             return f.read()
 
@@ -593,7 +591,7 @@ class ShardCache:
                 last = e
                 if "missing from the store" in str(e):
                     raise
-            except Exception as e:  # noqa: BLE001 - a network or disk error: retried, then reported
+            except Exception as e:  # a network or disk error: retried, then reported
                 last = ShardError(f"{unit.npy_url}: download failed: {type(e).__name__}: {e}")
                 last.__cause__ = e
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):

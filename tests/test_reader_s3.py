@@ -53,7 +53,7 @@ def same_batch(a: dict, b: dict) -> None:
     assert a["__key__"] == b["__key__"] and a["txt"] == b["txt"] and torch.equal(a["cls"], b["cls"])
 
 
-SETTINGS = dict(shuffle=True, seed=3, shuffle_window=3, shuffle_block=4, drop_last=False)
+SETTINGS = {"shuffle": True, "seed": 3, "shuffle_window": 3, "shuffle_block": 4, "drop_last": False}
 
 
 def test_batches_from_the_bucket_equal_the_local_ones(local, remote, tmp_path):
@@ -123,7 +123,8 @@ def test_forked_workers_are_refused_with_a_clear_error(remote, tmp_path):
 
 def test_a_corrupt_object_is_an_error_naming_its_url(s3_server, s3_bucket, local, remote, tmp_path):
     entry = load_manifest(local).shards[4]
-    data = bytearray(open(os.path.join(local, entry.path), "rb").read())
+    with open(os.path.join(local, entry.path), "rb") as f:
+        data = bytearray(f.read())
     data[-1] ^= 0xFF  # same size, one bit off: only the sha256 can tell
     s3_server.client().put_object(Bucket=s3_bucket, Key=f"ds/{entry.path}", Body=bytes(data))
     ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))  # sizes are right: opens

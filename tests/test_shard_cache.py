@@ -46,7 +46,7 @@ class FolderStore:
         source = os.path.join(self.root, path[len(BASE) + 1:])
         if any(path.endswith(m) for m in self.missing):
             raise FileNotFoundError(path)
-        data = open(source, "rb").read()
+        data = read_bytes(source)
         if any(path.endswith(c) for c in self.corrupt):
             data = data[:HEADER_BYTES] + bytes(len(data) - HEADER_BYTES)  # right size and header, wrong bytes
         with open(local_path, "wb") as f:
@@ -77,8 +77,16 @@ def dir_bytes(folder: str) -> int:
 
 def units_of(directory: str) -> tuple[list[CachedShard], tuple[int, int, int]]:
     manifest = load_manifest(directory)
-    join = lambda *parts: "/".join(parts)  # noqa: E731
-    return [CachedShard.of(BASE, entry, join) for entry in manifest.shards], manifest.shape
+    return [CachedShard.of(BASE, entry, _join) for entry in manifest.shards], manifest.shape
+
+
+def _join(*parts: str) -> str:
+    return "/".join(parts)
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def local_pixels(directory: str, unit: CachedShard) -> np.ndarray:
@@ -114,7 +122,7 @@ def test_bytes_match_the_local_shards_and_each_shard_downloads_once(dataset, tmp
         for shard, data in zip(sequence, got):
             unit = units[shard]
             expected = local_pixels(dataset, unit).tobytes()
-            expected += open(os.path.join(dataset, unit.meta_url[len(BASE) + 1:]), "rb").read()
+            expected += read_bytes(os.path.join(dataset, unit.meta_url[len(BASE) + 1:]))
             assert data == expected
         assert set(store.calls.values()) == {1} and len(store.calls) == 2 * len(units)
         assert cache.stats["downloads"] == len(units)
@@ -269,7 +277,7 @@ def test_two_processes_sharing_a_cache_dir_download_each_shard_once(dataset, tmp
     for proc in procs:
         proc.join(120)
         assert proc.exitcode == 0
-    results = [json.load(open(out)) for out in outs]
+    results = [json.loads(read_bytes(out)) for out in outs]
     assert all(r["correct"] for r in results)
     assert sum(r["stats"]["downloads"] for r in results) == len(units)
     assert sum(r["stats"]["adopted"] for r in results) == len(units)
