@@ -170,6 +170,11 @@ class ShardDataset(IterableDataset):
         if error is not None:
             raise error
         snapshot = self._select(snapshot)
+        cache = self._cache
+        if cache is not None and isinstance(snapshot, SubsetSnapshot):
+            # A subset keeps maps of the shards its fields read: they give way to the cache (the
+            # assembler's own hook takes over below).
+            cache.on_wait = lambda: snapshot.forget(cache.doomed())
         if self.drop_last and len(snapshot) < self.batch_size * self.world_size:
             raise ValueError(
                 f"{self.path}: {len(snapshot)} samples make no full batch of {self.batch_size} on each of "

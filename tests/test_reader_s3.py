@@ -165,3 +165,24 @@ def test_the_default_cache_dir_comes_from_the_environment(remote, tmp_path, monk
     ds = ShardDataset(remote, 16)
     list(ds)
     assert len([n for n in os.listdir(tmp_path / "env-cache") if n.endswith(".npy")]) == 15
+
+
+def test_a_subset_of_a_remote_dataset_reads_the_same_samples(local, remote, tmp_path):
+    from shardio.subset import SubsetDataset
+
+    here = SubsetDataset(local, 8, inputs=["input-1.tar"], **SETTINGS)
+    there = SubsetDataset(remote, 8, inputs=["input-1.tar"], cache_dir=str(tmp_path / "cache"),
+                          cache_limit=4 * max(shard_bytes(local)), **SETTINGS)
+    for a, b in zip(list(here), list(there), strict=True):
+        same_batch(a, b)
+    assert there.cache_stats()["peak_bytes"] <= 4 * max(shard_bytes(local))
+
+
+def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, remote, tmp_path):
+    from shardio.lightning import ShardDataModule
+
+    module = ShardDataModule(remote, 8, val=local, cache_dir=str(tmp_path / "cache"), cache_limit="1MB")
+    module.setup("fit")
+    assert module.train_dataset.cache_limit == 10**6 and module.train_dataset.cache_dir == str(tmp_path / "cache")
+    assert module.val_dataset.cache_stats() is None  # the local one reads in place
+    assert len(list(module.train_dataset)) == len(module.train_dataset)

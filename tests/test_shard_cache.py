@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pytest
 
+from shardio import shard_cache
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES, load_manifest
 from shardio.shard_cache import CachedShard, ShardCache, parse_size
@@ -189,6 +190,25 @@ def test_a_mapped_shard_is_kept_until_released(dataset, tmp_path):
         assert bytes(np.ascontiguousarray(cache.pixels(2))) == local_pixels(dataset, units[2]).tobytes()
         assert not os.path.exists(cache.path(doomed))
         assert cache.stats["peak_bytes"] <= limit
+    finally:
+        cache.close()
+
+
+def test_a_program_keeping_more_mapped_than_the_limit_gets_an_error_not_a_hang(dataset, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setattr(shard_cache, "STUCK_TIMEOUT_S", 1.0)
+    units, shape = units_of(dataset)
+    cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), sum(sorted(u.size for u in units)[-2:]),
+                       shape=shape)
+    try:
+        cache.plan([[0], [1], [2]])
+        held = [cache.pixels(0)]
+        cache.advance(1)
+        held.append(cache.pixels(1))
+        cache.advance(2)
+        with pytest.raises(ShardError, match="held by shards still memory-mapped"):
+            cache.pixels(2)
+        assert held
     finally:
         cache.close()
 
