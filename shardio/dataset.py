@@ -117,8 +117,8 @@ class ShardDataset(IterableDataset):
     ) -> None:
         super().__init__()
         if not storage.is_remote(path) and (cache_dir is not None or cache_limit is not None):
-            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); a local "
-                             "dataset is memory-mapped in place: leave them out")
+            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
+                             "a local dataset is memory-mapped in place: leave them out")
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
                             ("shuffle_block", shuffle_block)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

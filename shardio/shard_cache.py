@@ -159,15 +159,16 @@ class ShardCache:
     def _check_limit(self) -> None:
         largest = sorted((u.size for u in self.units), reverse=True)[:2]
         if sum(largest) > self.limit:
-            raise ValueError(f"cache_limit {self.limit} bytes cannot hold the two largest shards ({sum(largest)} "
-                             f"bytes: the one in use and the next; shards of {self.units[0].npy_url}'s "
-                             "dataset); raise cache_limit")
+            raise ValueError(f"cache_limit {self.limit} bytes cannot hold the two largest shards "
+                             f"({sum(largest)} bytes: the one in use and the next; shards of "
+                             f"{self.units[0].npy_url}'s dataset); raise cache_limit")
 
     def _setup(self) -> None:
         os.makedirs(os.path.join(self.cache_dir, "locks"), exist_ok=True)
         self._cond = threading.Condition(threading.RLock())
         self._state = {u.key: _ABSENT for u in self.units}
-        self._in: dict[str, set[str]] = {state: set() for state in (_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED)}
+        states = (_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED)
+        self._in: dict[str, set[str]] = {state: set() for state in states}
         self._in[_ABSENT].update(self._state)  # the keys in each state (planning touches only these)
         self._errors: dict[str, str] = {}
         self._locks: dict[str, int] = {}  # key -> fd holding LOCK_SH while held
@@ -218,8 +219,8 @@ class ShardCache:
         if self._forked and self.store is None:
             raise ShardError(
                 f"{self.units[0].npy_url}: an object-storage dataset cannot be read in a process started by "
-                "fork() (a DataLoader worker's default on Linux): the S3 client's runtime (obstore, tokio) does "
-                "not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
+                "fork() (a DataLoader worker's default on Linux): the S3 client's runtime (obstore, tokio) "
+                "does not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
                 "shardio.ShardLoader (its workers are spawned), or DataLoader(..., "
                 "multiprocessing_context='spawn')")
         for shards in batches:
@@ -319,9 +320,10 @@ class ShardCache:
                 stuck_since = (stuck_since or time.monotonic()) if stuck else None
                 if stuck_since is not None and time.monotonic() - stuck_since > STUCK_TIMEOUT_S:
                     raise ShardError(
-                        f"{unit.npy_url}: waited {STUCK_TIMEOUT_S:.0f} s for room in the cache ({self.cache_dir}, "
-                        f"cache_limit {self.limit}): {self._used} bytes are held by shards still memory-mapped "
-                        "by batches the program keeps; raise cache_limit or release old batches")
+                        f"{unit.npy_url}: waited {STUCK_TIMEOUT_S:.0f} s for room in the cache "
+                        f"({self.cache_dir}, cache_limit {self.limit}): {self._used} bytes are held by shards "
+                        "still memory-mapped by batches the program keeps; raise cache_limit or release old "
+                        "batches")
                 self._cond.notify_all()
                 self._cond.wait(0.05)
 
@@ -440,9 +442,13 @@ class ShardCache:
 
     def _trim(self) -> None:
         """Bring the directory under the limit: remove files no process holds, first those this pass does
-        not need, then those it needs last."""
+        not need, then those it needs last; and killed downloads' temp files no process is writing."""
         sizes: dict[str, int] = {}
-        for name in os.listdir(self.cache_dir):
+        names = os.listdir(self.cache_dir)
+        for key in {n[len(".tmp-"):].split(".", 1)[0] for n in names if n.startswith(".tmp-")}:
+            if self._state.get(key) != _LOADING:
+                self._remove_unheld(key, temps=True)  # fails (keeps them) while a download holds the lock
+        for name in names:
             key = name.split(".", 1)[0]
             if name.endswith((".npy", ".jsonl")) and not name.startswith("."):
                 try:
@@ -458,7 +464,8 @@ class ShardCache:
             if self._remove_unheld(key):
                 total -= sizes[key]
 
-    def _remove_unheld(self, key: str) -> bool:
+    def _remove_unheld(self, key: str, temps: bool = False) -> bool:
+        """Remove the unit's files (or, ``temps``, its leftover temp files) if no process holds it."""
         fd = os.open(os.path.join(self.cache_dir, "locks", f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -467,7 +474,7 @@ class ShardCache:
             return False
         try:
             for name in os.listdir(self.cache_dir):
-                if name.split(".", 1)[0] == key:
+                if (name.startswith(f".tmp-{key}.") if temps else name.split(".", 1)[0] == key):
                     _remove(os.path.join(self.cache_dir, name))
         finally:
             os.close(fd)
@@ -617,8 +624,9 @@ class ShardCache:
             while chunk := f.read(8 << 20):
                 digest.update(chunk)
         if digest.hexdigest() != sha256:
-            raise ShardIntegrityError(f"{url}: sha256 differs from the manifest (corrupt object in the store, "
-                                      "or changed after the commit); HINT: run `preprocess verify DIR --repair`")
+            raise ShardIntegrityError(f"{url}: sha256 differs from the manifest (corrupt object in the "
+                                      "store, or changed after the commit); HINT: run `preprocess verify DIR "
+                                      "--repair`")
 
     def close(self) -> None:
         """Stop the download threads and release this process's hold on its files (they stay on disk

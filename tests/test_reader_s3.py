@@ -137,8 +137,8 @@ def test_a_missing_object_is_an_error_on_every_rank(s3_server, s3_bucket, local,
     entry = load_manifest(local).shards[6]
     s3_server.client().delete_object(Bucket=s3_bucket, Key=f"ds/{entry.meta_path}")
     for rank in range(2):  # each rank's open lists the shards' folder: every rank refuses, none waits
-        with pytest.raises(ShardIntegrityError, match=f"{remote}/{entry.meta_path}: listed in the manifest but "
-                           "missing"):
+        missing = f"{remote}/{entry.meta_path}: listed in the manifest but missing"
+        with pytest.raises(ShardIntegrityError, match=missing):
             ShardDataset(remote, 8, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"))
 
 
@@ -183,6 +183,7 @@ def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, re
 
     module = ShardDataModule(remote, 8, val=local, cache_dir=str(tmp_path / "cache"), cache_limit="1MB")
     module.setup("fit")
-    assert module.train_dataset.cache_limit == 10**6 and module.train_dataset.cache_dir == str(tmp_path / "cache")
+    train = module.train_dataset
+    assert train.cache_limit == 10**6 and train.cache_dir == str(tmp_path / "cache")
     assert module.val_dataset.cache_stats() is None  # the local one reads in place
     assert len(list(module.train_dataset)) == len(module.train_dataset)

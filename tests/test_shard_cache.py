@@ -164,7 +164,8 @@ def test_the_directory_never_holds_more_than_the_limit(dataset, tmp_path):
         assert max(store.sizes) <= limit
         assert 0 < cache.stats["peak_bytes"] <= limit
         for shard, data in zip(sequence, got):
-            assert data[: units[shard].npy_bytes - HEADER_BYTES] == local_pixels(dataset, units[shard]).tobytes()
+            expected = local_pixels(dataset, units[shard]).tobytes()
+            assert data[: units[shard].npy_bytes - HEADER_BYTES] == expected
     finally:
         cache.close()
 
@@ -198,8 +199,8 @@ def test_a_program_keeping_more_mapped_than_the_limit_gets_an_error_not_a_hang(d
                                                                                monkeypatch):
     monkeypatch.setattr(shard_cache, "STUCK_TIMEOUT_S", 1.0)
     units, shape = units_of(dataset)
-    cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), sum(sorted(u.size for u in units)[-2:]),
-                       shape=shape)
+    least = sum(sorted(u.size for u in units)[-2:])
+    cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), least, shape=shape)
     try:
         cache.plan([[0], [1], [2]])
         held = [cache.pixels(0)]
@@ -316,11 +317,14 @@ def test_a_warm_cache_downloads_nothing(dataset, tmp_path):
     # A file of the wrong size under its name (cut by someone) is not trusted: it is fetched again.
     with open(cache.path(units[3].key), "r+b") as f:
         f.truncate(100)
+    with open(os.path.join(cache_dir, f".tmp-{units[5].key}.dead"), "wb") as f:  # a killed download's
+        f.write(b"half")
     store = FolderStore(dataset)
     cache = ShardCache(units, store, cache_dir, 10**9, shape=shape)
     read_all(cache, [3])
     cache.close()
     assert cache.stats["downloads"] == 1
+    assert not [n for n in os.listdir(cache_dir) if n.startswith(".tmp-")]  # no one was writing it
 
 
 def test_a_corrupt_object_is_an_error_naming_its_url(dataset, tmp_path):
