@@ -1,6 +1,8 @@
 """Running inputs as Ray tasks: start or join a cluster, stream each task's progress and result.
 
-One task per input tar, scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
+One task per input tar, submitted largest input first (``largest_first``: the sizes are known from the
+plan's stat / LIST), so the run does not end on one big tar decoding alone while the other cores idle,
+and scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
 from the first task on, instead of piling onto whichever node's worker started first (on a loaded
 2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
 the output directory, and sends the driver only small messages (progress counts, then the shard list and failures): no image bytes or
@@ -31,7 +33,7 @@ from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import RayUnavailable
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES", "TASK_OPTIONS"]
+           "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first"]
 
 TASK_MAX_RETRIES = 3
 # SPREAD: see the module docstring. The options are a constant so the tests can check them.
@@ -246,12 +248,18 @@ def _failure_reason(error: Exception) -> str:
     return f"worker failed: {error}".splitlines()[0]
 
 
+def largest_first(items: list[tuple[str, tuple[int, int]]]) -> list[tuple[str, tuple[int, int]]]:
+    """The submission order: input size descending (the fingerprint's first field), then path, so the
+    longest tasks start first and the tail of a run is short ones (classic LPT scheduling)."""
+    return sorted(items, key=lambda item: (-item[1][0], item[0]))
+
+
 def stream_inputs(
     items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig,
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
-    """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task
+    """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
@@ -262,7 +270,7 @@ def stream_inputs(
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    queue = list(reversed(items))
+    queue = list(reversed(largest_first(items)))
     fingerprints = dict(items)
     running: dict[Any, str] = {}
     cfg_dict = cfg.to_dict()
