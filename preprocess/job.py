@@ -44,13 +44,14 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
-from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
-from preprocess.versions import library_versions, version_drift
+from preprocess.ray_runner import Progress, TaskEvent, check_cluster_build, ray_session, stream_inputs
+from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
-from shardio.errors import DatasetIncompatibleError, OutputFull, PruneRefused, RayUnavailable, VersionDrift
+from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable,
+                            VersionDrift)
 from shardio.format import Manifest
 from shardio.run_report import RunReport, report_json
 
@@ -181,7 +182,7 @@ def run_job(
                 _save_report_after_error(committer, report, e, started)
                 raise
             disk_full = f"writing the manifest: {e}"
-        except RayUnavailable:
+        except (RayUnavailable, NodeBuildMismatch):
             raise  # refused before any work, like a lock held: no run happened to report
         except BaseException as e:
             _save_report_after_error(committer, report, e, started)
@@ -225,6 +226,8 @@ def _process(
     ray_output = (lambda line: emit("ray", line)) if routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
+        cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
+        expected_build = pixel_build()
         emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - started, 3)
@@ -238,8 +241,10 @@ def _process(
                 if isinstance(message, TaskEvent):
                     emit(message.kind, message)  # "started" / "retried": the structured log's events
                     continue
+                _check_worker_build(message, expected_build)
                 _record(report, message)
                 if message.error is None:
+                    committer.manifest.versions = message.versions  # what the workers used, not the driver
                     committer.add_input(message.input, message.size, message.mtime_ns, message.shards,
                                         failed=len(message.failures))
                     committer.maybe_commit()
@@ -251,6 +256,15 @@ def _process(
             processing_s = time.perf_counter() - processing_started
             report.processing_images_per_s = round(report.samples_written / max(processing_s, 1e-9), 2)
     return None
+
+
+def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
+    """An input processed with other pixel libraries than the checked ones (a node that joined the cluster
+    after ``check_cluster_build``) fails instead of being committed: its pixels would differ."""
+    if result.error is None and (diff := build_difference(expected, result.versions)):
+        result.error = (f"processed on node {result.node} with other pixel libraries than the run's ({diff}); "
+                        "not committed: install the same build on that node and rerun")
+        result.shards, result.failures = [], []
 
 
 def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
+from preprocess.versions import library_versions
 from shardio.errors import InputError, SampleError
 from shardio.format import ShardEntry
 from shardio.writer import InputShardWriter
@@ -42,6 +43,7 @@ class InputResult:
     error: str | None = None  # the input itself could not be processed
     elapsed_s: float = 0.0
     node: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)  # library_versions() of the worker that ran it
 
 
 def shard_stem(input_path: str, size: int, mtime_ns: int) -> str:
@@ -114,7 +116,8 @@ def iter_process_input(
     """
     started = time.perf_counter()
     size, mtime_ns = fingerprint
-    result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename)
+    result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename,
+                         versions=library_versions())
     writer = InputShardWriter(
         output_dir, shard_stem(input_path, size, mtime_ns), cfg.height, cfg.width, cfg.samples_per_shard
     )

@@ -14,6 +14,7 @@
     │   ├── OutputLocked                  another live run holds the dataset directory
     │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
     │   ├── RayUnavailable                the Ray address cannot be reached
+    │   ├── NodeBuildMismatch             a cluster node has other pixel libraries than the driver
     │   └── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
     ├── SampleError                       one image could not be turned into pixels (counted, not fatal)
     └── InputError                        one input (tar) could not be read (named in the report)
@@ -41,6 +42,7 @@ __all__ = [
     "OutputLocked",
     "PruneRefused",
     "RayUnavailable",
+    "NodeBuildMismatch",
     "UnsupportedPath",
     "SampleError",
     "InputError",
@@ -112,6 +114,11 @@ class PruneRefused(UsageError):
 
 class RayUnavailable(UsageError):
     """The Ray cluster named by ``--ray-address`` cannot be reached (refused before any work)."""
+
+
+class NodeBuildMismatch(UsageError):
+    """A node of the Ray cluster has another Pillow(-SIMD) / AVX2 / libjpeg-turbo than the driver: it would
+    write other pixels for the same input, so the run is refused before any task (the message names it)."""
 
 
 class UnsupportedPath(UsageError, NotImplementedError):
