@@ -34,6 +34,7 @@ import ray
 import preprocess
 import shardio
 from preprocess.config import JobConfig
+from preprocess.inputs import InputFingerprint
 from preprocess.ray_output import RayOutput
 from preprocess.ray_watchdog import start_watchdog
 from preprocess.versions import build_difference, pixel_build
@@ -272,7 +273,7 @@ def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> di
     return answers
 
 
-def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
+def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
@@ -301,14 +302,14 @@ def _failure_reason(error: Exception) -> str:
     return f"worker failed: {error}".splitlines()[0]
 
 
-def largest_first(items: list[tuple[str, tuple[int, int]]]) -> list[tuple[str, tuple[int, int]]]:
+def largest_first(items: list[tuple[str, InputFingerprint]]) -> list[tuple[str, InputFingerprint]]:
     """The submission order: input size descending (the fingerprint's first field), then path, so the
     longest tasks start first and the tail of a run is short ones (classic LPT scheduling)."""
     return sorted(items, key=lambda item: (-item[1][0], item[0]))
 
 
 def stream_inputs(
-    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig,
+    items: list[tuple[str, InputFingerprint]], output_dir: str, cfg: JobConfig,
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
@@ -348,9 +349,9 @@ def stream_inputs(
             except ray.exceptions.RayError as e:
                 # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
                 path = running.pop(generator)
-                size, mtime_ns = fingerprints[path]
+                size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
                 reason = _failure_reason(e)
-                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason)
+                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
                 continue
             if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
                 yield event

@@ -44,8 +44,10 @@ Manifest (``manifest.json``). A JSON object:
 ``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
 ``shards``         list, in dataset order, of ``{path, meta_path, samples, bytes, sha256, meta_bytes,
                    meta_sha256, input}``; paths are relative to DIR; sha256 is of the whole file
-``inputs``         object: input path -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
-                   what incremental runs compare against
+``inputs``         object: input path or URL -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
+                   plus ``etag`` for an object-storage input (its ETag when it was read; absent for a
+                   local file): what incremental runs compare against (a file: size + mtime_ns; an
+                   object: size + etag)
 ``updated``        ISO-8601 time of the last commit
 ``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
                    generations existed
@@ -191,6 +193,13 @@ class InputEntry:
     samples: int
     failed: int
     shards: list[str] = field(default_factory=list)
+    etag: str = ""  # object-storage inputs only; "" (and not written) for a local file
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if not self.etag:
+            del doc["etag"]  # local inputs' entries stay as they were before object storage
+        return doc
 
 
 @dataclass
@@ -255,7 +264,7 @@ class Manifest:
             "config_hash": self.config_hash,
             "versions": self.versions,
             "shards": [asdict(s) for s in self.shards],
-            "inputs": {k: asdict(v) for k, v in sorted(self.inputs.items())},
+            "inputs": {k: v.to_json() for k, v in sorted(self.inputs.items())},
             "updated": self.updated,
             "generation": self.generation,
             "retired": [asdict(r) for r in self.retired],
