@@ -27,19 +27,13 @@ from typing import Any
 
 from shardio import storage
 from shardio.errors import InputError
+from shardio.object_storage import scratch_dir
 
-__all__ = ["SpooledObject", "CHUNK_BYTES", "scratch_dir"]
+__all__ = ["SpooledObject", "CHUNK_BYTES"]
 
 CHUNK_BYTES = 8 << 20
 # tarfile reads 512-byte headers; a buffer this size turns those into few waits on the spool.
 _READ_BUFFER = 1 << 20
-
-
-def scratch_dir() -> str:
-    """``$SHARDIO_SCRATCH`` or the system temp dir: where downloaded tars are spooled."""
-    path = os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir()
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 class SpooledObject:
