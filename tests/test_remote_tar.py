@@ -91,9 +91,16 @@ def test_samples_come_out_while_later_chunks_are_still_downloading(tars, scratch
     fake.release.set()
     rest = list(samples)
     assert [first, *rest] == _samples(path)  # the same samples, in the same order, as from local disk
-    # Memory stays bounded: the download asks for one chunk at a time, in order, each byte once.
+    # Memory stays bounded: chunks of at most CHUNK bytes (FETCHERS in flight), each byte asked for once.
+    assert sorted(fake.ranges) == remote_tar.chunk_plan(len(data), CHUNK)
     assert all(length <= CHUNK for _, length in fake.ranges)
-    assert [start for start, _ in fake.ranges] == list(range(0, len(data), CHUNK))
+
+
+def test_chunks_ramp_up_to_the_chunk_size_and_cover_the_object_once():
+    plan = remote_tar.chunk_plan(20 << 20, 8 << 20)
+    assert [length >> 20 for _, length in plan] == [1, 2, 4, 8, 5]
+    assert [offset for offset, _ in plan] == [0, 1 << 20, 3 << 20, 7 << 20, 15 << 20]
+    assert remote_tar.chunk_plan(100, 8 << 20) == [(0, 100)]
 
 
 def test_the_scratch_file_goes_however_the_input_ends(tars, scratch, monkeypatch):
@@ -125,8 +132,12 @@ def test_a_persistent_download_error_fails_the_input_naming_url_and_reason(tars,
     fake.fail_at = 3 * CHUNK
     with pytest.raises(InputError) as caught:
         _samples(URL, size=len(data))
-    assert str(caught.value).startswith(f"{URL}: download failed at byte {3 * CHUNK} of {len(data)}")
-    assert "connection reset by peer" in str(caught.value)
+    message = str(caught.value)
+    assert message.startswith(f"{URL}: download failed at byte ") and f" of {len(data)}: " in message
+    reached = int(message.split("download failed at byte ")[1].split(" ")[0])
+    first_failing = min(offset for offset, _ in remote_tar.chunk_plan(len(data), CHUNK) if offset >= 3 * CHUNK)
+    assert 0 < reached <= first_failing  # what had arrived in order when it failed
+    assert "connection reset by peer" in message
 
 
 def test_an_object_replaced_while_read_is_not_committed(tars, scratch, monkeypatch, tmp_path):
