@@ -13,6 +13,10 @@ goes by. Members are read into memory, so member names with ``..``, absolute pat
 links can never make the job touch a file outside its output: they are skipped, and counted where they
 look like samples.
 
+A tar in a bucket (``s3://``) is read the same way from a local spool that fills while it is read
+(``preprocess.remote_tar``): the index pass then runs lazily, each header once its bytes have arrived,
+so decoding overlaps the download; a compressed one streams from the same spool.
+
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
 is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
 short or garbled header after the first member; only a zero block (the end-of-archive marker) is taken as a

@@ -1,8 +1,10 @@
 """One input tar -> its committed shard files: the unit of work a Ray task runs.
 
 Pure Python, no Ray: the job wraps it in a task, ``diagnose`` and the tests call it directly. Image bytes
-and pixels never leave the worker: it returns only the shard entries and per-sample failures. Memory is
-one image plus the tar member being read (the shard writer streams to disk).
+and pixels never leave the worker: it returns only the shard entries and per-sample failures (and the
+library versions it ran with, which the manifest records). Memory is one image plus the tar member being
+read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
+8 MB: ``preprocess.remote_tar``), never the whole tar.
 """
 
 from __future__ import annotations
