@@ -9,6 +9,7 @@ written under a local dataset directory.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -74,14 +75,16 @@ def requests(monkeypatch) -> dict[str, list[str]]:
 def test_the_same_tars_from_disk_or_bucket_give_the_same_shard_bytes(ray_cluster, s3_server, s3_bucket, tars,
                                                                       tmp_path):
     local = [tars.make(f"{i:05d}.tar", range(i * 20, i * 20 + n)) for i, n in enumerate((5, 9, 7))]
+    local.append(tars.derive("00003.tar.gz", tars.make("gz-source.tar", range(60, 66)), gzip.compress))
+    os.remove(tars.made[-1])
     _upload(s3_server, s3_bucket, "in", local)
     out_local, out_s3 = str(tmp_path / "out"), f"s3://{s3_bucket}/out"
-    for inputs, out in (([f"{tars.directory}/*.tar"], out_local), ([f"s3://{s3_bucket}/in/*.tar"], out_s3)):
+    for inputs, out in (([f"{tars.directory}/*.tar*"], out_local), ([f"s3://{s3_bucket}/in/*.tar*"], out_s3)):
         report = run_job(RunOptions(inputs=inputs, output=out, config=CFG))
-        assert report.exit_code == 0 and report.samples_written == 21, report.inputs_failed
+        assert report.exit_code == 0 and report.samples_written == 27, report.inputs_failed
     on_disk = json.load(open(os.path.join(out_local, "manifest.json")))
     in_bucket = _manifest(s3_server, out_s3)
-    assert len(on_disk["shards"]) == len(in_bucket["shards"]) == 2 + 3 + 2
+    assert len(on_disk["shards"]) == len(in_bucket["shards"]) == 2 + 3 + 2 + 2  # the .tar.gz streams too
     for disk, remote in zip(on_disk["shards"], in_bucket["shards"]):
         assert os.path.basename(disk["input"]) == os.path.basename(remote["input"])
         with open(os.path.join(out_local, disk["path"]), "rb") as f:
