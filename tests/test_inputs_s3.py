@@ -89,3 +89,17 @@ def test_the_glob_rule_holds_for_urls(s3_server, s3_bucket):
 def test_a_missing_bucket_is_a_clear_usage_error(s3_server):
     with pytest.raises(StorageAccessError, match="does not exist"):
         resolve_inputs(["s3://no-such-bucket-shardio/laion/*.tar"])
+
+
+def test_the_cli_refuses_a_url_glob_that_matches_nothing_before_touching_the_output(s3_server, s3_bucket):
+    from typer.testing import CliRunner
+
+    from preprocess.cli import app
+
+    _put(s3_server, s3_bucket, ["laion/_stats.json"])
+    out = f"s3://{s3_bucket}/out"
+    result = CliRunner().invoke(app, ["run", f"s3://{s3_bucket}/laion/*.tar", "--output", out, "-q"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"s3://{s3_bucket}/laion/*.tar: matched no tar file" in said and "nothing was read, written" in said
+    assert s3_server.list_keys(s3_bucket, "out") == []
