@@ -7,16 +7,20 @@ commit: a run killed at any instant leaves the previous manifest or a newer one,
 files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
 (the protocol itself, with what it needs from storage, is ``shardio.directory``).
 
-Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash (an object in a bucket:
-by URL plus (size, ETag), both from the LIST that found it, so a no-op rerun over 1,000 objects costs one
-LIST request per 1,000 and no HEAD or GET; LastModified is not compared, as re-uploading the same bytes
-changes it. ETag + size misses nothing that matters: an ETag is the MD5 of a single-part upload, and a
-multipart or SSE-KMS ETag changes with every upload, so at worst unchanged bytes are processed again). A no-op rerun over
+Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
 process (mostly importing Ray; Ray itself is not started), where hashing would read every byte
 (1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten in place with the same
 size within one timestamp tick (kernels stamp mtime from a coarse clock, a few ms) is not seen as
-changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed. A changed input gets new shard names (the fingerprint is in them), committed together with the
+changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed.
+
+An object in a bucket is recognised by URL plus (size, ETag), both from the LIST that found it
+(``preprocess.inputs``): a no-op rerun costs one LIST request per 1,000 objects, and no HEAD or GET.
+LastModified is not compared (uploading the same bytes again changes it). What ETag + size misses is
+only in the safe direction: an ETag is the MD5 of a single-part upload, while a multipart or SSE-KMS
+ETag changes with every upload, so at worst unchanged bytes are processed again.
+
+A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
 readers of older generations, and the retention (``shardio.directory``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
