@@ -217,3 +217,19 @@ def test_wait_queues_behind_a_live_holder(store, s3_bucket):
     holder.release()
     thread.join(30)
     assert got.is_set()
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_any_lock(store, s3_bucket, monkeypatch):
+    real_put = store._ob.put
+
+    class IgnoresConditions:  # a server that accepts If-None-Match and overwrites anyway
+        def __getattr__(self, name):
+            return getattr(type(store._ob), name, None) or getattr(__import__("obstore"), name)
+
+    ignoring = IgnoresConditions()
+    ignoring.put = lambda s, key, data, mode=None, **kw: real_put(s, key, data, **kw)  # type: ignore[attr-defined]
+    ignoring.exceptions = store._ob.exceptions  # type: ignore[attr-defined]
+    monkeypatch.setattr(store, "_ob", ignoring)
+    with pytest.raises(errors.UnsupportedStore, match="ignores conditional writes"):
+        store.check_conditional_writes(f"s3://{s3_bucket}/ds")
+    assert store.list_dir(f"s3://{s3_bucket}/ds") == []  # the probe object is gone, no lock was taken
