@@ -8,7 +8,8 @@ A dataset is a directory::
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
       reports/RUN.json         each run's report (the run history, ``shardio.run_report``); not needed to read
-      .lock                    held (flock) by a running job
+      .lock                    held (flock) by a running job; on object storage a lease object (JSON:
+                               holder, host, pid, expires), present only while a run holds it
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.directory``.
 
@@ -81,6 +82,13 @@ Writes are atomic (temp file, fsync, rename): a shard becomes visible only when 
 is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
 half-visible. Every file is created with mode ``0o666`` less the umask (``0644`` under umask 022), so a
 trainer running as another user than the job can read the dataset.
+
+On object storage (``s3://BUCKET/PREFIX`` is the directory: the same keys under the prefix, no folder
+objects) the layout and every file are the same bytes; the commit protocol maps onto conditional
+writes (``shardio.object_storage``): a shard is an object uploaded whole at its final key, invisible
+until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
+replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
+two writers can never overwrite each other's commit.
 """
 
 from __future__ import annotations
