@@ -18,7 +18,7 @@ from preprocess import remote_tar
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import storage
+from shardio import object_storage, storage
 from shardio.errors import InputError
 from tests.tar_factory import read_shards
 
@@ -57,8 +57,13 @@ class FakeObject:
 def scratch(tmp_path, monkeypatch) -> str:
     path = str(tmp_path / "scratch")
     monkeypatch.setenv("SHARDIO_SCRATCH", path)
+    monkeypatch.setattr(object_storage, "_SCRATCH", None)  # the process's scratch folder, found again
     monkeypatch.setattr(remote_tar, "CHUNK_BYTES", CHUNK)
     return path
+
+
+def _files_under(folder: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files]
 
 
 def _serve(monkeypatch, data: bytes, etag: str = "etag-1") -> FakeObject:
@@ -87,7 +92,7 @@ def test_samples_come_out_while_later_chunks_are_still_downloading(tars, scratch
     # A sample was decoded from the first chunks while the fifth was still held back by the "network".
     assert isinstance(first, RawSample) and first.key == "000000"
     assert max(start for start, _ in fake.ranges) < 4 * CHUNK
-    assert os.listdir(scratch) == []  # the spool has no name: nothing to leave behind
+    assert _files_under(scratch) == []  # the spool has no name: nothing to leave behind
     fake.release.set()
     rest = list(samples)
     assert [first, *rest] == _samples(path)  # the same samples, in the same order, as from local disk
@@ -122,7 +127,7 @@ def test_the_scratch_file_goes_however_the_input_ends(tars, scratch, monkeypatch
             break
         deadline.wait(0.05)
     assert _open_fds() == before
-    assert os.listdir(scratch) == []
+    assert _files_under(scratch) == []
 
 
 def test_a_persistent_download_error_fails_the_input_naming_url_and_reason(tars, scratch, monkeypatch):
