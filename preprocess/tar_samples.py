@@ -205,9 +205,21 @@ def index_tar(path: str) -> TarIndex | None:
     """The index pass: every member header of the tar at ``path``, reading no member data.
 
     None for a compressed tar (``.tar.gz``...): its members can only be read in order, as they stream by
-    (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does.
+    (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does. A URL is
+    downloaded to scratch for it (the index of an object is only useful to ``diagnose``).
     """
     archive_bytes = _check_size(path)
+    if storage.is_remote(path):
+        from preprocess.remote_tar import SpooledObject
+
+        with SpooledObject(path, archive_bytes) as spool:
+            raw = spool.reader()
+            try:
+                if _is_compressed(raw):
+                    return None
+            except _READ_ERRORS as e:
+                raise _not_readable(path, e, "(none)") from e
+            return TarIndex(path, list(_walk_members(path, raw, spool.pread, archive_bytes)))
     with _open_input(path) as raw:
         members = _index_open(path, raw, archive_bytes)
     return None if members is None else TarIndex(path, members)

@@ -16,7 +16,7 @@ import pytest
 
 from preprocess import remote_tar
 from preprocess.config import JobConfig
-from preprocess.tar_samples import RawSample, iter_tar_samples
+from preprocess.tar_samples import RawSample, index_tar, iter_tar_samples
 from preprocess.worker import process_input
 from shardio import object_storage, storage
 from shardio.errors import InputError
@@ -200,3 +200,12 @@ def test_the_same_tar_local_or_remote_gives_the_same_pixels_and_rows(tars, scrat
     assert [{**r, "tar": None} for r in local_rows] == [{**r, "tar": None} for r in remote_rows]
     assert {r["tar"] for r in remote_rows} == {URL}
     assert [s["samples"] for s in local.shards] == [s["samples"] for s in remote.shards] == [8, 8, 7]
+
+
+def test_an_object_is_indexed_like_the_same_local_tar(tars, scratch, monkeypatch):
+    path = tars.make("0001.tar", range(12))
+    data = open(path, "rb").read()
+    _serve(monkeypatch, data)
+    monkeypatch.setattr(storage, "file_size", lambda p: len(data) if p == URL else os.path.getsize(p))
+    remote = index_tar(URL)
+    assert remote is not None and remote.path == URL and remote.members == index_tar(path).members
