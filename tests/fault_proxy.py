@@ -64,7 +64,9 @@ class FaultProxy:
                 for name, value in response.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD's Content-Length is the object's size, not the (empty) body's.
+                head_length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", head_length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

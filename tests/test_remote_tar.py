@@ -209,3 +209,37 @@ def test_an_object_is_indexed_like_the_same_local_tar(tars, scratch, monkeypatch
     monkeypatch.setattr(storage, "file_size", lambda p: len(data) if p == URL else os.path.getsize(p))
     remote = index_tar(URL)
     assert remote is not None and remote.path == URL and remote.members == index_tar(path).members
+
+
+def test_a_burst_of_503s_on_the_ranged_gets_is_retried_by_the_client(s3_server, s3_bucket, tars, scratch,
+                                                                     monkeypatch, tmp_path):
+    """The real client against the real server, through a proxy that answers SlowDown to the first ranged
+    GETs: obstore's retries ride it out and the input gives the same pixels as from local disk."""
+    from shardio.object_storage import S3Storage
+    from tests.fault_proxy import FaultProxy
+
+    path = tars.make("0001.tar", range(30))
+    key = "in/0001.tar"
+    s3_server.client().upload_file(path, s3_bucket, key)
+    url = f"s3://{s3_bucket}/{key}"
+    proxy = FaultProxy(s3_server.ports["s3"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        monkeypatch.setattr(storage, "_REMOTE", S3Storage())  # a client that talks through the proxy
+        [info] = storage.list_files(f"s3://{s3_bucket}/in")  # as the job finds it
+        assert storage.info(url) == info
+        proxy.fail_next(4)  # the first ranged GETs meet 503 SlowDown
+        cfg = JobConfig(height=16, width=16, samples_per_shard=8)
+        results = {}
+        for name, source, fingerprint in (("remote", url, (info.size, info.mtime_ns, info.version)),
+                                          ("local", path, storage.stat_fingerprint(path))):
+            out = str(tmp_path / name)
+            os.makedirs(os.path.join(out, "shards"))
+            result = process_input(source, out, cfg, fingerprint)
+            assert result.error is None, result.error
+            results[name] = read_shards(out, result.shards)[0]
+        assert proxy.failed == 4
+        assert any(m.startswith("GET") for m in proxy.methods)
+    finally:
+        proxy.close()
+    assert results["remote"].tobytes() == results["local"].tobytes()
