@@ -65,8 +65,8 @@ def _is_tar(path: str) -> bool:
 
 
 def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
-    """Expand ``data/{00000..00099}.tar``, ``data/*.tar`` and plain paths into absolute paths, by the glob
-    rule of the module docstring. Paths are deduplicated and sorted, so the order of arguments never
+    """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
+    absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
     changes the dataset. Raises ``NoInputsMatched`` for a glob or brace range that matches no tar."""
     found: set[str] = set()
     ignored: set[str] = set()
