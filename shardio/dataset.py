@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio import storage
 from shardio.batches import FIELDS, Batch, BatchAssembler
+from shardio.cached_reading import CachedAssembler, cache_for
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, load_manifest
 from shardio.order import epoch_runs, rank_batches, run_pieces
@@ -25,7 +26,7 @@ from shardio.prefetch import prefetched
 from shardio.reader import DatasetSnapshot, open_dataset
 from shardio.resume import EpochCursor, EpochPass
 from shardio.selection import SampleSelection, SubsetSnapshot
-from shardio.shard_cache import CachedAssembler, ShardCache, cache_for
+from shardio.shard_cache import ShardCache
 
 # epoch_runs and rank_batches lived here before shardio.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]

@@ -14,18 +14,12 @@ needed, which no LRU cache of a streaming loader can know.
   Held bytes never exceed ``limit``; ``stats["peak_bytes"]`` records the most ever held.
 - **Belady.** To make room for shard ``u`` (next needed at sequence index ``i``), evict the held shard
   whose next use is farthest, and only one needed later than ``i`` (else ``u`` waits its turn).
-- **Checked.** A download lands under a temp name, its size, ``.npy`` header and both files' sha256 are
-  checked against the manifest, then it is renamed into place: a file under its final name is always
-  whole and right. Failures are retried ``attempts`` times; then every ``pixels``/``meta_bytes`` call for
-  that shard raises ``ShardError`` naming the URL (a waiting reader is woken, never left hanging).
-- **Shared by processes.** Files are named by the shard's sha256 (content addressed: two datasets or
-  generations share them; a stale file can never stand for another shard). Each shard has a lock file
-  (``locks/SHA.lock``): a process downloads it holding ``flock(LOCK_EX)``, and holds ``LOCK_SH`` while it
-  keeps the file; another process waiting for it then adopts the finished file instead of downloading it
-  again. A process removes a file only when it can take ``LOCK_EX``, i.e. no other process holds it.
-- **Warm.** A file already on disk under its name with the right size is used at once (no re-hash: it
-  was hashed before its rename). ``plan`` first trims the directory to ``limit``: files no process holds,
-  those this pass does not need first, then those needed last.
+- **Checked, shared, warm** (``shardio.cache_dir``): files are content addressed and appear only whole
+  and checked (size, header, sha256); processes sharing the directory download a shard once and never
+  remove one another holds; a file already there is used at once. Failures are retried ``attempts``
+  times; then every ``pixels``/``meta_bytes`` call for that shard raises ``ShardError`` naming the URL
+  (a waiting reader is woken, never left hanging). ``plan`` first trims the directory to ``limit``:
+  files no process holds, those this pass does not need first, then those needed last.
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
 ``limit / num_workers``). Pickling a cache gives a new, empty one (a worker plans its own batches).
@@ -34,99 +28,25 @@ The limit is per cache (one per process reading: a rank, or a DataLoader worker,
 from __future__ import annotations
 
 import bisect
-import errno
-import fcntl
-import hashlib
 import os
-import re
-import secrets
-import shutil
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import torch
 
-from shardio.batches import BatchAssembler
-from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
-from shardio.reader import DatasetSnapshot, ShardMeta
-from shardio.selection import SubsetSnapshot
+from shardio.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.errors import ShardError
+from shardio.format import HEADER_BYTES
 
-__all__ = ["CachedAssembler", "CachedShard", "Downloader", "ShardCache", "cache_for", "default_cache_dir",
-           "default_cache_limit", "parse_size"]
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+__all__ = ["ShardCache"]
 
 # A reader stuck this long on bytes held only by maps (batches the program keeps alive) raises instead of
 # hanging a DDP job: the limit cannot hold what the program keeps mapped.
 STUCK_TIMEOUT_S = 120.0
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes from an int or a string such as ``"50GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5TB"``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    else:
-        match = _SIZE.match(str(value))
-        if match is None:
-            raise ValueError(f"cache_limit {value!r} is not a size: use an int of bytes or a string such as "
-                             "'50GB', '512MiB'")
-        size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
-    if size <= 0:
-        raise ValueError(f"cache_limit must be positive, got {value!r}")
-    return size
-
-
-def default_cache_dir() -> str:
-    """``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``."""
-    return os.environ.get("SHARDIO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shardio")
-
-
-def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
-    """The smaller of the dataset's size (files listed by the manifest) and half the free space of the
-    disk holding ``cache_dir``."""
-    probe = os.path.abspath(cache_dir)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
-
-
-class Downloader(Protocol):
-    """What the cache needs from a store: ``Storage.download`` (whole object into a local file, retried
-    on transient errors; ``FileNotFoundError`` for a missing object)."""
-
-    def download(self, path: str, local_path: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class CachedShard:
-    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by the shard's sha256."""
-
-    key: str  # the .npy's sha256
-    npy_url: str
-    meta_url: str
-    npy_bytes: int
-    meta_bytes: int
-    meta_sha256: str
-    samples: int
-
-    @property
-    def size(self) -> int:
-        return self.npy_bytes + self.meta_bytes
-
-    @classmethod
-    def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
-        return cls(entry.sha256, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
-                   entry.meta_bytes, entry.meta_sha256, entry.samples)
-
 
 _ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
 
@@ -164,8 +84,10 @@ class ShardCache:
                              f"{self.units[0].npy_url}'s dataset); raise cache_limit")
 
     def _setup(self) -> None:
-        os.makedirs(os.path.join(self.cache_dir, "locks"), exist_ok=True)
+        self._stop = threading.Event()
+        self.files = CacheDir(self.cache_dir, self.shape, self._store, self._count, self._stop, self.attempts)
         self._cond = threading.Condition(threading.RLock())
+        self._by_key = {u.key: u for u in self.units}
         self._state = {u.key: _ABSENT for u in self.units}
         states = (_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED)
         self._in: dict[str, set[str]] = {state: set() for state in states}
@@ -182,7 +104,6 @@ class ShardCache:
         self._uses: dict[str, list[int]] = {}
         self._position = 0
         self._scan = 0
-        self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
         self._forked = False
         _LIVE.add(self)
@@ -246,6 +167,8 @@ class ShardCache:
                 self._uses.setdefault(key, []).append(i)
             self._batch = 0
             self._position = self._scan = 0
+            for key in list(self._in[_FAILED]):  # a new pass tries again
+                self._set(key, _ABSENT)
             self._trim()
             self._cond.notify_all()
         self._start_threads()
@@ -267,10 +190,8 @@ class ShardCache:
     # --- reading ----------------------------------------------------------------------------------
 
     def path(self, key: str) -> str:
-        return os.path.join(self.cache_dir, f"{key}.npy")
-
-    def meta_path(self, unit: CachedShard) -> str:
-        return os.path.join(self.cache_dir, f"{unit.key}.{unit.meta_sha256[:16]}.jsonl")
+        """Where the shard with this sha256 is cached."""
+        return self.files.path(key)
 
     def pixels(self, shard: int) -> np.ndarray:
         """Shard ``shard``'s N×H×W×3 pixels: a copy-on-write map of the cached file (waits for it)."""
@@ -291,7 +212,7 @@ class ShardCache:
         unit = self.units[shard]
         with self._cond:  # an open file stays readable even if evicted once the lock is released
             self._acquire(unit)
-            f = open(self.meta_path(unit), "rb")  # noqa: SIM115 - read outside the lock
+            f = open(self.files.meta_path(unit), "rb")  # noqa: SIM115 - read outside the lock
         with f:
             return f.read()
 
@@ -341,13 +262,6 @@ class ShardCache:
 
     def _unit(self, key: str) -> CachedShard:
         return self._by_key[key]
-
-    @property
-    def _by_key(self) -> dict[str, CachedShard]:
-        by_key = self.__dict__.get("_by_key_cache")
-        if by_key is None:
-            by_key = self.__dict__["_by_key_cache"] = {u.key: u for u in self.units}
-        return by_key
 
     def _next_use(self, key: str) -> float:
         uses = self._uses.get(key, ())
@@ -427,14 +341,7 @@ class ShardCache:
         unit = self._unit(key)
         fd = self._locks.pop(key, None)
         if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another process holds it
-                _remove(self.path(key))
-                _remove(self.meta_path(unit))
-            except BlockingIOError:
-                pass
-            finally:
-                os.close(fd)
+            self.files.release(unit, fd)
         self._set(key, _ABSENT)
         self._add_used(-unit.size)
         if self._scan > self._position and key in self._uses:
@@ -443,42 +350,18 @@ class ShardCache:
     def _trim(self) -> None:
         """Bring the directory under the limit: remove files no process holds, first those this pass does
         not need, then those it needs last; and killed downloads' temp files no process is writing."""
-        sizes: dict[str, int] = {}
-        names = os.listdir(self.cache_dir)
-        for key in {n[len(".tmp-"):].split(".", 1)[0] for n in names if n.startswith(".tmp-")}:
+        sizes, temps = self.files.usage()
+        for key in temps:
             if self._state.get(key) != _LOADING:
-                self._remove_unheld(key, temps=True)  # fails (keeps them) while a download holds the lock
-        for name in names:
-            key = name.split(".", 1)[0]
-            if name.endswith((".npy", ".jsonl")) and not name.startswith("."):
-                try:
-                    sizes[key] = sizes.get(key, 0) + os.stat(os.path.join(self.cache_dir, name)).st_size
-                except FileNotFoundError:
-                    pass
+                self.files.remove_dead_temps(key)  # kept while a download holds the lock
         total = sum(sizes.values())
         unheld = [k for k in sizes if self._state.get(k) in (None, _ABSENT, _FAILED)]
         unheld.sort(key=lambda k: -self._next_use(k))  # not needed (inf) first, then needed last
         for key in unheld:
             if total <= self.limit:
                 break
-            if self._remove_unheld(key):
+            if self.files.remove_unheld(key):
                 total -= sizes[key]
-
-    def _remove_unheld(self, key: str, temps: bool = False) -> bool:
-        """Remove the unit's files (or, ``temps``, its leftover temp files) if no process holds it."""
-        fd = os.open(os.path.join(self.cache_dir, "locks", f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        try:
-            for name in os.listdir(self.cache_dir):
-                if (name.startswith(f".tmp-{key}.") if temps else name.split(".", 1)[0] == key):
-                    _remove(os.path.join(self.cache_dir, name))
-        finally:
-            os.close(fd)
-        return True
 
     # --- download threads -------------------------------------------------------------------------
 
@@ -502,7 +385,7 @@ class ShardCache:
             idle_since = time.monotonic()
             fd, error = None, None
             try:
-                fd = self._fetch(unit)
+                fd = self.files.fetch(unit)
             except Exception as e:  # noqa: BLE001 - recorded, raised in the reader that needs the shard
                 error = e
             with self._cond:
@@ -516,38 +399,9 @@ class ShardCache:
                     self._add_used(-unit.size)
                 self._cond.notify_all()
 
-    def _fetch(self, unit: CachedShard) -> int:
-        """Make the unit's files present and whole; return an fd holding its ``LOCK_SH``."""
-        fd = os.open(os.path.join(self.cache_dir, "locks", f"{unit.key}.lock"),
-                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            while True:
-                if self._stop.is_set():
-                    raise ShardError(f"{unit.npy_url}: the cache was closed")
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    # Another process downloads it (EX) or holds it (SH): adopt it once it is whole.
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        time.sleep(0.05)
-                        continue
-                    if self._present(unit):
-                        self._count_adopted()
-                        return fd
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                    time.sleep(0.05)
-                    continue
-                if not self._present(unit):
-                    self._download(unit)
-                else:
-                    self._count_adopted()
-                fcntl.flock(fd, fcntl.LOCK_SH)  # others may adopt it now; none may remove it
-                return fd
-        except BaseException:
-            os.close(fd)
-            raise
+    def _count(self, name: str, n: int) -> None:
+        with self._cond:
+            self.stats[name] += n
 
     def _store(self) -> Downloader:
         if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
@@ -555,78 +409,6 @@ class ShardCache:
 
             return storage.for_path(self.units[0].npy_url)
         return self.store
-
-    def _count_adopted(self) -> None:
-        with self._cond:
-            self.stats["adopted"] += 1
-
-    def _present(self, unit: CachedShard) -> bool:
-        return _size(self.path(unit.key)) == unit.npy_bytes and _size(self.meta_path(unit)) == unit.meta_bytes
-
-    def _download(self, unit: CachedShard) -> None:
-        """Both files, under temp names, checked, then renamed; holding the unit's ``LOCK_EX``."""
-        for name in os.listdir(self.cache_dir):  # a killed download's leftovers (only we write them now)
-            if name.startswith(f".tmp-{unit.key}"):
-                _remove(os.path.join(self.cache_dir, name))
-        last: Exception | None = None
-        for attempt in range(self.attempts):
-            if attempt:
-                with self._cond:
-                    self.stats["retries"] += 1
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-            temps = []
-            try:
-                for url, final, size, sha in (
-                        (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.key),
-                        (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_sha256)):
-                    temp = os.path.join(self.cache_dir, f".tmp-{unit.key}.{secrets.token_hex(4)}")
-                    temps.append((temp, final))
-                    try:
-                        self._store().download(url, temp)
-                    except FileNotFoundError as e:
-                        raise ShardError(f"{url}: listed in the manifest but missing from the store; "
-                                         "HINT: run `preprocess verify DIR --repair`") from e
-                    self._check(url, temp, size, sha)
-                    with self._cond:
-                        self.stats["bytes_downloaded"] += size
-                for temp, final in temps:
-                    os.replace(temp, final)
-                with self._cond:
-                    self.stats["downloads"] += 1
-                return
-            except ShardError as e:
-                last = e
-                if "missing from the store" in str(e):
-                    raise
-            except Exception as e:  # a network or disk error: retried, then reported
-                last = ShardError(f"{unit.npy_url}: download failed: {type(e).__name__}: {e}")
-                last.__cause__ = e
-                if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise last from e
-            finally:
-                for temp, _ in temps:
-                    _remove(temp)
-        assert last is not None
-        raise ShardError(f"{last} (after {self.attempts} attempts)") from last
-
-    def _check(self, url: str, path: str, size: int, sha256: str) -> None:
-        actual = _size(path)
-        if actual != size:
-            raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
-        if url.endswith(".npy"):
-            with open(path, "rb") as f:
-                n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
-            if (h, w) != self.shape[:2]:
-                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the dataset's images are "
-                                          f"{self.shape[:2]}")
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                digest.update(chunk)
-        if digest.hexdigest() != sha256:
-            raise ShardIntegrityError(f"{url}: sha256 differs from the manifest (corrupt object in the "
-                                      "store, or changed after the commit); HINT: run `preprocess verify DIR "
-                                      "--repair`")
 
     def close(self) -> None:
         """Stop the download threads and release this process's hold on its files (they stay on disk
@@ -645,73 +427,4 @@ class ShardCache:
             stop.set()
 
 
-class CachedAssembler(BatchAssembler):
-    """A ``BatchAssembler`` whose memory maps give way to the cache: before each shard (and while the
-    reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
-    removed as soon as no batch is being assembled from it (its bytes count against the limit until
-    then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
-    view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
-    ``list(ds)`` would hold every shard), and the limit could not be kept. The pinned (CUDA) and
-    worker paths copy anyway."""
 
-    def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = ("cls", "txt", "json")) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields)
-        self.shard_cache = cache
-        self._seen_dooms = 0
-        cache.on_wait = self.release_doomed
-
-    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
-        if self.shard_cache.dooms != self._seen_dooms:
-            self.release_doomed()
-        return super().shard(shard)
-
-    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool) -> dict[str, Any]:
-        batch = super().assemble(pieces, shared, pinned)
-        if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
-            view = batch["image"]
-            image = torch.from_numpy(self.buffers.take(tuple(view.shape)))
-            image.copy_(view)
-            batch["image"] = image
-        return batch
-
-    def release_doomed(self) -> None:
-        self._seen_dooms = self.shard_cache.dooms
-        doomed = self.shard_cache.doomed()
-        for shard in [s for s in self.cache if self.snapshot.shards[s].sha256 in doomed]:
-            del self.cache[shard]
-        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
-            self.snapshot.forget(doomed)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.shard_cache.on_wait = self.release_doomed  # a worker's own cache (pickled afresh)
-
-
-def cache_for(snapshot: DatasetSnapshot, cache_dir: str | None, cache_limit: int | str | None,
-              store: Downloader | None = None) -> ShardCache:
-    """The cache of a remote snapshot, defaults resolved (``default_cache_dir``, ``default_cache_limit``)."""
-    from shardio import storage
-
-    cache_dir = cache_dir or default_cache_dir()
-    join = storage.for_path(snapshot.directory).join
-    units = [CachedShard.of(snapshot.directory, entry, join) for entry in snapshot.shards]
-    if cache_limit is None:
-        limit = default_cache_limit(sum(u.size for u in units), cache_dir)
-    else:
-        limit = parse_size(cache_limit)
-    return ShardCache(units, store, cache_dir, limit, shape=snapshot.shape)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return -1
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

@@ -1,4 +1,4 @@
-"""The reader's shard cache (shardio/shard_cache.py) against a local folder posing as the store: a small
+"""The reader's shard cache (shardio/shard_cache.py, shardio/cache_dir.py) against a local folder posing as the store: a small
 fake that counts downloads and samples the cache directory's size at every one.
 
 What is checked: bytes identical to the local shards; each shard downloaded once when the limit allows;
@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 
 from shardio import shard_cache
+from shardio.cache_dir import CachedShard
+from shardio.cached_reading import parse_size
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES, load_manifest
-from shardio.shard_cache import CachedShard, ShardCache, parse_size
+from shardio.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset
 
 BASE = "mem://bucket/ds"

@@ -1,0 +1,111 @@
+"""How a ``ShardDataset`` on object storage reads through its shard cache: the cache's defaults and
+sizes (``cache_for``, ``parse_size``), and the batch assembler whose memory maps give way to it
+(``CachedAssembler``). The cache itself is ``shardio.shard_cache``; its directory ``shardio.cache_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardio import storage
+from shardio.batches import FIELDS, BatchAssembler
+from shardio.cache_dir import CachedShard, Downloader
+from shardio.reader import DatasetSnapshot, ShardMeta
+from shardio.selection import SubsetSnapshot
+from shardio.shard_cache import ShardCache
+
+__all__ = ["CachedAssembler", "cache_for", "default_cache_dir", "default_cache_limit", "parse_size"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string such as ``"50GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5TB"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ValueError(f"cache_limit {value!r} is not a size: use an int of bytes or a string such as "
+                             "'50GB', '512MiB'")
+        size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    if size <= 0:
+        raise ValueError(f"cache_limit must be positive, got {value!r}")
+    return size
+
+
+def default_cache_dir() -> str:
+    """``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``."""
+    return os.environ.get("SHARDIO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shardio")
+
+
+def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
+    """The smaller of the dataset's size (files listed by the manifest) and half the free space of the
+    disk holding ``cache_dir``."""
+    probe = os.path.abspath(cache_dir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
+
+
+class CachedAssembler(BatchAssembler):
+    """A ``BatchAssembler`` whose memory maps give way to the cache: before each shard (and while the
+    reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
+    removed as soon as no batch is being assembled from it (its bytes count against the limit until
+    then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
+    view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
+    ``list(ds)`` would hold every shard), and the limit could not be kept. The pinned (CUDA) and
+    worker paths copy anyway."""
+
+    def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
+                 fields: tuple[str, ...] = FIELDS) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields)
+        self.shard_cache = cache
+        self._seen_dooms = 0
+        cache.on_wait = self.release_doomed
+
+    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+        if self.shard_cache.dooms != self._seen_dooms:
+            self.release_doomed()
+        return super().shard(shard)
+
+    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool) -> dict[str, Any]:
+        batch = super().assemble(pieces, shared, pinned)
+        if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
+            view = batch["image"]
+            image = torch.from_numpy(self.buffers.take(tuple(view.shape)))
+            image.copy_(view)
+            batch["image"] = image
+        return batch
+
+    def release_doomed(self) -> None:
+        self._seen_dooms = self.shard_cache.dooms
+        doomed = self.shard_cache.doomed()
+        for shard in [s for s in self.cache if self.snapshot.shards[s].sha256 in doomed]:
+            del self.cache[shard]
+        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
+            self.snapshot.forget(doomed)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.shard_cache.on_wait = self.release_doomed  # a worker's own cache (pickled afresh)
+
+
+def cache_for(snapshot: DatasetSnapshot, cache_dir: str | None, cache_limit: int | str | None,
+              store: Downloader | None = None) -> ShardCache:
+    """The cache of a remote snapshot, defaults resolved (``default_cache_dir``, ``default_cache_limit``)."""
+    cache_dir = cache_dir or default_cache_dir()
+    join = storage.for_path(snapshot.directory).join
+    units = [CachedShard.of(snapshot.directory, entry, join) for entry in snapshot.shards]
+    if cache_limit is None:
+        limit = default_cache_limit(sum(u.size for u in units), cache_dir)
+    else:
+        limit = parse_size(cache_limit)
+    return ShardCache(units, store, cache_dir, limit, shape=snapshot.shape)
