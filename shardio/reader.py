@@ -88,8 +88,9 @@ class DatasetSnapshot:
     def pixels(self, shard_index: int) -> np.ndarray:
         """The shard's N×H×W×3 pixels as a copy-on-write memory map (writable views, no copy, no warning
         from ``torch.from_numpy``; pages stay shared with the page cache until someone writes)."""
-        if self.cache is not None:
-            return self.cache.pixels(shard_index)  # header checked once, at download
+        cache = self._remote_cache()
+        if cache is not None:
+            return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = storage.join(self.directory, entry.path)
         with storage.open_read(path) as f:
@@ -102,11 +103,21 @@ class DatasetSnapshot:
         return np.memmap(storage.check_local(path), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
                          shape=(n, h, w, 3))
 
+    def _remote_cache(self) -> ShardCache | None:
+        """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
+        script) one with the defaults (``shardio.cached_reading.cache_for``), made at the first read."""
+        if self.cache is None and storage.is_remote(self.directory):
+            from shardio.cached_reading import cache_for  # here: that module imports this one
+
+            self.cache = cache_for(self, None, None)
+        return self.cache
+
     def meta(self, shard_index: int) -> ShardMeta:
         entry = self.shards[shard_index]
         path = storage.join(self.directory, entry.meta_path)
-        if self.cache is not None:
-            data = self.cache.meta_bytes(shard_index)
+        cache = self._remote_cache()
+        if cache is not None:
+            data = cache.meta_bytes(shard_index)
         else:
             with storage.open_read(path) as f:
                 data = f.read()

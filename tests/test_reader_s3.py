@@ -187,3 +187,14 @@ def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, re
     assert train.cache_limit == 10**6 and train.cache_dir == str(tmp_path / "cache")
     assert module.val_dataset.cache_stats() is None  # the local one reads in place
     assert len(list(module.train_dataset)) == len(module.train_dataset)
+
+
+def test_a_snapshot_opened_by_url_reads_through_a_default_cache(local, remote, tmp_path, monkeypatch):
+    from shardio.reader import open_dataset
+
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "env-cache"))
+    here, there = open_dataset(local), open_dataset(remote)  # as `shardio preview URL` does
+    for shard in (0, 7, 14):
+        assert np.array_equal(here.pixels(shard), there.pixels(shard))
+        assert here.meta(shard).keys == there.meta(shard).keys
+    assert there.cache is not None and there.cache.stats["downloads"] == 3
