@@ -9,6 +9,8 @@ errors naming the URL; cache arguments on a local path and a limit below two sha
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 
 import numpy as np
@@ -119,6 +121,32 @@ def test_forked_workers_are_refused_with_a_clear_error(remote, tmp_path):
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(ShardError, match="cannot be read in a process started by fork"):
         list(loader)
+
+
+def _read_epoch(url: str, cache_dir: str, seed: int, out: str) -> None:
+    ds = ShardDataset(url, 8, cache_dir=cache_dir, shuffle=True, seed=seed)
+    seen = np.concatenate([indices(b) for b in ds])
+    with open(out, "w") as f:
+        json.dump({"stats": ds.cache_stats(), "seen": sorted(seen.tolist())}, f)
+
+
+def test_two_processes_sharing_a_cache_dir_download_each_shard_once(remote, tmp_path):
+    context = multiprocessing.get_context("spawn")
+    cache, outs = str(tmp_path / "cache"), [str(tmp_path / f"out-{i}.json") for i in range(2)]
+    procs = [context.Process(target=_read_epoch, args=(remote, cache, seed, out))
+             for seed, out in enumerate(outs)]  # different orders: they meet on some shards
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(180)
+        assert proc.exitcode == 0
+    results = []
+    for out in outs:
+        with open(out) as f:
+            results.append(json.load(f))
+    assert all(r["seen"] == list(range(117)) for r in results)
+    assert sum(r["stats"]["downloads"] for r in results) == 15
+    assert sum(r["stats"]["adopted"] for r in results) == 15
 
 
 def test_a_corrupt_object_is_an_error_naming_its_url(s3_server, s3_bucket, local, remote, tmp_path):
