@@ -425,6 +425,3 @@ class ShardCache:
         stop = self.__dict__.get("_stop")
         if stop is not None:
             stop.set()
-
-
-

@@ -31,6 +31,7 @@ from shardio.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset
 
 BASE = "mem://bucket/ds"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class FolderStore:
@@ -254,7 +255,7 @@ def test_a_download_killed_half_way_leaves_no_file_used_later(dataset, tmp_path)
     units, shape = units_of(dataset)
     cache_dir, marker = str(tmp_path / "cache"), str(tmp_path / "half-written")
     child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, dataset, cache_dir, marker],
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+                             env={**os.environ, "PYTHONPATH": REPO})
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(marker) and time.monotonic() < deadline and child.poll() is None:
