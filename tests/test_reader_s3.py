@@ -226,3 +226,18 @@ def test_a_snapshot_opened_by_url_reads_through_a_default_cache(local, remote, t
         assert np.array_equal(here.pixels(shard), there.pixels(shard))
         assert here.meta(shard).keys == there.meta(shard).keys
     assert there.cache is not None and there.cache.stats["downloads"] == 3
+
+
+def test_a_new_generation_reuses_the_cached_files_of_the_shards_it_keeps(s3_server, s3_bucket, local,
+                                                                         remote, tmp_path):
+    from tests.dataset_fixtures import retire_input
+
+    ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))
+    first = np.concatenate([indices(b) for b in ds])
+    assert ds.cache_stats()["downloads"] == 15
+    retire_input(local, "input-0.tar")  # a run drops the first input: 40 samples, 5 shards
+    upload(s3_server, s3_bucket, local)
+    second = np.concatenate([indices(b) for b in ds])  # the next epoch follows the new generation
+    assert len(first) == 117 and sorted(second.tolist()) == list(range(40, 117))
+    stats = ds.cache_stats()  # the new generation's cache: content addressed, nothing to download
+    assert stats["downloads"] == 0 and stats["adopted"] == 10
