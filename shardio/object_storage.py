@@ -300,19 +300,24 @@ class S3Storage:
             reader = self._ob.open_reader(store, key, buffer_size=_DOWNLOAD_CHUNK)
         return _Reader(reader, path)  # type: ignore[return-value]
 
-    def download(self, path: str, local_path: str, attempts: int = 3) -> None:
-        """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat); a stream cut
-        mid-way (obstore retries each request, not a body already flowing) restarts, up to ``attempts``."""
+    def download(self, path: str, local_path: str, attempts: int = 3) -> str:
+        """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat), hashed on the
+        way: returns the sha256 of the bytes written, so a checked download reads nothing back. A stream
+        cut mid-way (obstore retries each request, not a body already flowing) restarts, up to
+        ``attempts``."""
         store, key = self._target(path)
         for attempt in range(attempts):
+            digest = hashlib.sha256()
             try:
                 with self._errors(path, "GET"), open(local_path, "wb") as out:
                     for chunk in self._ob.get(store, key).stream(min_chunk_size=_DOWNLOAD_CHUNK):
                         out.write(chunk)
-                return
+                        digest.update(chunk)
+                return digest.hexdigest()
             except StorageUnavailable:
                 if attempt == attempts - 1:
                     raise
+        raise AssertionError("unreachable")
 
     def sha256(self, path: str) -> str:
         store, key = self._target(path)

@@ -136,7 +136,7 @@ class Storage(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
     def read_versioned(self, path: str) -> tuple[bytes, str]: ...
     def read_range(self, path: str, start: int, length: int) -> bytes: ...
-    def download(self, path: str, local_path: str) -> None: ...
+    def download(self, path: str, local_path: str) -> str: ...  # the sha256 of what it wrote
     def exists(self, path: str) -> bool: ...
     def is_file(self, path: str) -> bool: ...
     def is_dir(self, path: str) -> bool: ...
@@ -257,10 +257,16 @@ class LocalStorage:
         with open(check_local(path), "rb") as f:
             return os.pread(f.fileno(), length, start)
 
-    def download(self, path: str, local_path: str) -> None:
-        import shutil
+    def download(self, path: str, local_path: str) -> str:
+        """Copy ``path`` to ``local_path``; returns the sha256 of the bytes copied."""
+        import hashlib
 
-        shutil.copyfile(check_local(path), local_path)
+        digest = hashlib.sha256()
+        with open(check_local(path), "rb") as src, open(local_path, "wb") as out:
+            while chunk := src.read(8 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+        return digest.hexdigest()
 
     def exists(self, path: str) -> bool:
         return os.path.exists(check_local(path))

@@ -4,6 +4,7 @@ user meets (wrong credentials, missing bucket, missing extra), and the lease tha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -70,10 +71,8 @@ def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, 
     etag = store.upload(str(local), url)
     assert etag.strip('"').endswith("-3")  # a multipart ETag: parts were uploaded, then completed
     back = tmp_path / "back.npy"
-    store.download(url, str(back))
+    assert store.download(url, str(back)) == hashlib.sha256(data).hexdigest()  # hashed on the way
     assert back.read_bytes() == data
-    import hashlib
-
     assert store.sha256(url) == hashlib.sha256(data).hexdigest()
 
 
