@@ -10,6 +10,7 @@ processes sharing a cache directory download each shard once in total; a corrupt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -45,7 +46,7 @@ class FolderStore:
         self.calls: dict[str, int] = {}
         self.sizes: list[int] = []
 
-    def download(self, path: str, local_path: str) -> None:
+    def download(self, path: str, local_path: str) -> str:
         self.calls[path] = self.calls.get(path, 0) + 1
         source = os.path.join(self.root, path[len(BASE) + 1:])
         if any(path.endswith(m) for m in self.missing):
@@ -62,6 +63,7 @@ class FolderStore:
                 raise ConnectionResetError("connection reset half-way")
             f.write(data)
         self.sample()
+        return hashlib.sha256(data).hexdigest()  # of the bytes written, as Storage.download
 
     def sample(self) -> None:
         if self.cache_dir is not None:
