@@ -81,7 +81,7 @@ def make_inputs(tars, sizes=(30, 12, 25, 9)) -> tuple[str, int]:
 
 
 def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
-        ray_cluster, s3_server, s3_bucket, tars, tmp_path):
+        ray_cluster, s3_server, s3_bucket, tars, tmp_path, capsys, monkeypatch):
     pattern, total = make_inputs(tars)
     local = str(tmp_path / "local")
     assert run_cli(pattern, "--output", local, ray=ray_cluster).exit_code == 0
@@ -95,6 +95,18 @@ def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
     assert result.exit_code == 0
     assert keys(s3_server, s3_bucket, "ds/shards") == before
     assert_indices(fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy2")), list(range(total)))
+    # The training-side CLI on the URL: info reads the manifest and reports by LIST; preview reads pixels
+    # through the default cache.
+    from shardio.cli import main as shardio_main
+
+    assert shardio_main(["info", url, "--json"]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["samples"] == total
+    png = tmp_path / "preview.png"
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    assert shardio_main(["preview", url, "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_two_writers_from_the_same_manifest_never_both_commit(s3_bucket):
