@@ -1,0 +1,75 @@
+"""LitData on the bench's images: ``litdata.optimize`` to the S3 server, then ``StreamingDataset`` epochs.
+
+Fastest setting for fixed 256x256 uint8 images: each sample a dict of the raw ``np.ndarray`` (LitData's
+numpy serializer: a small shape header and the bytes, ``np.frombuffer`` on read; no JPEG/PNG, no
+compression) and the label, 64 MB chunks, shuffled, a ``StreamingDataLoader`` with ``--workers``
+processes and a cache with room for everything (``max_cache_size``), so the warm epochs read local
+chunks. Run inside bench/out/peer-venv; prints one ``PEER_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from _common import Samples, arguments, cache_bytes, emit, epoch
+
+SAMPLES: Samples | None = None
+SHARDS = ""
+
+
+def sample(index: int) -> dict:
+    global SAMPLES
+    if SAMPLES is None:  # once per optimize worker process
+        SAMPLES = Samples(SHARDS)
+    image, label = SAMPLES[index]
+    return {"image": image, "cls": label}
+
+
+def main() -> None:
+    global SHARDS
+    import litdata
+
+    args = arguments(__doc__.splitlines()[0])
+    # LitData moves chunks with obstore, built with client options of its own that never allow plain
+    # http, so against the bench's loopback server (http://127.0.0.1) every upload fails with "builder
+    # error: BadScheme". Real S3 is https; here the one missing option is added (in place: forked
+    # workers inherit it). Nothing else of LitData's configuration is touched.
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+    SHARDS = os.environ["PEER_SHARDS"] = args.shards
+    storage = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    count = len(Samples(args.shards))
+    shutil.rmtree(args.scratch, ignore_errors=True)
+    os.makedirs(args.scratch)
+    start = time.perf_counter()
+    litdata.optimize(fn=sample, inputs=list(range(count)), output_dir=args.remote, chunk_bytes="64MB",
+                     num_workers=args.workers, mode="overwrite", storage_options=storage, verbose=False,
+                     start_method="fork")
+    write_s = time.perf_counter() - start
+    cache = os.path.join(args.scratch, "cache")
+    dataset = litdata.StreamingDataset(args.remote, cache_dir=cache, shuffle=True, max_cache_size="100GB",
+                                       storage_options=storage)
+    loader = litdata.StreamingDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
+    epochs = [epoch(loader) for _ in range(args.epochs)]
+    for e in epochs:
+        if e["samples"] != count:
+            raise SystemExit(f"LitData epoch read {e['samples']} samples of {count}")
+    emit({
+        "name": "LitData",
+        "version": litdata.__version__,
+        "setting": f"optimize: raw uint8 ndarray + int label, 64MB chunks, no compression, {args.workers} "
+                   f"workers; StreamingDataset shuffle=True, StreamingDataLoader {args.workers} workers, "
+                   f"batch {args.batch}, max_cache_size 100GB",
+        "samples": count,
+        "write_s": round(write_s, 2),
+        "epochs": epochs,
+        "cache_bytes": cache_bytes(cache),
+    })
+    shutil.rmtree(args.scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""``ShardDataset`` streaming from the bench's S3 server with a bounded cache, against the local reader.
+
+Every epoch is shuffled with the default window and block (the training setting), batches of 256, each
+batch copied once into a reused buffer (what ``pin_memory`` or ``.cuda()`` does with it), so the local,
+cold and warm rows do the same work per sample. Rows:
+
+- ``local``: the same shards on local disk (page cache warm), median of two epochs after a warm-up;
+- ``cold``: a fresh ``cache_dir`` with room for the whole dataset (``cache_limit`` = 1.25x its bytes):
+  the first epoch downloads every shard; ``warm``: the next two epochs on the same dataset object, every
+  shard already cached, so they should read at local speed;
+- ``bounded``: a fresh ``cache_dir`` whose ``cache_limit`` holds 60% of the shards (of 16: room for the
+  default shuffle window of 8 and a few ahead), two epochs: the cache must evict and download again, and
+  never exceed its limit.
+
+The cache's size is sampled from outside every 20 ms (every file under ``cache_dir``, partial
+downloads included), so the peak does not rely on the cache reporting itself. The cache is another
+module's work: if ``ShardDataset`` has no ``cache_dir`` yet, or refuses an ``s3://`` URL, the rows say
+"not available" with the reason instead of failing the bench.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import statistics
+import threading
+import time
+import traceback
+from typing import Any, Self
+
+import numpy as np
+
+from bench.reader import copy_batches
+
+__all__ = ["CacheSizeSampler", "reader_rows"]
+
+BATCH = 256
+
+
+class CacheSizeSampler:
+    """Peak total bytes of the files under ``directory``, sampled every ``interval_s`` in a thread."""
+
+    def __init__(self, directory: str, interval_s: float = 0.02) -> None:
+        self.directory = directory
+        self.interval_s = interval_s
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def size(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.directory):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except FileNotFoundError:  # evicted or renamed between listing and stat
+                    pass
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.size())
+            self.samples += 1
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.size())
+
+
+def _epoch(dataset: Any, out: np.ndarray) -> dict[str, float]:
+    start = time.perf_counter()
+    samples = copy_batches(dataset, out)
+    seconds = time.perf_counter() - start
+    return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1)}
+
+
+def _median_row(epochs: list[dict[str, float]]) -> dict[str, Any]:
+    return {"samples/s": round(statistics.median(e["samples/s"] for e in epochs), 1), "epochs": epochs}
+
+
+def _not_available() -> str | None:
+    from shardio import ShardDataset
+
+    if "cache_dir" not in inspect.signature(ShardDataset.__init__).parameters:
+        return "not available: ShardDataset has no cache_dir/cache_limit on this branch (the reader cache)"
+    return None
+
+
+def _stats(dataset: Any) -> Any:
+    """What the cache says about itself, if it says anything (its accessor is the cache module's)."""
+    for name in ("cache_stats", "stats"):
+        accessor = getattr(dataset, name, None)
+        if accessor is not None:
+            try:
+                value = accessor() if callable(accessor) else accessor
+                return value if isinstance(value, dict) else repr(value)
+            except Exception as exc:  # a bench row, not the product: report and go on
+                return f"{name} failed: {exc!r}"
+    return None
+
+
+def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out: np.ndarray) -> dict[str, Any]:
+    from shardio import ShardDataset
+
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir)
+    with CacheSizeSampler(cache_dir) as sampler:
+        start = time.perf_counter()
+        dataset = ShardDataset(url, BATCH, shuffle=True, cache_dir=cache_dir, cache_limit=cache_limit)
+        open_s = time.perf_counter() - start
+        rows = [_epoch(dataset, out) for _ in range(epochs)]
+        stats = _stats(dataset)
+        del dataset
+    return {
+        "open_s": round(open_s, 3),
+        "epochs": rows,
+        "cache_limit_bytes": cache_limit,
+        "peak_cache_bytes": sampler.peak,
+        "peak_over_limit": round(sampler.peak / cache_limit, 3),
+        "size_samples": sampler.samples,
+        "cache_stats": stats,
+    }
+
+
+def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int) -> dict[str, Any]:
+    """The rows above; ``dataset_bytes``: the shards' total size (sets both cache limits)."""
+    from shardio import ShardDataset
+
+    out = np.empty((BATCH, 256, 256, 3), np.uint8)
+    local = ShardDataset(local_dir, BATCH, shuffle=True)
+    _epoch(local, out)  # warm-up: page cache, memory maps
+    result: dict[str, Any] = {"batch": BATCH, "local": _median_row([_epoch(local, out) for _ in range(2)])}
+    why = _not_available()
+    if why:
+        result["remote"] = why
+        return result
+    full_limit, bounded_limit = int(dataset_bytes * 1.25), int(dataset_bytes * 0.6)
+    try:
+        full = _remote_epochs(url, os.path.join(scratch, "cache-full"), full_limit, 3, out)
+        result["cold"] = {**full["epochs"][0], "open_s": full["open_s"]}
+        result["warm"] = _median_row(full["epochs"][1:])
+        result["full_cache"] = {k: v for k, v in full.items() if k != "epochs"}
+        bounded = _remote_epochs(url, os.path.join(scratch, "cache-bounded"), bounded_limit, 2, out)
+        result["bounded"] = {**_median_row(bounded["epochs"]),
+                             **{k: v for k, v in bounded.items() if k != "epochs"}}
+    except Exception as exc:  # the cache is another module's work in progress: report, keep the bench going
+        traceback.print_exc()
+        result["remote"] = f"failed: {type(exc).__name__}: {exc}"
+    finally:
+        for name in ("cache-full", "cache-bounded"):
+            shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
+    return result
