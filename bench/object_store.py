@@ -219,6 +219,10 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                 ours = reader[epoch]["samples/s"]
                 out.append(_figure(name, ours / row[epoch]["samples/s"], 2.0,
                                    detail=f"{ours:.0f} vs {row[epoch]['samples/s']:.0f} samples/s"))
+        if "not available" not in row:  # both read local files: holds whatever the S3 reader's state
+            out.append(_figure(f"shardio local-disk reader / {peer} warm epoch",
+                               local / row["warm"]["samples/s"],
+                               detail=f"{local:.0f} vs {row['warm']['samples/s']:.0f} samples/s"))
     for case, row in r["clients"].items():
         if isinstance(row, dict) and "obstore / s3fs" in row:
             out.append(_figure(f"obstore / s3fs: {case}", row["obstore / s3fs"],
