@@ -108,7 +108,7 @@ def run_job(
     emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
     cfg = options.config
-    directory = storage.check_local(options.output)
+    directory = storage.normalize(options.output)  # a URL stays a URL: object storage
     report = RunReport(
         run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
         output=directory,

@@ -61,7 +61,7 @@ def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) ->
 def verify_dataset(directory: str) -> VerifyResult:
     """Check every listed shard (size, then sha256 of both files). Needs no lock: a shard that a run
     replaced meanwhile is re-checked against the newer manifest, so a concurrent run is not "corruption"."""
-    directory = storage.check_local(directory)
+    directory = storage.normalize(directory)
     manifest = load_manifest(directory)
     result = VerifyResult(directory, shards=len(manifest.shards),
                           bytes=sum(e.bytes + e.meta_bytes for e in manifest.shards))
@@ -78,7 +78,7 @@ def verify_dataset(directory: str) -> VerifyResult:
 def repair_dataset(directory: str, result: VerifyResult, workers: int | None = None,
                    ray_address: str | None = None, wait_for_lock: bool = False) -> RepairResult:
     """Rebuild the inputs behind ``result.bad`` from their tars, with the dataset's own config."""
-    directory = storage.check_local(directory)
+    directory = storage.normalize(directory)
     repair = RepairResult()
     for path in result.bad_inputs:
         (repair.rebuilt if storage.is_file(path) else repair.missing).append(path)

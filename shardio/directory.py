@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from shardio import storage
-from shardio.errors import OutputUnusable, ShardError, ShardFormatError
+from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
     MANIFEST_NAME,
     MANIFESTS_DIR,
@@ -120,8 +120,21 @@ def publish(directory: str, manifest: Manifest) -> int:
     manifest.retired = retired
     data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
     store.makedirs(store.join(directory, MANIFESTS_DIR))
-    store.publish_new(generation_path(directory, generation), data)
-    store.publish(store.join(directory, MANIFEST_NAME), data)
+    _check_held(directory)
+    try:
+        store.publish_new(generation_path(directory, generation), data)
+    except FileExistsError:
+        raise CommitConflict(f"{generation_path(directory, generation)}: another writer committed generation "
+                             f"{generation} first; nothing was overwritten: rerun to build on it") from None
+    path = store.join(directory, MANIFEST_NAME)
+    if manifest.source_version or store.is_local:
+        manifest.source_version = store.publish(path, data, if_version=manifest.source_version or None)
+    else:
+        try:  # a new dataset on object storage: create-if-absent, so two first runs cannot both commit
+            manifest.source_version = store.publish_new(path, data)
+        except FileExistsError:
+            raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
+                                 "overwritten: rerun to build on it") from None
     return generation
 
 
@@ -140,6 +153,7 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
     (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
     Returns how many files went."""
     store = storage.for_path(directory)
+    _check_held(directory)
     keep = protected_files(manifest) if manifest is not None else set()
     removed = 0
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
@@ -174,6 +188,7 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
     ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
     file the current or a kept generation lists."""
     store = storage.for_path(directory)
+    _check_held(directory)
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
     current = manifest.generation
     generations = [g for g in list_generations(directory) if g < current]
@@ -325,11 +340,31 @@ def ensure_output_dir(directory: str) -> None:
                              "that this user may write its parent") from e
 
 
+# The lock handle of each directory this process holds: commits and deletions check it first (a lease
+# on object storage can be lost by a holder paused past its expiry).
+_held: dict[str, Any] = {}
+
+
+def _check_held(directory: str) -> None:
+    handle = _held.get(directory)
+    if handle is not None:
+        handle.check()
+
+
 @contextmanager
 def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
-    """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting)."""
-    with storage.for_path(directory).lock(directory, wait_for_lock):
-        yield
+    """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
+    On object storage the store is first checked to honour conditional writes (the lease and the commit
+    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.lease``)."""
+    store = storage.for_path(directory)
+    if not store.is_local:
+        store.check_conditional_writes(directory)  # type: ignore[attr-defined]
+    with store.lock(directory, wait_for_lock) as handle:
+        _held[directory] = handle
+        try:
+            yield
+        finally:
+            _held.pop(directory, None)
 
 
 # --- staging shards (``shardio.writer``) ----------------------------------------------------------------
@@ -473,10 +508,11 @@ def save_report(directory: str, run_id: str, data: bytes) -> str:
 # --- the shard checker --------------------------------------------------------------------------------
 
 
-def _file_problem(store: storage.Storage, path: str, size: int, sha256: str | None) -> str | None:
+def _file_problem(store: storage.Storage, path: str, size: int, sha256: str | None,
+                  listed: dict[str, int] | None = None) -> str | None:
     try:
-        actual = store.file_size(path)
-    except FileNotFoundError:
+        actual = store.file_size(path) if listed is None else listed[path]
+    except (FileNotFoundError, KeyError):
         return f"{path}: listed in the manifest but missing"
     if actual != size:
         return f"{path}: {actual} bytes, the manifest says {size} (truncated or overwritten)"
@@ -486,9 +522,10 @@ def _file_problem(store: storage.Storage, path: str, size: int, sha256: str | No
 
 
 def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
-                  checksums: bool = False) -> str | None:
+                  checksums: bool = False, listed: dict[str, int] | None = None) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies and
-    each file's size, O(1); with ``checksums`` also each file's sha256 (reads every byte)."""
+    each file's size, O(1); with ``checksums`` also each file's sha256 (reads every byte). ``listed``
+    (path -> size, from one listing) saves a request per file on object storage."""
     store = storage.for_path(directory)
     expected = expected_shard_size(entry, shape)
     if entry.bytes != expected:
@@ -496,7 +533,7 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
                 f"{entry.samples} samples imply {expected} (inconsistent)")
     for rel, size, sha in ((entry.path, entry.bytes, entry.sha256),
                            (entry.meta_path, entry.meta_bytes, entry.meta_sha256)):
-        problem = _file_problem(store, store.join(directory, rel), size, sha if checksums else None)
+        problem = _file_problem(store, store.join(directory, rel), size, sha if checksums else None, listed)
         if problem is not None:
             return problem
     return None
@@ -507,7 +544,12 @@ def shard_problems(directory: str, manifest: Manifest, shards: Iterable[ShardEnt
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
     sha256 runs at ~1-2 GB/s a core and releases the GIL, so a few ``threads`` keep a disk busy."""
     entries = list(manifest.shards if shards is None else shards)
-    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums)  # noqa: E731
+    store = storage.for_path(directory)
+    listed = None
+    if not store.is_local and entries:
+        # One LIST per 1,000 objects instead of two HEADs per shard.
+        listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
+    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed)  # noqa: E731
     if threads > 1 and len(entries) > 1:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -7,14 +7,19 @@
     │   └── DatasetIncompatibleError      the dataset was made with another config: exit 2
     │       └── VersionDrift              ... or another Pillow / libjpeg-turbo (``--strict-versions``)
     ├── OutputFull                        the output disk filled up; the dataset is as of its last commit
+    ├── StorageUnavailable                the object store failed after retries (5xx, unreachable)
     ├── UsageError                        refused before any work, fix the command and rerun: exit 2
     │   ├── ConfigError                   a bad config key or value (also a ValueError)
     │   ├── NoInputsMatched               a glob / brace range matched no tar
     │   ├── OutputUnusable                --output is a file, or not writable by this user
     │   ├── OutputLocked                  another live run holds the dataset directory
+    │   │   └── CommitConflict            another writer committed since this run read the manifest
     │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
     │   ├── RayUnavailable                the Ray address cannot be reached
-    │   └── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
+    │   ├── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
+    │   ├── StorageAccessError            the object store refused the credentials, or the bucket is missing
+    │   ├── UnsupportedStore              the object store ignores conditional writes
+    │   └── MissingExtra                  an optional extra is needed (``pip install 'shardio[s3]'``)
     ├── SampleError                       one image could not be turned into pixels (counted, not fatal)
     └── InputError                        one input (tar) could not be read (named in the report)
 
@@ -42,6 +47,11 @@ __all__ = [
     "PruneRefused",
     "RayUnavailable",
     "UnsupportedPath",
+    "StorageAccessError",
+    "StorageUnavailable",
+    "UnsupportedStore",
+    "MissingExtra",
+    "CommitConflict",
     "SampleError",
     "InputError",
     "EXIT_OK",
@@ -116,6 +126,28 @@ class RayUnavailable(UsageError):
 
 class UnsupportedPath(UsageError, NotImplementedError):
     """A path with a URL scheme (``s3://``) that no storage backend serves yet."""
+
+
+class StorageAccessError(UsageError):
+    """The object store refused the request for good: wrong credentials, no permission, no such bucket
+    (never retried: a retry cannot fix it)."""
+
+
+class UnsupportedStore(UsageError):
+    """The object store ignores conditional writes, so two writers could overwrite each other's commit."""
+
+
+class MissingExtra(UsageError, ImportError):
+    """A feature needs an optional extra that is not installed; the message says what to install."""
+
+
+class CommitConflict(OutputLocked):
+    """Another writer committed since this run read the manifest: nothing was overwritten."""
+
+
+class StorageUnavailable(ShardioError):
+    """The object store kept failing after retries (unreachable, 5xx, SlowDown): the run stops with what
+    it committed; rerunning resumes."""
 
 
 class SampleError(ShardioError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from shardio import storage
 from shardio.failure_reasons import count_by_category
 from shardio.reader import open_dataset
 from shardio.run_report import run_history
@@ -18,6 +19,9 @@ __all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio
 
 
 def _directory_bytes(directory: str) -> int:
+    """Every file under the dataset (one walk locally, one LIST per 1,000 objects on object storage)."""
+    if storage.is_remote(directory):
+        return sum(found.size for found in storage.list_files(directory, recursive=True))
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:

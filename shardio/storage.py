@@ -1,14 +1,19 @@
-"""All file access of shardio and preprocess goes through here: a small storage interface, local today.
+"""All file access of shardio and preprocess goes through here: a small storage interface with two
+backends, the local filesystem (``LocalStorage``, below) and S3-compatible object storage
+(``shardio.object_storage.S3Storage``, for ``s3://`` URLs, imported only when one is used).
 
-Everything else calls these functions with path strings; the dataset-directory protocol
-(``shardio.directory``) asks for a backend with ``for_path(directory)`` and uses only the ``Storage``
-interface below, so object storage (``s3://``) is one new class here, not a change to the protocol. A
-URL scheme no backend serves is refused (``UnsupportedPath``).
+Everything else calls these functions with path strings (each dispatches on the path: ``for_path``);
+the dataset-directory protocol (``shardio.directory``) uses only the ``Storage`` interface below, so
+object storage is a second backend, not a change to the protocol. A URL scheme no backend serves is
+refused (``UnsupportedPath``); a URL is never turned into a local path.
 
 What the protocol needs from storage, and how ``LocalStorage`` provides each:
 
 - **Atomic publish of one object** (``publish``): a reader sees the old object or the whole new one.
   Local: temp file beside it, fsync, ``rename``, fsync the directory. (S3: a PUT is atomic per object.)
+  With ``if_version`` (the version ``read_versioned`` returned) it replaces only that version, else
+  ``CommitConflict``: the manifest of a run is published over the one it started from, never over a
+  newer one (S3: ``If-Match: ETAG``; local: the flock already excludes a second writer).
 - **Conditional create** (``publish_new``): publish only if nothing is there yet, else
   ``FileExistsError``; a generation file is created once, so two writers can never both commit
   generation N. Local: ``link()`` of the fsynced temp file, which fails if the name exists. (S3:
@@ -37,32 +42,39 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import BinaryIO, ContextManager, Protocol
+from dataclasses import dataclass
+from typing import Any, BinaryIO, ContextManager, Protocol
 
 from shardio.errors import OutputLocked, OutputUnusable, UnsupportedPath
 
 __all__ = [
+    "FileInfo",
+    "Storage",
+    "LocalStorage",
+    "for_path",
+    "is_remote",
     "check_local",
+    "normalize",
     "join",
     "open_read",
-    "create_temp",
-    "atomic_writer",
-    "write_atomic",
+    "read_bytes",
     "file_size",
     "stat_fingerprint",
+    "info",
     "exists",
     "is_file",
     "remove",
     "list_dir",
+    "list_files",
     "makedirs",
+    "create_temp",
+    "atomic_writer",
+    "write_atomic",
     "sync_dir",
     "is_disk_full",
     "promote",
     "publish_new",
     "lock",
-    "Storage",
-    "LocalStorage",
-    "for_path",
     "TEMP_PREFIX",
     "LOCK_NAME",
 ]
@@ -70,73 +82,81 @@ __all__ = [
 # Files being written carry this prefix until their atomic rename; a run that finds any left over
 # (from a killed run) deletes them before it starts.
 TEMP_PREFIX = ".tmp-"
+LOCK_NAME = ".lock"
+
+# Schemes with a backend; any other "scheme://" is refused by name.
+_REMOTE_SCHEMES = ("s3://",)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One file or object: ``version`` is the ETag on object storage, "" locally (where size and mtime
+    recognise a file)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    version: str = ""
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is an object-storage URL (``s3://...``)."""
+    return path.startswith(_REMOTE_SCHEMES)
 
 
 def check_local(path: str) -> str:
-    """Return ``path`` if it is local; refuse URLs until an object-store backend exists."""
+    """``path`` as a local path (``file://`` stripped); ``UnsupportedPath`` for any URL: the caller needs
+    a real file here (a memory map, an fd)."""
     if "://" in path and not path.startswith("file://"):
         scheme = path.split("://", 1)[0]
+        if is_remote(path):
+            raise UnsupportedPath(f"{path}: this needs a local path, not an {scheme}:// URL")
         raise UnsupportedPath(
-            f"{path}: {scheme}:// paths are not supported yet; copy the data locally or mount the bucket"
+            f"{path}: {scheme}:// paths are not supported (only local paths and s3:// URLs); copy the data "
+            "locally or mount it"
         )
     return path[len("file://") :] if path.startswith("file://") else path
 
 
-def join(*parts: str) -> str:
-    return os.path.join(*parts)
+def normalize(path: str) -> str:
+    """A dataset or input path as the backends take it: a URL unchanged, a local path without
+    ``file://``; ``UnsupportedPath`` for a scheme no backend serves."""
+    return path if is_remote(path) else check_local(path)
 
 
-def open_read(path: str) -> BinaryIO:
-    return open(check_local(path), "rb")
+class Storage(Protocol):
+    """What ``shardio.directory``, the reader and the job need from a backend (guarantees: module
+    docstring)."""
+
+    is_local: bool
+
+    def join(self, *parts: str) -> str: ...
+    def info(self, path: str) -> FileInfo: ...
+    def open_read(self, path: str) -> BinaryIO: ...
+    def read_bytes(self, path: str) -> bytes: ...
+    def read_versioned(self, path: str) -> tuple[bytes, str]: ...
+    def read_range(self, path: str, start: int, length: int) -> bytes: ...
+    def download(self, path: str, local_path: str) -> None: ...
+    def exists(self, path: str) -> bool: ...
+    def is_file(self, path: str) -> bool: ...
+    def is_dir(self, path: str) -> bool: ...
+    def file_size(self, path: str) -> int: ...
+    def stat_fingerprint(self, path: str) -> tuple[int, int]: ...
+    def list_dir(self, path: str) -> list[str]: ...
+    def list_files(self, folder: str, recursive: bool = False) -> list[FileInfo]: ...
+    def makedirs(self, path: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def upload(self, local_path: str, path: str) -> str: ...
+    def create_temp(self, final_path: str) -> tuple[int, str]: ...
+    def promote(self, staged_path: str, final_path: str) -> None: ...
+    def publish(self, path: str, data: bytes, if_version: str | None = None) -> str: ...
+    def publish_new(self, path: str, data: bytes) -> str: ...
+    def barrier(self, path: str) -> None: ...
+    def sha256(self, path: str) -> str: ...
+    def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]: ...
 
 
-def file_size(path: str) -> int:
-    return os.stat(check_local(path)).st_size
-
-
-def stat_fingerprint(path: str) -> tuple[int, int]:
-    """(size, mtime in ns): how an input is recognised between runs without reading it."""
-    st = os.stat(check_local(path))
-    return st.st_size, st.st_mtime_ns
-
-
-def exists(path: str) -> bool:
-    return os.path.exists(check_local(path))
-
-
-def is_file(path: str) -> bool:
-    return os.path.isfile(check_local(path))
-
-
-def remove(path: str) -> None:
-    try:
-        os.remove(check_local(path))
-    except FileNotFoundError:
-        pass
-
-
-def list_dir(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(check_local(path)))
-    except FileNotFoundError:
-        return []
-
-
-def makedirs(path: str) -> None:
-    os.makedirs(check_local(path), exist_ok=True)
-
-
-def sync_dir(path: str) -> None:
-    """fsync a directory, so the renames into it survive a power cut (a SIGKILL needs no fsync: the page
-    cache outlives the process; a preempted VM's disk does not)."""
-    fd = os.open(check_local(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_fsync_dir = sync_dir
+# --- local files ----------------------------------------------------------------------------------------
 
 # ENOSPC: the filesystem is full; EDQUOT: the user's quota is. Either way no retry can succeed.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -154,10 +174,17 @@ def is_disk_full(error: BaseException | str) -> bool:
 _FILE_MODE = 0o666
 
 
-def create_temp(final_path: str) -> tuple[int, str]:
-    """Create a new, empty temp file beside ``final_path`` (``.tmp-NAME.RANDOM``, mode 0o666 less the
-    umask); returns (writable fd, temp path)."""
-    final_path = check_local(final_path)
+def sync_dir(path: str) -> None:
+    """fsync a directory, so the renames into it survive a power cut (a SIGKILL needs no fsync: the page
+    cache outlives the process; a preempted VM's disk does not)."""
+    fd = os.open(check_local(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _local_create_temp(final_path: str) -> tuple[int, str]:
     directory, name = os.path.split(final_path)
     while True:
         tmp = os.path.join(directory or ".", f"{TEMP_PREFIX}{name}.{secrets.token_hex(4)}")
@@ -169,22 +196,21 @@ def create_temp(final_path: str) -> tuple[int, str]:
 
 @contextmanager
 def atomic_writer(path: str) -> Iterator[BinaryIO]:
-    """Write ``path`` so that readers see either the old file or the whole new one, never a part.
+    """Write local ``path`` so that readers see either the old file or the whole new one, never a part.
 
     Temp file in the same directory, fsync, rename, fsync the directory: a crash at any instant leaves
     at most a ``.tmp-*`` file, which the next run removes.
     """
     path = check_local(path)
-    directory, name = os.path.split(path)
-    directory = directory or "."
-    fd, tmp = create_temp(path)
+    directory = os.path.dirname(path) or "."
+    fd, tmp = _local_create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        sync_dir(directory)
     except BaseException:
         try:
             os.remove(tmp)
@@ -194,49 +220,160 @@ def atomic_writer(path: str) -> Iterator[BinaryIO]:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    with atomic_writer(path) as f:
-        f.write(data)
+    """Publish ``data`` at ``path`` atomically (any backend)."""
+    for_path(path).publish(path, data)
 
 
-def promote(staged_path: str, final_path: str) -> None:
-    """Move a staged (fsynced) temp file to its final name in the same folder, replacing what is there."""
-    os.replace(check_local(staged_path), check_local(final_path))
+class _LocalLockHandle:
+    def check(self) -> None:
+        """The flock cannot be lost while the process lives."""
 
 
-def publish_new(path: str, data: bytes) -> None:
-    """Publish ``data`` at ``path`` only if nothing is there (``FileExistsError`` otherwise), atomically:
-    the fsynced temp file is hard-linked to the name, which fails if the name exists. On a filesystem
-    without hard links (some FUSE / SMB mounts: EPERM, ENOTSUP) it is a check, then a rename: not atomic
-    against a second writer, which the directory's lock already excludes."""
-    path = check_local(path)
-    fd, tmp = create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+class LocalStorage:
+    """``Storage`` on a local (or mounted) filesystem."""
+
+    is_local = True
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def info(self, path: str) -> FileInfo:
+        st = os.stat(check_local(path))
+        return FileInfo(path, st.st_size, st.st_mtime_ns)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open(check_local(path), "rb")
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(check_local(path), "rb") as f:
+            return f.read()
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        with open(check_local(path), "rb") as f:
+            st = os.fstat(f.fileno())
+            return f.read(), f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        with open(check_local(path), "rb") as f:
+            return os.pread(f.fileno(), length, start)
+
+    def download(self, path: str, local_path: str) -> None:
+        import shutil
+
+        shutil.copyfile(check_local(path), local_path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(check_local(path))
+
+    def is_file(self, path: str) -> bool:
+        return os.path.isfile(check_local(path))
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(check_local(path))
+
+    def file_size(self, path: str) -> int:
+        return os.stat(check_local(path)).st_size
+
+    def stat_fingerprint(self, path: str) -> tuple[int, int]:
+        """(size, mtime in ns): how an input is recognised between runs without reading it."""
+        st = os.stat(check_local(path))
+        return st.st_size, st.st_mtime_ns
+
+    def list_dir(self, path: str) -> list[str]:
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise
-        except OSError:
-            if os.path.lexists(path):
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
-            os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
-    finally:
-        remove(tmp)
+            return sorted(os.listdir(check_local(path)))
+        except FileNotFoundError:
+            return []
 
+    def list_files(self, folder: str, recursive: bool = False) -> list[FileInfo]:
+        root = check_local(folder)
+        found = []
+        if recursive:
+            for base, dirs, files in os.walk(root):
+                dirs.sort()
+                for name in files:
+                    found.append(self.info(os.path.join(base, name)))
+        else:
+            for name in self.list_dir(root):
+                full = os.path.join(root, name)
+                if os.path.isfile(full):
+                    found.append(self.info(full))
+        return sorted(found, key=lambda f: f.path)
 
-LOCK_NAME = ".lock"
+    def makedirs(self, path: str) -> None:
+        os.makedirs(check_local(path), exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(check_local(path))
+        except FileNotFoundError:
+            pass
+
+    def upload(self, local_path: str, path: str) -> str:
+        import shutil
+
+        with atomic_writer(path) as out, open(local_path, "rb") as f:
+            shutil.copyfileobj(f, out, 16 << 20)
+        return ""
+
+    def create_temp(self, final_path: str) -> tuple[int, str]:
+        """Create a new, empty temp file beside ``final_path`` (``.tmp-NAME.RANDOM``, mode 0o666 less
+        the umask); returns (writable fd, temp path)."""
+        return _local_create_temp(check_local(final_path))
+
+    def promote(self, staged_path: str, final_path: str) -> None:
+        """Move a staged (fsynced) temp file to its final name in the same folder, replacing what is there."""
+        os.replace(check_local(staged_path), check_local(final_path))
+
+    def publish(self, path: str, data: bytes, if_version: str | None = None) -> str:
+        """Atomic replace (``if_version`` is not checked here: the flock excludes a second writer)."""
+        with atomic_writer(path) as f:
+            f.write(data)
+        return ""
+
+    def publish_new(self, path: str, data: bytes) -> str:
+        """Publish ``data`` at ``path`` only if nothing is there (``FileExistsError`` otherwise),
+        atomically: the fsynced temp file is hard-linked to the name, which fails if the name exists. On
+        a filesystem without hard links (some FUSE / SMB mounts: EPERM, ENOTSUP) it is a check, then a
+        rename: not atomic against a second writer, which the directory's lock already excludes."""
+        path = check_local(path)
+        fd, tmp = _local_create_temp(path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:
+                if os.path.lexists(path):
+                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+                os.replace(tmp, path)
+            sync_dir(os.path.dirname(path) or ".")
+        finally:
+            self.remove(tmp)
+        return ""
+
+    def barrier(self, path: str) -> None:
+        sync_dir(path)
+
+    def sha256(self, path: str) -> str:
+        from shardio.format import file_sha256
+
+        return file_sha256(path)
+
+    def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]:
+        return lock(directory, wait)
 
 
 @contextmanager
-def lock(directory: str, wait: bool = False, poll_s: float = 0.5) -> Iterator[None]:
-    """Hold the one-writer lock of ``directory`` (``flock`` on ``DIR/.lock``); ``OutputLocked`` naming
-    the holder if another live process has it (or wait for it), ``OutputUnusable`` if the directory is
-    not ours to write."""
-    path = join(check_local(directory), LOCK_NAME)
+def lock(directory: str, wait: bool = False, poll_s: float = 0.5) -> Iterator[_LocalLockHandle]:
+    """Hold the one-writer lock of local ``directory`` (``flock`` on ``DIR/.lock``; the kernel drops it
+    at any exit, SIGKILL included); ``OutputLocked`` naming the holder if another live process has it
+    (or wait for it), ``OutputUnusable`` if the directory is not ours to write."""
+    path = os.path.join(check_local(directory), LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError as e:  # EACCES, EROFS, ...: the directory is not ours to write
@@ -261,7 +398,7 @@ def lock(directory: str, wait: bool = False, poll_s: float = 0.5) -> Iterator[No
     except OSError:
         pass  # the holder note is for the message only (a full disk must not stop the run here)
     try:
-        yield
+        yield _LocalLockHandle()
     finally:
         try:
             os.ftruncate(fd, 0)
@@ -271,79 +408,82 @@ def lock(directory: str, wait: bool = False, poll_s: float = 0.5) -> Iterator[No
         os.close(fd)
 
 
-class Storage(Protocol):
-    """What ``shardio.directory`` needs from a backend (the guarantees are in the module docstring)."""
-
-    def join(self, *parts: str) -> str: ...
-    def open_read(self, path: str) -> BinaryIO: ...
-    def exists(self, path: str) -> bool: ...
-    def is_dir(self, path: str) -> bool: ...
-    def file_size(self, path: str) -> int: ...
-    def stat_fingerprint(self, path: str) -> tuple[int, int]: ...
-    def list_dir(self, path: str) -> list[str]: ...
-    def makedirs(self, path: str) -> None: ...
-    def remove(self, path: str) -> None: ...
-    def create_temp(self, final_path: str) -> tuple[int, str]: ...
-    def promote(self, staged_path: str, final_path: str) -> None: ...
-    def publish(self, path: str, data: bytes) -> None: ...
-    def publish_new(self, path: str, data: bytes) -> None: ...
-    def barrier(self, path: str) -> None: ...
-    def lock(self, directory: str, wait: bool = False) -> ContextManager[None]: ...
-
-
-class LocalStorage:
-    """``Storage`` on a local (or mounted) filesystem: this module's functions, looked up at each call."""
-
-    def join(self, *parts: str) -> str:
-        return join(*parts)
-
-    def open_read(self, path: str) -> BinaryIO:
-        return open_read(path)
-
-    def exists(self, path: str) -> bool:
-        return exists(path)
-
-    def is_dir(self, path: str) -> bool:
-        return os.path.isdir(check_local(path))
-
-    def file_size(self, path: str) -> int:
-        return file_size(path)
-
-    def stat_fingerprint(self, path: str) -> tuple[int, int]:
-        return stat_fingerprint(path)
-
-    def list_dir(self, path: str) -> list[str]:
-        return list_dir(path)
-
-    def makedirs(self, path: str) -> None:
-        makedirs(path)
-
-    def remove(self, path: str) -> None:
-        remove(path)
-
-    def create_temp(self, final_path: str) -> tuple[int, str]:
-        return create_temp(final_path)
-
-    def promote(self, staged_path: str, final_path: str) -> None:
-        promote(staged_path, final_path)
-
-    def publish(self, path: str, data: bytes) -> None:
-        write_atomic(path, data)
-
-    def publish_new(self, path: str, data: bytes) -> None:
-        publish_new(path, data)
-
-    def barrier(self, path: str) -> None:
-        sync_dir(path)
-
-    def lock(self, directory: str, wait: bool = False) -> ContextManager[None]:
-        return lock(directory, wait)
-
-
 _LOCAL = LocalStorage()
+_REMOTE: Any = None
 
 
 def for_path(path: str) -> Storage:
-    """The backend serving ``path`` (``UnsupportedPath`` for a URL scheme none serves)."""
+    """The backend serving ``path``: ``S3Storage`` for ``s3://`` (``MissingExtra`` without the ``s3``
+    extra), ``LocalStorage`` for a local path, ``UnsupportedPath`` for any other scheme."""
+    global _REMOTE
+    if is_remote(path):
+        if _REMOTE is None:
+            from shardio.object_storage import S3Storage
+
+            _REMOTE = S3Storage()
+        return _REMOTE
     check_local(path)
     return _LOCAL
+
+
+# Module-level shorthands, each dispatching on its path.
+
+
+def join(*parts: str) -> str:
+    return for_path(parts[0]).join(*parts)
+
+
+def open_read(path: str) -> BinaryIO:
+    return for_path(path).open_read(path)
+
+
+def read_bytes(path: str) -> bytes:
+    return for_path(path).read_bytes(path)
+
+
+def file_size(path: str) -> int:
+    return for_path(path).file_size(path)
+
+
+def stat_fingerprint(path: str) -> tuple[int, int]:
+    return for_path(path).stat_fingerprint(path)
+
+
+def info(path: str) -> FileInfo:
+    return for_path(path).info(path)
+
+
+def exists(path: str) -> bool:
+    return for_path(path).exists(path)
+
+
+def is_file(path: str) -> bool:
+    return for_path(path).is_file(path)
+
+
+def remove(path: str) -> None:
+    for_path(path).remove(path)
+
+
+def list_dir(path: str) -> list[str]:
+    return for_path(path).list_dir(path)
+
+
+def list_files(folder: str, recursive: bool = False) -> list[FileInfo]:
+    return for_path(folder).list_files(folder, recursive)
+
+
+def makedirs(path: str) -> None:
+    for_path(path).makedirs(path)
+
+
+def create_temp(final_path: str) -> tuple[int, str]:
+    return for_path(final_path).create_temp(final_path)
+
+
+def promote(staged_path: str, final_path: str) -> None:
+    for_path(final_path).promote(staged_path, final_path)
+
+
+def publish_new(path: str, data: bytes) -> str:
+    return for_path(path).publish_new(path, data)

@@ -197,12 +197,12 @@ def test_disk_full_writing_the_manifest_publishes_nothing(ray_cluster, tars, tmp
 
     real_writer = storage.atomic_writer
 
-    def write_half_then_fill_the_disk(path: str, data: bytes) -> None:
+    def write_half_then_fill_the_disk(self, path: str, data: bytes, if_version: str | None = None) -> str:
         with real_writer(path) as f:
             f.write(data[: len(data) // 2])
             raise _enospc(path)
 
-    monkeypatch.setattr(storage, "write_atomic", write_half_then_fill_the_disk)
+    monkeypatch.setattr(storage.LocalStorage, "publish", write_half_then_fill_the_disk)
     result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, *FLAGS, "-q"])
     message = " ".join(result.output.split())
     assert result.exit_code == 1, (result.output, result.exception)

@@ -10,12 +10,19 @@ import pytest
 from shardio import errors, storage
 
 
-def test_local_storage_provides_the_interface():
+def test_both_backends_provide_the_interface_and_other_schemes_are_refused():
+    from shardio.object_storage import S3Storage
+
     required = {name for name in storage.Storage.__dict__ if not name.startswith("_")}
-    backend = storage.for_path("/tmp")
-    assert required and all(callable(getattr(backend, name, None)) for name in required)
-    with pytest.raises(errors.UnsupportedPath, match="s3://"):
-        storage.for_path("s3://bucket/ds")
+    assert required
+    for backend in (storage.for_path("/tmp"), S3Storage()):
+        missing = [name for name in required if not callable(getattr(backend, name, None))]
+        assert not missing, f"{type(backend).__name__} lacks {missing}"
+    assert storage.for_path("/tmp").is_local and not S3Storage.is_local
+    with pytest.raises(errors.UnsupportedPath, match="gs://"):
+        storage.for_path("gs://bucket/ds")
+    with pytest.raises(errors.UnsupportedPath, match="needs a local path"):
+        storage.check_local("s3://bucket/ds")
 
 
 def test_conditional_create_refuses_an_existing_name(tmp_path):

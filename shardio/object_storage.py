@@ -1,0 +1,472 @@
+"""``Storage`` on S3-compatible object storage (``s3://bucket/key``), through obstore.
+
+Imported only when a URL is used (``shardio.storage.for_path``): a training image without the ``s3``
+extra still imports ``shardio``. obstore was chosen over fsspec/s3fs because the commit protocol needs
+conditional writes (put-if-absent, If-Match) as first-class calls, and because it is faster on the
+same server (``bench/README.md``, "Object storage"). Works against AWS S3, MinIO, Cloudflare R2 and
+SeaweedFS; the tests run it against SeaweedFS.
+
+Configuration is the standard AWS one, nothing of ours: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+/ ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``), ``AWS_ENDPOINT_URL`` (or
+``AWS_ENDPOINT_URL_S3``) for a non-AWS server, and profiles (``AWS_PROFILE``, ``~/.aws/config``,
+``~/.aws/credentials``, SSO, instance roles), which boto3 resolves when no key is in the environment.
+
+How the directory protocol's guarantees map here (``shardio.storage`` lists them):
+
+- publish: one PUT (atomic per object); ``if_version`` adds ``If-Match: ETAG``.
+- publish_new: ``If-None-Match: *`` (put-if-absent). A retried create whose first attempt landed reads
+  back the same bytes and counts as done.
+- staging + promote: a shard is written to local scratch (``create_temp``), then uploaded at its final
+  key (multipart above 16 MB): an object is visible whole or not at all. A killed upload leaves an
+  incomplete multipart upload, invisible to readers (a bucket lifecycle rule
+  ``AbortIncompleteMultipartUpload`` reclaims its space); an upload that completed but was never
+  committed is an unlisted object, which the next run holding the lease removes.
+- barrier: nothing (a completed PUT is durable and strongly consistent on S3, R2, MinIO, SeaweedFS).
+- lock: a lease object (``shardio.lease``).
+
+Transient failures (connection reset, 5xx, SlowDown) are retried by obstore with exponential backoff
+(up to ~60 s in all, so a server restart is ridden out); a refused credential or a missing bucket is not
+retried and becomes ``StorageAccessError`` (exit 2) within one request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, BinaryIO, ContextManager
+
+from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
+
+__all__ = ["S3Storage", "SCHEMES", "split_url"]
+
+SCHEMES = ("s3://",)
+
+# Above this a shard is uploaded in parts, 4 at a time (S3 wants parts of 5 MB or more).
+_PART_BYTES = 16 << 20
+_DOWNLOAD_CHUNK = 8 << 20
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``)."""
+    rest = url.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise StorageAccessError(f"{url}: no bucket name in the URL (expected s3://BUCKET/PATH)")
+    return bucket, key.strip("/")
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError as e:
+        raise MissingExtra(
+            "s3:// paths need the object-storage extra, which is not installed: pip install 'shardio[s3]' "
+            "(it adds obstore and boto3)") from e
+    return obstore
+
+
+def _endpoint() -> str | None:
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _store_options() -> dict[str, Any]:
+    """obstore's S3Store keyword arguments from the standard AWS environment and config files."""
+    options: dict[str, Any] = {
+        "client_options": {"connect_timeout": "5s", "timeout": "300s"},
+        "retry_config": {
+            "max_retries": 8,
+            "retry_timeout": timedelta(seconds=60),
+            "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=8),
+                        "base": 2},
+        },
+    }
+    endpoint = _endpoint()
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        # No key in the environment: profiles, SSO, instance roles, as the AWS CLI resolves them.
+        try:
+            import boto3
+        except ImportError:
+            boto3 = None
+        if boto3 is not None:
+            session = boto3.Session()
+            if session.get_credentials() is not None:
+                from obstore.auth.boto3 import Boto3CredentialProvider
+
+                options["credential_provider"] = Boto3CredentialProvider(session)
+            region = region or session.region_name
+            scoped = session._session.get_scoped_config()  # the profile's section of ~/.aws/config
+            endpoint = endpoint or (scoped.get("s3") or {}).get("endpoint_url") or scoped.get("endpoint_url")
+    if endpoint:
+        options["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            options["client_options"]["allow_http"] = True
+        # Non-AWS servers (MinIO, SeaweedFS, R2) address buckets by path, not by virtual host.
+        options["virtual_hosted_style_request"] = False
+    if region:
+        options["region"] = region
+    return options
+
+
+def _first_line(error: BaseException) -> str:
+    """The HTTP status and the server's error code of an obstore error (its text runs to many lines)."""
+    text = str(error)
+    status = re.search(r"status code: (\d{3} [A-Za-z ]+?)(?::|$)", text, re.M)
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    if status:
+        return f"HTTP {status.group(1).strip()}" + (f" ({code.group(1)})" if code else "")
+    return text.split("\n", 1)[0].split(": Error performing", 1)[0][:300]
+
+
+class S3Storage:
+    """``Storage`` for ``s3://`` URLs. One instance serves every bucket (a store is made per bucket)."""
+
+    is_local = False
+
+    def __init__(self) -> None:
+        self._ob = _obstore()
+        self._stores: dict[str, Any] = {}
+        self._checked_buckets: set[str] = set()
+        self._lock = threading.Lock()
+
+    # --- plumbing -------------------------------------------------------------------------------------
+
+    def _store(self, bucket: str) -> Any:
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                from obstore.store import S3Store
+
+                store = S3Store(bucket, **_store_options())
+                self._stores[bucket] = store
+            return store
+
+    def _target(self, url: str) -> tuple[Any, str]:
+        bucket, key = split_url(url)
+        return self._store(bucket), key
+
+    def where(self) -> str:
+        return _endpoint() or "AWS S3"
+
+    @contextmanager
+    def _errors(self, url: str, doing: str) -> Iterator[None]:
+        """obstore's exceptions as ours, naming the URL: a missing object stays FileNotFoundError."""
+        ex = self._ob.exceptions
+        try:
+            yield
+        except FileNotFoundError:
+            self._check_bucket(url)
+            raise
+        except (ex.PermissionDeniedError, ex.UnauthenticatedError) as e:
+            raise StorageAccessError(
+                f"{url}: {doing} refused by {self.where()}: {_first_line(e)}; check the credentials "
+                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket's policy") from None
+        except (ex.AlreadyExistsError, ex.PreconditionError):
+            raise
+        except ex.BaseError as e:
+            message = _first_line(e)
+            if "NoSuchBucket" in str(e):
+                bucket = split_url(url)[0]
+                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}; create "
+                                         "it first (shardio never creates buckets)") from None
+            if any(code in str(e) for code in ("403 Forbidden", "SignatureDoesNotMatch", "InvalidAccessKeyId",
+                                                "AccessDenied")):
+                raise StorageAccessError(
+                    f"{url}: {doing} refused by {self.where()}: {message}; check the credentials "
+                    "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE)") from None
+            raise StorageUnavailable(f"{url}: {doing} failed at {self.where()} after retries: {message}") from None
+
+    def _check_bucket(self, url: str) -> None:
+        """A HEAD on a missing bucket is a bare 404, like a missing key: one LIST per bucket and process
+        tells the two apart, so "no such bucket" is never reported as "no such file"."""
+        bucket = split_url(url)[0]
+        if bucket in self._checked_buckets:
+            return
+        store = self._store(bucket)
+        with self._errors(url, "listing the bucket"):
+            try:
+                self._ob.list_with_delimiter(store, "shardio-bucket-check/")
+            except FileNotFoundError as e:
+                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}") from e
+        self._checked_buckets.add(bucket)
+
+    # --- paths ----------------------------------------------------------------------------------------
+
+    def join(self, *parts: str) -> str:
+        head, *rest = parts
+        out = head.rstrip("/")
+        for part in rest:
+            part = part.strip("/")
+            if part:
+                out = f"{out}/{part}"
+        return out
+
+    # --- reading --------------------------------------------------------------------------------------
+
+    def info(self, path: str) -> Any:
+        from shardio.storage import FileInfo
+
+        store, key = self._target(path)
+        with self._errors(path, "HEAD"):
+            meta = self._ob.head(store, key)
+        return _file_info(FileInfo, path, meta)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.info(path)
+            return True
+        except FileNotFoundError:
+            return self.is_dir(path)
+
+    def is_file(self, path: str) -> bool:
+        try:
+            self.info(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def is_dir(self, path: str) -> bool:
+        """A "directory" is a prefix that has objects under it."""
+        store, key = self._target(path)
+        with self._errors(path, "LIST"):
+            for chunk in self._ob.list(store, prefix=f"{key}/" if key else None, chunk_size=1):
+                return bool(chunk)
+        return False
+
+    def file_size(self, path: str) -> int:
+        return self.info(path).size
+
+    def stat_fingerprint(self, path: str) -> tuple[int, int]:
+        found = self.info(path)
+        return found.size, found.mtime_ns
+
+    def list_files(self, folder: str, recursive: bool = False) -> list[Any]:
+        """Every object under ``folder/`` (one LIST request per 1,000), as FileInfo with full URLs."""
+        from shardio.storage import FileInfo
+
+        store, key = self._target(folder)
+        prefix = f"{key}/" if key else ""
+        base = folder.rstrip("/")
+        root = base[: len(base) - len(key)].rstrip("/") if key else base
+        found = []
+        with self._errors(folder, "LIST"):
+            if recursive:
+                for chunk in self._ob.list(store, prefix=prefix or None, chunk_size=1000):
+                    found += [_file_info(FileInfo, f"{root}/{meta['path']}", meta) for meta in chunk]
+            else:
+                listed = self._ob.list_with_delimiter(store, prefix or None)
+                found = [_file_info(FileInfo, f"{root}/{meta['path']}", meta) for meta in listed["objects"]]
+        return sorted(found, key=lambda info: info.path)
+
+    def list_dir(self, path: str) -> list[str]:
+        store, key = self._target(path)
+        prefix = f"{key}/" if key else ""
+        with self._errors(path, "LIST"):
+            listed = self._ob.list_with_delimiter(store, prefix or None)
+        names = [meta["path"][len(prefix):] for meta in listed["objects"]]
+        names += [common[len(prefix):].rstrip("/") for common in listed["common_prefixes"]]
+        return sorted(name for name in names if name)
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.read_versioned(path)[0]
+
+    def read_versioned(self, path: str) -> tuple[bytes, str]:
+        """The object's bytes and its ETag (for a later ``publish(..., if_version=ETAG)``)."""
+        store, key = self._target(path)
+        with self._errors(path, "GET"):
+            result = self._ob.get(store, key)
+            data = bytes(result.bytes())
+        return data, result.meta.get("e_tag") or ""
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        store, key = self._target(path)
+        with self._errors(path, "ranged GET"):
+            return bytes(self._ob.get_range(store, key, start=start, length=length))
+
+    def open_read(self, path: str) -> BinaryIO:
+        """A seekable reader doing ranged GETs (8 MB buffered)."""
+        store, key = self._target(path)
+        with self._errors(path, "GET"):
+            reader = self._ob.open_reader(store, key, buffer_size=_DOWNLOAD_CHUNK)
+        return _Reader(reader, path)  # type: ignore[return-value]
+
+    def download(self, path: str, local_path: str, attempts: int = 3) -> None:
+        """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat); a stream cut
+        mid-way (obstore retries each request, not a body already flowing) restarts, up to ``attempts``."""
+        store, key = self._target(path)
+        for attempt in range(attempts):
+            try:
+                with self._errors(path, "GET"), open(local_path, "wb") as out:
+                    for chunk in self._ob.get(store, key).stream(min_chunk_size=_DOWNLOAD_CHUNK):
+                        out.write(chunk)
+                return
+            except StorageUnavailable:
+                if attempt == attempts - 1:
+                    raise
+
+    def sha256(self, path: str) -> str:
+        store, key = self._target(path)
+        digest = hashlib.sha256()
+        with self._errors(path, "GET"):
+            for chunk in self._ob.get(store, key).stream(min_chunk_size=_DOWNLOAD_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    # --- writing --------------------------------------------------------------------------------------
+
+    def makedirs(self, path: str) -> None:
+        """Nothing to make: a prefix exists once an object is under it."""
+
+    def remove(self, path: str) -> None:
+        store, key = self._target(path)
+        with self._errors(path, "DELETE"):
+            try:
+                self._ob.delete(store, key)
+            except FileNotFoundError:
+                pass
+
+    def upload(self, local_path: str, path: str) -> str:
+        """Upload a local file at ``path`` (multipart above 16 MB); returns the ETag."""
+        store, key = self._target(path)
+        size = os.path.getsize(local_path)
+        with self._errors(path, "PUT"), open(local_path, "rb") as f:
+            if size <= _PART_BYTES:
+                result = self._ob.put(store, key, f.read(), use_multipart=False)
+            else:
+                result = self._ob.put(store, key, f, use_multipart=True, chunk_size=_PART_BYTES,
+                                      max_concurrency=4)
+        return result.get("e_tag") or ""
+
+    def create_temp(self, final_path: str) -> tuple[int, str]:
+        """Staging is a local scratch file (``$SHARDIO_SCRATCH`` or the system temp dir), uploaded at its
+        final key by ``promote``: the pixels never pass through the driver."""
+        name = final_path.rsplit("/", 1)[-1]
+        fd, local = tempfile.mkstemp(prefix=f".tmp-{name}.", dir=scratch_dir())
+        return fd, local
+
+    def promote(self, staged_path: str, final_path: str) -> None:
+        try:
+            self.upload(staged_path, final_path)
+        finally:
+            try:
+                os.remove(staged_path)
+            except FileNotFoundError:
+                pass
+
+    def publish(self, path: str, data: bytes, if_version: str | None = None) -> str:
+        """PUT ``data`` (atomic per object); with ``if_version``, only over the object with that ETag
+        (``CommitConflict`` if another writer replaced it). Returns the new ETag."""
+        store, key = self._target(path)
+        mode: Any = {"e_tag": if_version} if if_version else "overwrite"
+        with self._errors(path, "PUT"):
+            try:
+                result = self._ob.put(store, key, data, mode=mode, use_multipart=False)
+            except (self._ob.exceptions.PreconditionError, self._ob.exceptions.AlreadyExistsError, FileNotFoundError):
+                raise CommitConflict(
+                    f"{path}: changed since this run read it (another writer committed, or the object was "
+                    "replaced): nothing was overwritten; rerun to build on the new version") from None
+        return result.get("e_tag") or ""
+
+    def publish_new(self, path: str, data: bytes) -> str:
+        """PUT only if nothing is at ``path`` (``FileExistsError`` otherwise); returns the ETag."""
+        store, key = self._target(path)
+        with self._errors(path, "PUT"):
+            try:
+                result = self._ob.put(store, key, data, mode="create", use_multipart=False)
+            except (self._ob.exceptions.AlreadyExistsError, self._ob.exceptions.PreconditionError):
+                # A create retried after its first attempt landed finds its own bytes: that is success.
+                existing, etag = self.read_versioned(path)
+                if existing == data:
+                    return etag
+                raise FileExistsError(17, "object exists", path) from None
+        return result.get("e_tag") or ""
+
+    def barrier(self, path: str) -> None:
+        """A completed PUT is durable and visible to every reader at once: nothing to wait for."""
+
+    def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]:
+        from shardio.lease import lease
+
+        return lease(self, self.join(directory, ".lock"), wait=wait)
+
+    def check_conditional_writes(self, directory: str) -> None:
+        """Refuse a store that ignores ``If-None-Match``: on it two writers could both commit. Two creates
+        of one probe object: the second must be refused."""
+        probe = self.join(directory, f".probe-conditional-{os.getpid()}-{threading.get_ident()}")
+        store, key = self._target(probe)
+        with self._errors(probe, "PUT"):
+            self._ob.put(store, key, b"1", mode="overwrite", use_multipart=False)
+            try:
+                self._ob.put(store, key, b"2", mode="create", use_multipart=False)
+                honoured = False
+            except (self._ob.exceptions.AlreadyExistsError, self._ob.exceptions.PreconditionError):
+                honoured = True
+            except self._ob.exceptions.NotSupportedError:
+                honoured = False
+            finally:
+                self.remove(probe)
+        if not honoured:
+            from shardio.errors import UnsupportedStore
+
+            raise UnsupportedStore(
+                f"{directory}: {self.where()} ignores conditional writes (If-None-Match), so two runs could "
+                "overwrite each other's commit; use a store that supports them (AWS S3, MinIO, R2, SeaweedFS "
+                "do) or write to a local directory")
+
+
+def scratch_dir() -> str:
+    """Local scratch for staged shards and downloaded tars: ``$SHARDIO_SCRATCH`` or the temp dir."""
+    path = os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir()
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _file_info(cls: Any, path: str, meta: dict[str, Any]) -> Any:
+    modified = meta.get("last_modified")
+    mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
+    return cls(path=path, size=int(meta["size"]), mtime_ns=mtime_ns, version=meta.get("e_tag") or "")
+
+
+class _Reader(io.RawIOBase):
+    """obstore's ReadableFile as a binary file object (context manager, readinto)."""
+
+    def __init__(self, reader: Any, path: str) -> None:
+        self._reader, self.name = reader, path
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self._reader.read() if size is None or size < 0 else self._reader.read(size))
+
+    def readall(self) -> bytes:
+        return self.read()
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._reader.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._reader.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._reader.close()
+        super().close()

@@ -1,0 +1,203 @@
+"""The object-storage backend (``shardio.object_storage``) against a real S3 server: the guarantees the
+dataset-directory protocol needs (conditional create, If-Match, atomic upload, listing), the errors a
+user meets (wrong credentials, missing bucket, missing extra), and the lease that replaces flock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shardio import errors, lease, storage
+from shardio.object_storage import S3Storage
+
+
+@pytest.fixture
+def store(s3_server) -> S3Storage:
+    return S3Storage()  # a fresh client: reads the AWS variables now in the environment
+
+
+def test_conditional_create_and_if_match_refuse_a_second_writer(store, s3_bucket):
+    path = f"s3://{s3_bucket}/ds/manifests/0000000001.json"
+    etag = store.publish_new(path, b"first")
+    assert etag
+    with pytest.raises(FileExistsError):
+        store.publish_new(path, b"second")
+    assert store.publish_new(path, b"first") == etag  # a retried create that had landed: success
+    data, version = store.read_versioned(path)
+    assert (data, version) == (b"first", etag)
+    newer = store.publish(path, b"third", if_version=etag)
+    with pytest.raises(errors.CommitConflict, match="changed since this run read it"):
+        store.publish(path, b"stale", if_version=etag)  # another writer's commit is never overwritten
+    assert store.read_versioned(path) == (b"third", newer)
+
+
+def test_listing_info_ranges_and_removal(store, s3_bucket, tmp_path):
+    root = f"s3://{s3_bucket}/ds"
+    for name, data in [("a.json", b"{}"), ("shards/x.npy", b"0123456789"), ("shards/y.npy", b"abc")]:
+        store.publish(store.join(root, name), data)
+    assert store.list_dir(root) == ["a.json", "shards"]
+    assert store.list_dir(root + "/shards") == ["x.npy", "y.npy"]
+    assert store.list_dir(root + "/none") == []
+    listed = store.list_files(root, recursive=True)
+    assert [(f.path, f.size) for f in listed] == [(f"{root}/a.json", 2), (f"{root}/shards/x.npy", 10),
+                                                  (f"{root}/shards/y.npy", 3)]
+    assert all(f.version and f.mtime_ns > 0 for f in listed)
+    info = store.info(f"{root}/shards/x.npy")
+    assert info == listed[1]  # HEAD and LIST agree on size and ETag
+    assert store.read_range(f"{root}/shards/x.npy", 3, 4) == b"3456"
+    with store.open_read(f"{root}/shards/x.npy") as f:
+        f.seek(5)
+        assert f.read(3) == b"567"
+    assert store.exists(root) and store.is_dir(root) and not store.is_file(root)
+    assert store.is_file(f"{root}/a.json") and not store.exists(f"{root}/nothing")
+    with pytest.raises(FileNotFoundError):
+        store.info(f"{root}/nothing")
+    store.remove(f"{root}/a.json")
+    store.remove(f"{root}/a.json")  # a missing object is not an error
+    assert not store.exists(f"{root}/a.json")
+
+
+def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, tmp_path):
+    local = tmp_path / "big.npy"
+    data = os.urandom(40 << 20)  # three 16 MB parts
+    local.write_bytes(data)
+    url = f"s3://{s3_bucket}/ds/shards/big.npy"
+    etag = store.upload(str(local), url)
+    assert etag.strip('"').endswith("-3")  # a multipart ETag: parts were uploaded, then completed
+    back = tmp_path / "back.npy"
+    store.download(url, str(back))
+    assert back.read_bytes() == data
+    import hashlib
+
+    assert store.sha256(url) == hashlib.sha256(data).hexdigest()
+
+
+def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path / "scratch"))
+    url = f"s3://{s3_bucket}/ds/shards/s-00000.npy"
+    fd, staged = store.create_temp(url)
+    assert staged.startswith(str(tmp_path / "scratch"))
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"pixels")
+    assert not store.exists(url)  # nothing visible before the promote
+    store.promote(staged, url)
+    assert store.read_bytes(url) == b"pixels" and not os.path.exists(staged)
+
+
+def test_wrong_credentials_are_a_clear_usage_error_within_seconds(s3_server, s3_bucket, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    started = time.monotonic()
+    with pytest.raises(errors.StorageAccessError, match=r"refused by .*403.*credentials") as caught:
+        S3Storage().list_dir(f"s3://{s3_bucket}/ds")
+    assert time.monotonic() - started < 10  # not retried: no retry can fix a refused key
+    assert errors.exit_code(caught.value) == 2
+
+
+def test_a_missing_bucket_is_named_not_reported_as_a_missing_file(store, s3_server):
+    url = "s3://no-such-bucket-here/ds/manifest.json"
+    with pytest.raises(errors.StorageAccessError, match="bucket 'no-such-bucket-here' does not exist"):
+        store.info(url)
+    with pytest.raises(errors.StorageAccessError, match="does not exist"):
+        store.list_dir("s3://no-such-bucket-here/ds")
+
+
+def test_an_unreachable_store_fails_after_retries_naming_the_url(monkeypatch, s3_server):
+    from tests.s3_server import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    import shardio.object_storage as backend
+
+    fast = backend._store_options()
+    fast["retry_config"]["max_retries"] = 1
+    monkeypatch.setattr(backend, "_store_options", lambda: fast)
+    with pytest.raises(errors.StorageUnavailable, match="s3://bkt/x: HEAD failed at http://127.0.0.1"):
+        S3Storage().info("s3://bkt/x")
+
+
+def test_without_the_extra_a_url_says_what_to_install():
+    code = ("import sys; sys.modules['obstore'] = None\n"
+            "from shardio import storage, errors\n"
+            "try:\n    storage.for_path('s3://b/ds')\n"
+            "except errors.MissingExtra as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "pip install 'shardio[s3]'" in out
+
+
+# --- the lease -----------------------------------------------------------------------------------------
+
+
+def test_a_held_lease_refuses_a_second_holder_and_is_released(store, s3_bucket):
+    path = f"s3://{s3_bucket}/ds/.lock"
+    with lease.lease(store, path):
+        with pytest.raises(errors.OutputLocked, match="another run is writing this output"):
+            with lease.lease(store, path):
+                pass
+    assert not store.exists(path)  # released
+    with lease.lease(store, path):
+        pass
+
+
+def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost(store, s3_bucket, monkeypatch):
+    monkeypatch.setenv("SHARDIO_LEASE_SECONDS", "3600")
+    path = f"s3://{s3_bucket}/ds/.lock"
+    first = lease._acquire(store, path, wait=False, ttl_s=3600, poll_s=0.1)
+    first._stop.set()  # a holder paused (or dead): it no longer renews
+    first._thread.join()
+    # Its lease expires (here: rewritten as expired, as time would do).
+    doc = json.loads(store.read_bytes(path))
+    doc["expires"] = time.time() - 1
+    store.publish(path, json.dumps(doc).encode(), if_version=first.etag)
+    with lease.lease(store, path) as second:
+        second.check()
+        # The first holder wakes up: its renewal is refused (If-Match on its own, now stale, ETag).
+        with pytest.raises(errors.CommitConflict):
+            store.publish(path, b"{}", if_version=first.etag)
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once(store, s3_bucket):
+    path = f"s3://{s3_bucket}/ds/.lock"
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    dead_pid = int(child.stdout)
+    store.publish_new(path, json.dumps({"holder": f"pid {dead_pid}", "host": os.uname().nodename,
+                                        "pid": dead_pid, "expires": time.time() + 3600}).encode())
+    with lease.lease(store, path) as handle:  # no waiting for the hour-long expiry
+        handle.check()
+
+
+def test_a_lost_lease_refuses_the_commit(store, s3_bucket, monkeypatch):
+    monkeypatch.setenv("SHARDIO_LEASE_SECONDS", "0.6")  # renewals every 0.2 s
+    path = f"s3://{s3_bucket}/ds/.lock"
+    with lease.lease(store, path) as handle:
+        # Another run takes the lease over (as after an expiry): our next renewal is refused.
+        store.publish(path, json.dumps({"holder": "someone else", "expires": time.time() + 3600}).encode())
+        deadline = time.monotonic() + 30
+        while handle.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(errors.OutputLocked, match="taken over by another run"):
+            handle.check()
+    assert json.loads(store.read_bytes(path))["holder"] == "someone else"  # never deleted by the loser
+
+
+def test_wait_queues_behind_a_live_holder(store, s3_bucket):
+    path = f"s3://{s3_bucket}/ds/.lock"
+    holder = lease._acquire(store, path, wait=False, ttl_s=60, poll_s=0.1)
+    import threading
+
+    got = threading.Event()
+
+    def waiter() -> None:
+        with lease.lease(store, path, wait=True, poll_s=0.05):
+            got.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert not got.wait(0.5)  # still queued while the holder lives
+    holder.release()
+    thread.join(30)
+    assert got.is_set()
