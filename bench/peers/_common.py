@@ -13,6 +13,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -51,7 +52,8 @@ def arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--remote", required=True, help="s3://bucket/prefix to write the peer's format to")
     parser.add_argument("--scratch", required=True, help="local folder for the peer's staging and cache")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    parser.add_argument("--skip-write", action="store_true", help="read what an earlier call wrote to --remote")
     parser.add_argument("--epochs", type=int, default=3, help="the first is cold, the rest warm")
     return parser.parse_args()
 
@@ -64,6 +66,19 @@ def epoch(loader: Any, batch_key: str = "image") -> dict[str, float]:
         samples += len(batch[batch_key])
     seconds = time.perf_counter() - start
     return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1)}
+
+
+def read_epochs(args: argparse.Namespace, count: int, make_loader: Any) -> dict[str, Any]:
+    """``--epochs`` passes over ``make_loader(workers, cache_dir)`` from a fresh cache (one setting per
+    process: a second Mosaic dataset in the same process waited ~60 s on the first one's shared memory)."""
+    cache = os.path.join(args.scratch, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    loader = make_loader(args.workers, cache)
+    epochs = [epoch(loader) for _ in range(args.epochs)]
+    for e in epochs:
+        if e["samples"] != count:
+            raise SystemExit(f"an epoch read {e['samples']} samples of {count}")
+    return {"workers": args.workers, "epochs": epochs, "cache_bytes": cache_bytes(cache)}
 
 
 def cache_bytes(directory: str) -> int:

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 
-from _common import Samples, arguments, cache_bytes, emit, epoch
+from _common import Samples, arguments, emit, read_epochs
 
 SAMPLES: Samples | None = None
 SHARDS = ""
@@ -42,33 +42,29 @@ def main() -> None:
     SHARDS = os.environ["PEER_SHARDS"] = args.shards
     storage = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
     count = len(Samples(args.shards))
-    shutil.rmtree(args.scratch, ignore_errors=True)
-    os.makedirs(args.scratch)
-    start = time.perf_counter()
-    litdata.optimize(fn=sample, inputs=list(range(count)), output_dir=args.remote, chunk_bytes="64MB",
-                     num_workers=args.workers, mode="overwrite", storage_options=storage, verbose=False,
-                     start_method="fork")
-    write_s = time.perf_counter() - start
-    cache = os.path.join(args.scratch, "cache")
-    dataset = litdata.StreamingDataset(args.remote, cache_dir=cache, shuffle=True, max_cache_size="100GB",
-                                       storage_options=storage)
-    loader = litdata.StreamingDataLoader(dataset, batch_size=args.batch, num_workers=args.workers)
-    epochs = [epoch(loader) for _ in range(args.epochs)]
-    for e in epochs:
-        if e["samples"] != count:
-            raise SystemExit(f"LitData epoch read {e['samples']} samples of {count}")
+    os.makedirs(args.scratch, exist_ok=True)
+    write_s = None
+    if not args.skip_write:
+        start = time.perf_counter()
+        litdata.optimize(fn=sample, inputs=list(range(count)), output_dir=args.remote, chunk_bytes="64MB",
+                         num_workers=2, mode="overwrite", storage_options=storage, verbose=False,
+                         start_method="fork")
+        write_s = round(time.perf_counter() - start, 2)
+
+    def loader(workers: int, cache: str) -> litdata.StreamingDataLoader:
+        dataset = litdata.StreamingDataset(args.remote, cache_dir=cache, shuffle=True, max_cache_size="100GB",
+                                           storage_options=storage)
+        return litdata.StreamingDataLoader(dataset, batch_size=args.batch, num_workers=workers)
+
     emit({
         "name": "LitData",
         "version": litdata.__version__,
-        "setting": f"optimize: raw uint8 ndarray + int label, 64MB chunks, no compression, {args.workers} "
-                   f"workers; StreamingDataset shuffle=True, StreamingDataLoader {args.workers} workers, "
-                   f"batch {args.batch}, max_cache_size 100GB",
+        "setting": "optimize: raw uint8 ndarray + int label, 64MB chunks, no compression; StreamingDataset "
+                   f"shuffle=True, StreamingDataLoader, batch {args.batch}, max_cache_size 100GB",
         "samples": count,
-        "write_s": round(write_s, 2),
-        "epochs": epochs,
-        "cache_bytes": cache_bytes(cache),
+        "write_s": write_s,
+        **read_epochs(args, count, loader),
     })
-    shutil.rmtree(args.scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
