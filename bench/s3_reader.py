@@ -37,6 +37,7 @@ from bench.reader import copy_batches
 __all__ = ["CacheSizeSampler", "reader_rows"]
 
 BATCH = 256
+BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead
 
 
 class CacheSizeSampler:
@@ -136,8 +137,8 @@ def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out:
     }
 
 
-def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int) -> dict[str, Any]:
-    """The rows above; ``dataset_bytes``: the shards' total size (sets both cache limits)."""
+def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int, shards: int) -> dict[str, Any]:
+    """The rows above; ``dataset_bytes``, ``shards``: the shards' total size and count (set the limits)."""
     from shardio import ShardDataset
 
     out = np.empty((BATCH, 256, 256, 3), np.uint8)
@@ -148,15 +149,22 @@ def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int) -> d
     if why:
         result["remote"] = why
         return result
-    full_limit, bounded_limit = int(dataset_bytes * 1.25), int(dataset_bytes * 0.6)
+    full_limit = int(dataset_bytes * 1.25)
+    # A shuffled batch draws from up to shuffle_window (8) shards, which must be on disk together
+    # (the cache refuses a smaller limit with a clear error): 60% of 16 shards leaves room for 9.
+    bounded_limit = max(int(dataset_bytes * 0.6), (BOUNDED_MIN_SHARDS * dataset_bytes) // shards)
     try:
         full = _remote_epochs(url, os.path.join(scratch, "cache-full"), full_limit, 3, out)
         result["cold"] = {**full["epochs"][0], "open_s": full["open_s"]}
         result["warm"] = _median_row(full["epochs"][1:])
         result["full_cache"] = {k: v for k, v in full.items() if k != "epochs"}
-        bounded = _remote_epochs(url, os.path.join(scratch, "cache-bounded"), bounded_limit, 2, out)
-        result["bounded"] = {**_median_row(bounded["epochs"]),
-                             **{k: v for k, v in bounded.items() if k != "epochs"}}
+        if bounded_limit >= dataset_bytes:
+            result["bounded"] = f"skipped: {shards} shards, too few for a cache smaller than the data that " \
+                                f"holds {BOUNDED_MIN_SHARDS} of them"
+        else:
+            bounded = _remote_epochs(url, os.path.join(scratch, "cache-bounded"), bounded_limit, 2, out)
+            result["bounded"] = {**_median_row(bounded["epochs"]),
+                                 **{k: v for k, v in bounded.items() if k != "epochs"}}
     except Exception as exc:  # the cache is another module's work in progress: report, keep the bench going
         traceback.print_exc()
         result["remote"] = f"failed: {type(exc).__name__}: {exc}"
