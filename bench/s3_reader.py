@@ -4,10 +4,13 @@ Every epoch is shuffled with the default window and block (the training setting)
 batch copied once into a reused buffer (what ``pin_memory`` or ``.cuda()`` does with it), so the local,
 cold and warm rows do the same work per sample. Rows:
 
-- ``local``: the same shards on local disk (page cache warm), median of two epochs after a warm-up;
+- ``download_path``: the cache's way of fetching without the reader (``Storage.download`` of each shard
+  into a file, sha256 read back, 4 threads): MB/s between the raw GET and the cold epoch;
 - ``cold``: a fresh ``cache_dir`` with room for the whole dataset (``cache_limit`` = 1.25x its bytes):
-  the first epoch downloads every shard; ``warm``: the next two epochs on the same dataset object, every
-  shard already cached, so they should read at local speed;
+  the first epoch downloads every shard; ``warm``: the next three epochs on the same dataset object,
+  every shard already cached, so they should read at local speed;
+- ``local``: the same shards on local disk (page cache warm, after a warm-up epoch), one epoch before
+  each warm one (interleaved: a shared machine drifts), medians;
 - ``bounded``: a fresh ``cache_dir`` whose ``cache_limit`` holds 60% of the shards (of 16: room for the
   default shuffle window of 8 and a few ahead), two epochs: the cache must evict and download again, and
   never exceed its limit.
@@ -37,6 +40,7 @@ from bench.reader import copy_batches
 __all__ = ["CacheSizeSampler", "reader_rows"]
 
 BATCH = 256
+DOWNLOAD_THREADS = 4  # shardio.shard_cache's default download threads
 BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead
 
 
@@ -79,13 +83,51 @@ class CacheSizeSampler:
 
 def _epoch(dataset: Any, out: np.ndarray) -> dict[str, float]:
     start = time.perf_counter()
-    samples = copy_batches(dataset, out)
+    batches = iter(dataset)
+    first = next(batches)
+    first_s = time.perf_counter() - start
+    samples = copy_batches([first], out) + copy_batches(batches, out)
     seconds = time.perf_counter() - start
-    return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1)}
+    return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1),
+            "first_batch_s": round(first_s, 3)}
 
 
 def _median_row(epochs: list[dict[str, float]]) -> dict[str, Any]:
     return {"samples/s": round(statistics.median(e["samples/s"] for e in epochs), 1), "epochs": epochs}
+
+
+def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> dict[str, Any]:
+    """MB/s of the cache's way to fetch a shard without the reader: ``Storage.download`` of each shard
+    object into a file, then its sha256 read back, ``threads`` at a time (the cache's default). Between
+    the raw GET (bytes into memory) and the cold epoch: says whether a gap is the download or the rest."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardio import storage
+    from shardio.format import load_manifest
+
+    store = storage.for_path(url)
+    manifest = load_manifest(url)
+    directory = os.path.join(scratch, "download-path")
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+
+    def fetch(index: int) -> int:
+        local = os.path.join(directory, f"{index}.npy")
+        store.download(store.join(url, manifest.shards[index].path), local)
+        digest = hashlib.sha256()
+        with open(local, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+        return os.path.getsize(local)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        nbytes = sum(pool.map(fetch, range(len(manifest.shards))))
+    seconds = time.perf_counter() - start
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"threads": threads, "bytes": nbytes, "seconds": round(seconds, 3),
+            "MB/s": round(nbytes / seconds / 1e6, 1), "samples/s": round(nbytes / seconds / (256 * 256 * 3), 1)}
 
 
 def _not_available() -> str | None:
@@ -109,7 +151,10 @@ def _stats(dataset: Any) -> Any:
     return None
 
 
-def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out: np.ndarray) -> dict[str, Any]:
+def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out: np.ndarray,
+                   local: Any = None) -> dict[str, Any]:
+    """``epochs`` passes from a fresh ``cache_dir``; with ``local``, a local-disk epoch before each pass
+    after the first (interleaved, so drift of a shared machine hits both rows alike)."""
     from shardio import ShardDataset
 
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -118,7 +163,11 @@ def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out:
         start = time.perf_counter()
         dataset = ShardDataset(url, BATCH, shuffle=True, cache_dir=cache_dir, cache_limit=cache_limit)
         open_s = time.perf_counter() - start
-        rows = [_epoch(dataset, out) for _ in range(epochs)]
+        rows, local_rows = [_epoch(dataset, out)], []
+        for _ in range(epochs - 1):
+            if local is not None:
+                local_rows.append(_epoch(local, out))
+            rows.append(_epoch(dataset, out))
         stats = _stats(dataset)
         del dataset
     # The cache's own count is the stricter one: it includes files evicted while still memory-mapped
@@ -128,6 +177,7 @@ def _remote_epochs(url: str, cache_dir: str, cache_limit: int, epochs: int, out:
     return {
         "open_s": round(open_s, 3),
         "epochs": rows,
+        "local_epochs": local_rows,
         "cache_limit_bytes": cache_limit,
         "peak_cache_bytes": peak,
         "peak_over_limit": round(peak / cache_limit, 3),
@@ -144,20 +194,23 @@ def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int, shar
     out = np.empty((BATCH, 256, 256, 3), np.uint8)
     local = ShardDataset(local_dir, BATCH, shuffle=True)
     _epoch(local, out)  # warm-up: page cache, memory maps
-    result: dict[str, Any] = {"batch": BATCH, "local": _median_row([_epoch(local, out) for _ in range(2)])}
+    result: dict[str, Any] = {"batch": BATCH}
     why = _not_available()
     if why:
+        result["local"] = _median_row([_epoch(local, out) for _ in range(3)])
         result["remote"] = why
         return result
+    result["download_path"] = download_path(url, scratch)
     full_limit = int(dataset_bytes * 1.25)
     # A shuffled batch draws from up to shuffle_window (8) shards, which must be on disk together
     # (the cache refuses a smaller limit with a clear error): 60% of 16 shards leaves room for 9.
     bounded_limit = max(int(dataset_bytes * 0.6), (BOUNDED_MIN_SHARDS * dataset_bytes) // shards)
     try:
-        full = _remote_epochs(url, os.path.join(scratch, "cache-full"), full_limit, 3, out)
+        full = _remote_epochs(url, os.path.join(scratch, "cache-full"), full_limit, 4, out, local)
+        result["local"] = _median_row(full["local_epochs"])
         result["cold"] = {**full["epochs"][0], "open_s": full["open_s"]}
         result["warm"] = _median_row(full["epochs"][1:])
-        result["full_cache"] = {k: v for k, v in full.items() if k != "epochs"}
+        result["full_cache"] = {k: v for k, v in full.items() if k not in ("epochs", "local_epochs")}
         if bounded_limit >= dataset_bytes:
             result["bounded"] = f"skipped: {shards} shards, too few for a cache smaller than the data that " \
                                 f"holds {BOUNDED_MIN_SHARDS} of them"
@@ -168,6 +221,7 @@ def reader_rows(local_dir: str, url: str, scratch: str, dataset_bytes: int, shar
     except Exception as exc:  # the cache is another module's work in progress: report, keep the bench going
         traceback.print_exc()
         result["remote"] = f"failed: {type(exc).__name__}: {exc}"
+        result.setdefault("local", _median_row([_epoch(local, out) for _ in range(3)]))
     finally:
         for name in ("cache-full", "cache-bounded"):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)

@@ -61,11 +61,13 @@ def arguments(description: str) -> argparse.Namespace:
 def epoch(loader: Any, batch_key: str = "image") -> dict[str, float]:
     """Samples/s of one pass over ``loader`` (worker start-up included, as in the shardio rows)."""
     start = time.perf_counter()
-    samples = 0
+    samples, first = 0, None
     for batch in loader:
         samples += len(batch[batch_key])
+        first = first or time.perf_counter() - start
     seconds = time.perf_counter() - start
-    return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1)}
+    return {"samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1),
+            "first_batch_s": round(first or seconds, 3)}
 
 
 def read_epochs(args: argparse.Namespace, count: int, make_loader: Any) -> dict[str, Any]:
