@@ -154,6 +154,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        log = os.path.join(WORK, "s3-server", "weed.log")
+        if os.path.exists(log):  # the server's log outlives its data: stalls and errors show there
+            shutil.copy(log, os.path.join(WORK, "weed.log"))
         shutil.rmtree(os.path.join(WORK, "s3-server"), ignore_errors=True)
 
 
@@ -214,11 +217,23 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     why = reader.get("remote", "not measured")
     if "cold" in reader:
         cold, warm, full = reader["cold"]["samples/s"], reader["warm"]["samples/s"], reader["full_cache"]
+        fetch = reader["download_path"]
         out += [
             _figure("reader cold epoch from S3 / raw parallel GET", cold / raw["samples/s"], 0.7,
                     detail=f"{cold:.0f} vs {raw['samples/s']:.0f} samples/s ({raw['MB/s']:.0f} MB/s)"),
             _figure("reader warm epoch / local-disk reader", warm / local, 0.9,
-                    detail=f"{warm:.0f} vs {local:.0f} samples/s"),
+                    detail=f"{warm:.0f} vs {local:.0f} samples/s; first batch "
+                    f"{reader['warm']['first_batch_s'] * 1e3:.0f} vs {reader['local']['first_batch_s'] * 1e3:.0f}"
+                    f" ms of {r['dataset']['samples'] / warm * 1e3:.0f} ms epochs"),
+            _figure("reader warm / local, each epoch less its first batch",
+                    reader["warm"]["steady_samples/s"] / reader["local"]["steady_samples/s"],
+                    detail=f"{reader['warm']['steady_samples/s']:.0f} vs {reader['local']['steady_samples/s']:.0f}"
+                    " samples/s"),
+            _figure("cache fetch path alone / raw parallel GET", fetch["MB/s"] / raw["MB/s"],
+                    detail=f"Storage.download + sha256 read back, {fetch['threads']} threads, no reader: "
+                    f"{fetch['MB/s']:.0f} vs {raw['MB/s']:.0f} MB/s"),
+            _figure("reader cold epoch / cache fetch path alone", cold / fetch["samples/s"],
+                    detail=f"{cold:.0f} vs {fetch['samples/s']:.0f} samples/s"),
             _figure("peak cache / cache_limit (room for all)", full["peak_over_limit"], 1.0, "<=",
                     detail=f"{full['peak_cache_bytes'] / 1e6:.0f} of {full['cache_limit_bytes'] / 1e6:.0f} MB"),
         ]
