@@ -1,4 +1,4 @@
-"""Turning the CLI's INPUT arguments (paths, globs, brace ranges) into a sorted list of tar paths.
+"""Turning the CLI's INPUT arguments (paths, URLs, globs, brace ranges) into a sorted list of tar paths.
 
 The glob rule. A glob (or brace range) is how a nightly cron names its inputs, so it must neither
 shrink silently nor grow with junk:
@@ -10,31 +10,54 @@ shrink silently nor grow with junk:
   ``_stats.json`` and ``.parquet`` beside its tars) is counted as ignored, not a failed input;
 - a path named explicitly is taken as it is: a missing one, or one that is not a tar, is a failed
   input named in the report (exit 1), as is a missing member of a brace range that matched others.
+
+Object storage (``s3://bucket/laion/{00000..00999}.tar``, ``s3://bucket/laion/*.tar``, ``**``), mixed
+freely with local paths, by the same rule. A URL stays a URL. Objects are found by LIST, never by a HEAD
+per tar: a glob lists the folder before its first glob character (recursively only when the rest of the
+pattern has a ``/`` or ``**``), and the names a brace range expands to are looked up in one listing of
+their folder; a folder is listed once per call, whatever number of patterns name it. (One URL alone in its
+folder is one HEAD: cheaper than listing a big folder.) ``*`` and ``?`` do not cross ``/``, ``**`` does,
+and names starting with ``.`` match only a pattern that says so, as the local ``glob`` does. Each found
+object carries its fingerprint from the listing (``ResolvedInputs.listed``: size, LastModified, ETag), so
+the job recognises committed inputs with no request per tar.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from braceexpand import braceexpand
 
 from shardio import storage
 from shardio.errors import NoInputsMatched
 
-__all__ = ["resolve_inputs", "ResolvedInputs", "NoInputsMatched", "TAR_SUFFIXES"]
+__all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES"]
 
 _GLOB_CHARS = set("*?[")
 # What the tar reader opens (``tarfile`` mode ``r|*``: plain, gzip, bzip2, xz).
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
+class InputFingerprint(NamedTuple):
+    """How an input is recognised between runs without reading it: (size, mtime_ns) of a local file; an
+    object adds its ETag, and is recognised by (size, ETag) (``preprocess.job``). A plain
+    ``(size, mtime_ns)`` tuple is a local fingerprint."""
+
+    size: int
+    mtime_ns: int
+    etag: str = ""
+
+
 @dataclass
 class ResolvedInputs:
-    paths: list[str] = field(default_factory=list)  # absolute, deduplicated, sorted
+    paths: list[str] = field(default_factory=list)  # absolute paths and URLs, deduplicated, sorted
     failed: list[dict[str, str]] = field(default_factory=list)  # {input, reason}
     ignored: list[str] = field(default_factory=list)  # non-tar files a glob matched
+    listed: dict[str, InputFingerprint] = field(default_factory=dict)  # URL -> fingerprint from its LIST
 
 
 def _is_tar(path: str) -> bool:
@@ -42,12 +65,13 @@ def _is_tar(path: str) -> bool:
 
 
 def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
-    """Expand ``data/{00000..00099}.tar``, ``data/*.tar`` and plain paths into absolute paths, by the glob
-    rule of the module docstring. Paths are deduplicated and sorted, so the order of arguments never
+    """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
+    absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
     changes the dataset. Raises ``NoInputsMatched`` for a glob or brace range that matches no tar."""
     found: set[str] = set()
     ignored: set[str] = set()
     failed: list[dict[str, str]] = []
+    remote = _RemoteLookup(patterns)
     for pattern in patterns:
         expansions = list(braceexpand(pattern))
         is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
@@ -55,6 +79,9 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         pattern_failed: list[dict[str, str]] = []
         pattern_ignored: set[str] = set()
         for expanded in expansions:
+            if storage.is_remote(expanded):
+                remote.resolve(expanded, matched, pattern_ignored, pattern_failed)
+                continue
             local = storage.check_local(expanded)
             if _GLOB_CHARS & set(local):
                 files = [os.path.abspath(m) for m in glob.glob(local, recursive=True) if os.path.isfile(m)]
@@ -78,4 +105,108 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         found |= matched
         ignored |= pattern_ignored
         failed += pattern_failed
-    return ResolvedInputs(sorted(found), failed, sorted(ignored - found))
+    listed = {url: remote.listed[url] for url in found if url in remote.listed}
+    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """``glob``'s rules as a regex over full URLs: ``*``/``?``/``[..]`` within one path component, ``**``
+    (with ``recursive=True``) across any number of them, ``**/`` also matching none."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _hidden_mismatch(pattern_rest: str, path_rest: str) -> bool:
+    """A path component starting with "." that the pattern's component does not spell with a "." (glob
+    skips hidden files unless asked)."""
+    wanted = pattern_rest.split("/")
+    for position, part in enumerate(path_rest.split("/")):
+        if part.startswith("."):
+            spelled = wanted[min(position, len(wanted) - 1)]
+            if not spelled.startswith("."):
+                return True
+    return False
+
+
+class _RemoteLookup:
+    """URLs resolved by listing, each folder listed at most once per ``resolve_inputs`` call."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.listed: dict[str, InputFingerprint] = {}
+        self._listings: dict[tuple[str, bool], dict[str, storage.FileInfo]] = {}
+        # Explicit URLs (no glob) per folder: a folder named more than once is listed, not HEADed per name.
+        self._named: dict[str, set[str]] = {}
+        for pattern in patterns:
+            for expanded in braceexpand(pattern):
+                if storage.is_remote(expanded) and not _GLOB_CHARS & set(expanded):
+                    self._named.setdefault(expanded.rsplit("/", 1)[0], set()).add(expanded)
+
+    def _listing(self, folder: str, recursive: bool) -> dict[str, storage.FileInfo]:
+        key = (folder, recursive)
+        if key not in self._listings:
+            if not recursive and (folder, True) in self._listings:  # a deeper listing covers this one
+                self._listings[key] = {p: f for p, f in self._listings[(folder, True)].items()
+                                       if "/" not in p[len(folder) + 1 :]}
+            else:
+                files = storage.for_path(folder).list_files(folder, recursive=recursive)
+                self._listings[key] = {f.path: f for f in files}
+        return self._listings[key]
+
+    def _found(self, info: storage.FileInfo) -> str:
+        self.listed[info.path] = InputFingerprint(info.size, info.mtime_ns, info.version)
+        return info.path
+
+    def resolve(self, url: str, matched: set[str], ignored: set[str], failed: list[dict[str, str]]) -> None:
+        if not _GLOB_CHARS & set(url):
+            self._resolve_named(url, matched, failed)
+            return
+        first = min(url.index(c) for c in _GLOB_CHARS if c in url)
+        folder = url[:first].rsplit("/", 1)[0]
+        if folder.count("/") < 2 or folder.endswith(":/"):  # s3://bu*ket: the glob is in the bucket name
+            raise NoInputsMatched(f"{url}: a glob in the bucket name is not supported; name the bucket")
+        rest = url[len(folder) + 1 :]
+        recursive = "/" in rest or "**" in rest
+        regex = _glob_regex(url)
+        files = [info for path, info in self._listing(folder, recursive).items()
+                 if regex.match(path) and not _hidden_mismatch(rest, path[len(folder) + 1 :])]
+        matched.update(self._found(info) for info in files if _is_tar(info.path))
+        ignored.update(info.path for info in files if not _is_tar(info.path))
+        if not files:
+            failed.append({"input": url, "reason": "glob matched no objects"})
+
+    def _resolve_named(self, url: str, matched: set[str], failed: list[dict[str, str]]) -> None:
+        folder = url.rsplit("/", 1)[0]
+        if len(self._named.get(folder, ())) > 1 or (folder, False) in self._listings:
+            info = self._listing(folder, False).get(url)
+            if info is not None:
+                matched.add(self._found(info))
+            else:
+                failed.append({"input": url, "reason": "no such object"})
+            return
+        backend = storage.for_path(url)
+        try:
+            matched.add(self._found(backend.info(url)))
+        except FileNotFoundError:
+            is_folder = backend.is_dir(url)
+            failed.append({"input": url, "reason": "is a folder; pass FOLDER/*.tar" if is_folder else "no such object"})

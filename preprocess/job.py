@@ -12,7 +12,15 @@ Recognising committed inputs: by path plus (size, mtime_ns), not by a content ha
 process (mostly importing Ray; Ray itself is not started), where hashing would read every byte
 (1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten in place with the same
 size within one timestamp tick (kernels stamp mtime from a coarse clock, a few ms) is not seen as
-changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed. A changed input gets new shard names (the fingerprint is in them), committed together with the
+changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed.
+
+An object in a bucket is recognised by URL plus (size, ETag), both from the LIST that found it
+(``preprocess.inputs``): a no-op rerun costs one LIST request per 1,000 objects, and no HEAD or GET.
+LastModified is not compared (uploading the same bytes again changes it). What ETag + size misses is
+only in the safe direction: an ETag is the MD5 of a single-part upload, while a multipart or SSE-KMS
+ETag changes with every upload, so at worst unchanged bytes are processed again.
+
+A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
 readers of older generations, and the retention (``shardio.directory``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
@@ -43,15 +51,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from preprocess.config import JobConfig
-from preprocess.inputs import resolve_inputs
-from preprocess.ray_runner import Progress, TaskEvent, ray_session, stream_inputs
-from preprocess.versions import library_versions, version_drift
+from preprocess.inputs import InputFingerprint, resolve_inputs
+from preprocess.ray_runner import Progress, TaskEvent, check_cluster_build, ray_session, stream_inputs
+from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
-from shardio.errors import DatasetIncompatibleError, OutputFull, PruneRefused, RayUnavailable, VersionDrift
-from shardio.format import Manifest
+from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable,
+                            VersionDrift)
+from shardio.format import InputEntry, Manifest
 from shardio.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
@@ -118,6 +127,7 @@ def run_job(
     )
     resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+    listed = resolved.listed  # object-storage inputs' fingerprints, from their LIST
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         existing, restored = dataset_dir.load_committed(directory)
@@ -142,18 +152,7 @@ def run_job(
         dataset_dir.clean_leftovers(directory, existing)
         committer = Committer(directory, manifest, COMMIT_INTERVAL_S)
 
-        todo: list[tuple[str, tuple[int, int]]] = []
-        for path in paths:
-            try:
-                fingerprint = storage.stat_fingerprint(path)
-            except FileNotFoundError:
-                report.inputs_failed.append({"input": path, "reason": "no such file (removed during the run)"})
-                continue
-            committed = manifest.inputs.get(path)
-            if committed is not None and (committed.size, committed.mtime_ns) == fingerprint:
-                report.inputs_skipped.append(path)
-            else:
-                todo.append((path, fingerprint))
+        todo = _plan_inputs(paths, listed, manifest, report)
         for path in to_prune:
             committer.drop_input(path)
             report.inputs_pruned.append(path)
@@ -181,7 +180,7 @@ def run_job(
                 _save_report_after_error(committer, report, e, started)
                 raise
             disk_full = f"writing the manifest: {e}"
-        except RayUnavailable:
+        except (RayUnavailable, NodeBuildMismatch):
             raise  # refused before any work, like a lock held: no run happened to report
         except BaseException as e:
             _save_report_after_error(committer, report, e, started)
@@ -202,6 +201,40 @@ def run_job(
     return report
 
 
+def _plan_inputs(
+    paths: list[str], listed: dict[str, InputFingerprint], manifest: Manifest, report: RunReport
+) -> list[tuple[str, InputFingerprint]]:
+    """The inputs to process, with their fingerprints; committed unchanged ones go to ``inputs_skipped``.
+    A URL's fingerprint comes from its LIST (no request here); a local file is one ``stat``."""
+    todo: list[tuple[str, InputFingerprint]] = []
+    for path in paths:
+        fingerprint = listed.get(path)
+        if fingerprint is None:
+            try:
+                fingerprint = InputFingerprint(*storage.stat_fingerprint(path))
+            except FileNotFoundError:
+                report.inputs_failed.append({"input": path, "reason": "no such file (removed during the run)"})
+                continue
+        committed = manifest.inputs.get(path)
+        if committed is not None and _same_input(committed, fingerprint):
+            report.inputs_skipped.append(path)
+        else:
+            todo.append((path, fingerprint))
+    return todo
+
+
+def _same_input(committed: InputEntry, fingerprint: InputFingerprint) -> bool:
+    if fingerprint.etag:  # an object: size + ETag (see the module docstring)
+        return (committed.size, committed.etag) == (fingerprint.size, fingerprint.etag)
+    return (committed.size, committed.mtime_ns) == (fingerprint.size, fingerprint.mtime_ns)
+
+
+def _commit_input(committer: Committer, result: InputResult) -> None:
+    """List a finished input's shards; an object's entry also keeps the ETag it was read at."""
+    committer.add_input(result.input, result.size, result.mtime_ns, result.shards, failed=len(result.failures))
+    committer.manifest.inputs[result.input].etag = result.etag
+
+
 def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> None:
     """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
     samples = sum(manifest.inputs[p].samples for p in to_prune)
@@ -214,7 +247,7 @@ def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> Non
 
 
 def _process(
-    todo: list[tuple[str, tuple[int, int]]], options: RunOptions, plan: dict[str, Any], committer: Committer,
+    todo: list[tuple[str, InputFingerprint]], options: RunOptions, plan: dict[str, Any], committer: Committer,
     report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
     routes_ray: bool,
 ) -> str | None:
@@ -225,6 +258,8 @@ def _process(
     ray_output = (lambda line: emit("ray", line)) if routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
+        cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
+        expected_build = pixel_build()
         emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - started, 3)
@@ -238,10 +273,11 @@ def _process(
                 if isinstance(message, TaskEvent):
                     emit(message.kind, message)  # "started" / "retried": the structured log's events
                     continue
+                _check_worker_build(message, expected_build)
                 _record(report, message)
                 if message.error is None:
-                    committer.add_input(message.input, message.size, message.mtime_ns, message.shards,
-                                        failed=len(message.failures))
+                    committer.manifest.versions = message.versions  # what the workers used, not the driver
+                    _commit_input(committer, message)
                     committer.maybe_commit()
                 emit("input", message)
                 if message.error is not None and storage.is_disk_full(message.error):
@@ -251,6 +287,15 @@ def _process(
             processing_s = time.perf_counter() - processing_started
             report.processing_images_per_s = round(report.samples_written / max(processing_s, 1e-9), 2)
     return None
+
+
+def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
+    """An input processed with other pixel libraries than the checked ones (a node that joined the cluster
+    after ``check_cluster_build``) fails instead of being committed: its pixels would differ."""
+    if result.error is None and (diff := build_difference(expected, result.versions)):
+        result.error = (f"processed on node {result.node} with other pixel libraries than the run's ({diff}); "
+                        "not committed: install the same build on that node and rerun")
+        result.shards, result.failures = [], []
 
 
 def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
@@ -284,7 +329,7 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.failures.extend(result.failures)
 
 
-def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, tuple[int, int]]],
+def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, InputFingerprint]],
                       emit: Callable[[str, Any], None]) -> None:
     report.interrupted = reason
     ended = set(report.inputs_processed) | {failed["input"] for failed in report.inputs_failed}

@@ -1,11 +1,20 @@
 """Running inputs as Ray tasks: start or join a cluster, stream each task's progress and result.
 
-One task per input tar, scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
+One task per input tar, submitted largest input first (``largest_first``: the sizes are known from the
+plan's stat / LIST), so the run does not end on one big tar decoding alone while the other cores idle,
+and scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
 from the first task on, instead of piling onto whichever node's worker started first (on a loaded
 2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
 the output directory, and sends the driver only small messages (progress counts, then the shard list and failures): no image bytes or
 pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
 (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
+
+One build across the cluster (``check_cluster_build``): before any task, one probe task per node that has
+CPUs, pinned to it (``NodeAffinitySchedulingStrategy``, hard), reports the node's pixel libraries; a node
+whose answer differs from the driver's is named and the run refused (``NodeBuildMismatch``, exit 2). Refused
+rather than left out of the run: leaving a node out needs a custom resource or a placement group around every
+task, and a cluster half on another Pillow is a set-up mistake to fix, not to work around quietly. A node that
+joins after the check is caught by its tasks: each returns the versions it ran with (the job checks them).
 """
 
 from __future__ import annotations
@@ -25,13 +34,16 @@ import ray
 import preprocess
 import shardio
 from preprocess.config import JobConfig
+from preprocess.inputs import InputFingerprint
 from preprocess.ray_output import RayOutput
 from preprocess.ray_watchdog import start_watchdog
+from preprocess.versions import build_difference, pixel_build
 from preprocess.worker import InputResult, iter_process_input
-from shardio.errors import RayUnavailable
+from shardio.errors import NodeBuildMismatch, RayUnavailable
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES", "TASK_OPTIONS"]
+           "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first", "check_cluster_build", "node_name",
+           "BUILD_CHECK_TIMEOUT_S"]
 
 TASK_MAX_RETRIES = 3
 # SPREAD: see the module docstring. The options are a constant so the tests can check them.
@@ -40,6 +52,9 @@ TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, 
 # How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
 WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
+# A node's probe is one task on an idle worker (~1-2 s to start one); a node that cannot start one in this
+# long could not run the job's tasks either.
+BUILD_CHECK_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -216,10 +231,51 @@ def ray_session(
             output.release()
 
 
-def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: tuple[int, int]):
+def node_name(node_id: str) -> str:
+    """How reports and messages name a node: host name plus Ray node id (several raylets can share a host,
+    and do in the tests)."""
+    return f"{os.uname().nodename}/{node_id[:8]}"
+
+
+def _probe_node(probe: Callable[[], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    return node_name(ray.get_runtime_context().get_node_id()), probe()
+
+
+def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Run ``probe`` (the pixel libraries) once on every alive node with CPUs, pinned there, and compare each
+    answer with the driver's own; raises ``NodeBuildMismatch`` naming every node that differs and how.
+    Returns {node name: its answer}. (``probe``, default ``pixel_build``, is a parameter so a test can make
+    one node differ.)"""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = probe or pixel_build
+    expected = probe()
+    remote = ray.remote(num_cpus=0, max_retries=1)(_probe_node)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(probe)
+            for node_id in nodes]
+    try:
+        answers = dict(ray.get(refs, timeout=BUILD_CHECK_TIMEOUT_S))
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
+        raise NodeBuildMismatch(
+            f"could not check the pixel libraries of every Ray node ({str(e).splitlines()[0]}): a node that cannot "
+            "run a probe task cannot run the job either; check `ray status`"
+        ) from None
+    differing = {node: diff for node, build in answers.items() if (diff := build_difference(expected, build))}
+    if differing:
+        lines = "; ".join(f"node {node}: {diff}" for node, diff in sorted(differing.items()))
+        raise NodeBuildMismatch(
+            f"{len(differing)} of {len(answers)} Ray node(s) have other pixel libraries than this driver, so they "
+            f"would write other pixels for the same input: {lines}. Nothing was processed. Install the same "
+            "build on every node (`make install`; `preprocess doctor` shows it), or remove the node(s) from "
+            "the cluster"
+        )
+    return answers
+
+
+def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint):
     context = ray.get_runtime_context()
-    # Host name plus Ray node id: several raylets can share one host (and do in the tests).
-    node = f"{os.uname().nodename}/{context.get_node_id()[:8]}"
+    node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
     steps = iter_process_input(input_path, output_dir, JobConfig(**cfg_dict), fingerprint)
     yield Progress(input_path, 0, 0, node, worker)  # "started", with where
@@ -246,12 +302,18 @@ def _failure_reason(error: Exception) -> str:
     return f"worker failed: {error}".splitlines()[0]
 
 
+def largest_first(items: list[tuple[str, InputFingerprint]]) -> list[tuple[str, InputFingerprint]]:
+    """The submission order: input size descending (the fingerprint's first field), then path, so the
+    longest tasks start first and the tail of a run is short ones (classic LPT scheduling)."""
+    return sorted(items, key=lambda item: (-item[1][0], item[0]))
+
+
 def stream_inputs(
-    items: list[tuple[str, tuple[int, int]]], output_dir: str, cfg: JobConfig,
+    items: list[tuple[str, InputFingerprint]], output_dir: str, cfg: JobConfig,
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
-    """Run every (input, fingerprint) as a task; yield Progress messages, a TaskEvent when an input's task
+    """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
@@ -262,7 +324,7 @@ def stream_inputs(
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    queue = list(reversed(items))
+    queue = list(reversed(largest_first(items)))
     fingerprints = dict(items)
     running: dict[Any, str] = {}
     cfg_dict = cfg.to_dict()
@@ -287,9 +349,9 @@ def stream_inputs(
             except ray.exceptions.RayError as e:
                 # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
                 path = running.pop(generator)
-                size, mtime_ns = fingerprints[path]
+                size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
                 reason = _failure_reason(e)
-                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason)
+                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
                 continue
             if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
                 yield event

@@ -13,6 +13,10 @@ goes by. Members are read into memory, so member names with ``..``, absolute pat
 links can never make the job touch a file outside its output: they are skipped, and counted where they
 look like samples.
 
+A tar in a bucket (``s3://``) is read the same way from a local spool that fills while it is read
+(``preprocess.remote_tar``): the index pass then runs lazily, each header once its bytes have arrived,
+so decoding overlaps the download; a compressed one streams from the same spool.
+
 Problems with one sample are yielded as ``SampleProblem`` (the job records them and goes on); a file that
 is not a readable tar raises ``InputError`` naming it. ``tarfile`` ends its iteration quietly at a missing,
 short or garbled header after the first member; only a zero block (the end-of-archive marker) is taken as a
@@ -28,7 +32,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
@@ -201,9 +205,21 @@ def index_tar(path: str) -> TarIndex | None:
     """The index pass: every member header of the tar at ``path``, reading no member data.
 
     None for a compressed tar (``.tar.gz``...): its members can only be read in order, as they stream by
-    (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does.
+    (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does. A URL is
+    downloaded to scratch for it (the index of an object is only useful to ``diagnose``).
     """
     archive_bytes = _check_size(path)
+    if storage.is_remote(path):
+        from preprocess.remote_tar import SpooledObject
+
+        with SpooledObject(path, archive_bytes) as spool:
+            raw = spool.reader()
+            try:
+                if _is_compressed(raw):
+                    return None
+            except _READ_ERRORS as e:
+                raise _not_readable(path, e, "(none)") from e
+            return TarIndex(path, list(_walk_members(path, raw, spool.pread, archive_bytes)))
     with _open_input(path) as raw:
         members = _index_open(path, raw, archive_bytes)
     return None if members is None else TarIndex(path, members)
@@ -216,18 +232,32 @@ def _open_input(path: str) -> BinaryIO:
         raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))") from e
 
 
+def _is_compressed(raw: BinaryIO) -> bool:
+    """Detection: gzip/bz2/xz first, then a plain tar whose first header parses (tarfile's messages)."""
+    with tarfile.open(
+        fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo([]), encoding="utf-8", errors="surrogateescape",
+    ) as tar:
+        return tar.fileobj is not raw
+
+
 def _index_open(path: str, raw: BinaryIO, archive_bytes: int) -> list[TarMember] | None:
-    progress = ["(none)"]
-    members: list[TarMember] = []
     try:
-        # Detection: gzip/bz2/xz first, then a plain tar whose first header parses (tarfile's messages).
-        with tarfile.open(
-            fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo([]),
-            encoding="utf-8", errors="surrogateescape",
-        ) as tar:
-            if tar.fileobj is not raw:
-                return None
-        offset = _index_plain_headers(raw.fileno(), archive_bytes, members, progress)
+        if _is_compressed(raw):
+            return None
+    except _READ_ERRORS as e:
+        raise _not_readable(path, e, "(none)") from e
+    fd = raw.fileno()
+    return list(_walk_members(path, raw, lambda length, offset: os.pread(fd, length, offset), archive_bytes))
+
+
+def _walk_members(
+    path: str, raw: BinaryIO, pread: Callable[[int, int], bytes], archive_bytes: int
+) -> Iterator[TarMember]:
+    """Every member of an uncompressed tar, in order, as its header is read (lazily: a tar still
+    downloading yields its first members before its last have arrived)."""
+    progress = ["(none)"]
+    try:
+        offset = yield from _plain_headers(pread, archive_bytes, progress)
         # From the first header that is not a plain regular file (a directory, a link, a GNU long name,
         # pax extensions, the end-of-archive blocks, damage) tarfile takes over, at that absolute offset:
         # what it accepts and every message about a broken or unterminated archive stay tarfile's.
@@ -237,10 +267,10 @@ def _index_open(path: str, raw: BinaryIO, archive_bytes: int) -> list[TarMember]
             fileobj=raw, mode="r:", tarinfo=_recording_tarinfo(stops),
             encoding="utf-8", errors="surrogateescape",
         ) as tar:
-            members += [member for member, _ in _walk_headers(path, tar, archive_bytes, stops, progress)]
+            for member, _ in _walk_headers(path, tar, archive_bytes, stops, progress):
+                yield member
     except _READ_ERRORS as e:
         raise _not_readable(path, e, progress[0]) from e
-    return members
 
 
 _USTAR_MAGICS = (b"ustar\0", b"ustar ")  # POSIX ustar, GNU
@@ -274,21 +304,23 @@ def _plain_header(block: bytes) -> tuple[str, int] | None:
     return raw_name.decode("utf-8", "surrogateescape"), size
 
 
-def _index_plain_headers(fd: int, archive_bytes: int, members: list[TarMember], progress: list[str]) -> int:
+def _plain_headers(
+    pread: Callable[[int, int], bytes], archive_bytes: int, progress: list[str]
+) -> Generator[TarMember, None, int]:
     """The run of plain regular-file headers from the start, parsed here (~5 us a header against ~30 us
     through tarfile, ~3% of the draft floor for 3 members a sample); returns where it stopped."""
     offset = 0
     while True:
         if offset > archive_bytes:  # the last member's padding is cut: tarfile.next()'s own check
             raise tarfile.ReadError("unexpected end of data")
-        parsed = _plain_header(os.pread(fd, tarfile.BLOCKSIZE, offset))
+        parsed = _plain_header(pread(tarfile.BLOCKSIZE, offset))
         if parsed is None:
             break
         name, size = parsed
         data = offset + tarfile.BLOCKSIZE
         if data + size > archive_bytes:
             raise tarfile.ReadError("unexpected end of data")
-        members.append(TarMember(name, data, size, "file"))
+        yield TarMember(name, data, size, "file")
         progress[0] = name
         offset = data + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
     return offset
@@ -334,7 +366,8 @@ def _group(
 
 
 def iter_tar_samples(
-    path: str, image_extensions: tuple[str, ...], index: TarIndex | None = None
+    path: str, image_extensions: tuple[str, ...], index: TarIndex | None = None, size: int | None = None,
+    etag: str = "",
 ) -> Iterator[RawSample | SampleProblem]:
     """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
 
@@ -342,42 +375,76 @@ def iter_tar_samples(
     exactly at a member boundary, caught by its missing end-of-archive blocks). An uncompressed tar is
     indexed first (``index_tar``; pass ``index`` to reuse one), so a broken one fails before any sample is
     yielded; then each member is one ``pread`` of its byte range.
+
+    An object-storage URL is read while it downloads (``preprocess.remote_tar``), at the ``size`` and
+    ``etag`` its LIST found (a HEAD when ``size`` is not given): its members are indexed as they arrive,
+    so a broken one fails when the reading gets there (the job's all-or-nothing per input still holds);
+    a compressed one streams from the same download.
     """
+    if storage.is_remote(path):
+        yield from _iter_remote(path, image_extensions, size, etag)
+        return
     archive_bytes = _check_size(path)
     with _open_input(path) as raw:
         # Indexed and read through one open file: a tar replaced under the same path in between cannot
         # mix two archives' offsets and bytes.
         members = index.members if index is not None else _index_open(path, raw, archive_bytes)
         if members is not None:
-            yield from _read_ranges(path, raw.fileno(), members, image_extensions)
+            fd = raw.fileno()
+            yield from _read_ranges(path, lambda length, offset: os.pread(fd, length, offset), iter(members),
+                                    image_extensions)
             return
-    yield from _stream_compressed(path, image_extensions)
+    yield from _stream_compressed(path, image_extensions, lambda: storage.open_read(path))
+
+
+def _iter_remote(
+    path: str, image_extensions: tuple[str, ...], size: int | None, etag: str
+) -> Iterator[RawSample | SampleProblem]:
+    from preprocess.remote_tar import SpooledObject
+
+    archive_bytes = _check_size(path) if size is None else size
+    if archive_bytes == 0:
+        raise InputError(path, "empty object (0 bytes), not a tar")
+    with SpooledObject(path, archive_bytes, etag) as spool:
+        raw = spool.reader()
+        try:
+            compressed = _is_compressed(raw)
+        except _READ_ERRORS as e:
+            raise _not_readable(path, e, "(none)") from e
+        if compressed:
+            yield from _stream_compressed(path, image_extensions, spool.reader)
+        else:
+            members = _walk_members(path, raw, spool.pread, archive_bytes)
+            yield from _read_ranges(path, spool.pread, members, image_extensions)
+        spool.finish()  # the download's own end: a replaced object fails the input here
 
 
 def _read_ranges(
-    path: str, fd: int, members: list[TarMember], image_extensions: tuple[str, ...]
+    path: str, pread: Callable[[int, int], bytes], members: Iterator[TarMember], image_extensions: tuple[str, ...]
 ) -> Iterator[RawSample | SampleProblem]:
     def read(member: TarMember) -> bytes:
         # One syscall copying page cache -> a fresh bytes object (bytes, so io.BytesIO in the decoder
         # shares it rather than copying): no Python file layers between the tar and the decoder.
-        data = os.pread(fd, member.size, member.offset)
+        data = pread(member.size, member.offset)
         if len(data) != member.size:
             raise InputError(path, f"member {escape_name(member.name)!r} ends after {len(data)} of "
                              f"{member.size} bytes: the tar changed while it was read; rerun")
         return data
 
     try:
-        yield from _group(path, iter(members), read, image_extensions)
+        yield from _group(path, members, read, image_extensions)
     except OSError as e:
         raise InputError(path, f"cannot read ({e.strerror or e})") from e
 
 
-def _stream_compressed(path: str, image_extensions: tuple[str, ...]) -> Iterator[RawSample | SampleProblem]:
+def _stream_compressed(
+    path: str, image_extensions: tuple[str, ...], open_raw: Callable[[], BinaryIO]
+) -> Iterator[RawSample | SampleProblem]:
     """A compressed tar in one pass: each member's data is read as the stream passes it."""
     stops: list[tarfile.HeaderError] = []
     progress = ["(none)"]
     try:
-        with storage.open_read(path) as raw, tarfile.open(
+        with open_raw() as raw, tarfile.open(
             fileobj=raw, mode="r:*", tarinfo=_recording_tarinfo(stops),
             encoding="utf-8", errors="surrogateescape",
         ) as tar:

@@ -1,7 +1,11 @@
 """Which libraries produce the pixels: recorded in every manifest and shown by ``preprocess doctor``.
 
 Pixels depend on the JPEG decoder (libjpeg-turbo version, DCT method) and on the resampler (Pillow vs
-Pillow-SIMD), so two machines with different builds can write different bytes for the same input.
+Pillow-SIMD, and whether Pillow-SIMD was built with AVX2), so two machines with different builds can write
+different bytes for the same input. On a cluster, ``preprocess.ray_runner.check_cluster_build`` runs
+``pixel_build`` on every node before any task and refuses a node whose answer differs from the driver's
+(``build_difference``); each task also returns the ``library_versions`` it ran with, and those (not the
+driver's) are what the manifest records.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import shardio
 from shardio.errors import VersionDrift
 from shardio.format import FORMAT_VERSION
 
-__all__ = ["library_versions", "pillow_build", "PIXEL_LIBRARIES", "VersionDrift", "version_drift"]
+__all__ = ["library_versions", "pillow_build", "pixel_build", "build_difference", "PIXEL_LIBRARIES",
+           "VersionDrift", "version_drift"]
 
 # The entries of ``library_versions()`` that change the pixels: the JPEG decoder and the resampler.
-PIXEL_LIBRARIES = ("pillow", "pillow_simd", "libjpeg_turbo")
+PIXEL_LIBRARIES = ("pillow", "pillow_simd", "pillow_avx2", "libjpeg_turbo")
 
 
 def _dist_version(name: str) -> str | None:
@@ -62,10 +67,25 @@ def library_versions() -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "pillow": build["pil_version"],
         "pillow_simd": build["pillow_simd"],
+        "pillow_avx2": build["built_with_avx2"],
         "libjpeg_turbo": build["libjpeg_turbo"],
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
+
+
+def pixel_build() -> dict[str, Any]:
+    """The ``PIXEL_LIBRARIES`` of this process: what one node must share with the driver."""
+    versions = library_versions()
+    return {key: versions[key] for key in PIXEL_LIBRARIES}
+
+
+def build_difference(expected: dict[str, Any], found: dict[str, Any]) -> str | None:
+    """``"libjpeg_turbo 3.0.1 (driver: 2.1.5)"``-style list of the pixel libraries that differ, or None."""
+    changed = [k for k in PIXEL_LIBRARIES if expected.get(k) != found.get(k)]
+    if not changed:
+        return None
+    return ", ".join(f"{k} {found.get(k)} (driver: {expected.get(k)})" for k in changed)
 
 
 def version_drift(recorded: dict[str, Any], current: dict[str, Any], where: str) -> str | None:

@@ -1,8 +1,10 @@
 """One input tar -> its committed shard files: the unit of work a Ray task runs.
 
 Pure Python, no Ray: the job wraps it in a task, ``diagnose`` and the tests call it directly. Image bytes
-and pixels never leave the worker: it returns only the shard entries and per-sample failures. Memory is
-one image plus the tar member being read (the shard writer streams to disk).
+and pixels never leave the worker: it returns only the shard entries and per-sample failures (and the
+library versions it ran with, which the manifest records). Memory is one image plus the tar member being
+read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
+8 MB: ``preprocess.remote_tar``), never the whole tar.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from preprocess.config import JobConfig
+from preprocess.inputs import InputFingerprint
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
+from preprocess.versions import library_versions
+from shardio import storage
 from shardio.errors import InputError, SampleError
 from shardio.format import ShardEntry
 from shardio.writer import InputShardWriter
@@ -42,17 +47,22 @@ class InputResult:
     error: str | None = None  # the input itself could not be processed
     elapsed_s: float = 0.0
     node: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)  # library_versions() of the worker that ran it
+    etag: str = ""  # an object-storage input's ETag (from the LIST that found it)
 
 
-def shard_stem(input_path: str, size: int, mtime_ns: int) -> str:
+def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str:
     """``{tar name}-{fingerprint}``: deterministic for the same input, new when the input changes, so a
-    changed input's new shards never overwrite the ones the current manifest still lists."""
+    changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
+    hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
+    with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
     base = os.path.basename(input_path)
     for suffix in (".tar.gz", ".tgz", ".tar"):
         if base.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{mtime_ns}".encode()).hexdigest()[:10]
+    stamp = etag if storage.is_remote(input_path) else mtime_ns
+    fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}"
 
 
@@ -93,7 +103,8 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def process_input(input_path: str, output_dir: str, cfg: JobConfig, fingerprint: tuple[int, int]) -> InputResult:
+def process_input(input_path: str, output_dir: str, cfg: JobConfig,
+                  fingerprint: InputFingerprint | tuple[int, int]) -> InputResult:
     """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data."""
     steps = iter_process_input(input_path, output_dir, cfg, fingerprint)
     while True:
@@ -104,7 +115,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig, fingerprint:
 
 
 def iter_process_input(
-    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: tuple[int, int]
+    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int]
 ) -> Generator[tuple[int, int], None, InputResult]:
     """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
     samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
@@ -113,14 +124,16 @@ def iter_process_input(
     already written for it are removed and ``error`` says why, so a rerun retries the whole input.
     """
     started = time.perf_counter()
-    size, mtime_ns = fingerprint
-    result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename)
+    size, mtime_ns, etag = InputFingerprint(*fingerprint)
+    result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename,
+                         versions=library_versions(), etag=etag)
     writer = InputShardWriter(
-        output_dir, shard_stem(input_path, size, mtime_ns), cfg.height, cfg.width, cfg.samples_per_shard
+        output_dir, shard_stem(input_path, size, mtime_ns, etag), cfg.height, cfg.width, cfg.samples_per_shard
     )
     done = failed = 0
     try:
-        for item in iter_tar_samples(input_path, cfg.image_extensions):
+        # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
+        for item in iter_tar_samples(input_path, cfg.image_extensions, size=size, etag=etag):
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "reason": item.reason})
                 failed += 1

@@ -16,6 +16,7 @@
     │   │   └── CommitConflict            another writer committed since this run read the manifest
     │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
     │   ├── RayUnavailable                the Ray address cannot be reached
+    │   ├── NodeBuildMismatch             a cluster node has other pixel libraries than the driver
     │   ├── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
     │   ├── StorageAccessError            the object store refused the credentials, or the bucket is missing
     │   ├── UnsupportedStore              the object store ignores conditional writes
@@ -46,6 +47,7 @@ __all__ = [
     "OutputLocked",
     "PruneRefused",
     "RayUnavailable",
+    "NodeBuildMismatch",
     "UnsupportedPath",
     "StorageAccessError",
     "StorageUnavailable",
@@ -122,6 +124,11 @@ class PruneRefused(UsageError):
 
 class RayUnavailable(UsageError):
     """The Ray cluster named by ``--ray-address`` cannot be reached (refused before any work)."""
+
+
+class NodeBuildMismatch(UsageError):
+    """A node of the Ray cluster has another Pillow(-SIMD) / AVX2 / libjpeg-turbo than the driver: it would
+    write other pixels for the same input, so the run is refused before any task (the message names it)."""
 
 
 class UnsupportedPath(UsageError, NotImplementedError):

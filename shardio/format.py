@@ -8,7 +8,8 @@ A dataset is a directory::
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
       reports/RUN.json         each run's report (the run history, ``shardio.run_report``); not needed to read
-      .lock                    held (flock) by a running job
+      .lock                    held (flock) by a running job; on object storage a lease object (JSON:
+                               holder, host, pid, expires), present only while a run holds it
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.directory``.
 
@@ -44,8 +45,10 @@ Manifest (``manifest.json``). A JSON object:
 ``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
 ``shards``         list, in dataset order, of ``{path, meta_path, samples, bytes, sha256, meta_bytes,
                    meta_sha256, input}``; paths are relative to DIR; sha256 is of the whole file
-``inputs``         object: input path -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
-                   what incremental runs compare against
+``inputs``         object: input path or URL -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
+                   plus ``etag`` for an object-storage input (its ETag when it was read; absent for a
+                   local file): what incremental runs compare against (a file: size + mtime_ns; an
+                   object: size + etag)
 ``updated``        ISO-8601 time of the last commit
 ``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
                    generations existed
@@ -79,6 +82,13 @@ Writes are atomic (temp file, fsync, rename): a shard becomes visible only when 
 is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
 half-visible. Every file is created with mode ``0o666`` less the umask (``0644`` under umask 022), so a
 trainer running as another user than the job can read the dataset.
+
+On object storage (``s3://BUCKET/PREFIX`` is the directory: the same keys under the prefix, no folder
+objects) the layout and every file are the same bytes; the commit protocol maps onto conditional
+writes (``shardio.object_storage``): a shard is an object uploaded whole at its final key, invisible
+until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
+replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
+two writers can never overwrite each other's commit.
 """
 
 from __future__ import annotations
@@ -191,6 +201,13 @@ class InputEntry:
     samples: int
     failed: int
     shards: list[str] = field(default_factory=list)
+    etag: str = ""  # object-storage inputs only; "" (and not written) for a local file
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if not self.etag:
+            del doc["etag"]  # local inputs' entries stay as they were before object storage
+        return doc
 
 
 @dataclass
@@ -258,7 +275,7 @@ class Manifest:
             "config_hash": self.config_hash,
             "versions": self.versions,
             "shards": [asdict(s) for s in self.shards],
-            "inputs": {k: asdict(v) for k, v in sorted(self.inputs.items())},
+            "inputs": {k: v.to_json() for k, v in sorted(self.inputs.items())},
             "updated": self.updated,
             "generation": self.generation,
             "retired": [asdict(r) for r in self.retired],

@@ -425,10 +425,37 @@ class S3Storage:
 
 
 def scratch_dir() -> str:
-    """Local scratch for staged shards and downloaded tars: ``$SHARDIO_SCRATCH`` or the temp dir."""
-    path = os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir()
+    """This process's local scratch for staged shards and downloaded tars:
+    ``($SHARDIO_SCRATCH or the temp dir)/shardio-scratch/PID``. A SIGKILLed worker cannot remove its own,
+    so the first call in a process removes the folders of processes that no longer run on this host: a
+    folder of that name is ours, and a dead PID's folder has no writer left."""
+    global _SCRATCH
+    if _SCRATCH is not None and _SCRATCH[0] == os.getpid() and os.path.isdir(_SCRATCH[1]):
+        return _SCRATCH[1]
+    parent = os.path.join(os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir(), "shardio-scratch")
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        if name.isdigit() and int(name) != os.getpid() and not _pid_alive(int(name)):
+            import shutil
+
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    path = os.path.join(parent, str(os.getpid()))
     os.makedirs(path, exist_ok=True)
+    _SCRATCH = (os.getpid(), path)
     return path
+
+
+_SCRATCH: tuple[int, str] | None = None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
 
 
 def _file_info(cls: Any, path: str, meta: dict[str, Any]) -> Any:

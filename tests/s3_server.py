@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -88,6 +89,7 @@ class S3Server:
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-iam.port={p['iam']}",
             "-master.volumeSizeLimitMB=64", "-master.telemetry=false", "-volume.max=0",
+            "-volume.preStopSeconds=0", "-master.electionTimeout=1s",
         ]
         log = open(os.path.join(self.root, "weed.log"), "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -141,11 +143,15 @@ class S3Server:
             keys += [item["Key"] for item in page.get("Contents", [])]
         return sorted(keys)
 
-    def stop(self) -> None:
+    def stop(self, crash: bool = False) -> None:
+        """Stop the server (``crash``: SIGKILL, as a host losing power; otherwise a graceful stop)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            if crash:
+                self.process.kill()
+            else:
+                self.process.send_signal(signal.SIGINT)  # weed's graceful stop (it ignores SIGTERM for long)
             try:
-                self.process.wait(15)
+                self.process.wait(5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

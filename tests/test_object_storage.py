@@ -81,12 +81,28 @@ def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_
     monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path / "scratch"))
     url = f"s3://{s3_bucket}/ds/shards/s-00000.npy"
     fd, staged = store.create_temp(url)
-    assert staged.startswith(str(tmp_path / "scratch"))
+    assert staged.startswith(str(tmp_path / "scratch" / "shardio-scratch" / str(os.getpid())))
     with os.fdopen(fd, "wb") as f:
         f.write(b"pixels")
     assert not store.exists(url)  # nothing visible before the promote
     store.promote(staged, url)
     assert store.read_bytes(url) == b"pixels" and not os.path.exists(staged)
+
+
+def test_a_dead_process_scratch_folder_is_removed_and_a_live_one_kept(store, tmp_path, monkeypatch):
+    import shardio.object_storage as backend
+
+    monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path))
+    monkeypatch.setattr(backend, "_SCRATCH", None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    parent = tmp_path / "shardio-scratch"
+    for pid in (dead, str(os.getppid())):
+        (parent / pid).mkdir(parents=True)
+        (parent / pid / ".tmp-x.npy.1").write_bytes(b"staged")
+    (parent / "notes").mkdir()  # not a PID: not ours to judge
+    assert backend.scratch_dir() == str(parent / str(os.getpid()))
+    assert sorted(p.name for p in parent.iterdir()) == sorted([str(os.getppid()), str(os.getpid()), "notes"])
 
 
 def test_wrong_credentials_are_a_clear_usage_error_within_seconds(s3_server, s3_bucket, monkeypatch):
@@ -201,3 +217,19 @@ def test_wait_queues_behind_a_live_holder(store, s3_bucket):
     holder.release()
     thread.join(30)
     assert got.is_set()
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_any_lock(store, s3_bucket, monkeypatch):
+    real_put = store._ob.put
+
+    class IgnoresConditions:  # a server that accepts If-None-Match and overwrites anyway
+        def __getattr__(self, name):
+            return getattr(type(store._ob), name, None) or getattr(__import__("obstore"), name)
+
+    ignoring = IgnoresConditions()
+    ignoring.put = lambda s, key, data, mode=None, **kw: real_put(s, key, data, **kw)  # type: ignore[attr-defined]
+    ignoring.exceptions = store._ob.exceptions  # type: ignore[attr-defined]
+    monkeypatch.setattr(store, "_ob", ignoring)
+    with pytest.raises(errors.UnsupportedStore, match="ignores conditional writes"):
+        store.check_conditional_writes(f"s3://{s3_bucket}/ds")
+    assert store.list_dir(f"s3://{s3_bucket}/ds") == []  # the probe object is gone, no lock was taken
