@@ -86,7 +86,7 @@ PEER_WORKERS = (2, 4)  # DataLoader workers tried for each peer (2 cores): the b
 def _run_peer(command: list[str]) -> tuple[dict[str, Any] | None, str]:
     """(the script's PEER_RESULT, "") or (None, why it gave none)."""
     try:
-        process = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        process = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     except subprocess.TimeoutExpired:
         return None, "timed out after 900 s"
     line = next((ln for ln in reversed(process.stdout.splitlines()) if ln.startswith("PEER_RESULT ")), None)

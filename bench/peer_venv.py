@@ -36,13 +36,14 @@ def _pip(python: str, args: list[str], pypi_only: bool = False) -> tuple[bool, s
         env.pop("PIP_FIND_LINKS", None)
         env["PIP_CONFIG_FILE"] = os.devnull
     process = subprocess.run([python, "-m", "pip", "install", "-q", *args], env=env, capture_output=True,
-                             text=True, timeout=1800)
+                             text=True, timeout=1800, check=False)
     return process.returncode == 0, (process.stderr or process.stdout)[-1500:]
 
 
 def _import_error(python: str, module: str) -> str:
     """"" if ``module`` imports in the venv, else the last line of its error."""
-    process = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    process = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300,
+                             check=False)
     if process.returncode == 0:
         return ""
     lines = [line for line in process.stderr.splitlines() if line.strip()]
@@ -58,7 +59,8 @@ def ensure_peer_venv(directory: str, log: Callable[[str], None] = print) -> tupl
         return python, problems
     log(f"peer venv {directory}: installing torch=={TORCH} (CPU), litdata, mosaicml-streaming (first use)")
     if not os.path.exists(python):
-        made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True)
+        made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True,
+                              check=False)
         if made.returncode != 0:
             why = f"python -m venv failed: {made.stderr.strip()[-300:]}"
             return python, dict.fromkeys(PEERS, why)

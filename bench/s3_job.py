@@ -20,6 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from preprocess.config import JobConfig
+from shardio.errors import ShardioError
+
+# What a job refusing or failing on s3:// raises while the S3 job is another module's work in progress:
+# shardio's tree (UnsupportedPath, StorageAccessError, ...), _run's RuntimeError, the OS's and the
+# argument checks'. Anything else is a bug of the bench and stops it.
+JOB_FAILURES = (ShardioError, RuntimeError, OSError, ValueError)
 
 __all__ = ["job_rows", "upload_files"]
 
@@ -68,7 +74,7 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
         result["images"] = images
         try:  # warm-up of the S3 path too: the workers' first client (imports, credentials, connections)
             result["first_s3_run_s"] = round(_run(remote_inputs, f"s3://{bucket}/job/warm-up", cfg)[0], 3)
-        except Exception as exc:  # the S3 job is another module's work in progress: report it
+        except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
             traceback.print_exc()
             result["s3"] = f"not available: {type(exc).__name__}: {exc}"
         for rep in range(reps):
@@ -81,7 +87,7 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
                 if written != images:
                     raise RuntimeError(f"the S3 job wrote {written} samples, the local one {images}")
                 times["s3"].append(seconds)
-            except Exception as exc:  # the S3 job is another module's work in progress: report it
+            except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
                 traceback.print_exc()
                 result["s3"] = f"not available: {type(exc).__name__}: {exc}"
         shutil.rmtree(output, ignore_errors=True)

@@ -10,7 +10,6 @@ chunks. Run inside bench/out/peer-venv; prints one ``PEER_RESULT {json}`` line.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 from _common import Samples, arguments, emit, read_epochs

@@ -10,7 +10,6 @@ endpoint from ``S3_ENDPOINT_URL``. Run inside bench/out/peer-venv; prints one ``
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 from _common import Samples, arguments, emit, read_epochs
