@@ -218,6 +218,7 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "cold" in reader:
         cold, warm, full = reader["cold"]["samples/s"], reader["warm"]["samples/s"], reader["full_cache"]
         fetch = reader["download_path"]
+        steady_warm, steady_local = reader["warm"]["steady_samples/s"], reader["local"]["steady_samples/s"]
         out += [
             _figure("reader cold epoch from S3 / raw parallel GET", cold / raw["samples/s"], 0.7,
                     detail=f"{cold:.0f} vs {raw['samples/s']:.0f} samples/s ({raw['MB/s']:.0f} MB/s)"),
@@ -226,9 +227,9 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{reader['warm']['first_batch_s'] * 1e3:.0f} vs {reader['local']['first_batch_s'] * 1e3:.0f}"
                     f" ms of {r['dataset']['samples'] / warm * 1e3:.0f} ms epochs"),
             _figure("reader warm / local, each epoch less its first batch",
-                    reader["warm"]["steady_samples/s"] / reader["local"]["steady_samples/s"],
-                    detail=f"{reader['warm']['steady_samples/s']:.0f} vs {reader['local']['steady_samples/s']:.0f}"
-                    " samples/s"),
+                    steady_warm / steady_local if steady_warm and steady_local else None,
+                    detail=f"{steady_warm:.0f} vs {steady_local:.0f} samples/s" if steady_warm and steady_local
+                    else "epochs of one batch"),
             _figure("cache fetch path alone / raw parallel GET", fetch["MB/s"] / raw["MB/s"],
                     detail=f"Storage.download + sha256 read back, {fetch['threads']} threads, no reader: "
                     f"{fetch['MB/s']:.0f} vs {raw['MB/s']:.0f} MB/s"),

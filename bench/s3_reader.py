@@ -100,9 +100,9 @@ def _epoch(dataset: Any, out: np.ndarray) -> dict[str, float]:
 def _median_row(epochs: list[dict[str, float]]) -> dict[str, Any]:
     """Medians over ``epochs``: whole epochs, and ``steady`` (each epoch less its first batch: a 2,560-sample
     epoch lasts ~0.1 s warm, so a start-of-epoch cost of a few ms, nothing in a real epoch, weighs 10-20%)."""
-    steady = [(e["samples"] - BATCH) / (e["seconds"] - e["first_batch_s"]) for e in epochs]
+    steady = [(e["samples"] - BATCH) / (e["seconds"] - e["first_batch_s"]) for e in epochs if e["samples"] > BATCH]
     return {"samples/s": round(statistics.median(e["samples/s"] for e in epochs), 1),
-            "steady_samples/s": round(statistics.median(steady), 1),
+            "steady_samples/s": round(statistics.median(steady), 1) if steady else None,  # None: one batch
             "first_batch_s": round(statistics.median(e["first_batch_s"] for e in epochs), 4), "epochs": epochs}
 
 
