@@ -73,7 +73,9 @@ def epoch(loader: Any, batch_key: str = "image") -> dict[str, float]:
 def read_epochs(args: argparse.Namespace, count: int, make_loader: Any) -> dict[str, Any]:
     """``--epochs`` passes over ``make_loader(workers, cache_dir)`` from a fresh cache (one setting per
     process: a second Mosaic dataset in the same process waited ~60 s on the first one's shared memory)."""
-    cache = os.path.join(args.scratch, "cache")
+    # A cache folder of this process's own: Mosaic keys its shared memory and locks by the local path,
+    # and a folder an earlier process used made the first batch wait ~61 s (its download timeout).
+    cache = os.path.join(args.scratch, f"cache-{args.workers}-{os.getpid()}")
     shutil.rmtree(cache, ignore_errors=True)
     loader = make_loader(args.workers, cache)
     epochs = [epoch(loader) for _ in range(args.epochs)]
