@@ -123,8 +123,8 @@ def _peers(quick: bool, local_dir: str) -> dict[str, Any]:
 def peer_row(runs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     """A peer's row from its runs by worker count: the best cold epoch of any setting and the best warm
     one (medians of its warm epochs), each the peer's best case. Its cold epoch sometimes waited ~61 s
-    for its first batch (Mosaic: its 60 s download timeout, then a retry; in 4 of 10 processes of full
-    runs, never alone, cause not established), so the cold figure is not one setting's bad luck."""
+    for its first batch (Mosaic: its 60 s download timeout, then a retry; in 4 of 12 processes of six
+    full runs, never alone, cause not established), so the cold figure is not one setting's bad luck."""
     done = {w: r for w, r in runs.items() if "epochs" in r}
     if not done:
         return {"not available": next(iter(runs.values()))["not available"], "by_workers": runs}
