@@ -19,7 +19,7 @@ e) LitData and Mosaic Streaming at their fastest settings for these images, on t
 Rows whose code is not on this branch yet (the reader cache, the S3 job) read "not available" with the
 reason, as does a peer that cannot be installed. Results go into ``results.json`` under
 ``"object_store"`` and a section of ``results.md`` in ``bench/`` (or ``--results DIR``), next to what
-``bench.run`` wrote there. ~5-8 minutes on 2 cores once the peer venv exists (~3 minutes more to make
+``bench.run`` wrote there. 4-6 minutes on 2 cores once the peer venv exists (~3 minutes more to make
 it, once). The server is loopback on a shared VM: absolute MB/s say little; the ratios are the figures.
 """
 

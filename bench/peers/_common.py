@@ -72,9 +72,9 @@ def epoch(loader: Any, batch_key: str = "image") -> dict[str, float]:
 
 def read_epochs(args: argparse.Namespace, count: int, make_loader: Any) -> dict[str, Any]:
     """``--epochs`` passes over ``make_loader(workers, cache_dir)`` from a fresh cache (one setting per
-    process: a second Mosaic dataset in the same process waited ~60 s on the first one's shared memory)."""
-    # A cache folder of this process's own: Mosaic keys its shared memory and locks by the local path,
-    # and a folder an earlier process used made the first batch wait ~61 s (its download timeout).
+    process: a second Mosaic dataset in the same process once waited ~60 s for its first batch)."""
+    # A cache folder of this process's own: Mosaic keys its shared memory and locks by the local path, so
+    # no process sees another's files or locks (a suspect, ruled out, of a ~61 s first-batch stall).
     cache = os.path.join(args.scratch, f"cache-{args.workers}-{os.getpid()}")
     shutil.rmtree(cache, ignore_errors=True)
     loader = make_loader(args.workers, cache)
