@@ -1,0 +1,100 @@
+"""The preprocessing job with input and output on the bench's S3 server, against the same job on local disk.
+
+Both runs go through ``run_job`` in this process, Ray already up (``local_ray``: its start-up is not part
+of either), on the same tars: local ``DIR/*.tar`` into a fresh local folder, and ``s3://BUCKET/corpus/*.tar``
+into a fresh ``s3://BUCKET/job/N`` prefix. One untimed run of each first (it starts the worker processes;
+the first S3 run also pays each worker's first client: its time is kept as ``first_s3_run_s``), then
+``reps`` alternated local / S3 runs; the ratio is the median local time over the median S3 time.
+If the job does not accept URLs on this branch yet (the S3 job is another module's work) the S3 row says
+"not available" with the job's own error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from preprocess.config import JobConfig
+from shardio.errors import ShardioError
+
+# What a job refusing or failing on s3:// raises while the S3 job is another module's work in progress:
+# shardio's tree (UnsupportedPath, StorageAccessError, ...), _run's RuntimeError, the OS's and the
+# argument checks'. Anything else is a bug of the bench and stops it.
+JOB_FAILURES = (ShardioError, RuntimeError, OSError, ValueError)
+
+__all__ = ["job_rows", "upload_files"]
+
+
+def upload_files(store: Any, files: dict[str, str], threads: int = 4) -> int:
+    """PUT each local file (key -> path) with obstore (multipart for the large ones); total bytes."""
+    import obstore
+
+    def put(item: tuple[str, str]) -> int:
+        key, path = item
+        with open(path, "rb") as f:
+            obstore.put(store, key, f)
+        return os.path.getsize(path)
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(put, files.items()))
+
+
+def _run(inputs: str, output: str, cfg: JobConfig) -> tuple[float, int]:
+    from preprocess.job import RunOptions, run_job
+
+    start = time.perf_counter()
+    report = run_job(RunOptions(inputs=[inputs], output=output, config=cfg))
+    seconds = time.perf_counter() - start
+    if report.exit_code != 0 or report.samples_failed:
+        raise RuntimeError(f"job on {inputs} -> {output} failed: exit {report.exit_code}, "
+                           f"{report.inputs_failed or report.failures[:3]}")
+    return seconds, report.samples_written
+
+
+def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int = 2) -> dict[str, Any]:
+    from bench.job_bench import local_ray
+
+    cfg = JobConfig()
+    directory = os.path.dirname(os.path.abspath(tars[0]))
+    local_inputs = os.path.join(directory, "*.tar")
+    remote_inputs = f"s3://{bucket}/corpus/*.tar"
+    uploaded = upload_files(store, {f"corpus/{os.path.basename(t)}": t for t in tars})
+    result: dict[str, Any] = {"tars": len(tars), "input_bytes": uploaded, "reps": reps}
+    times: dict[str, list[float]] = {"local": [], "s3": []}
+    with local_ray(os.cpu_count() or 1) as session:
+        result["ray_init_s"] = round(session.startup_s, 3)
+        output = os.path.join(scratch, "job-local")
+        shutil.rmtree(output, ignore_errors=True)
+        _, images = _run(local_inputs, output, cfg)  # warm-up: worker processes, imports
+        result["images"] = images
+        try:  # warm-up of the S3 path too: the workers' first client (imports, credentials, connections)
+            result["first_s3_run_s"] = round(_run(remote_inputs, f"s3://{bucket}/job/warm-up", cfg)[0], 3)
+        except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
+            traceback.print_exc()
+            result["s3"] = f"not available: {type(exc).__name__}: {exc}"
+        for rep in range(reps):
+            shutil.rmtree(output, ignore_errors=True)
+            times["local"].append(_run(local_inputs, output, cfg)[0])
+            if "s3" in result:  # the S3 job failed once: not available, keep the local timings only
+                continue
+            try:
+                seconds, written = _run(remote_inputs, f"s3://{bucket}/job/{rep}", cfg)
+                if written != images:
+                    raise RuntimeError(f"the S3 job wrote {written} samples, the local one {images}")
+                times["s3"].append(seconds)
+            except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
+                traceback.print_exc()
+                result["s3"] = f"not available: {type(exc).__name__}: {exc}"
+        shutil.rmtree(output, ignore_errors=True)
+    result["local"] = {"seconds": [round(t, 3) for t in times["local"]],
+                       "images/s": round(images / statistics.median(times["local"]), 1)}
+    if times["s3"]:
+        result["s3"] = {"seconds": [round(t, 3) for t in times["s3"]],
+                        "images/s": round(images / statistics.median(times["s3"]), 1)}
+        result["s3 / local"] = round(statistics.median(times["local"]) / statistics.median(times["s3"]), 3)
+    return result
