@@ -202,7 +202,8 @@ def _measure(args: argparse.Namespace, server: S3Server) -> dict[str, Any]:
         spec = CorpusSpec(tars=4, samples_per_tar=24) if args.quick else CorpusSpec()
         corpus = build_corpus(os.path.join(SCRATCH, "corpus"), spec, log=_log)
         _log(f"job: {corpus.images} images in {len(corpus.tars)} tars, local disk vs s3:// in and out")
-        results["job"] = job_rows(corpus.tars, store, BUCKET, WORK, reps=1 if args.quick else 2)
+        results["job"] = job_rows(corpus.tars, store, BUCKET, WORK, reps=1 if args.quick else 2,
+                                      server_pid=server.process.pid if server.process else None)
     results["figures"] = figures(results)
     return results
 
@@ -262,7 +263,13 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(job.get("s3"), dict):
         out.append(_figure("job, S3 in and out / local disk", job["s3 / local"], 0.85,
                            detail=f"{job['s3']['images/s']:.0f} vs {job['local']['images/s']:.0f} images/s, "
-                           f"{job['images']} images, median of {job['reps']}"))
+                           f"{job['images']} images, median of {job['reps']}"
+                           + (f"; the S3 server itself took {job['server_cpu_share']:.0%} of the machine's CPU "
+                              "during the S3 runs" if job.get("server_cpu_share") is not None else "")))
+        if job.get("s3 / local, server CPU excluded") is not None:
+            out.append(_figure("job S3 / local, scaled to the CPU the server left", job["s3 / local, server CPU excluded"],
+                               None, detail="s3 / local divided by (1 - server share): what the job reached on the "
+                               "cores it had"))
     else:
         out.append(_figure("job, S3 in and out / local disk", None, 0.85,
                            detail=str(job.get("s3") or job.get("skipped", "not measured"))))

@@ -56,7 +56,18 @@ def _run(inputs: str, output: str, cfg: JobConfig) -> tuple[float, int]:
     return seconds, report.samples_written
 
 
-def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int = 2) -> dict[str, Any]:
+def _cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) of the S3 server process so far: on this machine it shares the cores."""
+    if pid is None:
+        return 0.0
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int = 2,
+             server_pid: int | None = None) -> dict[str, Any]:
     from bench.job_bench import local_ray
 
     cfg = JobConfig()
@@ -66,6 +77,7 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
     uploaded = upload_files(store, {f"corpus/{os.path.basename(t)}": t for t in tars})
     result: dict[str, Any] = {"tars": len(tars), "input_bytes": uploaded, "reps": reps}
     times: dict[str, list[float]] = {"local": [], "s3": []}
+    server_cpu: list[float] = []  # the server's CPU seconds during each S3 run
     with local_ray(os.cpu_count() or 1) as session:
         result["ray_init_s"] = round(session.startup_s, 3)
         output = os.path.join(scratch, "job-local")
@@ -83,7 +95,9 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
             if "s3" in result:  # the S3 job failed once: not available, keep the local timings only
                 continue
             try:
+                cpu_before = _cpu_seconds(server_pid)
                 seconds, written = _run(remote_inputs, f"s3://{bucket}/job/{rep}", cfg)
+                server_cpu.append(_cpu_seconds(server_pid) - cpu_before)
                 if written != images:
                     raise RuntimeError(f"the S3 job wrote {written} samples, the local one {images}")
                 times["s3"].append(seconds)
@@ -97,4 +111,11 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
         result["s3"] = {"seconds": [round(t, 3) for t in times["s3"]],
                         "images/s": round(images / statistics.median(times["s3"]), 1)}
         result["s3 / local"] = round(statistics.median(times["local"]) / statistics.median(times["s3"]), 3)
+        if server_pid is not None:
+            cores = os.cpu_count() or 1
+            share = statistics.median(c / (t * cores) for c, t in zip(server_cpu, times["s3"]))
+            # The S3 server runs on the job's own cores here (on a real deployment it is elsewhere): the
+            # share of the machine it took during the S3 runs is CPU the job could not use.
+            result["server_cpu_share"] = round(share, 3)
+            result["s3 / local, server CPU excluded"] = round(result["s3 / local"] / (1 - share), 3) if share < 1 else None
     return result
