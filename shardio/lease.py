@@ -26,22 +26,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from shardio.errors import CommitConflict, OutputLocked, StorageUnavailable
+from shardio.object_storage import pid_alive
 
 __all__ = ["lease", "LeaseHandle", "lease_seconds"]
 
 
 def lease_seconds() -> float:
     return float(os.environ.get("SHARDIO_LEASE_SECONDS", "60"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LeaseHandle:
@@ -96,7 +87,7 @@ def _stale(doc: dict[str, Any]) -> bool:
         return True
     pid = doc.get("pid")
     return doc.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() \
-        and not _pid_alive(pid)
+        and not pid_alive(pid)
 
 
 def _acquire(store: Any, path: str, wait: bool, ttl_s: float, poll_s: float) -> LeaseHandle:

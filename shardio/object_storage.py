@@ -440,7 +440,7 @@ def scratch_dir() -> str:
     parent = os.path.join(os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir(), "shardio-scratch")
     os.makedirs(parent, exist_ok=True)
     for name in os.listdir(parent):
-        if name.isdigit() and int(name) != os.getpid() and not _pid_alive(int(name)):
+        if name.isdigit() and int(name) != os.getpid() and not pid_alive(int(name)):
             import shutil
 
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
@@ -453,7 +453,8 @@ def scratch_dir() -> str:
 _SCRATCH: tuple[int, str] | None = None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID runs on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

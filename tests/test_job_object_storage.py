@@ -158,19 +158,26 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result_and
     print("kills (delay after first upload, exit):", outcomes)
 
 
+def run_through(proxy: FaultProxy, pattern: str, url: str, tmp_path) -> tuple[subprocess.Popen, str]:
+    """A run whose every request (its own local Ray's workers' too) goes through ``proxy``; returns once
+    it has uploaded its first shard."""
+    env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint)
+    env.pop("RAY_ADDRESS", None)
+    log = str(tmp_path / "run.log")
+    run = start_run(pattern, url, log, None, env=env, extra=("--workers", "1"))
+    deadline = time.monotonic() + 180
+    while run.poll() is None and not any(m.startswith("PUT") and "/shards/" in m for m in proxy.methods):
+        assert time.monotonic() < deadline, "no shard upload seen"
+        time.sleep(0.01)
+    return run, log
+
+
 def test_a_burst_of_503_slowdown_is_retried_and_the_result_is_exact(s3_server, s3_bucket, tars, tmp_path):
     pattern, total = make_inputs(tars, (20, 14))
     proxy = FaultProxy(s3_server.ports["s3"])
     try:
-        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint)
-        env.pop("RAY_ADDRESS", None)  # its own local Ray, whose workers also talk through the proxy
         proxy.fail_next(5)  # the run's first requests (probe, lease, manifest) meet SlowDown
-        log = str(tmp_path / "run.log")
-        run = start_run(pattern, f"s3://{s3_bucket}/ds", log, None, env=env, extra=("--workers", "1"))
-        deadline = time.monotonic() + 180
-        while run.poll() is None and not any(m.startswith("PUT") and "/shards/" in m for m in proxy.methods):
-            assert time.monotonic() < deadline, "no shard upload seen"
-            time.sleep(0.01)
+        run, log = run_through(proxy, pattern, f"s3://{s3_bucket}/ds", tmp_path)
         proxy.fail_next(4, status=500)  # and a burst in the middle of the uploads
         assert run.wait(300) == 0, open(log).read()[-3000:]
         assert proxy.failed >= 5
@@ -187,14 +194,7 @@ def test_the_store_going_away_mid_run_is_ridden_out(s3_server, s3_bucket, tars, 
     pattern, total = make_inputs(tars, (30, 20, 25))
     proxy = FaultProxy(s3_server.ports["s3"])
     try:
-        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.endpoint)
-        env.pop("RAY_ADDRESS", None)
-        log = str(tmp_path / "run.log")
-        run = start_run(pattern, f"s3://{s3_bucket}/ds", log, None, env=env, extra=("--workers", "1"))
-        deadline = time.monotonic() + 180
-        while run.poll() is None and not any(m.startswith("PUT") and "/shards/" in m for m in proxy.methods):
-            assert time.monotonic() < deadline, "no shard upload seen"
-            time.sleep(0.01)
+        run, log = run_through(proxy, pattern, f"s3://{s3_bucket}/ds", tmp_path)
         proxy.go_down()
         try:
             time.sleep(3.0)
