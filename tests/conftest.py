@@ -32,7 +32,7 @@ def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(crash=True)  # its data is a temp dir: no graceful 5 s stop at the end of every session
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
