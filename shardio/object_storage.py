@@ -217,6 +217,9 @@ class S3Storage:
         from shardio.storage import FileInfo
 
         store, key = self._target(path)
+        if not key:  # the bucket itself: a "directory", never an object
+            self._check_bucket(path)
+            raise FileNotFoundError(2, "a bucket is not an object", path)
         with self._errors(path, "HEAD"):
             meta = self._ob.head(store, key)
         return _file_info(FileInfo, path, meta)

@@ -121,7 +121,10 @@ def check_local(path: str) -> str:
 def normalize(path: str) -> str:
     """A dataset or input path as the backends take it: a URL unchanged, a local path without
     ``file://``; ``UnsupportedPath`` for a scheme no backend serves."""
-    return path if is_remote(path) else check_local(path)
+    if is_remote(path):
+        stripped = path.rstrip("/")  # "s3://b/ds/" and "s3://b/ds" are one dataset
+        return stripped if "://" in stripped and stripped.split("://", 1)[1] else path
+    return check_local(path)
 
 
 class Storage(Protocol):

@@ -232,3 +232,13 @@ def test_a_store_that_ignores_conditional_writes_is_refused_before_any_lock(stor
     with pytest.raises(errors.UnsupportedStore, match="ignores conditional writes"):
         store.check_conditional_writes(f"s3://{s3_bucket}/ds")
     assert store.list_dir(f"s3://{s3_bucket}/ds") == []  # the probe object is gone, no lock was taken
+
+
+def test_a_bucket_root_is_a_directory_never_an_object(store, s3_bucket):
+    root = f"s3://{s3_bucket}"
+    with pytest.raises(FileNotFoundError):
+        store.info(root)  # a HEAD on the bucket answers 200: it must not read as "a file"
+    assert not store.is_file(root) and not store.exists(root)
+    store.publish(f"{root}/manifest.json", b"{}")
+    assert store.exists(root) and store.is_dir(root) and store.list_dir(root) == ["manifest.json"]
+    assert storage.normalize(root + "/") == root and storage.normalize(root + "/ds/") == root + "/ds"
