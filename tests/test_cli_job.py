@@ -14,6 +14,7 @@ from preprocess import ray_runner
 from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, report_json, run_job
+from tests.ray_helpers import occupy_node_cpu
 from tests.tar_factory import Member, decode_index
 
 pytestmark = pytest.mark.ray
@@ -138,22 +139,6 @@ def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_p
     assert shardio.open_dataset(out).shape == (16, 16, 3)
 
 
-def _occupy(node_id: str):
-    """An actor holding the only CPU of ``node_id`` until killed (defined here: Ray's workers cannot import a
-    test module, and a local class is shipped by value)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    class _HoldsCpu:
-        def ready(self) -> bool:
-            return True
-
-    actor = ray.remote(num_cpus=1)(_HoldsCpu).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-    ray.get(actor.ready.remote())
-    return actor
-
-
 def test_every_node_of_the_cluster_processes_inputs_into_one_dataset(ray_cluster, tars, tmp_path):
     # Placement is Ray's business and depends on load (on a busy machine one node can take all 8 inputs even
     # with SPREAD), so the test does not wait for luck: it takes the CPU of one node while a drop runs, then
@@ -168,7 +153,7 @@ def test_every_node_of_the_cluster_processes_inputs_into_one_dataset(ray_cluster
     for drop, busy in enumerate(nodes):
         for t in range(drop * 4, drop * 4 + 4):
             tars.make(f"{t}.tar", range(t * 2, t * 2 + 2), with_meta=False)
-        blocker = _occupy(busy)
+        blocker = occupy_node_cpu(busy)
         try:
             report_path = str(tmp_path / f"r{drop}.json")
             result = run_cli(f"{tars.directory}/*.tar", "--output", out, "--size", "16", "--report", report_path)

@@ -20,6 +20,7 @@ import pytest
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, run_job
 from shardio.object_storage import S3Storage
+from tests.ray_helpers import occupy_node_cpu
 from tests.tar_factory import decode_index
 
 pytestmark = pytest.mark.ray
@@ -143,21 +144,6 @@ def test_an_input_that_cannot_be_downloaded_fails_alone(ray_cluster, s3_server, 
     assert sorted(_samples_of(s3_server, out)) == [0, 1, 2, 6, 7, 8]
 
 
-def _occupy(node_id: str):
-    """An actor holding the only CPU of ``node_id`` until killed (a local class: shipped by value)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    class _HoldsCpu:
-        def ready(self) -> bool:
-            return True
-
-    actor = ray.remote(num_cpus=1)(_HoldsCpu).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-    ray.get(actor.ready.remote())
-    return actor
-
-
 def test_bucket_to_bucket_on_two_nodes_writes_nothing_locally(ray_cluster, s3_server, s3_bucket, tars, tmp_path,
                                                               monkeypatch):
     # Placement is Ray's: one node's CPU is held during each drop, so each node must take one drop's inputs.
@@ -170,7 +156,7 @@ def test_bucket_to_bucket_on_two_nodes_writes_nothing_locally(ray_cluster, s3_se
     for drop, busy in enumerate(nodes):
         made = [tars.make(f"{t:05d}.tar", range(t * 2, t * 2 + 2), with_meta=False) for t in range(drop * 3, drop * 3 + 3)]
         _upload(s3_server, s3_bucket, "laion", made)
-        blocker = _occupy(busy)
+        blocker = occupy_node_cpu(busy)
         try:
             report = run_job(RunOptions(inputs=[f"s3://{s3_bucket}/laion/*.tar"], output=out, config=CFG))
         finally:
