@@ -45,7 +45,10 @@ READER_FAILURES = (ShardioError, OSError, ValueError, TypeError, AttributeError)
 __all__ = ["CacheSizeSampler", "reader_rows"]
 
 BATCH = 256
-DOWNLOAD_THREADS = 4  # shardio.shard_cache's default download threads
+try:  # the cache's own number of download threads, so this row measures what the reader does
+    from shardio.shard_cache import DOWNLOAD_THREADS
+except ImportError:
+    DOWNLOAD_THREADS = 4
 BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead
 
 
@@ -108,9 +111,9 @@ def _median_row(epochs: list[dict[str, float]]) -> dict[str, Any]:
 
 def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> dict[str, Any]:
     """MB/s of the cache's way to fetch a shard without the reader: ``Storage.download`` of each shard
-    object into a file, then its sha256 read back, ``threads`` at a time (the cache's default). Between
-    the raw GET (bytes into memory) and the cold epoch: says whether a gap is the download or the rest."""
-    import hashlib
+    object into a file, hashed as it streams (its return value), ``threads`` at a time (the cache's
+    default). Between the raw GET (bytes into memory) and the cold epoch: says whether a gap is the
+    download or the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
     from shardio import storage
@@ -124,11 +127,9 @@ def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> di
 
     def fetch(index: int) -> int:
         local = os.path.join(directory, f"{index}.npy")
-        store.download(store.join(url, manifest.shards[index].path), local)
-        digest = hashlib.sha256()
-        with open(local, "rb") as f:
-            while chunk := f.read(8 << 20):
-                digest.update(chunk)
+        entry = manifest.shards[index]
+        if store.download(store.join(url, entry.path), local) != entry.sha256:
+            raise RuntimeError(f"{entry.path}: sha256 differs from the manifest")
         return os.path.getsize(local)
 
     start = time.perf_counter()
