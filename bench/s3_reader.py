@@ -28,13 +28,13 @@ import inspect
 import os
 import shutil
 import statistics
-import threading
 import time
 import traceback
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
+from bench.job_bench import _Sampler
 from bench.reader import copy_batches
 from shardio.errors import ShardioError
 
@@ -52,16 +52,14 @@ except ImportError:
 BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead
 
 
-class CacheSizeSampler:
+class CacheSizeSampler(_Sampler):
     """Peak total bytes of the files under ``directory``, sampled every ``interval_s`` in a thread."""
 
     def __init__(self, directory: str, interval_s: float = 0.02) -> None:
+        super().__init__(interval_s)
         self.directory = directory
-        self.interval_s = interval_s
         self.peak = 0
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def size(self) -> int:
         total = 0
@@ -79,13 +77,8 @@ class CacheSizeSampler:
             self.samples += 1
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         self.peak = max(self.peak, self.size())
 
 
