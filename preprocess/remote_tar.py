@@ -36,7 +36,7 @@ from typing import Any
 
 from shardio import storage
 from shardio.errors import InputError
-from shardio.object_storage import scratch_dir
+from shardio.scratch import scratch_dir
 
 __all__ = ["SpooledObject", "CHUNK_BYTES", "FETCHERS", "chunk_plan"]
 

@@ -43,6 +43,7 @@ from datetime import timedelta
 from typing import Any, BinaryIO, ContextManager
 
 from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
+from shardio.scratch import scratch_dir
 
 __all__ = ["S3Storage", "SCHEMES", "split_url"]
 
@@ -356,8 +357,8 @@ class S3Storage:
         return result.get("e_tag") or ""
 
     def create_temp(self, final_path: str) -> tuple[int, str]:
-        """Staging is a local scratch file (``$SHARDIO_SCRATCH`` or the system temp dir), uploaded at its
-        final key by ``promote``: the pixels never pass through the driver."""
+        """Staging is a file in this process's local scratch (``shardio.scratch``), uploaded at its final
+        key by ``promote``: the pixels never pass through the driver."""
         name = final_path.rsplit("/", 1)[-1]
         fd, local = tempfile.mkstemp(prefix=f".tmp-{name}.", dir=scratch_dir())
         return fd, local
@@ -430,30 +431,6 @@ class S3Storage:
                 f"{directory}: {self.where()} ignores conditional writes (If-None-Match), so two runs could "
                 "overwrite each other's commit; use a store that supports them (AWS S3, MinIO, R2, SeaweedFS "
                 "do) or write to a local directory")
-
-
-def scratch_dir() -> str:
-    """This process's local scratch for staged shards and downloaded tars:
-    ``($SHARDIO_SCRATCH or the temp dir)/shardio-scratch/PID``. A SIGKILLed worker cannot remove its own,
-    so the first call in a process removes the folders of processes that no longer run on this host: a
-    folder of that name is ours, and a dead PID's folder has no writer left."""
-    global _SCRATCH
-    if _SCRATCH is not None and _SCRATCH[0] == os.getpid() and os.path.isdir(_SCRATCH[1]):
-        return _SCRATCH[1]
-    parent = os.path.join(os.environ.get("SHARDIO_SCRATCH") or tempfile.gettempdir(), "shardio-scratch")
-    os.makedirs(parent, exist_ok=True)
-    for name in os.listdir(parent):
-        if name.isdigit() and int(name) != os.getpid() and not pid_alive(int(name)):
-            import shutil
-
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    path = os.path.join(parent, str(os.getpid()))
-    os.makedirs(path, exist_ok=True)
-    _SCRATCH = (os.getpid(), path)
-    return path
-
-
-_SCRATCH: tuple[int, str] | None = None
 
 
 def pid_alive(pid: int) -> bool:

@@ -77,31 +77,18 @@ def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, 
 
 
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
+    import shardio.scratch
+
     monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.setattr(shardio.scratch, "_SCRATCH", None)
     url = f"s3://{s3_bucket}/ds/shards/s-00000.npy"
     fd, staged = store.create_temp(url)
-    assert staged.startswith(str(tmp_path / "scratch" / "shardio-scratch" / str(os.getpid())))
+    assert staged.startswith(str(tmp_path / "scratch" / f"shardio-scratch-{os.getuid()}" / f"{os.getpid()}-"))
     with os.fdopen(fd, "wb") as f:
         f.write(b"pixels")
     assert not store.exists(url)  # nothing visible before the promote
     store.promote(staged, url)
     assert store.read_bytes(url) == b"pixels" and not os.path.exists(staged)
-
-
-def test_a_dead_process_scratch_folder_is_removed_and_a_live_one_kept(store, tmp_path, monkeypatch):
-    import shardio.object_storage as backend
-
-    monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path))
-    monkeypatch.setattr(backend, "_SCRATCH", None)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    parent = tmp_path / "shardio-scratch"
-    for pid in (dead, str(os.getppid())):
-        (parent / pid).mkdir(parents=True)
-        (parent / pid / ".tmp-x.npy.1").write_bytes(b"staged")
-    (parent / "notes").mkdir()  # not a PID: not ours to judge
-    assert backend.scratch_dir() == str(parent / str(os.getpid()))
-    assert sorted(p.name for p in parent.iterdir()) == sorted([str(os.getppid()), str(os.getpid()), "notes"])
 
 
 def test_wrong_credentials_are_a_clear_usage_error_within_seconds(s3_server, s3_bucket, monkeypatch):

@@ -18,7 +18,8 @@ from preprocess import remote_tar
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, index_tar, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import object_storage, storage
+from shardio import scratch as scratch_folder
+from shardio import storage
 from shardio.errors import InputError
 from tests.tar_factory import read_shards
 
@@ -57,13 +58,14 @@ class FakeObject:
 def scratch(tmp_path, monkeypatch) -> str:
     path = str(tmp_path / "scratch")
     monkeypatch.setenv("SHARDIO_SCRATCH", path)
-    monkeypatch.setattr(object_storage, "_SCRATCH", None)  # the process's scratch folder, found again
+    monkeypatch.setattr(scratch_folder, "_SCRATCH", None)  # the process's scratch folder, found again
     monkeypatch.setattr(remote_tar, "CHUNK_BYTES", CHUNK)
     return path
 
 
 def _files_under(folder: str) -> list[str]:
-    return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files]
+    """What an input left in scratch: every file but the process folder's own lock (``.owner``)."""
+    return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f != scratch_folder.OWNER_FILE]
 
 
 def _serve(monkeypatch, data: bytes, etag: str = "etag-1") -> FakeObject:
@@ -112,6 +114,7 @@ def test_the_scratch_file_goes_however_the_input_ends(tars, scratch, monkeypatch
     path = tars.make("0001.tar", range(20))
     data = open(path, "rb").read()
     fake = _serve(monkeypatch, data)
+    scratch_folder.scratch_dir()  # the process's folder and its lock: made once, held for its life
     before = _open_fds()
     _samples(URL, size=len(data))  # read to the end
     assert _open_fds() == before
