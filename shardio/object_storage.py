@@ -119,6 +119,36 @@ def _store_options() -> dict[str, Any]:
     return options
 
 
+# Where the region probe goes: AWS's global endpoint (None); the tests point it at a fake server.
+_AWS_PROBE_ENDPOINT: str | None = None
+
+
+def _aws_bucket_region(bucket: str) -> str | None:
+    """The AWS region ``bucket`` lives in, or None if that cannot be told (the request itself then says
+    what is wrong). AWS answers a request signed for another region with a redirect or a 400 that obstore
+    does not follow, and a bucket is often in another region than the profile's (public datasets in
+    us-east-1): boto3 finds the bucket's region by itself, and so does this, with one anonymous HEAD of the
+    bucket, whose ``x-amz-bucket-region`` header AWS sends even when it refuses the request."""
+    try:
+        import boto3
+        import botocore
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return None
+    config = Config(signature_version=botocore.UNSIGNED, connect_timeout=5, read_timeout=10,
+                    retries={"max_attempts": 2})
+    try:
+        client = boto3.session.Session().client("s3", region_name="us-east-1",
+                                                endpoint_url=_AWS_PROBE_ENDPOINT, config=config)
+        headers = client.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPHeaders"]
+    except ClientError as exc:
+        headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    except (BotoCoreError, ValueError):
+        return None
+    return headers.get("x-amz-bucket-region") or None
+
+
 def _first_line(error: BaseException) -> str:
     """The HTTP status and the server's error code of an obstore error (its text runs to many lines)."""
     text = str(error)
@@ -148,7 +178,12 @@ class S3Storage:
             if store is None:
                 from obstore.store import S3Store
 
-                store = S3Store(bucket, **_store_options())
+                options = dict(_store_options())
+                if "endpoint" not in options:  # AWS itself: the bucket's own region, as boto3 finds it
+                    options["region"] = _aws_bucket_region(bucket) or options.get("region")
+                    if options["region"] is None:
+                        del options["region"]
+                store = S3Store(bucket, **options)
                 self._stores[bucket] = store
             return store
 
