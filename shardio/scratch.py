@@ -9,7 +9,8 @@
   process exits. A SIGKILLed worker cannot remove its own folder, so the first call in a process removes
   the folders whose lock it can take, and only those: a PID alone would not do (a process of another
   container sharing the temp dir has a PID that looks dead here), and a lock dies with its process
-  whatever killed it.
+  whatever killed it. On a filesystem without ``flock`` (some NFS mounts) folders still work, and none
+  is ever swept: nothing can prove its process gone.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ def scratch_dir() -> str:
     # Made under a dot name the sweep skips, locked, then renamed: no sweep can see it unlocked.
     making = tempfile.mkdtemp(prefix=f".new-{os.getpid()}-", dir=parent)
     fd = os.open(os.path.join(making, OWNER_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process exits; a forked child gets its own folder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process exits; a forked child gets its own folder
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+            raise
+        # A filesystem without flock (some NFS mounts): the folder works, but no sweep can ever prove
+        # its process gone, so it is never removed by another; it is left, not risked.
     path = os.path.join(parent, os.path.basename(making).removeprefix(".new-"))
     os.rename(making, path)
     _SCRATCH = (os.getpid(), path, fd)

@@ -95,6 +95,23 @@ def test_a_pid_that_looks_dead_does_not_make_a_folder_removable(base, monkeypatc
         os.close(fd)
 
 
+def test_a_filesystem_without_flock_still_gets_scratch_but_sweeps_nothing(base, monkeypatch):
+    import errno
+    import fcntl
+
+    killed, killed_path = _child_holding_scratch(base)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    mine = _fresh_call(monkeypatch)
+    assert os.path.isdir(mine)
+    assert os.path.isdir(killed_path)  # gone, most likely, but nothing here can prove it
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
 
