@@ -86,8 +86,21 @@ class CacheDir:
         return os.path.join(self.root, f"{unit.key}.{unit.meta_sha256[:16]}.jsonl")
 
     def _lock_fd(self, key: str) -> int:
-        return os.open(os.path.join(self.root, "locks", f"{key}.lock"),
-                       os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        path = os.path.join(self.root, "locks", f"{key}.lock")
+        cloexec = getattr(os, "O_CLOEXEC", 0)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o666)
+        except PermissionError as refused:
+            # Another user's lock file in a shared cache directory: flock works on a read-only one too.
+            try:
+                return os.open(path, os.O_RDONLY | cloexec)
+            except FileNotFoundError:
+                raise self._not_writable(refused) from refused
+
+    def _not_writable(self, error: OSError) -> ShardError:
+        return ShardError(f"the cache directory {self.root} is not writable by this user ({error}); give "
+                          "each user a cache_dir (or SHARDIO_CACHE_DIR) of their own, or make this one "
+                          "group-writable")
 
     # --- getting a shard ----------------------------------------------------------------------------
 
@@ -162,6 +175,8 @@ class CacheDir:
                 raise ShardError(f"{url}: {e}") from e
             except ShardIntegrityError as e:
                 last = e
+            except PermissionError as e:  # the cache directory, not the store: waiting will not help
+                raise ShardError(f"{url}: {self._not_writable(e)}") from e
             except Exception as e:  # a network or disk error: retried, then reported
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise ShardError(f"{url}: the cache's disk is full ({self.root}): {e}") from e
@@ -250,7 +265,9 @@ def _size(path: str) -> int:
 
 
 def _remove(path: str) -> None:
+    """Remove a cache file, unless it is gone already or another user's (a shared cache directory: not
+    ours to remove, and it stays valid for its owner)."""
     try:
         os.remove(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):
         pass
