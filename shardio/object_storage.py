@@ -179,10 +179,10 @@ class S3Storage:
                 from obstore.store import S3Store
 
                 options = dict(_store_options())
-                if "endpoint" not in options:  # AWS itself: the bucket's own region, as boto3 finds it
-                    options["region"] = _aws_bucket_region(bucket) or options.get("region")
-                    if options["region"] is None:
-                        del options["region"]
+                # AWS itself: the bucket's own region, as boto3 finds it (else the configured one).
+                region = None if "endpoint" in options else _aws_bucket_region(bucket)
+                if region:
+                    options["region"] = region
                 store = S3Store(bucket, **options)
                 self._stores[bucket] = store
             return store
