@@ -5,7 +5,6 @@ child that becomes ``nobody``."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -16,11 +15,10 @@ import pytest
 from shardio.errors import ShardError
 from shardio.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset
+from tests.other_user import as_nobody, needs_root
 from tests.test_shard_cache import FolderStore, read_all, units_of
 
-NOBODY = 65534
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+pytestmark = needs_root
 
 
 @pytest.fixture
@@ -44,25 +42,6 @@ def shared():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _as_nobody(work) -> dict:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            answer = work()
-        except Exception as exc:  # noqa: BLE001 - the answer, whatever it is, goes to the parent
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
-        os.write(write, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    with os.fdopen(read, "rb") as f:
-        return json.loads(f.read().decode())
-
-
 def _files(folder: str) -> dict[str, int]:
     return {name: os.stat(os.path.join(folder, name)).st_size for name in os.listdir(folder)
             if stat.S_ISREG(os.stat(os.path.join(folder, name)).st_mode)}
@@ -81,7 +60,7 @@ def test_another_user_reads_a_warm_shared_cache_and_removes_nothing(shared):
             cache.close()
         return {"same": got == expected, "downloads": cache.stats["downloads"]}
 
-    assert _as_nobody(read_everything) == {"same": True, "downloads": 0}
+    assert as_nobody(read_everything) == {"same": True, "downloads": 0}
     assert _files(cache_dir) == before  # the first user's files: not the other's to remove
 
 
@@ -102,7 +81,7 @@ def test_a_shard_another_user_cannot_write_is_a_clear_error_at_once(shared):
             cache.close()
         return {"error": None}
 
-    answer = _as_nobody(read_the_missing_one)
+    answer = as_nobody(read_the_missing_one)
     assert answer["error"] is not None and cache_dir in answer["error"], answer
     assert "cache_dir" in answer["error"]  # what to do about it
     assert answer["attempts"] <= 1  # not retried: a permission does not come back by waiting

@@ -14,8 +14,7 @@ import tempfile
 import pytest
 
 from shardio import scratch
-
-NOBODY = 65534
+from tests.other_user import NOBODY, as_nobody, needs_root
 
 
 @pytest.fixture
@@ -112,9 +111,6 @@ def test_a_filesystem_without_flock_still_gets_scratch_but_sweeps_nothing(base, 
     assert os.path.isdir(killed_path)  # gone, most likely, but nothing here can prove it
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
-
-
 @needs_root
 def test_a_second_user_runs_beside_the_first_on_one_machine(monkeypatch):
     """The first user's parent folder never blocks another user (it once was a shared 0755 folder)."""
@@ -123,25 +119,15 @@ def test_a_second_user_runs_beside_the_first_on_one_machine(monkeypatch):
     try:
         monkeypatch.setenv("SHARDIO_SCRATCH", shared)
         mine = _fresh_call(monkeypatch)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the other user
-            os.close(read)
-            try:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                scratch._SCRATCH = None
-                theirs = scratch.scratch_dir()
-                open(os.path.join(theirs, "staged"), "wb").close()
-                os.write(write, theirs.encode())
-            except Exception as exc:  # noqa: BLE001 - any failure is the answer, reported to the parent
-                os.write(write, f"ERROR {exc!r}".encode())
-            os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        theirs = os.read(read, 4096).decode()
-        os.close(read)
-        assert not theirs.startswith("ERROR"), theirs
+
+        def stage_a_file() -> str:
+            scratch._SCRATCH = None
+            theirs = scratch.scratch_dir()
+            open(os.path.join(theirs, "staged"), "wb").close()
+            return theirs
+
+        theirs = as_nobody(stage_a_file)
+        assert isinstance(theirs, str), theirs
         assert os.path.dirname(theirs) == os.path.join(shared, f"shardio-scratch-{NOBODY}")
         assert os.stat(os.path.dirname(theirs)).st_uid == NOBODY
         assert os.path.dirname(mine) == os.path.join(shared, f"shardio-scratch-{os.getuid()}")
