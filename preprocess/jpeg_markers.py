@@ -147,12 +147,12 @@ class _StrictJpegDecoder(ImageFile.PyDecoder):
 
     def decode(self, buffer: bytes | Any) -> tuple[int, int]:
         room = self._limit - self._consumed
-        chunk = bytes(buffer[:room])
+        chunk = memoryview(buffer)[:room]  # a view: the decoder reads any bytes-like object, no copy
         consumed, err = self._inner.decode(chunk)
         if consumed < 0 or len(chunk) < room:
             self._consumed += max(consumed, 0)
             return consumed, err
-        rest = chunk[consumed:]  # everything up to the EOI was delivered and the decoder wants more
+        rest = bytes(chunk[consumed:])  # everything up to the EOI was delivered and the decoder wants more
         for _ in range(_PROBES):
             rest += _FILLER
             consumed, err = self._inner.decode(rest)
