@@ -5,7 +5,7 @@ batch copied once into a reused buffer (what ``pin_memory`` or ``.cuda()`` does 
 cold and warm rows do the same work per sample. Rows:
 
 - ``download_path``: the cache's way of fetching without the reader (``Storage.download`` of each shard
-  into a file, sha256 read back, 4 threads): MB/s between the raw GET and the cold epoch;
+  into a file, checksum taken as it streams, 4 threads): MB/s between the raw GET and the cold epoch;
 - ``cold``: a fresh ``cache_dir`` with room for the whole dataset (``cache_limit`` = 1.25x its bytes):
   the first epoch downloads every shard; ``warm``: the next three epochs on the same dataset object,
   every shard already cached, so they should read at local speed;
@@ -121,8 +121,8 @@ def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> di
     def fetch(index: int) -> int:
         local = os.path.join(directory, f"{index}.npy")
         entry = manifest.shards[index]
-        if store.download(store.join(url, entry.path), local) != entry.sha256:
-            raise RuntimeError(f"{entry.path}: sha256 differs from the manifest")
+        if store.download(store.join(url, entry.path), local, entry.checksum_algorithm) != entry.checksum:
+            raise RuntimeError(f"{entry.path}: {entry.checksum_algorithm} differs from the manifest")
         return os.path.getsize(local)
 
     start = time.perf_counter()

@@ -258,7 +258,7 @@ def verify(
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
 ) -> None:
-    """Check every shard's size and sha256 against the manifest; exit 1 naming each bad shard. With
+    """Check every shard's size and checksum against the manifest; exit 1 naming each bad shard. With
     --repair, drop the inputs behind bad shards and process just those again (same config)."""
     from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 

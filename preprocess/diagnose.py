@@ -1,7 +1,7 @@
 """``preprocess diagnose``: where the job's time goes, per image and per stage, on one core.
 
 It runs the job's own code on a sample of the inputs, in this process: the tar reader, the transform and
-a real ``ShardWriter`` into a scratch directory (committed, so the fsync and sha256 a real shard costs are
+a real ``ShardWriter`` into a scratch directory (committed, so the fsync and checksum a real shard costs are
 counted, spread over its images; then deleted). Stages per image:
 
 - ``index``: the tar's index pass (``index_tar``: every member header, no data), spread over its images

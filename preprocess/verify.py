@@ -1,4 +1,4 @@
-"""``preprocess verify DIR``: every shard's size and sha256 against the manifest; ``--repair`` rebuilds
+"""``preprocess verify DIR``: every shard's size and checksum against the manifest; ``--repair`` rebuilds
 only the inputs behind bad shards.
 
 Checking reads every byte, with the one shard checker (``shardio.directory.shard_problems``). Repair is
@@ -59,7 +59,7 @@ def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) ->
 
 
 def verify_dataset(directory: str) -> VerifyResult:
-    """Check every listed shard (size, then sha256 of both files). Needs no lock: a shard that a run
+    """Check every listed shard (size, then the checksum of both files). Needs no lock: a shard that a run
     replaced meanwhile is re-checked against the newer manifest, so a concurrent run is not "corruption"."""
     directory = storage.normalize(directory)
     manifest = load_manifest(directory)

@@ -4,16 +4,18 @@ how several processes share it without a second download or a half-written read.
 Layout of ``CACHE_DIR`` (flat; content addressed, so two datasets or generations share files and a
 stale file can never stand for another shard)::
 
-    SHA.npy               a shard's pixels, SHA = its sha256 in the manifest
-    SHA.METASHA16.jsonl   its metadata (METASHA16: the first 16 hex digits of the .jsonl's sha256)
-    .tmp-SHA.RANDOM       a download in progress (or killed); never read
-    locks/SHA.lock        the shard's lock file (empty; never removed)
+    SUM.npy               a shard's pixels, SUM = its checksum in the manifest (hex: 32 digits for xxh3_128,
+                          64 for the sha256 of an older shard, so the two never meet)
+    SUM.METASUM16.jsonl   its metadata (METASUM16: the first 16 hex digits of the .jsonl's checksum)
+    .tmp-SUM.RANDOM       a download in progress (or killed); never read
+    locks/SUM.lock        the shard's lock file (empty; never removed)
 
 The protocol (``flock`` on the lock file; the kernel drops a dead process's locks, SIGKILL included):
 
 - **Download**: under ``LOCK_EX``, both files into ``.tmp-`` names, each checked (size; the ``.npy``
-  header; the sha256 the download computed while streaming), then renamed into place. A file under its final name is therefore always whole and
-  right, and a warm one needs only a size check (O(1), no re-hash).
+  header; the checksum, by the entry's algorithm, that the download computed while streaming), then
+  renamed into place. A file under its final name is therefore always whole and right, and a warm one
+  needs only a size check (O(1), no re-hash).
 - **Hold**: a process keeping a shard holds ``LOCK_SH``. A process that wants a shard another one is
   downloading (``LOCK_EX``) or holds waits for ``LOCK_SH`` and adopts the finished file.
 - **Remove**: only under ``LOCK_EX`` taken without waiting, i.e. when no other process holds the shard.
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from shardio.errors import ShardError, ShardIntegrityError, StorageAccessError
+from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
 
 __all__ = ["CacheDir", "CachedShard", "Downloader"]
@@ -41,23 +43,24 @@ TEMP_PREFIX = ".tmp-"
 
 class Downloader(Protocol):
     """What the cache needs from a store: ``Storage.download`` (the whole object into a local file,
-    transient errors retried; ``FileNotFoundError`` for a missing object; returns the sha256 of the bytes
-    it wrote, hashed while streaming, so a checked download reads nothing back)."""
+    transient errors retried; ``FileNotFoundError`` for a missing object; returns the ``algorithm``
+    checksum of the bytes it wrote, hashed while streaming, so a checked download reads nothing back)."""
 
-    def download(self, path: str, local_path: str) -> str: ...
+    def download(self, path: str, local_path: str, algorithm: str) -> str: ...
 
 
 @dataclass(frozen=True)
 class CachedShard:
-    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by the shard's sha256."""
+    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by the shard's checksum."""
 
-    key: str  # the .npy's sha256
+    key: str  # the .npy's checksum, by ``algorithm``
     npy_url: str
     meta_url: str
     npy_bytes: int
     meta_bytes: int
-    meta_sha256: str
+    meta_checksum: str
     samples: int
+    algorithm: str  # of both checksums (``shardio.checksum``)
 
     @property
     def size(self) -> int:
@@ -65,8 +68,8 @@ class CachedShard:
 
     @classmethod
     def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
-        return cls(entry.sha256, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
-                   entry.meta_bytes, entry.meta_sha256, entry.samples)
+        return cls(entry.checksum, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
+                   entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm)
 
 
 class CacheDir:
@@ -83,7 +86,7 @@ class CacheDir:
         return os.path.join(self.root, f"{key}.npy")
 
     def meta_path(self, unit: CachedShard) -> str:
-        return os.path.join(self.root, f"{unit.key}.{unit.meta_sha256[:16]}.jsonl")
+        return os.path.join(self.root, f"{unit.key}.{unit.meta_checksum[:16]}.jsonl")
 
     def _lock_fd(self, key: str) -> int:
         path = os.path.join(self.root, "locks", f"{key}.lock")
@@ -153,13 +156,13 @@ class CacheDir:
             try:
                 temps = []
                 try:
-                    for url, final, size, sha in (
+                    for url, final, size, expected in (
                             (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.key),
-                            (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_sha256)):
+                            (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_checksum)):
                         temp = os.path.join(self.root, f"{TEMP_PREFIX}{unit.key}.{secrets.token_hex(4)}")
                         temps.append((temp, final))
-                        digest = self.store().download(url, temp)
-                        self._check(url, temp, size, sha, digest)
+                        digest = self.store().download(url, temp, unit.algorithm)
+                        self._check(url, temp, size, unit.algorithm, expected, digest)
                         self.count("bytes_downloaded", size)
                     for temp, final in temps:
                         os.replace(temp, final)
@@ -175,6 +178,8 @@ class CacheDir:
                 raise ShardError(f"{url}: {e}") from e
             except ShardIntegrityError as e:
                 last = e
+            except MissingExtra:  # xxhash not installed: no retry can help, and the message says what to do
+                raise
             except PermissionError as e:  # the cache directory, not the store: waiting will not help
                 raise ShardError(f"{url}: {self._not_writable(e)}") from e
             except Exception as e:  # a network or disk error: retried, then reported
@@ -185,7 +190,7 @@ class CacheDir:
         assert last is not None
         raise ShardError(f"{last} (after {self.attempts} attempts)") from last
 
-    def _check(self, url: str, path: str, size: int, sha256: str, digest: str) -> None:
+    def _check(self, url: str, path: str, size: int, algorithm: str, expected: str, digest: str) -> None:
         actual = _size(path)
         if actual != size:
             raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
@@ -195,8 +200,8 @@ class CacheDir:
             if (h, w) != self.shape[:2]:
                 raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the dataset's images are "
                                           f"{self.shape[:2]}")
-        if digest != sha256:
-            raise ShardIntegrityError(f"{url}: sha256 differs from the manifest (corrupt object in the "
+        if digest != expected:
+            raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
                                       "store, or changed after the commit); HINT: run `preprocess verify DIR "
                                       "--repair`")
 

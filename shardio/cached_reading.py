@@ -88,7 +88,7 @@ class CachedAssembler(BatchAssembler):
     def release_doomed(self) -> None:
         self._seen_dooms = self.shard_cache.dooms
         doomed = self.shard_cache.doomed()
-        for shard in [s for s in self.cache if self.snapshot.shards[s].sha256 in doomed]:
+        for shard in [s for s in self.cache if self.snapshot.shards[s].checksum in doomed]:
             del self.cache[shard]
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
             self.snapshot.forget(doomed)

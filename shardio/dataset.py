@@ -72,7 +72,7 @@ class ShardDataset(IterableDataset):
     pins the next one. ``len(ds)`` is this rank's batches per epoch. ``state_dict()``/``load_state_dict()``
     resume mid-epoch, also at another world size or number of workers (protocol: ``shardio.resume``).
 
-    ``verify=True`` reads every shard and checks its sha256 at open (slow); without it, open checks the
+    ``verify=True`` reads every shard and checks its checksum at open (slow); without it, open checks the
     manifest, every file's size and every shard's header, so bytes corrupted in place (same size) are only
     found by ``verify`` (or, for a ``.jsonl``, when its shard is first read). Under ``torch.distributed``
     the ranks compare what they opened: all raise or none. ``cache_shards`` is how many shards' memory maps

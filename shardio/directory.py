@@ -24,7 +24,7 @@ What it owns, in the order of a run:
   dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
 - **Retention**: ``collect`` / ``gc`` delete what no kept generation needs.
 - **Run reports**: ``save_report`` / ``report_path``.
-- **The shard checker** (``shard_problems``): sizes in O(1), or sizes and sha256; the reader, ``verify``
+- **The shard checker** (``shard_problems``): sizes in O(1), or sizes and checksums; the reader, ``verify``
   and ``recover_manifest`` all use it.
 
 Its interface takes plain values (paths, numbers, ``shardio.format`` entries): no Ray, no Pillow, none of
@@ -42,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from shardio import storage
+from shardio.checksum import file_checksum
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
     MANIFEST_NAME,
@@ -53,7 +54,6 @@ from shardio.format import (
     RetiredFile,
     ShardEntry,
     expected_shard_size,
-    file_sha256,
     generation_path,
     list_generations,
     load_manifest,
@@ -508,7 +508,7 @@ def save_report(directory: str, run_id: str, data: bytes) -> str:
 # --- the shard checker --------------------------------------------------------------------------------
 
 
-def _file_problem(store: storage.Storage, path: str, size: int, sha256: str | None,
+def _file_problem(store: storage.Storage, path: str, size: int, algorithm: str, checksum: str | None,
                   listed: dict[str, int] | None = None) -> str | None:
     try:
         actual = store.file_size(path) if listed is None else listed[path]
@@ -516,24 +516,25 @@ def _file_problem(store: storage.Storage, path: str, size: int, sha256: str | No
         return f"{path}: listed in the manifest but missing"
     if actual != size:
         return f"{path}: {actual} bytes, the manifest says {size} (truncated or overwritten)"
-    if sha256 is not None and file_sha256(path) != sha256:
-        return f"{path}: sha256 differs from the manifest (corrupt)"
+    if checksum is not None and file_checksum(path, algorithm) != checksum:
+        return f"{path}: {algorithm} differs from the manifest (corrupt)"
     return None
 
 
 def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | None = None) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies and
-    each file's size, O(1); with ``checksums`` also each file's sha256 (reads every byte). ``listed``
+    each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte). ``listed``
     (path -> size, from one listing) saves a request per file on object storage."""
     store = storage.for_path(directory)
     expected = expected_shard_size(entry, shape)
     if entry.bytes != expected:
         return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
                 f"{entry.samples} samples imply {expected} (inconsistent)")
-    for rel, size, sha in ((entry.path, entry.bytes, entry.sha256),
-                           (entry.meta_path, entry.meta_bytes, entry.meta_sha256)):
-        problem = _file_problem(store, store.join(directory, rel), size, sha if checksums else None, listed)
+    for rel, size, checksum in ((entry.path, entry.bytes, entry.checksum),
+                                (entry.meta_path, entry.meta_bytes, entry.meta_checksum)):
+        problem = _file_problem(store, store.join(directory, rel), size, entry.checksum_algorithm,
+                                checksum if checksums else None, listed)
         if problem is not None:
             return problem
     return None
@@ -542,7 +543,8 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
 def shard_problems(directory: str, manifest: Manifest, shards: Iterable[ShardEntry] | None = None,
                    checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
-    sha256 runs at ~1-2 GB/s a core and releases the GIL, so a few ``threads`` keep a disk busy."""
+    Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
+    sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy."""
     entries = list(manifest.shards if shards is None else shards)
     store = storage.for_path(directory)
     listed = None

@@ -31,7 +31,6 @@ retried and becomes ``StorageAccessError`` (exit 2) within one request.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -42,6 +41,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, BinaryIO, ContextManager
 
+from shardio.checksum import new_hasher
 from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
 from shardio.scratch import scratch_dir
 
@@ -339,14 +339,14 @@ class S3Storage:
             reader = self._ob.open_reader(store, key, buffer_size=_DOWNLOAD_CHUNK)
         return _Reader(reader, path)  # type: ignore[return-value]
 
-    def download(self, path: str, local_path: str, attempts: int = 3) -> str:
+    def download(self, path: str, local_path: str, algorithm: str, attempts: int = 3) -> str:
         """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat), hashed on the
-        way: returns the sha256 of the bytes written, so a checked download reads nothing back. A stream
-        cut mid-way (obstore retries each request, not a body already flowing) restarts, up to
-        ``attempts``."""
+        way: returns the ``algorithm`` checksum (``shardio.checksum``) of the bytes written, so a checked
+        download reads nothing back. A stream cut mid-way (obstore retries each request, not a body already
+        flowing) restarts, up to ``attempts``."""
         store, key = self._target(path)
         for attempt in range(attempts):
-            digest = hashlib.sha256()
+            digest = new_hasher(algorithm)
             try:
                 with self._errors(path, "GET"), open(local_path, "wb") as out:
                     for chunk in self._ob.get(store, key).stream(min_chunk_size=_DOWNLOAD_CHUNK):
@@ -358,9 +358,10 @@ class S3Storage:
                     raise
         raise AssertionError("unreachable")
 
-    def sha256(self, path: str) -> str:
+    def checksum(self, path: str, algorithm: str) -> str:
+        """The ``algorithm`` checksum of the object, streamed (no local copy)."""
         store, key = self._target(path)
-        digest = hashlib.sha256()
+        digest = new_hasher(algorithm)
         with self._errors(path, "GET"):
             for chunk in self._ob.get(store, key).stream(min_chunk_size=_DOWNLOAD_CHUNK):
                 digest.update(chunk)

@@ -10,7 +10,7 @@ reopens it (to resume a run on exactly the data it started with) while it is kep
 On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
 1,000 objects; the bytes are read through a ``shardio.shard_cache.ShardCache`` that ``ShardDataset``
 attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
-size and sha256, and ``pixels`` maps the cached file exactly as a local shard.
+size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     """Open the dataset at ``directory``: manifest checked, every shard's size checked (O(1) each).
 
     ``generation``: open that kept generation instead of the current one (``snapshot.generation`` of an
-    earlier open). ``verify=True`` also reads every byte and compares sha256 with the manifest (slow).
+    earlier open). ``verify=True`` also reads every byte and compares its checksum with the manifest's (slow).
     A URL: the sizes from a LIST of the shards' folders; ``verify`` is moot (every download is checked).
     """
     if storage.is_remote(directory):

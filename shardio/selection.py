@@ -158,10 +158,10 @@ class SubsetSnapshot(DatasetSnapshot):
             self._maps.move_to_end(shard)
         return hit
 
-    def forget(self, sha256s: set[str]) -> None:
+    def forget(self, checksums: set[str]) -> None:
         """Drop the kept maps of the parent's shards with these checksums (a shard cache evicting them:
         ``shardio.shard_cache.CachedAssembler``)."""
-        for shard in [s for s in self._maps if self.parent.shards[s].sha256 in sha256s]:
+        for shard in [s for s in self._maps if self.parent.shards[s].checksum in checksums]:
             del self._maps[shard]
 
     def pixels(self, shard_index: int) -> np.ndarray:

@@ -15,7 +15,7 @@ needed, which no LRU cache of a streaming loader can know.
 - **Belady.** To make room for shard ``u`` (next needed at sequence index ``i``), evict the held shard
   whose next use is farthest, and only one needed later than ``i`` (else ``u`` waits its turn).
 - **Checked, shared, warm** (``shardio.cache_dir``): files are content addressed and appear only whole
-  and checked (size, header, sha256); processes sharing the directory download a shard once and never
+  and checked (size, header, checksum); processes sharing the directory download a shard once and never
   remove one another holds; a file already there is used at once. Failures are retried ``attempts``
   times; then every ``pixels``/``meta_bytes`` call for that shard raises ``ShardError`` naming the URL
   (a waiting reader is woken, never left hanging). ``plan`` first trims the directory to ``limit``:
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardio.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.checksum import new_hasher
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 
@@ -78,6 +79,8 @@ class ShardCache:
         self.shape, self.threads, self.attempts = shape, threads, attempts
         self.full_limit = self.limit
         self._check_limit()
+        for algorithm in sorted({u.algorithm for u in self.units}):
+            new_hasher(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
         self.on_wait: Callable[[], None] | None = None  # called while the reader waits (drop idle maps)
         self._setup()
 
@@ -195,7 +198,7 @@ class ShardCache:
     # --- reading ----------------------------------------------------------------------------------
 
     def path(self, key: str) -> str:
-        """Where the shard with this sha256 is cached."""
+        """Where the shard with this checksum (its cache key) is cached."""
         return self.files.path(key)
 
     def pixels(self, shard: int) -> np.ndarray:

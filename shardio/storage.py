@@ -139,7 +139,7 @@ class Storage(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
     def read_versioned(self, path: str) -> tuple[bytes, str]: ...
     def read_range(self, path: str, start: int, length: int) -> bytes: ...
-    def download(self, path: str, local_path: str) -> str: ...  # the sha256 of what it wrote
+    def download(self, path: str, local_path: str, algorithm: str) -> str: ...  # checksum of what it wrote
     def exists(self, path: str) -> bool: ...
     def is_file(self, path: str) -> bool: ...
     def is_dir(self, path: str) -> bool: ...
@@ -155,7 +155,7 @@ class Storage(Protocol):
     def publish(self, path: str, data: bytes, if_version: str | None = None) -> str: ...
     def publish_new(self, path: str, data: bytes) -> str: ...
     def barrier(self, path: str) -> None: ...
-    def sha256(self, path: str) -> str: ...
+    def checksum(self, path: str, algorithm: str) -> str: ...  # shardio.checksum's algorithms
     def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]: ...
 
 
@@ -260,11 +260,12 @@ class LocalStorage:
         with open(check_local(path), "rb") as f:
             return os.pread(f.fileno(), length, start)
 
-    def download(self, path: str, local_path: str) -> str:
-        """Copy ``path`` to ``local_path``; returns the sha256 of the bytes copied."""
-        import hashlib
+    def download(self, path: str, local_path: str, algorithm: str) -> str:
+        """Copy ``path`` to ``local_path``; returns the ``algorithm`` checksum (``shardio.checksum``) of the
+        bytes copied."""
+        from shardio.checksum import new_hasher
 
-        digest = hashlib.sha256()
+        digest = new_hasher(algorithm)
         with open(check_local(path), "rb") as src, open(local_path, "wb") as out:
             while chunk := src.read(8 << 20):
                 out.write(chunk)
@@ -368,10 +369,10 @@ class LocalStorage:
     def barrier(self, path: str) -> None:
         sync_dir(path)
 
-    def sha256(self, path: str) -> str:
-        from shardio.format import file_sha256
+    def checksum(self, path: str, algorithm: str) -> str:
+        from shardio.checksum import file_checksum
 
-        return file_sha256(path)
+        return file_checksum(path, algorithm)
 
     def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]:
         return lock(directory, wait)

@@ -53,7 +53,7 @@ def test_corrupt_pixels_found_by_verify(dataset_dir: str) -> None:
         f.seek(500)
         f.write(b"\xff\x00\xff")
     ShardDataset(dataset_dir, 4)  # same size, same header: only a full read can tell
-    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.npy.*sha256"):
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.npy: xxh3_128 differs from the manifest"):
         ShardDataset(dataset_dir, 4, verify=True)
 
 
@@ -61,10 +61,10 @@ def test_other_format_version(dataset_dir: str) -> None:
     path = os.path.join(dataset_dir, "manifest.json")
     with open(path) as f:
         doc = json.load(f)
-    doc["format_version"] = 2
+    doc["format_version"] = 3
     with open(path, "w") as f:
         json.dump(doc, f)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 2.*reads version 1"):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 3.*reads versions 1 and 2"):
         ShardDataset(dataset_dir, 4)
 
 

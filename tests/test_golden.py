@@ -55,8 +55,8 @@ def normalised_dataset(directory: str, inputs_dir: str) -> dict[str, Any]:
             "meta_path": _normalise_name(entry["meta_path"]),
             "samples": entry["samples"],
             "bytes": entry["bytes"],
-            "sha256": entry["sha256"],
-            "file_sha256": hashlib.sha256(pixels).hexdigest(),
+            "xxh3_128": entry["xxh3_128"],
+            "file_sha256": hashlib.sha256(pixels).hexdigest(),  # the pixels, pinned by the test's own hash
             "input": local(entry["input"]),
             "meta": lines,
         })

@@ -90,7 +90,7 @@ def test_the_same_tars_from_disk_or_bucket_give_the_same_shard_bytes(ray_cluster
         assert os.path.basename(disk["input"]) == os.path.basename(remote["input"])
         with open(os.path.join(out_local, disk["path"]), "rb") as f:
             assert f.read() == _object(s3_server, f"{out_s3}/{remote['path']}")  # byte for byte
-        assert (disk["sha256"], disk["samples"]) == (remote["sha256"], remote["samples"])
+        assert (disk["xxh3_128"], disk["samples"]) == (remote["xxh3_128"], remote["samples"])
         disk_rows = open(os.path.join(out_local, disk["meta_path"]), encoding="utf-8").read().splitlines()
         remote_rows = _object(s3_server, f"{out_s3}/{remote['meta_path']}").decode().splitlines()
         assert [{**json.loads(r), "tar": None} for r in disk_rows] == [{**json.loads(r), "tar": None}

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import xxhash
 
 from shardio import errors, lease, storage
 from shardio.object_storage import S3Storage
@@ -71,9 +72,10 @@ def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, 
     etag = store.upload(str(local), url)
     assert etag.strip('"').endswith("-3")  # a multipart ETag: parts were uploaded, then completed
     back = tmp_path / "back.npy"
-    assert store.download(url, str(back)) == hashlib.sha256(data).hexdigest()  # hashed on the way
+    assert store.download(url, str(back), "xxh3_128") == xxhash.xxh3_128(data).hexdigest()  # hashed on the way
     assert back.read_bytes() == data
-    assert store.sha256(url) == hashlib.sha256(data).hexdigest()
+    assert store.checksum(url, "xxh3_128") == xxhash.xxh3_128(data).hexdigest()
+    assert store.checksum(url, "sha256") == hashlib.sha256(data).hexdigest()  # shards written before xxh3_128
 
 
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):

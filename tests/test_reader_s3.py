@@ -153,12 +153,12 @@ def test_a_corrupt_object_is_an_error_naming_its_url(s3_server, s3_bucket, local
     entry = load_manifest(local).shards[4]
     with open(os.path.join(local, entry.path), "rb") as f:
         data = bytearray(f.read())
-    data[-1] ^= 0xFF  # same size, one bit off: only the sha256 can tell
+    data[-1] ^= 0xFF  # same size, one bit off: only the checksum can tell
     s3_server.client().put_object(Bucket=s3_bucket, Key=f"ds/{entry.path}", Body=bytes(data))
     ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))  # sizes are right: opens
-    with pytest.raises(ShardError, match=f"{remote}/{entry.path}: sha256 differs from the manifest"):
+    with pytest.raises(ShardError, match=f"{remote}/{entry.path}: xxh3_128 differs from the manifest"):
         list(ds)
-    assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(entry.sha256)]
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(entry.checksum)]
 
 
 def test_a_missing_object_is_an_error_on_every_rank(s3_server, s3_bucket, local, remote, tmp_path):

@@ -10,7 +10,6 @@ processes sharing a cache directory download each shard once in total; a corrupt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -26,6 +25,7 @@ import pytest
 from shardio import shard_cache
 from shardio.cache_dir import CachedShard
 from shardio.cached_reading import parse_size
+from shardio.checksum import new_hasher
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES, load_manifest
 from shardio.shard_cache import ShardCache
@@ -46,7 +46,7 @@ class FolderStore:
         self.calls: dict[str, int] = {}
         self.sizes: list[int] = []
 
-    def download(self, path: str, local_path: str) -> str:
+    def download(self, path: str, local_path: str, algorithm: str) -> str:
         self.calls[path] = self.calls.get(path, 0) + 1
         source = os.path.join(self.root, path[len(BASE) + 1:])
         if any(path.endswith(m) for m in self.missing):
@@ -63,7 +63,9 @@ class FolderStore:
                 raise ConnectionResetError("connection reset half-way")
             f.write(data)
         self.sample()
-        return hashlib.sha256(data).hexdigest()  # of the bytes written, as Storage.download
+        digest = new_hasher(algorithm)
+        digest.update(data)
+        return digest.hexdigest()  # of the bytes written, as Storage.download
 
     def sample(self) -> None:
         if self.cache_dir is not None:
@@ -239,7 +241,7 @@ from shardio.shard_cache import ShardCache
 from tests.test_shard_cache import units_of
 
 class Stuck:
-    def download(self, path, local_path):
+    def download(self, path, local_path, algorithm):
         data = open(os.path.join(sys.argv[1], path.split("/ds/", 1)[1]), "rb").read()
         with open(local_path, "wb") as f:
             f.write(data[: len(data) // 2])
@@ -340,7 +342,7 @@ def test_a_corrupt_object_is_an_error_naming_its_url(dataset, tmp_path):
     try:
         cache.plan([[0], [1], [2]])
         cache.pixels(0)
-        with pytest.raises(ShardError, match=f"{bad}: sha256 differs from the manifest"):
+        with pytest.raises(ShardError, match=f"{bad}: xxh3_128 differs from the manifest"):
             cache.pixels(2)
         assert store.calls[bad] == 2  # retried, then reported
         assert not os.path.exists(cache.path(units[2].key))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import shardio.writer as writer_module
-from shardio.format import HEADER_BYTES, file_sha256
+from shardio.checksum import file_checksum
+from shardio.format import HEADER_BYTES
 from shardio.writer import InputShardWriter
 
 
@@ -43,7 +44,7 @@ def test_writeback_starts_every_few_megabytes_from_where_the_last_one_started(tm
     assert [size for size, *_ in calls] == [HEADER_BYTES + 196_608 * n for n in (6, 12, 18)]
     pixels = np.load(tmp_path / "out" / entry.path)
     assert np.array_equal(pixels, np.stack(images))
-    assert file_sha256(str(tmp_path / "out" / entry.path)) == entry.sha256
+    assert file_checksum(str(tmp_path / "out" / entry.path), entry.checksum_algorithm) == entry.checksum
 
 
 def test_a_failing_writeback_request_changes_nothing(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tar
     assert result.exit_code == 1, result.output
     bad_lines = [line for line in result.output.splitlines() if line.startswith("BAD")]
     assert len(bad_lines) == 1, result.output
-    assert bad["path"] in bad_lines[0] and "sha256" in bad_lines[0] and "a.tar" in bad_lines[0]
+    assert bad["path"] in bad_lines[0] and "xxh3_128 differs" in bad_lines[0] and "a.tar" in bad_lines[0]
     assert "--repair" in result.output
 
     b_mtimes = {p: os.stat(os.path.join(dataset, p)).st_mtime_ns
