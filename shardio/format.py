@@ -38,8 +38,10 @@ Manifest (``manifest.json``). A JSON object:
 
 =================  ======================================================================================
 ``format``         ``"shardio"``
-``format_version`` ``2`` (``1``: written before xxh3_128 checksums, every entry ``sha256``); a reader
-                   reads versions 1 and 2, refuses any other and says which it reads
+``format_version`` ``2`` when any entry is ``xxh3_128``; ``1`` when every entry is ``sha256`` (as written
+                   before xxh3_128 checksums, and kept so when such a dataset's manifest is rewritten,
+                   e.g. by ``gc``, so an older reader still reads it); a reader reads versions 1 and 2,
+                   refuses any other and says which it reads
 ``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample
 ``samples``        total number of samples (sum over ``shards``)
 ``config``         the resolved config that wrote the pixels; ``config_hash``: sha256 of its canonical JSON
@@ -313,10 +315,17 @@ class Manifest:
     def config_hash(self) -> str:
         return config_hash(self.config)
 
+    @property
+    def format_version(self) -> int:
+        """1 while every entry is sha256 (an older shardio reads it), else ``FORMAT_VERSION``."""
+        if self.shards and all(entry.checksum_algorithm == "sha256" for entry in self.shards):
+            return 1
+        return FORMAT_VERSION
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version,
             "layout": "NHWC",
             "dtype": "uint8",
             "shape": list(self.shape),

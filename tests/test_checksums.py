@@ -122,6 +122,10 @@ def test_a_dataset_written_with_sha256_opens_reads_and_verifies(dataset):
     assert first.shape == (8, 8, 8, 3) and [int(p[0, 0, 0]) for p in first] == list(range(8))
     result = verify(dataset)
     assert result.exit_code == 0 and "all match the manifest" in result.output, result.output
+    # Rewritten by this shardio (as gc or an incremental commit would), it stays version 1: an older
+    # shardio, which knows sha256 only, still reads it.
+    write_manifest(dataset, manifest)
+    assert manifest_doc(dataset)["format_version"] == 1
 
     bad = manifest.shards[1]
     corrupt_one_byte(os.path.join(dataset, bad.path))
@@ -142,6 +146,7 @@ def test_a_mixed_manifest_round_trips_its_entries_unchanged(dataset):
     write_manifest(dataset, manifest)  # saved as the next generation
     after = manifest_doc(dataset)
     assert after["generation"] == doc["generation"] + 1
+    assert after["format_version"] == 2  # an xxh3_128 entry: a version-1 reader could not check it
     assert [json.dumps(entry) for entry in after["shards"]] == before
     shardio.open_dataset(dataset, verify=True)  # each entry checked by its own algorithm
     corrupt_one_byte(os.path.join(dataset, manifest.shards[2].meta_path), offset=3)
