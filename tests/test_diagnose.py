@@ -35,6 +35,7 @@ def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
         assert 0 <= stage["p50_ms"] <= stage["p95_ms"] and stage["mean_ms"] >= 0
     assert sum(s["share"] for s in report["stages"].values()) == pytest.approx(1.0, abs=0.01)
     assert report["stages"]["decode"]["mean_ms"] > 0 and report["stages"]["write"]["mean_ms"] > 0
+    assert report["stages"]["commit"]["mean_ms"] > 0  # the shard's checksum, fsync and rename, spread
     # The tar's index pass is its own stage, spread evenly over the tar's images (p50 == p95 == mean).
     index = report["stages"]["index"]
     assert index["mean_ms"] > 0
