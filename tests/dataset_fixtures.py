@@ -117,3 +117,12 @@ def retire_input(directory: str, name: str) -> int:
         manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
     manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
     return write_manifest(directory, manifest)
+
+
+def flip_bits(path: str, offset: int, mask: int = 0x01) -> None:
+    """Corrupt one byte of a file in place (same size: only a checksum can tell)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))

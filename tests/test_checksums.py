@@ -27,7 +27,7 @@ from shardio.errors import MissingExtra, ShardFormatError, ShardIntegrityError
 from shardio.format import ShardEntry, generation_path, load_manifest
 from shardio.shard_cache import ShardCache
 from shardio.writer import write_manifest
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import flip_bits, make_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INPUTS = (12, 9)  # two inputs, shards of 8: four shards, two of them partial
@@ -75,14 +75,6 @@ def verify(directory: str):
     return CliRunner().invoke(app, ["verify", directory])
 
 
-def corrupt_one_byte(path: str, offset: int = 200) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0x01]))
-
-
 @pytest.fixture
 def dataset(tmp_path) -> str:
     directory = str(tmp_path / "ds")
@@ -128,7 +120,7 @@ def test_a_dataset_written_with_sha256_opens_reads_and_verifies(dataset):
     assert manifest_doc(dataset)["format_version"] == 1
 
     bad = manifest.shards[1]
-    corrupt_one_byte(os.path.join(dataset, bad.path))
+    flip_bits(os.path.join(dataset, bad.path), 200)
     result = verify(dataset)
     assert result.exit_code == 1, result.output
     [line] = [line for line in result.output.splitlines() if line.startswith("BAD")]
@@ -149,7 +141,7 @@ def test_a_mixed_manifest_round_trips_its_entries_unchanged(dataset):
     assert after["format_version"] == 2  # an xxh3_128 entry: a version-1 reader could not check it
     assert [json.dumps(entry) for entry in after["shards"]] == before
     shardio.open_dataset(dataset, verify=True)  # each entry checked by its own algorithm
-    corrupt_one_byte(os.path.join(dataset, manifest.shards[2].meta_path), offset=3)
+    flip_bits(os.path.join(dataset, manifest.shards[2].meta_path), 3)
     with pytest.raises(ShardIntegrityError,
                        match=r"input-1-00000\.jsonl: xxh3_128 differs from the manifest"):
         shardio.open_dataset(dataset, verify=True)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
+from tests.dataset_fixtures import flip_bits
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -18,14 +19,6 @@ runner = CliRunner()
 
 def verify(out: str, *flags: str):
     return runner.invoke(app, ["verify", out, *flags])
-
-
-def flip_bit(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0x10]))
 
 
 @pytest.fixture
@@ -48,7 +41,7 @@ def test_a_good_dataset_verifies(dataset):
 def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tars):
     before = dataset_state(dataset)
     bad = before["shards"][1]  # a.tar's second shard
-    flip_bit(os.path.join(dataset, bad["path"]), 128 + 16 * 16 * 3 + 5)  # a pixel of its second image
+    flip_bits(os.path.join(dataset, bad["path"]), 128 + 16 * 16 * 3 + 5, 0x10)  # a pixel of its second image
     result = verify(dataset)
     assert result.exit_code == 1, result.output
     bad_lines = [line for line in result.output.splitlines() if line.startswith("BAD")]
