@@ -26,7 +26,8 @@ from typing import Any, Protocol
 from shardio import storage
 from shardio.errors import MissingExtra, ShardFormatError
 
-__all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "WRITE_ALGORITHM", "Hasher", "new_hasher", "file_checksum"]
+__all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "WRITE_ALGORITHM", "Hasher", "new_hasher", "require",
+           "file_checksum"]
 
 XXH3_128 = "xxh3_128"
 SHA256 = "sha256"
@@ -65,6 +66,12 @@ def new_hasher(algorithm: str) -> Hasher:
                            f"{', '.join(ALGORITHMS)}); HINT: upgrade shardio")
 
 
+def require(algorithm: str) -> None:
+    """Fail now, not in the middle of the work, if ``algorithm`` cannot be checked here (an unknown name:
+    ShardFormatError; xxh3_128 without the xxhash package: MissingExtra saying what to install)."""
+    new_hasher(algorithm)
+
+
 # Hashed through mmap in windows of this size, each released after hashing: no copy out of the page cache
 # (for sha256 that took 0.22 -> 0.12 ms per 256² image; for xxh3 the copy would cost more than the hash),
 # and RSS does not grow by a whole shard.
@@ -74,9 +81,10 @@ _WINDOW = 16 << 20
 def file_checksum(path: str, algorithm: str) -> str:
     """The ``algorithm`` hex digest of the whole file at ``path`` (local: through mmap; a URL: streamed by
     its storage backend, no local copy)."""
-    digest = new_hasher(algorithm)  # first: an unknown name or a missing xxhash fails before any I/O
+    require(algorithm)  # before any I/O
     if storage.is_remote(path):
         return storage.for_path(path).checksum(path, algorithm)
+    digest = new_hasher(algorithm)
     with storage.open_read(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:

@@ -115,7 +115,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardio import storage
-from shardio.checksum import ALGORITHMS
+from shardio.checksum import ALGORITHMS, SHA256
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
 __all__ = [
@@ -318,7 +318,7 @@ class Manifest:
     @property
     def format_version(self) -> int:
         """1 while every entry is sha256 (an older shardio reads it), else ``FORMAT_VERSION``."""
-        if self.shards and all(entry.checksum_algorithm == "sha256" for entry in self.shards):
+        if self.shards and all(entry.checksum_algorithm == SHA256 for entry in self.shards):
             return 1
         return FORMAT_VERSION
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardio.cache_dir import CacheDir, CachedShard, Downloader
-from shardio.checksum import new_hasher
+from shardio.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 
@@ -80,7 +80,7 @@ class ShardCache:
         self.full_limit = self.limit
         self._check_limit()
         for algorithm in sorted({u.algorithm for u in self.units}):
-            new_hasher(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
+            require(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
         self.on_wait: Callable[[], None] | None = None  # called while the reader waits (drop idle maps)
         self._setup()
 
