@@ -1,10 +1,13 @@
 """The headline ratio, job steady rate / (cores x per-core floor), from interleaved rounds.
 
 On a shared VM the host drifts 20-30% within minutes with nothing visible inside the guest: a job rate and
-a floor rate taken minutes apart gave 0.81-0.93 for the same code. So each round takes both back to back
-(floor, then the job's small and large runs), the round's ratio uses only its own two rates, and the
-figure is the median of the rounds' ratios with their spread (min-max) beside it. Drift slower than a
-round (~10 s on 2 cores) cancels; drift within one shows as spread, not as a biased median.
+a floor rate taken minutes apart gave 0.81-0.93 for the same code. So the floor and the job alternate
+(floor, job, floor, job, ..., floor): each round's job runs are bracketed by two floor measurements, and its
+ratio is the job's marginal rate over the mean of those two, so a drift that is steady across the round
+cancels instead of landing on whichever was measured later. The job's two runs alternate their order
+(small then large, then large then small) for the same reason. The figure is the median of the rounds'
+ratios with their spread (min-max) beside it: drift faster than a round (~10 s on 2 cores) shows as
+spread, not as a biased median.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ def job_floor_rounds(
     rounds: int,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """``rounds`` of (floor, small job, large job) with Ray already initialised; per-round ratios.
+    """``rounds`` job rounds between ``rounds + 1`` floor measurements, Ray already initialised; per-round
+    ratios.
 
     The job's steady rate is the marginal rate between its small and large run (same warm workers, so
     Ray's per-run fixed cost cancels); the floor is ``pool.rate("floor")`` (draft + load, one process per
-    core, the pool idle while the job runs). One untimed round of each warms up first.
+    core, the pool idle while the job runs), a round's floor the mean of the measurements before and after
+    its job runs. One untimed round of each warms up first.
     """
     pool.rounds(["floor"], 0)  # warm-up pass of the floor's processes
     _run(small, _fresh(root, "warmup"), cfg)
@@ -44,17 +49,23 @@ def job_floor_rounds(
     rows: list[dict[str, float]] = []
     images: dict[str, int] = {}
     per_node: dict[str, int] = {}
+    floor_after = pool.rate("floor")
     for index in range(rounds):
-        floor = pool.rate("floor")
+        floor_before = floor_after
         seconds: dict[str, float] = {}
-        for kind, tars in (("small", small), ("large", large)):
+        order = (("small", small), ("large", large))
+        for kind, tars in order if index % 2 == 0 else order[::-1]:
             seconds[kind], report = _run(tars, _fresh(root, kind), cfg)
             images[kind] = report.samples_written
             per_node = report.inputs_per_node
             shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
+        floor_after = pool.rate("floor")
+        floor = (floor_before + floor_after) / 2
         extra_s = seconds["large"] - seconds["small"]
         steady = (images["large"] - images["small"]) / extra_s if extra_s > 0 else float("nan")
         rows.append({"floor_images_per_s": round(floor, 2), "job_images_per_s": round(steady, 2),
+                     "floor_before_images_per_s": round(floor_before, 2),
+                     "floor_after_images_per_s": round(floor_after, 2),
                      "small_s": round(seconds["small"], 3), "large_s": round(seconds["large"], 3),
                      "ratio": round(steady / floor, 4)})
         log(f"round {index + 1}/{rounds}: floor {floor:.0f} img/s, job {steady:.0f} img/s, "

@@ -2,7 +2,7 @@
 
 ``python -m bench.run [--quick] [--results DIR] [--no-cluster] [--rounds N]`` writes ``results.json``,
 ``results.md`` and ``chart.png`` into ``bench/`` (``--quick``: a 4-tar corpus of 24 images each, one round,
-results into ``bench/out/quick``). ``--job-floor-only --rounds 5`` measures only the headline ratio, job /
+results into ``bench/out/quick``). ``--job-floor-only --rounds 9`` measures only the headline ratio, job /
 (cores x floor), in interleaved rounds (``bench.job_floor``; ~2-3 minutes on 2 cores) and writes
 ``bench/out/job-floor/results.json``: the confirmation run for a quiet machine. Absolute rates drift 2x
 on a shared machine; every target is a ratio of two rates measured in the same run (the headline one in
@@ -445,10 +445,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--job-floor-only", action="store_true",
                         help="only the interleaved job / floor rounds (results into bench/out/job-floor)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="interleaved job / floor rounds (default 5; 1 with --quick)")
+                        help="interleaved job / floor rounds (default 9; 1 with --quick)")
     args = parser.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 1 if args.quick else 5
+        args.rounds = 1 if args.quick else 9
     if args.job_floor_only:
         return _job_floor_only(args)
     results_dir = args.results or (os.path.join(SCRATCH, "quick") if args.quick else HERE)
