@@ -7,13 +7,10 @@ job test a multi-node test: tasks land on both raylets.
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 from tests.s3_server import S3Server

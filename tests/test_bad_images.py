@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFile
+from PIL import Image
 
 from preprocess.config import JobConfig
 from preprocess.transform import process_image

@@ -14,7 +14,6 @@ import struct
 import zlib
 
 import pytest
-from PIL import Image, ImageFile
 
 from preprocess.config import ConfigError, JobConfig, load_config
 from preprocess.job import RunOptions, run_job

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from shardio import directory as dataset_dir
-from shardio import errors, storage
+from shardio import errors
 from shardio.format import Manifest
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset
 from tests.fault_proxy import FaultProxy

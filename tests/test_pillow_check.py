@@ -151,7 +151,7 @@ def test_make_install_leaves_a_healthy_pillow_simd_alone(fake_make):
     ok.write_text("")
     result = run("install")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert log.read_text().splitlines() == [f"python -m preprocess.pillow_check"]
+    assert log.read_text().splitlines() == ["python -m preprocess.pillow_check"]
 
 
 def test_make_install_fails_loudly_if_the_rebuild_does_not_help(fake_make, tmp_path):
