@@ -99,7 +99,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         _log("job, cold: run_job starts Ray itself (what one `preprocess run` costs)")
         cold = cold_run(large, runs, cfg)
         _log(f"job, warm, {cores} CPUs: small ({len(small)} tars) vs large ({len(large)} tars) runs,"
-             " each round after a floor round")
+             " each round between two floor measurements")
         with local_ray(cores) as session:
             all_cores = job_floor_rounds(pool, small, large, runs, cfg, args.rounds, log=_log)
             all_cores["ray_init_s"] = round(session.startup_s, 3)
@@ -404,7 +404,7 @@ def measure_job_floor(args: argparse.Namespace) -> dict[str, Any]:
     images = read_images(corpus.tars)
     with PathPool(images, cfg, cores) as pool, local_ray(cores) as session:
         del images
-        _log(f"{args.rounds} rounds of: floor ({cores} processes), job on {cores} then {len(corpus.tars)} tars")
+        _log(f"{args.rounds} rounds of: job on {cores} and {len(corpus.tars)} tars between floor measurements ({cores} processes)")
         results["job_floor"] = job_floor_rounds(
             pool, corpus.tars[:cores], corpus.tars, runs, cfg, args.rounds, log=_log
         )
