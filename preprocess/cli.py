@@ -334,17 +334,23 @@ def gc(
 @app.command()
 def doctor() -> None:
     """Which PIL build (Pillow-SIMD? AVX2?) and libjpeg-turbo are active, and whether that is right."""
+    from preprocess import jpeg_region
     from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
     from preprocess.versions import library_versions, pillow_build
 
     build = pillow_build()
-    for key, value in {**library_versions(), **build}.items():
+    region_decoder = jpeg_region.available()
+    for key, value in {**library_versions(), **build, "jpeg_region_decoder": region_decoder}.items():
         typer.echo(f"{key:24s} {value}")
     problems = pillow_problems(current_state())
     if problems:
         problems.append(SLOWDOWN)
     if not build["libjpeg_turbo"]:
         problems.append("PIL is not linked against libjpeg-turbo: decoding is slower")
+    if not region_decoder:
+        problems.append("preprocess._jpeg_region is not built (no C compiler or libjpeg headers when the package"
+                        " was installed): JPEGs decode through Pillow, same pixels, ~5% slower; make install"
+                        " builds it")
     for problem in problems:
         typer.echo(f"WARNING: {problem}", err=True)
     raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError, features
 
+from preprocess import jpeg_region
 from preprocess.config import JobConfig
 from preprocess.jpeg_markers import JpegLayout, ScanDataEnded, jpeg_layout, use_strict_decoder
 from shardio.errors import SampleError
@@ -213,7 +214,7 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     # A PNG colour key (tRNS on L/RGB/1) is transparency too: without this its pixels would keep the key
     # colour instead of showing the background.
     keyed = "transparency" in im.info and mode in ("P", "L", "RGB", "1")
-    if mode == "RGB" and not keyed:
+    if (mode == "RGB" and not keyed) or mode == "RGBX":  # RGBX's fourth byte is dropped when packed
         return im
     if mode in ("P", "L", "RGB", "1"):
         if not keyed:
@@ -240,29 +241,38 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     return im.convert("RGB")  # L, 1, CMYK (Adobe-inverted handled by the decoder), YCbCr, LAB, HSV
 
 
+def _kept_box(cfg: JobConfig, target: tuple[int, int],
+              content: tuple[float, float]) -> tuple[float, float, float, float]:
+    """The region of the decoded image that the resize keeps, in decoded pixels. ``content`` is the
+    picture's extent: a JPEG drafted at 1/s decodes ceil(w / s) columns of which only w / s are picture
+    (Pillow's draft box)."""
+    width, height = content
+    if cfg.mode != "center_crop":
+        return 0.0, 0.0, width, height
+    target_w, target_h = target
+    scale = max(target_w / width, target_h / height)
+    crop_w, crop_h = target_w / scale, target_h / scale
+    # Clamped: 256 / (256 / 426.5) is 426.50000000000006, so a 1280x853 JPEG drafted to 640x426.5 got a
+    # box offset of -3e-14, which Pillow refuses ("box offset can't be negative"): a failed sample.
+    left, top = max(0.0, (width - crop_w) / 2), max(0.0, (height - crop_h) / 2)
+    return left, top, min(width, left + crop_w), min(height, top + crop_h)
+
+
 def _resize(
     im: Image.Image, cfg: JobConfig, target: tuple[int, int], content: tuple[float, float]
 ) -> Image.Image:
-    """One resize of the kept region. ``content`` is the picture's extent in decoded pixels: a JPEG drafted
-    at 1/s decodes ceil(w / s) columns of which only w / s are picture (Pillow's draft box)."""
+    """One resize of the kept region (``_kept_box``)."""
     resample = _RESAMPLE[cfg.resample]
-    target_w, target_h = target
-    width, height = content
+    box = _kept_box(cfg, target, content)
     if cfg.mode == "stretch":
         if im.size == target and content == target:
             return im
-        return im.resize(target, resample, box=(0, 0, width, height))
+        return im.resize(target, resample, box=box)
     if cfg.mode == "center_crop":
-        scale = max(target_w / width, target_h / height)
-        crop_w, crop_h = target_w / scale, target_h / scale
-        # Clamped: 256 / (256 / 426.5) is 426.50000000000006, so a 1280x853 JPEG drafted to 640x426.5 got a
-        # box offset of -3e-14, which Pillow refuses ("box offset can't be negative"): a failed sample.
-        left, top = max(0.0, (width - crop_w) / 2), max(0.0, (height - crop_h) / 2)
-        right, bottom = min(width, left + crop_w), min(height, top + crop_h)
-        return im.resize(target, resample, box=(left, top, right, bottom))
+        return im.resize(target, resample, box=box)
     x0, y0, x1, y1 = _pad_box(target, content)
-    canvas = Image.new("RGB", target, cfg.fill)
-    content_im = im.resize((x1 - x0, y1 - y0), resample, box=(0, 0, width, height))
+    canvas = Image.new(im.mode, target, cfg.fill)
+    content_im = im.resize((x1 - x0, y1 - y0), resample, box=box)
     canvas.paste(content_im, (x0, y0))
     return canvas
 
@@ -330,13 +340,19 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
                 content = drafted[1][2], drafted[1][3]
         source_format, source_mode = str(im.format or ""), im.mode
         _check_decoded_bytes(im, cfg)
-        if layout is not None:
-            use_strict_decoder(im, layout, len(data))
-        if is_jpeg:
-            # The whole file in one read and one decoder call, not 64 KB at a time: Pillow's load loop
-            # copies what is left of the buffer after each call (~1% of a draft decode).
-            im.decodermaxblock = max(len(data), ImageFile.MAXBLOCK)
-        im.load()
+        if is_jpeg and jpeg_region.applies(im, layout):
+            assert layout is not None
+            target = _target(cfg, orientation >= 5)
+            im = jpeg_region.decode(im, data, layout, _kept_box(cfg, target, content), target,
+                                    _RESAMPLE[cfg.resample])
+        else:
+            if layout is not None:
+                use_strict_decoder(im, layout, len(data))
+            if is_jpeg:
+                # The whole file in one read and one decoder call, not 64 KB at a time: Pillow's load loop
+                # copies what is left of the buffer after each call (~1% of a draft decode).
+                im.decodermaxblock = max(len(data), ImageFile.MAXBLOCK)
+            im.load()
         if not is_jpeg:
             orientation = _orientation(im)
         rotated = orientation >= 5
@@ -352,7 +368,8 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             out = out.transpose(_TRANSPOSE[orientation])
         # Packed once (Pillow keeps RGB as 4 bytes a pixel) into bytes that the array shares: no copy after,
         # and none of numpy's array-interface parsing (~0.8% of an image's time with np.asarray).
-        pixels = np.frombuffer(out.tobytes(), np.uint8).reshape(out.height, out.width, len(out.getbands()))
+        # A region decode's RGBX drops its fourth byte here, in the same pass.
+        pixels = np.frombuffer(out.tobytes("raw", "RGB"), np.uint8).reshape(out.height, out.width, 3)
         t4 = clock()
     except SampleError:
         raise

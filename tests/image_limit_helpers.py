@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image, ImageFile
 
+from preprocess import jpeg_region
+
 
 @pytest.fixture(autouse=True)
 def _restore_pillow_limit(monkeypatch):
@@ -22,4 +24,10 @@ def no_decoding(monkeypatch):
     def load(self):
         raise DecodeStarted(f"decoding a {self.size} image")
 
+    def decode_region(data, end, scale, *region):
+        raise DecodeStarted(f"decoding a region {region} at 1/{scale}")
+
     monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    # JPEGs go through the region decoder when it is built (preprocess.jpeg_region), never through load().
+    if jpeg_region.available():
+        monkeypatch.setattr(jpeg_region, "_decode_region", decode_region)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, features
 
-from preprocess import transform
+from preprocess import jpeg_region, transform
 from preprocess.config import JobConfig
 from preprocess.jpeg_markers import jpeg_layout
 from preprocess.transform import process_image
@@ -30,6 +30,16 @@ SCAN_ENDS_EARLY = "JPEG scan data ends early"
 @pytest.fixture(autouse=True)
 def _restore_pillow_limit(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+
+
+@pytest.fixture(autouse=True, params=["region decoder", "Pillow decoder"])
+def _decoder(request, monkeypatch):
+    """Every test here under both JPEG paths: the compiled region decoder (what make install builds) and
+    Pillow's load, which a machine without the compiled module uses. Same verdicts, same pixels."""
+    if request.param == "Pillow decoder":
+        monkeypatch.setattr(jpeg_region, "_decode_region", None)
+    else:
+        assert jpeg_region.available(), "preprocess._jpeg_region is not built (make install builds it)"
 
 
 def noise(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:

@@ -113,13 +113,14 @@ def fake_make(tmp_path):
         pytest.skip("no make on this machine")
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("Makefile", "pyproject.toml"):
+    (work / "preprocess").mkdir()
+    for name in ("Makefile", "pyproject.toml", "setup.py", "preprocess/_jpeg_region.c"):
         shutil.copy(os.path.join(ROOT, name), work / name)
     python = work / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(FAKE_PYTHON)
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
-    (work / ".venv" / ".installed").write_text("")  # the stamp is newer than Makefile and pyproject.toml
+    (work / ".venv" / ".installed").write_text("")  # the stamp is newer than everything it depends on
     os.utime(work / ".venv" / ".installed", (2e9, 2e9))
     pil_dir = work / ".venv" / "lib" / "PIL"
     pil_dir.mkdir(parents=True)

@@ -1,0 +1,155 @@
+"""The region decoder (``preprocess.jpeg_region``) gives exactly Pillow's pixels, decodes less, and fails
+where Pillow's path fails.
+
+Every case runs ``process_image`` twice, once through the compiled region decoder and once through
+Pillow's ``load`` (the path a machine without the compiled module takes), and compares bytes: the crop and
+skip must never reach a pixel the resize reads, whatever the subsampling, scan layout, size, orientation,
+mode or filter.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from preprocess import jpeg_region
+from preprocess.config import JobConfig
+from preprocess.jpeg_markers import ScanDataEnded
+from preprocess.transform import process_image
+from shardio.errors import SampleError
+
+
+@pytest.fixture(autouse=True)
+def _region_decoder_built():
+    assert jpeg_region.available(), "preprocess._jpeg_region is not built (make install builds it)"
+
+
+def photo(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:
+    """Smooth gradients plus noise: edges and detail everywhere, so a wrong pixel anywhere shows."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([x / width * 255, y / height * 255, (x + y) % 97 * 2.6], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 24, (height, width, 3)), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def encode(image: Image.Image, orientation: int = 1, **save_args) -> bytes:
+    out = io.BytesIO()
+    if orientation != 1:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        save_args["exif"] = exif.tobytes()
+    image.save(out, "JPEG", **{"quality": 90, **save_args})
+    return out.getvalue()
+
+
+def both_paths(data: bytes, cfg: JobConfig, monkeypatch) -> tuple[np.ndarray, np.ndarray]:
+    region = process_image(data, cfg).pixels
+    with monkeypatch.context() as patch:
+        patch.setattr(jpeg_region, "_decode_region", None)
+        pillow = process_image(data, cfg).pixels
+    return region, pillow
+
+
+VARIANTS = {
+    "4:2:0 landscape": encode(photo(1001, 677, 0), subsampling=2),
+    "4:2:2 portrait": encode(photo(677, 1001, 1), subsampling=1),
+    "4:4:4 square": encode(photo(640, 640, 2), subsampling=0),
+    "progressive": encode(photo(1203, 805, 3), subsampling=2, progressive=True),
+    "optimized tables, wide": encode(photo(2000, 700, 4), subsampling=2, optimize=True),
+    "grayscale": encode(photo(900, 611, 5, "L")),
+    "small (upscaled)": encode(photo(300, 190, 6), subsampling=2),
+    "odd size, not a multiple of the MCU": encode(photo(1021, 767, 7), subsampling=2),
+    "EXIF orientation 6": encode(photo(1100, 733, 8), orientation=6, subsampling=2),
+    "EXIF orientation 3": encode(photo(733, 1100, 9), orientation=3, subsampling=2),
+}
+CONFIGS = [
+    dict(mode="center_crop", resample="bicubic"),
+    dict(mode="center_crop", resample="lanczos", height=192, width=256),
+    dict(mode="center_crop", resample="nearest", height=256, width=160),
+    dict(mode="center_crop", resample="box", height=64, width=64),
+    dict(mode="center_crop", resample="bilinear", draft=False),
+    dict(mode="center_crop", resample="hamming", height=333, width=500),
+    dict(mode="stretch", resample="bilinear", height=200, width=300),
+    dict(mode="pad", resample="bicubic", height=256, width=192),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_same_pixels_as_pillows_path(variant, config, monkeypatch):
+    cfg = JobConfig(**config)
+    region, pillow = both_paths(VARIANTS[variant], cfg, monkeypatch)
+    assert region.shape == (cfg.height, cfg.width, 3)
+    np.testing.assert_array_equal(region, pillow)
+
+
+def test_a_centre_crop_decodes_only_the_columns_it_needs():
+    data = encode(photo(1600, 800, 10), subsampling=2)
+    im = Image.open(io.BytesIO(data))
+    im.draft("RGB", (256, 256))  # 1/2: 800 x 400
+    end = data.rindex(b"\xff\xd9")
+    pixels, full_width, full_height, x, width, y, height = jpeg_region._decode_region(
+        data, end, 2, 150, 650, 0, 400)
+    assert (full_width, full_height) == (800, 400)
+    assert 0 < x <= 150 and 650 <= x + width < 800  # the left edge moves down to an iMCU boundary
+    assert (y, height) == (0, 400)
+    assert len(pixels) == 800 * 400 * 4
+    full = np.asarray(im.convert("RGB"))
+    got = np.frombuffer(pixels, np.uint8).reshape(400, 800, 4)[..., :3]
+    # In place, and inside, away from the crop's edges (no neighbour there for fancy upsampling), Pillow's.
+    np.testing.assert_array_equal(got[:, x + 16: x + width - 16], full[:, x + 16: x + width - 16])
+
+
+def test_rows_outside_the_region_are_skipped_but_a_cut_below_it_is_still_found():
+    data = encode(photo(600, 1200, 11), subsampling=2)
+    end = data.rindex(b"\xff\xd9")
+    region = jpeg_region._decode_region(data, end, 1, 0, 600, 300, 900)
+    assert region[1:] == (600, 1200, 0, 600, 300, 600)
+    cut = data[: int(len(data) * 0.95)]  # the data of the bottom rows, below the region, is gone
+    with pytest.raises(ScanDataEnded):
+        jpeg_region._decode_region(cut, len(cut), 1, 0, 600, 300, 900)
+
+
+@pytest.mark.parametrize("damage", ["cut at 60% with EOI", "cut at 97% with EOI", "cut at 40%",
+                                    "scan noise", "bad Huffman table", "progressive cut between scans"])
+def test_damaged_jpegs_fail_the_same_way_on_both_paths(damage, monkeypatch):
+    good = encode(photo(800, 600, 12), subsampling=2)
+    sos = good.index(b"\xff\xda")
+    if damage.startswith("cut at"):
+        fraction = float(damage.split()[2].rstrip("%")) / 100
+        data = good[: int(len(good) * fraction)] + (b"\xff\xd9" if damage.endswith("EOI") else b"")
+    elif damage == "scan noise":
+        noise = np.random.default_rng(13).integers(0, 256, len(good) - sos - 40, dtype=np.uint8).tobytes()
+        data = good[: sos + 20] + noise + b"\xff\xd9"
+    elif damage == "bad Huffman table":
+        dht = good.index(b"\xff\xc4")
+        data = good[: dht + 5] + b"\xff" * 16 + good[dht + 21:]
+    else:
+        progressive = encode(photo(800, 600, 14), progressive=True)
+        scans = [i for i in range(len(progressive) - 1) if progressive[i: i + 2] == b"\xff\xda"]
+        data = progressive[: scans[3]] + b"\xff\xd9"
+    cfg = JobConfig()
+    reasons = []
+    for region in (True, False):
+        with monkeypatch.context() as patch:
+            if not region:
+                patch.setattr(jpeg_region, "_decode_region", None)
+            with pytest.raises(SampleError) as caught:
+                process_image(data, cfg)
+        reasons.append(str(caught.value))
+    # The same verdict; the words after "cannot decode: OSError:" are the decoder's own (libjpeg's
+    # message on the region path, Pillow's summary on the other).
+    assert reasons[0].split(":")[0] == reasons[1].split(":")[0], reasons
+
+
+def test_cmyk_jpegs_stay_on_pillows_path(monkeypatch):
+    data = encode(photo(400, 300, 15).convert("CMYK"))
+    calls = []
+    real = jpeg_region._decode_region
+    monkeypatch.setattr(jpeg_region, "_decode_region", lambda *args: calls.append(args) or real(*args))
+    assert process_image(data, JobConfig()).pixels.shape == (256, 256, 3)
+    assert calls == []
