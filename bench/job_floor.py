@@ -23,7 +23,13 @@ from bench.job_bench import _fresh, _run
 from bench.paths import PathPool
 from preprocess.config import JobConfig
 
-__all__ = ["job_floor_rounds"]
+__all__ = ["job_floor_rounds", "WARMUP_RUNS"]
+
+# Untimed runs over every tar before the first round. The job's tasks run ~8% slower over their first
+# ~5 tars a worker in this bench (0.86-0.91 s a 200-image tar, then 0.78-0.80), though a loop over the same
+# tars in one Ray task or one plain process is flat from the first: two large runs (~6 tars a worker on 2
+# cores, ~5 s) reach the steady state the figure is about, where one small run (1 tar a worker) did not.
+WARMUP_RUNS = 2
 
 
 def job_floor_rounds(
@@ -41,11 +47,12 @@ def job_floor_rounds(
     The job's steady rate is the marginal rate between its small and large run (same warm workers, so
     Ray's per-run fixed cost cancels); the floor is ``pool.rate("floor")`` (draft + load, one process per
     core, the pool idle while the job runs), a round's floor the mean of the measurements before and after
-    its job runs. One untimed round of each warms up first.
+    its job runs. An untimed pass of the floor and ``WARMUP_RUNS`` untimed large runs warm up first.
     """
     pool.rounds(["floor"], 0)  # warm-up pass of the floor's processes
-    _run(small, _fresh(root, "warmup"), cfg)
-    shutil.rmtree(os.path.join(root, "warmup"), ignore_errors=True)
+    for _ in range(WARMUP_RUNS):
+        _run(large, _fresh(root, "warmup"), cfg)
+        shutil.rmtree(os.path.join(root, "warmup"), ignore_errors=True)
     rows: list[dict[str, float]] = []
     images: dict[str, int] = {}
     per_node: dict[str, int] = {}
