@@ -1,4 +1,5 @@
-"""bench.job_floor: floor and job alternate (floor, job, floor, ... floor), each round's job runs bracketed
+"""bench.job_floor: untimed warm-up runs over every tar, then floor and job alternate (floor, job, floor,
+... floor), each round's job runs bracketed
 by two floor measurements whose mean is its floor, the job's small and large runs alternating their
 order, and the figure is the median of the rounds' own ratios with their spread (no Ray: the pool and
 the job are scripted)."""
@@ -32,7 +33,7 @@ class _ScriptedPool:
 def test_rounds_interleave_and_ratios_are_per_round(monkeypatch, tmp_path):
     calls: list[str] = []
     # Job seconds per run: small 400 images, large 1200; the marginal rate is 800 / (large - small).
-    durations = iter([9.0,  # warm-up run
+    durations = iter([9.0, 9.0,  # warm-up runs (job_floor.WARMUP_RUNS, over every tar)
                       2.0, 6.0,  # round 1, small then large: 200 img/s
                       4.0, 2.0,  # round 2, large then small: 400 img/s
                       2.0, 7.0])  # round 3, small then large: 160 img/s
@@ -46,7 +47,8 @@ def test_rounds_interleave_and_ratios_are_per_round(monkeypatch, tmp_path):
     pool = _ScriptedPool([200.0, 300.0, 500.0, 300.0], calls)
     result = job_floor.job_floor_rounds(pool, ["a", "b"], ["a", "b", "c", "d", "e", "f"], str(tmp_path),
                                         JobConfig(), rounds=3, log=lambda _: None)
-    assert calls == (["warm floor", "job 2", "floor"] + ["job 2", "job 6", "floor"] + ["job 6", "job 2", "floor"]
+    assert job_floor.WARMUP_RUNS == 2
+    assert calls == (["warm floor", "job 6", "job 6", "floor"] + ["job 2", "job 6", "floor"] + ["job 6", "job 2", "floor"]
                      + ["job 2", "job 6", "floor"])
     assert [r["ratio"] for r in result["rounds"]] == [0.8, 1.0, 0.4]
     assert [(r["floor_before_images_per_s"], r["floor_after_images_per_s"]) for r in result["rounds"]] == [
@@ -57,7 +59,7 @@ def test_rounds_interleave_and_ratios_are_per_round(monkeypatch, tmp_path):
 
 
 def test_a_round_with_no_marginal_time_is_kept_but_not_counted(monkeypatch, tmp_path):
-    durations = iter([1.0, 2.0, 4.0, 3.0, 3.0])  # warm-up; round 1: 200 img/s; round 2: large == small
+    durations = iter([1.0, 1.0, 2.0, 4.0, 3.0, 3.0])  # 2 warm-ups; round 1: 200 img/s; round 2: large == small
     monkeypatch.setattr(job_floor, "_run", lambda tars, *a, **k: (next(durations), _Report(200 * len(tars))))
     result = job_floor.job_floor_rounds(_ScriptedPool([250.0, 250.0, 250.0], []), ["a"], ["a", "b", "c"],
                                         str(tmp_path), JobConfig(), rounds=2, log=lambda _: None)
