@@ -7,6 +7,10 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
 
 - ``floor``: ``draft("RGB", size)`` + ``load()``: libjpeg-turbo's DCT scaling to the smallest scale that
   still covers the target; Huffman decoding of the whole file cannot be skipped, so no path goes faster.
+- ``floor_libjpeg``: the same decode through the job's own decoder (``preprocess._jpeg_region``) over the
+  whole drafted image: libjpeg-turbo at Pillow's settings without Pillow's image allocation, row copies
+  and load loop (~6% of the floor). A stricter floor: the job decodes less than this (only the region its
+  resize reads) but pays for the rest of its work.
 - ``transform``: ``preprocess.transform.process_image`` alone (the job without tar reading, Ray, writing).
 - ``naive_stock`` / ``naive_simd``: what a DataLoader transform does: full-size decode with stock settings,
   ``convert("RGB")``, resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
@@ -35,6 +39,7 @@ from typing import Protocol, Self
 import numpy as np
 from PIL import Image
 
+from preprocess import jpeg_region
 from preprocess.config import JobConfig
 from preprocess.transform import _RESAMPLE, _draft_request, process_image
 from preprocess.worker import process_input
@@ -50,6 +55,14 @@ def _floor(data: bytes) -> None:
     im = Image.open(io.BytesIO(data))
     im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
     im.load()
+
+
+def _floor_libjpeg(data: bytes) -> None:
+    im = Image.open(io.BytesIO(data))
+    im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
+    end = data.rfind(b"\xff\xd9")
+    jpeg_region._decode_region(data, end if end > 0 else len(data), im.decoderconfig[0] if im.decoderconfig else 1,
+                               0, im.width, 0, im.height)
 
 
 def _transform(data: bytes) -> None:
@@ -81,6 +94,7 @@ def _img2dataset(data: bytes) -> None:
 
 PATHS: dict[str, Callable[[bytes], None]] = {
     "floor": _floor,
+    "floor_libjpeg": _floor_libjpeg,
     "transform": _transform,
     # The *_stock paths are only meaningful in bench.stock_pillow's child, where PIL is stock Pillow.
     "floor_stock": _floor,  # stock Pillow's libjpeg-turbo (3.1.3 bundled) vs the system's 2.1.5
@@ -92,7 +106,7 @@ PATHS: dict[str, Callable[[bytes], None]] = {
 
 def available_paths() -> list[str]:
     """The paths this interpreter runs itself (``naive_stock`` runs in ``bench.stock_pillow``'s child)."""
-    local = [p for p in PATHS if not p.endswith("_stock")]
+    local = [p for p in PATHS if not p.endswith("_stock") and (p != "floor_libjpeg" or jpeg_region.available())]
     try:
         import cv2  # noqa: F401
     except ImportError:

@@ -243,6 +243,16 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{stock_pil['libjpeg_turbo']} vs {r['pillow_build']['libjpeg_turbo']}",
             )
         )
+    if "floor_libjpeg" in paths:
+        strict = paths["floor_libjpeg"]
+        out.append(
+            _figure(
+                "job steady / (cores x libjpeg floor: the job's decoder, whole image)",
+                job["all_cores"]["ratio_median"] * floor / strict["images_per_s"],
+                detail=f"the headline x floor / libjpeg floor ({paths['floor']['ms_per_image_per_core']:.2f} vs "
+                f"{strict['ms_per_image_per_core']:.2f} ms/img/core: Pillow's own share of its draft + load)",
+            )
+        )
     if "img2dataset" in paths:
         out.append(
             _figure(

@@ -41,6 +41,7 @@ def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
     assert index["mean_ms"] > 0
     assert index["p50_ms"] == index["p95_ms"] == pytest.approx(index["mean_ms"], abs=0.002)
     assert report["draft_scales"] == {"1/4": 12}
+    assert report["jpeg_decoder"].startswith("region decode")  # make install builds preprocess._jpeg_region
     rate = report["images_per_s_per_core"]
     assert report["projection"]["seconds"] == pytest.approx(1000 / (rate * 4), rel=0.01)
     slowest = report["slowest"]
@@ -64,7 +65,7 @@ def test_cli_prints_the_table_and_the_verdict(mixed_tar, tmp_path):
                                  "--project-images", "2000000"])
     assert result.exit_code == 0, result.output
     for text in ("p95 ms", "decode", "resize", "write", "images/s per core", "2,000,000 images on 8 cores",
-                 "slowest samples", "failed samples: 2", "verdict: bottleneck:"):
+                 "slowest samples", "failed samples: 2", "verdict: bottleneck:", "JPEG decoder: region decode"):
         assert text in result.output, text
     result = runner.invoke(app, ["diagnose", mixed_tar, "--config", str(config), "--limit", "3", "--json"])
     assert result.exit_code == 0, result.output
