@@ -61,8 +61,8 @@ def _floor_libjpeg(data: bytes) -> None:
     im = Image.open(io.BytesIO(data))
     im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
     end = data.rfind(b"\xff\xd9")
-    jpeg_region._decode_region(data, end if end > 0 else len(data), im.decoderconfig[0] if im.decoderconfig else 1,
-                               0, im.width, 0, im.height)
+    scale = im.decoderconfig[0] if im.decoderconfig else 1
+    jpeg_region._decode_region(data, end if end > 0 else len(data), scale, *im.size, 0, im.width, 0, im.height)
 
 
 def _transform(data: bytes) -> None:

@@ -88,18 +88,20 @@ static void emit_message(j_common_ptr cinfo, int level) {
 
 static void output_message(j_common_ptr cinfo) { (void)cinfo; }
 
-/* decode_region(data, end, scale, x0, x1, y0, y1) -> (pixels, W, H, x, width, y, height)
+/* decode_region(data, end, scale, W, H, x0, x1, y0, y1) -> (pixels, W, H, x, width, y, height)
  *
- * data[:end] is the JPEG up to (not including) its EOI; scale the DCT scale denominator (1, 2, 4, 8).
+ * data[:end] is the JPEG up to (not including) its EOI; scale the DCT scale denominator (1, 2, 4, 8);
+ * W x H the scaled size the caller expects (its limits were checked on it: any other is an error).
  * [x0, x1) x [y0, y1) is the region wanted, in scaled output pixels. pixels holds W x H RGBX pixels (the
  * whole scaled image) of which only the region decoded is written: [x, x + width) x [y, y + height),
  * which contains the one asked for (its left edge moves down to an iMCU boundary). */
 static PyObject *decode_region(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t end;
-    int scale, x0, x1, y0, y1;
+    int scale, expected_width, expected_height, x0, x1, y0, y1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*niiiii", &view, &end, &scale, &x0, &x1, &y0, &y1))
+    if (!PyArg_ParseTuple(args, "y*niiiiiii", &view, &end, &scale, &expected_width, &expected_height, &x0,
+                          &x1, &y0, &y1))
         return NULL;
     if (end < 0 || end > view.len || !(scale == 1 || scale == 2 || scale == 4 || scale == 8) ||
         x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0) {
@@ -152,6 +154,15 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     if (scale > 1) {
         cinfo.scale_num = 1;
         cinfo.scale_denom = (unsigned int)scale;
+    }
+    /* The size limits were checked on Pillow's reading of the header: libjpeg must read the same size. */
+    jpeg_calc_output_dimensions(&cinfo);
+    if (cinfo.output_width != (JDIMENSION)expected_width || cinfo.output_height != (JDIMENSION)expected_height) {
+        snprintf(err.message, sizeof(err.message), "libjpeg reads a %ux%u image where the header said %dx%d",
+                 (unsigned int)cinfo.output_width, (unsigned int)cinfo.output_height, expected_width,
+                 expected_height);
+        failed = 2;
+        goto done;
     }
 
     released = PyEval_SaveThread();
@@ -230,7 +241,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
-     "decode_region(data, end, scale, x0, x1, y0, y1) -> (rgbx bytes, W, H, x, width, y, height)"},
+     "decode_region(data, end, scale, W, H, x0, x1, y0, y1) -> (rgbx bytes, W, H, x, width, y, height)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -83,7 +83,7 @@ def decode(
     x1 = min(im.width, math.ceil(right + reach_x))
     y1 = min(im.height, math.ceil(bottom + reach_y))
     end = layout.eoi if layout.eoi is not None else len(data)
-    pixels, width, height, *_ = _decode_region(data, end, scale, x0, x1, y0, y1)
+    pixels, width, height, *_ = _decode_region(data, end, scale, im.width, im.height, x0, x1, y0, y1)
     return Image.frombuffer("RGBX", (width, height), pixels, "raw", "RGBX", 0, 1)
 
 

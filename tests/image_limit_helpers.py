@@ -24,8 +24,8 @@ def no_decoding(monkeypatch):
     def load(self):
         raise DecodeStarted(f"decoding a {self.size} image")
 
-    def decode_region(data, end, scale, *region):
-        raise DecodeStarted(f"decoding a region {region} at 1/{scale}")
+    def decode_region(data, end, scale, width, height, *region):
+        raise DecodeStarted(f"decoding a region {region} of {width}x{height} at 1/{scale}")
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", load)
     # JPEGs go through the region decoder when it is built (preprocess.jpeg_region), never through load().

@@ -93,7 +93,7 @@ def test_a_centre_crop_decodes_only_the_columns_it_needs():
     im.draft("RGB", (256, 256))  # 1/2: 800 x 400
     end = data.rindex(b"\xff\xd9")
     pixels, full_width, full_height, x, width, y, height = jpeg_region._decode_region(
-        data, end, 2, 150, 650, 0, 400)
+        data, end, 2, 800, 400, 150, 650, 0, 400)
     assert (full_width, full_height) == (800, 400)
     assert 0 < x <= 150 and 650 <= x + width < 800  # the left edge moves down to an iMCU boundary
     assert (y, height) == (0, 400)
@@ -107,11 +107,11 @@ def test_a_centre_crop_decodes_only_the_columns_it_needs():
 def test_rows_outside_the_region_are_skipped_but_a_cut_below_it_is_still_found():
     data = encode(photo(600, 1200, 11), subsampling=2)
     end = data.rindex(b"\xff\xd9")
-    region = jpeg_region._decode_region(data, end, 1, 0, 600, 300, 900)
+    region = jpeg_region._decode_region(data, end, 1, 600, 1200, 0, 600, 300, 900)
     assert region[1:] == (600, 1200, 0, 600, 300, 600)
     cut = data[: int(len(data) * 0.95)]  # the data of the bottom rows, below the region, is gone
     with pytest.raises(ScanDataEnded):
-        jpeg_region._decode_region(cut, len(cut), 1, 0, 600, 300, 900)
+        jpeg_region._decode_region(cut, len(cut), 1, 600, 1200, 0, 600, 300, 900)
 
 
 @pytest.mark.parametrize("damage", ["cut at 60% with EOI", "cut at 97% with EOI", "cut at 40%",
@@ -153,3 +153,10 @@ def test_cmyk_jpegs_stay_on_pillows_path(monkeypatch):
     monkeypatch.setattr(jpeg_region, "_decode_region", lambda *args: calls.append(args) or real(*args))
     assert process_image(data, JobConfig()).pixels.shape == (256, 256, 3)
     assert calls == []
+
+
+def test_a_size_other_than_the_checked_one_is_refused_before_decoding():
+    data = encode(photo(640, 480, 16))
+    end = data.rindex(b"\xff\xd9")
+    with pytest.raises(ValueError, match="libjpeg reads a 320x240 image where the header said 160x120"):
+        jpeg_region._decode_region(data, end, 2, 160, 120, 0, 160, 0, 120)
