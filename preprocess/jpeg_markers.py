@@ -33,7 +33,7 @@ __all__ = ["JpegLayout", "ScanDataEnded", "jpeg_layout", "use_strict_decoder"]
 # Starts with a literal, which lets the regex engine skip to each FF (a leading \xff+ made it 15x slower).
 # A match on FF FF is a fill byte before the marker: the walk skips fill bytes.
 _MARKER_AFTER_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7]")
-_SOI, _EOI, _SOS = 0xD8, 0xD9, 0xDA
+_SOI, _EOI, _SOS, _APP1, _APP2 = 0xD8, 0xD9, 0xDA, 0xE1, 0xE2
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # not C4/C8/CC
 _SOF_PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
 # Markers without a length field (TEM, RSTn); everything else from C0 to FE carries a 2-byte length.
@@ -58,6 +58,16 @@ class JpegLayout:
     complete: bool
     eoi: int | None  # offset of the EOI marker that ends the data; None if the data stops before one
     trailing: int  # bytes after the EOI (web JPEGs often carry some: ignored, as libjpeg does)
+    # The frame header (SOF): size and component count, 0 if none was read.
+    width: int = 0
+    height: int = 0
+    components: int = 0
+    # The first APP1 "Exif" segment (its bytes, "Exif\0\0" included), as Pillow keeps it in info["exif"].
+    exif: bytes | None = None
+    # Every marker before the first scan is one whose meaning ``transform`` reproduces without Pillow's
+    # header parse: no XMP (Pillow reads an orientation there), no second Exif segment (Pillow joins them),
+    # no MPF (Pillow opens the file as MPO).
+    plain_header: bool = False
 
 
 def jpeg_layout(data: bytes) -> JpegLayout | None:
@@ -68,6 +78,9 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
     pos, scans, progressive, huffman = 2, 0, False, True
     size = len(data)
     components: list[int] = []
+    width = height = 0
+    exif: bytes | None = None
+    plain = True
     full: dict[int, set[int]] = {}  # component id -> coefficients sent at full precision
     eoi: int | None = None
     while pos < size:
@@ -93,8 +106,16 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
         pos += length
         if marker in _SOF and len(segment) >= 6:
             components = list(segment[6:6 + 3 * segment[5]:3])  # Nf, then (id, sampling, table) each
+            height, width = struct.unpack_from(">HH", segment, 1)
             progressive = marker in _SOF_PROGRESSIVE
             huffman = marker < 0xC8
+        elif marker == _APP1 and scans == 0:
+            if segment.startswith(b"Exif\0\0") and exif is None:
+                exif = segment
+            else:
+                plain = False  # XMP, a second Exif, or an APP1 this walk does not know
+        elif marker == _APP2 and segment.startswith(b"MPF\0"):
+            plain = False
         elif marker == _SOS and segment:
             scans += 1
             count = segment[0]
@@ -112,7 +133,8 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
                 break  # cut inside the scan: the decoder reports the truncation
             pos = found.start()
     complete = bool(components) and all(len(full.get(c, ())) == 64 for c in components)
-    return JpegLayout(scans, progressive, huffman, complete, eoi, size - eoi - 2 if eoi is not None else 0)
+    return JpegLayout(scans, progressive, huffman, complete, eoi, size - eoi - 2 if eoi is not None else 0,
+                      width, height, len(components), exif, plain and scans > 0)
 
 
 class ScanDataEnded(OSError):

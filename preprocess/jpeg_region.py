@@ -19,7 +19,6 @@ Optional: without the compiled module (a machine that built the package without 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from PIL import Image
 
@@ -30,7 +29,7 @@ try:
 except ImportError:  # not built: see the module docstring
     _decode_region = None
 
-__all__ = ["available", "applies", "decode", "MARGIN"]
+__all__ = ["available", "applies", "plain", "draft_scale", "decode", "MARGIN"]
 
 # Decoded pixels kept beyond the filter's reach on each side: more than one iMCU (16 columns or rows at
 # scale 1, fewer when drafted), where a cropped decode's fancy upsampling differs from a full one.
@@ -51,8 +50,8 @@ def available() -> bool:
 
 
 def applies(im: Image.Image, layout: JpegLayout | None) -> bool:
-    """Whether ``im`` (opened, drafted, not loaded) is a JPEG the region decoder gives Pillow's pixels for:
-    one Huffman-coded frame at the start of the data, decoded to L or RGB (not CMYK)."""
+    """Whether ``im`` (opened by Pillow, drafted, not loaded) is a JPEG the region decoder gives Pillow's
+    pixels for: one Huffman-coded frame at the start of the data, decoded to L or RGB (not CMYK)."""
     if _decode_region is None or layout is None or not layout.huffman:
         return False
     if len(im.tile) != 1 or im.mode not in ("RGB", "L"):
@@ -62,29 +61,43 @@ def applies(im: Image.Image, layout: JpegLayout | None) -> bool:
         tile.args[0] == im.mode
 
 
-def decode(
-    im: Image.Image, data: bytes, layout: JpegLayout, box: tuple[float, float, float, float],
-    out_size: tuple[int, int], resample: int,
-) -> Image.Image:
-    """Decode the part of ``im`` that resizing ``box`` (decoded coordinates) to ``out_size`` reads.
+def plain(layout: JpegLayout | None) -> bool:
+    """Whether ``transform`` can take this JPEG from its marker layout alone, never opening it with Pillow:
+    a plain header (``JpegLayout.plain_header``) over one Huffman-coded L or RGB frame of a sane size."""
+    return (_decode_region is not None and layout is not None and layout.plain_header and layout.huffman
+            and layout.components in (1, 3) and layout.width > 0 and layout.height > 0)
 
-    Returns an RGBX image of ``im``'s drafted size, sharing the decoder's buffer, in which only that part
-    holds pixels: resize it with the same ``box``. Raises ``ScanDataEnded`` for data cut inside a scan and
-    ``OSError`` with libjpeg's message for anything else wrong with the data.
+
+def draft_scale(size: tuple[int, int], request: tuple[int, int]) -> int:
+    """The DCT scale Pillow's ``JpegImageFile.draft`` picks for ``request``: the largest of 8, 4, 2, 1
+    not above ``min(width // request width, height // request height)``."""
+    scale = min(size[0] // request[0], size[1] // request[1])
+    return next(s for s in (8, 4, 2, 1) if scale >= s or s == 1)
+
+
+def decode(
+    data: bytes, layout: JpegLayout, scale: int, size: tuple[int, int],
+    box: tuple[float, float, float, float], out_size: tuple[int, int], resample: int,
+) -> Image.Image:
+    """Decode, at 1/``scale`` (``size``: the scaled size), the part of the JPEG that resizing ``box``
+    (scaled coordinates) to ``out_size`` reads.
+
+    Returns an RGBX image of ``size``, sharing the decoder's buffer, in which only that part holds pixels:
+    resize it with the same ``box``. Raises ``ScanDataEnded`` for data cut inside a scan, ``OSError`` with
+    libjpeg's message for anything else wrong with the data, ``ValueError`` if libjpeg reads another size.
     """
     assert _decode_region is not None
-    config: Any = im.decoderconfig
-    scale = int(config[0]) if config else 1
+    width, height = size
     left, top, right, bottom = box
     reach_x = _reach(right - left, out_size[0], resample)
     reach_y = _reach(bottom - top, out_size[1], resample)
     x0 = max(0, math.floor(left - reach_x))
     y0 = max(0, math.floor(top - reach_y))
-    x1 = min(im.width, math.ceil(right + reach_x))
-    y1 = min(im.height, math.ceil(bottom + reach_y))
+    x1 = min(width, math.ceil(right + reach_x))
+    y1 = min(height, math.ceil(bottom + reach_y))
     end = layout.eoi if layout.eoi is not None else len(data)
-    pixels, width, height, *_ = _decode_region(data, end, scale, im.width, im.height, x0, x1, y0, y1)
-    return Image.frombuffer("RGBX", (width, height), pixels, "raw", "RGBX", 0, 1)
+    pixels, *_ = _decode_region(data, end, scale, width, height, x0, x1, y0, y1)
+    return Image.frombuffer("RGBX", size, pixels, "raw", "RGBX", 0, 1)
 
 
 def _reach(extent: float, size: int, resample: int) -> float:

@@ -33,6 +33,7 @@ import io
 import re
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = ["ProcessedImage", "process_image", "ALLOWED_FORMATS"]
 # Routed by detected content, never by file extension. Cameras' multi-picture JPEGs (MPO) open as JPEG.
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 _JPEG_FORMATS = ("JPEG", "MPO")
+_JPEG_MODES = {1: "L", 3: "RGB"}  # Pillow's mode for a JPEG of 1 or 3 components
 Image.init()  # register every plugin now: Image.open(formats=...) fails on names only a full init loads
 _EXIF_ORIENTATION = 0x0112
 # EXIF orientation -> the transpose that displays the stored image upright (as ImageOps.exif_transpose).
@@ -156,9 +158,11 @@ def _check_jpeg(layout: JpegLayout | None, cfg: JobConfig) -> None:
 
 def _check_decoded_bytes(im: Image.Image, cfg: JobConfig) -> None:
     """Refuse before decoding what would take more than ``max_decoded_bytes`` (``im`` after any draft)."""
-    width, height = im.size
-    mode = im.mode
-    keyed = "transparency" in im.info and mode in ("P", "L", "RGB", "1")
+    keyed = "transparency" in im.info and im.mode in ("P", "L", "RGB", "1")
+    _check_decoded_size(im.width, im.height, im.mode, keyed, cfg)
+
+
+def _check_decoded_size(width: int, height: int, mode: str, keyed: bool, cfg: JobConfig) -> None:
     conversion = _KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4)
     per_pixel = _DECODED_BYTES.get(mode, 4) + conversion
     # Pillow resizes in two passes: the first keeps one full source side at the target's other size.
@@ -184,6 +188,21 @@ def _orientation(im: Image.Image) -> int:
             warnings.simplefilter("ignore")  # "Corrupt EXIF data": one log line per image is only noise
             value = im.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # a corrupt EXIF block must not cost the image: treat it as upright
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _exif_orientation(exif: bytes | None) -> int:
+    """``_orientation`` of a JPEG from its Exif segment alone (what Pillow's ``getexif`` loads)."""
+    if exif is None:
+        return 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = Image.Exif()
+            parsed.load(exif)
+            value = parsed.get(_EXIF_ORIENTATION, 1)
+    except Exception:
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
@@ -323,29 +342,40 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     t0 = clock()
     layout: JpegLayout | None = None
     try:
-        im = _open(data, cfg)
-        stored_w, stored_h = im.size
-        is_jpeg = im.format in _JPEG_FORMATS
-        layout = jpeg_layout(data) if is_jpeg else None
-        _check_jpeg(layout, cfg)
-        # A JPEG's EXIF came with its header, and draft needs the upright target before decoding; other
-        # formats are asked after the one load (see the module docstring).
-        orientation = _orientation(im) if is_jpeg else 1
-        t1 = clock()
-        content: tuple[float, float] = (stored_w, stored_h)
-        if cfg.draft and is_jpeg:
-            rotated = orientation >= 5  # 5-8 swap width and height
-            drafted = im.draft("RGB", _draft_request(cfg.mode, im.size, _target(cfg, rotated)))
-            if drafted is not None:
-                content = drafted[1][2], drafted[1][3]
-        source_format, source_mode = str(im.format or ""), im.mode
-        _check_decoded_bytes(im, cfg)
-        if is_jpeg and jpeg_region.applies(im, layout):
+        if data.startswith(b"\xff\xd8") and jpeg_region.available():
+            layout = jpeg_layout(data)
+        if jpeg_region.plain(layout):
             assert layout is not None
-            target = _target(cfg, orientation >= 5)
-            im = jpeg_region.decode(im, data, layout, _kept_box(cfg, target, content), target,
-                                    _RESAMPLE[cfg.resample])
+            im, (stored_w, stored_h), orientation, content, t1 = _decode_plain_jpeg(data, layout, cfg, clock)
+            is_jpeg, source_format, source_mode = True, "JPEG", _JPEG_MODES[layout.components]
+            decoded = True
         else:
+            im = _open(data, cfg)
+            stored_w, stored_h = im.size
+            is_jpeg = im.format in _JPEG_FORMATS
+            layout = (layout or jpeg_layout(data)) if is_jpeg else None
+            _check_jpeg(layout, cfg)
+            # A JPEG's EXIF came with its header, and draft needs the upright target before decoding; other
+            # formats are asked after the one load (see the module docstring).
+            orientation = _orientation(im) if is_jpeg else 1
+            t1 = clock()
+            content: tuple[float, float] = (stored_w, stored_h)
+            if cfg.draft and is_jpeg:
+                rotated = orientation >= 5  # 5-8 swap width and height
+                drafted = im.draft("RGB", _draft_request(cfg.mode, im.size, _target(cfg, rotated)))
+                if drafted is not None:
+                    content = drafted[1][2], drafted[1][3]
+            source_format, source_mode = str(im.format or ""), im.mode
+            _check_decoded_bytes(im, cfg)
+            decoded = False
+            if is_jpeg and jpeg_region.applies(im, layout):  # e.g. a JPEG with XMP: Pillow read its header
+                assert layout is not None
+                target = _target(cfg, orientation >= 5)
+                config = im.decoderconfig
+                im = jpeg_region.decode(data, layout, int(config[0]) if config else 1, im.size,
+                                        _kept_box(cfg, target, content), target, _RESAMPLE[cfg.resample])
+                decoded = True
+        if not decoded:
             if layout is not None:
                 use_strict_decoder(im, layout, len(data))
             if is_jpeg:
@@ -402,6 +432,32 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         upscaled=_upscales(width, height, cfg),
         content_box=content_box,
     )
+
+
+def _decode_plain_jpeg(
+    data: bytes, layout: JpegLayout, cfg: JobConfig, clock: Callable[[], float]
+) -> tuple[Image.Image, tuple[int, int], int, tuple[float, float], float]:
+    """A JPEG with a plain header (``jpeg_region.plain``) from its marker layout, without Pillow's header
+    parse (~2% of an image's time): the same limits, orientation, draft scale and pixels as the path that
+    opens it with Pillow (``tests/test_jpeg_region.py`` compares them). Returns the RGBX region image, the
+    stored size, the orientation, the decoded picture's extent and the clock after the header checks."""
+    width, height = layout.width, layout.height
+    if width * height > cfg.max_image_pixels:  # Pillow's bomb check, in its words (see ``_open``)
+        raise SampleError(f"pixel bomb: {width * height} pixels > max_image_pixels {cfg.max_image_pixels}")
+    _check_shape(width, height, cfg)
+    _check_jpeg(layout, cfg)
+    orientation = _exif_orientation(layout.exif)
+    t1 = clock()
+    target = _target(cfg, orientation >= 5)
+    scale = jpeg_region.draft_scale((width, height), _draft_request(cfg.mode, (width, height), target)) \
+        if cfg.draft else 1
+    size = (-(-width // scale), -(-height // scale))
+    content = (width / scale, height / scale)  # Pillow's draft box
+    mode = _JPEG_MODES[layout.components]
+    _check_decoded_size(size[0], size[1], mode, False, cfg)
+    im = jpeg_region.decode(data, layout, scale, size, _kept_box(cfg, target, content), target,
+                            _RESAMPLE[cfg.resample])
+    return im, (width, height), orientation, content, t1
 
 
 def _upscales(width: int, height: int, cfg: JobConfig) -> bool:

@@ -160,3 +160,56 @@ def test_a_size_other_than_the_checked_one_is_refused_before_decoding():
     end = data.rindex(b"\xff\xd9")
     with pytest.raises(ValueError, match="libjpeg reads a 320x240 image where the header said 160x120"):
         jpeg_region._decode_region(data, end, 2, 160, 120, 0, 160, 0, 120)
+
+
+def with_segment(data: bytes, marker: int, payload: bytes) -> bytes:
+    """``data`` with one more marker segment right after the SOI."""
+    return data[:2] + bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+
+
+XMP_ROTATED = b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+
+
+@pytest.mark.parametrize("case", ["XMP orientation", "two Exif segments", "corrupt Exif", "Exif and XMP"])
+def test_headers_pillow_reads_more_of_give_the_same_pixels(case, monkeypatch):
+    base = encode(photo(900, 600, 17), orientation=3 if "Exif" in case else 1, subsampling=2)
+    data = {
+        "XMP orientation": lambda: with_segment(base, 0xE1, XMP_ROTATED),
+        "two Exif segments": lambda: with_segment(base, 0xE1, b"Exif\0\0MM\0*\0\0\0\x08\0\0"),
+        "corrupt Exif": lambda: with_segment(encode(photo(900, 600, 17)), 0xE1, b"Exif\0\0II*\0\xff\xff\xff\x7f"),
+        "Exif and XMP": lambda: with_segment(base, 0xE1, XMP_ROTATED),
+    }[case]()
+    cfg = JobConfig(height=192, width=256)
+    region, pillow = both_paths(data, cfg, monkeypatch)
+    np.testing.assert_array_equal(region, pillow)
+    if case == "XMP orientation":  # Pillow's getexif reads the XMP orientation: 6 turns the picture
+        assert process_image(data, cfg).width == 600
+
+
+def test_a_plain_jpeg_is_never_opened_with_pillow(monkeypatch):
+    data = encode(photo(800, 600, 18), orientation=6, subsampling=2)
+    expected = process_image(data, JobConfig())
+    monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("Image.open on a plain JPEG"))
+    got = process_image(data, JobConfig())
+    np.testing.assert_array_equal(got.pixels, expected.pixels)
+    assert (got.width, got.height, got.format, got.mode, got.draft_scale) == (600, 800, "JPEG", "RGB", 2)
+
+
+@pytest.mark.parametrize("config, words", [
+    (dict(max_image_pixels=400 * 300 - 1), "pixel bomb: 120000 pixels > max_image_pixels 119999"),
+    (dict(min_image_size=301), "image too small (400x300: short side < min_image_size 301)"),
+    (dict(max_aspect_ratio=1.2), "aspect ratio too large (400x300 is 1.33:1 > max_aspect_ratio 1.2)"),
+    (dict(max_decoded_bytes=50_000), "decoded size too large (~0 MiB for 100x75 RGB"),
+])
+def test_limits_refuse_in_the_same_words_on_both_paths(config, words, monkeypatch):
+    data = encode(photo(400, 300, 19))
+    reasons = []
+    for region in (True, False):
+        with monkeypatch.context() as patch:
+            patch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+            if not region:
+                patch.setattr(jpeg_region, "_decode_region", None)
+            with pytest.raises(SampleError) as caught:
+                process_image(data, JobConfig(height=64, width=64, **config))
+        reasons.append(str(caught.value))
+    assert words in reasons[0] and reasons[0] == reasons[1]
