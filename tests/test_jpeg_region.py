@@ -65,6 +65,8 @@ VARIANTS = {
     "odd size, not a multiple of the MCU": encode(photo(1021, 767, 7), subsampling=2),
     "EXIF orientation 6": encode(photo(1100, 733, 8), orientation=6, subsampling=2),
     "EXIF orientation 3": encode(photo(733, 1100, 9), orientation=3, subsampling=2),
+    "restart markers": encode(photo(1100, 700, 20), subsampling=2, restart_marker_blocks=7),
+    "progressive, restart markers": encode(photo(700, 1100, 21), progressive=True, restart_marker_rows=2),
 }
 CONFIGS = [
     dict(mode="center_crop", resample="bicubic"),
