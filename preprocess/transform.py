@@ -183,26 +183,28 @@ def _sniff(data: bytes) -> str:
 
 
 def _orientation(im: Image.Image) -> int:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Corrupt EXIF data": one log line per image is only noise
-            value = im.getexif().get(_EXIF_ORIENTATION, 1)
-    except Exception:  # a corrupt EXIF block must not cost the image: treat it as upright
-        return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+    return _read_orientation(im.getexif)
 
 
 def _exif_orientation(exif: bytes | None) -> int:
     """``_orientation`` of a JPEG from its Exif segment alone (what Pillow's ``getexif`` loads)."""
     if exif is None:
         return 1
+
+    def parse() -> Image.Exif:
+        parsed = Image.Exif()
+        parsed.load(exif)
+        return parsed
+
+    return _read_orientation(parse)
+
+
+def _read_orientation(get_exif: Callable[[], Image.Exif]) -> int:
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            parsed = Image.Exif()
-            parsed.load(exif)
-            value = parsed.get(_EXIF_ORIENTATION, 1)
-    except Exception:
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": one log line per image is only noise
+            value = get_exif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # a corrupt EXIF block must not cost the image: treat it as upright
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
