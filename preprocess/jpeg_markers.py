@@ -152,11 +152,14 @@ class _StrictJpegDecoder(ImageFile.PyDecoder):
     them all as bytes before a marker and waits for the EOI, which it then gets. An incomplete scan eats
     the zeros as data and suspends inside an MCU, leaving unconsumed bytes: that is the error. (One probe
     in ~8 can end exactly on an MCU boundary; three probes make a miss ~1 in 500 for an incomplete
-    progressive JPEG, and never reject a complete one.)
+    progressive JPEG, and never reject a complete one.) A single-scan JPEG must finish on the first probe:
+    with restart markers, an incomplete one eats the zeros while it looks for the next marker, leaves
+    nothing, and finishes once the EOI comes, the rest filled in.
     """
 
     def __init__(self, mode: str, *args: Any) -> None:
-        rawmode, jpegmode, self._limit, *config = args  # config: Pillow's (draft scale, draft flag)
+        # config: Pillow's (draft scale, draft flag)
+        rawmode, jpegmode, self._limit, self._single_scan, *config = args
         super().__init__(mode)
         self._inner = Image.core.jpeg_decoder(mode, rawmode, jpegmode, *config)
         self._consumed = 0  # bytes of the file (from the tile's offset) the decoder has consumed
@@ -181,7 +184,7 @@ class _StrictJpegDecoder(ImageFile.PyDecoder):
             if consumed < 0:
                 return consumed, err
             rest = rest[consumed:]
-            if rest:
+            if rest or self._single_scan:
                 raise ScanDataEnded("the scan data ends before the image does")
         consumed, err = self._inner.decode(b"\xff\xd9")
         if consumed < 0:
@@ -203,4 +206,5 @@ def use_strict_decoder(im: Image.Image, layout: JpegLayout, data_size: int) -> N
         return
     tile = im.tile[0]
     end = layout.eoi if layout.eoi is not None else data_size
-    im.tile = [tile._replace(codec_name=_STRICT_CODEC, args=(*tile.args, end - tile.offset))]
+    single_scan = layout.scans == 1 and not layout.progressive
+    im.tile = [tile._replace(codec_name=_STRICT_CODEC, args=(*tile.args, end - tile.offset, single_scan))]

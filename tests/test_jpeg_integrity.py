@@ -67,6 +67,19 @@ def test_baseline_jpeg_cut_mid_scan_with_eoi_appended(fraction):
     assert SCAN_ENDS_EARLY in reason(cut_with_eoi(BASELINE, fraction))
 
 
+RESTARTS = jpeg_bytes(noise(160, 120), quality=90, subsampling=1, restart_marker_blocks=5)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.6, 0.9, 0.99])
+@pytest.mark.parametrize("eoi", [True, False], ids=["EOI appended", "no EOI"])
+def test_jpeg_with_restart_markers_cut_mid_scan(fraction, eoi):
+    # With restart markers, libjpeg looks for the next RSTn through the probe's zero bytes instead of
+    # decoding them, so Pillow's path once finished such a JPEG at the EOI, the rest filled with grey.
+    assert b"\xff\xdd" in RESTARTS  # a DRI segment: restart markers in the scan
+    data = RESTARTS[: int(len(RESTARTS) * fraction)] + (b"\xff\xd9" if eoi else b"")
+    assert "JPEG scan data ends early" in reason(data) or "truncated JPEG" in reason(data)
+
+
 def test_progressive_jpeg_cut_inside_its_last_scan_with_eoi_appended():
     layout = jpeg_layout(PROGRESSIVE)
     assert layout is not None and layout.scans == 10
