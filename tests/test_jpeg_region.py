@@ -215,3 +215,40 @@ def test_limits_refuse_in_the_same_words_on_both_paths(config, words, monkeypatc
                 process_image(data, JobConfig(height=64, width=64, **config))
         reasons.append(str(caught.value))
     assert words in reasons[0] and reasons[0] == reasons[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_randomly_damaged_jpegs_never_differ_in_pixels_and_cuts_fail_on_both_paths(seed, monkeypatch):
+    """Byte flips, cuts (with and without an EOI) and insertions over four encodings: whenever both paths
+    accept, the pixels are the same; a cut is refused by both."""
+    rng = np.random.default_rng(seed)
+    kinds = [dict(subsampling=2), dict(progressive=True), dict(subsampling=1, restart_marker_blocks=5),
+             dict(subsampling=0, quality=97)]
+    good = encode(photo(320 + 16 * seed, 240 - 8 * seed, 30 + seed), **kinds[seed])
+    cfg = JobConfig(height=64, width=64)
+    for _ in range(40):
+        data = bytearray(good)
+        damage = int(rng.integers(3))
+        if damage == 0:
+            for _ in range(int(rng.integers(1, 6))):
+                data[int(rng.integers(2, len(data)))] = int(rng.integers(256))
+        elif damage == 1:
+            data = data[: int(rng.integers(len(good) // 20, len(good) - 64))]
+            if rng.random() < 0.5:
+                data += b"\xff\xd9"
+        else:
+            at = int(rng.integers(2, len(data)))
+            data[at:at] = rng.integers(0, 256, int(rng.integers(1, 30)), dtype=np.uint8).tobytes()
+        outcomes = []
+        for region in (True, False):
+            with monkeypatch.context() as patch:
+                if not region:
+                    patch.setattr(jpeg_region, "_decode_region", None)
+                try:
+                    outcomes.append(process_image(bytes(data), cfg).pixels)
+                except SampleError as e:
+                    outcomes.append(str(e))
+        if damage == 1:
+            assert all(isinstance(o, str) for o in outcomes), "a cut JPEG was accepted"
+        if all(isinstance(o, np.ndarray) for o in outcomes):
+            np.testing.assert_array_equal(outcomes[0], outcomes[1])
