@@ -10,7 +10,9 @@ the region lands at its place in an image of the full drafted size (so the resiz
 computes the same filter weights; shifting the box by the region's origin changed 0.15% of pixels by 1 in
 some filter and size pairs), and it holds every pixel the filter reads plus a margin wider than an iMCU,
 so the crop's edges (where fancy upsampling has no neighbour) never reach the output. ``tests/test_jpeg_region.py``
-compares both paths byte for byte over JPEG variants, modes and filters.
+compares both paths byte for byte over JPEG variants, modes and filters, and over randomly damaged JPEGs.
+The end-of-data rule is the strict path's (``jpeg_markers``), decided more exactly: libjpeg's "premature end
+of data segment" on the final EOI, not a probe of the suspended decoder.
 
 Optional: without the compiled module (a machine that built the package without libjpeg headers)
 ``available()`` is False and ``transform`` decodes with Pillow as before, same pixels, slower.
