@@ -191,3 +191,18 @@ def test_doctor_quotes_what_make_bench_measures(monkeypatch):
     # bench/README.md: stock Pillow's naive path takes 1.7-2.0x Pillow-SIMD's time (the old claim: 6-8x)
     assert "1.7-2.0x slower" in result.output and "6-8x" not in result.output
     assert "stock Pillow 12.1.1 is installed" in result.output
+
+
+def test_doctor_warns_without_failing_when_the_region_decoder_is_not_built(monkeypatch):
+    # Optional by design (a machine without libjpeg-turbo headers): slower, never other pixels, so make
+    # install, which runs doctor, must not fail on it.
+    from typer.testing import CliRunner
+
+    from preprocess import cli, jpeg_region
+
+    monkeypatch.setattr("preprocess.pillow_check.current_state", lambda: HEALTHY)
+    monkeypatch.setattr(jpeg_region, "_decode_region", None)
+    result = CliRunner().invoke(cli.app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "jpeg_region_decoder      False" in result.output
+    assert "preprocess._jpeg_region is not built" in result.output and "same pixels" in result.output
