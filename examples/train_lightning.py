@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unlabelled = model.samples - model.labelled
     print(f"trained {trainer.global_step} steps; objective: {model.labelled} samples with labels "
           f"(classification), {unlabelled} without (rotation prediction)", flush=True)
+    # Lightning leaves the process group up under torchrun; closing it here keeps torch's gloo threads
+    # from racing interpreter exit (a rank can abort there after a good run).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return {"steps": trainer.global_step, "labelled": model.labelled, "unlabelled": unlabelled}
 
 

@@ -37,6 +37,10 @@ def main(path: str, out: str) -> None:
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump({"seen": model.seen, "world": data.train_dataset.world_size,
                    "rank": data.train_dataset.rank}, f)
+    # Lightning leaves the process group up; torch's gloo threads then race interpreter exit, and a rank
+    # sometimes aborted there ("terminate called without an active exception") after a good epoch.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
