@@ -144,7 +144,9 @@ def test_a_persistent_download_error_fails_the_input_naming_url_and_reason(tars,
     assert message.startswith(f"{URL}: download failed at byte ") and f" of {len(data)}: " in message
     reached = int(message.split("download failed at byte ")[1].split(" ")[0])
     first_failing = min(offset for offset, _ in remote_tar.chunk_plan(len(data), CHUNK) if offset >= 3 * CHUNK)
-    assert 0 < reached <= first_failing  # what had arrived in order when it failed
+    # What had arrived in order when it failed: the fetchers run concurrently, so the failing range can
+    # come back before the first one has landed (0 then; seen once on a loaded machine).
+    assert 0 <= reached <= first_failing
     assert "connection reset by peer" in message
 
 
