@@ -34,8 +34,6 @@ static const JOCTET EOI[2] = {0xFF, 0xD9};
 
 typedef struct {
     struct jpeg_source_mgr pub;
-    const JOCTET *data;
-    size_t size;
     int phase; /* 0: data delivered, 1: filler delivered, 2+: EOI delivered */
 } region_source;
 
@@ -133,15 +131,13 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         goto done;
     }
     jpeg_create_decompress(&cinfo);
-    src.data = (const JOCTET *)view.buf;
-    src.size = (size_t)end;
     src.pub.init_source = init_source;
     src.pub.fill_input_buffer = fill_input_buffer;
     src.pub.skip_input_data = skip_input_data;
     src.pub.resync_to_restart = jpeg_resync_to_restart;
     src.pub.term_source = term_source;
-    src.pub.next_input_byte = src.data;
-    src.pub.bytes_in_buffer = src.size;
+    src.pub.next_input_byte = (const JOCTET *)view.buf;
+    src.pub.bytes_in_buffer = (size_t)end;
     cinfo.src = &src.pub;
 
     jpeg_read_header(&cinfo, TRUE);
