@@ -33,7 +33,7 @@ def test_shardio_imports_without_ray_pillow_or_preprocess():
         # the writer side too: the dataset directory, storage, the run report and `shardio info`
         "import shardio.directory, shardio.storage, shardio.run_report, shardio.info, shardio.writer\n"
         # xxhash too: it checks xxh3_128 checksums only when one is taken (verify, a download, the writer)
-        "bad = [m for m in ('PIL', 'ray', 'yaml', 'typer', 'webdataset', 'preprocess', 'xxhash')\n"
+        "bad = [m for m in ('PIL', 'ray', 'yaml', 'typer', 'rich', 'webdataset', 'preprocess', 'xxhash')\n"
         "       if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
