@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from shardio.cli import app
 from shardio.preview import encode_png
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import make_dataset, self_identifying_pixels
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -77,14 +77,31 @@ def test_preview_writes_a_png_of_the_stored_pixels_and_a_key_table(tmp_path, dat
     assert all(t["key"] == f"s{t['index']:06d}" and t["caption"] == f"caption {t['index']}" for t in table)
     assert f"s{table[0]['index']:06d}" in stdout
     sheet = np.asarray(Image.open(out).convert("RGB"))
-    assert sheet.shape == (3 * (16 + 4) + 4, 3 * (16 + 4) + 4, 3)
-    for tile in table:  # each tile's bottom-right pixel (clear of the number stamp) is its sample's fill
+    assert sheet.shape == (3 * (16 + 7 + 4) + 4, 3 * (16 + 4) + 4, 3)  # each tile has a 7-px strip below
+    for tile in table:
         row, col = divmod(tile["number"], 3)
-        y, x = 4 + row * 20 + 15, 4 + col * 20 + 15
-        assert (sheet[y, x] == tile["index"] % 251).all(), tile
+        top, left = 4 + row * 27, 4 + col * 20
+        # Every pixel of the tile is the sample's: the number never covers a corner of the image.
+        assert (sheet[top : top + 16, left : left + 16] == self_identifying_pixels(tile["index"], 16, 16)).all()
+        strip = sheet[top + 16 : top + 23, left : left + 16]
+        assert (strip == 255).any() and np.isin(strip, (0, 255)).all(), tile  # its number, white on black
     # Same seed, same samples; another seed, others.
     run("preview", dataset, "--out", str(tmp_path / "again.png"), "--n", "9", "--seed", "3")
     assert json.load(open(str(tmp_path / "again.png.json")))["tiles"] == table
+
+
+def test_a_scaled_preview_keeps_each_tiles_pixels_whole(tmp_path, dataset):
+    out = str(tmp_path / "small.png")
+    code, _, err = run("preview", dataset, "--out", out, "--n", "4", "--tile", "8")
+    assert code == 0, err
+    table = json.load(open(out + ".json"))["tiles"]
+    sheet = np.asarray(Image.open(out).convert("RGB"))
+    assert sheet.shape == (2 * (8 + 7 + 4) + 4, 2 * (8 + 4) + 4, 3)
+    for tile in table:  # nearest-neighbour: every other row and column of the 16x16 sample
+        row, col = divmod(tile["number"], 2)
+        top, left = 4 + row * 19, 4 + col * 12
+        source = self_identifying_pixels(tile["index"], 16, 16)[::2, ::2]
+        assert (sheet[top : top + 8, left : left + 8] == source).all(), tile
 
 
 def test_preview_usage_errors_exit_2(tmp_path, dataset):
