@@ -8,6 +8,7 @@ needs numpy and torch alone; ``tests/test_package.py`` checks it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NoReturn
 
 import typer
@@ -34,7 +35,7 @@ def new_app(help: str) -> typer.Typer:
     )
 
 
-def version_option(describe) -> typer.models.OptionInfo:
+def version_option(describe: Callable[[], str]) -> typer.models.OptionInfo:
     """``--version``: print ``describe()`` and exit 0, before any command runs."""
     def show(value: bool) -> None:
         if value:
