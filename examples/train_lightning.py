@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                train_transform=augment)
         torch.manual_seed(0)
         model = SmallCNN(args.classes, args.lr)
-        callbacks: list[pl.Callback] = []
+        # Lightning's default bar when `rich` is installed (typer brings it), RichProgressBar, titles an
+        # epoch "Epoch 1/-2" when --max-steps bounds the run (max_epochs -1: it prints max_epochs - 1;
+        # lightning 2.6 rich_progress.py). TQDM's title is "Epoch 1", and its total the batches left.
+        callbacks: list[pl.Callback] = [pl.callbacks.TQDMProgressBar()]
         if args.checkpoint_dir:
             callbacks.append(pl.callbacks.ModelCheckpoint(
                 dirpath=args.checkpoint_dir, every_n_train_steps=args.checkpoint_every, save_top_k=-1,

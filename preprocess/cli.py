@@ -22,46 +22,41 @@ from preprocess.config import load_config
 from preprocess.job import RunOptions, RunReport, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.stop_signals import StopOnSignal
+from shardio.cli_style import fail, new_app, version_option
 from shardio.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="WebDataset tars -> fixed-shape uint8 shards.")
+# The same look as `shardio` (shardio.cli_style): help layout, -h/--help, --version, error lines.
+app = new_app("WebDataset tars -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
 
 
 def _fail_usage(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(EXIT_USAGE)
+    fail(message, EXIT_USAGE)
 
 
 def _fail(error: ShardioError, quiet: bool = False) -> None:
     """End the command for ``error``: its message (unless ``quiet``: already said, e.g. as JSON) and its
     exit status from the exception tree (``shardio.errors.exit_code``)."""
     if not quiet:
-        console.print(f"[red]error:[/red] {error}", highlight=False)
+        fail(error, exit_code(error))  # the one error line of both command lines (shardio.cli_style)
     raise typer.Exit(exit_code(error)) from None
 
 
-def _version_callback(value: bool) -> None:
-    if value:
-        from preprocess.versions import pillow_build
+def _describe_versions() -> str:
+    from preprocess.versions import pillow_build
 
-        import shardio
+    import shardio
 
-        build = pillow_build()
-        kind = "Pillow-SIMD" if build["pillow_simd"] else "stock Pillow"
-        avx = "AVX2" if build["built_with_avx2"] else "no AVX2 marker"
-        typer.echo(f"preprocess (shardio {shardio.__version__}); PIL {build['pil_version']} ({kind}, {avx}); "
-                   f"libjpeg-turbo {build['libjpeg_turbo']}")
-        raise typer.Exit()
+    build = pillow_build()
+    kind = "Pillow-SIMD" if build["pillow_simd"] else "stock Pillow"
+    avx = "AVX2" if build["built_with_avx2"] else "no AVX2 marker"
+    return (f"preprocess (shardio {shardio.__version__}); PIL {build['pil_version']} ({kind}, {avx}); "
+            f"libjpeg-turbo {build['libjpeg_turbo']}")
 
 
 @app.callback()
-def _main(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show versions and exit.")
-    ] = False,
-) -> None:
+def _main(version: Annotated[bool, version_option(_describe_versions)] = False) -> None:
     """Preprocess WebDataset image tars once, offline, into shards that training reads with no CPU work."""
 
 
@@ -258,8 +253,10 @@ def verify(
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
 ) -> None:
-    """Check every shard's size and checksum against the manifest; exit 1 naming each bad shard. With
-    --repair, drop the inputs behind bad shards and process just those again (same config)."""
+    """Check every shard's size and checksum against the manifest; --repair rebuilds bad ones.
+
+    Exits 1 naming each bad shard. With --repair, drop the inputs behind
+    bad shards and process just those again (same config)."""
     from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 
     try:
@@ -316,8 +313,9 @@ def gc(
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
     wait: Annotated[bool, typer.Option("--wait", help="If a run holds DIR, wait for it.")] = False,
 ) -> None:
-    """Delete superseded shards and manifest generations that no kept generation needs (a run does this
-    at its end with its own --retain-* options)."""
+    """Delete superseded shards and manifest generations that no kept generation needs.
+
+    A run does this at its end with its own --retain-* options."""
     from shardio.directory import gc as collect_garbage
 
     try:
@@ -366,8 +364,11 @@ def diagnose(
     write_dir: Annotated[Optional[Path], typer.Option(help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Where the time goes: per stage (read, decode, convert, resize, write) mean/p50/p95 per image, the
-    per-core rate, a projection, the slowest samples and the bottleneck. Exit 1 if an input is unreadable."""
+    """Where the time goes, per stage, on a sample of your tars; the bottleneck.
+
+    Per stage (read, decode, convert, resize, write) mean/p50/p95 per image,
+    the per-core rate, a projection, the slowest samples and the bottleneck.
+    Exit 1 if an input is unreadable."""
     from preprocess.diagnose import diagnose as time_stages, render_text
     from preprocess.inputs import resolve_inputs
 

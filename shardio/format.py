@@ -50,11 +50,12 @@ Manifest (``manifest.json``). A JSON object:
                    meta_ALG, input}``; paths are relative to DIR; ``ALG``/``meta_ALG`` are the hex
                    digests of the whole ``.npy``/``.jsonl`` by the checksum algorithm ALG that the key
                    names: ``xxh3_128`` (every shard written now) or ``sha256`` (shards written before;
-                   a dataset may mix both after an incremental run); exactly one ALG per entry
+                   a dataset may mix both after an incremental run); exactly one ALG per entry; each
+                   file is listed once (a duplicate is refused at load: its samples would be read twice)
 ``inputs``         object: input path or URL -> ``{size, mtime_ns, samples, failed, shards: [shard paths]}``,
                    plus ``etag`` for an object-storage input (its ETag when it was read; absent for a
                    local file): what incremental runs compare against (a file: size + mtime_ns; an
-                   object: size + etag)
+                   object: size + etag); a shard belongs to one input and is listed there once
 ``updated``        ISO-8601 time of the last commit
 ``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
                    generations existed
@@ -377,11 +378,35 @@ class Manifest:
                 check_dataset_path(rel, path)
         for retired in manifest.retired:
             check_dataset_path(retired.path, path)
+        _check_listed_once(manifest, path)
         if doc.get("samples") != manifest.samples:
             raise ShardIntegrityError(
                 f"{path}: says {doc.get('samples')} samples but its shards hold {manifest.samples}"
             )
         return manifest
+
+
+def _check_listed_once(manifest: Manifest, path: str) -> None:
+    """ShardFormatError naming the file when a shard file is listed twice in ``shards`` or claimed by two
+    inputs (or twice by one): the reader would yield its samples twice and a repair or prune would act on
+    it twice. Only a hand edit or a bad merge makes such a manifest; the job never writes one."""
+    seen: set[str] = set()
+    for entry in manifest.shards:
+        for rel in (entry.path, entry.meta_path):
+            if rel in seen:
+                raise ShardFormatError(
+                    f"{path}: shard file {rel!r} is listed twice in \"shards\" (a manifest lists each shard "
+                    "once; edited by hand?): nothing was read")
+            seen.add(rel)
+    owner: dict[str, str] = {}
+    for name, entry in manifest.inputs.items():
+        for rel in entry.shards:
+            if rel in owner:
+                claimed = f"twice by input {name!r}" if owner[rel] == name else \
+                    f"by inputs {owner[rel]!r} and {name!r}"
+                raise ShardFormatError(f"{path}: shard file {rel!r} is claimed {claimed} (a shard belongs "
+                                       "to one input, once; edited by hand?): nothing was read")
+            owner[rel] = name
 
 
 def generation_path(directory: str, generation: int) -> str:

@@ -1,8 +1,9 @@
 """A contact sheet of random samples: the quickest check that crops and orientation are right.
 
 numpy and zlib only (shardio never imports Pillow). The sheet is a grid of the stored pixels, each tile
-stamped with its number in a 3×5 pixel digit font; drawing the keys themselves would need a whole font,
-so the number -> key (and caption) table is printed and written next to the image as ``OUT.json``.
+untouched (its corners are where a wrong orientation or crop shows) and numbered in a caption strip
+below it, in a 3×5 pixel digit font; drawing the keys themselves would need a whole font, so the number
+-> key (and caption) table is printed and written next to the image as ``OUT.json``.
 The PNG is written by a minimal encoder: 8-bit RGB, one IDAT, every row with the "Up" filter (a numpy
 subtraction, and photos compress ~20% better than unfiltered).
 """
@@ -55,19 +56,19 @@ def encode_png(image: np.ndarray) -> bytes:
             + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6)) + chunk(b"IEND", b""))
 
 
-def _stamp(tile: np.ndarray, number: int) -> None:
-    """Write ``number`` in white on a black box in the tile's top-left corner (in place)."""
-    scale = max(1, min(tile.shape[:2]) // 64)
+def _caption_strip(width: int, number: int, scale: int) -> np.ndarray:
+    """A black strip ``width`` wide holding ``number`` in white (``scale`` pixels per font pixel), to go
+    under its tile; blank when the number does not fit (the table still lists it)."""
     text = str(number)
-    box_h, box_w = 7 * scale, (4 * len(text) + 1) * scale
-    if box_h > tile.shape[0] or box_w > tile.shape[1]:
-        return  # a tile this small has no room; the table still lists it
-    tile[:box_h, :box_w] = 0
+    strip = np.zeros((7 * scale, width, 3), np.uint8)
+    if (4 * len(text) + 1) * scale > width:
+        return strip
     for i, char in enumerate(text):
         bits = np.array([[(row >> (2 - col)) & 1 for col in range(3)] for row in _DIGITS[char]], bool)
         glyph = np.kron(bits, np.ones((scale, scale), bool))
         top, left = scale, (1 + 4 * i) * scale
-        tile[top : top + 5 * scale, left : left + 3 * scale][glyph] = 255
+        strip[top : top + 5 * scale, left : left + 3 * scale][glyph] = 255
+    return strip
 
 
 def _sample(snapshot: DatasetSnapshot, index: int) -> tuple[int, int]:
@@ -87,20 +88,21 @@ def contact_sheet(
     else:
         rows_at, cols_at = np.arange(height), np.arange(width)
     th, tw = len(rows_at), len(cols_at)
+    scale = max(1, min(th, tw) // 64)  # digits 5 px tall up to 127 px tiles, 10 px at 128-191 ...
+    cell_h = th + 7 * scale  # the tile, then its number's strip
     columns = max(1, math.ceil(math.sqrt(len(indices))))
     rows = max(1, math.ceil(len(indices) / columns))
-    sheet = np.full((rows * (th + _GAP) + _GAP, columns * (tw + _GAP) + _GAP, 3), _GAP_GREY, np.uint8)
+    sheet = np.full((rows * (cell_h + _GAP) + _GAP, columns * (tw + _GAP) + _GAP, 3), _GAP_GREY, np.uint8)
     table: list[dict[str, Any]] = []
     metas: dict[int, Any] = {}
     for number, index in enumerate(indices):
         shard, offset = _sample(snapshot, index)
         if shard not in metas:
             metas[shard] = snapshot.meta(shard)
-        tile = np.array(snapshot.pixels(shard)[offset][np.ix_(rows_at, cols_at)])
-        _stamp(tile, number)
-        top = _GAP + (number // columns) * (th + _GAP)
+        top = _GAP + (number // columns) * (cell_h + _GAP)
         left = _GAP + (number % columns) * (tw + _GAP)
-        sheet[top : top + th, left : left + tw] = tile
+        sheet[top : top + th, left : left + tw] = snapshot.pixels(shard)[offset][np.ix_(rows_at, cols_at)]
+        sheet[top + th : top + cell_h, left : left + tw] = _caption_strip(tw, number, scale)
         meta = metas[shard]
         caption = meta.txt[offset]
         if caption is not None and len(caption) > CAPTION_CHARS:

@@ -9,6 +9,7 @@ runs it, so a crash at exit shows as a non-zero return code.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -55,6 +56,9 @@ def test_train_lightning_py_trains_on_labelled_caption_only_and_mixed_data(tmp_p
     done = run_example("train_lightning.py", "--shards", str(tmp_path / "ds"), "--max-steps", "4",
                        "--batch-size", "16", "--accelerator", "cpu")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    # The progress bar names the epoch, never "Epoch 0/-2" (max_epochs -1 when --max-steps bounds the run).
+    bars = done.stdout + done.stderr
+    assert "Epoch 0" in bars and not re.search(r"Epoch \d+/-", bars), bars[-2000:]
     summary = next(line for line in done.stdout.splitlines() if "objective:" in line)
     assert summary.startswith("trained 4 steps")
     labelled = int(summary.split("objective: ")[1].split()[0])

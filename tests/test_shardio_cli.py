@@ -1,4 +1,5 @@
-"""``shardio info | preview | bench`` in-process on generated datasets: exit codes and what they print."""
+"""``shardio info | preview | bench`` in-process (typer's CliRunner) on generated datasets: exit codes and
+what they print."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import os
 import numpy as np
 import pytest
 from PIL import Image
+from typer.testing import CliRunner
 
-from shardio.cli import main
+from shardio.cli import app
 from shardio.preview import encode_png
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import make_dataset, self_identifying_pixels
 
 
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), prog_name="shardio")
+    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture
@@ -37,19 +38,19 @@ def write_report(directory: str, run_id: str, failures: list[dict[str, str]], pr
         json.dump(report, f)
 
 
-def test_info_counts_failures_of_current_inputs_from_their_last_run(capsys, dataset):
+def test_info_counts_failures_of_current_inputs_from_their_last_run(dataset):
     bad = lambda key, why: {"input": "input-0.tar", "key": key, "reason": f"{key}.jpg: {why}"}  # noqa: E731
     write_report(dataset, "2024-01-01", [bad("a", "cannot decode: OSError: truncated (9 bytes)")],
                  ["input-0.tar"])
     # The second run reprocessed input-0: its failures replace the first run's, they do not add up.
     write_report(dataset, "2024-01-02",
                  [bad("b", "empty image member (0 bytes)"), bad("c", "empty image member")], ["input-0.tar"])
-    code, out, _ = run(capsys, "info", dataset)
+    code, out, _ = run("info", dataset)
     assert code == 0
     assert "117  (16x16x3 NHWC uint8, 15 shards from 3 inputs" in out
     assert "2 x empty image member" in out and "truncated" not in out
     assert "run history (2 runs)" in out and "2024-01-02" in out
-    code, out, _ = run(capsys, "info", dataset, "--json")
+    code, out, _ = run("info", dataset, "--json")
     info = json.loads(out)
     assert code == 0 and info["samples"] == 117 and info["shape"] == [16, 16, 3] and info["shards"] == 15
     assert info["pixel_bytes"] == 117 * 16 * 16 * 3 + 15 * 128
@@ -57,39 +58,56 @@ def test_info_counts_failures_of_current_inputs_from_their_last_run(capsys, data
     assert [r["run_id"] for r in info["runs"]] == ["2024-01-01", "2024-01-02"]
 
 
-def test_info_on_a_missing_or_broken_dataset_exits_1_and_says_why(capsys, tmp_path, dataset):
-    code, _, err = run(capsys, "info", str(tmp_path / "nope"))
+def test_info_on_a_missing_or_broken_dataset_exits_1_and_says_why(tmp_path, dataset):
+    code, _, err = run("info", str(tmp_path / "nope"))
     assert code == 1 and "no such dataset directory" in err
     first_shard = sorted(os.listdir(os.path.join(dataset, "shards")))[0]
     with open(os.path.join(dataset, "shards", first_shard), "r+b") as f:
         f.truncate(100)
-    code, _, err = run(capsys, "info", dataset)
+    code, _, err = run("info", dataset)
     assert code == 1 and "HINT" in err
 
 
-def test_preview_writes_a_png_of_the_stored_pixels_and_a_key_table(capsys, tmp_path, dataset):
+def test_preview_writes_a_png_of_the_stored_pixels_and_a_key_table(tmp_path, dataset):
     out = str(tmp_path / "sheet" / "grid.png")
-    code, stdout, _ = run(capsys, "preview", dataset, "--out", out, "--n", "9", "--seed", "3")
+    code, stdout, _ = run("preview", dataset, "--out", out, "--n", "9", "--seed", "3")
     assert code == 0 and "wrote" in stdout
     table = json.load(open(out + ".json"))["tiles"]
     assert len(table) == 9 and len({t["index"] for t in table}) == 9
     assert all(t["key"] == f"s{t['index']:06d}" and t["caption"] == f"caption {t['index']}" for t in table)
     assert f"s{table[0]['index']:06d}" in stdout
     sheet = np.asarray(Image.open(out).convert("RGB"))
-    assert sheet.shape == (3 * (16 + 4) + 4, 3 * (16 + 4) + 4, 3)
-    for tile in table:  # each tile's bottom-right pixel (clear of the number stamp) is its sample's fill
+    assert sheet.shape == (3 * (16 + 7 + 4) + 4, 3 * (16 + 4) + 4, 3)  # each tile has a 7-px strip below
+    for tile in table:
         row, col = divmod(tile["number"], 3)
-        y, x = 4 + row * 20 + 15, 4 + col * 20 + 15
-        assert (sheet[y, x] == tile["index"] % 251).all(), tile
+        top, left = 4 + row * 27, 4 + col * 20
+        # Every pixel of the tile is the sample's: the number never covers a corner of the image.
+        assert (sheet[top : top + 16, left : left + 16] == self_identifying_pixels(tile["index"], 16, 16)).all()
+        strip = sheet[top + 16 : top + 23, left : left + 16]
+        assert (strip == 255).any() and np.isin(strip, (0, 255)).all(), tile  # its number, white on black
     # Same seed, same samples; another seed, others.
-    run(capsys, "preview", dataset, "--out", str(tmp_path / "again.png"), "--n", "9", "--seed", "3")
+    run("preview", dataset, "--out", str(tmp_path / "again.png"), "--n", "9", "--seed", "3")
     assert json.load(open(str(tmp_path / "again.png.json")))["tiles"] == table
 
 
-def test_preview_usage_errors_exit_2(capsys, tmp_path, dataset):
-    code, _, err = run(capsys, "preview", dataset, "--out", str(tmp_path / "x.png"), "--n", "0")
+def test_a_scaled_preview_keeps_each_tiles_pixels_whole(tmp_path, dataset):
+    out = str(tmp_path / "small.png")
+    code, _, err = run("preview", dataset, "--out", out, "--n", "4", "--tile", "8")
+    assert code == 0, err
+    table = json.load(open(out + ".json"))["tiles"]
+    sheet = np.asarray(Image.open(out).convert("RGB"))
+    assert sheet.shape == (2 * (8 + 7 + 4) + 4, 2 * (8 + 4) + 4, 3)
+    for tile in table:  # nearest-neighbour: every other row and column of the 16x16 sample
+        row, col = divmod(tile["number"], 2)
+        top, left = 4 + row * 19, 4 + col * 12
+        source = self_identifying_pixels(tile["index"], 16, 16)[::2, ::2]
+        assert (sheet[top : top + 8, left : left + 8] == source).all(), tile
+
+
+def test_preview_usage_errors_exit_2(tmp_path, dataset):
+    code, _, err = run("preview", dataset, "--out", str(tmp_path / "x.png"), "--n", "0")
     assert code == 2 and "--n" in err
-    code, _, err = run(capsys, "preview", dataset)
+    code, _, err = run("preview", dataset)
     assert code == 2 and "--out" in err
 
 
@@ -100,8 +118,8 @@ def test_png_encoder_round_trips_through_pil():
     assert (decoded == image).all()
 
 
-def test_bench_reports_rates_and_whether_a_consumer_waits(capsys, dataset):
-    code, out, _ = run(capsys, "bench", dataset, "--batch-size", "16", "--seconds", "0.1", "--repeats", "2",
+def test_bench_reports_rates_and_whether_a_consumer_waits(dataset):
+    code, out, _ = run("bench", dataset, "--batch-size", "16", "--seconds", "0.1", "--repeats", "2",
                        "--workers", "0", "--target-rate", "1e9", "--json")
     assert code == 0
     report = json.loads(out)
@@ -109,22 +127,28 @@ def test_bench_reports_rates_and_whether_a_consumer_waits(capsys, dataset):
     assert rate["num_workers"] == 0 and rate["samples"] > 0 and rate["samples_per_s"] > 0
     assert report["would_wait"] is True  # no loader makes a billion samples/s
     assert report["suggested"]["batch_size"] == 16 and report["suggested"]["num_workers"] >= 1
-    code, out, _ = run(capsys, "bench", dataset, "--batch-size", "16", "--seconds", "0.1", "--repeats", "2",
+    code, out, _ = run("bench", dataset, "--batch-size", "16", "--seconds", "0.1", "--repeats", "2",
                        "--workers", "0", "--target-rate", "10")
     assert code == 0 and "samples/s" in out and "suggested: DeviceLoader(ShardDataset(" in out
 
 
-def test_bench_usage_errors(capsys, dataset):
-    assert run(capsys, "bench", dataset, "--target-rate", "-5")[0] == 2
-    assert run(capsys, "bench", dataset, "--workers", "two")[0] == 2
+def test_bench_usage_errors(dataset):
+    assert run("bench", dataset, "--target-rate", "-5")[0] == 2
+    assert run("bench", dataset, "--workers", "two")[0] == 2
 
 
-def test_the_shardio_cli_needs_neither_pillow_nor_ray_nor_typer():
+def test_an_unsupported_url_scheme_is_a_usage_error_as_in_preprocess():
+    code, _, err = run("info", "hdfs://namenode/ds")
+    assert code == 2, err
+    assert "hdfs://namenode/ds" in err and "not supported" in err
+
+
+def test_the_shardio_cli_needs_neither_pillow_nor_ray_nor_preprocess():
     import subprocess
     import sys
 
     code = ("import sys, shardio.cli, shardio.info, shardio.preview, shardio.loader_bench\n"
-            "bad = [m for m in ('PIL', 'ray', 'typer', 'rich', 'preprocess') if m in sys.modules]\n"
+            "bad = [m for m in ('PIL', 'ray', 'preprocess', 'obstore', 'xxhash') if m in sys.modules]\n"
             "assert not bad, bad\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

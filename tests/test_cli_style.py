@@ -1,0 +1,69 @@
+"""``preprocess`` and ``shardio`` are one CLI stack (typer, made by ``shardio.cli_style``) with one help
+style: the same help layout, ``-h``/``--help``, ``--version``, usage errors and ``error:`` lines."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from preprocess.cli import app as preprocess_app
+from shardio.cli import app as shardio_app
+
+COMMAND_LINES = [pytest.param(preprocess_app, "preprocess", "verify", id="preprocess"),
+                 pytest.param(shardio_app, "shardio", "info", id="shardio")]
+
+
+def invoke(app: typer.Typer, prog: str, *args: str):
+    return CliRunner().invoke(app, list(args), prog_name=prog, terminal_width=100)
+
+
+def panels(text: str) -> list[str]:
+    """The titles of the help's boxes, in order (``╭─ Options ───╮`` -> ``Options``)."""
+    return re.findall(r"╭─ (.+?) ─", text)
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_the_top_level_help_has_the_same_layout(app, prog, command):
+    result = invoke(app, prog, "--help")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith(f"Usage: {prog} [OPTIONS] COMMAND [ARGS]...")
+    assert panels(result.stdout) == ["Options", "Commands"]
+    options = result.stdout.split("╭─ Options")[1].split("╰")[0]
+    assert "--version" in options and "--help" in options and "-h" in options
+    assert invoke(app, prog, "-h").stdout == result.stdout
+    assert invoke(app, prog).output.strip() == result.stdout.strip()  # the bare command shows the help
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_a_command_help_has_the_same_layout(app, prog, command):
+    result = invoke(app, prog, command, "-h")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith(f"Usage: {prog} {command} [OPTIONS]")
+    assert panels(result.stdout) == ["Arguments", "Options"]
+    assert result.stdout == invoke(app, prog, command, "--help").stdout
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_version_names_the_program(app, prog, command):
+    result = invoke(app, prog, "--version")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{prog} ") and "shardio " in result.stdout
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_a_usage_error_exits_2_the_same_way(app, prog, command):
+    result = invoke(app, prog, command, "somewhere", "--no-such-option")
+    assert result.exit_code == 2
+    assert f"Usage: {prog} {command}" in result.stderr and panels(result.stderr) == ["Error"]
+    assert "No such option: --no-such-option" in result.stderr
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_a_dataset_error_is_one_error_line_with_exit_1(app, prog, command, tmp_path):
+    missing = str(tmp_path / "no-dataset-here")
+    result = invoke(app, prog, command, missing)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: ") and f"{missing}: no such dataset directory" in result.stderr
