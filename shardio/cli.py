@@ -6,7 +6,8 @@
 
 Exit codes, from the one table (``shardio.errors.exit_code``) as for ``preprocess``: 0 done; 1 the dataset
 cannot be read (the message says why and what to do); 2 usage error (a bad option, a URL scheme no backend
-serves, a missing extra). ``import shardio`` never imports this module: the reader needs no typer.
+serves, a missing extra). ``import shardio`` never imports this module: the reader needs no typer, which
+comes with the ``cli`` extra (``MissingExtra`` names it when absent).
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Optional
 
-import typer
+from shardio.errors import EXIT_OK, EXIT_USAGE, MissingExtra, ShardioError, exit_code
 
-from shardio.cli_style import fail, new_app, version_option
-from shardio.errors import EXIT_OK, EXIT_USAGE, ShardioError, exit_code
+try:  # optional heavy dependency: the `cli` extra (a training image installs numpy and torch only)
+    import typer
+except ImportError as e:
+    raise MissingExtra(
+        "the `shardio` command needs the cli extra (typer, rich): pip install 'shardio[cli]' "
+        "(from the repository or a clone, as the README's install section shows); `import shardio` "
+        "and the reader need neither"
+    ) from e
+
+from shardio.cli_style import fail, new_app, version_option  # noqa: E402 (after the extra's check)
 
 __all__ = ["app", "main"]
 

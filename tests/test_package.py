@@ -80,3 +80,18 @@ assert not loaded, loaded
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_shardio_command_without_the_cli_extra_says_what_to_install():
+    """typer is the `cli` extra, not core: on a reader-only install the command names the extra."""
+    code = _BLOCKER + """
+from shardio.errors import MissingExtra
+try:
+    import shardio.cli
+except MissingExtra as e:
+    assert "pip install 'shardio[cli]'" in str(e), e
+else:
+    raise AssertionError("shardio.cli imported without typer")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
