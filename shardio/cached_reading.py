@@ -59,25 +59,26 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> int:
     """The shuffle window to use with ``cache``. A shuffled pass reads every batch from about the shards
-    of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), so they must
-    all be on disk at once, or the cache downloads them again and again. The default window is clamped
-    to ``cache.limit // largest shard``, with a warning; a window the caller chose is kept, with one.
-    (A DataLoader worker's cache gets ``limit / num_workers``: the fast path is ``num_workers=0``.)"""
+    of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
+    across a window's end from two, so two windows must fit on disk at once (which also lets the next
+    window download while this one is read), or the pass is refused or downloads shards again and again.
+    The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
+    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.)"""
     largest = max(u.size for u in cache.units)
-    fits = max(1, cache.limit // largest)
-    if min(shuffle_window, len(cache.units)) <= fits:
+    fits = max(1, cache.limit // (2 * largest))
+    need = min(2 * shuffle_window, len(cache.units)) * largest
+    if need <= cache.limit:
         return shuffle_window
-    need = min(shuffle_window, len(cache.units)) * largest
     where = f"{cache.units[0].npy_url}'s dataset"
     if defaulted:
-        warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds {fits} shards of up to {largest} bytes, "
-                      f"not the default shuffle window of {shuffle_window} shards ({need} bytes): using "
+        warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
+                      f"{largest} bytes, not of the default {shuffle_window} ({need} bytes): using "
                       f"shuffle_window={fits}, so batches mix fewer shards (docs/reader.md); raise cache_limit "
                       f"to {need} or pass shuffle_window={fits} to silence this", stacklevel=3)
         return fits
-    warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (shards of up to "
-                  f"{largest} bytes), cache_limit is {cache.limit}: shards will be downloaded more than once "
-                  f"an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
+    warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (two windows of "
+                  f"shards of up to {largest} bytes), cache_limit is {cache.limit}: shards will be downloaded "
+                  f"more than once an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
     return shuffle_window
 
 
