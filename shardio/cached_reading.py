@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from shardio.reader import DatasetSnapshot, ShardMeta
 from shardio.selection import SubsetSnapshot
 from shardio.shard_cache import ShardCache
 
-__all__ = ["CachedAssembler", "cache_for", "default_cache_dir", "default_cache_limit", "parse_size"]
+__all__ = ["CachedAssembler", "cache_for", "default_cache_dir", "default_cache_limit", "fitting_window",
+           "parse_size"]
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -53,6 +55,31 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
+
+
+def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> int:
+    """The shuffle window to use with ``cache``. A shuffled pass reads every batch from about the shards
+    of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
+    across a window's end from two, so two windows must fit on disk at once (which also lets the next
+    window download while this one is read), or the pass is refused or downloads shards again and again.
+    The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
+    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.)"""
+    largest = max(u.size for u in cache.units)
+    fits = max(1, cache.limit // (2 * largest))
+    need = min(2 * shuffle_window, len(cache.units)) * largest
+    if need <= cache.limit:
+        return shuffle_window
+    where = f"{cache.units[0].npy_url}'s dataset"
+    if defaulted:
+        warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
+                      f"{largest} bytes, not of the default {shuffle_window} ({need} bytes): using "
+                      f"shuffle_window={fits}, so batches mix fewer shards (docs/reader.md); raise cache_limit "
+                      f"to {need} or pass shuffle_window={fits} to silence this", stacklevel=3)
+        return fits
+    warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (two windows of "
+                  f"shards of up to {largest} bytes), cache_limit is {cache.limit}: shards will be downloaded "
+                  f"more than once an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
+    return shuffle_window
 
 
 class CachedAssembler(BatchAssembler):

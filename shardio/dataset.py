@@ -18,10 +18,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio import storage
 from shardio.batches import FIELDS, Batch, BatchAssembler
-from shardio.cached_reading import CachedAssembler, cache_for
+from shardio.cached_reading import CachedAssembler, cache_for, fitting_window
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, load_manifest
-from shardio.order import epoch_runs, rank_batches, run_pieces
+from shardio.order import (
+    DEFAULT_SHUFFLE_BLOCK,
+    DEFAULT_SHUFFLE_WINDOW,
+    ORDER_VERSION,
+    ORDER_VERSIONS,
+    epoch_runs,
+    rank_batches,
+    run_pieces,
+)
 from shardio.prefetch import prefetched
 from shardio.reader import DatasetSnapshot, open_dataset
 from shardio.resume import EpochCursor, EpochPass
@@ -104,8 +112,9 @@ class ShardDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
-        shuffle_window: int = 8,
-        shuffle_block: int = 16,
+        shuffle_window: int | None = None,
+        shuffle_block: int | None = None,
+        order_version: int | None = None,
         verify: bool = False,
         cache_shards: int | None = None,
         pin_memory: bool = False,
@@ -120,10 +129,19 @@ class ShardDataset(IterableDataset):
         if not storage.is_remote(path) and (cache_dir is not None or cache_limit is not None):
             raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
                              "a local dataset is memory-mapped in place: leave them out")
+        # Order settings left out take the defaults, and a loaded state's values (``shardio.resume``).
+        defaulted = frozenset(name for name, value in (("shuffle_window", shuffle_window),
+                              ("shuffle_block", shuffle_block), ("order_version", order_version))
+                              if value is None)
+        shuffle_window = DEFAULT_SHUFFLE_WINDOW if shuffle_window is None else shuffle_window
+        shuffle_block = DEFAULT_SHUFFLE_BLOCK if shuffle_block is None else shuffle_block
+        order_version = ORDER_VERSION if order_version is None else order_version
         for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
                             ("shuffle_block", shuffle_block)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if order_version not in ORDER_VERSIONS:
+            raise ValueError(f"order_version must be one of {ORDER_VERSIONS}, got {order_version!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if pin_memory and not torch.cuda.is_available():
@@ -133,19 +151,22 @@ class ShardDataset(IterableDataset):
         self.prefetch = prefetch
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
-        self.shuffle_window, self.shuffle_block = shuffle_window, shuffle_block
         self.verify = verify
         self.selection = selection
         self.follow_updates = generation is None if follow_updates is None else follow_updates
         self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
+        # Per-sample order draws every batch from about the whole window: keep its maps (and metadata) open.
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
         self.cache_dir = cache_dir
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
         self._open(generation, check_ranks=True)
+        if shuffle and self._cache is not None:
+            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
-            "shuffle_block": shuffle_block, "drop_last": drop_last, "batch_size": batch_size})
+            "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
+            "batch_size": batch_size}, defaulted=defaulted)
         # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
         # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
         self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()
@@ -280,12 +301,27 @@ class ShardDataset(IterableDataset):
     def __len__(self) -> int:
         return len(rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last))
 
+    @property
+    def shuffle_window(self) -> int:
+        """Shards per shuffle window (the default, clamped to the cache, or a loaded state's)."""
+        return int(self.cursor.settings["shuffle_window"])
+
+    @property
+    def shuffle_block(self) -> int:
+        return int(self.cursor.settings["shuffle_block"])
+
+    @property
+    def order_version(self) -> int:
+        """The order's algorithm (``shardio.order``): the newest, or a loaded state's."""
+        return int(self.cursor.settings["order_version"])
+
     def runs(self, epoch: int | None = None) -> np.ndarray:
         """The epoch order as runs ``(shard, start, stop)``."""
         return epoch_runs(
             self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
             epoch=self.epoch if epoch is None else epoch,
             shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
+            order_version=self.order_version,
         )
 
     def sample_order(self, epoch: int | None = None) -> np.ndarray:
@@ -378,15 +414,14 @@ class ShardDataset(IterableDataset):
 
     def _generate(self, runs: np.ndarray, batches: list[range], shared: bool, pinned: bool) -> Iterator[Batch]:
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
-        ends = np.cumsum(runs[:, 2] - runs[:, 1]).tolist()  # epoch position after each run
-        run_list = runs.tolist()
+        ends = np.cumsum(runs[:, 2] - runs[:, 1])  # epoch position after each run
         if not isinstance(assembler, CachedAssembler):
             for positions in batches:
-                yield assembler.assemble(run_pieces(ends, run_list, positions), shared, pinned)
+                yield assembler.assemble(run_pieces(ends, runs, positions), shared, pinned)
             return
         # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady).
         cache, snapshot = assembler.shard_cache, assembler.snapshot
-        pieces = [run_pieces(ends, run_list, positions) for positions in batches]
+        pieces = [run_pieces(ends, runs, positions) for positions in batches]
         unit_of = _cache_units(snapshot)
         shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
         worker = get_worker_info()

@@ -4,6 +4,15 @@ An epoch is a list of contiguous *runs* ``(shard, start, stop)`` over the shards
 batches of ``batch_size`` are cut from it and dealt to the ranks. Positions are places in the epoch order
 (0 .. samples-1), the same on every rank and worker for one (seed, epoch). The design and its measured
 trade-offs are in docs/reader.md.
+
+Order versions (a resume state records the one its epoch was cut with; a state without one is version 1):
+
+- **2** (``ORDER_VERSION``): ``np.random.default_rng([seed, epoch])`` permutes the shards (O(shards));
+  they are split into ``ceil(shards / shuffle_window)`` windows of near-equal size, and window ``i`` is
+  cut into blocks with its own stream ``default_rng([seed, epoch, i])``: any window is computable on its
+  own, without the windows before it (what a lazy, per-window plan needs).
+- **1**: one stream ``default_rng([seed, epoch])`` for everything, windows of exactly ``shuffle_window``
+  shards (the last one shorter): shardio's order before version 2, kept so old states resume exactly.
 """
 
 from __future__ import annotations
@@ -12,22 +21,77 @@ import bisect
 
 import numpy as np
 
-__all__ = ["consumed_position", "epoch_runs", "rank_batches", "run_pieces"]
+__all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS",
+           "consumed_position", "epoch_runs", "epoch_windows", "rank_batches", "run_pieces", "window_runs"]
+
+ORDER_VERSION = 2
+ORDER_VERSIONS = (1, 2)
+# Measured by ``python -m bench.shuffle`` (docs/reader.md): a dataset of up to 256 shards is shuffled as
+# one permutation (batches of 256 from 200 shards of 1,000: 144.5 distinct shards, a permutation's 144.6;
+# windows of 8 and blocks of 16, the defaults before: 7.3), and blocks of 1 keep the reader at 0.5 of
+# np.copyto and above for 196 KB samples. Larger datasets: each batch draws from one window of 256 shards.
+DEFAULT_SHUFFLE_WINDOW = 256
+DEFAULT_SHUFFLE_BLOCK = 1
+
+_NO_RUNS = np.empty((0, 3), np.int64)
 
 
 def epoch_runs(
-    counts: np.ndarray, *, shuffle: bool, seed: int, epoch: int, shuffle_window: int, shuffle_block: int
+    counts: np.ndarray, *, shuffle: bool, seed: int, epoch: int, shuffle_window: int, shuffle_block: int,
+    order_version: int = ORDER_VERSION,
 ) -> np.ndarray:
     """The epoch order as an R×3 int64 array of runs ``(shard, start, stop)`` (see docs/reader.md).
 
-    ``shuffle=False``: the shards in manifest order. ``shuffle=True``, from
-    ``np.random.default_rng([seed, epoch])``: shards permuted, grouped in windows of ``shuffle_window``,
-    each shard cut into blocks of ``shuffle_block`` (boundaries shifted by a random per-shard phase), and
-    the blocks of each window permuted."""
+    ``shuffle=False``: the shards in manifest order. ``shuffle=True``: shards permuted, grouped in windows
+    of about ``shuffle_window`` shards, each shard cut into blocks of ``shuffle_block`` samples (boundaries
+    shifted by a random per-shard phase), and the blocks of each window permuted (``order_version``: the
+    module docstring)."""
     counts = np.asarray(counts, dtype=np.int64)
+    if order_version not in ORDER_VERSIONS:
+        raise ValueError(f"order_version {order_version!r} is not one of {ORDER_VERSIONS}")
     if not shuffle:
         runs = np.stack([np.arange(len(counts)), np.zeros_like(counts), counts], axis=1)
         return runs[counts > 0]
+    if order_version == 1:
+        return _join(_epoch_runs_v1(counts, seed, epoch, shuffle_window, shuffle_block))
+    windows = epoch_windows(len(counts), seed=seed, epoch=epoch, shuffle_window=shuffle_window)
+    runs = [window_runs(counts, shards, seed=seed, epoch=epoch, window=i, shuffle_block=shuffle_block)
+            for i, shards in enumerate(windows)]
+    return _join(np.concatenate(runs)) if runs else _NO_RUNS
+
+
+def epoch_windows(shards: int, *, seed: int, epoch: int, shuffle_window: int) -> list[np.ndarray]:
+    """Order version 2: the shards of each window, in order. ``ceil(shards / shuffle_window)`` windows
+    whose sizes differ by at most one, so that the last window is not a sliver that mixes a few shards
+    (300 shards in windows of 256: two of 150, not 256 and 44)."""
+    order = np.random.default_rng([seed, epoch]).permutation(shards)
+    count = -(-shards // shuffle_window)
+    bounds = [i * shards // count for i in range(count + 1)]
+    return [order[bounds[i] : bounds[i + 1]] for i in range(count)]
+
+
+def window_runs(counts: np.ndarray, shards: np.ndarray, *, seed: int, epoch: int, window: int,
+                shuffle_block: int) -> np.ndarray:
+    """Order version 2: the runs of window number ``window`` holding ``shards`` (from ``epoch_windows``),
+    from its own stream ``default_rng([seed, epoch, window])``: each shard cut into blocks of
+    ``shuffle_block`` (the first one shortened by a random phase), the window's blocks permuted."""
+    rng = np.random.default_rng([seed, epoch, window])
+    shards = shards[counts[shards] > 0]
+    sizes = counts[shards]
+    phase = rng.integers(0, np.minimum(shuffle_block, sizes))  # one draw per shard, 0 when the block is 1
+    blocks = -(-(sizes - phase) // shuffle_block) + (phase > 0)
+    first = np.cumsum(blocks) - blocks
+    k = np.arange(int(blocks.sum())) - np.repeat(first, blocks)  # block number within its shard
+    shift = np.repeat(np.where(phase > 0, phase - shuffle_block, 0), blocks)
+    starts = np.maximum(k * shuffle_block + shift, 0)
+    stops = np.minimum((k + 1) * shuffle_block + shift, np.repeat(sizes, blocks))
+    runs = np.stack([np.repeat(shards, blocks), starts, stops], axis=1)
+    return runs[rng.permutation(len(runs))]
+
+
+def _epoch_runs_v1(counts: np.ndarray, seed: int, epoch: int, shuffle_window: int,
+                   shuffle_block: int) -> np.ndarray:
+    """Order version 1, unchanged: one stream, windows of ``shuffle_window`` shards in a row."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(counts))
     windows = []
@@ -42,10 +106,15 @@ def epoch_runs(
             starts = np.concatenate([[0], starts]) if phase else starts
             stops = np.append(starts[1:], count)
             blocks.append(np.stack([np.full_like(starts, shard), starts, stops], axis=1))
-        window = np.concatenate(blocks) if blocks else np.empty((0, 3), np.int64)
+        window = np.concatenate(blocks) if blocks else _NO_RUNS
         windows.append(window[rng.permutation(len(window))])
-    runs = np.concatenate(windows).astype(np.int64) if windows else np.empty((0, 3), np.int64)
-    # Blocks that land next to their stored neighbour are one copy, not two.
+    return np.concatenate(windows).astype(np.int64) if windows else _NO_RUNS
+
+
+def _join(runs: np.ndarray) -> np.ndarray:
+    """Blocks that land next to their stored neighbour are one copy, not two (the order is unchanged)."""
+    if len(runs) == 0:
+        return _NO_RUNS
     joined = (runs[1:, 0] == runs[:-1, 0]) & (runs[1:, 1] == runs[:-1, 2])
     head = np.flatnonzero(np.concatenate([[True], ~joined]))
     tail = np.append(head[1:], len(runs)) - 1
@@ -90,15 +159,15 @@ def consumed_position(samples: int, batch_size: int, world_size: int, start: int
     return samples
 
 
-def run_pieces(ends: list[int], runs: list[list[int]], positions: range) -> list[tuple[int, int, int]]:
+def run_pieces(ends: np.ndarray, runs: np.ndarray, positions: range) -> list[tuple[int, int, int]]:
     """The ``(shard, start, stop)`` slices holding ``positions``; ``ends[i]`` is the epoch position after
-    run ``i`` (Python lists: per-piece work is a few operations, not numpy scalar calls)."""
-    first = bisect.bisect_right(ends, positions.start)
-    last = bisect.bisect_left(ends, positions.stop)
-    pieces = []
-    for i in range(first, last + 1):
-        shard, start, stop = runs[i]
-        begin = ends[i] - (stop - start)
-        pieces.append((shard, start + max(0, positions.start - begin),
-                       start + min(stop - start, positions.stop - begin)))
-    return pieces
+    run ``i``. Vectorised per batch: with blocks of 1 a batch of 256 is 256 runs, and numpy arrays keep
+    the plan at 32 bytes a run where Python lists took ~150."""
+    first = int(np.searchsorted(ends, positions.start, side="right"))
+    last = int(np.searchsorted(ends, positions.stop, side="left"))
+    chunk, chunk_ends = runs[first : last + 1], ends[first : last + 1]
+    lengths = chunk[:, 2] - chunk[:, 1]
+    begins = chunk_ends - lengths
+    starts = chunk[:, 1] + np.maximum(0, positions.start - begins)
+    stops = chunk[:, 1] + np.minimum(lengths, positions.stop - begins)
+    return list(zip(chunk[:, 0].tolist(), starts.tolist(), stops.tolist()))

@@ -16,6 +16,11 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    finished resumes at the next epoch (unless ``set_epoch`` pins the finished one again); a state taken
    after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
 
+Order settings the user left at their defaults (``defaulted``: window, block, order version) take a
+loaded state's values, so a run resumes, and goes on, with the order it began with: a state saved before
+order version 2 (no ``order_version``, windows of 8, blocks of 16) resumes exactly under version 1. A
+setting passed explicitly must equal the state's.
+
 ``batches_seen`` (in the state and on the cursor) is kept for readers of older states: this rank's batch
 number within the epoch, counting the batches before a resume at the resumed layout.
 """
@@ -30,8 +35,11 @@ from shardio.order import consumed_position, rank_batches
 
 __all__ = ["EpochCursor", "EpochPass"]
 
-# Settings a state only fits when they are equal: they change the epoch order itself.
-ORDER_SETTINGS = ("seed", "shuffle", "shuffle_window", "shuffle_block", "drop_last", "batch_size")
+# Settings a state only fits when they are equal: they change the epoch order itself. A state without
+# ``order_version`` was cut with version 1 (``shardio.order``), the only one there was.
+ORDER_SETTINGS = ("seed", "shuffle", "shuffle_window", "shuffle_block", "order_version", "drop_last",
+                  "batch_size")
+_ABSENT_IS = {"order_version": 1}
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class EpochCursor:
     world_size: int
     drop_last: bool
     settings: dict[str, Any]  # the ORDER_SETTINGS values, checked against a loaded state
+    defaulted: frozenset[str] = frozenset()  # settings the user left out: a loaded state's values win
     epoch: int = 0
     current: EpochPass | None = None
     handed: int = 0
@@ -164,12 +173,17 @@ class EpochCursor:
     def load_state_dict(self, state: dict[str, Any], samples_at: Any) -> None:
         """Resume where ``state`` was: the next pass finishes its epoch. ``samples_at(generation)`` is the
         dataset's sample count at that generation (the state's own generation, when it has one)."""
+        adopted = {}
         for key in ORDER_SETTINGS:
-            if key in state and state[key] != self.settings[key]:
+            theirs = state.get(key, _ABSENT_IS.get(key, self.settings[key]))
+            if theirs == self.settings[key]:
+                continue
+            if key not in self.defaulted:
                 raise ValueError(
-                    f"cannot resume: the state has {key}={state[key]!r}, this dataset has "
+                    f"cannot resume: the state has {key}={theirs!r}, this dataset has "
                     f"{self.settings[key]!r}; resume with the same settings"
                 )
+            adopted[key] = theirs  # left at the default: the run goes on with the order it began with
         samples = samples_at(state.get("generation"))
         if "samples" in state and state["samples"] != samples:
             raise ValueError(
@@ -187,6 +201,7 @@ class EpochCursor:
             position = consumed_position(samples, self.batch_size, world_size, 0, batches_seen)
         if not 0 <= position <= samples:
             raise ValueError(f"position={position} is outside the epoch's 0..{samples}")
+        self.settings.update(adopted)
         self.epoch = int(state["epoch"])
         self._pinned = False
         self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,

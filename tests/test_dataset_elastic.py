@@ -107,3 +107,21 @@ def test_a_finished_epoch_resumes_at_the_next(dataset_dir: str) -> None:
     pinned.load_state_dict(state)
     pinned.set_epoch(1)
     assert list(pinned) == [] and pinned.epoch == 1
+
+
+def test_a_version_1_state_resumes_at_another_world_size(dataset_dir: str) -> None:
+    """A state saved before order version 2 (windows of 8, blocks of 16, no order_version) on 4 ranks
+    finishes on 3 ranks built with today's defaults: every sample once, in the old epoch's order."""
+    old = {"shuffle_window": 8, "shuffle_block": 16, "order_version": 1}
+    head, states = [], []
+    for r in range(4):
+        ds = ShardDataset(dataset_dir, BATCH, shuffle=True, seed=11, rank=r, world_size=4, **old)
+        ds.set_epoch(1)
+        source = iter(ds)
+        head += [indices(next(source)) for _ in range(3)]  # 60 seen; 57 left: 3 rounds of 15, 12 split 4/4/4
+        states.append({k: v for k, v in ds.state_dict().items() if k != "order_version"})
+        del source
+    tail = finish(dataset_dir, 3, 0, states[0])
+    assert_exactly_once(np.concatenate(head + [b for batches in tail for b in batches]), SAMPLES)
+    order = ShardDataset(dataset_dir, BATCH, shuffle=True, seed=11, **old).sample_order(1)
+    assert (tail[0][0] == order[60:65]).all() and (tail[2][1] == order[85:90]).all()

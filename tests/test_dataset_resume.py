@@ -96,3 +96,48 @@ def test_order_identical_after_resume_across_epochs(dataset_dir: str) -> None:
         ds.set_epoch(epoch)
         epochs.append(np.concatenate([indices(b) for b in ds]))
     assert not (epochs[0] == epochs[1]).all()
+
+
+# What shardio's defaults were before order version 2; its states carry no order_version.
+OLD_DEFAULTS = {"shuffle_window": 8, "shuffle_block": 16}
+
+
+def old_run(dataset_dir: str) -> ShardDataset:
+    return make(dataset_dir, order_version=1, **OLD_DEFAULTS)
+
+
+@pytest.mark.parametrize("stop_after", [1, 6])
+def test_a_state_from_before_order_versions_resumes_exactly(dataset_dir: str, stop_after: int) -> None:
+    ds = old_run(dataset_dir)
+    ds.set_epoch(2)
+    full = batches_of(ds)
+    first = old_run(dataset_dir)
+    first.set_epoch(2)
+    iterator = iter(first)
+    head = [indices(next(iterator)).tolist() for _ in range(stop_after)]
+    state = first.state_dict()
+    del iterator
+    assert state["order_version"] == 1
+    del state["order_version"]  # as saved before versions existed
+
+    resumed = make(dataset_dir)  # today's defaults: they give way to the state's settings
+    assert (resumed.order_version, resumed.shuffle_window) != (1, 8)
+    resumed.load_state_dict(state)
+    assert head + batches_of(resumed) == full, "an old state must finish its epoch in the old order"
+    assert (resumed.order_version, resumed.shuffle_window, resumed.shuffle_block) == (1, 8, 16)
+    later = old_run(dataset_dir)
+    later.set_epoch(3)
+    assert batches_of(resumed) == batches_of(later), "the run goes on with the order it began with"
+
+
+def test_explicit_order_settings_must_match_the_state(dataset_dir: str) -> None:
+    state = old_run(dataset_dir).state_dict()
+    del state["order_version"]
+    with pytest.raises(ValueError, match="order_version=1"):
+        make(dataset_dir, order_version=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle_window=8"):
+        make(dataset_dir, shuffle_window=256).load_state_dict(state)
+    new = make(dataset_dir).state_dict()
+    assert new["order_version"] == 2
+    with pytest.raises(ValueError, match="order_version=2"):
+        make(dataset_dir, order_version=1).load_state_dict(new)

@@ -8,6 +8,7 @@ from dataset_fixtures import assert_exactly_once, indices, make_dataset
 
 from shardio import ShardDataset
 from shardio.dataset import epoch_runs
+from shardio.order import ORDER_VERSIONS, epoch_windows, window_runs
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,52 @@ def test_held_batches_are_never_overwritten(dataset_dir: str) -> None:
     addresses = {batch["image"].data_ptr() for batch in ahead}
     pool = ahead._assembler.buffers
     assert len(addresses) <= pool.size < len(ahead) and len(pool.buffers) <= pool.size
+
+
+# Order version 1 as shardio computed it before version 2 (seed 5, counts below, window 2, block 3):
+# the order an old resume state was cut with, which version 1 must replay exactly.
+V1_COUNTS = np.array([8, 8, 5, 3, 0, 1])
+V1_EPOCH_0 = [[1, 0, 8], [3, 0, 1], [2, 0, 4], [3, 1, 3], [2, 4, 5], [0, 6, 8], [0, 3, 6], [0, 0, 3],
+              [5, 0, 1]]
+
+
+def test_version_1_replays_the_old_order() -> None:
+    runs = epoch_runs(V1_COUNTS, shuffle=True, seed=5, epoch=0, shuffle_window=2, shuffle_block=3,
+                      order_version=1)
+    assert runs.tolist() == V1_EPOCH_0
+
+
+@pytest.mark.parametrize("version", ORDER_VERSIONS)
+def test_every_version_is_a_permutation_and_deterministic(version: int) -> None:
+    counts = np.array([8, 8, 8, 5, 8, 3, 0, 1, 8, 8, 7])
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    orders = []
+    for epoch in (0, 0, 1):
+        runs = epoch_runs(counts, shuffle=True, seed=2, epoch=epoch, shuffle_window=3, shuffle_block=2,
+                          order_version=version)
+        orders.append(np.concatenate([np.arange(offsets[s] + a, offsets[s] + b) for s, a, b in runs]))
+        assert_exactly_once(orders[-1], int(counts.sum()))
+    assert (orders[0] == orders[1]).all() and not (orders[0] == orders[2]).all()
+
+
+def test_each_window_is_computable_on_its_own() -> None:
+    """Version 2: window i's runs come from (seed, epoch, i) and the shard permutation alone, so a lazy
+    plan can compute one window without the others; the epoch is the windows in order."""
+    counts = np.arange(1, 31) % 9 * 7  # 30 shards of 0..56 samples
+    windows = epoch_windows(len(counts), seed=4, epoch=3, shuffle_window=8)
+    assert [len(w) for w in windows] == [7, 8, 7, 8]  # 30 shards: 4 windows of near-equal size
+    assert sorted(np.concatenate(windows).tolist()) == list(range(30))
+    last = window_runs(counts, windows[3], seed=4, epoch=3, window=3, shuffle_block=5)
+    alone = np.repeat(last[:, 0], last[:, 2] - last[:, 1])
+    whole = epoch_runs(counts, shuffle=True, seed=4, epoch=3, shuffle_window=8, shuffle_block=5)
+    shards = np.repeat(whole[:, 0], whole[:, 2] - whole[:, 1])
+    assert (shards[-len(alone):] == alone).all()
+    assert set(alone) == set(windows[3][counts[windows[3]] > 0].tolist())
+
+
+def test_a_small_dataset_is_one_permutation_by_default(dataset_dir: str) -> None:
+    """117 samples in 15 shards, fewer than the default window: each batch draws from the whole dataset."""
+    ds = ShardDataset(dataset_dir, 16, shuffle=True)
+    assert ds.shuffle_block == 1 and ds.shuffle_window >= 15 and ds.order_version == max(ORDER_VERSIONS)
+    shards_per_batch = [len(set(indices(b) // 8)) for b in ds]
+    assert np.mean(shards_per_batch[:-1]) > 8  # a permutation: 9.6 of 15 on average

@@ -62,8 +62,9 @@ def test_batches_from_the_bucket_equal_the_local_ones(local, remote, tmp_path):
     limit = 5 * max(shard_bytes(local))  # 5 of 15 shards: evictions every epoch
     for rank in range(2):
         here = ShardDataset(local, 8, rank=rank, world_size=2, **SETTINGS)
-        there = ShardDataset(remote, 8, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"),
-                             cache_limit=limit, **SETTINGS)
+        with pytest.warns(UserWarning, match="more than once an epoch"):  # meant to: evictions
+            there = ShardDataset(remote, 8, rank=rank, world_size=2, cache_dir=str(tmp_path / "cache"),
+                                 cache_limit=limit, **SETTINGS)
         for epoch in range(3):
             here.set_epoch(epoch)
             there.set_epoch(epoch)
@@ -199,8 +200,9 @@ def test_a_subset_of_a_remote_dataset_reads_the_same_samples(local, remote, tmp_
     from shardio.subset import SubsetDataset
 
     here = SubsetDataset(local, 8, inputs=["input-1.tar"], **SETTINGS)
-    there = SubsetDataset(remote, 8, inputs=["input-1.tar"], cache_dir=str(tmp_path / "cache"),
-                          cache_limit=4 * max(shard_bytes(local)), **SETTINGS)
+    with pytest.warns(UserWarning, match="more than once an epoch"):  # 4 shards, two windows are 6
+        there = SubsetDataset(remote, 8, inputs=["input-1.tar"], cache_dir=str(tmp_path / "cache"),
+                              cache_limit=4 * max(shard_bytes(local)), **SETTINGS)
     for a, b in zip(list(here), list(there), strict=True):
         same_batch(a, b)
     assert there.cache_stats()["peak_bytes"] <= 4 * max(shard_bytes(local))
@@ -241,3 +243,18 @@ def test_a_new_generation_reuses_the_cached_files_of_the_shards_it_keeps(s3_serv
     assert len(first) == 117 and sorted(second.tolist()) == list(range(40, 117))
     stats = ds.cache_stats()  # the new generation's cache: content addressed, nothing to download
     assert stats["downloads"] == 0 and stats["adopted"] == 10
+
+
+def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local, remote, tmp_path):
+    """15 shards, a cache of 6: the default window (all 15 shards here) would not fit; it is clamped to 3,
+    two windows of which fit (a batch across a window's end reads both), with a warning saying so; an
+    explicit window is kept, with a warning."""
+    limit = 6 * max(shard_bytes(local))
+    with pytest.warns(UserWarning, match="using shuffle_window=3"):
+        ds = ShardDataset(remote, 8, shuffle=True, cache_dir=str(tmp_path / "cache"), cache_limit=limit)
+    assert ds.shuffle_window == 3 and ds.state_dict()["shuffle_window"] == 3
+    assert_exactly_once(np.concatenate([indices(b) for b in ds]), 117)
+    with pytest.warns(UserWarning, match="downloaded more than once"):
+        kept = ShardDataset(remote, 8, shuffle=True, shuffle_window=8, cache_dir=str(tmp_path / "cache"),
+                            cache_limit=limit)
+    assert kept.shuffle_window == 8
