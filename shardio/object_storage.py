@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from typing import Any, BinaryIO, ContextManager
 from shardio.checksum import new_hasher
 from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
 from shardio.scratch import scratch_dir
+from shardio.store_errors import StoreSettings, explain
 
 __all__ = ["S3Storage", "SCHEMES", "split_url"]
 
@@ -149,16 +149,6 @@ def _aws_bucket_region(bucket: str) -> str | None:
     return headers.get("x-amz-bucket-region") or None
 
 
-def _first_line(error: BaseException) -> str:
-    """The HTTP status and the server's error code of an obstore error (its text runs to many lines)."""
-    text = str(error)
-    status = re.search(r"status code: (\d{3} [A-Za-z ]+?)(?::|$)", text, re.M)
-    code = re.search(r"<Code>([^<]+)</Code>", text)
-    if status:
-        return f"HTTP {status.group(1).strip()}" + (f" ({code.group(1)})" if code else "")
-    return text.split("\n", 1)[0].split(": Error performing", 1)[0][:300]
-
-
 class S3Storage:
     """``Storage`` for ``s3://`` URLs. One instance serves every bucket (a store is made per bucket)."""
 
@@ -194,33 +184,27 @@ class S3Storage:
     def where(self) -> str:
         return _endpoint() or "AWS S3"
 
+    def settings(self) -> StoreSettings:
+        """How this process configured S3, for error hints (``shardio.store_errors``)."""
+        endpoint = _endpoint()
+        create = "aws s3 mb s3://BUCKET" + (" --endpoint-url ENDPOINT" if endpoint else "")
+        return StoreSettings("AWS S3", "AWS_ENDPOINT_URL", endpoint,
+                             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE", create)
+
     @contextmanager
     def _errors(self, url: str, doing: str) -> Iterator[None]:
-        """obstore's exceptions as ours, naming the URL: a missing object stays FileNotFoundError."""
+        """obstore's exceptions as ours, naming the URL, the endpoint, the cause and the likely fix
+        (``shardio.store_errors``): a missing object stays FileNotFoundError."""
         ex = self._ob.exceptions
         try:
             yield
         except FileNotFoundError:
             self._check_bucket(url)
             raise
-        except (ex.PermissionDeniedError, ex.UnauthenticatedError) as e:
-            raise StorageAccessError(
-                f"{url}: {doing} refused by {self.where()}: {_first_line(e)}; check the credentials "
-                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket's policy") from None
         except (ex.AlreadyExistsError, ex.PreconditionError):
             raise
         except ex.BaseError as e:
-            message = _first_line(e)
-            if "NoSuchBucket" in str(e):
-                bucket = split_url(url)[0]
-                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}; create "
-                                         "it first (shardio never creates buckets)") from None
-            if any(code in str(e) for code in ("403 Forbidden", "SignatureDoesNotMatch", "InvalidAccessKeyId",
-                                                "AccessDenied")):
-                raise StorageAccessError(
-                    f"{url}: {doing} refused by {self.where()}: {message}; check the credentials "
-                    "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE)") from None
-            raise StorageUnavailable(f"{url}: {doing} failed at {self.where()} after retries: {message}") from None
+            raise explain(url, doing, e, self.settings(), split_url(url)[0]) from None
 
     def _check_bucket(self, url: str) -> None:
         """A HEAD on a missing bucket is a bare 404, like a missing key: one LIST per bucket and process
@@ -233,7 +217,11 @@ class S3Storage:
             try:
                 self._ob.list_with_delimiter(store, "shardio-bucket-check/")
             except FileNotFoundError as e:
-                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}") from e
+                settings = self.settings()
+                create = settings.create_bucket.replace("BUCKET", bucket).replace("ENDPOINT", self.where())
+                raise StorageAccessError(
+                    f"{url}: bucket {bucket!r} does not exist at {self.where()}; HINT: create it first "
+                    f"(shardio never creates buckets), e.g. `{create}`") from e
         self._checked_buckets.add(bucket)
 
     # --- paths ----------------------------------------------------------------------------------------
