@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -45,7 +46,8 @@ from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, Sto
 from shardio.scratch import scratch_dir
 from shardio.store_errors import StoreSettings, explain
 
-__all__ = ["S3Storage", "SCHEMES", "split_url"]
+__all__ = ["CARRIED_VARIABLES", "CREDENTIAL_VARIABLES", "S3Storage", "SCHEMES", "carried_settings",
+           "driver_credentials", "split_url"]
 
 SCHEMES = ("s3://",)
 
@@ -119,6 +121,63 @@ def _store_options() -> dict[str, Any]:
     return options
 
 
+# What a process on another machine needs to reach the same store as this one, none of it secret: the
+# endpoint, the region and obstore's S3 options (addressing style, plain http, ...). Never a key, a secret
+# or a token, nor AWS_PROFILE / AWS_CONFIG_FILE (they name files on this machine).
+CARRIED_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+                     "AWS_ALLOW_HTTP", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "AWS_S3_EXPRESS",
+                     "AWS_UNSIGNED_PAYLOAD", "AWS_SKIP_SIGNATURE", "AWS_CHECKSUM_ALGORITHM", "AWS_REQUEST_PAYER")
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def carried_settings() -> dict[str, str]:
+    """This process's non-secret S3 settings as environment variables (``CARRIED_VARIABLES``), a profile's
+    endpoint and region included: what a Ray task on another node is given so that it reaches the same
+    server in the same region (``preprocess.cluster_access``)."""
+    settings = {name: os.environ[name] for name in CARRIED_VARIABLES if os.environ.get(name)}
+    options = _store_options()  # resolves a profile's endpoint and region too
+    if options.get("endpoint") and not _endpoint():
+        settings["AWS_ENDPOINT_URL"] = options["endpoint"]
+    if options.get("region"):
+        settings.setdefault("AWS_REGION", options["region"])
+    return settings
+
+
+def driver_credentials() -> dict[str, str]:
+    """This process's credentials as environment variables (the environment's, else what a profile, SSO
+    or an instance role resolves to now: temporary ones expire). Only for ``--pass-credentials``."""
+    found = {name: os.environ[name] for name in CREDENTIAL_VARIABLES if os.environ.get(name)}
+    if "AWS_ACCESS_KEY_ID" in found:
+        return found
+    try:
+        import boto3
+    except ImportError:
+        return {}
+    credentials = boto3.Session().get_credentials()
+    if credentials is None:
+        return {}
+    frozen = credentials.get_frozen_credentials()
+    found = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    if frozen.token:
+        found["AWS_SESSION_TOKEN"] = frozen.token
+    return found
+
+
+def _finds_no_credentials(options: dict[str, Any]) -> bool:
+    """Whether this machine has no credentials at all, as boto3 resolves them (environment, profiles,
+    SSO, container and instance roles; it gives the instance metadata service 1 s). Said at once: obstore
+    would ask the metadata service again and, off EC2, retry its connect timeouts for a minute."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") or "credential_provider" in options:
+        return False
+    if os.environ.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true"):
+        return False
+    try:
+        import boto3  # noqa: F401 - without it this cannot be told: obstore tries by itself
+    except ImportError:
+        return False
+    return True  # _store_options asked boto3 already, and it found none
+
+
 # Where the region probe goes: AWS's global endpoint (None); the tests point it at a fake server.
 _AWS_PROBE_ENDPOINT: str | None = None
 
@@ -169,6 +228,13 @@ class S3Storage:
                 from obstore.store import S3Store
 
                 options = dict(_store_options())
+                if _finds_no_credentials(options):
+                    raise StorageAccessError(
+                        f"s3://{bucket}: no S3 credentials on this machine ({socket.gethostname()}): no "
+                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, no profile in ~/.aws, no instance or "
+                        "container role; HINT: set them (on a Ray cluster, on every node, or pass the driver's "
+                        "with `preprocess run --pass-credentials`); a public bucket reads with "
+                        "AWS_SKIP_SIGNATURE=true")
                 # AWS itself: the bucket's own region, as boto3 finds it (else the configured one).
                 region = None if "endpoint" in options else _aws_bucket_region(bucket)
                 if region:

@@ -291,3 +291,14 @@ def test_a_bucket_root_is_a_directory_never_an_object(store, s3_bucket):
     store.publish(f"{root}/manifest.json", b"{}")
     assert store.exists(root) and store.is_dir(root) and store.list_dir(root) == ["manifest.json"]
     assert storage.normalize(root + "/") == root and storage.normalize(root + "/ds/") == root + "/ds"
+
+
+def test_a_machine_without_credentials_is_told_so_at_once(monkeypatch, s3_server, s3_bucket):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role here: boto3 need not ask
+    started = time.monotonic()
+    with pytest.raises(errors.StorageAccessError,
+                       match=rf"s3://{s3_bucket}: no S3 credentials on this machine .*--pass-credentials"):
+        S3Storage().info(f"s3://{s3_bucket}/ds/manifest.json")
+    assert time.monotonic() - started < 10
