@@ -191,6 +191,7 @@ def run(
     confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
     _warn_about_pillow()
@@ -215,7 +216,8 @@ def run(
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune,
-                         retention=Retention(hours=retain_hours, generations=retain_generations))
+                         retention=Retention(hours=retain_hours, generations=retain_generations),
+                         pass_credentials=pass_credentials)
     # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
     # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
     json_stderr = event_log is not None and event_log.log_format == "json" and log_file is None

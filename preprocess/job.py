@@ -52,6 +52,7 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, resolve_inputs
+from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import Progress, TaskEvent, check_cluster_build, ray_session, stream_inputs
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
@@ -83,6 +84,9 @@ class RunOptions:
     strict_versions: bool = False  # a Pillow / libjpeg-turbo other than the dataset's: error, not warning
     confirm_large_prune: bool = False  # let --prune drop more than half of the inputs or samples
     retention: Retention = field(default_factory=Retention)
+    # Give the tasks this driver's object-store credentials (kept in their Ray runtime_env: visible in the
+    # dashboard); default: each node's own (preprocess.cluster_access).
+    pass_credentials: bool = False
 
 
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
@@ -259,12 +263,15 @@ def _process(
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
         cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
+        env = task_env([p for p, _ in todo] + [committer.directory], options.pass_credentials)
+        # NodeAccessError: a node that cannot read the inputs or write the output, before any task.
+        check_cluster_access([p for p, _ in todo], committer.directory, env, options.pass_credentials)
         expected_build = pixel_build()
         emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - started, 3)
         stream = stream_inputs(todo, committer.directory, options.config,
-                               should_stop=lambda: bool(stop_requested()))
+                               should_stop=lambda: bool(stop_requested()), task_env=env)
         try:
             for message in stream:
                 if isinstance(message, Progress):

@@ -43,7 +43,7 @@ from shardio.errors import NodeBuildMismatch, RayUnavailable
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
            "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first", "check_cluster_build", "node_name",
-           "BUILD_CHECK_TIMEOUT_S"]
+           "BUILD_CHECK_TIMEOUT_S", "on_every_node"]
 
 TASK_MAX_RETRIES = 3
 # SPREAD: see the module docstring. The options are a constant so the tests can check them.
@@ -237,8 +237,22 @@ def node_name(node_id: str) -> str:
     return f"{os.uname().nodename}/{node_id[:8]}"
 
 
-def _probe_node(probe: Callable[[], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    return node_name(ray.get_runtime_context().get_node_id()), probe()
+def _probe_node(probe: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    return node_name(ray.get_runtime_context().get_node_id()), probe(*args)
+
+
+def on_every_node(probe: Callable[..., Any], *args: Any, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``probe(*args)`` once on every alive node with CPUs, pinned there (a hard node affinity), in
+    ``runtime_env``; returns {node name: its answer}. Raises Ray's error, or ``GetTimeoutError`` after
+    ``BUILD_CHECK_TIMEOUT_S``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_retries=1)(_probe_node)
+    extra = {"runtime_env": runtime_env} if runtime_env else {}
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **extra)
+            .remote(probe, *args) for node_id in nodes]
+    return dict(ray.get(refs, timeout=BUILD_CHECK_TIMEOUT_S))
 
 
 def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
@@ -246,16 +260,10 @@ def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> di
     answer with the driver's own; raises ``NodeBuildMismatch`` naming every node that differs and how.
     Returns {node name: its answer}. (``probe``, default ``pixel_build``, is a parameter so a test can make
     one node differ.)"""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     probe = probe or pixel_build
     expected = probe()
-    remote = ray.remote(num_cpus=0, max_retries=1)(_probe_node)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(probe)
-            for node_id in nodes]
     try:
-        answers = dict(ray.get(refs, timeout=BUILD_CHECK_TIMEOUT_S))
+        answers = on_every_node(probe)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
         raise NodeBuildMismatch(
             f"could not check the pixel libraries of every Ray node ({str(e).splitlines()[0]}): a node that cannot "
@@ -312,6 +320,7 @@ def stream_inputs(
     items: list[tuple[str, InputFingerprint]], output_dir: str, cfg: JobConfig,
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    task_env: dict[str, str] | None = None,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
@@ -320,9 +329,12 @@ def stream_inputs(
     tars does not flood the scheduler, and a killed run has started little it did not finish. Once
     ``should_stop()`` (checked at least every ``WAIT_S``) is true, nothing more is submitted, the running
     tasks are cancelled (their inputs are simply not done: a cancelled task removes its partial shards,
-    and the job removes whatever a killed one left) and the iteration ends.
+    and the job removes whatever a killed one left) and the iteration ends. ``task_env``: environment
+    variables every task gets (``preprocess.cluster_access.task_env``), in its Ray ``runtime_env``.
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
+    if task_env:
+        remote = remote.options(runtime_env={"env_vars": task_env})
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
     queue = list(reversed(largest_first(items)))
     fingerprints = dict(items)

@@ -4,11 +4,16 @@ how several processes share it without a second download or a half-written read.
 Layout of ``CACHE_DIR`` (flat; content addressed, so two datasets or generations share files and a
 stale file can never stand for another shard)::
 
-    SUM.npy               a shard's pixels, SUM = its checksum in the manifest (hex: 32 digits for xxh3_128,
-                          64 for the sha256 of an older shard, so the two never meet)
-    SUM.METASUM16.jsonl   its metadata (METASUM16: the first 16 hex digits of the .jsonl's checksum)
-    .tmp-SUM.RANDOM       a download in progress (or killed); never read
-    locks/SUM.lock        the shard's lock file (empty; never removed)
+    KEY.npy               a shard's pixels; KEY = SUM-METASUM, the manifest's checksums of the shard's .npy
+                          and of its .jsonl (hex: 32 digits each for xxh3_128, 64 for the sha256 of an
+                          older shard, so the two never meet)
+    KEY.jsonl             its metadata
+    .tmp-KEY.RANDOM       a download in progress (or killed); never read
+    locks/KEY.lock        the unit's lock file (empty; never removed)
+
+Why the pair: a unit is two files, and a name must stand for both. Two shards with the same pixels but
+different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar) are two
+units; two with both files identical share one (one download, one hold, counted once).
 
 The protocol (``flock`` on the lock file; the kernel drops a dead process's locks, SIGKILL included):
 
@@ -36,7 +41,7 @@ from typing import Protocol
 from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
 
-__all__ = ["CacheDir", "CachedShard", "Downloader"]
+__all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
 
 TEMP_PREFIX = ".tmp-"
 
@@ -51,16 +56,21 @@ class Downloader(Protocol):
 
 @dataclass(frozen=True)
 class CachedShard:
-    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by the shard's checksum."""
+    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by both files' checksums (``cache_key``)."""
 
-    key: str  # the .npy's checksum, by ``algorithm``
+    npy_checksum: str  # both checksums by ``algorithm`` (``shardio.checksum``)
     npy_url: str
     meta_url: str
     npy_bytes: int
     meta_bytes: int
     meta_checksum: str
     samples: int
-    algorithm: str  # of both checksums (``shardio.checksum``)
+    algorithm: str
+
+    @property
+    def key(self) -> str:
+        """The unit's name in the cache directory (``cache_key``)."""
+        return _key(self.npy_checksum, self.meta_checksum)
 
     @property
     def size(self) -> int:
@@ -70,6 +80,15 @@ class CachedShard:
     def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
         return cls(entry.checksum, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
                    entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm)
+
+
+def cache_key(entry: ShardEntry) -> str:
+    """The cache's name for a shard's unit: what both of its files hold, whatever shard lists them."""
+    return _key(entry.checksum, entry.meta_checksum)
+
+
+def _key(npy_checksum: str, meta_checksum: str) -> str:
+    return f"{npy_checksum}-{meta_checksum}"  # hex digits and one dash: no dot (``usage`` splits at it)
 
 
 class CacheDir:
@@ -86,7 +105,7 @@ class CacheDir:
         return os.path.join(self.root, f"{key}.npy")
 
     def meta_path(self, unit: CachedShard) -> str:
-        return os.path.join(self.root, f"{unit.key}.{unit.meta_checksum[:16]}.jsonl")
+        return os.path.join(self.root, f"{unit.key}.jsonl")
 
     def _lock_fd(self, key: str) -> int:
         path = os.path.join(self.root, "locks", f"{key}.lock")
@@ -157,7 +176,7 @@ class CacheDir:
                 temps = []
                 try:
                     for url, final, size, expected in (
-                            (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.key),
+                            (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.npy_checksum),
                             (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_checksum)):
                         temp = os.path.join(self.root, f"{TEMP_PREFIX}{unit.key}.{secrets.token_hex(4)}")
                         temps.append((temp, final))

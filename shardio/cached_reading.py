@@ -16,7 +16,7 @@ import torch
 
 from shardio import storage
 from shardio.batches import FIELDS, BatchAssembler
-from shardio.cache_dir import CachedShard, Downloader
+from shardio.cache_dir import CachedShard, Downloader, cache_key
 from shardio.reader import DatasetSnapshot, ShardMeta
 from shardio.selection import SubsetSnapshot
 from shardio.shard_cache import ShardCache
@@ -115,7 +115,7 @@ class CachedAssembler(BatchAssembler):
     def release_doomed(self) -> None:
         self._seen_dooms = self.shard_cache.dooms
         doomed = self.shard_cache.doomed()
-        for shard in [s for s in self.cache if self.snapshot.shards[s].checksum in doomed]:
+        for shard in [s for s in self.cache if cache_key(self.snapshot.shards[s]) in doomed]:
             del self.cache[shard]
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
             self.snapshot.forget(doomed)

@@ -60,7 +60,7 @@ from shardio.format import (
 )
 
 __all__ = [
-    "ensure_output_dir", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
+    "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "publish", "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
     "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path", "shard_problem",
@@ -343,6 +343,15 @@ def ensure_output_dir(directory: str) -> None:
 # The lock handle of each directory this process holds: commits and deletions check it first (a lease
 # on object storage can be lost by a holder paused past its expiry).
 _held: dict[str, Any] = {}
+
+
+def check_writable(directory: str, writer: str) -> None:
+    """Create and remove one small temp file in ``directory`` (``.tmp-access-probe-WRITER``: a killed
+    probe's leftover goes with the next run's clean-up, as any temp file): proof that this process, e.g. a
+    Ray node's, can write the dataset. Raises what the store raises (``StorageAccessError``, ``OSError``)."""
+    probe = storage.join(directory, f"{storage.TEMP_PREFIX}access-probe-{writer}")
+    storage.for_path(probe).publish_new(probe, b"")
+    storage.remove(probe)
 
 
 def _check_held(directory: str) -> None:

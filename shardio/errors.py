@@ -17,6 +17,7 @@
     │   ├── PruneRefused                  --prune would drop most of the dataset, unconfirmed
     │   ├── RayUnavailable                the Ray address cannot be reached
     │   ├── NodeBuildMismatch             a cluster node has other pixel libraries than the driver
+    │   ├── NodeAccessError               a cluster node cannot read the inputs or write the output
     │   ├── UnsupportedPath               a URL scheme no storage backend serves (a NotImplementedError)
     │   ├── StorageAccessError            the object store refused the credentials, or the bucket is missing
     │   ├── UnsupportedStore              the object store ignores conditional writes
@@ -48,6 +49,7 @@ __all__ = [
     "PruneRefused",
     "RayUnavailable",
     "NodeBuildMismatch",
+    "NodeAccessError",
     "UnsupportedPath",
     "StorageAccessError",
     "StorageUnavailable",
@@ -129,6 +131,11 @@ class RayUnavailable(UsageError):
 class NodeBuildMismatch(UsageError):
     """A node of the Ray cluster has another Pillow(-SIMD) / AVX2 / libjpeg-turbo than the driver: it would
     write other pixels for the same input, so the run is refused before any task (the message names it)."""
+
+
+class NodeAccessError(UsageError):
+    """A node of the Ray cluster cannot read the run's inputs or write its output (no endpoint, no
+    credentials, no network, a folder not on its disk): refused before any task (the message names it)."""
 
 
 class UnsupportedPath(UsageError, NotImplementedError):

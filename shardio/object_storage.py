@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import io
 import os
-import re
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -44,8 +44,10 @@ from typing import Any, BinaryIO, ContextManager
 from shardio.checksum import new_hasher
 from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
 from shardio.scratch import scratch_dir
+from shardio.store_errors import StoreSettings, explain
 
-__all__ = ["S3Storage", "SCHEMES", "split_url"]
+__all__ = ["CARRIED_VARIABLES", "CREDENTIAL_VARIABLES", "S3Storage", "SCHEMES", "carried_settings",
+           "driver_credentials", "split_url"]
 
 SCHEMES = ("s3://",)
 
@@ -119,6 +121,63 @@ def _store_options() -> dict[str, Any]:
     return options
 
 
+# What a process on another machine needs to reach the same store as this one, none of it secret: the
+# endpoint, the region and obstore's S3 options (addressing style, plain http, ...). Never a key, a secret
+# or a token, nor AWS_PROFILE / AWS_CONFIG_FILE (they name files on this machine).
+CARRIED_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+                     "AWS_ALLOW_HTTP", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "AWS_S3_EXPRESS",
+                     "AWS_UNSIGNED_PAYLOAD", "AWS_SKIP_SIGNATURE", "AWS_CHECKSUM_ALGORITHM", "AWS_REQUEST_PAYER")
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def carried_settings() -> dict[str, str]:
+    """This process's non-secret S3 settings as environment variables (``CARRIED_VARIABLES``), a profile's
+    endpoint and region included: what a Ray task on another node is given so that it reaches the same
+    server in the same region (``preprocess.cluster_access``)."""
+    settings = {name: os.environ[name] for name in CARRIED_VARIABLES if os.environ.get(name)}
+    options = _store_options()  # resolves a profile's endpoint and region too
+    if options.get("endpoint") and not _endpoint():
+        settings["AWS_ENDPOINT_URL"] = options["endpoint"]
+    if options.get("region"):
+        settings.setdefault("AWS_REGION", options["region"])
+    return settings
+
+
+def driver_credentials() -> dict[str, str]:
+    """This process's credentials as environment variables (the environment's, else what a profile, SSO
+    or an instance role resolves to now: temporary ones expire). Only for ``--pass-credentials``."""
+    found = {name: os.environ[name] for name in CREDENTIAL_VARIABLES if os.environ.get(name)}
+    if "AWS_ACCESS_KEY_ID" in found:
+        return found
+    try:
+        import boto3
+    except ImportError:
+        return {}
+    credentials = boto3.Session().get_credentials()
+    if credentials is None:
+        return {}
+    frozen = credentials.get_frozen_credentials()
+    found = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    if frozen.token:
+        found["AWS_SESSION_TOKEN"] = frozen.token
+    return found
+
+
+def _finds_no_credentials(options: dict[str, Any]) -> bool:
+    """Whether this machine has no credentials at all, as boto3 resolves them (environment, profiles,
+    SSO, container and instance roles; it gives the instance metadata service 1 s). Said at once: obstore
+    would ask the metadata service again and, off EC2, retry its connect timeouts for a minute."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") or "credential_provider" in options:
+        return False
+    if os.environ.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true"):
+        return False
+    try:
+        import boto3  # noqa: F401 - without it this cannot be told: obstore tries by itself
+    except ImportError:
+        return False
+    return True  # _store_options asked boto3 already, and it found none
+
+
 # Where the region probe goes: AWS's global endpoint (None); the tests point it at a fake server.
 _AWS_PROBE_ENDPOINT: str | None = None
 
@@ -149,16 +208,6 @@ def _aws_bucket_region(bucket: str) -> str | None:
     return headers.get("x-amz-bucket-region") or None
 
 
-def _first_line(error: BaseException) -> str:
-    """The HTTP status and the server's error code of an obstore error (its text runs to many lines)."""
-    text = str(error)
-    status = re.search(r"status code: (\d{3} [A-Za-z ]+?)(?::|$)", text, re.M)
-    code = re.search(r"<Code>([^<]+)</Code>", text)
-    if status:
-        return f"HTTP {status.group(1).strip()}" + (f" ({code.group(1)})" if code else "")
-    return text.split("\n", 1)[0].split(": Error performing", 1)[0][:300]
-
-
 class S3Storage:
     """``Storage`` for ``s3://`` URLs. One instance serves every bucket (a store is made per bucket)."""
 
@@ -179,6 +228,13 @@ class S3Storage:
                 from obstore.store import S3Store
 
                 options = dict(_store_options())
+                if _finds_no_credentials(options):
+                    raise StorageAccessError(
+                        f"s3://{bucket}: no S3 credentials on this machine ({socket.gethostname()}): no "
+                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, no profile in ~/.aws, no instance or "
+                        "container role; HINT: set them (on a Ray cluster, on every node, or pass the driver's "
+                        "with `preprocess run --pass-credentials`); a public bucket reads with "
+                        "AWS_SKIP_SIGNATURE=true")
                 # AWS itself: the bucket's own region, as boto3 finds it (else the configured one).
                 region = None if "endpoint" in options else _aws_bucket_region(bucket)
                 if region:
@@ -194,33 +250,27 @@ class S3Storage:
     def where(self) -> str:
         return _endpoint() or "AWS S3"
 
+    def settings(self) -> StoreSettings:
+        """How this process configured S3, for error hints (``shardio.store_errors``)."""
+        endpoint = _endpoint()
+        create = "aws s3 mb s3://BUCKET" + (" --endpoint-url ENDPOINT" if endpoint else "")
+        return StoreSettings("AWS S3", "AWS_ENDPOINT_URL", endpoint,
+                             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE", create)
+
     @contextmanager
     def _errors(self, url: str, doing: str) -> Iterator[None]:
-        """obstore's exceptions as ours, naming the URL: a missing object stays FileNotFoundError."""
+        """obstore's exceptions as ours, naming the URL, the endpoint, the cause and the likely fix
+        (``shardio.store_errors``): a missing object stays FileNotFoundError."""
         ex = self._ob.exceptions
         try:
             yield
         except FileNotFoundError:
             self._check_bucket(url)
             raise
-        except (ex.PermissionDeniedError, ex.UnauthenticatedError) as e:
-            raise StorageAccessError(
-                f"{url}: {doing} refused by {self.where()}: {_first_line(e)}; check the credentials "
-                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket's policy") from None
         except (ex.AlreadyExistsError, ex.PreconditionError):
             raise
         except ex.BaseError as e:
-            message = _first_line(e)
-            if "NoSuchBucket" in str(e):
-                bucket = split_url(url)[0]
-                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}; create "
-                                         "it first (shardio never creates buckets)") from None
-            if any(code in str(e) for code in ("403 Forbidden", "SignatureDoesNotMatch", "InvalidAccessKeyId",
-                                                "AccessDenied")):
-                raise StorageAccessError(
-                    f"{url}: {doing} refused by {self.where()}: {message}; check the credentials "
-                    "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE)") from None
-            raise StorageUnavailable(f"{url}: {doing} failed at {self.where()} after retries: {message}") from None
+            raise explain(url, doing, e, self.settings(), split_url(url)[0]) from None
 
     def _check_bucket(self, url: str) -> None:
         """A HEAD on a missing bucket is a bare 404, like a missing key: one LIST per bucket and process
@@ -233,7 +283,11 @@ class S3Storage:
             try:
                 self._ob.list_with_delimiter(store, "shardio-bucket-check/")
             except FileNotFoundError as e:
-                raise StorageAccessError(f"{url}: bucket {bucket!r} does not exist at {self.where()}") from e
+                settings = self.settings()
+                create = settings.create_bucket.replace("BUCKET", bucket).replace("ENDPOINT", self.where())
+                raise StorageAccessError(
+                    f"{url}: bucket {bucket!r} does not exist at {self.where()}; HINT: create it first "
+                    f"(shardio never creates buckets), e.g. `{create}`") from e
         self._checked_buckets.add(bucket)
 
     # --- paths ----------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shardio.cache_dir import cache_key
 from shardio.errors import ShardError
 from shardio.reader import DatasetSnapshot, ShardMeta
 
@@ -158,10 +159,10 @@ class SubsetSnapshot(DatasetSnapshot):
             self._maps.move_to_end(shard)
         return hit
 
-    def forget(self, checksums: set[str]) -> None:
-        """Drop the kept maps of the parent's shards with these checksums (a shard cache evicting them:
-        ``shardio.shard_cache.CachedAssembler``)."""
-        for shard in [s for s in self._maps if self.parent.shards[s].checksum in checksums]:
+    def forget(self, keys: set[str]) -> None:
+        """Drop the kept maps of the parent's shards with these cache keys (``shardio.cache_dir.cache_key``;
+        a shard cache evicting them: ``shardio.cached_reading.CachedAssembler``)."""
+        for shard in [s for s in self._maps if cache_key(self.parent.shards[s]) in keys]:
             del self._maps[shard]
 
     def pixels(self, shard_index: int) -> np.ndarray:

@@ -198,7 +198,7 @@ class ShardCache:
     # --- reading ----------------------------------------------------------------------------------
 
     def path(self, key: str) -> str:
-        """Where the shard with this checksum (its cache key) is cached."""
+        """Where the ``.npy`` of the unit with this cache key (``shardio.cache_dir.cache_key``) is cached."""
         return self.files.path(key)
 
     def pixels(self, shard: int) -> np.ndarray:

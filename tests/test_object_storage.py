@@ -96,31 +96,91 @@ def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_
 def test_wrong_credentials_are_a_clear_usage_error_within_seconds(s3_server, s3_bucket, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     started = time.monotonic()
-    with pytest.raises(errors.StorageAccessError, match=r"refused by .*403.*credentials") as caught:
+    with pytest.raises(errors.StorageAccessError) as caught:
         S3Storage().list_dir(f"s3://{s3_bucket}/ds")
     assert time.monotonic() - started < 10  # not retried: no retry can fix a refused key
     assert errors.exit_code(caught.value) == 2
+    assert str(caught.value).startswith(
+        f"s3://{s3_bucket}/ds: LIST refused by {s3_server.endpoint} (AWS_ENDPOINT_URL): HTTP 403 Forbidden")
+    assert str(caught.value).endswith(
+        "HINT: check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE) on this "
+        "machine and the bucket's policy")
 
 
 def test_a_missing_bucket_is_named_not_reported_as_a_missing_file(store, s3_server):
     url = "s3://no-such-bucket-here/ds/manifest.json"
-    with pytest.raises(errors.StorageAccessError, match="bucket 'no-such-bucket-here' does not exist"):
+    create = f"HINT: create it first (shardio never creates buckets), e.g. `aws s3 mb s3://no-such-bucket-here " \
+             f"--endpoint-url {s3_server.endpoint}`"
+    with pytest.raises(errors.StorageAccessError, match="bucket 'no-such-bucket-here' does not exist") as caught:
         store.info(url)
-    with pytest.raises(errors.StorageAccessError, match="does not exist"):
+    assert create in str(caught.value)
+    with pytest.raises(errors.StorageAccessError, match="does not exist") as caught:
         store.list_dir("s3://no-such-bucket-here/ds")
+    assert create in str(caught.value)
 
 
-def test_an_unreachable_store_fails_after_retries_naming_the_url(monkeypatch, s3_server):
-    from tests.s3_server import free_port
-
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+@pytest.fixture
+def fast_retries(monkeypatch):
+    """One retry instead of a minute of them: the tests below fail on purpose."""
     import shardio.object_storage as backend
 
-    fast = backend._store_options()
-    fast["retry_config"]["max_retries"] = 1
-    monkeypatch.setattr(backend, "_store_options", lambda: fast)
-    with pytest.raises(errors.StorageUnavailable, match="s3://bkt/x: HEAD failed at http://127.0.0.1"):
+    real = backend._store_options
+
+    def fast():
+        options = real()
+        options["retry_config"]["max_retries"] = 1
+        return options
+
+    monkeypatch.setattr(backend, "_store_options", fast)
+
+
+def test_an_unreachable_store_fails_naming_url_endpoint_cause_and_fix(monkeypatch, s3_server, fast_retries):
+    from tests.s3_server import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    with pytest.raises(errors.StorageUnavailable) as caught:
         S3Storage().info("s3://bkt/x")
+    assert str(caught.value) == (
+        f"s3://bkt/x: HEAD failed at {endpoint} (AWS_ENDPOINT_URL) after retries: network error: tcp connect "
+        f"error: Connection refused; HINT: nothing answered at {endpoint}: check AWS_ENDPOINT_URL (host, port, "
+        "http vs https) and that the server is running and reachable from this machine")
+
+
+def test_an_unknown_host_names_the_dns_error(monkeypatch, s3_server, fast_retries):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://no-such-host.invalid:9000")
+    with pytest.raises(errors.StorageUnavailable,
+                       match=r"s3://bkt/x: LIST failed at http://no-such-host.invalid:9000 \(AWS_ENDPOINT_URL\) "
+                             r"after retries: network error: dns error: .*HINT: nothing answered"):
+        S3Storage().list_dir("s3://bkt/x")
+
+
+def test_a_missing_endpoint_says_the_request_went_to_aws_and_how_to_point_elsewhere(monkeypatch, s3_server,
+                                                                                   s3_bucket, fast_retries):
+    # The issue's case: SeaweedFS credentials, AWS_ENDPOINT_URL forgotten. Without network the request
+    # fails in DNS; with it, AWS refuses the key (403): either way the message says where it went and why.
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    with pytest.raises((errors.StorageUnavailable, errors.StorageAccessError)) as caught:
+        S3Storage().info(f"s3://{s3_bucket}/ds/manifest.json")
+    message = str(caught.value)
+    assert message.startswith(f"s3://{s3_bucket}/ds/manifest.json: HEAD ")
+    assert "amazonaws.com (AWS S3 itself: no AWS_ENDPOINT_URL is set)" in message
+    assert ("network error: " in message) or ("HTTP 403" in message)
+    assert "HINT: if the bucket is on another server (MinIO, SeaweedFS, R2, an emulator), set " \
+           "AWS_ENDPOINT_URL=http(s)://HOST:PORT" in message
+    assert "Generic S3 error" not in message
+
+
+def test_an_endpoint_that_is_no_s3_server_is_not_reported_as_a_missing_file(monkeypatch, s3_server, fast_retries):
+    # SeaweedFS's master answers HTTP but is no S3 endpoint (a port mixed up).
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3_server.ports['master']}")
+    master = f"http://127.0.0.1:{s3_server.ports['master']}"
+    with pytest.raises(errors.StorageUnavailable) as caught:
+        S3Storage().info("s3://bkt/x")
+    assert str(caught.value) == (
+        f"s3://bkt/x: listing the bucket failed at {master} (AWS_ENDPOINT_URL): HTTP 404 Not Found, with no "
+        f"AWS S3 error in the answer; HINT: check that {master} is the AWS S3 API's address (AWS_ENDPOINT_URL), "
+        "not another service's port")
 
 
 def test_without_the_extra_a_url_says_what_to_install():
@@ -231,3 +291,14 @@ def test_a_bucket_root_is_a_directory_never_an_object(store, s3_bucket):
     store.publish(f"{root}/manifest.json", b"{}")
     assert store.exists(root) and store.is_dir(root) and store.list_dir(root) == ["manifest.json"]
     assert storage.normalize(root + "/") == root and storage.normalize(root + "/ds/") == root + "/ds"
+
+
+def test_a_machine_without_credentials_is_told_so_at_once(monkeypatch, s3_server, s3_bucket):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role here: boto3 need not ask
+    started = time.monotonic()
+    with pytest.raises(errors.StorageAccessError,
+                       match=rf"s3://{s3_bucket}: no S3 credentials on this machine .*--pass-credentials"):
+        S3Storage().info(f"s3://{s3_bucket}/ds/manifest.json")
+    assert time.monotonic() - started < 10

@@ -4,7 +4,8 @@ locally with the test writer, uploaded with boto3, and read back through the sha
 Checked: the same batches, byte for byte, as the local copy (several epochs, two ranks, shuffled, with a
 limit that forces evictions, and with DataLoader workers sharing one cache directory); the cache never
 holds more than its limit; a warm cache downloads nothing; a corrupt object and a missing one are clear
-errors naming the URL; cache arguments on a local path and a limit below two shards are refused.
+errors naming the URL; cache arguments on a local path and a limit below two shards are refused; the same
+tar uploaded under two names (shards with the same pixels) reads whole at every shuffle and cache size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from shardio.dataset import ShardDataset
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import load_manifest
 from shardio.loader import ShardLoader
-from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset
+from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, self_identifying_pixels, write_inputs
 
 
 def upload(s3_server, bucket: str, directory: str, prefix: str = "ds") -> str:
@@ -258,3 +259,47 @@ def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local,
         kept = ShardDataset(remote, 8, shuffle=True, shuffle_window=8, cache_dir=str(tmp_path / "cache"),
                             cache_limit=limit)
     assert kept.shuffle_window == 8
+
+
+@pytest.fixture
+def same_tar_twice(s3_server, s3_bucket, tmp_path) -> tuple[str, str]:
+    """(local, URL) of a dataset made from one 21-sample tar uploaded as ``a.tar`` and ``b.tar``: the job
+    writes each input's shards with the same pixels, and ``.jsonl`` lines that differ only in ``tar``."""
+    directory = str(tmp_path / "twice")
+
+    def meta_for(index: int, number: int, name: str) -> dict:
+        tar = ("a.tar", "b.tar")[number]
+        return {"key": f"s{index % 21:06d}", "tar": tar, "member": f"{index % 21}.jpg", "width": 16,
+                "height": 16, "cls": index % 21, "txt": f"caption {index % 21}"}
+
+    write_inputs(directory, (21, 21), meta_for, height=16, width=16, samples_per_shard=8,
+                 pixels_for=lambda index: self_identifying_pixels(index % 21, 16, 16))
+    shards = load_manifest(directory).shards
+    assert [e.checksum for e in shards[:3]] == [e.checksum for e in shards[3:]]  # same pixels, other .jsonl
+    return directory, upload(s3_server, s3_bucket, directory, prefix="twice")
+
+
+# A window of 2 with a cache of 3 shards is below the two windows the cache should hold: the warning
+# is expected (tested above); this test is about each twin reading its own metadata.
+@pytest.mark.filterwarnings("ignore:.*shuffle_window=2 needs:UserWarning")
+@pytest.mark.parametrize("shuffle,limit_shards", [(False, None), (False, 2), (True, 3), (True, 4), (True, None)])
+def test_the_same_tar_under_two_names_reads_every_sample_of_both(same_tar_twice, tmp_path, shuffle,
+                                                                 limit_shards):
+    local, url = same_tar_twice
+    settings = {"shuffle": shuffle, "seed": 5, "shuffle_window": 2, "shuffle_block": 4, "drop_last": False}
+    limit = None if limit_shards is None else limit_shards * max(shard_bytes(local))
+    here = ShardDataset(local, 4, **settings)
+    there = ShardDataset(url, 4, cache_dir=str(tmp_path / "cache"), cache_limit=limit, **settings)
+    for epoch in range(2):
+        here.set_epoch(epoch)
+        there.set_epoch(epoch)
+        got = list(there)
+        for a, b in zip(list(here), got, strict=True):
+            same_batch(a, b)
+        # Every key twice (once per tar), its pixels its own: nothing missing, nothing read twice.
+        keys = [k for b in got for k in b["__key__"]]
+        assert sorted(keys) == sorted(f"s{i:06d}" for i in range(21) for _ in range(2))
+        seen = np.concatenate([indices(b) for b in got])
+        assert sorted(seen.tolist()) == sorted(list(range(21)) * 2)
+    if limit is not None:
+        assert there.cache_stats()["peak_bytes"] <= limit

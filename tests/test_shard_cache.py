@@ -29,7 +29,7 @@ from shardio.checksum import new_hasher
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES, load_manifest
 from shardio.shard_cache import ShardCache
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import make_dataset, self_identifying_pixels, write_inputs
 
 BASE = "mem://bucket/ds"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -408,3 +408,83 @@ def test_a_cache_dir_is_trimmed_to_the_limit_of_files_no_one_holds(dataset, tmp_
     finally:
         cache.close()
     shutil.rmtree(cache_dir)
+
+
+# --- shards with the same content (the same tar uploaded under two names) -------------------------------
+
+@pytest.fixture
+def twins(tmp_path) -> str:
+    """Three inputs of 20 samples in shards of 8 (3 shards each) with the same pixels: ``copy.tar`` as
+    ``input-0.tar`` with every ``.jsonl`` line naming its own tar (same ``.npy``, other ``.jsonl``);
+    ``input-2.tar`` identical to ``input-0.tar`` in both files (its lines name ``input-0.tar`` too)."""
+    directory = str(tmp_path / "twins")
+
+    def meta_for(index: int, number: int, name: str) -> dict:
+        tar = "copy.tar" if number == 1 else "input-0.tar"
+        return {"key": f"s{index % 20:06d}", "tar": tar, "member": f"{index % 20}.jpg", "width": 8, "height": 8,
+                "cls": index % 20, "txt": f"caption {index % 20}"}
+
+    write_inputs(directory, (20, 20, 20), meta_for, height=8, width=8,
+                 pixels_for=lambda index: self_identifying_pixels(index % 20, 8, 8))
+    return directory
+
+
+def local_bytes(directory: str, unit: CachedShard) -> bytes:
+    return local_pixels(directory, unit).tobytes() + read_bytes(os.path.join(directory, unit.meta_url[len(BASE) + 1:]))
+
+
+def test_twins_fixture_shares_pixels_and_some_metadata(twins):
+    units, _ = units_of(twins)
+    assert [u.npy_checksum for u in units[:3]] == [u.npy_checksum for u in units[3:6]] == \
+        [u.npy_checksum for u in units[6:]]
+    assert all(a.meta_checksum != b.meta_checksum for a, b in zip(units[:3], units[3:6]))
+    assert [u.meta_checksum for u in units[:3]] == [u.meta_checksum for u in units[6:]]
+
+
+def test_shards_with_the_same_pixels_and_other_metadata_each_read_their_own(twins, tmp_path):
+    units, shape = units_of(twins)
+    store = FolderStore(twins)
+    cache = ShardCache(units, store, str(tmp_path / "cache"), 10**9, shape=shape)
+    try:
+        sequence = list(range(len(units)))
+        for shard, data in zip(sequence, read_all(cache, sequence)):
+            assert data == local_bytes(twins, units[shard]), f"shard {shard}"
+        # Six different units (input-2's are input-0's, file for file): six downloads, not nine nor three.
+        assert cache.stats["downloads"] == len({u.key for u in units}) == 6
+    finally:
+        cache.close()
+
+
+def test_shards_sharing_both_files_share_one_unit_counted_once(twins, tmp_path):
+    units, shape = units_of(twins)
+    cache_dir = str(tmp_path / "cache")
+    store = FolderStore(twins, cache_dir)
+    limit = sum(sorted(u.size for u in units)[-2:])  # room for two units, not three
+    cache = ShardCache(units, store, cache_dir, limit, shape=shape, threads=1)
+    try:
+        # 0 and 6 are one unit: 0 6 3 0 6 needs two units on disk, so nothing is evicted and nothing is
+        # downloaded twice (a cache counting 6 apart would evict, and exceed nothing only by luck).
+        sequence = [0, 6, 3, 0, 6]
+        for shard, data in zip(sequence, read_all(cache, sequence)):
+            assert data == local_bytes(twins, units[shard]), f"shard {shard}"
+        assert cache.stats["downloads"] == 2 and cache.stats["evictions"] == 0
+        assert cache.stats["peak_bytes"] == units[0].size + units[3].size <= limit
+    finally:
+        cache.close()
+
+
+def test_twins_under_a_tight_limit_read_right_and_stay_under_it(twins, tmp_path):
+    units, shape = units_of(twins)
+    cache_dir = str(tmp_path / "cache")
+    store = FolderStore(twins, cache_dir)
+    limit = sum(sorted(u.size for u in units)[-2:])
+    cache = ShardCache(units, store, cache_dir, limit, shape=shape, threads=3)
+    try:
+        rng = np.random.default_rng(11)
+        sequence = [int(s) for s in rng.integers(0, len(units), size=60)]
+        for shard, data in zip(sequence, read_all(cache, sequence)):
+            assert data == local_bytes(twins, units[shard]), f"shard {shard}"
+        assert cache.stats["evictions"] > 0
+        assert max(store.sizes) <= limit and cache.stats["peak_bytes"] <= limit
+    finally:
+        cache.close()

@@ -45,3 +45,15 @@ def test_conditional_create_without_hard_links_still_refuses_an_existing_name(tm
         storage.publish_new(path, b"second")
     assert open(path, "rb").read() == b"first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000001.json"]
+
+
+@pytest.mark.parametrize("url,store", [("gs://bucket/ds", "Google Cloud Storage"),
+                                       ("az://container/ds", "Azure Blob Storage"),
+                                       ("abfs://container/ds", "Azure Blob Storage")])
+def test_gcs_and_azure_urls_say_they_are_not_supported_yet_and_why(url, store):
+    with pytest.raises(errors.UnsupportedPath) as caught:
+        storage.normalize(url)
+    message = str(caught.value)
+    assert message.startswith(f"{url}: {store} URLs are not supported yet")
+    assert "conditional writes" in message and "copy the data to an s3:// bucket" in message
+    assert errors.exit_code(caught.value) == 2
