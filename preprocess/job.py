@@ -52,7 +52,8 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, resolve_inputs
-from preprocess.ray_runner import Progress, TaskEvent, check_cluster_build, ray_session, stream_inputs
+from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
+                                   stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
@@ -272,6 +273,13 @@ def _process(
                     continue
                 if isinstance(message, TaskEvent):
                     emit(message.kind, message)  # "started" / "retried": the structured log's events
+                    continue
+                if isinstance(message, StuckDecode):
+                    warning = (f"{message.input}: decoding {message.member} did not finish in {message.seconds:.0f} s "
+                               f"(node {message.node}): its worker was stopped; the input restarts without it "
+                               "and the sample is counted as failed")
+                    report.warnings.append(warning)
+                    emit("warning", warning)
                     continue
                 _check_worker_build(message, expected_build)
                 _record(report, message)
