@@ -59,8 +59,8 @@ from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
-from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable,
-                            VersionDrift)
+from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, PruneRefused,
+                            RayUnavailable, VersionDrift)
 from shardio.format import InputEntry, Manifest
 from shardio.run_report import RunReport, report_json
 
@@ -129,6 +129,10 @@ def run_job(
     resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listed = resolved.listed  # object-storage inputs' fingerprints, from their LIST
+    if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
+        reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
+        more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
+        raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         existing, restored = dataset_dir.load_committed(directory)
