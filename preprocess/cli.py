@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from preprocess.config import load_config
-from preprocess.job import RunOptions, RunReport, report_json, run_job
+from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.stop_signals import StopOnSignal
 from shardio.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
@@ -220,7 +220,8 @@ def run(
     overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
                  "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard}
     try:
-        cfg = load_config(str(config) if config else None, overrides)
+        # A rerun starts from the dataset's stored config; a flag or file that disagrees is refused (run_job).
+        cfg = load_config(str(config) if config else None, overrides, base=dataset_config(output))
     except ShardioError as e:  # ConfigError
         _fail(e)
     if log_format is not None and log_format not in LOG_FORMATS:

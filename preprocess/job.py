@@ -60,11 +60,11 @@ from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, PruneRefused,
-                            RayUnavailable, VersionDrift)
+                            RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import InputEntry, Manifest
 from shardio.run_report import RunReport, report_json
 
-__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
+__all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
@@ -86,6 +86,16 @@ class RunOptions:
     retention: Retention = field(default_factory=Retention)
 
 
+def dataset_config(output: str) -> dict[str, Any] | None:
+    """The stored config of the dataset at ``output`` (what a rerun starts from: ``load_config(base=...)``),
+    or None if there is none yet, or it cannot be read now (the run itself then says why, under the lock)."""
+    try:
+        manifest = dataset_dir.load_current(storage.normalize(output))
+    except (ShardioError, OSError):
+        return None
+    return dict(manifest.config) if manifest is not None else None
+
+
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
@@ -96,7 +106,8 @@ def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> Non
              for k in keys if stored.get(k) != wanted.get(k)]
     raise DatasetIncompatibleError(
         f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
-        "shards of different shapes or pixels never mix: use a new --output, or the dataset's own config"
+        "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "
+        "(a rerun uses the dataset's own config), or use a new --output"
     )
 
 
