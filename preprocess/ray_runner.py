@@ -63,6 +63,7 @@ TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, 
 # How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
 WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 # A node's probe is one task on an idle worker (~1-2 s to start one); a node that cannot start one in this
 # long could not run the job's tasks either.
 BUILD_CHECK_TIMEOUT_S = 120.0
@@ -169,6 +170,22 @@ def _local_session() -> tuple[str, list[int]] | None:
         return None
 
 
+def _ask_for_token_auth() -> None:
+    """Token authentication for the local Ray this run starts, asked for explicitly.
+
+    Ray (2.5x) turns it on for a new local instance when ``RAY_AUTH_MODE`` is unset, and then prints a
+    4-line warning saying so ("Set RAY_AUTH_MODE=disabled to opt out") on every run. Set explicitly, the
+    mode is, in Ray's words, respected without warning: the same protection, no noise. Ray caches its
+    config, so it is re-read as Ray's own ``_enable_token_auth`` does (private API: a Ray without it keeps
+    its default, and its warning). A user's own ``RAY_AUTH_MODE`` wins; a joined cluster's mode is the
+    cluster's, never touched."""
+    config = getattr(getattr(ray, "_raylet", None), "Config", None)
+    if RAY_AUTH_MODE_ENV in os.environ or not hasattr(config, "initialize"):
+        return
+    os.environ[RAY_AUTH_MODE_ENV] = "token"
+    config.initialize("")
+
+
 @contextmanager
 def ray_session(
     address: str | None, workers: int | None, on_output: Callable[[str], None] | None = None
@@ -198,6 +215,7 @@ def ray_session(
         else:
             # address="local": always a new local instance, never an existing one found on this machine.
             init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
+            _ask_for_token_auth()
         try:
             if output is not None:
                 with output.fd2():
