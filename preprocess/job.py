@@ -43,6 +43,7 @@ its last commit.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -59,8 +60,8 @@ from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
-from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, PruneRefused,
-                            RayUnavailable, ShardioError, VersionDrift)
+from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, OutputUnusable,
+                            PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import InputEntry, Manifest
 from shardio.run_report import RunReport, report_json
 
@@ -144,6 +145,7 @@ def run_job(
         reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
         more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
         raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
+    _check_output_apart(directory, paths)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         existing, restored = dataset_dir.load_committed(directory)
@@ -215,6 +217,27 @@ def run_job(
             raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
                              f"is committed ({manifest.samples} samples); free space before the next run") from e
     return report
+
+
+def _comparable(path: str) -> str:
+    """A path as compared for containment: a URL as is (no trailing "/"), a local path with its symlinks
+    resolved (``out`` and a link to the input folder are one folder)."""
+    return path.rstrip("/") if storage.is_remote(path) else os.path.realpath(path)
+
+
+def _check_output_apart(directory: str, inputs: list[str]) -> None:
+    """``OutputUnusable`` if an input tar lies in the dataset directory or below it: the tars would sit
+    among the manifest and ``shards/``, and the directory's cleaning must never be near a tar it does not
+    own. A dataset *inside* an input folder (``data/shards-256`` beside ``data/*.tar``) is fine: its files
+    are in their own directory, and a glob such as ``data/*`` takes files only, and tars only."""
+    output = _comparable(directory)
+    for path in inputs:
+        if _comparable(path).startswith(output + "/"):
+            raise OutputUnusable(
+                f"{directory}: --output holds input {path}; a dataset directory must not hold its input tars "
+                "(they would be mixed with its manifest and shards): give an --output outside the input "
+                f"folders, e.g. {storage.join(os.path.dirname(path.rstrip('/')), 'shards')}; nothing was written"
+            )
 
 
 def _plan_inputs(
