@@ -236,7 +236,7 @@ def _check_output_apart(directory: str, inputs: list[str]) -> None:
             raise OutputUnusable(
                 f"{directory}: --output holds input {path}; a dataset directory must not hold its input tars "
                 "(they would be mixed with its manifest and shards): give an --output outside the input "
-                f"folders, e.g. {storage.join(os.path.dirname(path.rstrip('/')), 'shards')}; nothing was written"
+                f"folders, e.g. {path.rstrip('/').rsplit('/', 1)[0]}/shards; nothing was written"
             )
 
 
