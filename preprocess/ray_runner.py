@@ -371,8 +371,10 @@ def stream_inputs(
     stuck_members: dict[str, list[str]] = {}  # input -> members whose decode never finished, in order
 
     def submit(path: str) -> None:
+        # The members to skip only when there are some: a first attempt is called with the 4 arguments it
+        # always had (wrappers of _task, as the crash-safety tests use, keep working).
         skip = tuple(stuck_members.get(path, ()))
-        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], skip)] = path
+        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *([skip] if skip else []))] = path
 
     while queue or running:
         if should_stop():
