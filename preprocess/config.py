@@ -64,7 +64,8 @@ class JobConfig:
     max_decoded_bytes: int = 512 * 1024 * 1024
     # Wall time of one image (decode to resized pixels), checked after the fact: a decode inside one C call
     # cannot be interrupted, the two limits above prevent the long ones. Normal images take ~5 ms; a
-    # sample failed by this limit depends on the machine's load, so keep it far above the normal.
+    # sample failed by this limit depends on the machine's load, so keep it far above the normal. A decode
+    # that never returns is ended at 2 x this + 1 s (61 s): preprocess/decode_watch.py.
     max_decode_seconds: float = 30.0
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
