@@ -9,6 +9,10 @@ PILLOW_SIMD_VERSION ?= 12.1.1.post0
 STAMP := $(VENV)/.installed
 
 # make shards INPUT=... OUTPUT=... CONFIG=...; with no INPUT it generates the sample dataset first.
+# Each word of INPUT reaches `preprocess run` single-quoted, so the shell expands no glob or brace range
+# and preprocess's own glob rule applies: INPUT='data/*' over an img2dataset folder takes the tars and
+# ignores 00000_stats.json, as `preprocess run 'data/*'` does (an expanded glob named it explicitly: a
+# failed input). Several patterns: INPUT='a/*.tar b/*.tar'.
 INPUT ?=
 OUTPUT ?= out/sample-shards
 CONFIG ?= configs/default.yaml
@@ -65,7 +69,7 @@ ifeq ($(strip $(INPUT)),)
 	$(PY) -m preprocess.sample_data $(SAMPLE_DIR)
 	$(PY) -m preprocess.cli run '$(SAMPLE_DIR)/*.tar' --output $(OUTPUT) --config $(CONFIG)
 else
-	$(PY) -m preprocess.cli run $(INPUT) --output $(OUTPUT) --config $(CONFIG)
+	$(PY) -m preprocess.cli run $(foreach pattern,$(INPUT),'$(pattern)') --output '$(OUTPUT)' --config '$(CONFIG)'
 endif
 
 test: $(STAMP)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from preprocess.config import load_config
-from preprocess.job import RunOptions, RunReport, report_json, run_job
+from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.stop_signals import StopOnSignal
 from shardio.cli_style import fail, new_app, version_option
@@ -148,6 +148,20 @@ def _summary(report: RunReport, report_path: str) -> None:
     console.print(f"report: {report_path}", highlight=False)
 
 
+def _quiet_failure(report: RunReport, report_path: str) -> None:
+    """Why a ``-q`` run exits 1, in a few lines: its failed inputs, or its share of failed samples."""
+    for failed in report.inputs_failed[:10]:
+        console.print(f"error: input failed: {failed['input']}: {failed['reason']}", highlight=False, markup=False,
+                      soft_wrap=True)
+    if len(report.inputs_failed) > 10:
+        console.print(f"error: ... and {len(report.inputs_failed) - 10} more failed input(s)", highlight=False)
+    if not report.inputs_failed:
+        console.print(f"error: {report.samples_failed} sample(s) failed, {report.failed_fraction:.1%} of the run: over "
+                      f"max_failed_fraction {report.config.get('max_failed_fraction', 1.0):g}", highlight=False,
+                      markup=False)
+    console.print(f"report: {report_path}", highlight=False, markup=False, soft_wrap=True)
+
+
 def _fan_out(*hooks: Any) -> Any:
     def on_event(kind: str, payload: Any) -> None:
         for hook in hooks:
@@ -202,7 +216,8 @@ def run(
     overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
                  "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard}
     try:
-        cfg = load_config(str(config) if config else None, overrides)
+        # A rerun starts from the dataset's stored config; a flag or file that disagrees is refused (run_job).
+        cfg = load_config(str(config) if config else None, overrides, base=dataset_config(output))
     except ShardioError as e:  # ConfigError
         _fail(e)
     if log_format is not None and log_format not in LOG_FORMATS:
@@ -244,6 +259,8 @@ def run(
         # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
         console.print(f"{result.warnings[-1]}; report: {saved_at}", highlight=False, markup=False,
                       soft_wrap=True)
+    elif result.exit_code != EXIT_OK and not json_stderr:
+        _quiet_failure(result, saved_at)  # -q silences progress, never why a run failed
     raise typer.Exit(result.exit_code)
 
 

@@ -3,6 +3,15 @@
 Only fields that change the pixels or the shard layout live here: they are stored in the manifest and
 hashed, and a dataset refuses a run whose config differs. Run-time choices (workers, Ray address, report
 path) are CLI options, not config, so they never make two runs incompatible.
+
+A rerun into an existing dataset starts from the dataset's stored config (``load_config(base=...)``), so
+the nightly command need not repeat a flag; a file or flag may still name a key, and one that disagrees
+with the dataset is refused (``preprocess.job``). What must match is ``output_dict()``: the shape, mode,
+resample, fill, background, draft, samples_per_shard and image_extensions (the pixels and layout), and the
+sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
+max_decoded_bytes: which samples the dataset holds, so that every input was filtered by the same rules).
+Run policy may change from run to run: max_failed_fraction and max_decode_seconds (what the latter fails
+depends on the machine's load), with the defaults below unless the file or a flag says otherwise.
 """
 
 from __future__ import annotations
@@ -55,7 +64,8 @@ class JobConfig:
     max_decoded_bytes: int = 512 * 1024 * 1024
     # Wall time of one image (decode to resized pixels), checked after the fact: a decode inside one C call
     # cannot be interrupted, the two limits above prevent the long ones. Normal images take ~5 ms; a
-    # sample failed by this limit depends on the machine's load, so keep it far above the normal.
+    # sample failed by this limit depends on the machine's load, so keep it far above the normal. A decode
+    # that never returns is ended at 2 x this + 1 s (61 s): preprocess/decode_watch.py.
     max_decode_seconds: float = 30.0
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
@@ -132,9 +142,11 @@ def _from_mapping(values: dict[str, Any], source: str) -> dict[str, Any]:
     return values
 
 
-def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> JobConfig:
-    """Defaults, then the YAML file at ``path``, then ``overrides`` (CLI flags; None values ignored)."""
-    values: dict[str, Any] = {}
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None) -> JobConfig:
+    """Defaults, then ``base`` (an existing dataset's stored config: keys this version does not know are
+    left out), then the YAML file at ``path``, then ``overrides`` (CLI flags; None values ignored)."""
+    values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k in _FIELDS}
     if path:
         try:
             with open(path, encoding="utf-8") as f:

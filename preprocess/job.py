@@ -43,6 +43,7 @@ its last commit.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -53,18 +54,19 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, resolve_inputs
 from preprocess.cluster_access import check_cluster_access, task_env
-from preprocess.ray_runner import Progress, TaskEvent, check_cluster_build, ray_session, stream_inputs
+from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
+                                   stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio import directory as dataset_dir
 from shardio import storage
 from shardio.directory import Committer, Retention, drop_inputs
-from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable,
-                            VersionDrift)
+from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, OutputUnusable,
+                            PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import InputEntry, Manifest
 from shardio.run_report import RunReport, report_json
 
-__all__ = ["RunOptions", "RunReport", "run_job", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
+__all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
@@ -89,6 +91,16 @@ class RunOptions:
     pass_credentials: bool = False
 
 
+def dataset_config(output: str) -> dict[str, Any] | None:
+    """The stored config of the dataset at ``output`` (what a rerun starts from: ``load_config(base=...)``),
+    or None if there is none yet, or it cannot be read now (the run itself then says why, under the lock)."""
+    try:
+        manifest = dataset_dir.load_current(storage.normalize(output))
+    except (ShardioError, OSError):
+        return None
+    return dict(manifest.config) if manifest is not None else None
+
+
 def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
@@ -99,7 +111,8 @@ def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> Non
              for k in keys if stored.get(k) != wanted.get(k)]
     raise DatasetIncompatibleError(
         f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
-        "shards of different shapes or pixels never mix: use a new --output, or the dataset's own config"
+        "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "
+        "(a rerun uses the dataset's own config), or use a new --output"
     )
 
 
@@ -132,6 +145,11 @@ def run_job(
     resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listed = resolved.listed  # object-storage inputs' fingerprints, from their LIST
+    if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
+        reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
+        more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
+        raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
+    _check_output_apart(directory, paths)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         existing, restored = dataset_dir.load_committed(directory)
@@ -203,6 +221,27 @@ def run_job(
             raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
                              f"is committed ({manifest.samples} samples); free space before the next run") from e
     return report
+
+
+def _comparable(path: str) -> str:
+    """A path as compared for containment: a URL as is (no trailing "/"), a local path with its symlinks
+    resolved (``out`` and a link to the input folder are one folder)."""
+    return path.rstrip("/") if storage.is_remote(path) else os.path.realpath(path)
+
+
+def _check_output_apart(directory: str, inputs: list[str]) -> None:
+    """``OutputUnusable`` if an input tar lies in the dataset directory or below it: the tars would sit
+    among the manifest and ``shards/``, and the directory's cleaning must never be near a tar it does not
+    own. A dataset *inside* an input folder (``data/shards-256`` beside ``data/*.tar``) is fine: its files
+    are in their own directory, and a glob such as ``data/*`` takes files only, and tars only."""
+    output = _comparable(directory)
+    for path in inputs:
+        if _comparable(path).startswith(output + "/"):
+            raise OutputUnusable(
+                f"{directory}: --output holds input {path}; a dataset directory must not hold its input tars "
+                "(they would be mixed with its manifest and shards): give an --output outside the input "
+                f"folders, e.g. {path.rstrip('/').rsplit('/', 1)[0]}/shards; nothing was written"
+            )
 
 
 def _plan_inputs(
@@ -279,6 +318,13 @@ def _process(
                     continue
                 if isinstance(message, TaskEvent):
                     emit(message.kind, message)  # "started" / "retried": the structured log's events
+                    continue
+                if isinstance(message, StuckDecode):
+                    warning = (f"{message.input}: decoding {message.member} did not finish in {message.seconds:.0f} s "
+                               f"(node {message.node}): its worker was stopped; the input restarts without it "
+                               "and the sample is counted as failed")
+                    report.warnings.append(warning)
+                    emit("warning", warning)
                     continue
                 _check_worker_build(message, expected_build)
                 _record(report, message)

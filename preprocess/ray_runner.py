@@ -9,6 +9,13 @@ the output directory, and sends the driver only small messages (progress counts,
 pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
 (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
 
+A decode that never returns (``preprocess.decode_watch``): the task says which member is stuck
+(``StuckDecode``), the driver ends that worker process (``ray.cancel(force=True)``: the stuck C call cannot
+be interrupted, and a forced cancel is never retried by Ray) and submits the input again with every member
+stuck so far to skip; the worker records those as failed samples and the input commits. At most
+``MAX_STUCK_DECODES`` per input: a tar whose decodes keep sticking fails as an input instead of costing
+one bound (61 s by default) per image.
+
 One build across the cluster (``check_cluster_build``): before any task, one probe task per node that has
 CPUs, pinned to it (``NodeAffinitySchedulingStrategy``, hard), reports the node's pixel libraries; a node
 whose answer differs from the driver's is named and the run refused (``NodeBuildMismatch``, exit 2). Refused
@@ -34,6 +41,7 @@ import ray
 import preprocess
 import shardio
 from preprocess.config import JobConfig
+from preprocess.decode_watch import Heartbeat, StuckDecode, hard_bound_s, watch_steps
 from preprocess.inputs import InputFingerprint
 from preprocess.ray_output import RayOutput
 from preprocess.ray_watchdog import start_watchdog
@@ -43,15 +51,19 @@ from shardio.errors import NodeBuildMismatch, RayUnavailable
 
 __all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
            "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first", "check_cluster_build", "node_name",
-           "BUILD_CHECK_TIMEOUT_S", "on_every_node"]
+           "BUILD_CHECK_TIMEOUT_S", "on_every_node", "MAX_STUCK_DECODES", "StuckDecode"]
 
 TASK_MAX_RETRIES = 3
+# Stuck decodes skipped per input before the input itself fails (each costs one hard bound plus a restart
+# of the tar; issue 22 saw 3 of 504 runs of unusual JPEG layouts hang, never two in one tar).
+MAX_STUCK_DECODES = 3
 # SPREAD: see the module docstring. The options are a constant so the tests can check them.
 TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, "retry_exceptions": False,
                                 "scheduling_strategy": "SPREAD"}
 # How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
 WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 # A node's probe is one task on an idle worker (~1-2 s to start one); a node that cannot start one in this
 # long could not run the job's tasks either.
 BUILD_CHECK_TIMEOUT_S = 120.0
@@ -158,6 +170,22 @@ def _local_session() -> tuple[str, list[int]] | None:
         return None
 
 
+def _ask_for_token_auth() -> None:
+    """Token authentication for the local Ray this run starts, asked for explicitly.
+
+    Ray (2.5x) turns it on for a new local instance when ``RAY_AUTH_MODE`` is unset, and then prints a
+    4-line warning saying so ("Set RAY_AUTH_MODE=disabled to opt out") on every run. Set explicitly, the
+    mode is, in Ray's words, respected without warning: the same protection, no noise. Ray caches its
+    config, so it is re-read as Ray's own ``_enable_token_auth`` does (private API: a Ray without it keeps
+    its default, and its warning). A user's own ``RAY_AUTH_MODE`` wins; a joined cluster's mode is the
+    cluster's, never touched."""
+    config = getattr(getattr(ray, "_raylet", None), "Config", None)
+    if RAY_AUTH_MODE_ENV in os.environ or not hasattr(config, "initialize"):
+        return
+    os.environ[RAY_AUTH_MODE_ENV] = "token"
+    config.initialize("")
+
+
 @contextmanager
 def ray_session(
     address: str | None, workers: int | None, on_output: Callable[[str], None] | None = None
@@ -187,6 +215,7 @@ def ray_session(
         else:
             # address="local": always a new local instance, never an existing one found on this machine.
             init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
+            _ask_for_token_auth()
         try:
             if output is not None:
                 with output.fd2():
@@ -281,15 +310,19 @@ def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> di
     return answers
 
 
-def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint):
+def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
+          skip_members: tuple[str, ...] = ()):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
-    steps = iter_process_input(input_path, output_dir, JobConfig(**cfg_dict), fingerprint)
+    cfg = JobConfig(**cfg_dict)
+    heartbeat = Heartbeat()
+    steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat),
+                        heartbeat, hard_bound_s(cfg.max_decode_seconds))
     yield Progress(input_path, 0, 0, node, worker)  # "started", with where
     while True:
         try:
-            done, failed = next(steps)
+            message = next(steps)
         except StopIteration as stop:
             result: InputResult = stop.value
             result.node = f"{result.node}/{context.get_node_id()[:8]}"
@@ -298,6 +331,12 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
             yield Progress(input_path, result.samples, len(result.failures), node, worker)
             yield result
             return
+        if isinstance(message, StuckDecode):
+            message.input, message.node, message.worker = input_path, node, worker
+            yield message
+            # The driver now ends this process (ray.cancel, force): nothing here can stop the stuck call.
+            threading.Event().wait()
+        done, failed = message
         yield Progress(input_path, done, failed, node, worker)
 
 
@@ -333,22 +372,31 @@ def stream_inputs(
     variables every task gets (``preprocess.cluster_access.task_env``), in its Ray ``runtime_env``.
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
-    if task_env:
-        remote = remote.options(runtime_env={"env_vars": task_env})
+    if task_env:  # .options replaces a runtime_env: keep TASK_OPTIONS' own variables beside these
+        base = TASK_OPTIONS.get("runtime_env") or {}
+        env_vars = {**base.get("env_vars", {}), **task_env}
+        remote = remote.options(runtime_env={**base, "env_vars": env_vars})
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
     queue = list(reversed(largest_first(items)))
     fingerprints = dict(items)
     running: dict[Any, str] = {}
     cfg_dict = cfg.to_dict()
     attempts = AttemptTracker()
+    stuck_members: dict[str, list[str]] = {}  # input -> members whose decode never finished, in order
+
+    def submit(path: str) -> None:
+        # The members to skip only when there are some: a first attempt is called with the 4 arguments it
+        # always had (wrappers of _task, as the crash-safety tests use, keep working).
+        skip = tuple(stuck_members.get(path, ()))
+        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *([skip] if skip else []))] = path
+
     while queue or running:
         if should_stop():
             for generator in running:
                 ray.cancel(generator)
             return
         while queue and len(running) < limit:
-            path, fingerprint = queue.pop()
-            running[remote.remote(path, output_dir, cfg_dict, fingerprint)] = path
+            submit(queue.pop()[0])
         ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
         for generator in ready:
             try:
@@ -364,6 +412,21 @@ def stream_inputs(
                 size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
                 reason = _failure_reason(e)
                 yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
+                continue
+            if isinstance(message, StuckDecode):
+                path = running.pop(generator)
+                ray.cancel(generator, force=True)
+                stuck = stuck_members.setdefault(path, [])
+                stuck.append(message.member)
+                yield message
+                if len(stuck) <= MAX_STUCK_DECODES:
+                    submit(path)
+                    continue
+                size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
+                bound = hard_bound_s(cfg.max_decode_seconds)
+                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, etag=etag, error=(
+                    f"{len(stuck)} decodes did not finish within {bound:g} s ({', '.join(stuck)}); the input was "
+                    f"given up after {MAX_STUCK_DECODES} restarts without them and not committed"))
                 continue
             if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
                 yield event

@@ -16,7 +16,8 @@ The pixel-bomb limit is checked on the header's size, before any decoding; Pillo
 Limits per image, each a counted failure (config keys): ``min_image_size`` and ``max_aspect_ratio`` on the
 header's size; ``max_jpeg_scans`` on the SOS markers counted in the bytes; ``max_decoded_bytes`` on the
 decoded size and mode (after draft) with the conversions to RGB, before decoding; ``max_decode_seconds``
-after the fact (one C call cannot be interrupted; the other limits keep such calls short).
+after the fact (one C call cannot be interrupted; the other limits keep such calls short, and in a Ray
+task ``preprocess.decode_watch`` ends a decode that runs past 2 x the limit + 1 s).
 
 JPEG data must be complete, though libjpeg only warns when it is not: a JPEG cut mid-scan with an EOI
 appended, or whose header claims more pixels than its data holds, would come out grey-filled. It is

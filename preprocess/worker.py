@@ -14,11 +14,12 @@ import json
 import os
 import re
 import time
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from preprocess.config import JobConfig
+from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
@@ -104,9 +105,10 @@ def _reject_constant(name: str) -> None:
 
 
 def process_input(input_path: str, output_dir: str, cfg: JobConfig,
-                  fingerprint: InputFingerprint | tuple[int, int]) -> InputResult:
-    """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data."""
-    steps = iter_process_input(input_path, output_dir, cfg, fingerprint)
+                  fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = ()) -> InputResult:
+    """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
+    (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
+    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members)
     while True:
         try:
             next(steps)
@@ -115,13 +117,18 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 
 
 def iter_process_input(
-    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int]
+    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
+    skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None,
 ) -> Generator[tuple[int, int], None, InputResult]:
     """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
     samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
 
     All or nothing per input: if the tar itself turns out unreadable (truncated, not a tar), the shards
     already written for it are removed and ``error`` says why, so a rerun retries the whole input.
+
+    ``heartbeat`` is stamped around each decode (``preprocess.decode_watch`` ends a decode that never
+    returns); image members in ``skip_members`` (ones whose decode got stuck in an earlier attempt) are
+    not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
     """
     started = time.perf_counter()
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
@@ -131,14 +138,24 @@ def iter_process_input(
         output_dir, shard_stem(input_path, size, mtime_ns, etag), cfg.height, cfg.width, cfg.samples_per_shard
     )
     done = failed = 0
+    heartbeat = heartbeat or Heartbeat()
+    bound_s = hard_bound_s(cfg.max_decode_seconds)
+    hang_pattern = hang_pattern_for_tests()
     try:
         # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
         for item in iter_tar_samples(input_path, cfg.image_extensions, size=size, etag=etag):
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "reason": item.reason})
                 failed += 1
+            elif item.image_member in skip_members:
+                result.failures.append({"input": input_path, "key": item.key,
+                                        "reason": stuck_reason(item.image_member, bound_s)})
+                failed += 1
             else:
+                heartbeat.begin(item.key, item.image_member)
+                hang_if_test_member(item.image_member, hang_pattern)
                 meta = _decode(item, input_path, cfg, result)
+                heartbeat.end()
                 if meta is None:
                     failed += 1
                 else:

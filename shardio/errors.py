@@ -10,7 +10,7 @@
     ├── StorageUnavailable                the object store failed after retries (5xx, unreachable)
     ├── UsageError                        refused before any work, fix the command and rerun: exit 2
     │   ├── ConfigError                   a bad config key or value (also a ValueError)
-    │   ├── NoInputsMatched               a glob / brace range matched no tar
+    │   ├── NoInputsMatched               a glob / brace range matched no tar, or no INPUT is a usable tar
     │   ├── OutputUnusable                --output is a file, or not writable by this user
     │   ├── OutputLocked                  another live run holds the dataset directory
     │   │   └── CommitConflict            another writer committed since this run read the manifest
@@ -109,7 +109,9 @@ class ConfigError(UsageError, ValueError):
 
 
 class NoInputsMatched(UsageError):
-    """A glob or brace range matched no tar: a source mount that is down must not look like "no new data"."""
+    """A glob or brace range matched no tar, or no INPUT at all names a usable tar (a folder, only missing
+    paths): a source mount that is down must not look like "no new data", nor a mistyped command create a
+    dataset."""
 
 
 class OutputUnusable(UsageError):

@@ -33,6 +33,7 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"not a supported image \((JPEG signature but unreadable header|looks like text)"),
      r"not a supported image (\1)"),
     (re.compile(r"not a supported image"), "not a supported image (unknown signature)"),
+    (re.compile(r"decode did not finish within"), "decode did not finish (worker stopped, sample skipped)"),
     (re.compile(r"pixel bomb"), "pixel bomb (over max_image_pixels)"),
     (re.compile(r"with an empty size"), "image with an empty size (0 pixels)"),
     (re.compile(r"internal: produced"), "internal: wrong output shape (a bug: please report it)"),

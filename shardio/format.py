@@ -491,6 +491,10 @@ _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 def _why_no_manifest(directory: str) -> str:
     """What a directory without a manifest is, and what to pass instead (the common mistakes: the
     folder of input tars, the dataset's own ``shards/``)."""
+    holder = storage.writer_holding(directory)
+    if holder:
+        return (f"a run is writing it ({holder}) and has not committed yet: wait for it to finish, then open it "
+                "again (`preprocess run --wait` queues behind it)")
     entries = [e for e in storage.list_dir(directory) if not e.startswith(".")]
     if storage.is_remote(directory):
         parent, base = directory.rstrip("/").rsplit("/", 1)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import secrets
 import time
@@ -45,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO, ContextManager, Protocol
 
-from shardio.errors import OutputLocked, OutputUnusable, UnsupportedPath
+from shardio.errors import OutputLocked, OutputUnusable, ShardioError, UnsupportedPath
 
 __all__ = [
     "FileInfo",
@@ -75,6 +76,8 @@ __all__ = [
     "promote",
     "publish_new",
     "lock",
+    "writer_holding",
+    "pid_alive",
     "TEMP_PREFIX",
     "LOCK_NAME",
 ]
@@ -426,6 +429,46 @@ def lock(directory: str, wait: bool = False, poll_s: float = 0.5) -> Iterator[_L
             pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID runs on this host (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def writer_holding(directory: str) -> str:
+    """Who holds the one-writer lock of ``directory`` ("pid 123 on host"), "" if nobody does, as far as
+    a reader can tell without taking it (a reader must never make a starting run fail to take the lock).
+
+    The lock file's note says who: locally ``pid N on HOST`` while held (emptied at release; a SIGKILLed
+    holder leaves it, so a dead pid on this host is nobody), on object storage the lease's JSON (held until
+    ``expires``). A holder on another host is taken at its word."""
+    try:
+        note = read_bytes(join(directory, LOCK_NAME)).decode("utf-8", "replace").strip()
+    except (OSError, ValueError, ShardioError):
+        return ""  # no lock file (never written), or unreadable: the caller says what else it sees
+    if note.startswith("{"):
+        try:
+            doc = json.loads(note)
+            holder, host, pid, expires = doc["holder"], doc.get("host"), doc.get("pid"), float(doc["expires"])
+        except (ValueError, KeyError, TypeError):
+            return ""
+    else:
+        pid_text, _, host = note.removeprefix("pid ").partition(" on ")
+        if not pid_text.isdigit() or not host:
+            return ""
+        holder, pid, expires = note, int(pid_text), float("inf")
+    if expires < time.time():
+        return ""
+    if host == os.uname().nodename and isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
+        return ""
+    return str(holder)
 
 
 _LOCAL = LocalStorage()

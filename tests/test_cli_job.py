@@ -78,6 +78,9 @@ def test_report_names_bad_samples_and_bad_inputs(ray_cluster, tars, tmp_path):
     failed = {os.path.basename(f["input"]): f["reason"] for f in report["inputs_failed"]}
     assert set(failed) == {"not_a_tar.tar", "missing.tar"}
     assert "no such file" in failed["missing.tar"]
+    # -q silences progress, never why the run failed.
+    said = " ".join(result.output.split())
+    assert f"input failed: {not_tar}:" in said and f"input failed: {tmp_path / 'missing.tar'}: no such file" in said
     assert sorted(report["inputs_processed"]) == sorted([good, mixed])
     for key in ("inputs_skipped", "elapsed_s", "images_per_s"):
         assert key in report

@@ -19,6 +19,7 @@ runner = CliRunner()
 
 # Awkward sizes against shards of 8: partial last shards, a one-sample tar.
 DROPS = [[13, 8, 1], [17, 5], [9, 3]]
+DEFAULT_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.yaml")
 
 
 def run_cli(*args: str):
@@ -119,3 +120,35 @@ def test_a_different_config_is_refused_and_the_dataset_untouched(tars, tmp_path,
     assert "different config" in message and f"{field}:" in message
     assert open(os.path.join(out, "manifest.json"), "rb").read() == before
     shutil.rmtree(out)
+
+
+def test_a_rerun_without_flags_uses_the_datasets_config_and_a_disagreeing_key_is_refused(ray_cluster, tars, tmp_path):
+    out = str(tmp_path / "out")
+    tars.make("a.tar", range(0, 5))
+    first = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "--size", "16",
+                                "--samples-per-shard", "4", "--resample", "box", "-q"])
+    assert first.exit_code == 0, first.output
+    tars.make("b.tar", range(5, 11))
+    # The nightly rerun names no flag: the dataset's own config (16x16, 4 per shard, box), not the defaults.
+    again = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "-q"])
+    assert again.exit_code == 0, again.output
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["shape"] == [16, 16, 3] and manifest["config"]["resample"] == "box"
+    assert [s["samples"] for s in manifest["shards"]] == [4, 1, 4, 2]
+    assert_indices(out, list(range(11)))
+    # Run policy may differ from run to run; it is not the dataset's config.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("max_decode_seconds: 5\nmax_failed_fraction: 0.5\n")
+    assert runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "-c", str(policy)]).exit_code == 0
+    before = dataset_state(out)
+    # A flag, or a config file, that disagrees with the dataset is still refused, naming each key.
+    flag = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "--samples-per-shard", "8"])
+    said = " ".join(flag.output.split())
+    assert flag.exit_code == 2 and "samples_per_shard: dataset has 4, this run 8" in said, flag.output
+    assert "height" not in said, "a key the command did not name is reported as differing"
+    from_file = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "-c", DEFAULT_YAML])
+    said = " ".join(from_file.output.split())
+    assert from_file.exit_code == 2, from_file.output
+    for key in ("height: dataset has 16, this run 256", "width:", "samples_per_shard:", "resample:"):
+        assert key in said, said
+    assert dataset_state(out) == before

@@ -114,6 +114,55 @@ def test_the_glob_rule(tars, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.parametrize("given", ["a folder", "missing paths"])
+def test_a_run_with_no_usable_input_says_why_under_q_and_creates_no_dataset(tars, tmp_path, given):
+    tars.make("a.tar", range(1))
+    args = [tars.directory] if given == "a folder" else [str(tmp_path / "gone.tar"), str(tmp_path / "gone2.tar")]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", *args, "--output", str(out), *FLAGS, "-q"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    expected = (f"{tars.directory}: is a directory; pass DIR/*.tar" if given == "a folder"
+                else f"{tmp_path / 'gone.tar'}: no such file; {tmp_path / 'gone2.tar'}: no such file")
+    assert expected in message and "nothing was read or written" in message, message
+    assert not out.exists(), "a dataset (or the output directory) was created for a run that did nothing"
+
+
+def test_a_run_with_no_usable_input_leaves_an_existing_dataset_untouched(tars, tmp_path):
+    out = str(tmp_path / "out")
+    committed(tars, out, {"a.tar": 9, "b.tar": 5})
+    before = directory_state(out)
+    result = runner.invoke(app, ["run", tars.directory, "--output", out, "--prune", "--confirm-large-prune",
+                                 *FLAGS, "-q"])
+    assert result.exit_code == 2 and "is a directory" in " ".join(result.output.split()), result.output
+    assert directory_state(out) == before, "the dataset (or its reports) changed"
+
+
+@pytest.mark.parametrize("where", ["the input folder", "a parent of it", "a link to it"])
+def test_an_output_that_holds_the_input_tars_is_refused_and_nothing_is_written(tars, tmp_path, where):
+    tars.make("a.tar", range(1))
+    out = {"the input folder": tars.directory, "a parent of it": str(tmp_path)}.get(where)
+    if where == "a link to it":
+        out = str(tmp_path / "link")
+        os.symlink(tars.directory, out)
+    before = directory_state(str(tmp_path))
+    result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, *FLAGS, "-q"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{out}: --output holds input {tars.made[0]}" in message and "nothing was written" in message, message
+    assert directory_state(str(tmp_path)) == before, "the run wrote beside the tars"
+
+
+def test_an_output_inside_the_input_folder_is_its_own_directory(ray_cluster, tars, tmp_path):
+    tars.make("a.tar", range(3))
+    out = os.path.join(tars.directory, "shards-16")
+    first = runner.invoke(app, ["run", f"{tars.directory}/*", "--output", out, *FLAGS, "-q"])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, ["run", f"{tars.directory}/*", "--output", out, "-q"])  # its files are no input
+    assert again.exit_code == 0, again.output
+    assert sorted(os.listdir(tars.directory)) == ["a.tar", "shards-16"]
+
+
 def test_a_glob_over_an_img2dataset_folder_takes_the_tars_and_counts_the_rest(ray_cluster, tars, tmp_path):
     tars.make("00000.tar", range(0, 3))
     tars.make("00001.tar", range(3, 5))

@@ -94,3 +94,17 @@ def test_a_sigkilled_quiet_run_leaves_no_ray_processes_or_session_dir(ray_cluste
     assert open(stderr, "rb").read() == b"", "-q printed something (Ray's start-up warnings?)"
     _assert_gone(processes, session_dirs)  # the watchdog included: it ends once it has cleaned up
     assert _test_cluster_nodes() == 2, "touched the test cluster"
+
+
+def test_a_local_run_prints_no_ray_token_warning_and_keeps_token_auth(ray_cluster, tars, tmp_path, monkeypatch):
+    """Ray's "Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" (4 lines on every
+    run) is gone because the run asks for token mode explicitly, not because authentication is off."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # as on a user's machine: start() copies os.environ
+    tars.make("a.tar", range(3))
+    out, stderr = str(tmp_path / "out"), str(tmp_path / "stderr.txt")
+    run = start([tars.made[0], "--output", out, "--size", "16", "--workers", "1"], stderr, local_ray=True)
+    assert run.wait(timeout=300) == 0, open(stderr, "rb").read()[-2000:]
+    said = open(stderr, encoding="utf-8").read()
+    assert "Token authentication" not in said and "RAY_AUTH_MODE" not in said, said
+    assert "1 input(s) to process" in said, "not a run that printed its progress"
+    assert len(shardio.open_dataset(out)) == 3
