@@ -112,7 +112,7 @@ def test_scan_with_bytes_lost_in_the_middle():
 
 def plain_pillow(data: bytes, monkeypatch) -> np.ndarray:
     with monkeypatch.context() as patch:
-        patch.setattr(transform, "use_strict_decoder", lambda im, layout, size: None)
+        patch.setattr(transform, "use_strict_decoder", lambda im, layout, data: None)
         return process_image(data, CFG).pixels
 
 
