@@ -75,6 +75,8 @@ _DECODED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;
 _CONVERSION_BYTES = {"RGB": 0, "1": 4, "L": 4, "P": 4, "RGBA": 9, "RGBa": 9, "LA": 9, "La": 9, "PA": 9,
                      "I": 32, "I;16": 32, "I;16B": 32, "I;16L": 32, "I;16N": 32, "F": 24}
 _KEYED_EXTRA_BYTES = 4 + 9  # P/L/RGB/1 with a tRNS colour key: to RGBA, then the RGBA path
+_SCAN_ENDS_EARLY = ("JPEG scan data ends early (cut mid-scan with an EOI appended, interrupted by a stray marker,"
+                    " or a header claiming more pixels than the data holds; libjpeg would fill the rest with grey)")
 _PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -152,6 +154,8 @@ def _check_jpeg(layout: JpegLayout | None, cfg: JobConfig) -> None:
         raise SampleError(f"too many JPEG scans ({layout.scans} > max_jpeg_scans {cfg.max_jpeg_scans};"
                           " decode time grows with each)")
     if not layout.complete:
+        if layout.stray_marker:  # the scans after it are never read: the same words as a cut inside a scan
+            raise SampleError(_SCAN_ENDS_EARLY)
         if layout.eoi is None:
             raise SampleError(f"truncated JPEG (the data ends after {layout.scans} scan(s))")
         raise SampleError("incomplete JPEG (its scans stop before every component is complete:"
@@ -431,9 +435,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     except ScanDataEnded:
         if layout is not None and layout.eoi is None:
             raise SampleError("truncated JPEG (the data ends inside a scan)") from None
-        raise SampleError("JPEG scan data ends early (cut mid-scan with an EOI appended, interrupted by a"
-                          " stray marker, or a header claiming more pixels than the data holds; libjpeg would"
-                          " fill the rest with grey)") from None
+        raise SampleError(_SCAN_ENDS_EARLY) from None
     except Exception as e:  # untrusted bytes: any decoder failure is this sample's, never the job's
         raise SampleError(f"cannot decode: {type(e).__name__}: {e}") from e
     if pixels.shape != (cfg.height, cfg.width, 3):
