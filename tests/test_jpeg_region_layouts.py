@@ -139,3 +139,10 @@ def test_progressive_2x4_at_1024x1025_returns(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("the decoder did not return within 120 s (a 1024x1025 image takes ~0.1 s)")
     assert done.returncode == 0 and done.stdout.strip() == b"returned", done.stderr.decode()
+
+
+def test_a_missing_cjpeg_fails_the_tests_that_need_it(monkeypatch):
+    # CI must run these: never a skip.
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(pytest.fail.Exception, match="cjpeg not found: .*libjpeg-turbo-progs"):
+        cjpeg(photo(8, 8, 0))
