@@ -73,6 +73,11 @@ else
 endif
 
 test: $(STAMP)
+	# The JPEG layout tests encode with libjpeg-turbo's cjpeg (Debian: libjpeg-turbo-progs); they fail,
+	# naming the package, where it is missing.
+	@if ! command -v cjpeg >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -q libjpeg-turbo-progs || (apt-get update -q && apt-get install -y -q libjpeg-turbo-progs)) \
+			>/dev/null 2>&1 || echo "warning: no libjpeg-turbo-progs: the tests that need cjpeg will fail" >&2; fi
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -9,9 +9,18 @@
  *
  * The data source is Pillow's strict one (jpeg_markers._StrictJpegDecoder) without suspension: the bytes
  * up to the held-back EOI, then 8 zero bytes (libjpeg-turbo's Huffman read-ahead), then the EOI. A scan
- * that still needs bits when it meets that final EOI ("premature end of data segment", JWRN_HIT_MARKER)
- * was cut: ScanDataEnded. The same warning earlier in the file (a scan short of data before the next
- * marker) is ignored, as Pillow ignores every libjpeg warning.
+ * that still needs bits when it meets a marker ("premature end of data segment", JWRN_HIT_MARKER) was cut
+ * there: ScanDataEnded, when the marker is that final EOI or a stray one (FF 01, a reserved code, a restart
+ * marker in a scan without restart interval; jpeg_markers' rule). libjpeg would fill the rest of the image
+ * with grey, skip the bytes after the marker as "extraneous data" and finish. A scan short of data before
+ * the next segment or restart marker is local damage that libjpeg resynchronises after; it is ignored, as
+ * on Pillow's path, where every libjpeg warning is.
+ *
+ * No loop here can run forever: each read must return its row and each skip land where asked (else an
+ * error), and a multi-scan JPEG, whose data jpeg_start_decompress has already read to the EOI, stops after
+ * the region. Skipping its rows below the region once never returned (libjpeg-turbo 2.1.5, progressive
+ * 2x4 sampling: jdcoefct.c's decompress_data waits for input rows that the EOI will never bring; upstream
+ * issue #237 is the same loop).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -76,11 +85,19 @@ static void error_exit(j_common_ptr cinfo) {
     longjmp(err->jump, 1);
 }
 
+/* Whether a scan's data may end at this marker (jpeg_markers._AFTER_SCAN): the next segment's marker, or
+ * a restart marker in a scan with a restart interval. Not the EOI: the data up to it was cut. */
+static int ends_a_scan(j_decompress_ptr cinfo, int marker) {
+    if (marker >= 0xD0 && marker <= 0xD7) return cinfo->restart_interval != 0;
+    return marker == 0xC4 || marker == 0xCC || marker == 0xDA || marker == 0xDB || marker == 0xDC ||
+           marker == 0xDD || marker == 0xFE || (marker >= 0xE0 && marker <= 0xEF);
+}
+
 static void emit_message(j_common_ptr cinfo, int level) {
     region_error *err = (region_error *)cinfo->err;
-    region_source *src = (region_source *)((j_decompress_ptr)cinfo)->src;
-    /* level -1: a warning. Only the cut at the end matters; see the file comment. */
-    if (level < 0 && cinfo->err->msg_code == JWRN_HIT_MARKER && src != NULL && src->phase >= 2)
+    j_decompress_ptr dinfo = (j_decompress_ptr)cinfo;
+    /* level -1: a warning. A scan cut by the EOI or a stray marker; see the file comment. */
+    if (level < 0 && cinfo->err->msg_code == JWRN_HIT_MARKER && !ends_a_scan(dinfo, dinfo->unread_marker))
         err->cut = 1;
 }
 
@@ -194,19 +211,43 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         JSAMPROW row_pointer;
         JSAMPLE *out = (JSAMPLE *)PyBytes_AS_STRING(pixels);
         released = PyEval_SaveThread();
-        if (rows_from > 0)
-            jpeg_skip_scanlines(&cinfo, rows_from);
+        if (rows_from > 0 && jpeg_skip_scanlines(&cinfo, rows_from) != rows_from) {
+            strcpy(err.message, "decode_region: libjpeg skipped fewer rows than asked");
+            failed = 2;
+            goto done;
+        }
         while (cinfo.output_scanline < rows_from + rows) {
             row_pointer = out + ((size_t)cinfo.output_scanline * cinfo_width + xoffset) * 4;
-            jpeg_read_scanlines(&cinfo, &row_pointer, 1);
+            if (jpeg_read_scanlines(&cinfo, &row_pointer, 1) != 1) {
+                strcpy(err.message, "decode_region: libjpeg returned no row");
+                failed = 2;
+                goto done;
+            }
+        }
+        if (jpeg_input_complete(&cinfo)) {
+            /* A multi-scan JPEG: its data was read to the EOI (and any cut seen) by jpeg_start_decompress. */
+            jpeg_abort_decompress(&cinfo);
+            PyEval_RestoreThread(released);
+            released = NULL;
+            goto done;
         }
         /* The rows below are entropy-decoded but not transformed; the last one is read, as skipping to
          * the end would stop decoding and hide a cut in the data there. */
-        if (cinfo.output_scanline + 1 < cinfo.output_height)
-            jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
+        if (cinfo.output_scanline + 1 < cinfo.output_height) {
+            JDIMENSION below = cinfo.output_height - 1 - cinfo.output_scanline;
+            if (jpeg_skip_scanlines(&cinfo, below) != below) {
+                strcpy(err.message, "decode_region: libjpeg skipped fewer rows than asked");
+                failed = 2;
+                goto done;
+            }
+        }
         while (cinfo.output_scanline < cinfo.output_height) {
             row_pointer = scratch;
-            jpeg_read_scanlines(&cinfo, &row_pointer, 1);
+            if (jpeg_read_scanlines(&cinfo, &row_pointer, 1) != 1) {
+                strcpy(err.message, "decode_region: libjpeg returned no row");
+                failed = 2;
+                goto done;
+            }
         }
         jpeg_finish_decompress(&cinfo);
         PyEval_RestoreThread(released);
@@ -224,7 +265,9 @@ done:
     if (failed || err.cut) {
         Py_XDECREF(pixels);
         if (failed == 3) return PyErr_NoMemory();
-        if (err.cut && !failed) {
+        /* A cut comes first: libjpeg's error after it (an unknown marker in the garbage past a stray one)
+         * is about bytes the strict path never delivers. */
+        if (err.cut) {
             PyErr_SetString(ScanDataEnded, "the scan data ends before the image does");
             return NULL;
         }

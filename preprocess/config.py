@@ -60,7 +60,10 @@ class JobConfig:
     # Peak bytes of one image's decoded pixels plus its conversions to RGB, checked before decoding:
     # Pillow stores RGB in 4 bytes a pixel, and an RGBA PNG needs ~13 bytes a pixel until it is
     # composited (a 194 KB 16-bit RGBA PNG took 1.7 GB). 512 MiB admits RGB at the max_image_pixels limit
-    # (358 MB) and keeps a worker's memory bounded by about that plus its ~125 MB baseline.
+    # (358 MB) and keeps a worker's memory bounded by about that plus its ~125 MB baseline. A progressive
+    # (multi-scan) JPEG adds the DCT coefficients libjpeg keeps for the whole image while it reads the
+    # scans, at full resolution whatever the draft: components x blocks x 64 x 2 bytes (a 2 MB 9400x9400
+    # 4:4:4 one: 506 MiB + 5 MiB of drafted pixels, measured peak 511 MiB over the baseline).
     max_decoded_bytes: int = 512 * 1024 * 1024
     # Wall time of one image (decode to resized pixels), checked after the fact: a decode inside one C call
     # cannot be interrupted, the two limits above prevent the long ones. Normal images take ~5 ms; a

@@ -148,6 +148,7 @@ def run_job(
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
         reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
         more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
+        reasons = reasons or "no INPUT was given"
         raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
     _check_output_apart(directory, paths)
     dataset_dir.ensure_output_dir(directory)

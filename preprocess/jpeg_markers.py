@@ -15,6 +15,15 @@ crossed: its EOI is the last ``FF D9`` of the file (``rfind`` from the end, ~1 u
 contain. Trailing bytes holding an ``FF D9`` of their own move that guess into them; the real EOI is then
 delivered to the decoder and only weakens the check for that file. Multi-scan JPEGs (progressive) are
 walked scan by scan: their decode is 10x slower than the walk.
+
+A stray marker inside a scan's data (``FF 01`` inserted 16 bytes into it, an ``FF D0`` in a JPEG without
+restart interval, a reserved code) is where libjpeg stops reading that scan: it warns, fills the rest of
+the image with grey, skips the bytes after the marker as "extraneous" and finishes. So the data ends there:
+the walk stops at it (``eoi`` is its offset, ``stray_marker`` True), and the strict decoder gets the bytes
+before it, as if the file were cut there. The markers that may end a scan's data are the next segment's
+(``_AFTER_SCAN``) and the EOI; restart markers belong to a scan that has a restart interval. The single
+scan that the walk does not cross is searched only where Pillow decodes it (``strict_data_end``); the region
+decoder hears of the same marker from libjpeg itself (``_jpeg_region.c``).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Any
 
 from PIL import Image, ImageFile
 
-__all__ = ["JpegLayout", "ScanDataEnded", "jpeg_layout", "use_strict_decoder"]
+__all__ = ["JpegLayout", "ScanDataEnded", "jpeg_layout", "strict_data_end", "use_strict_decoder"]
 
 # The next marker after entropy-coded data: FF (with any FF fill bytes before it) then a byte that is
 # neither a stuffed 00 nor a restart marker RST0-RST7 (D0-D7), which are part of the scan.
@@ -38,6 +47,12 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _SOF_PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
 # Markers without a length field (TEM, RSTn); everything else from C0 to FE carries a 2-byte length.
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}
+_DRI, _RST = 0xDD, range(0xD0, 0xD8)
+# The markers that may follow a scan's entropy-coded data (besides the EOI): DHT, DAC, SOS, DQT, DNL, DRI,
+# APPn, COM. Anything else found there is a stray marker: see the module docstring.
+_AFTER_SCAN = {0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)}
+# Any marker inside entropy-coded data, restart markers included (for a scan without restart interval).
+_MARKER_IN_SCAN = re.compile(rb"\xff[^\x00]")
 # Fed in place of the EOI by ``_StrictJpegDecoder``: libjpeg-turbo's Huffman decoder refills its 64-bit
 # bit buffer to at least 57 bits, so it reads up to 8 bytes past the last bit it needs; 8 zero bytes let a
 # complete scan finish without suspending. No more: an incomplete scan decodes them as data, and 64 zero
@@ -68,6 +83,13 @@ class JpegLayout:
     # header parse: no XMP (Pillow reads an orientation there), no second Exif segment (Pillow joins them),
     # no MPF (Pillow opens the file as MPO).
     plain_header: bool = False
+    # Each frame component's (horizontal, vertical) sampling factors, in SOF order: ((2, 2), (1, 1), (1, 1))
+    # for 4:2:0. ``jpeg_region`` decodes only the layouts it is proven on.
+    sampling: tuple[tuple[int, int], ...] = ()
+    restart_interval: int = 0  # MCUs between restart markers (DRI) when the first scan starts; 0: none
+    # The walk stopped at a stray marker inside a scan's data: ``eoi`` is where it is (module docstring).
+    stray_marker: bool = False
+    scan_data: int = 0  # offset of the first scan's entropy-coded data (0 if none)
 
 
 def jpeg_layout(data: bytes) -> JpegLayout | None:
@@ -82,10 +104,17 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
     exif: bytes | None = None
     plain = True
     full: dict[int, set[int]] = {}  # component id -> coefficients sent at full precision
+    sampling: tuple[tuple[int, int], ...] = ()
     eoi: int | None = None
+    restart_interval = first_restart_interval = scan_data = 0
+    stray = False
     while pos < size:
         if data[pos] != 0xFF:
+            if scans:  # a segment after a scan whose length lands in garbage: the data ends there
+                eoi, stray = pos, True
+                break
             return None  # garbage between segments: libjpeg's own error is clearer than ours
+        start = pos
         while pos < size and data[pos] == 0xFF:
             pos += 1  # fill bytes
         if pos >= size:
@@ -94,6 +123,9 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
         pos += 1
         if marker == _EOI:
             eoi = pos - 2
+            break
+        if scans and marker not in _AFTER_SCAN and not (marker in _RST and restart_interval):
+            eoi, stray = start, True  # where libjpeg stops reading the scan: see the module docstring
             break
         if marker in _STANDALONE or marker == _SOI:
             continue
@@ -106,6 +138,7 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
         pos += length
         if marker in _SOF and len(segment) >= 6:
             components = list(segment[6:6 + 3 * segment[5]:3])  # Nf, then (id, sampling, table) each
+            sampling = tuple((factors >> 4, factors & 0x0F) for factors in segment[7:6 + 3 * segment[5]:3])
             height, width = struct.unpack_from(">HH", segment, 1)
             progressive = marker in _SOF_PROGRESSIVE
             huffman = marker < 0xC8
@@ -116,8 +149,12 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
                 plain = False  # XMP, a second Exif, or an APP1 this walk does not know
         elif marker == _APP2 and segment.startswith(b"MPF\0"):
             plain = False
+        elif marker == _DRI and len(segment) >= 2:
+            (restart_interval,) = struct.unpack_from(">H", segment)
         elif marker == _SOS and segment:
             scans += 1
+            if scans == 1:
+                first_restart_interval, scan_data = restart_interval, pos
             count = segment[0]
             if len(segment) >= 4 + 2 * count:
                 start, end, approx = segment[1 + 2 * count: 4 + 2 * count]
@@ -128,14 +165,40 @@ def jpeg_layout(data: bytes) -> JpegLayout | None:
                 found_eoi = data.rfind(b"\xff\xd9", pos)  # one scan: see the module docstring
                 eoi = found_eoi if found_eoi >= 0 else None
                 break
-            found = _MARKER_AFTER_SCAN.search(data, pos)
+            found = (_MARKER_AFTER_SCAN if restart_interval else _MARKER_IN_SCAN).search(data, pos)
             if found is None:
                 break  # cut inside the scan: the decoder reports the truncation
             pos = found.start()
     complete = bool(components) and all(len(full.get(c, ())) == 64 for c in components)
     return JpegLayout(scans, progressive, huffman, complete, eoi, size - eoi - 2 if eoi is not None else 0,
-                      width, height, len(components), exif, plain and scans > 0)
+                      width, height, len(components), exif, plain and scans > 0, sampling,
+                      first_restart_interval, stray, scan_data)
 
+
+def strict_data_end(data: bytes, layout: JpegLayout) -> int:
+    """Where the data Pillow's strict decoder gets ends: the EOI, or a stray marker before it.
+
+    The walk found it already in a multi-scan JPEG; a single scan (the EOI from ``rfind``) is searched here,
+    ~2 ns a byte, only on Pillow's path (the region decoder hears of the marker from libjpeg)."""
+    end = layout.eoi if layout.eoi is not None else len(data)
+    if layout.stray_marker or not layout.scan_data or layout.scans != 1 or layout.progressive:
+        return end
+    in_scan = _MARKER_AFTER_SCAN if layout.restart_interval else _MARKER_IN_SCAN
+    found = in_scan.search(data, layout.scan_data, end)
+    while found is not None:
+        pos = found.start()
+        while pos < end and data[pos] == 0xFF:
+            pos += 1
+        if pos >= end:
+            return end  # fill bytes before the EOI
+        marker = data[pos]
+        if marker in _AFTER_SCAN:
+            return end  # the scan's data ended at a segment (a COM before the EOI): nothing stray
+        if marker == 0x00 or (marker in _RST and layout.restart_interval):
+            found = in_scan.search(data, pos + 1, end)  # FF FF 00 or FF FF D0: fill bytes inside the scan
+            continue
+        return found.start()
+    return end
 
 class ScanDataEnded(OSError):
     """A JPEG scan needed more data than the file holds: libjpeg would have filled the rest with grey."""
@@ -197,14 +260,15 @@ _PROBES = 3
 Image.register_decoder(_STRICT_CODEC, _StrictJpegDecoder)
 
 
-def use_strict_decoder(im: Image.Image, layout: JpegLayout, data_size: int) -> None:
+def use_strict_decoder(im: Image.Image, layout: JpegLayout, data: bytes) -> None:
     """Make ``im.load()`` (after any ``draft``) decode ``im`` with ``_StrictJpegDecoder``: data past the
-    EOI is ignored (libjpeg ignores it too), and a missing EOI is no error if the scans are complete."""
+    EOI (or a stray marker: ``strict_data_end``) is ignored, and a missing EOI is no error if the scans are
+    complete."""
     if len(im.tile) != 1 or im.tile[0].codec_name != "jpeg" or not isinstance(im.tile[0].args, tuple):
         return
     if not layout.huffman:
         return
     tile = im.tile[0]
-    end = layout.eoi if layout.eoi is not None else data_size
+    end = strict_data_end(data, layout)
     single_scan = layout.scans == 1 and not layout.progressive
     im.tile = [tile._replace(codec_name=_STRICT_CODEC, args=(*tile.args, end - tile.offset, single_scan))]

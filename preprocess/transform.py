@@ -15,16 +15,18 @@ The pixel-bomb limit is checked on the header's size, before any decoding; Pillo
 
 Limits per image, each a counted failure (config keys): ``min_image_size`` and ``max_aspect_ratio`` on the
 header's size; ``max_jpeg_scans`` on the SOS markers counted in the bytes; ``max_decoded_bytes`` on the
-decoded size and mode (after draft) with the conversions to RGB, before decoding; ``max_decode_seconds``
-after the fact (one C call cannot be interrupted; the other limits keep such calls short, and in a Ray
-task ``preprocess.decode_watch`` ends a decode that runs past 2 x the limit + 1 s).
+decoded size and mode (after draft) with the conversions to RGB, plus the DCT coefficients libjpeg keeps
+for a multi-scan (progressive) JPEG, before decoding; ``max_decode_seconds`` after the fact (one C call
+cannot be interrupted; the other limits keep such calls short, and in a Ray task
+``preprocess.decode_watch`` ends a decode that runs past 2 x the limit + 1 s).
 
 JPEG data must be complete, though libjpeg only warns when it is not: a JPEG cut mid-scan with an EOI
 appended, or whose header claims more pixels than its data holds, would come out grey-filled. It is
 decoded by ``jpeg_markers.use_strict_decoder`` (Pillow's decoder, the EOI held back: same pixels, no
-second decode) and its scans must bring every component to full precision. Not caught (libjpeg warns,
-the pixels are damaged locally): corruption inside the data that resynchronises before the scan ends, or
-that ends a scan early with extra bytes before the next marker. Bytes after the EOI (common on the web)
+second decode) and its scans must bring every component to full precision. A stray marker inside a scan
+(``FF 01``; libjpeg stops the scan there and skips what follows) ends the data the same way. Not caught
+(libjpeg warns, the pixels are damaged locally): corruption inside the data that resynchronises at the
+next restart marker or segment. Bytes after the EOI (common on the web)
 are ignored, as libjpeg does, and a missing EOI after complete scans is accepted.
 """
 
@@ -74,6 +76,8 @@ _DECODED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;
 _CONVERSION_BYTES = {"RGB": 0, "1": 4, "L": 4, "P": 4, "RGBA": 9, "RGBa": 9, "LA": 9, "La": 9, "PA": 9,
                      "I": 32, "I;16": 32, "I;16B": 32, "I;16L": 32, "I;16N": 32, "F": 24}
 _KEYED_EXTRA_BYTES = 4 + 9  # P/L/RGB/1 with a tRNS colour key: to RGBA, then the RGBA path
+_SCAN_ENDS_EARLY = ("JPEG scan data ends early (cut mid-scan with an EOI appended, interrupted by a stray marker,"
+                    " or a header claiming more pixels than the data holds; libjpeg would fill the rest with grey)")
 _PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -151,26 +155,49 @@ def _check_jpeg(layout: JpegLayout | None, cfg: JobConfig) -> None:
         raise SampleError(f"too many JPEG scans ({layout.scans} > max_jpeg_scans {cfg.max_jpeg_scans};"
                           " decode time grows with each)")
     if not layout.complete:
+        if layout.stray_marker:  # the scans after it are never read: the same words as a cut inside a scan
+            raise SampleError(_SCAN_ENDS_EARLY)
         if layout.eoi is None:
             raise SampleError(f"truncated JPEG (the data ends after {layout.scans} scan(s))")
         raise SampleError("incomplete JPEG (its scans stop before every component is complete:"
                           " cut between two scans)")
 
 
-def _check_decoded_bytes(im: Image.Image, cfg: JobConfig) -> None:
+def _check_decoded_bytes(im: Image.Image, layout: JpegLayout | None, cfg: JobConfig) -> None:
     """Refuse before decoding what would take more than ``max_decoded_bytes`` (``im`` after any draft)."""
     keyed = "transparency" in im.info and im.mode in ("P", "L", "RGB", "1")
-    _check_decoded_size(im.width, im.height, im.mode, keyed, cfg)
+    _check_decoded_size(im.width, im.height, im.mode, keyed, _coefficient_bytes(layout), cfg)
 
 
-def _check_decoded_size(width: int, height: int, mode: str, keyed: bool, cfg: JobConfig) -> None:
+def _coefficient_bytes(layout: JpegLayout | None) -> int:
+    """The DCT coefficients libjpeg keeps for a JPEG of several scans (progressive, or one scan a component)
+    while it reads them: every block of the whole image, 64 coefficients of 2 bytes, at full resolution
+    whatever the draft scale (a 9400x9400 4:4:4 progressive JPEG: 3 x 1175^2 x 128 B = 506 MiB). A single
+    interleaved scan is decoded one MCU row at a time: 0. Each component's blocks are padded to its
+    sampling factors, as libjpeg allocates them (jdcoefct.c)."""
+    if layout is None or not layout.sampling or (layout.scans <= 1 and not layout.progressive):
+        return 0
+    max_h = max(h for h, _ in layout.sampling)
+    max_v = max(v for _, v in layout.sampling)
+    blocks = 0
+    for h, v in layout.sampling:
+        columns = -(-(-(-layout.width * h // max_h)) // 8)  # ceil(ceil(width * h / max_h) / 8)
+        rows = -(-(-(-layout.height * v // max_v)) // 8)
+        blocks += -(-columns // h) * h * (-(-rows // v) * v)
+    return blocks * 64 * 2
+
+
+def _check_decoded_size(width: int, height: int, mode: str, keyed: bool, coefficients: int,
+                        cfg: JobConfig) -> None:
     conversion = _KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4)
     per_pixel = _DECODED_BYTES.get(mode, 4) + conversion
     # Pillow resizes in two passes: the first keeps one full source side at the target's other size.
-    needed = width * height * per_pixel + 4 * max(cfg.width, cfg.height) * max(width, height)
+    needed = width * height * per_pixel + 4 * max(cfg.width, cfg.height) * max(width, height) + coefficients
     if needed > cfg.max_decoded_bytes:
+        kept = (f", + {coefficients / 2**20:.0f} MiB of DCT coefficients a multi-scan JPEG keeps"
+                if coefficients else "")
         raise SampleError(f"decoded size too large (~{needed / 2**20:.0f} MiB for {width}x{height} {mode},"
-                          f" {per_pixel} bytes a pixel with its conversion to RGB"
+                          f" {per_pixel} bytes a pixel with its conversion to RGB{kept}"
                           f" > max_decoded_bytes {cfg.max_decoded_bytes})")
 
 
@@ -369,7 +396,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
                 if drafted is not None:
                     content = drafted[1][2], drafted[1][3]
             source_format, source_mode = str(im.format or ""), im.mode
-            _check_decoded_bytes(im, cfg)
+            _check_decoded_bytes(im, layout, cfg)
             decoded = False
             if is_jpeg and jpeg_region.applies(im, layout):  # e.g. a JPEG with XMP: Pillow read its header
                 assert layout is not None
@@ -380,7 +407,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
                 decoded = True
         if not decoded:
             if layout is not None:
-                use_strict_decoder(im, layout, len(data))
+                use_strict_decoder(im, layout, data)
             if is_jpeg:
                 # The whole file in one read and one decoder call, not 64 KB at a time: Pillow's load loop
                 # copies what is left of the buffer after each call (~1% of a draft decode).
@@ -409,9 +436,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     except ScanDataEnded:
         if layout is not None and layout.eoi is None:
             raise SampleError("truncated JPEG (the data ends inside a scan)") from None
-        raise SampleError("JPEG scan data ends early (cut mid-scan with an EOI appended, or a header"
-                          " claiming more pixels than the data holds; libjpeg would fill the rest with grey)"
-                          ) from None
+        raise SampleError(_SCAN_ENDS_EARLY) from None
     except Exception as e:  # untrusted bytes: any decoder failure is this sample's, never the job's
         raise SampleError(f"cannot decode: {type(e).__name__}: {e}") from e
     if pixels.shape != (cfg.height, cfg.width, 3):
@@ -457,7 +482,7 @@ def _decode_plain_jpeg(
     size = (-(-width // scale), -(-height // scale))
     content = (width / scale, height / scale)  # Pillow's draft box
     mode = _JPEG_MODES[layout.components]
-    _check_decoded_size(size[0], size[1], mode, False, cfg)
+    _check_decoded_size(size[0], size[1], mode, False, _coefficient_bytes(layout), cfg)
     im = jpeg_region.decode(data, layout, scale, size, _kept_box(cfg, target, content), target,
                             _RESAMPLE[cfg.resample])
     return im, (width, height), orientation, content, t1

@@ -13,16 +13,20 @@ import os
 import struct
 import zlib
 
+import numpy as np
 import pytest
 
+from preprocess import jpeg_region, transform
 from preprocess.config import ConfigError, JobConfig, load_config
-from preprocess.job import RunOptions, run_job
+from preprocess.job import RunOptions, _check_compatible, run_job
+from preprocess.jpeg_markers import jpeg_layout
 from preprocess.transform import process_image
 from preprocess.worker import process_input
 from shardio import storage
-from shardio.errors import DatasetIncompatibleError, SampleError
-from shardio.format import Manifest
+from shardio.errors import DatasetIncompatibleError, NoInputsMatched, SampleError
+from shardio.format import Manifest, load_manifest
 from shardio.writer import write_manifest
+from tests.cjpeg_tool import cjpeg
 from tests.tar_factory import Member, index_image, jpeg_bytes
 from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401
 
@@ -129,6 +133,35 @@ def test_decoded_bytes_are_counted_after_the_jpeg_draft(no_decoding):
     assert "decoded size too large (~13 MiB for 2000x1500 RGB" in message
 
 
+@pytest.fixture(scope="module")
+def flat_2400():
+    """A flat 2400x2400 picture (a 2 MB progressive 9400x9400 4:4:4 JPEG peaked at 555 MB: same shape)."""
+    return np.full((2400, 2400, 3), (90, 140, 200), np.uint8)
+
+
+@pytest.mark.parametrize("region", [True, False], ids=["region decoder", "Pillow decoder"])
+def test_a_progressive_jpeg_counts_the_coefficients_libjpeg_keeps(flat_2400, region, monkeypatch, no_decoding):
+    # Drafted to 1/8 it decodes 300x300 pixels (~1 MiB with the resize), but libjpeg keeps every DCT
+    # coefficient of the whole image while it reads the scans: 3 x 300^2 blocks x 128 B = 33 MiB.
+    progressive = cjpeg(flat_2400, "-progressive", "-sample", "1x1")
+    assert len(progressive) < 200_000
+    if not region:
+        monkeypatch.setattr(jpeg_region, "_decode_region", None)
+    cfg = JobConfig(max_decoded_bytes=16 * 2**20)
+    message = reason(progressive, cfg)
+    assert ("decoded size too large (~34 MiB for 300x300 RGB, 4 bytes a pixel with its conversion to RGB,"
+            " + 33 MiB of DCT coefficients a multi-scan JPEG keeps > max_decoded_bytes 16777216)") in message
+    # One interleaved scan is decoded an MCU row at a time: no coefficient buffer, the decoder starts.
+    assert "DecodeStarted" in reason(cjpeg(flat_2400, "-sample", "1x1"), cfg)
+
+
+def test_coefficients_follow_the_sampling_layout():
+    # 4:2:0 keeps a quarter of the luma's blocks for each chroma component; sizes pad to whole MCUs.
+    layout = jpeg_layout(cjpeg(np.zeros((1001, 999, 3), np.uint8), "-progressive", "-sample", "2x2"))
+    luma = 126 * 126  # 999 -> 125 blocks, padded to 126 (a multiple of 2); 1001 -> 126
+    assert transform._coefficient_bytes(layout) == (luma + 2 * 63 * 63) * 128
+
+
 @pytest.mark.parametrize("mode, bytes_per_pixel", [
     ("L", 5), ("RGB", 4), ("P", 5), ("RGBA", 13), ("I;16", 34),
 ])
@@ -181,10 +214,17 @@ def test_a_dataset_written_before_the_limits_existed_is_still_appendable(tmp_pat
     os.makedirs(out)
     old = {k: v for k, v in JobConfig(height=16, width=16).output_dict().items() if k not in NEW_KEYS}
     write_manifest(out, Manifest(shape=(16, 16, 3), config=old, versions={}))
-    report = run_job(RunOptions(inputs=[], output=out, config=JobConfig(height=16, width=16)))
-    assert report.exit_code == 0
+    tar = tmp_path / "new.tar"  # never read: both outcomes are decided before Ray starts
+    tar.write_bytes(b"")
+    _check_compatible(load_manifest(out), JobConfig(height=16, width=16), out)  # no refusal: appendable
     with pytest.raises(DatasetIncompatibleError, match="min_image_size: dataset has 0, this run 8"):
-        run_job(RunOptions(inputs=[], output=out, config=JobConfig(height=16, width=16, min_image_size=8)))
+        run_job(RunOptions(inputs=[str(tar)], output=out, config=JobConfig(height=16, width=16, min_image_size=8)))
+
+
+def test_a_run_given_no_input_at_all_says_so(tmp_path):
+    with pytest.raises(NoInputsMatched, match="no INPUT was given; nothing was read or written"):
+        run_job(RunOptions(inputs=[], output=str(tmp_path / "out"), config=JobConfig(height=16, width=16)))
+    assert not os.path.exists(tmp_path / "out")
 
 
 # --- through the job -----------------------------------------------------------------------------------

@@ -103,6 +103,59 @@ def test_header_claiming_9000x9000_over_64x64_of_data():
     assert SCAN_ENDS_EARLY in reason(bytes(data))
 
 
+def test_header_claiming_9000x9000_with_a_stray_marker_in_the_scan():
+    # libjpeg stops the scan at FF 01, fills 9000x9000 with grey and skips the rest as "extraneous bytes":
+    # both decoders stored an all-grey image (issue 22, E).
+    data = bytearray(jpeg_bytes(noise(64, 64, seed=2), quality=90))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5: sof + 9] = struct.pack(">HH", 9000, 9000)
+    at = data.index(b"\xff\xda") + 2 + struct.unpack_from(">H", data, data.index(b"\xff\xda") + 2)[0] + 16
+    assert SCAN_ENDS_EARLY in reason(bytes(data[:at] + b"\xff\x01" + data[at:]))
+
+
+def test_restart_interval_jpeg_widened_past_its_data():
+    # Each restart interval runs out of data at the next RST marker and libjpeg resynchronises there, so
+    # only the final EOI tells: the region path alone accepted it, 99% grey (issue 22, E).
+    data = bytearray(jpeg_bytes(noise(16, 16, seed=3), quality=90, restart_marker_blocks=1))
+    assert b"\xff\xdd" in data
+    sof = data.index(b"\xff\xc0")
+    data[sof + 7: sof + 9] = struct.pack(">H", 1000)
+    assert SCAN_ENDS_EARLY in reason(bytes(data))
+
+
+def scan_data_start(data: bytes, scan: int = 0) -> int:
+    sos = [i for i in range(len(data) - 1) if data[i:i + 2] == b"\xff\xda"][scan]
+    return sos + 2 + struct.unpack_from(">H", data, sos + 2)[0]
+
+
+@pytest.mark.parametrize("marker", [b"\xff\x01", b"\xff\x02", b"\xff\xbf", b"\xff\xd3", b"\xff\xff\x01"],
+                         ids=["TEM", "reserved 02", "reserved BF", "RST3 without restart interval", "fill, TEM"])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("kind", ["baseline", "progressive, first scan", "progressive, last scan"])
+def test_a_stray_marker_inside_scan_data_ends_it(marker, where, kind):
+    """Followed by more data, a stray marker is no end of scan: whatever comes after it is skipped."""
+    if kind == "baseline":
+        data, start = BASELINE, scan_data_start(BASELINE)
+        end = len(BASELINE) - 2
+    else:
+        scan = 0 if kind.endswith("first scan") else -1
+        data, start = PROGRESSIVE, scan_data_start(PROGRESSIVE, scan)
+        end = data.index(b"\xff", start + 1) if scan == 0 else len(data) - 2
+        while data[end + 1] == 0 or data[end + 1] in range(0xD0, 0xD8) or data[end + 1] == 0xFF:
+            end = data.index(b"\xff", end + 1)
+    at = start + int((end - start) * where)
+    if data[at - 1] == 0xFF:
+        at += 1  # not between an FF and its stuffed 00
+    assert SCAN_ENDS_EARLY in reason(data[:at] + marker + data[at:])
+
+
+def test_a_stray_marker_after_the_scan_data_is_harmless(monkeypatch):
+    # The scan is complete: libjpeg skips the marker like trailing bytes; same pixels as without it.
+    eoi = len(BASELINE) - 2
+    expected = process_image(BASELINE, CFG).pixels
+    assert np.array_equal(process_image(BASELINE[:eoi] + b"\xff\x01" + BASELINE[eoi:], CFG).pixels, expected)
+
+
 def test_scan_with_bytes_lost_in_the_middle():
     sos = BASELINE.index(b"\xff\xda")
     middle = (sos + len(BASELINE)) // 2
@@ -112,7 +165,7 @@ def test_scan_with_bytes_lost_in_the_middle():
 
 def plain_pillow(data: bytes, monkeypatch) -> np.ndarray:
     with monkeypatch.context() as patch:
-        patch.setattr(transform, "use_strict_decoder", lambda im, layout, size: None)
+        patch.setattr(transform, "use_strict_decoder", lambda im, layout, data: None)
         return process_image(data, CFG).pixels
 
 
