@@ -17,7 +17,6 @@ Order versions (a resume state records the one its epoch was cut with; a state w
 
 from __future__ import annotations
 
-import bisect
 
 import numpy as np
 
