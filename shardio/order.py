@@ -17,7 +17,6 @@ Order versions (a resume state records the one its epoch was cut with; a state w
 
 from __future__ import annotations
 
-
 import numpy as np
 
 __all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS",
