@@ -18,14 +18,15 @@ its own category.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 __all__ = ["FailureCode", "CATEGORIES", "code_of", "failure_category", "count_by_category"]
 
 
-class FailureCode(StrEnum):
-    """What went wrong with one sample; the value is what a report stores."""
+class FailureCode(str, Enum):
+    """What went wrong with one sample; the value is what a report stores. (A ``str`` mixin, not 3.11's
+    ``StrEnum``: the reader supports Python 3.10.)"""
 
     # the image bytes (preprocess.transform)
     EMPTY_MEMBER = "empty_member"  # the image member holds 0 bytes
