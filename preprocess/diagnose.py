@@ -127,7 +127,7 @@ def diagnose(
     """
     cores = cores or os.cpu_count() or 1
     samples: list[_Sample] = []
-    failure_reasons: list[str] = []
+    failures: list[dict[str, str]] = []  # {code, reason}, as a run report's failures
     inputs_failed: list[dict[str, str]] = []
     inputs_read: list[str] = []
     scratch_dir = tempfile.mkdtemp(prefix="shardio-diagnose-", dir=write_dir)
@@ -150,14 +150,14 @@ def diagnose(
                     if item is None:
                         break
                     if isinstance(item, SampleProblem):
-                        failure_reasons.append(item.reason)
+                        failures.append({"code": item.code.value, "reason": item.reason})
                         continue
                     timings: dict[str, float] = {}
                     try:
                         fields = parse_fields(item.fields)
                         image = process_image(item.image, cfg, timings)
                     except SampleError as e:
-                        failure_reasons.append(str(e))
+                        failures.append({"code": e.code.value, "reason": str(e)})
                         continue
                     sample = _Sample(
                         key=item.key, tar=path, member=item.image_member, nbytes=len(item.image),
@@ -181,7 +181,7 @@ def diagnose(
     finally:
         scratch.abort()
         shutil.rmtree(scratch_dir, ignore_errors=True)
-    return _report(samples, count_by_category(failure_reasons), inputs_read, inputs_failed, cfg,
+    return _report(samples, count_by_category(failures), inputs_read, inputs_failed, cfg,
                    project_images, cores, slowest)
 
 

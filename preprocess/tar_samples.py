@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from shardio import storage
 from shardio.errors import InputError
+from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
 
 __all__ = [
@@ -70,7 +71,11 @@ class RawSample:
 
 @dataclass
 class SampleProblem:
+    """A sample the tar itself makes unusable (no image, a key seen twice, an unsafe member): its code
+    (``shardio.failure_reasons``) and the reason, which names the member."""
+
     key: str
+    code: FailureCode
     reason: str
     member: str = ""
 
@@ -79,7 +84,7 @@ class SampleProblem:
 class _Group:
     key: str
     members: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # ext -> (member name, data)
-    problem: str | None = None
+    problem: tuple[FailureCode, str] | None = None  # (code, reason): the first problem found
 
 
 def _is_unsafe(name: str) -> bool:
@@ -118,14 +123,14 @@ def _finish(group: _Group, image_extensions: tuple[str, ...]) -> RawSample | Sam
     # sample like any other, where its lone surrogate used to fail the metadata write of the whole tar.
     key = escape_name(group.key)
     if group.problem:
-        return SampleProblem(key, group.problem)
+        return SampleProblem(key, *group.problem)
     for ext in image_extensions:
         if ext in group.members:
             member, data = group.members[ext]
             fields = {e: group.members[e][1] for e in _METADATA_EXTENSIONS if e in group.members}
             return RawSample(key, escape_name(member), data, fields)
     present = ", ".join(escape_name(ext) for ext in sorted(group.members)) or "nothing"
-    return SampleProblem(key, f"no image member (has: {present})")
+    return SampleProblem(key, FailureCode.MISSING_IMAGE, f"no image member (has: {present})")
 
 
 @dataclass(frozen=True)
@@ -346,18 +351,22 @@ def _group(
                 yield _finish(group, image_extensions)
             group = _Group(key)
             if key in seen:
-                group.problem = "key seen twice in this tar (the first occurrence is kept)"
+                group.problem = (FailureCode.DUPLICATE_KEY,
+                                 "key seen twice in this tar (the first occurrence is kept)")
             seen.add(key)
         if group.problem:
             continue
         if _is_unsafe(name):
-            group.problem = f"unsafe member name {name!r} (absolute or '..'): ignored"
+            group.problem = (FailureCode.UNSAFE_NAME,
+                             f"unsafe member name {name!r} (absolute or '..'): ignored")
         elif member.kind != "file":
-            group.problem = f"member {name!r} is a {member.kind}, not a regular file: ignored"
+            group.problem = (FailureCode.NOT_A_FILE,
+                             f"member {name!r} is a {member.kind}, not a regular file: ignored")
         elif ext in group.members:
-            group.problem = f"member {name!r} appears twice"
+            group.problem = (FailureCode.DUPLICATE_MEMBER, f"member {name!r} appears twice")
         elif member.size > MAX_MEMBER_BYTES:
-            group.problem = f"member {name!r} is {member.size} bytes (> {MAX_MEMBER_BYTES}): skipped"
+            group.problem = (FailureCode.MEMBER_TOO_LARGE,
+                             f"member {name!r} is {member.size} bytes (> {MAX_MEMBER_BYTES}): skipped")
         else:
             group.members[ext] = (name, read(member))
     if group is None:

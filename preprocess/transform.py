@@ -6,8 +6,9 @@ full decode 5.7 ms, but ``draft`` (libjpeg-turbo DCT scaling) decodes at 1/2, 1/
 orientation is folded in: the draft/resize target is swapped for orientations 5-8 and the small output is
 transposed, never the large input.
 
-Every failure of an untrusted image becomes a ``SampleError`` with a short reason; the job counts it and
-goes on. ``LOAD_TRUNCATED_IMAGES`` is never set: a truncated JPEG is an error, not a grey bottom half.
+Every failure of an untrusted image becomes a ``SampleError``: a code (``shardio.failure_reasons``) and a
+short reason; the job counts it and goes on. ``LOAD_TRUNCATED_IMAGES`` is never set: a truncated JPEG is an
+error, not a grey bottom half.
 Each image is decoded by exactly one ``load()``: a second load after a failed one returns Pillow's partial
 pixels without an error (a PNG's eXIf chunk may follow its pixels, so non-JPEG orientation is read after it).
 The pixel-bomb limit is checked on the header's size, before any decoding; Pillow's process-wide
@@ -46,6 +47,7 @@ from preprocess import jpeg_region
 from preprocess.config import JobConfig
 from preprocess.jpeg_markers import JpegLayout, ScanDataEnded, jpeg_layout, use_strict_decoder
 from shardio.errors import SampleError
+from shardio.failure_reasons import FailureCode
 
 __all__ = ["ProcessedImage", "process_image", "ALLOWED_FORMATS"]
 
@@ -79,6 +81,7 @@ _KEYED_EXTRA_BYTES = 4 + 9  # P/L/RGB/1 with a tRNS colour key: to RGBA, then th
 _SCAN_ENDS_EARLY = ("JPEG scan data ends early (cut mid-scan with an EOI appended, interrupted by a stray marker,"
                     " or a header claiming more pixels than the data holds; libjpeg would fill the rest with grey)")
 _PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
+_PILLOW_TRUNCATED = ("image file is truncated", "Truncated File Read")  # see _decoder_failure_code
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
     "box": Image.Resampling.BOX,
@@ -105,7 +108,7 @@ class ProcessedImage:
 
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
     if not data:
-        raise SampleError("empty image member (0 bytes)")
+        raise SampleError(FailureCode.EMPTY_MEMBER, "empty image member (0 bytes)")
     Image.MAX_IMAGE_PIXELS = cfg.max_image_pixels  # one job config per worker process
     with warnings.catch_warnings():
         # Pillow's other warnings ("Corrupt EXIF data" while reading a JPEG's dpi) must not fail an image
@@ -115,24 +118,28 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
         try:
             im = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
         except UnidentifiedImageError:
-            raise SampleError(f"not a supported image ({_sniff(data)}, {len(data)} bytes)") from None
+            code, sniffed = _sniff(data)
+            raise SampleError(code, f"not a supported image ({sniffed}, {len(data)} bytes)") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             # Pillow's message quotes its error threshold, twice the configured limit: name ours.
             found = _PILLOW_BOMB_PIXELS.search(str(e))
             pixels = f"{int(found.group(1))} pixels" if found else "more pixels"
-            raise SampleError(f"pixel bomb: {pixels} > max_image_pixels {cfg.max_image_pixels}") from None
+            raise SampleError(FailureCode.TOO_MANY_PIXELS,
+                              f"pixel bomb: {pixels} > max_image_pixels {cfg.max_image_pixels}") from None
     width, height = im.size
     if width < 1 or height < 1:
-        raise SampleError(f"{im.format} with an empty size {width}x{height}")
+        raise SampleError(FailureCode.EMPTY_SIZE, f"{im.format} with an empty size {width}x{height}")
     if width * height > cfg.max_image_pixels:
         raise SampleError(
+            FailureCode.TOO_MANY_PIXELS,
             f"pixel bomb: {width}x{height} = {width * height} pixels"
             f" > max_image_pixels {cfg.max_image_pixels}"
         )
     _check_shape(width, height, cfg)
     compression = im.info.get("compression", "raw") if im.format == "TIFF" else None
     if compression is not None and _TIFF_CODECS is not None and compression not in _TIFF_CODECS:
-        raise SampleError(f"TIFF compression not supported ({compression}: this Pillow build has no libtiff,"
+        raise SampleError(FailureCode.UNSUPPORTED_FORMAT,
+                          f"TIFF compression not supported ({compression}: this Pillow build has no libtiff,"
                           " only uncompressed TIFF is decoded)")
     return im
 
@@ -141,10 +148,11 @@ def _check_shape(width: int, height: int, cfg: JobConfig) -> None:
     """img2dataset's filters: a tiny thumbnail or a banner would be mostly invented or cut-off pixels."""
     short, long = min(width, height), max(width, height)
     if short < cfg.min_image_size:
-        raise SampleError(f"image too small ({width}x{height}: short side"
-                          f" < min_image_size {cfg.min_image_size})")
+        raise SampleError(FailureCode.TOO_SMALL, f"image too small ({width}x{height}: short side"
+                                                 f" < min_image_size {cfg.min_image_size})")
     if cfg.max_aspect_ratio is not None and long / short > cfg.max_aspect_ratio:
-        raise SampleError(f"aspect ratio too large ({width}x{height} is {long / short:.2f}:1"
+        raise SampleError(FailureCode.ASPECT_RATIO,
+                          f"aspect ratio too large ({width}x{height} is {long / short:.2f}:1"
                           f" > max_aspect_ratio {cfg.max_aspect_ratio:g})")
 
 
@@ -152,14 +160,17 @@ def _check_jpeg(layout: JpegLayout | None, cfg: JobConfig) -> None:
     if layout is None:
         return  # not a well-formed marker sequence: the decoder gives its own reason
     if layout.scans > cfg.max_jpeg_scans:
-        raise SampleError(f"too many JPEG scans ({layout.scans} > max_jpeg_scans {cfg.max_jpeg_scans};"
+        raise SampleError(FailureCode.TOO_MANY_SCANS,
+                          f"too many JPEG scans ({layout.scans} > max_jpeg_scans {cfg.max_jpeg_scans};"
                           " decode time grows with each)")
     if not layout.complete:
         if layout.stray_marker:  # the scans after it are never read: the same words as a cut inside a scan
-            raise SampleError(_SCAN_ENDS_EARLY)
+            raise SampleError(FailureCode.SCAN_ENDS_EARLY, _SCAN_ENDS_EARLY)
         if layout.eoi is None:
-            raise SampleError(f"truncated JPEG (the data ends after {layout.scans} scan(s))")
-        raise SampleError("incomplete JPEG (its scans stop before every component is complete:"
+            raise SampleError(FailureCode.TRUNCATED,
+                              f"truncated JPEG (the data ends after {layout.scans} scan(s))")
+        raise SampleError(FailureCode.INCOMPLETE_JPEG,
+                          "incomplete JPEG (its scans stop before every component is complete:"
                           " cut between two scans)")
 
 
@@ -196,18 +207,33 @@ def _check_decoded_size(width: int, height: int, mode: str, keyed: bool, coeffic
     if needed > cfg.max_decoded_bytes:
         kept = (f", + {coefficients / 2**20:.0f} MiB of DCT coefficients a multi-scan JPEG keeps"
                 if coefficients else "")
-        raise SampleError(f"decoded size too large (~{needed / 2**20:.0f} MiB for {width}x{height} {mode},"
+        raise SampleError(FailureCode.DECODED_BYTES,
+                          f"decoded size too large (~{needed / 2**20:.0f} MiB for {width}x{height} {mode},"
                           f" {per_pixel} bytes a pixel with its conversion to RGB{kept}"
                           f" > max_decoded_bytes {cfg.max_decoded_bytes})")
 
 
-def _sniff(data: bytes) -> str:
+def _sniff(data: bytes) -> tuple[FailureCode, str]:
+    """What bytes no decoder took look like: a broken JPEG, text (an HTML error page saved as .jpg), other."""
     head = data[:16]
     if head.startswith(b"\xff\xd8"):
-        return "JPEG signature but unreadable header"
+        return FailureCode.BAD_JPEG_HEADER, "JPEG signature but unreadable header"
     if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
-        return "looks like text"
-    return "unknown signature " + head[:4].hex()
+        return FailureCode.NOT_AN_IMAGE, "looks like text"
+    return FailureCode.UNKNOWN_FORMAT, "unknown signature " + head[:4].hex()
+
+
+def _decoder_failure_code(error: Exception) -> FailureCode:
+    """``truncated`` when Pillow ran out of data, else ``decode_error``.
+
+    Pillow says "out of data" only in words, two fixed messages (``ImageFile.load``: "image file is
+    truncated (N bytes not processed)"; ``ImageFile._safe_read``: "Truncated File Read"). A cut download
+    is the most common bad image on the web, and the marker checks above catch only the JPEGs whose
+    markers are whole, so Pillow's own verdict is read here, once, where the exception is raised.
+    """
+    if isinstance(error, OSError) and str(error).startswith(_PILLOW_TRUNCATED):
+        return FailureCode.TRUNCATED
+    return FailureCode.DECODE_ERROR
 
 
 def _orientation(im: Image.Image) -> int:
@@ -435,15 +461,16 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         raise
     except ScanDataEnded:
         if layout is not None and layout.eoi is None:
-            raise SampleError("truncated JPEG (the data ends inside a scan)") from None
-        raise SampleError(_SCAN_ENDS_EARLY) from None
+            raise SampleError(FailureCode.TRUNCATED, "truncated JPEG (the data ends inside a scan)") from None
+        raise SampleError(FailureCode.SCAN_ENDS_EARLY, _SCAN_ENDS_EARLY) from None
     except Exception as e:  # untrusted bytes: any decoder failure is this sample's, never the job's
-        raise SampleError(f"cannot decode: {type(e).__name__}: {e}") from e
+        raise SampleError(_decoder_failure_code(e), f"cannot decode: {type(e).__name__}: {e}") from e
     if pixels.shape != (cfg.height, cfg.width, 3):
-        raise SampleError(f"internal: produced {pixels.shape}, expected {(cfg.height, cfg.width, 3)}")
+        raise SampleError(FailureCode.INTERNAL,
+                          f"internal: produced {pixels.shape}, expected {(cfg.height, cfg.width, 3)}")
     if t4 - t0 > cfg.max_decode_seconds:
-        raise SampleError(f"decode too slow ({t4 - t0:.1f} s"
-                          f" > max_decode_seconds {cfg.max_decode_seconds:g})")
+        raise SampleError(FailureCode.DECODE_TIMEOUT, f"decode too slow ({t4 - t0:.1f} s"
+                                                      f" > max_decode_seconds {cfg.max_decode_seconds:g})")
     if timings is not None:
         timings["open"] = t1 - t0
         timings["decode"] = t2 - t1
@@ -471,7 +498,8 @@ def _decode_plain_jpeg(
     stored size, the orientation, the decoded picture's extent and the clock after the header checks."""
     width, height = layout.width, layout.height
     if width * height > cfg.max_image_pixels:  # Pillow's bomb check, in its words (see ``_open``)
-        raise SampleError(f"pixel bomb: {width * height} pixels > max_image_pixels {cfg.max_image_pixels}")
+        raise SampleError(FailureCode.TOO_MANY_PIXELS,
+                          f"pixel bomb: {width * height} pixels > max_image_pixels {cfg.max_image_pixels}")
     _check_shape(width, height, cfg)
     _check_jpeg(layout, cfg)
     orientation = _exif_orientation(layout.exif)

@@ -26,6 +26,7 @@ from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio import storage
 from shardio.errors import InputError, SampleError
+from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
 from shardio.writer import InputShardWriter
 
@@ -43,7 +44,7 @@ class InputResult:
     mtime_ns: int
     samples: int = 0
     shards: list[dict[str, Any]] = field(default_factory=list)  # ShardEntry as dicts (plain data for Ray)
-    failures: list[dict[str, str]] = field(default_factory=list)  # {input, key, reason}
+    failures: list[dict[str, str]] = field(default_factory=list)  # {input, key, code, reason} (run report's)
     upscaled: int = 0  # samples written whose kept region was smaller than the target (pixels invented)
     error: str | None = None  # the input itself could not be processed
     elapsed_s: float = 0.0
@@ -82,16 +83,17 @@ def parse_fields(fields: dict[str, bytes]) -> dict[str, Any]:
         text = fields["cls"].decode("utf-8-sig", errors="replace").strip()
         # At most 19 digits: int64's largest is 9223372036854775807 (and int() refuses > 4300 digits).
         if not _CLS_DIGITS.fullmatch(text) or int(text) > _INT64_MAX:
-            raise SampleError(f".cls is not an integer in 0..2**63-1: {text[:40]!r}")
+            raise SampleError(FailureCode.BAD_CLS, f".cls is not an integer in 0..2**63-1: {text[:40]!r}")
         out["cls"] = int(text)
     if "json" in fields:
         try:
             value = json.loads(fields["json"], parse_constant=_reject_constant)
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeError are ValueErrors
-            raise SampleError(f".json is not valid JSON ({str(e)[:200]})") from None
+            raise SampleError(FailureCode.BAD_JSON, f".json is not valid JSON ({str(e)[:200]})") from None
         if not isinstance(value, dict):
-            raise SampleError(f".json is not a JSON object but a {type(value).__name__}")
+            raise SampleError(FailureCode.JSON_NOT_OBJECT,
+                              f".json is not a JSON object but a {type(value).__name__}")
         out["json"] = value
     return out
 
@@ -145,10 +147,12 @@ def iter_process_input(
         # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
         for item in iter_tar_samples(input_path, cfg.image_extensions, size=size, etag=etag):
             if isinstance(item, SampleProblem):
-                result.failures.append({"input": input_path, "key": item.key, "reason": item.reason})
+                result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,
+                                        "reason": item.reason})
                 failed += 1
             elif item.image_member in skip_members:
                 result.failures.append({"input": input_path, "key": item.key,
+                                        "code": FailureCode.DECODE_STUCK.value,
                                         "reason": stuck_reason(item.image_member, bound_s)})
                 failed += 1
             else:
@@ -184,7 +188,8 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
         fields = parse_fields(sample.fields)
         image = process_image(sample.image, cfg)
     except SampleError as e:
-        result.failures.append({"input": input_path, "key": sample.key, "reason": f"{sample.image_member}: {e}"})
+        result.failures.append({"input": input_path, "key": sample.key, "code": e.code.value,
+                                "reason": f"{sample.image_member}: {e}"})
         return None
     result.upscaled += image.upscaled
     meta = {

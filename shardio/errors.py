@@ -22,7 +22,8 @@
     │   ├── StorageAccessError            the object store refused the credentials, or the bucket is missing
     │   ├── UnsupportedStore              the object store ignores conditional writes
     │   └── MissingExtra                  an optional extra is needed (``pip install 'shardio[s3]'``)
-    ├── SampleError                       one image could not be turned into pixels (counted, not fatal)
+    ├── SampleError                       one sample could not be turned into pixels (counted, not fatal):
+    │                                     a ``FailureCode`` and its detail (``shardio.failure_reasons``)
     └── InputError                        one input (tar) could not be read (named in the report)
 
 Every message names the file (and the tar member, input or shard) and says what to do. A command's exit
@@ -32,6 +33,8 @@ ends without one exits by its report (``shardio.run_report.RunReport.exit_code``
 """
 
 from __future__ import annotations
+
+from shardio.failure_reasons import FailureCode
 
 __all__ = [
     "ShardioError",
@@ -167,7 +170,19 @@ class StorageUnavailable(ShardioError):
 
 
 class SampleError(ShardioError):
-    """One sample could not be decoded; the job records the reason and goes on."""
+    """One sample could not be decoded; the job records its code and reason and goes on.
+
+    ``code`` is what the summaries count by; ``str(e)`` is the detail a person reads (the reason, without
+    the member name the job adds), so no one has to read the category back out of the words.
+    """
+
+    def __init__(self, code: FailureCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type, tuple[FailureCode, str]]:  # pickling rebuilds from both fields
+        return (type(self), (self.code, self.detail))
 
 
 class InputError(ShardioError):

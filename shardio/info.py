@@ -37,15 +37,15 @@ def dataset_info(directory: str) -> dict[str, Any]:
     snapshot = open_dataset(directory)
     manifest = snapshot.manifest
     runs, problems = run_history(snapshot.directory)
-    failures_of_input: dict[str, list[str]] = {}
+    failures_of_input: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         processed = set(run.get("inputs_processed", []))
         for path in processed:
             failures_of_input[path] = []
         for failure in run.get("failures", []):
             if failure.get("input") in processed:
-                failures_of_input[failure["input"]].append(str(failure.get("reason", "")))
-    reasons = count_by_category(reason for path in manifest.inputs for reason in failures_of_input.get(path, []))
+                failures_of_input[failure["input"]].append(failure)
+    reasons = count_by_category(f for path in manifest.inputs for f in failures_of_input.get(path, []))
     pixel_bytes = sum(s.bytes for s in manifest.shards)
     meta_bytes = sum(s.meta_bytes for s in manifest.shards)
     return {

@@ -3,8 +3,9 @@
 Written by the job (``preprocess.job``, through ``shardio.directory.save_report``), read by ``shardio
 info``; this module is its one definition. A report is a JSON object with the fields of ``RunReport``
 (all of them present; a reader of older reports uses ``.get`` with the defaults below) plus
-``failures_by_reason`` ({category: count}, ``shardio.failure_reasons``) and ``exit_code`` (the
-command's exit status). ``failures`` are ``{input, key, reason}`` per bad sample; ``inputs_failed``
+``failures_by_reason`` ({category: count}, counted by code: ``shardio.failure_reasons``) and ``exit_code``
+(the command's exit status). ``failures`` are ``{input, key, code, reason}`` per bad sample (``code`` a
+``FailureCode`` value; reports from before codes have none, and count as ``unknown``); ``inputs_failed``
 ``{input, reason}`` per input that could not be processed.
 """
 
@@ -32,7 +33,7 @@ class RunReport:
     samples_written: int = 0
     samples_failed: int = 0
     samples_upscaled: int = 0  # written, but smaller than the target on a side (see min_image_size)
-    failures: list[dict[str, str]] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)  # {input, key, code, reason}
     inputs_processed: list[str] = field(default_factory=list)
     inputs_skipped: list[str] = field(default_factory=list)
     inputs_failed: list[dict[str, str]] = field(default_factory=list)
@@ -71,7 +72,7 @@ class RunReport:
         return EXIT_FAILED if self.inputs_failed or too_many else EXIT_OK
 
     def failures_by_reason(self) -> dict[str, int]:
-        return count_by_category(failure["reason"] for failure in self.failures)
+        return count_by_category(self.failures)
 
 
 def report_dict(report: RunReport) -> dict[str, Any]:

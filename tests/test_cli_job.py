@@ -75,6 +75,8 @@ def test_report_names_bad_samples_and_bad_inputs(ray_cluster, tars, tmp_path):
     assert report["samples_written"] == 8 and report["samples_failed"] == 3
     reasons = {f["key"]: f["reason"] for f in report["failures"]}
     assert "empty" in reasons["000013"] and "text" in reasons["000014"] and "no image" in reasons["000015"]
+    codes = {f["key"]: f["code"] for f in report["failures"]}
+    assert codes == {"000013": "empty_member", "000014": "not_an_image", "000015": "missing_image"}
     failed = {os.path.basename(f["input"]): f["reason"] for f in report["inputs_failed"]}
     assert set(failed) == {"not_a_tar.tar", "missing.tar"}
     assert "no such file" in failed["missing.tar"]

@@ -249,6 +249,9 @@ def test_report_counts_upscaled_samples_and_limit_failures(ray_cluster, tars, tm
     assert report["samples_written"] == 4 and report["samples_upscaled"] == 2
     assert [f["key"] for f in report["failures"]] == ["000004"]
     assert "image too small (20x20: short side < min_image_size 32)" in report["failures"][0]["reason"]
+    assert report["failures"][0]["code"] == "too_small"  # through Ray, into the report file
+    assert report["failures_by_reason"] == {"image too small": 1}
+    assert "1 x image too small" in " ".join(result.output.split())  # the summary
     assert report["config"]["min_image_size"] == 32
     assert json.load(open(os.path.join(out, "manifest.json")))["config"]["min_image_size"] == 32
     assert "(2 upscaled)" in " ".join(result.output.split())

@@ -39,12 +39,15 @@ def write_report(directory: str, run_id: str, failures: list[dict[str, str]], pr
 
 
 def test_info_counts_failures_of_current_inputs_from_their_last_run(dataset):
-    bad = lambda key, why: {"input": "input-0.tar", "key": key, "reason": f"{key}.jpg: {why}"}  # noqa: E731
-    write_report(dataset, "2024-01-01", [bad("a", "cannot decode: OSError: truncated (9 bytes)")],
+    def bad(key: str, code: str, why: str) -> dict[str, str]:
+        return {"input": "input-0.tar", "key": key, "code": code, "reason": f"{key}.jpg: {why}"}
+
+    write_report(dataset, "2024-01-01", [bad("a", "truncated", "cannot decode: OSError: truncated (9 bytes)")],
                  ["input-0.tar"])
-    # The second run reprocessed input-0: its failures replace the first run's, they do not add up.
-    write_report(dataset, "2024-01-02",
-                 [bad("b", "empty image member (0 bytes)"), bad("c", "empty image member")], ["input-0.tar"])
+    # The second run reprocessed input-0: its failures replace the first run's, they do not add up. They
+    # are counted by code: the second one's reason is worded otherwise, its category is the same.
+    write_report(dataset, "2024-01-02", [bad("b", "empty_member", "empty image member (0 bytes)"),
+                                         bad("c", "empty_member", "zero bytes")], ["input-0.tar"])
     code, out, _ = run("info", dataset)
     assert code == 0
     assert "117  (16x16x3 NHWC uint8, 15 shards from 3 inputs" in out
@@ -56,6 +59,22 @@ def test_info_counts_failures_of_current_inputs_from_their_last_run(dataset):
     assert info["pixel_bytes"] == 117 * 16 * 16 * 3 + 15 * 128
     assert info["failures_by_reason"] == {"empty image member (0 bytes)": 2}
     assert [r["run_id"] for r in info["runs"]] == ["2024-01-01", "2024-01-02"]
+
+
+def test_info_shows_a_report_written_before_failure_codes(dataset):
+    # Reports written before codes existed hold {input, key, reason}: counted as unknown, never a crash.
+    old = [{"input": "input-0.tar", "key": k, "reason": f"{k}.jpg: pixel bomb: 9 > max_image_pixels 8"}
+           for k in ("a", "b")]
+    write_report(dataset, "2023-12-31", old + [{"input": "input-1.tar", "key": "c", "code": "too_small",
+                                                "reason": "c.jpg: image too small (4x4)"}],
+                 ["input-0.tar", "input-1.tar"])
+    code, out, _ = run("info", dataset)
+    assert code == 0
+    assert "     2 x unknown (a report from before failure codes: see its reasons)" in out
+    assert "     1 x image too small" in out
+    code, out, _ = run("info", dataset, "--json")
+    assert json.loads(out)["failures_by_reason"] == {
+        "unknown (a report from before failure codes: see its reasons)": 2, "image too small": 1}
 
 
 def test_info_on_a_missing_or_broken_dataset_exits_1_and_says_why(tmp_path, dataset):

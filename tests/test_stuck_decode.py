@@ -116,7 +116,8 @@ def test_skipped_members_are_failed_samples_and_the_rest_is_written(hanging_tar,
         ("stuck-000007", stuck_reason("stuck-000007.jpg", 2.0)),
     ]
     assert "stuck-000003.jpg: decode did not finish within 2 s" in result.failures[0]["reason"]
-    assert failure_category(result.failures[0]["reason"]) == "decode did not finish (worker stopped, sample skipped)"
+    assert [f["code"] for f in result.failures] == ["decode_stuck", "decode_stuck"]
+    assert failure_category(result.failures[0]) == "decode did not finish (worker stopped, sample skipped)"
     pixels, rows = read_shards(out, result.shards)
     assert [decode_index(p) for p in pixels] == [0, 1, 2, 4, 5, 6, 8, 9]
     assert [r["key"] for r in rows] == [f"{i:06d}" for i in (0, 1, 2, 4, 5, 6, 8, 9)]
@@ -143,6 +144,7 @@ def test_a_stuck_decode_fails_its_sample_the_tar_commits_and_a_rerun_skips_it(
     assert {(f["input"], f["key"]): f["reason"] for f in report.failures} == {
         (hanging_tar, "stuck-000003"): stuck_reason("stuck-000003.jpg", 2.0),
         (hanging_tar, "stuck-000007"): stuck_reason("stuck-000007.jpg", 2.0)}
+    assert [f["code"] for f in report.failures] == ["decode_stuck", "decode_stuck"]  # through Ray
     assert sum("did not finish" in w for w in report.warnings) == 2, report.warnings
     assert report.exit_code == 0
     ds = shardio.open_dataset(out, verify=True)
