@@ -22,11 +22,11 @@ from preprocess.config import load_config
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.stop_signals import StopOnSignal
-from shardio.cli_style import fail, new_app, version_option
-from shardio.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
+from shardio.tools.cli_style import fail, new_app, version_option
+from shardio.write.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
-# The same look as `shardio` (shardio.cli_style): help layout, -h/--help, --version, error lines.
+# The same look as `shardio` (shardio.tools.cli_style): help layout, -h/--help, --version, error lines.
 app = new_app("WebDataset tars -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
 
@@ -39,7 +39,7 @@ def _fail(error: ShardioError, quiet: bool = False) -> None:
     """End the command for ``error``: its message (unless ``quiet``: already said, e.g. as JSON) and its
     exit status from the exception tree (``shardio.errors.exit_code``)."""
     if not quiet:
-        fail(error, exit_code(error))  # the one error line of both command lines (shardio.cli_style)
+        fail(error, exit_code(error))  # the one error line of both command lines (shardio.tools.cli_style)
     raise typer.Exit(exit_code(error)) from None
 
 
@@ -335,7 +335,7 @@ def gc(
     """Delete superseded shards and manifest generations that no kept generation needs.
 
     A run does this at its end with its own --retain-* options."""
-    from shardio.directory import gc as collect_garbage
+    from shardio.write.directory import gc as collect_garbage
 
     try:
         collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations),

@@ -1,7 +1,7 @@
 """What the tasks of a run need to reach its storage, and a check, before any task, that every node can.
 
 **Settings** (``task_env``): the driver's non-secret object-store settings (endpoint, region, addressing
-style, plain http: ``shardio.object_storage.carried_settings``) go to every task as environment variables
+style, plain http: ``shardio.store.s3.carried_settings``) go to every task as environment variables
 in its Ray ``runtime_env``, so a node started by ``ray start`` without them reaches the same server in the
 same region. They override the node's own. Credentials do not travel: each node uses its own environment,
 profile or instance role, unless ``pass_credentials`` (``--pass-credentials``), which adds the driver's key,
@@ -26,8 +26,8 @@ from typing import Any
 import ray
 
 from preprocess.ray_runner import BUILD_CHECK_TIMEOUT_S, on_every_node
-from shardio import directory as dataset_dir
-from shardio import storage
+from shardio.write import directory as dataset_dir
+from shardio.store import storage
 from shardio.errors import NodeAccessError, ShardioError
 
 __all__ = ["task_env", "check_cluster_access", "probe_access"]
@@ -38,7 +38,7 @@ def task_env(paths: list[str], pass_credentials: bool = False) -> dict[str, str]
     non-secret object-store settings, plus its credentials if ``pass_credentials``. Empty for local paths."""
     if not any(path.startswith("s3://") for path in paths):
         return {}
-    from shardio import object_storage
+    from shardio.store import s3 as object_storage
 
     env = object_storage.carried_settings()
     if pass_credentials:

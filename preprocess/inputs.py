@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import NoInputsMatched
 
 __all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES"]

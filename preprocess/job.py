@@ -5,7 +5,7 @@ killed run left, skip inputs already committed unchanged (same path, size and mt
 Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
 commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
 files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
-(the protocol itself, with what it needs from storage, is ``shardio.directory``).
+(the protocol itself, with what it needs from storage, is ``shardio.write.directory``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
@@ -22,7 +22,7 @@ ETag changes with every upload, so at worst unchanged bytes are processed again.
 
 A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
-readers of older generations, and the retention (``shardio.directory``: 24 h and 3 generations by default,
+readers of older generations, and the retention (``shardio.write.directory``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
 
 ``--prune`` that would drop more than half of the committed inputs or samples is refused
@@ -58,13 +58,13 @@ from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_clust
                                    stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
-from shardio import directory as dataset_dir
-from shardio import storage
-from shardio.directory import Committer, Retention, drop_inputs
+from shardio.write import directory as dataset_dir
+from shardio.store import storage
+from shardio.write.directory import Committer, Retention, drop_inputs
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, OutputUnusable,
                             PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import InputEntry, Manifest
-from shardio.run_report import RunReport, report_json
+from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json"]

@@ -34,9 +34,9 @@ import tempfile
 import threading
 from typing import Any
 
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import InputError
-from shardio.scratch import scratch_dir
+from shardio.store.scratch import scratch_dir
 
 __all__ = ["SpooledObject", "CHUNK_BYTES", "FETCHERS", "chunk_plan"]
 

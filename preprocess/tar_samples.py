@@ -36,7 +36,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import InputError
 from shardio.format import escape_name
 

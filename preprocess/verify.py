@@ -1,13 +1,13 @@
 """``preprocess verify DIR``: every shard's size and checksum against the manifest; ``--repair`` rebuilds
 only the inputs behind bad shards.
 
-Checking reads every byte, with the one shard checker (``shardio.directory.shard_problems``). Repair is
+Checking reads every byte, with the one shard checker (``shardio.write.directory.shard_problems``). Repair is
 three steps, each safe to kill: drop the bad inputs from the manifest in one commit (their files are
 retired, not deleted), then an ordinary ``run_job`` over just those inputs, which writes the same shard
 names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
 cannot be rebuilt: it is named and left as it is (its shards stay listed, bad), and the exit is non-zero.
 A ``manifest.json`` that is missing or corrupt is first restored from the newest valid kept generation
-(``shardio.directory.restore_manifest``); the shards are then checked against it as usual.
+(``shardio.write.directory.restore_manifest``); the shards are then checked against it as usual.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
-from shardio import directory as dataset_dir
-from shardio import storage
-from shardio.directory import restore_manifest
+from shardio.write import directory as dataset_dir
+from shardio.store import storage
+from shardio.write.directory import restore_manifest
 from shardio.format import Manifest, ShardEntry, load_manifest
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]

@@ -24,10 +24,10 @@ from preprocess.inputs import InputFingerprint
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import InputError, SampleError
 from shardio.format import ShardEntry
-from shardio.writer import InputShardWriter
+from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "shard_stem", "process_input", "iter_process_input", "parse_fields", "PROGRESS_EVERY"]
 

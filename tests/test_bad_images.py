@@ -17,7 +17,7 @@ from PIL import Image
 from preprocess.config import JobConfig
 from preprocess.transform import process_image
 from preprocess.worker import parse_fields, process_input
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import SampleError
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401

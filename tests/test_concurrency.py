@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
-from shardio import storage
-from shardio.directory import writing
+from shardio.store import storage
+from shardio.write.directory import writing
 from shardio.errors import OutputLocked
 from shardio.format import InputEntry, Manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 
 runner = CliRunner()
 
@@ -68,7 +68,7 @@ def test_a_run_killed_with_sigkill_does_not_leave_the_lock_stuck(tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from shardio.directory import writing\n"
+        [sys.executable, "-c", "import sys, time; from shardio.write.directory import writing\n"
          "with writing(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", out],
         stdout=subprocess.PIPE, text=True,
     )

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from preprocess import ray_runner
 from preprocess.cli import app
-from shardio import storage
+from shardio.store import storage
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset, decoded_indices
 
 pytestmark = pytest.mark.ray
@@ -161,7 +161,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
     def task_on_a_full_disk(input_path, output_dir, cfg_dict, fingerprint):
         # Only modules and closure cells in here: a module-level helper of this test file would be pickled
         # by reference, and the workers cannot import it.
-        from shardio import writer
+        from shardio.write import shard_writer as writer
 
         def full_disk(self, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -9,7 +9,7 @@ from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, r
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
 from shardio.format import InputEntry, load_manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 FIRST = 117
 

@@ -23,7 +23,7 @@ from preprocess.config import JobConfig
 from preprocess.diagnose import diagnose, render_text
 from preprocess.job import RunReport
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import InputError
 from shardio.failure_reasons import count_by_category, failure_category
 from tests.tar_factory import Member, index_image, jpeg_bytes

@@ -22,10 +22,10 @@ from preprocess.job import RunOptions, _check_compatible, run_job
 from preprocess.jpeg_markers import jpeg_layout
 from preprocess.transform import process_image
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import DatasetIncompatibleError, NoInputsMatched, SampleError
 from shardio.format import Manifest, load_manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 from tests.cjpeg_tool import cjpeg
 from tests.tar_factory import Member, index_image, jpeg_bytes
 from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401

@@ -20,9 +20,9 @@ from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from shardio.errors import NoInputsMatched
-from shardio import storage
+from shardio.store import storage
 from shardio.format import InputEntry, Manifest, load_manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset
 
 runner = CliRunner()

@@ -1,6 +1,6 @@
 """Each responsibility has one owner (that ``shardio`` imports nothing of preprocess / Ray / Pillow / YAML /
 typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset directory itself (only
-``shardio.directory`` and the writer it stages for do); every exception is in the one tree of
+``shardio.write.directory`` and the writer it stages for do); every exception is in the one tree of
 ``shardio.errors``, and the exit codes derive from it."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 import preprocess
 import shardio
-from shardio import errors, storage
+from shardio import errors
+from shardio.store import storage
 
 PREPROCESS_DIR = pathlib.Path(preprocess.__file__).parent
 SHARDIO_DIR = pathlib.Path(shardio.__file__).parent
@@ -29,7 +30,7 @@ MUTATING_CALLS = {
 MUTATING_MODULES = ("shutil", "tempfile")  # any call into them
 PATH_METHODS = {"write_bytes", "write_text", "mkdir", "unlink", "rmdir", "touch"}
 PATH_MOVES = {"rename", "replace"}  # pathlib's take one argument; str.replace takes two
-# Names that build a path inside a dataset directory: only shardio.directory (and format/reader) use them.
+# Names that build a path inside a dataset directory: only shardio.write.directory (and format/reader) use them.
 DATASET_PATH_NAMES = {"MANIFEST_NAME", "SHARDS_DIR", "REPORTS_DIR", "MANIFESTS_DIR", "generation_path",
                       "LOCK_NAME", "TEMP_PREFIX"}
 
@@ -66,7 +67,7 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
 
 
 def _short(origin: str) -> str:
-    """``shardio.storage.remove`` -> ``storage.remove``; ``os.path.join`` -> ``os.path.join``."""
+    """``shardio.store.storage.remove`` -> ``storage.remove``; ``os.path.join`` -> ``os.path.join``."""
     return origin.removeprefix("shardio.")
 
 
@@ -136,7 +137,7 @@ def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
             seen.add((path.name, call))
             if (path.name, call) not in ALLOWED:
                 unexpected.append(f"preprocess/{path.name}:{line}: {call}")
-    assert not unexpected, ("file writes or dataset paths outside shardio.directory (go through it, or name "
+    assert not unexpected, ("file writes or dataset paths outside shardio.write.directory (go through it, or name "
                             "the exception in ALLOWED with why): " + "; ".join(unexpected))
     assert not set(ALLOWED) - seen, f"stale exceptions: {sorted(set(ALLOWED) - seen)}"
 
@@ -145,12 +146,12 @@ def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
 def _exception_classes(folder: pathlib.Path) -> list[str]:
     """Classes defined in ``folder``'s modules that derive from an ...Error / Exception base."""
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
                 if any(b.endswith(("Error", "Exception")) or b in errors.__all__ for b in bases):
-                    found.append(f"{folder.name}/{path.name}:{node.name}")
+                    found.append(f"{path.relative_to(folder.parent).as_posix()}:{node.name}")
     return found
 
 

@@ -19,7 +19,7 @@ import pytest
 import ray
 
 import shardio
-from shardio import storage
+from shardio.store import storage
 from tests.interrupt_helpers import config_file, session_dirs_of, slow_inputs, start, wait_until
 
 pytestmark = pytest.mark.ray

@@ -16,9 +16,9 @@ from preprocess.logging_events import EventLogger
 from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
 from preprocess.versions import library_versions
 from preprocess.worker import InputResult
-from shardio import storage
+from shardio.store import storage
 from shardio.format import InputEntry, Manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 
 runner = CliRunner()
 

@@ -11,7 +11,9 @@ import tarfile
 import pytest
 from dataset_fixtures import make_dataset
 
-from shardio import ShardDataset, ShardFormatError, open_dataset, storage
+from shardio import ShardDataset, ShardFormatError, open_dataset
+
+from shardio.store import storage
 
 
 @pytest.fixture
@@ -110,7 +112,7 @@ def test_a_killed_first_run_is_not_said_to_be_writing(tmp_path) -> None:
     directory = str(tmp_path / "ds")
     os.makedirs(directory)
     # A holder SIGKILLed mid-run: its note stays in the lock file, its pid is gone.
-    code = ("import os, signal; from shardio import storage; held = storage.lock(%r); held.__enter__(); "
+    code = ("import os, signal; from shardio.store import storage; held = storage.lock(%r); held.__enter__(); "
             "os.kill(os.getpid(), signal.SIGKILL)" % directory)
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == -9
     assert open(os.path.join(directory, storage.LOCK_NAME)).read().startswith("pid ")
@@ -120,7 +122,7 @@ def test_a_killed_first_run_is_not_said_to_be_writing(tmp_path) -> None:
 
 @pytest.mark.parametrize("expires_in", [60.0, -1.0])
 def test_a_lease_names_its_holder_until_it_expires(tmp_path, expires_in) -> None:
-    """Object storage's lock is a lease (``shardio.lease``: JSON with ``expires``); read the same way."""
+    """Object storage's lock is a lease (``shardio.store.lease``: JSON with ``expires``); read the same way."""
     import json
     import time
 

@@ -18,8 +18,8 @@ from preprocess import remote_tar
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, index_tar, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import scratch as scratch_folder
-from shardio import storage
+from shardio.store import scratch as scratch_folder
+from shardio.store import storage
 from shardio.errors import InputError
 from tests.tar_factory import read_shards
 
@@ -220,7 +220,7 @@ def test_a_burst_of_503s_on_the_ranged_gets_is_retried_by_the_client(s3_server, 
                                                                      monkeypatch, tmp_path):
     """The real client against the real server, through a proxy that answers SlowDown to the first ranged
     GETs: obstore's retries ride it out and the input gives the same pixels as from local disk."""
-    from shardio.object_storage import S3Storage
+    from shardio.store.s3 import S3Storage
     from tests.fault_proxy import FaultProxy
 
     path = tars.make("0001.tar", range(30))

@@ -1,4 +1,4 @@
-"""The storage interface the dataset-directory protocol is written against (``shardio.storage``): the
+"""The storage interface the dataset-directory protocol is written against (``shardio.store.storage``): the
 local backend provides every method, and conditional create refuses an existing name."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ import os
 
 import pytest
 
-from shardio import errors, storage
+from shardio import errors
+
+from shardio.store import storage
 
 
 def test_both_backends_provide_the_interface_and_other_schemes_are_refused():
-    from shardio.object_storage import S3Storage
+    from shardio.store.s3 import S3Storage
 
     required = {name for name in storage.Storage.__dict__ if not name.startswith("_")}
     assert required

@@ -17,7 +17,7 @@ from preprocess import tar_samples
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import InputError
 from shardio.format import unescape_name
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards

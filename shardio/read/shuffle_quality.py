@@ -46,7 +46,7 @@ class ShuffleQuality:
 
 def runs_order(runs: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Global stored sample indices (shard ``s``'s samples start at ``sum(counts[:s])``) of an epoch
-    given as runs ``(shard, start, stop)`` (``shardio.order.epoch_runs``)."""
+    given as runs ``(shard, start, stop)`` (``shardio.read.order.epoch_runs``)."""
     runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
     offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     lengths = runs[:, 2] - runs[:, 1]

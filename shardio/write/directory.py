@@ -1,10 +1,10 @@
 """The one owner of a dataset directory: everything that creates, writes, renames or removes a file there.
 
-Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.writer`` stages
-shards here); the reader calls only the shard checker. Written once against ``shardio.storage.Storage``
+Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.write.shard_writer`` stages
+shards here); the reader calls only the shard checker. Written once against ``shardio.store.storage.Storage``
 (``for_path``); the guarantees it needs from storage, and how the local filesystem gives each, are in
 that module's docstring. The format it writes is ``shardio.format`` (layout, manifest, "Generations",
-"Retention") and ``shardio.run_report`` (``reports/RUN_ID.json``).
+"Retention") and ``shardio.format.run_report`` (``reports/RUN_ID.json``).
 
 What it owns, in the order of a run:
 
@@ -14,7 +14,7 @@ What it owns, in the order of a run:
   the newest valid kept generation: ``recover_manifest``).
 - **Cleaning leftovers** of a killed run: ``clean_leftovers`` (temp files, unlisted shard files,
   generation files newer than the commit).
-- **Staging and publishing shards**: workers (``shardio.writer``) ``stage`` each file under a unique
+- **Staging and publishing shards**: workers (``shardio.write.shard_writer``) ``stage`` each file under a unique
   ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
   lists it.
 - **The commit** (``Committer`` / ``commit``): shards in dataset order, a storage barrier (the shards are
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from shardio import storage
-from shardio.checksum import file_checksum
+from shardio.store import storage
+from shardio.format.checksum import file_checksum
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
     MANIFEST_NAME,
@@ -364,7 +364,7 @@ def _check_held(directory: str) -> None:
 def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
     On object storage the store is first checked to honour conditional writes (the lease and the commit
-    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.lease``)."""
+    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``)."""
     store = storage.for_path(directory)
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
@@ -376,7 +376,7 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
             _held.pop(directory, None)
 
 
-# --- staging shards (``shardio.writer``) ----------------------------------------------------------------
+# --- staging shards (``shardio.write.shard_writer``) ----------------------------------------------------------------
 
 
 def shard_paths(name: str) -> tuple[str, str]:
@@ -498,7 +498,7 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
         return collect(directory, manifest, retention, now)
 
 
-# --- run reports (the format: shardio.run_report) -----------------------------------------------------
+# --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
 
 
 def report_path(directory: str, run_id: str) -> str:
@@ -506,7 +506,7 @@ def report_path(directory: str, run_id: str) -> str:
 
 
 def save_report(directory: str, run_id: str, data: bytes) -> str:
-    """Publish one run's report (``shardio.run_report``) atomically; returns its path."""
+    """Publish one run's report (``shardio.format.run_report``) atomically; returns its path."""
     store = storage.for_path(directory)
     store.makedirs(store.join(directory, REPORTS_DIR))
     path = report_path(directory, run_id)

@@ -7,7 +7,7 @@ batch, at the cost of one copy per sample, ~0.4 of copy speed at 256×256 in ``b
 
 The schedule is a pure function of ``(seed, epoch)``: epoch ``e``'s ``batches_per_epoch`` choices come
 from ``np.random.default_rng([seed, e])``, the same on every rank. Each dataset is read as an endless
-sequence of its own epochs, through its own resume protocol (``shardio.resume``): this mixer begins the
+sequence of its own epochs, through its own resume protocol (``shardio.read.resume``): this mixer begins the
 dataset's passes, iterates them uncounted and hands out each batch on the dataset's cursor when it yields
 it. Where a dataset stands at the start of mixed epoch ``e`` is the number of batches the choices of
 epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
@@ -25,7 +25,7 @@ epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
 A dataset weighted above its share of ``batches_per_epoch`` (default: the datasets' batches together)
 repeats its epochs within one mixed epoch; one weighted below it spreads an epoch over several. Each
 batch carries ``"__source__"`` (the dataset's index) and ``"__position__"``/``"__epoch__"`` (its samples'
-positions in that dataset's epoch, for ``shardio.augment`` transforms). Iterate it directly, in the
+positions in that dataset's epoch, for ``shardio.train.augment`` transforms). Iterate it directly, in the
 process that consumes the batches (``num_workers=0``): it counts a batch when it yields it, so a
 consumer that pulls batches ahead (``DeviceLoader(prefetch>0)``) would count those not yet trained on.
 """
@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.batches import FIELDS, has_content_box
-from shardio.dataset import ShardDataset
+from shardio.read.batches import FIELDS, has_content_box
+from shardio.read.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
-from shardio.resume import EpochPass
+from shardio.read.resume import EpochPass
 
 __all__ = ["MixedDataset"]
 

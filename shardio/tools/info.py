@@ -1,6 +1,6 @@
 """What a dataset holds and how it was made: the manifest, the bytes on disk and the run history.
 
-The run history is ``DIR/reports/*.json`` (one per ``preprocess run``; its format: ``shardio.run_report``).
+The run history is ``DIR/reports/*.json`` (one per ``preprocess run``; its format: ``shardio.format.run_report``).
 Failures by reason are counted for the inputs the manifest lists now, each from the last run that
 processed it, so an input reprocessed after a fix is not counted twice.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardio import storage
+from shardio.store import storage
 from shardio.failure_reasons import count_by_category
-from shardio.reader import open_dataset
-from shardio.run_report import run_history
+from shardio.read.snapshot import open_dataset
+from shardio.format.run_report import run_history
 
-__all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio.run_report
+__all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio.format.run_report
 
 
 def _directory_bytes(directory: str) -> int:

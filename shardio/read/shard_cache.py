@@ -14,7 +14,7 @@ needed, which no LRU cache of a streaming loader can know.
   Held bytes never exceed ``limit``; ``stats["peak_bytes"]`` records the most ever held.
 - **Belady.** To make room for shard ``u`` (next needed at sequence index ``i``), evict the held shard
   whose next use is farthest, and only one needed later than ``i`` (else ``u`` waits its turn).
-- **Checked, shared, warm** (``shardio.cache_dir``): files are content addressed and appear only whole
+- **Checked, shared, warm** (``shardio.read.cache_dir``): files are content addressed and appear only whole
   and checked (size, header, checksum); processes sharing the directory download a shard once and never
   remove one another holds; a file already there is used at once. Failures are retried ``attempts``
   times; then every ``pixels``/``meta_bytes`` call for that shard raises ``ShardError`` naming the URL
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from shardio.cache_dir import CacheDir, CachedShard, Downloader
-from shardio.checksum import require
+from shardio.read.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.format.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 
@@ -198,7 +198,7 @@ class ShardCache:
     # --- reading ----------------------------------------------------------------------------------
 
     def path(self, key: str) -> str:
-        """Where the ``.npy`` of the unit with this cache key (``shardio.cache_dir.cache_key``) is cached."""
+        """Where the ``.npy`` of the unit with this cache key (``shardio.read.cache_dir.cache_key``) is cached."""
         return self.files.path(key)
 
     def pixels(self, shard: int) -> np.ndarray:
@@ -413,7 +413,7 @@ class ShardCache:
 
     def _store(self) -> Downloader:
         if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
-            from shardio import storage
+            from shardio.store import storage
 
             return storage.for_path(self.units[0].npy_url)
         return self.store

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from torch.utils.data import DataLoader
 
-from shardio import storage
-from shardio.dataset import EpochPass, ShardDataset
-from shardio.prefetch import Prefetcher, prefetched
-from shardio.resume import EpochCursor
+from shardio.store import storage
+from shardio.read.dataset import EpochPass, ShardDataset
+from shardio.read.prefetch import Prefetcher, prefetched
+from shardio.read.resume import EpochCursor
 
 if TYPE_CHECKING:
-    from shardio.augment import BatchTransform
+    from shardio.train.augment import BatchTransform
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
 
@@ -44,7 +44,7 @@ def _no_collate(batch: Any) -> Any:
 class ShardLoader(DataLoader):
     """``DataLoader(dataset, batch_size=None, ...)`` for a ``ShardDataset``: each iteration begins the
     dataset's next pass in the main process (so epochs advance and a resume reaches the workers) and
-    counts the batches it hands out on the dataset's cursor (``shardio.resume``)."""
+    counts the batches it hands out on the dataset's cursor (``shardio.read.resume``)."""
 
     def __init__(self, dataset: ShardDataset, *, num_workers: int = 0, pin_memory: bool = False,
                  **kwargs: Any) -> None:
@@ -78,7 +78,7 @@ class ShardLoader(DataLoader):
         return self.dataset.begin_pass()  # type: ignore[attr-defined]
 
     def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
-        """The pass's batches, uncounted (``shardio.resume``)."""
+        """The pass's batches, uncounted (``shardio.read.resume``)."""
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
         if self.num_workers == 0:
             # DataLoader's single-process iterator adds nothing to whole batches: the dataset assembles
@@ -111,7 +111,7 @@ class ShardLoader(DataLoader):
 
 
 PassSource = Union[ShardDataset, ShardLoader]
-"""What ``DeviceLoader`` and ``shardio.augment`` drive through the protocol of ``shardio.resume``:
+"""What ``DeviceLoader`` and ``shardio.train.augment`` drive through the protocol of ``shardio.read.resume``:
 ``begin_pass()``, ``iter_pass(epoch_pass, prefetch=...)``, ``cursor``, ``state_dict``, ``load_state_dict``."""
 
 
@@ -153,18 +153,18 @@ def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.devic
 class DeviceLoader:
     """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``).
 
-    With ``prefetch > 0`` a background thread (``shardio.prefetch``) pulls the next ``prefetch`` batches
+    With ``prefetch > 0`` a background thread (``shardio.read.prefetch``) pulls the next ``prefetch`` batches
     (the memory-map copy and the pinning run there, both outside the GIL, and on CPU the whole conversion),
     so with ``num_workers=0``, or a ``ShardDataset`` passed directly (assembled pinned when
     ``pin_memory``), reading overlaps the step. On CUDA the next batch's host-to-device copy and
     normalisation run on a side stream while the current step runs.
 
     Given a ``ShardDataset`` or ``ShardLoader``, this is the layer that hands batches out, so it counts
-    them on the dataset's cursor (``shardio.resume``): ``state_dict()`` counts the batches this yielded,
+    them on the dataset's cursor (``shardio.read.resume``): ``state_dict()`` counts the batches this yielded,
     not those prefetched, so resuming repeats nothing and skips nothing. Any other iterable of batches is
     only moved to the device (``state_dict`` is then the loader's own).
 
-    ``transform`` (e.g. ``shardio.augment.TrainAugment``) replaces the normalisation: it gets the uint8
+    ``transform`` (e.g. ``shardio.train.augment.TrainAugment``) replaces the normalisation: it gets the uint8
     images on the device with their epoch positions, and the batch's ``content_box`` (on the device) when
     it has one (every batch of a ``mode: pad`` dataset), and returns the float batch.
     """
@@ -254,7 +254,7 @@ class DeviceLoader:
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
-        from shardio.augment import transform_batch  # augment imports this module's constants
+        from shardio.train.augment import transform_batch  # augment imports this module's constants
 
         return transform_batch(self.transform, batch, self.device, self.loader, number)
 

@@ -8,7 +8,7 @@ inputs leaves the snapshot's files on disk for the retention (``shardio.format``
 reopens it (to resume a run on exactly the data it started with) while it is kept.
 
 On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
-1,000 objects; the bytes are read through a ``shardio.shard_cache.ShardCache`` that ``ShardDataset``
+1,000 objects; the bytes are read through a ``shardio.read.shard_cache.ShardCache`` that ``ShardDataset``
 attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
 size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
 """
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardio import storage
-from shardio.directory import shard_problems
+from shardio.store import storage
+from shardio.write.directory import shard_problems
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format import (
     HEADER_BYTES,
@@ -34,7 +34,7 @@ from shardio.format import (
 )
 
 if TYPE_CHECKING:
-    from shardio.shard_cache import ShardCache
+    from shardio.read.shard_cache import ShardCache
 
 __all__ = ["DatasetSnapshot", "ShardMeta", "open_dataset"]
 
@@ -105,9 +105,9 @@ class DatasetSnapshot:
 
     def _remote_cache(self) -> ShardCache | None:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
-        script) one with the defaults (``shardio.cached_reading.cache_for``), made at the first read."""
+        script) one with the defaults (``shardio.read.cached_reading.cache_for``), made at the first read."""
         if self.cache is None and storage.is_remote(self.directory):
-            from shardio.cached_reading import cache_for  # here: that module imports this one
+            from shardio.read.cached_reading import cache_for  # here: that module imports this one
 
             self.cache = cache_for(self, None, None)
         return self.cache

@@ -47,8 +47,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.nn.functional as F
 
-from shardio.dataset import ShardDataset
-from shardio.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
+from shardio.read.dataset import ShardDataset
+from shardio.train.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
 
 __all__ = [
     "BatchTransform",
@@ -308,7 +308,7 @@ def _dataset_of(source: Any) -> ShardDataset | None:
 
 def batch_positions(dataset: ShardDataset, batch_number: int) -> torch.Tensor:
     """Epoch positions (int64 [B]) of this rank's ``batch_number``-th batch of the epoch (1-based: the
-    count ``ShardDataset.batches_seen`` has right after handing it out; see ``shardio.resume``)."""
+    count ``ShardDataset.batches_seen`` has right after handing it out; see ``shardio.read.resume``)."""
     positions = dataset.batch_positions(batch_number)
     return torch.arange(positions.start, positions.stop, dtype=torch.int64)
 
@@ -331,7 +331,7 @@ def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: to
         dataset = _dataset_of(source)
         if dataset is None or batch_number is None:
             raise ValueError("the transform needs each sample's epoch position: iterate a ShardDataset or a "
-                             "ShardLoader, or wrap the loader in shardio.augment.PositionedBatches")
+                             "ShardLoader, or wrap the loader in shardio.train.augment.PositionedBatches")
         positions, epoch = batch_positions(dataset, batch_number), dataset.epoch
     if len(positions) != len(batch["image"]):
         raise ValueError(f"{len(positions)} positions for a batch of {len(batch['image'])} images: the "
@@ -348,7 +348,7 @@ class PositionedBatches:
     ``on_after_batch_transfer``: ``transform_batch(augment, batch, device)`` there also passes a
     ``mode: pad`` batch's ``"content_box"``, which this leaves in the batch). ``len``, ``state_dict`` and
     ``load_state_dict`` pass through; this is the layer that hands batches out, so it counts them
-    (``shardio.resume``)."""
+    (``shardio.read.resume``)."""
 
     def __init__(self, loader: ShardLoader | ShardDataset) -> None:
         if not isinstance(loader, (ShardLoader, ShardDataset)):

@@ -1,9 +1,9 @@
 """Writing shards and the manifest, atomically (see ``shardio.format`` for the layout; every file goes
-in and out of the dataset directory through ``shardio.directory``: staged, promoted, discarded).
+in and out of the dataset directory through ``shardio.write.directory``: staged, promoted, discarded).
 
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
-``samples_per_shard`` is. Checksums are ``xxh3_128`` (``shardio.checksum.WRITE_ALGORITHM``): the
+``samples_per_shard`` is. Checksums are ``xxh3_128`` (``shardio.format.checksum.WRITE_ALGORITHM``): the
 ``.jsonl``'s streams as it is written; the pixel file's (of the whole file, so ``xxh128sum`` agrees) is
 taken at commit from the page cache, once the header is final.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from shardio import directory as dataset_directory
-from shardio.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
+from shardio.write import directory as dataset_directory
+from shardio.format.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
     Manifest,
@@ -224,6 +224,6 @@ class InputShardWriter:
 
 
 def write_manifest(directory: str, manifest: Manifest) -> int:
-    """Publish the manifest as the dataset's next generation (``shardio.directory.publish``): the rename
+    """Publish the manifest as the dataset's next generation (``shardio.write.directory.publish``): the rename
     of ``manifest.json`` is the commit of everything it lists. Returns the generation."""
     return dataset_directory.publish(directory, manifest)

@@ -1,6 +1,6 @@
 """``Storage`` on S3-compatible object storage (``s3://bucket/key``), through obstore.
 
-Imported only when a URL is used (``shardio.storage.for_path``): a training image without the ``s3``
+Imported only when a URL is used (``shardio.store.storage.for_path``): a training image without the ``s3``
 extra still imports ``shardio``. obstore was chosen over fsspec/s3fs because the commit protocol needs
 conditional writes (put-if-absent, If-Match) as first-class calls, and because it is faster on the
 same server (``bench/README.md``, "Object storage"). Works against AWS S3, MinIO, Cloudflare R2 and
@@ -11,7 +11,7 @@ Configuration is the standard AWS one, nothing of ours: ``AWS_ACCESS_KEY_ID`` / 
 ``AWS_ENDPOINT_URL_S3``) for a non-AWS server, and profiles (``AWS_PROFILE``, ``~/.aws/config``,
 ``~/.aws/credentials``, SSO, instance roles), which boto3 resolves when no key is in the environment.
 
-How the directory protocol's guarantees map here (``shardio.storage`` lists them):
+How the directory protocol's guarantees map here (``shardio.store.storage`` lists them):
 
 - publish: one PUT (atomic per object); ``if_version`` adds ``If-Match: ETAG``.
 - publish_new: ``If-None-Match: *`` (put-if-absent). A retried create whose first attempt landed reads
@@ -22,7 +22,7 @@ How the directory protocol's guarantees map here (``shardio.storage`` lists them
   ``AbortIncompleteMultipartUpload`` reclaims its space); an upload that completed but was never
   committed is an unlisted object, which the next run holding the lease removes.
 - barrier: nothing (a completed PUT is durable and strongly consistent on S3, R2, MinIO, SeaweedFS).
-- lock: a lease object (``shardio.lease``).
+- lock: a lease object (``shardio.store.lease``).
 
 Transient failures (connection reset, 5xx, SlowDown) are retried by obstore with exponential backoff
 (up to ~60 s in all, so a server restart is ridden out); a refused credential or a missing bucket is not
@@ -41,10 +41,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, BinaryIO, ContextManager
 
-from shardio.checksum import new_hasher
+from shardio.format.checksum import new_hasher
 from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
-from shardio.scratch import scratch_dir
-from shardio.store_errors import StoreSettings, explain
+from shardio.store.scratch import scratch_dir
+from shardio.store.s3_errors import StoreSettings, explain
 
 __all__ = ["CARRIED_VARIABLES", "CREDENTIAL_VARIABLES", "S3Storage", "SCHEMES", "carried_settings",
            "driver_credentials", "split_url"]
@@ -251,7 +251,7 @@ class S3Storage:
         return _endpoint() or "AWS S3"
 
     def settings(self) -> StoreSettings:
-        """How this process configured S3, for error hints (``shardio.store_errors``)."""
+        """How this process configured S3, for error hints (``shardio.store.s3_errors``)."""
         endpoint = _endpoint()
         create = "aws s3 mb s3://BUCKET" + (" --endpoint-url ENDPOINT" if endpoint else "")
         return StoreSettings("AWS S3", "AWS_ENDPOINT_URL", endpoint,
@@ -260,7 +260,7 @@ class S3Storage:
     @contextmanager
     def _errors(self, url: str, doing: str) -> Iterator[None]:
         """obstore's exceptions as ours, naming the URL, the endpoint, the cause and the likely fix
-        (``shardio.store_errors``): a missing object stays FileNotFoundError."""
+        (``shardio.store.s3_errors``): a missing object stays FileNotFoundError."""
         ex = self._ob.exceptions
         try:
             yield
@@ -304,7 +304,7 @@ class S3Storage:
     # --- reading --------------------------------------------------------------------------------------
 
     def info(self, path: str) -> Any:
-        from shardio.storage import FileInfo
+        from shardio.store.storage import FileInfo
 
         store, key = self._target(path)
         if not key:  # the bucket itself: a "directory", never an object
@@ -345,7 +345,7 @@ class S3Storage:
 
     def list_files(self, folder: str, recursive: bool = False) -> list[Any]:
         """Every object under ``folder/`` (one LIST request per 1,000), as FileInfo with full URLs."""
-        from shardio.storage import FileInfo
+        from shardio.store.storage import FileInfo
 
         store, key = self._target(folder)
         prefix = f"{key}/" if key else ""
@@ -395,7 +395,7 @@ class S3Storage:
 
     def download(self, path: str, local_path: str, algorithm: str, attempts: int = 3) -> str:
         """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat), hashed on the
-        way: returns the ``algorithm`` checksum (``shardio.checksum``) of the bytes written, so a checked
+        way: returns the ``algorithm`` checksum (``shardio.format.checksum``) of the bytes written, so a checked
         download reads nothing back. A stream cut mid-way (obstore retries each request, not a body already
         flowing) restarts, up to ``attempts``."""
         store, key = self._target(path)
@@ -447,7 +447,7 @@ class S3Storage:
         return result.get("e_tag") or ""
 
     def create_temp(self, final_path: str) -> tuple[int, str]:
-        """Staging is a file in this process's local scratch (``shardio.scratch``), uploaded at its final
+        """Staging is a file in this process's local scratch (``shardio.store.scratch``), uploaded at its final
         key by ``promote``: the pixels never pass through the driver."""
         name = final_path.rsplit("/", 1)[-1]
         fd, local = tempfile.mkstemp(prefix=f".tmp-{name}.", dir=scratch_dir())
@@ -494,7 +494,7 @@ class S3Storage:
         """A completed PUT is durable and visible to every reader at once: nothing to wait for."""
 
     def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]:
-        from shardio.lease import lease
+        from shardio.store.lease import lease
 
         return lease(self, self.join(directory, ".lock"), wait=wait)
 

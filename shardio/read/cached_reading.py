@@ -1,6 +1,6 @@
 """How a ``ShardDataset`` on object storage reads through its shard cache: the cache's defaults and
 sizes (``cache_for``, ``parse_size``), and the batch assembler whose memory maps give way to it
-(``CachedAssembler``). The cache itself is ``shardio.shard_cache``; its directory ``shardio.cache_dir``.
+(``CachedAssembler``). The cache itself is ``shardio.read.shard_cache``; its directory ``shardio.read.cache_dir``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio import storage
-from shardio.batches import FIELDS, BatchAssembler
-from shardio.cache_dir import CachedShard, Downloader, cache_key
-from shardio.reader import DatasetSnapshot, ShardMeta
-from shardio.selection import SubsetSnapshot
-from shardio.shard_cache import ShardCache
+from shardio.store import storage
+from shardio.read.batches import FIELDS, BatchAssembler
+from shardio.read.cache_dir import CachedShard, Downloader, cache_key
+from shardio.read.snapshot import DatasetSnapshot, ShardMeta
+from shardio.read.selection import SubsetSnapshot
+from shardio.read.shard_cache import ShardCache
 
 __all__ = ["CachedAssembler", "cache_for", "default_cache_dir", "default_cache_limit", "fitting_window",
            "parse_size"]

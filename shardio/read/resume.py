@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.format import FORMAT_VERSION
-from shardio.order import consumed_position, rank_batches
+from shardio.read.order import consumed_position, rank_batches
 
 __all__ = ["EpochCursor", "EpochPass"]
 
 # Settings a state only fits when they are equal: they change the epoch order itself. A state without
-# ``order_version`` was cut with version 1 (``shardio.order``), the only one there was.
+# ``order_version`` was cut with version 1 (``shardio.read.order``), the only one there was.
 ORDER_SETTINGS = ("seed", "shuffle", "shuffle_window", "shuffle_block", "order_version", "drop_last",
                   "batch_size")
 _ABSENT_IS = {"order_version": 1}
@@ -81,7 +81,7 @@ class EpochCursor:
     def seek(self, epoch: int, batches: int, samples: int, generation: int) -> None:
         """The next pass is ``epoch`` after this rank's first ``batches`` of it (which the ranks consumed
         in lockstep), as if a state taken there were loaded; ``batches=0`` is ``set_epoch(epoch)``. For a
-        caller that places the dataset in its epochs itself (``shardio.mixing`` interleaves datasets)."""
+        caller that places the dataset in its epochs itself (``shardio.read.mixing`` interleaves datasets)."""
         self.set_epoch(epoch)
         self._pending = None
         if batches:

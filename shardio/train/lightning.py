@@ -37,11 +37,11 @@ from typing import Any, Union
 import lightning.pytorch as pl
 import torch
 
-from shardio import storage
-from shardio.augment import BatchTransform, PositionedBatches, transform_batch
-from shardio.dataset import ShardDataset
-from shardio.loader import ShardLoader, to_device
-from shardio.mixing import MixedDataset
+from shardio.store import storage
+from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
+from shardio.read.dataset import ShardDataset
+from shardio.train.loader import ShardLoader, to_device
+from shardio.read.mixing import MixedDataset
 
 __all__ = ["EpochLoader", "ShardDataModule", "TrainDataset"]
 
@@ -86,7 +86,7 @@ class ShardDataModule(pl.LightningDataModule):
 
     ``train`` / ``val``: a dataset directory (opened in ``setup()`` as a ``ShardDataset`` with
     ``batch_size``, ``shuffle``, ``seed``, ``drop_last``), or a dataset built by the caller (a
-    ``ShardDataset``, a ``shardio.mixing.MixedDataset``, a ``shardio.subset.SubsetDataset``; build it
+    ``ShardDataset``, a ``shardio.read.mixing.MixedDataset``, a ``shardio.read.subset.SubsetDataset``; build it
     inside ``setup`` under DDP, or pass ``rank``/``world_size``). Batches reach ``training_step`` on the
     device with ``"image"`` float NCHW: ``train_transform(image, epoch=, positions=)`` when given (e.g.
     ``TrainAugment(224)``), else normalised with ``mean``/``std`` (``shardio.to_device``'s defaults).

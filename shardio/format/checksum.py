@@ -23,7 +23,7 @@ import mmap
 import os
 from typing import Any, Protocol
 
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import MissingExtra, ShardFormatError
 
 __all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "WRITE_ALGORITHM", "Hasher", "new_hasher", "require",

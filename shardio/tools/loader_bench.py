@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from shardio.dataset import ShardDataset
-from shardio.loader import ShardLoader
+from shardio.read.dataset import ShardDataset
+from shardio.train.loader import ShardLoader
 
 __all__ = ["LoaderRate", "SettingRate", "measure", "summarise", "suggest", "run_bench", "format_bench"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardError
-from shardio.reader import DatasetSnapshot, open_dataset
+from shardio.read.snapshot import DatasetSnapshot, open_dataset
 
 __all__ = ["encode_png", "contact_sheet", "write_preview", "PreviewResult"]
 

@@ -7,11 +7,11 @@ A dataset is a directory::
       manifests/GEN.json       every kept generation, immutable, GEN zero-padded to 10 digits
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
-      reports/RUN.json         each run's report (the run history, ``shardio.run_report``); not needed to read
+      reports/RUN.json         each run's report (the run history, ``shardio.format.run_report``); not needed to read
       .lock                    held (flock) by a running job; on object storage a lease object (JSON:
                                holder, host, pid, expires), present only while a run holds it
 
-One module writes, renames and removes files here, in the order this spec requires: ``shardio.directory``.
+One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 
 Pixels (``.npy``). The standard numpy format, so ``np.load(path, mmap_mode="r")`` reads a shard with numpy
 alone and a batch is a slice of a memory map. The header is always exactly ``HEADER_BYTES`` = 128 bytes
@@ -64,7 +64,7 @@ Manifest (``manifest.json``). A JSON object:
                    disk for the readers of older generations until the retention below collects them
 =================  ======================================================================================
 
-Checksums (``shardio.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
+Checksums (``shardio.format.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
 truncation, which is what the manifest's digests are for, not tampering (who can rewrite a shard can rewrite
 the manifest). It costs ~0.003 ms per 196 KB image against 0.11 ms for sha256, and a stranger checks a
 shard with a standard tool: ``xxh128sum shards/NAME.npy`` (package ``xxhash``) prints the manifest's
@@ -83,7 +83,7 @@ so a trainer resumes on the exact snapshot it started with (``DatasetSnapshot.ge
 ``manifest.json`` that is corrupt or missing while generations exist is restored from the newest valid
 one by ``preprocess verify DIR --repair`` and by the next ``preprocess run``.
 
-Retention (``shardio.directory``). Files a commit stops listing are not deleted at that commit: a trainer
+Retention (``shardio.write.directory``). Files a commit stops listing are not deleted at that commit: a trainer
 that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
 generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
@@ -98,7 +98,7 @@ trainer running as another user than the job can read the dataset.
 
 On object storage (``s3://BUCKET/PREFIX`` is the directory: the same keys under the prefix, no folder
 objects) the layout and every file are the same bytes; the commit protocol maps onto conditional
-writes (``shardio.object_storage``): a shard is an object uploaded whole at its final key, invisible
+writes (``shardio.store.s3``): a shard is an object uploaded whole at its final key, invisible
 until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
 replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
 two writers can never overwrite each other's commit.
@@ -115,8 +115,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardio import storage
-from shardio.checksum import ALGORITHMS, SHA256
+from shardio.store import storage
+from shardio.format.checksum import ALGORITHMS, SHA256
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
 __all__ = [
@@ -200,7 +200,7 @@ _ENTRY_KEYS = ("path", "meta_path", "samples", "bytes", "meta_bytes", "input")
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard as the manifest records it. ``checksum`` / ``meta_checksum``: hex digests of the whole
-    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.checksum``); in the manifest's JSON
+    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.format.checksum``); in the manifest's JSON
     they sit under keys named by it (``to_json`` / ``from_json``)."""
 
     path: str

@@ -1,6 +1,6 @@
 """The run report: one JSON file per ``preprocess run``, ``DIR/reports/RUN_ID.json`` (the run history).
 
-Written by the job (``preprocess.job``, through ``shardio.directory.save_report``), read by ``shardio
+Written by the job (``preprocess.job``, through ``shardio.write.directory.save_report``), read by ``shardio
 info``; this module is its one definition. A report is a JSON object with the fields of ``RunReport``
 (all of them present; a reader of older reports uses ``.get`` with the defaults below) plus
 ``failures_by_reason`` ({category: count}, ``shardio.failure_reasons``) and ``exit_code`` (the
@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardio import storage
+from shardio.store import storage
 from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
 from shardio.format import REPORTS_DIR

@@ -1,9 +1,9 @@
 """``ShardDataset``: whole batches from memory-mapped shards, with no per-sample CPU work.
 
 This module opens the dataset (and checks that DDP ranks opened the same one) and ties together the
-pieces that each have their own module: the epoch order and rank split (``shardio.order``), the copies
-(``shardio.batches``), the epoch and resume state (``shardio.resume``, the protocol loaders use) and the
-background thread (``shardio.prefetch``). The design, with its measurements, is docs/reader.md.
+pieces that each have their own module: the epoch order and rank split (``shardio.read.order``), the copies
+(``shardio.read.batches``), the epoch and resume state (``shardio.read.resume``, the protocol loaders use) and the
+background thread (``shardio.read.prefetch``). The design, with its measurements, is docs/reader.md.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio import storage
-from shardio.batches import FIELDS, Batch, BatchAssembler
-from shardio.cached_reading import CachedAssembler, cache_for, fitting_window
+from shardio.store import storage
+from shardio.read.batches import FIELDS, Batch, BatchAssembler
+from shardio.read.cached_reading import CachedAssembler, cache_for, fitting_window
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, load_manifest
-from shardio.order import (
+from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
     DEFAULT_SHUFFLE_WINDOW,
     ORDER_VERSION,
@@ -30,13 +30,13 @@ from shardio.order import (
     rank_batches,
     run_pieces,
 )
-from shardio.prefetch import prefetched
-from shardio.reader import DatasetSnapshot, open_dataset
-from shardio.resume import EpochCursor, EpochPass
-from shardio.selection import SampleSelection, SubsetSnapshot
-from shardio.shard_cache import ShardCache
+from shardio.read.prefetch import prefetched
+from shardio.read.snapshot import DatasetSnapshot, open_dataset
+from shardio.read.resume import EpochCursor, EpochPass
+from shardio.read.selection import SampleSelection, SubsetSnapshot
+from shardio.read.shard_cache import ShardCache
 
-# epoch_runs and rank_batches lived here before shardio.order: re-exported for code that imports them.
+# epoch_runs and rank_batches lived here before shardio.read.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
 
 # DataLoader worker ids that can warn about a repeated epoch (one int64 each in shared memory).
@@ -78,7 +78,7 @@ class ShardDataset(IterableDataset):
 
     Each new iteration is the next epoch (order from ``(seed, epoch)``, starting at 0); ``set_epoch(e)``
     pins the next one. ``len(ds)`` is this rank's batches per epoch. ``state_dict()``/``load_state_dict()``
-    resume mid-epoch, also at another world size or number of workers (protocol: ``shardio.resume``).
+    resume mid-epoch, also at another world size or number of workers (protocol: ``shardio.read.resume``).
 
     ``verify=True`` reads every shard and checks its checksum at open (slow); without it, open checks the
     manifest, every file's size and every shard's header, so bytes corrupted in place (same size) are only
@@ -91,14 +91,14 @@ class ShardDataset(IterableDataset):
     the memory map is the only one before the GPU's. Without it, a batch within one shard is a view of the
     memory map (no copy) and a batch spanning runs is one copy into a reused buffer. ``prefetch`` batches
     are assembled ahead on a background thread when iterated in the main process (0: none).
-    ``selection`` (``shardio.selection.SampleSelection``) reads only the samples it picks, in every
-    generation the dataset opens (``shardio.subset.SubsetDataset`` is the shorthand).
+    ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
+    generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
 
     ``path`` may be an object-storage URL (``s3://bucket/ds``): shards are downloaded ahead of need into
     ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
     bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
     and half the cache disk's free space), evicting the shard needed farthest ahead
-    (``shardio.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
+    (``shardio.read.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
     (a local dataset is read in place).
     """
 
@@ -129,7 +129,7 @@ class ShardDataset(IterableDataset):
         if not storage.is_remote(path) and (cache_dir is not None or cache_limit is not None):
             raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
                              "a local dataset is memory-mapped in place: leave them out")
-        # Order settings left out take the defaults, and a loaded state's values (``shardio.resume``).
+        # Order settings left out take the defaults, and a loaded state's values (``shardio.read.resume``).
         defaulted = frozenset(name for name, value in (("shuffle_window", shuffle_window),
                               ("shuffle_block", shuffle_block), ("order_version", order_version))
                               if value is None)
@@ -312,7 +312,7 @@ class ShardDataset(IterableDataset):
 
     @property
     def order_version(self) -> int:
-        """The order's algorithm (``shardio.order``): the newest, or a loaded state's."""
+        """The order's algorithm (``shardio.read.order``): the newest, or a loaded state's."""
         return int(self.cursor.settings["order_version"])
 
     def runs(self, epoch: int | None = None) -> np.ndarray:
@@ -331,7 +331,7 @@ class ShardDataset(IterableDataset):
         return np.concatenate([np.arange(offsets[s] + a, offsets[s] + b) for s, a, b in runs])
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        """Where the run is (``shardio.resume``): epoch, global position, generation. ``batches_seen``
+        """Where the run is (``shardio.read.resume``): epoch, global position, generation. ``batches_seen``
         overrides the count of batches handed out in this pass (this rank's batch number)."""
         return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen)
 
@@ -352,10 +352,10 @@ class ShardDataset(IterableDataset):
                              f"over {self.path}")
         return batches[index]
 
-    # --- iteration: the protocol of shardio.resume --------------------------------------------------
+    # --- iteration: the protocol of shardio.read.resume --------------------------------------------------
 
     def begin_pass(self) -> EpochPass:
-        """Start the next pass (``shardio.resume``, step 1): the epoch, where it starts, the generation."""
+        """Start the next pass (``shardio.read.resume``, step 1): the epoch, where it starts, the generation."""
         epoch, start, generation = self.cursor.next_pass()
         worker = get_worker_info()
         if generation is None and start == 0 and self.follow_updates and worker is None:

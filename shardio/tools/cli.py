@@ -1,4 +1,4 @@
-"""``shardio``: look at a dataset from the training side (typer, as ``preprocess``; ``shardio.cli_style``).
+"""``shardio``: look at a dataset from the training side (typer, as ``preprocess``; ``shardio.tools.cli_style``).
 
     shardio info DIR [--json]                      count, shape, bytes, config, versions, failures, runs
     shardio preview DIR --out grid.png [--n 64]    a contact sheet of random samples (+ grid.png.json)
@@ -27,7 +27,7 @@ except ImportError as e:
         "and the reader need neither"
     ) from e
 
-from shardio.cli_style import fail, new_app, version_option  # noqa: E402 (after the extra's check)
+from shardio.tools.cli_style import fail, new_app, version_option  # noqa: E402 (after the extra's check)
 
 __all__ = ["app", "main"]
 
@@ -72,7 +72,7 @@ def _main(version: Annotated[bool, version_option(_describe_versions)] = False) 
 @app.command()
 def info(directory: Directory, json_output: JsonOutput = False) -> None:
     """Count, shape, bytes on disk, config, versions, failures, runs."""
-    from shardio.info import dataset_info, format_info
+    from shardio.tools.info import dataset_info, format_info
 
     with _errors():
         described = dataset_info(directory)
@@ -89,7 +89,7 @@ def preview(
         min=1, help="Tile height in pixels (nearest-neighbour; default: the stored size).")] = None,
 ) -> None:
     """A contact sheet (PNG) of random samples, numbered, and their keys and captions."""
-    from shardio.preview import write_preview
+    from shardio.tools.preview import write_preview
 
     with _errors():
         result = write_preview(directory, out, n=n, seed=seed, tile_height=tile)
@@ -119,7 +119,7 @@ def bench(
     json_output: JsonOutput = False,
 ) -> None:
     """ShardDataset throughput, and whether a consumer would wait."""
-    from shardio.loader_bench import format_bench, run_bench
+    from shardio.tools.loader_bench import format_bench, run_bench
 
     if torch_threads is not None:
         import torch

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio.reader import DatasetSnapshot, ShardMeta
+from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
 __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
 

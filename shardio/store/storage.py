@@ -1,9 +1,9 @@
 """All file access of shardio and preprocess goes through here: a small storage interface with two
 backends, the local filesystem (``LocalStorage``, below) and S3-compatible object storage
-(``shardio.object_storage.S3Storage``, for ``s3://`` URLs, imported only when one is used).
+(``shardio.store.s3.S3Storage``, for ``s3://`` URLs, imported only when one is used).
 
 Everything else calls these functions with path strings (each dispatches on the path: ``for_path``);
-the dataset-directory protocol (``shardio.directory``) uses only the ``Storage`` interface below, so
+the dataset-directory protocol (``shardio.write.directory``) uses only the ``Storage`` interface below, so
 object storage is a second backend, not a change to the protocol. A URL scheme no backend serves is
 refused (``UnsupportedPath``); a URL is never turned into a local path.
 
@@ -141,7 +141,7 @@ def normalize(path: str) -> str:
 
 
 class Storage(Protocol):
-    """What ``shardio.directory``, the reader and the job need from a backend (guarantees: module
+    """What ``shardio.write.directory``, the reader and the job need from a backend (guarantees: module
     docstring)."""
 
     is_local: bool
@@ -168,7 +168,7 @@ class Storage(Protocol):
     def publish(self, path: str, data: bytes, if_version: str | None = None) -> str: ...
     def publish_new(self, path: str, data: bytes) -> str: ...
     def barrier(self, path: str) -> None: ...
-    def checksum(self, path: str, algorithm: str) -> str: ...  # shardio.checksum's algorithms
+    def checksum(self, path: str, algorithm: str) -> str: ...  # shardio.format.checksum's algorithms
     def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]: ...
 
 
@@ -274,9 +274,9 @@ class LocalStorage:
             return os.pread(f.fileno(), length, start)
 
     def download(self, path: str, local_path: str, algorithm: str) -> str:
-        """Copy ``path`` to ``local_path``; returns the ``algorithm`` checksum (``shardio.checksum``) of the
+        """Copy ``path`` to ``local_path``; returns the ``algorithm`` checksum (``shardio.format.checksum``) of the
         bytes copied."""
-        from shardio.checksum import new_hasher
+        from shardio.format.checksum import new_hasher
 
         digest = new_hasher(algorithm)
         with open(check_local(path), "rb") as src, open(local_path, "wb") as out:
@@ -383,7 +383,7 @@ class LocalStorage:
         sync_dir(path)
 
     def checksum(self, path: str, algorithm: str) -> str:
-        from shardio.checksum import file_checksum
+        from shardio.format.checksum import file_checksum
 
         return file_checksum(path, algorithm)
 
@@ -481,7 +481,7 @@ def for_path(path: str) -> Storage:
     global _REMOTE
     if is_remote(path):
         if _REMOTE is None:
-            from shardio.object_storage import S3Storage
+            from shardio.store.s3 import S3Storage
 
             _REMOTE = S3Storage()
         return _REMOTE
