@@ -109,10 +109,10 @@ def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> di
     download or the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardio.store import storage
-    from shardio.format import load_manifest
+    from shardio.store.backends import for_path
+    from shardio.format.manifests import load_manifest
 
-    store = storage.for_path(url)
+    store = for_path(url)
     manifest = load_manifest(url)
     directory = os.path.join(scratch, "download-path")
     shutil.rmtree(directory, ignore_errors=True)

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
 from shardio.write import directory as dataset_dir
-from shardio.store import storage
+from shardio.store.backends import for_path
+from shardio.store.paths import normalize
 from shardio.write.directory import restore_manifest
-from shardio.format import Manifest, ShardEntry, load_manifest
+from shardio.format import Manifest, ShardEntry
+from shardio.format.manifests import load_manifest
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
 
@@ -61,7 +63,7 @@ def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) ->
 def verify_dataset(directory: str) -> VerifyResult:
     """Check every listed shard (size, then the checksum of both files). Needs no lock: a shard that a run
     replaced meanwhile is re-checked against the newer manifest, so a concurrent run is not "corruption"."""
-    directory = storage.normalize(directory)
+    directory = normalize(directory)
     manifest = load_manifest(directory)
     result = VerifyResult(directory, shards=len(manifest.shards),
                           bytes=sum(e.bytes + e.meta_bytes for e in manifest.shards))
@@ -78,10 +80,10 @@ def verify_dataset(directory: str) -> VerifyResult:
 def repair_dataset(directory: str, result: VerifyResult, workers: int | None = None,
                    ray_address: str | None = None, wait_for_lock: bool = False) -> RepairResult:
     """Rebuild the inputs behind ``result.bad`` from their tars, with the dataset's own config."""
-    directory = storage.normalize(directory)
+    directory = normalize(directory)
     repair = RepairResult()
     for path in result.bad_inputs:
-        (repair.rebuilt if storage.is_file(path) else repair.missing).append(path)
+        (repair.rebuilt if for_path(path).is_file(path) else repair.missing).append(path)
     if repair.rebuilt:
         manifest = dataset_dir.drop_inputs(directory, repair.rebuilt, wait_for_lock=wait_for_lock)
         config = JobConfig(**manifest.config)

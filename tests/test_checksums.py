@@ -24,7 +24,8 @@ from preprocess.cli import app
 from shardio.read.cache_dir import CachedShard
 from shardio.format.checksum import file_checksum, new_hasher
 from shardio.errors import MissingExtra, ShardFormatError, ShardIntegrityError
-from shardio.format import ShardEntry, generation_path, load_manifest
+from shardio.format import ShardEntry
+from shardio.format.manifests import generation_path, load_manifest
 from shardio.read.shard_cache import ShardCache
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import flip_bits, make_dataset

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.write.directory import writing
 from shardio.errors import OutputLocked
 from shardio.format import InputEntry, Manifest
@@ -26,7 +26,7 @@ runner = CliRunner()
 def committed_dataset(tars, out: str) -> str:
     """A dataset whose one input is already committed (no shards): a run over it has nothing to do."""
     tar = tars.make("a.tar", range(1))
-    size, mtime_ns = storage.stat_fingerprint(tar)
+    size, mtime_ns = for_path(tar).stat_fingerprint(tar)
     os.makedirs(out, exist_ok=True)
     manifest = Manifest(shape=(16, 16, 3), config=JobConfig(height=16, width=16).output_dict(), versions={},
                         inputs={tar: InputEntry(size=size, mtime_ns=mtime_ns, samples=0, failed=0)})

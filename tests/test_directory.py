@@ -12,7 +12,7 @@ import shardio
 from preprocess.verify import verify_dataset
 from shardio.write import directory as dataset_dir
 from shardio.errors import ShardIntegrityError
-from shardio.format import load_manifest
+from shardio.format.manifests import load_manifest
 from shardio.write.shard_writer import InputShardWriter
 from tests.dataset_fixtures import make_dataset
 

@@ -23,7 +23,7 @@ from preprocess.config import JobConfig
 from preprocess.diagnose import diagnose, render_text
 from preprocess.job import RunReport
 from preprocess.worker import process_input
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.errors import InputError
 from shardio.failure_reasons import count_by_category, failure_category
 from tests.tar_factory import Member, index_image, jpeg_bytes
@@ -96,7 +96,7 @@ def _expected() -> dict[str, int]:
 
 def test_every_reason_the_job_produces_has_its_category(every_failure_tar, tmp_path):
     result = process_input(every_failure_tar, str(tmp_path / "out"), CFG,
-                           storage.stat_fingerprint(every_failure_tar))
+                           for_path(every_failure_tar).stat_fingerprint(every_failure_tar))
     assert result.error is None and result.samples == 2
     got = [(f["key"], f["reason"], failure_category(f["reason"])) for f in result.failures]
     wanted = {key: category for key, (_, category) in CASES.items() if category}
@@ -111,7 +111,7 @@ def test_every_reason_the_job_produces_has_its_category(every_failure_tar, tmp_p
 
 def test_diagnose_and_the_run_summary_count_the_same_categories(every_failure_tar, tmp_path):
     result = process_input(every_failure_tar, str(tmp_path / "out"), CFG,
-                           storage.stat_fingerprint(every_failure_tar))
+                           for_path(every_failure_tar).stat_fingerprint(every_failure_tar))
     report = RunReport(run_id="r", output=str(tmp_path / "out"), started="now", config={},
                        failures=result.failures)
     diagnosed = diagnose([every_failure_tar], CFG, write_dir=str(tmp_path))
@@ -149,7 +149,7 @@ def test_counts_are_most_frequent_first():
 
 def test_an_input_failure_names_its_path_once(tars, tmp_path, monkeypatch):
     path = tars.write("no-samples.tar", [Member("README", b"hi")])
-    result = process_input(path, str(tmp_path / "out"), CFG, storage.stat_fingerprint(path))
+    result = process_input(path, str(tmp_path / "out"), CFG, for_path(path).stat_fingerprint(path))
     assert result.error == "tar holds no sample members"
     diagnosed = diagnose([path], CFG, write_dir=str(tmp_path))
     assert diagnosed["inputs_failed"] == [{"input": path, "reason": "tar holds no sample members"}]

@@ -13,7 +13,8 @@ import pytest
 import shardio
 from shardio.write import directory as dataset_dir
 from shardio.errors import ShardFormatError
-from shardio.format import RetiredFile, generation_path, list_generations, load_manifest
+from shardio.format import RetiredFile
+from shardio.format.manifests import generation_path, list_generations, load_manifest
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset, retire_input
 

@@ -197,7 +197,7 @@ def test_a_state_taken_after_set_epoch_is_that_epochs_start(paths):
 def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
     # A `mode: pad` dataset's batches carry content_box, another's do not: the mix has one schema, and a
     # sample of the non-pad dataset gets the whole image as its box (what a box-less sample means).
-    from shardio.format import load_manifest
+    from shardio.format.manifests import load_manifest
     from shardio.write.shard_writer import write_manifest
     from tests.dataset_fixtures import make_dataset
 

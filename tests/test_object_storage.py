@@ -18,7 +18,7 @@ from shardio import errors
 
 from shardio.store import lease
 
-from shardio.store import storage
+from shardio.store.paths import normalize
 from shardio.store.s3 import S3Storage
 
 
@@ -189,8 +189,8 @@ def test_an_endpoint_that_is_no_s3_server_is_not_reported_as_a_missing_file(monk
 
 def test_without_the_extra_a_url_says_what_to_install():
     code = ("import sys; sys.modules['obstore'] = None\n"
-            "from shardio import errors\nfrom shardio.store import storage\n"
-            "try:\n    storage.for_path('s3://b/ds')\n"
+            "from shardio import errors\nfrom shardio.store.backends import for_path\n"
+            "try:\n    for_path('s3://b/ds')\n"
             "except errors.MissingExtra as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'shardio[s3]'" in out
@@ -294,7 +294,7 @@ def test_a_bucket_root_is_a_directory_never_an_object(store, s3_bucket):
     assert not store.is_file(root) and not store.exists(root)
     store.publish(f"{root}/manifest.json", b"{}")
     assert store.exists(root) and store.is_dir(root) and store.list_dir(root) == ["manifest.json"]
-    assert storage.normalize(root + "/") == root and storage.normalize(root + "/ds/") == root + "/ds"
+    assert normalize(root + "/") == root and normalize(root + "/ds/") == root + "/ds"
 
 
 def test_a_machine_without_credentials_is_told_so_at_once(monkeypatch, s3_server, s3_bucket):

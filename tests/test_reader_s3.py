@@ -20,7 +20,7 @@ import torch
 
 from shardio.read.dataset import ShardDataset
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import load_manifest
+from shardio.format.manifests import load_manifest
 from shardio.train.loader import ShardLoader
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, self_identifying_pixels, write_inputs
 

@@ -24,10 +24,11 @@ import pytest
 
 from shardio.read import shard_cache
 from shardio.read.cache_dir import CachedShard
-from shardio.read.cached_reading import parse_size
+from shardio.read.cache_setup import parse_size
 from shardio.format.checksum import new_hasher
 from shardio.errors import ShardError
-from shardio.format import HEADER_BYTES, load_manifest
+from shardio.format import HEADER_BYTES
+from shardio.format.manifests import load_manifest
 from shardio.read.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels, write_inputs
 

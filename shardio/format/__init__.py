@@ -4,4 +4,4 @@ report (``run_report``)."""
 
 from shardio.format.spec import *  # noqa: F403 (the spec's __all__ is this package's)
 from shardio.format.spec import __all__ as __all__
-from shardio.format.spec import expected_shard_size  # noqa: F401 (the shard checker's; not in __all__)
+

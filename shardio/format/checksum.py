@@ -23,7 +23,6 @@ import mmap
 import os
 from typing import Any, Protocol
 
-from shardio.store import storage
 from shardio.errors import MissingExtra, ShardFormatError
 
 __all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "WRITE_ALGORITHM", "Hasher", "new_hasher", "require",
@@ -79,13 +78,11 @@ _WINDOW = 16 << 20
 
 
 def file_checksum(path: str, algorithm: str) -> str:
-    """The ``algorithm`` hex digest of the whole file at ``path`` (local: through mmap; a URL: streamed by
-    its storage backend, no local copy)."""
+    """The ``algorithm`` hex digest of the whole local file at ``path``, through mmap (an object's checksum is
+    its backend's: ``Storage.checksum``, streamed with no local copy)."""
     require(algorithm)  # before any I/O
-    if storage.is_remote(path):
-        return storage.for_path(path).checksum(path, algorithm)
     digest = new_hasher(algorithm)
-    with storage.open_read(path) as f:
+    with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return digest.hexdigest()

@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
 from shardio.format import REPORTS_DIR
@@ -95,14 +95,15 @@ def report_json(report: RunReport) -> bytes:
 def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Every readable run report of ``directory`` (as JSON objects), oldest first, and one message per
     unreadable one."""
-    reports_dir = storage.join(directory, REPORTS_DIR)
+    store = for_path(directory)
+    reports_dir = store.join(directory, REPORTS_DIR)
     runs, problems = [], []
-    for name in sorted(storage.list_dir(reports_dir)):
+    for name in sorted(store.list_dir(reports_dir)):
         if not name.endswith(".json"):
             continue
-        path = storage.join(reports_dir, name)
+        path = store.join(reports_dir, name)
         try:
-            with storage.open_read(path) as f:
+            with store.open_read(path) as f:
                 doc = json.load(f)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")

@@ -1,61 +1,24 @@
-"""How a ``ShardDataset`` on object storage reads through its shard cache: the cache's defaults and
-sizes (``cache_for``, ``parse_size``), and the batch assembler whose memory maps give way to it
-(``CachedAssembler``). The cache itself is ``shardio.read.shard_cache``; its directory ``shardio.read.cache_dir``.
+"""How a ``ShardDataset`` on object storage reads through its shard cache: the shuffle window that fits
+it (``fitting_window``) and the batch assembler whose memory maps give way to it (``CachedAssembler``).
+The cache itself is ``shardio.read.shard_cache``, made with its defaults by ``shardio.read.cache_setup``;
+its directory ``shardio.read.cache_dir``.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardio.store import storage
 from shardio.read.batches import FIELDS, BatchAssembler
-from shardio.read.cache_dir import CachedShard, Downloader, cache_key
+from shardio.read.cache_dir import cache_key
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 from shardio.read.selection import SubsetSnapshot
 from shardio.read.shard_cache import ShardCache
 
-__all__ = ["CachedAssembler", "cache_for", "default_cache_dir", "default_cache_limit", "fitting_window",
-           "parse_size"]
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
-
-def parse_size(value: int | str) -> int:
-    """Bytes from an int or a string such as ``"50GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5TB"``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    else:
-        match = _SIZE.match(str(value))
-        if match is None:
-            raise ValueError(f"cache_limit {value!r} is not a size: use an int of bytes or a string such as "
-                             "'50GB', '512MiB'")
-        size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
-    if size <= 0:
-        raise ValueError(f"cache_limit must be positive, got {value!r}")
-    return size
-
-
-def default_cache_dir() -> str:
-    """``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``."""
-    return os.environ.get("SHARDIO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shardio")
-
-
-def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
-    """The smaller of the dataset's size (files listed by the manifest) and half the free space of the
-    disk holding ``cache_dir``."""
-    probe = os.path.abspath(cache_dir)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
-
+__all__ = ["CachedAssembler", "fitting_window"]
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> int:
     """The shuffle window to use with ``cache``. A shuffled pass reads every batch from about the shards
@@ -123,16 +86,3 @@ class CachedAssembler(BatchAssembler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.shard_cache.on_wait = self.release_doomed  # a worker's own cache (pickled afresh)
-
-
-def cache_for(snapshot: DatasetSnapshot, cache_dir: str | None, cache_limit: int | str | None,
-              store: Downloader | None = None) -> ShardCache:
-    """The cache of a remote snapshot, defaults resolved (``default_cache_dir``, ``default_cache_limit``)."""
-    cache_dir = cache_dir or default_cache_dir()
-    join = storage.for_path(snapshot.directory).join
-    units = [CachedShard.of(snapshot.directory, entry, join) for entry in snapshot.shards]
-    if cache_limit is None:
-        limit = default_cache_limit(sum(u.size for u in units), cache_dir)
-    else:
-        limit = parse_size(cache_limit)
-    return ShardCache(units, store, cache_dir, limit, shape=snapshot.shape)

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cached_reading import CachedAssembler, cache_for, fitting_window
+from shardio.read.cache_setup import cache_for
+from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
-from shardio.format import MANIFEST_NAME, load_manifest
+from shardio.format import MANIFEST_NAME
+from shardio.format.manifests import load_manifest
 from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
     DEFAULT_SHUFFLE_WINDOW,
@@ -126,7 +128,10 @@ class ShardDataset(IterableDataset):
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        if not storage.is_remote(path) and (cache_dir is not None or cache_limit is not None):
+        # Whether the dataset is on this host's disk (memory-mapped in place) or read through a cache:
+        # asked of its backend once, here.
+        self.is_local = for_path(path).is_local
+        if self.is_local and (cache_dir is not None or cache_limit is not None):
             raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
                              "a local dataset is memory-mapped in place: leave them out")
         # Order settings left out take the defaults, and a loaded state's values (``shardio.read.resume``).
@@ -174,13 +179,13 @@ class ShardDataset(IterableDataset):
     # --- opening a snapshot ------------------------------------------------------------------------
 
     def _open(self, generation: int | None, check_ranks: bool = False) -> None:
-        manifest_path = storage.join(self.path, MANIFEST_NAME)
+        manifest_path = for_path(self.path).join(self.path, MANIFEST_NAME)
         error: ShardError | None = None
         try:
             snapshot = open_dataset(self.path, verify=self.verify, generation=generation)
             if len(snapshot) == 0:
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
-            if storage.is_remote(self.path):
+            if not self.is_local:
                 self._attach_cache(snapshot)
             else:
                 for shard in range(len(snapshot.shards)):
@@ -219,7 +224,7 @@ class ShardDataset(IterableDataset):
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
         of shards a new generation keeps are content addressed, found again, not downloaded again)."""
-        cache = cache_for(snapshot, self.cache_dir, self.cache_limit)
+        cache = cache_for(snapshot.directory, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit)
         self.cache_limit = cache.limit  # the default, resolved once
         snapshot.cache = cache
         if self._cache is not None:

@@ -42,6 +42,7 @@ from shardio.read.cache_dir import CacheDir, CachedShard, Downloader
 from shardio.format.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
+from shardio.store.backends import for_path
 
 __all__ = ["ShardCache"]
 
@@ -413,9 +414,7 @@ class ShardCache:
 
     def _store(self) -> Downloader:
         if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
-            from shardio.store import storage
-
-            return storage.for_path(self.units[0].npy_url)
+            return for_path(self.units[0].npy_url)
         return self.store
 
     def close(self) -> None:

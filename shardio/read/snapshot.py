@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from shardio.store import storage
-from shardio.write.directory import shard_problems
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format import (
-    HEADER_BYTES,
-    Manifest,
-    ShardEntry,
-    expected_shard_size,
-    load_manifest,
-    parse_npy_header,
-)
-
-if TYPE_CHECKING:
-    from shardio.read.shard_cache import ShardCache
+from shardio.format import HEADER_BYTES, Manifest, ShardEntry, expected_shard_size, parse_npy_header
+from shardio.format.manifests import load_manifest
+from shardio.format.shard_check import shard_problems
+from shardio.read.cache_setup import cache_for
+from shardio.read.shard_cache import ShardCache
+from shardio.store.backends import for_path
+from shardio.store.base import Storage
+from shardio.store.paths import check_local
 
 __all__ = ["DatasetSnapshot", "ShardMeta", "open_dataset"]
 
@@ -68,6 +63,11 @@ class DatasetSnapshot:
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     @property
+    def store(self) -> Storage:
+        """The backend of ``directory`` (the process's one per scheme: not pickled with the snapshot)."""
+        return for_path(self.directory)
+
+    @property
     def shape(self) -> tuple[int, int, int]:
         return self.manifest.shape
 
@@ -92,34 +92,32 @@ class DatasetSnapshot:
         if cache is not None:
             return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
-        path = storage.join(self.directory, entry.path)
-        with storage.open_read(path) as f:
+        path = self.store.join(self.directory, entry.path)
+        with self.store.open_read(path) as f:
             header = f.read(HEADER_BYTES)
         n, h, w = parse_npy_header(header, path)
         if (n, h, w) != (entry.samples, *self.shape[:2]):
             raise ShardIntegrityError(
                 f"{path}: header says {(n, h, w)}, manifest says {(entry.samples, *self.shape[:2])}"
             )
-        return np.memmap(storage.check_local(path), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
+        return np.memmap(check_local(path), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
                          shape=(n, h, w, 3))
 
     def _remote_cache(self) -> ShardCache | None:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
-        script) one with the defaults (``shardio.read.cached_reading.cache_for``), made at the first read."""
-        if self.cache is None and storage.is_remote(self.directory):
-            from shardio.read.cached_reading import cache_for  # here: that module imports this one
-
-            self.cache = cache_for(self, None, None)
+        script) one with the defaults (``shardio.read.cache_setup.cache_for``), made at the first read."""
+        if self.cache is None and not self.store.is_local:
+            self.cache = cache_for(self.directory, self.shards, self.shape, None, None)
         return self.cache
 
     def meta(self, shard_index: int) -> ShardMeta:
         entry = self.shards[shard_index]
-        path = storage.join(self.directory, entry.meta_path)
+        path = self.store.join(self.directory, entry.meta_path)
         cache = self._remote_cache()
         if cache is not None:
             data = cache.meta_bytes(shard_index)
         else:
-            with storage.open_read(path) as f:
+            with self.store.open_read(path) as f:
                 data = f.read()
         try:
             # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
@@ -202,14 +200,15 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     earlier open). ``verify=True`` also reads every byte and compares its checksum with the manifest's (slow).
     A URL: the sizes from a LIST of the shards' folders; ``verify`` is moot (every download is checked).
     """
-    if storage.is_remote(directory):
+    store = for_path(directory)
+    if not store.is_local:
         manifest = load_manifest(directory, generation)
-        problem = _remote_size_problem(directory, manifest)
+        problem = _remote_size_problem(store, directory, manifest)
         if problem:
             raise ShardIntegrityError(f"{problem}; HINT: run `preprocess verify {directory} --repair` to rebuild "
                                       "it from its input")
         return DatasetSnapshot(directory, manifest)
-    directory = storage.check_local(directory)
+    directory = check_local(directory)
     manifest = load_manifest(directory, generation)
     problems = shard_problems(directory, manifest)  # O(1) each: sizes only
     if problems:
@@ -222,10 +221,9 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     return DatasetSnapshot(directory, manifest)
 
 
-def _remote_size_problem(directory: str, manifest: Manifest) -> str | None:
+def _remote_size_problem(store: Storage, directory: str, manifest: Manifest) -> str | None:
     """The first listed file missing or of the wrong size, from one LIST of each folder holding shards
     (1,000 objects a request), not a HEAD per file."""
-    store = storage.for_path(directory)
     wanted = {}
     for entry in manifest.shards:
         if entry.bytes != expected_shard_size(entry, manifest.shape):

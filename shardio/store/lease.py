@@ -1,5 +1,5 @@
 """The one-writer lock of a dataset on object storage: a lease object, taken and renewed with conditional
-writes. (Local directories use ``flock``: ``shardio.store.storage.lock``.)
+writes. (Local directories use ``flock``: ``shardio.store.local.lock``.)
 
 ``DIR/.lock`` holds JSON ``{holder, host, pid, expires}``. Taking it: put-if-absent. A lease whose
 ``expires`` has passed (its holder died: nobody renewed it) is taken over with ``If-Match`` on the ETag
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from shardio.errors import CommitConflict, OutputLocked, StorageUnavailable
-from shardio.store.s3 import pid_alive
+from shardio.store.holders import pid_alive
 
 __all__ = ["lease", "LeaseHandle", "lease_seconds"]
 

@@ -1,7 +1,8 @@
 """``Storage`` on S3-compatible object storage (``s3://bucket/key``), through obstore.
 
-Imported only when a URL is used (``shardio.store.storage.for_path``): a training image without the ``s3``
-extra still imports ``shardio``. obstore was chosen over fsspec/s3fs because the commit protocol needs
+Created when the first ``s3://`` path is opened (``shardio.store.backends.for_path``), which imports
+obstore: a training image without the ``s3`` extra still imports ``shardio``. obstore was chosen over
+fsspec/s3fs because the commit protocol needs
 conditional writes (put-if-absent, If-Match) as first-class calls, and because it is faster on the
 same server (``bench/README.md``, "Object storage"). Works against AWS S3, MinIO, Cloudflare R2 and
 SeaweedFS; the tests run it against SeaweedFS.
@@ -11,7 +12,7 @@ Configuration is the standard AWS one, nothing of ours: ``AWS_ACCESS_KEY_ID`` / 
 ``AWS_ENDPOINT_URL_S3``) for a non-AWS server, and profiles (``AWS_PROFILE``, ``~/.aws/config``,
 ``~/.aws/credentials``, SSO, instance roles), which boto3 resolves when no key is in the environment.
 
-How the directory protocol's guarantees map here (``shardio.store.storage`` lists them):
+How the directory protocol's guarantees map here (``shardio.store.base`` lists them):
 
 - publish: one PUT (atomic per object); ``if_version`` adds ``If-Match: ETAG``.
 - publish_new: ``If-None-Match: *`` (put-if-absent). A retried create whose first attempt landed reads
@@ -42,7 +43,9 @@ from datetime import timedelta
 from typing import Any, BinaryIO, ContextManager
 
 from shardio.format.checksum import new_hasher
-from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable
+from shardio.errors import CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable, UnsupportedStore
+from shardio.store.base import LOCK_NAME, FileInfo
+from shardio.store.lease import lease
 from shardio.store.scratch import scratch_dir
 from shardio.store.s3_errors import StoreSettings, explain
 
@@ -304,8 +307,6 @@ class S3Storage:
     # --- reading --------------------------------------------------------------------------------------
 
     def info(self, path: str) -> Any:
-        from shardio.store.storage import FileInfo
-
         store, key = self._target(path)
         if not key:  # the bucket itself: a "directory", never an object
             self._check_bucket(path)
@@ -345,8 +346,6 @@ class S3Storage:
 
     def list_files(self, folder: str, recursive: bool = False) -> list[Any]:
         """Every object under ``folder/`` (one LIST request per 1,000), as FileInfo with full URLs."""
-        from shardio.store.storage import FileInfo
-
         store, key = self._target(folder)
         prefix = f"{key}/" if key else ""
         base = folder.rstrip("/")
@@ -494,9 +493,7 @@ class S3Storage:
         """A completed PUT is durable and visible to every reader at once: nothing to wait for."""
 
     def lock(self, directory: str, wait: bool = False) -> ContextManager[Any]:
-        from shardio.store.lease import lease
-
-        return lease(self, self.join(directory, ".lock"), wait=wait)
+        return lease(self, self.join(directory, LOCK_NAME), wait=wait)
 
     def check_conditional_writes(self, directory: str) -> None:
         """Refuse a store that ignores ``If-None-Match``: on it two writers could both commit. Two creates
@@ -515,23 +512,10 @@ class S3Storage:
             finally:
                 self.remove(probe)
         if not honoured:
-            from shardio.errors import UnsupportedStore
-
             raise UnsupportedStore(
                 f"{directory}: {self.where()} ignores conditional writes (If-None-Match), so two runs could "
                 "overwrite each other's commit; use a store that supports them (AWS S3, MinIO, R2, SeaweedFS "
                 "do) or write to a local directory")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this PID runs on this host (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
 
 
 def _file_info(cls: Any, path: str, meta: dict[str, Any]) -> Any:

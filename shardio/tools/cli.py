@@ -27,7 +27,10 @@ except ImportError as e:
         "and the reader need neither"
     ) from e
 
-from shardio.tools.cli_style import fail, new_app, version_option  # noqa: E402 (after the extra's check)
+import shardio  # noqa: E402 (after the extra's check)
+from shardio.tools.cli_style import fail, new_app, version_option  # noqa: E402
+from shardio.tools.info import dataset_info, format_info  # noqa: E402
+from shardio.tools.preview import write_preview  # noqa: E402
 
 __all__ = ["app", "main"]
 
@@ -40,8 +43,6 @@ JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 def _describe_versions() -> str:
     import numpy
     import torch
-
-    import shardio
 
     return f"shardio {shardio.__version__}; numpy {numpy.__version__}; torch {torch.__version__}"
 
@@ -72,8 +73,6 @@ def _main(version: Annotated[bool, version_option(_describe_versions)] = False) 
 @app.command()
 def info(directory: Directory, json_output: JsonOutput = False) -> None:
     """Count, shape, bytes on disk, config, versions, failures, runs."""
-    from shardio.tools.info import dataset_info, format_info
-
     with _errors():
         described = dataset_info(directory)
     typer.echo(json.dumps(described, indent=1, ensure_ascii=False) if json_output else format_info(described))
@@ -89,8 +88,6 @@ def preview(
         min=1, help="Tile height in pixels (nearest-neighbour; default: the stored size).")] = None,
 ) -> None:
     """A contact sheet (PNG) of random samples, numbered, and their keys and captions."""
-    from shardio.tools.preview import write_preview
-
     with _errors():
         result = write_preview(directory, out, n=n, seed=seed, tile_height=tile)
     h, w, _ = result.shape
@@ -119,7 +116,8 @@ def bench(
     json_output: JsonOutput = False,
 ) -> None:
     """ShardDataset throughput, and whether a consumer would wait."""
-    from shardio.tools.loader_bench import format_bench, run_bench
+    # Here, not at the top: it imports torch (~1 s, ~190 MB), which `shardio info` and `preview` never need.
+    from shardio.tools.loader_bench import format_bench, run_bench  # layering: allowed (torch, heavy)
 
     if torch_threads is not None:
         import torch

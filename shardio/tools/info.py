@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.failure_reasons import count_by_category
 from shardio.read.snapshot import open_dataset
 from shardio.format.run_report import run_history
@@ -20,8 +20,9 @@ __all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio
 
 def _directory_bytes(directory: str) -> int:
     """Every file under the dataset (one walk locally, one LIST per 1,000 objects on object storage)."""
-    if storage.is_remote(directory):
-        return sum(found.size for found in storage.list_files(directory, recursive=True))
+    store = for_path(directory)
+    if not store.is_local:
+        return sum(found.size for found in store.list_files(directory, recursive=True))
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:

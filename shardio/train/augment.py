@@ -42,12 +42,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from shardio.read.dataset import ShardDataset
+from shardio.train.batch_transform import BatchTransform, batch_positions, transform_batch
 from shardio.train.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
 
 __all__ = [
@@ -69,13 +70,6 @@ _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _TRIES = 10  # torchvision's get_params tries 10 random crops before the centre-crop fallback
 # Per sample: 10 area draws, 10 ratio draws, top offset, left offset, flip.
 _DRAWS = 2 * _TRIES + 3
-
-
-class BatchTransform(Protocol):
-    """What ``DeviceLoader(transform=...)`` calls with each batch's images once they are on the device."""
-
-    def __call__(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
-                 content_box: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class CropParams(NamedTuple):
@@ -298,49 +292,6 @@ class EvalTransform:
 
 
 # --- where positions come from ---------------------------------------------------------------------
-
-def _dataset_of(source: Any) -> ShardDataset | None:
-    if isinstance(source, ShardDataset):
-        return source
-    dataset = getattr(source, "dataset", None)
-    return dataset if isinstance(dataset, ShardDataset) else None
-
-
-def batch_positions(dataset: ShardDataset, batch_number: int) -> torch.Tensor:
-    """Epoch positions (int64 [B]) of this rank's ``batch_number``-th batch of the epoch (1-based: the
-    count ``ShardDataset.batches_seen`` has right after handing it out; see ``shardio.read.resume``)."""
-    positions = dataset.batch_positions(batch_number)
-    return torch.arange(positions.start, positions.stop, dtype=torch.int64)
-
-
-def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: torch.device | str,
-                    source: Any = None, batch_number: int | None = None) -> dict[str, Any]:
-    """``batch`` on ``device`` with ``image`` replaced by ``transform(image, epoch, positions)``.
-
-    Positions and epoch come from the batch's ``"__position__"``/``"__epoch__"`` (``PositionedBatches``)
-    or else from ``source`` (a ``ShardDataset`` or a loader of one) and the 1-based ``batch_number``;
-    ``"content_box"`` [B, 4] is passed on when the batch has it."""
-    device = torch.device(device)
-    out = dict(batch)
-    for name in ("image", "cls", "content_box"):
-        if isinstance(batch.get(name), torch.Tensor):
-            out[name] = batch[name].to(device, non_blocking=True)
-    if "__position__" in batch:
-        positions, epoch = batch["__position__"], int(batch.get("__epoch__", 0))
-    else:
-        dataset = _dataset_of(source)
-        if dataset is None or batch_number is None:
-            raise ValueError("the transform needs each sample's epoch position: iterate a ShardDataset or a "
-                             "ShardLoader, or wrap the loader in shardio.train.augment.PositionedBatches")
-        positions, epoch = batch_positions(dataset, batch_number), dataset.epoch
-    if len(positions) != len(batch["image"]):
-        raise ValueError(f"{len(positions)} positions for a batch of {len(batch['image'])} images: the "
-                         "loader and the dataset disagree on the batch count (resume both from one "
-                         "state_dict)")
-    out["image"] = transform(out["image"], epoch=epoch, positions=torch.as_tensor(positions).to(device),
-                             content_box=out.get("content_box"))
-    return out
-
 
 class PositionedBatches:
     """Iterate a ``ShardLoader`` (or a ``ShardDataset``) adding ``"__position__"`` (int64 [B], the samples'

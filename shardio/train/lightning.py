@@ -37,7 +37,7 @@ from typing import Any, Union
 import lightning.pytorch as pl
 import torch
 
-from shardio.store import storage
+from shardio.store.backends import for_path
 from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
 from shardio.read.dataset import ShardDataset
 from shardio.train.loader import ShardLoader, to_device
@@ -124,7 +124,8 @@ class ShardDataModule(pl.LightningDataModule):
     def _open(self, source: str | TrainDataset, *, shuffle: bool, drop_last: bool) -> TrainDataset:
         if not isinstance(source, str):
             return source
-        cache = {"cache_dir": self.cache_dir, "cache_limit": self.cache_limit} if storage.is_remote(source) else {}
+        local = for_path(source).is_local
+        cache = {} if local else {"cache_dir": self.cache_dir, "cache_limit": self.cache_limit}
         return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last,
                             **cache)
 

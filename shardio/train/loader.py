@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import torch
 from torch.utils.data import DataLoader
 
-from shardio.store import storage
 from shardio.read.dataset import EpochPass, ShardDataset
+from shardio.store.backends import for_path
 from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
-
-if TYPE_CHECKING:
-    from shardio.train.augment import BatchTransform
+from shardio.train.batch_transform import BatchTransform, transform_batch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
 
@@ -61,7 +59,7 @@ class ShardLoader(DataLoader):
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
         kwargs.setdefault("collate_fn", _no_collate)
-        if num_workers and storage.is_remote(dataset.path):
+        if num_workers and not for_path(dataset.path).is_local:
             # The S3 client (obstore's tokio runtime) does not survive fork(): workers start fresh.
             kwargs.setdefault("multiprocessing_context", "spawn")
         super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
@@ -254,8 +252,6 @@ class DeviceLoader:
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
-        from shardio.train.augment import transform_batch  # augment imports this module's constants
-
         return transform_batch(self.transform, batch, self.device, self.loader, number)
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The one owner of a dataset directory: everything that creates, writes, renames or removes a file there.
 
 Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.write.shard_writer`` stages
-shards here); the reader calls only the shard checker. Written once against ``shardio.store.storage.Storage``
+shards here); the reader calls only the shard checker. Written once against ``shardio.store.base.Storage``
 (``for_path``); the guarantees it needs from storage, and how the local filesystem gives each, are in
 that module's docstring. The format it writes is ``shardio.format`` (layout, manifest, "Generations",
 "Retention") and ``shardio.format.run_report`` (``reports/RUN_ID.json``).
@@ -9,7 +9,7 @@ that module's docstring. The format it writes is ``shardio.format`` (layout, man
 What it owns, in the order of a run:
 
 - **Opening for writing**: ``ensure_output_dir``, then ``writing(directory)`` holds the one-writer
-  lock (``storage.lock``) for every change below.
+  lock (``Storage.lock``) for every change below.
 - **Reading what is committed**: ``load_committed`` (restoring a lost or corrupt ``manifest.json`` from
   the newest valid kept generation: ``recover_manifest``).
 - **Cleaning leftovers** of a killed run: ``clean_leftovers`` (temp files, unlisted shard files,
@@ -24,8 +24,8 @@ What it owns, in the order of a run:
   dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
 - **Retention**: ``collect`` / ``gc`` delete what no kept generation needs.
 - **Run reports**: ``save_report`` / ``report_path``.
-- **The shard checker** (``shard_problems``): sizes in O(1), or sizes and checksums; the reader, ``verify``
-  and ``recover_manifest`` all use it.
+- **Restoring** a corrupt ``manifest.json`` from a kept generation the shard checker
+  (``shardio.format.shard_check``, shared with the reader and ``verify``) finds whole.
 
 Its interface takes plain values (paths, numbers, ``shardio.format`` entries): no Ray, no Pillow, none of
 preprocess's types.
@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from shardio.store import storage
-from shardio.format.checksum import file_checksum
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
     MANIFEST_NAME,
@@ -53,18 +51,17 @@ from shardio.format import (
     Manifest,
     RetiredFile,
     ShardEntry,
-    expected_shard_size,
-    generation_path,
-    list_generations,
-    load_manifest,
 )
+from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.format.shard_check import shard_problems
+from shardio.store.backends import for_path
+from shardio.store.base import TEMP_PREFIX
 
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "publish", "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
-    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path", "shard_problem",
-    "shard_problems",
+    "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
+    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path",
 ]
 
 # A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
@@ -100,14 +97,14 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-# --- generations: publish, leftovers, retention, restore ---------------------------------------------
+# --- generations: the commit's last step, leftovers, retention, restore ---------------------------------------------
 
 
-def publish(directory: str, manifest: Manifest) -> int:
-    """Commit ``manifest`` as the next generation: ``manifests/GEN.json`` (created once: never over an
-    existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
+def _publish_generation(directory: str, manifest: Manifest) -> int:
+    """The last step of ``commit`` (its only caller): ``manifest`` as the next generation,
+    ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
     whose file ``collect`` already deleted, and returns the new generation."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     generation = max([manifest.generation, *list_generations(directory)]) + 1
     now = _now().isoformat(timespec="seconds")
     manifest.generation, manifest.updated = generation, now
@@ -152,13 +149,13 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
     """Remove what a killed run left: temp files, shard files neither listed nor retired by ``manifest``
     (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
     Returns how many files went."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     _check_held(directory)
     keep = protected_files(manifest) if manifest is not None else set()
     removed = 0
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
         for name in store.list_dir(folder):
-            if name.startswith(storage.TEMP_PREFIX):
+            if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
                 removed += 1
     for name in store.list_dir(store.join(directory, SHARDS_DIR)):
@@ -187,7 +184,7 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
     ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
     ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
     file the current or a kept generation lists."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     _check_held(directory)
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
     current = manifest.generation
@@ -259,7 +256,7 @@ def recover_manifest(directory: str) -> Manifest:
     ShardFormatError when no generation is valid. The caller holds the output lock. Inputs that only an
     unusable newer generation listed are then uncommitted: the next run processes them again from their
     tars (the same shard names and bytes)."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     problems = []
     for generation in reversed(list_generations(directory)):
         try:
@@ -302,7 +299,7 @@ def load_committed(directory: str) -> tuple[Manifest | None, str]:
     delete their shards). The caller holds the lock."""
     path = manifest_path(directory)
     try:
-        if not storage.for_path(directory).exists(path) and not list_generations(directory):
+        if not for_path(directory).exists(path) and not list_generations(directory):
             return None, ""
         return load_manifest(directory), ""
     except ShardError as e:
@@ -316,12 +313,12 @@ def load_committed(directory: str) -> tuple[Manifest | None, str]:
 
 def manifest_path(directory: str) -> str:
     """Where the committed manifest is (for messages; read it with ``load_manifest``)."""
-    return storage.for_path(directory).join(directory, MANIFEST_NAME)
+    return for_path(directory).join(directory, MANIFEST_NAME)
 
 
 def load_current(directory: str) -> Manifest | None:
     """The committed manifest as it is, or None if there is no ``manifest.json``."""
-    return load_manifest(directory) if storage.for_path(directory).exists(manifest_path(directory)) else None
+    return load_manifest(directory) if for_path(directory).exists(manifest_path(directory)) else None
 
 
 # --- opening for writing ------------------------------------------------------------------------------
@@ -329,7 +326,7 @@ def load_current(directory: str) -> Manifest | None:
 
 def ensure_output_dir(directory: str) -> None:
     """Create the dataset directory if needed; ``OutputUnusable`` (not a traceback) if it cannot be used."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     if store.exists(directory) and not store.is_dir(directory):
         raise OutputUnusable(f"{directory}: --output is an existing file, not a directory; give a dataset "
                              "directory (created if missing)")
@@ -349,9 +346,10 @@ def check_writable(directory: str, writer: str) -> None:
     """Create and remove one small temp file in ``directory`` (``.tmp-access-probe-WRITER``: a killed
     probe's leftover goes with the next run's clean-up, as any temp file): proof that this process, e.g. a
     Ray node's, can write the dataset. Raises what the store raises (``StorageAccessError``, ``OSError``)."""
-    probe = storage.join(directory, f"{storage.TEMP_PREFIX}access-probe-{writer}")
-    storage.for_path(probe).publish_new(probe, b"")
-    storage.remove(probe)
+    store = for_path(directory)
+    probe = store.join(directory, f"{TEMP_PREFIX}access-probe-{writer}")
+    store.publish_new(probe, b"")
+    store.remove(probe)
 
 
 def _check_held(directory: str) -> None:
@@ -365,7 +363,7 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
     On object storage the store is first checked to honour conditional writes (the lease and the commit
     rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``)."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
     with store.lock(directory, wait_for_lock) as handle:
@@ -387,24 +385,24 @@ def shard_paths(name: str) -> tuple[str, str]:
 def stage(directory: str, rel_path: str) -> tuple[int, str]:
     """A new staged file for ``rel_path`` under a unique name no other writer can pick (a ``.tmp-`` name:
     unlisted, so invisible, and removed by ``clean_leftovers`` if its writer dies); (writable fd, path)."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     store.makedirs(store.join(directory, SHARDS_DIR))
     return store.create_temp(store.join(directory, rel_path))
 
 
 def promote(directory: str, staged_path: str, rel_path: str) -> None:
     """Give a finished (fsynced) staged file its final name; it is visible once a commit lists it."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     store.promote(staged_path, store.join(directory, rel_path))
 
 
 def discard_staged(directory: str, staged_path: str) -> None:
-    storage.for_path(directory).remove(staged_path)
+    for_path(directory).remove(staged_path)
 
 
 def discard(directory: str, rel_path: str) -> None:
     """Remove a promoted file no commit lists (a failed input's shards)."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     store.remove(store.join(directory, rel_path))
 
 
@@ -412,16 +410,17 @@ def discard(directory: str, rel_path: str) -> None:
 
 
 def commit(directory: str, manifest: Manifest) -> int:
-    """Publish ``manifest`` with its shards in dataset order (input path, then shard name: independent of
-    which task finished first), after a storage barrier that makes the promoted shards durable first (a
-    power cut, e.g. a preempted VM, must not leave listed shards missing; one fsync, ~0.2 ms here).
+    """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
+    path, then shard name: independent of which task finished first), after a storage barrier that makes
+    the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
+    missing; one fsync, ~0.2 ms here).
     Returns the new generation."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     manifest.shards.sort(key=lambda e: (e.input, e.path))
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
-    return publish(directory, manifest)
+    return _publish_generation(directory, manifest)
 
 
 class Committer:
@@ -502,70 +501,13 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
 
 
 def report_path(directory: str, run_id: str) -> str:
-    return storage.for_path(directory).join(directory, REPORTS_DIR, f"{run_id}.json")
+    return for_path(directory).join(directory, REPORTS_DIR, f"{run_id}.json")
 
 
 def save_report(directory: str, run_id: str, data: bytes) -> str:
     """Publish one run's report (``shardio.format.run_report``) atomically; returns its path."""
-    store = storage.for_path(directory)
+    store = for_path(directory)
     store.makedirs(store.join(directory, REPORTS_DIR))
     path = report_path(directory, run_id)
     store.publish(path, data)
     return path
-
-
-# --- the shard checker --------------------------------------------------------------------------------
-
-
-def _file_problem(store: storage.Storage, path: str, size: int, algorithm: str, checksum: str | None,
-                  listed: dict[str, int] | None = None) -> str | None:
-    try:
-        actual = store.file_size(path) if listed is None else listed[path]
-    except (FileNotFoundError, KeyError):
-        return f"{path}: listed in the manifest but missing"
-    if actual != size:
-        return f"{path}: {actual} bytes, the manifest says {size} (truncated or overwritten)"
-    if checksum is not None and file_checksum(path, algorithm) != checksum:
-        return f"{path}: {algorithm} differs from the manifest (corrupt)"
-    return None
-
-
-def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
-                  checksums: bool = False, listed: dict[str, int] | None = None) -> str | None:
-    """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies and
-    each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte). ``listed``
-    (path -> size, from one listing) saves a request per file on object storage."""
-    store = storage.for_path(directory)
-    expected = expected_shard_size(entry, shape)
-    if entry.bytes != expected:
-        return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
-                f"{entry.samples} samples imply {expected} (inconsistent)")
-    for rel, size, checksum in ((entry.path, entry.bytes, entry.checksum),
-                                (entry.meta_path, entry.meta_bytes, entry.meta_checksum)):
-        problem = _file_problem(store, store.join(directory, rel), size, entry.checksum_algorithm,
-                                checksum if checksums else None, listed)
-        if problem is not None:
-            return problem
-    return None
-
-
-def shard_problems(directory: str, manifest: Manifest, shards: Iterable[ShardEntry] | None = None,
-                   checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
-    """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
-    Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
-    sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy."""
-    entries = list(manifest.shards if shards is None else shards)
-    store = storage.for_path(directory)
-    listed = None
-    if not store.is_local and entries:
-        # One LIST per 1,000 objects instead of two HEADs per shard.
-        listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
-    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed)  # noqa: E731
-    if threads > 1 and len(entries) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            problems = list(pool.map(check, entries))
-    else:
-        problems = [check(entry) for entry in entries]
-    return [(entry, problem) for entry, problem in zip(entries, problems) if problem is not None]

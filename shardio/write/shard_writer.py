@@ -224,6 +224,7 @@ class InputShardWriter:
 
 
 def write_manifest(directory: str, manifest: Manifest) -> int:
-    """Publish the manifest as the dataset's next generation (``shardio.write.directory.publish``): the rename
-    of ``manifest.json`` is the commit of everything it lists. Returns the generation."""
-    return dataset_directory.publish(directory, manifest)
+    """Commit the manifest as the dataset's next generation through the directory's one commit
+    (``shardio.write.directory.commit``: shards in dataset order, durable before ``manifest.json``, whose
+    rename is the commit of everything it lists). Returns the generation."""
+    return dataset_directory.commit(directory, manifest)
