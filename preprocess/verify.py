@@ -1,7 +1,7 @@
 """``preprocess verify DIR``: every shard's size and checksum against the manifest; ``--repair`` rebuilds
 only the inputs behind bad shards.
 
-Checking reads every byte, with the one shard checker (``shardio.write.directory.shard_problems``). Repair is
+Checking reads every byte, with the one shard checker (``shardio.format.shard_check.shard_problems``). Repair is
 three steps, each safe to kill: drop the bad inputs from the manifest in one commit (their files are
 retired, not deleted), then an ordinary ``run_job`` over just those inputs, which writes the same shard
 names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
@@ -23,6 +23,7 @@ from shardio.store.paths import normalize
 from shardio.write.directory import restore_manifest
 from shardio.format import Manifest, ShardEntry
 from shardio.format.manifests import load_manifest
+from shardio.format.shard_check import shard_problems
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
 
@@ -55,7 +56,7 @@ class RepairResult:
 
 
 def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) -> list[BadShard]:
-    problems = dataset_dir.shard_problems(directory, manifest, entries, checksums=True,
+    problems = shard_problems(directory, manifest, entries, checksums=True,
                                           threads=min(8, os.cpu_count() or 1))
     return [BadShard(entry.path, entry.input, problem) for entry, problem in problems]
 
