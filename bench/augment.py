@@ -1,4 +1,4 @@
-"""Augmentation benchmark: ``shardio.augment`` throughput against copying the batch, and its resampling
+"""Augmentation benchmark: ``shardio.train.augment`` throughput against copying the batch, and its resampling
 error against an antialiased resize.
 
 ``python -m bench.augment [--seconds S] [--batch B] [--device D] [--no-quality]`` takes uint8 NHWC batches
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from shardio.augment import CropParams, EvalTransform, TrainAugment, resized_crop
-from shardio.loader import to_device
+from shardio.train.augment import CropParams, EvalTransform, TrainAugment, resized_crop
+from shardio.train.loader import to_device
 
 OUTPUT = 224
 SIDES = (256, 288)

@@ -6,7 +6,7 @@
 spent in ``[_TrainingEpochLoop].train_dataloader_next`` (the Trainer blocked on the next batch; the
 figure of the issue's 63% profile) and samples/s:
 
-- ``datamodule``: the documented path, ``shardio.lightning.ShardDataModule`` (``ShardLoader``, epochs and
+- ``datamodule``: the documented path, ``shardio.train.lightning.ShardDataModule`` (``ShardLoader``, epochs and
   checkpointed position, normalisation in ``on_after_batch_transfer``);
 - ``dataloader``: a plain ``DataLoader(ShardDataset(...), batch_size=None)`` (normalised in the step);
 - ``webdataset+PIL``: ``examples/train.py``'s WebDataset loader over the source tars, each JPEG decoded,
@@ -42,8 +42,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from train import demo_shards, webdataset_loader  # noqa: E402
 from train_lightning import SmallCNN  # noqa: E402
 
-from shardio.dataset import ShardDataset  # noqa: E402
-from shardio.lightning import ShardDataModule  # noqa: E402
+from shardio.read.dataset import ShardDataset  # noqa: E402
+from shardio.train.lightning import ShardDataModule  # noqa: E402
 
 NEXT = "[_TrainingEpochLoop].train_dataloader_next"
 
@@ -52,7 +52,7 @@ def demo_tars(shards: str, directory: str, per_tar: int = 128) -> str:
     """The demo shards' images as WebDataset tars of JPEGs (q90) with ``.cls``: the same pixels, encoded."""
     from PIL import Image
 
-    from shardio.reader import open_dataset
+    from shardio.read.snapshot import open_dataset
 
     snapshot = open_dataset(shards)
     os.makedirs(directory, exist_ok=True)

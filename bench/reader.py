@@ -36,7 +36,7 @@ import torch
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
 from shardio.format import InputEntry, Manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 SIDE = 256
 SHARDS = 8

@@ -46,7 +46,7 @@ __all__ = ["CacheSizeSampler", "reader_rows"]
 
 BATCH = 256
 try:  # the cache's own number of download threads, so this row measures what the reader does
-    from shardio.shard_cache import DOWNLOAD_THREADS
+    from shardio.read.shard_cache import DOWNLOAD_THREADS
 except ImportError:
     DOWNLOAD_THREADS = 4
 BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead
@@ -109,10 +109,10 @@ def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> di
     download or the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardio import storage
-    from shardio.format import load_manifest
+    from shardio.store.backends import for_path
+    from shardio.format.manifests import load_manifest
 
-    store = storage.for_path(url)
+    store = for_path(url)
     manifest = load_manifest(url)
     directory = os.path.join(scratch, "download-path")
     shutil.rmtree(directory, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Shuffle quality against a permutation and Mosaic's py1e, and what it costs the reader, over a grid of
 (window, block) settings: ``python -m bench.shuffle [--rounds 5] [--side 256] [--quality-only]``.
 
-Quality (``shardio.shuffle_quality``, from the epoch order alone): mean distinct source shards per batch
+Quality (``shardio.read.shuffle_quality``, from the epoch order alone): mean distinct source shards per batch
 of 256 and stored-neighbour pairs per batch, on synthetic layouts (200 and 2,000 shards of 1,000
 samples; no pixels), for shardio's order (versions 1 and 2), the exact expectation of a uniform
 permutation, and Mosaic Streaming's py1e (``py1e`` below) at its default block of 262,144 samples.
@@ -29,8 +29,8 @@ import torch
 
 from bench.reader import BATCH, build, copy_batches, warm, _Numpy
 from shardio import ShardDataset
-from shardio.order import epoch_runs
-from shardio.shuffle_quality import permutation_quality, runs_order, shuffle_quality
+from shardio.read.order import epoch_runs
+from shardio.read.shuffle_quality import permutation_quality, runs_order, shuffle_quality
 
 LAYOUTS = [(200, 1000), (2000, 1000)]  # (shards, samples per shard)
 # (order version, window, block): version 1's (8, 16) was the default; version 2's (256, 1) is.

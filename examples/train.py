@@ -31,9 +31,9 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
-from shardio.resume import EpochPass
+from shardio.read.resume import EpochPass
 from shardio.format import InputEntry, Manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 
 def small_cnn(classes: int) -> nn.Module:

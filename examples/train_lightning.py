@@ -1,4 +1,4 @@
-"""Train the small CNN of examples/train.py with Lightning, fed by ``shardio.lightning.ShardDataModule``.
+"""Train the small CNN of examples/train.py with Lightning, fed by ``shardio.train.lightning.ShardDataModule``.
 
     python examples/train_lightning.py --shards out/sample-shards --max-steps 300
     python examples/train_lightning.py --demo --max-steps 50 --profile      # share in train_dataloader_next
@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train import ROTATIONS, demo_shards, objective, small_cnn  # noqa: E402
 
 from shardio import TrainAugment  # noqa: E402
-from shardio.lightning import ShardDataModule  # noqa: E402
-from shardio.loader import to_device  # noqa: E402
+from shardio.train.lightning import ShardDataModule  # noqa: E402
+from shardio.train.loader import to_device  # noqa: E402
 
 
 class SmallCNN(pl.LightningModule):

@@ -18,15 +18,23 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+import shardio
+from preprocess import jpeg_region
 from preprocess.config import load_config
+from preprocess.diagnose import diagnose as time_stages, render_text
+from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
+from preprocess import pillow_check
 from preprocess.stop_signals import StopOnSignal
-from shardio.cli_style import fail, new_app, version_option
-from shardio.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
+from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
+from preprocess.versions import library_versions, pillow_build
+from shardio.tools.cli_style import fail, new_app, version_option
+from shardio.write.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
+from shardio.write.directory import gc as collect_garbage
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
-# The same look as `shardio` (shardio.cli_style): help layout, -h/--help, --version, error lines.
+# The same look as `shardio` (shardio.tools.cli_style): help layout, -h/--help, --version, error lines.
 app = new_app("WebDataset tars -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
 
@@ -39,14 +47,11 @@ def _fail(error: ShardioError, quiet: bool = False) -> None:
     """End the command for ``error``: its message (unless ``quiet``: already said, e.g. as JSON) and its
     exit status from the exception tree (``shardio.errors.exit_code``)."""
     if not quiet:
-        fail(error, exit_code(error))  # the one error line of both command lines (shardio.cli_style)
+        fail(error, exit_code(error))  # the one error line of both command lines (shardio.tools.cli_style)
     raise typer.Exit(exit_code(error)) from None
 
 
 def _describe_versions() -> str:
-    from preprocess.versions import pillow_build
-
-    import shardio
 
     build = pillow_build()
     kind = "Pillow-SIMD" if build["pillow_simd"] else "stock Pillow"
@@ -119,11 +124,9 @@ class _Display:
 def _warn_about_pillow() -> None:
     """Stock Pillow (put back by anything that requires `pillow`) decodes and resizes slower, and its
     pixels differ from Pillow-SIMD's: say so before a run (on stderr, even with -q) rather than never."""
-    from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
-
-    problems = pillow_problems(current_state())
+    problems = pillow_check.pillow_problems(pillow_check.current_state())
     if problems:
-        console.print(f"[yellow]warning:[/yellow] {'; '.join(problems)}: {SLOWDOWN}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {'; '.join(problems)}: {pillow_check.SLOWDOWN}", highlight=False)
 
 
 def _summary(report: RunReport, report_path: str) -> None:
@@ -276,8 +279,6 @@ def verify(
 
     Exits 1 naming each bad shard. With --repair, drop the inputs behind
     bad shards and process just those again (same config)."""
-    from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
-
     try:
         result = verify_dataset(str(directory))
     except ShardioError as e:
@@ -335,8 +336,6 @@ def gc(
     """Delete superseded shards and manifest generations that no kept generation needs.
 
     A run does this at its end with its own --retain-* options."""
-    from shardio.directory import gc as collect_garbage
-
     try:
         collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations),
                                     wait_for_lock=wait)
@@ -351,17 +350,13 @@ def gc(
 @app.command()
 def doctor() -> None:
     """Which PIL build (Pillow-SIMD? AVX2?) and libjpeg-turbo are active, and whether that is right."""
-    from preprocess import jpeg_region
-    from preprocess.pillow_check import SLOWDOWN, current_state, pillow_problems
-    from preprocess.versions import library_versions, pillow_build
-
     build = pillow_build()
     region_decoder = jpeg_region.available()
     for key, value in {**library_versions(), **build, "jpeg_region_decoder": region_decoder}.items():
         typer.echo(f"{key:24s} {value}")
-    problems = pillow_problems(current_state())
+    problems = pillow_check.pillow_problems(pillow_check.current_state())
     if problems:
-        problems.append(SLOWDOWN)
+        problems.append(pillow_check.SLOWDOWN)
     if not build["libjpeg_turbo"]:
         problems.append("PIL is not linked against libjpeg-turbo: decoding is slower")
     for problem in problems:
@@ -388,9 +383,6 @@ def diagnose(
     Per stage (read, decode, convert, resize, write) mean/p50/p95 per image,
     the per-core rate, a projection, the slowest samples and the bottleneck.
     Exit 1 if an input is unreadable."""
-    from preprocess.diagnose import diagnose as time_stages, render_text
-    from preprocess.inputs import resolve_inputs
-
     try:
         cfg = load_config(str(config) if config else None)
         resolved = resolve_inputs(inputs)

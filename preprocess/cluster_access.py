@@ -1,7 +1,7 @@
 """What the tasks of a run need to reach its storage, and a check, before any task, that every node can.
 
 **Settings** (``task_env``): the driver's non-secret object-store settings (endpoint, region, addressing
-style, plain http: ``shardio.object_storage.carried_settings``) go to every task as environment variables
+style, plain http: ``shardio.store.s3.carried_settings``) go to every task as environment variables
 in its Ray ``runtime_env``, so a node started by ``ray start`` without them reaches the same server in the
 same region. They override the node's own. Credentials do not travel: each node uses its own environment,
 profile or instance role, unless ``pass_credentials`` (``--pass-credentials``), which adds the driver's key,
@@ -26,8 +26,9 @@ from typing import Any
 import ray
 
 from preprocess.ray_runner import BUILD_CHECK_TIMEOUT_S, on_every_node
-from shardio import directory as dataset_dir
-from shardio import storage
+from shardio.write import directory as dataset_dir
+from shardio.store import s3 as object_storage
+from shardio.store.backends import for_path
 from shardio.errors import NodeAccessError, ShardioError
 
 __all__ = ["task_env", "check_cluster_access", "probe_access"]
@@ -36,10 +37,8 @@ __all__ = ["task_env", "check_cluster_access", "probe_access"]
 def task_env(paths: list[str], pass_credentials: bool = False) -> dict[str, str]:
     """Environment variables every task of a run over ``paths`` (inputs and output) gets: the driver's
     non-secret object-store settings, plus its credentials if ``pass_credentials``. Empty for local paths."""
-    if not any(path.startswith("s3://") for path in paths):
+    if all(for_path(path).is_local for path in paths):
         return {}
-    from shardio import object_storage
-
     env = object_storage.carried_settings()
     if pass_credentials:
         env.update(object_storage.driver_credentials())
@@ -50,7 +49,7 @@ def _inputs_to_probe(inputs: list[str]) -> list[str]:
     """One input per bucket (a store, its credentials and policy are per bucket) and the first local one."""
     chosen: dict[str, str] = {}
     for path in inputs:
-        where = path.split("/", 3)[2] if storage.is_remote(path) else ""
+        where = "" if for_path(path).is_local else path.split("/", 3)[2]
         chosen.setdefault(f"{path.split('://', 1)[0]}://{where}" if where else "local", path)
     return list(chosen.values())
 
@@ -61,9 +60,9 @@ def probe_access(inputs: list[str], output: str) -> list[str]:
     problems = []
     for path in inputs:
         try:
-            storage.info(path)
+            for_path(path).info(path)
         except FileNotFoundError:
-            if not storage.is_remote(path):  # a remote one was listed a moment ago: the store answered
+            if for_path(path).is_local:  # a remote one was listed a moment ago: the store answered
                 problems.append(f"{path}: not on this node's disk (on a cluster, local inputs must be on a disk "
                                 "every node mounts at the same path; or put them in a bucket)")
         except (ShardioError, OSError) as e:
@@ -93,7 +92,7 @@ def check_cluster_access(inputs: list[str], output: str, env: dict[str, str],
         return len(answers)
     lines = "; ".join(f"node {node}: {' | '.join(problems)}" for node, problems in sorted(failing.items()))
     hint = ""
-    if env or any(storage.is_remote(p) for p in [*inputs, output]):
+    if env or not all(for_path(p).is_local for p in [*inputs, output]):
         carried = ", ".join(sorted(k for k in env if "SECRET" not in k and "TOKEN" not in k
                                    and k != "AWS_ACCESS_KEY_ID")) or "none set on this driver"
         hint = f" The tasks get this driver's object-store settings ({carried})"

@@ -37,7 +37,7 @@ from preprocess.versions import pillow_build
 from preprocess.worker import parse_fields
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import count_by_category
-from shardio.writer import ShardWriter
+from shardio.write.shard_writer import ShardWriter
 
 __all__ = ["STAGES", "diagnose", "render_text"]
 

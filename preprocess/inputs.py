@@ -32,7 +32,9 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
-from shardio import storage
+from shardio.store.backends import for_path
+from shardio.store.base import FileInfo
+from shardio.store.paths import check_local
 from shardio.errors import NoInputsMatched
 
 __all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES"]
@@ -79,10 +81,10 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         pattern_failed: list[dict[str, str]] = []
         pattern_ignored: set[str] = set()
         for expanded in expansions:
-            if storage.is_remote(expanded):
+            if not for_path(expanded).is_local:
                 remote.resolve(expanded, matched, pattern_ignored, pattern_failed)
                 continue
-            local = storage.check_local(expanded)
+            local = check_local(expanded)
             if _GLOB_CHARS & set(local):
                 files = [os.path.abspath(m) for m in glob.glob(local, recursive=True) if os.path.isfile(m)]
                 matched.update(f for f in files if _is_tar(f))
@@ -154,26 +156,26 @@ class _RemoteLookup:
 
     def __init__(self, patterns: list[str]) -> None:
         self.listed: dict[str, InputFingerprint] = {}
-        self._listings: dict[tuple[str, bool], dict[str, storage.FileInfo]] = {}
+        self._listings: dict[tuple[str, bool], dict[str, FileInfo]] = {}
         # Explicit URLs (no glob) per folder: a folder named more than once is listed, not HEADed per name.
         self._named: dict[str, set[str]] = {}
         for pattern in patterns:
             for expanded in braceexpand(pattern):
-                if storage.is_remote(expanded) and not _GLOB_CHARS & set(expanded):
+                if not for_path(expanded).is_local and not _GLOB_CHARS & set(expanded):
                     self._named.setdefault(expanded.rsplit("/", 1)[0], set()).add(expanded)
 
-    def _listing(self, folder: str, recursive: bool) -> dict[str, storage.FileInfo]:
+    def _listing(self, folder: str, recursive: bool) -> dict[str, FileInfo]:
         key = (folder, recursive)
         if key not in self._listings:
             if not recursive and (folder, True) in self._listings:  # a deeper listing covers this one
                 self._listings[key] = {p: f for p, f in self._listings[(folder, True)].items()
                                        if "/" not in p[len(folder) + 1 :]}
             else:
-                files = storage.for_path(folder).list_files(folder, recursive=recursive)
+                files = for_path(folder).list_files(folder, recursive=recursive)
                 self._listings[key] = {f.path: f for f in files}
         return self._listings[key]
 
-    def _found(self, info: storage.FileInfo) -> str:
+    def _found(self, info: FileInfo) -> str:
         self.listed[info.path] = InputFingerprint(info.size, info.mtime_ns, info.version)
         return info.path
 
@@ -204,7 +206,7 @@ class _RemoteLookup:
             else:
                 failed.append({"input": url, "reason": "no such object"})
             return
-        backend = storage.for_path(url)
+        backend = for_path(url)
         try:
             matched.add(self._found(backend.info(url)))
         except FileNotFoundError:

@@ -5,7 +5,7 @@ killed run left, skip inputs already committed unchanged (same path, size and mt
 Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
 commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
 files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
-(the protocol itself, with what it needs from storage, is ``shardio.directory``).
+(the protocol itself, with what it needs from storage, is ``shardio.write.directory``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 1,000 tars is then 1,000 ``stat`` calls: 0.02 s in the job, ~1 s for the whole ``preprocess run``
@@ -22,7 +22,7 @@ ETag changes with every upload, so at worst unchanged bytes are processed again.
 
 A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
-readers of older generations, and the retention (``shardio.directory``: 24 h and 3 generations by default,
+readers of older generations, and the retention (``shardio.write.directory``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
 
 ``--prune`` that would drop more than half of the committed inputs or samples is refused
@@ -58,13 +58,15 @@ from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_clust
                                    stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
-from shardio import directory as dataset_dir
-from shardio import storage
-from shardio.directory import Committer, Retention, drop_inputs
+from shardio.write import directory as dataset_dir
+from shardio.store.backends import for_path
+from shardio.store.local import is_disk_full
+from shardio.store.paths import normalize
+from shardio.write.directory import Committer, Retention, drop_inputs
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull, OutputUnusable,
                             PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import InputEntry, Manifest
-from shardio.run_report import RunReport, report_json
+from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json"]
@@ -95,7 +97,7 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     """The stored config of the dataset at ``output`` (what a rerun starts from: ``load_config(base=...)``),
     or None if there is none yet, or it cannot be read now (the run itself then says why, under the lock)."""
     try:
-        manifest = dataset_dir.load_current(storage.normalize(output))
+        manifest = dataset_dir.load_current(normalize(output))
     except (ShardioError, OSError):
         return None
     return dict(manifest.config) if manifest is not None else None
@@ -134,7 +136,7 @@ def run_job(
     emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
     cfg = options.config
-    directory = storage.normalize(options.output)  # a URL stays a URL: object storage
+    directory = normalize(options.output)  # a URL stays a URL: object storage
     report = RunReport(
         run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
         output=directory,
@@ -199,7 +201,7 @@ def run_job(
             if disk_full is None:
                 report.files_collected = dataset_dir.collect(directory, committer.manifest, options.retention).files
         except OSError as e:
-            if not storage.is_disk_full(e):
+            if not is_disk_full(e):
                 _save_report_after_error(committer, report, e, started)
                 raise
             disk_full = f"writing the manifest: {e}"
@@ -217,7 +219,7 @@ def run_job(
         try:
             _save_report(directory, report)
         except OSError as e:
-            if not storage.is_disk_full(e):
+            if not is_disk_full(e):
                 raise
             raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
                              f"is committed ({manifest.samples} samples); free space before the next run") from e
@@ -227,7 +229,7 @@ def run_job(
 def _comparable(path: str) -> str:
     """A path as compared for containment: a URL as is (no trailing "/"), a local path with its symlinks
     resolved (``out`` and a link to the input folder are one folder)."""
-    return path.rstrip("/") if storage.is_remote(path) else os.path.realpath(path)
+    return os.path.realpath(path) if for_path(path).is_local else path.rstrip("/")
 
 
 def _check_output_apart(directory: str, inputs: list[str]) -> None:
@@ -255,7 +257,7 @@ def _plan_inputs(
         fingerprint = listed.get(path)
         if fingerprint is None:
             try:
-                fingerprint = InputFingerprint(*storage.stat_fingerprint(path))
+                fingerprint = InputFingerprint(*for_path(path).stat_fingerprint(path))
             except FileNotFoundError:
                 report.inputs_failed.append({"input": path, "reason": "no such file (removed during the run)"})
                 continue
@@ -334,7 +336,7 @@ def _process(
                     _commit_input(committer, message)
                     committer.maybe_commit()
                 emit("input", message)
-                if message.error is not None and storage.is_disk_full(message.error):
+                if message.error is not None and is_disk_full(message.error):
                     return f"{message.input}: {message.error}"
         finally:
             stream.close()

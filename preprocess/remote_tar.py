@@ -34,9 +34,9 @@ import tempfile
 import threading
 from typing import Any
 
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import InputError
-from shardio.scratch import scratch_dir
+from shardio.store.scratch import scratch_dir
 
 __all__ = ["SpooledObject", "CHUNK_BYTES", "FETCHERS", "chunk_plan"]
 
@@ -65,7 +65,7 @@ class SpooledObject:
 
     def __init__(self, url: str, size: int, etag: str = "", backend: Any = None) -> None:
         self.url, self.size, self.etag = url, size, etag
-        self._backend = backend if backend is not None else storage.for_path(url)
+        self._backend = backend if backend is not None else for_path(url)
         self._plan = chunk_plan(size, CHUNK_BYTES)
         self._file = tempfile.TemporaryFile(dir=scratch_dir(), prefix=".shardio-spool-")
         self._fd = self._file.fileno()

@@ -36,7 +36,8 @@ from collections.abc import Callable, Generator, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
-from shardio import storage
+from preprocess.remote_tar import SpooledObject
+from shardio.store.backends import for_path
 from shardio.errors import InputError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
@@ -164,7 +165,7 @@ def _kind(info: tarfile.TarInfo) -> str:
 
 def _check_size(path: str) -> int:
     try:
-        size = storage.file_size(path)
+        size = for_path(path).file_size(path)
     except FileNotFoundError:
         raise InputError(path, "no such file") from None
     except OSError as e:
@@ -214,9 +215,7 @@ def index_tar(path: str) -> TarIndex | None:
     downloaded to scratch for it (the index of an object is only useful to ``diagnose``).
     """
     archive_bytes = _check_size(path)
-    if storage.is_remote(path):
-        from preprocess.remote_tar import SpooledObject
-
+    if not for_path(path).is_local:
         with SpooledObject(path, archive_bytes) as spool:
             raw = spool.reader()
             try:
@@ -232,7 +231,7 @@ def index_tar(path: str) -> TarIndex | None:
 
 def _open_input(path: str) -> BinaryIO:
     try:
-        return storage.open_read(path)
+        return for_path(path).open_read(path)
     except OSError as e:  # a directory, no permission
         raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))") from e
 
@@ -390,7 +389,7 @@ def iter_tar_samples(
     so a broken one fails when the reading gets there (the job's all-or-nothing per input still holds);
     a compressed one streams from the same download.
     """
-    if storage.is_remote(path):
+    if not for_path(path).is_local:
         yield from _iter_remote(path, image_extensions, size, etag)
         return
     archive_bytes = _check_size(path)
@@ -403,14 +402,12 @@ def iter_tar_samples(
             yield from _read_ranges(path, lambda length, offset: os.pread(fd, length, offset), iter(members),
                                     image_extensions)
             return
-    yield from _stream_compressed(path, image_extensions, lambda: storage.open_read(path))
+    yield from _stream_compressed(path, image_extensions, lambda: for_path(path).open_read(path))
 
 
 def _iter_remote(
     path: str, image_extensions: tuple[str, ...], size: int | None, etag: str
 ) -> Iterator[RawSample | SampleProblem]:
-    from preprocess.remote_tar import SpooledObject
-
     archive_bytes = _check_size(path) if size is None else size
     if archive_bytes == 0:
         raise InputError(path, "empty object (0 bytes), not a tar")

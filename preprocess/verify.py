@@ -1,13 +1,13 @@
 """``preprocess verify DIR``: every shard's size and checksum against the manifest; ``--repair`` rebuilds
 only the inputs behind bad shards.
 
-Checking reads every byte, with the one shard checker (``shardio.directory.shard_problems``). Repair is
+Checking reads every byte, with the one shard checker (``shardio.format.shard_check.shard_problems``). Repair is
 three steps, each safe to kill: drop the bad inputs from the manifest in one commit (their files are
 retired, not deleted), then an ordinary ``run_job`` over just those inputs, which writes the same shard
 names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone
 cannot be rebuilt: it is named and left as it is (its shards stay listed, bad), and the exit is non-zero.
 A ``manifest.json`` that is missing or corrupt is first restored from the newest valid kept generation
-(``shardio.directory.restore_manifest``); the shards are then checked against it as usual.
+(``shardio.write.directory.restore_manifest``); the shards are then checked against it as usual.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
-from shardio import directory as dataset_dir
-from shardio import storage
-from shardio.directory import restore_manifest
-from shardio.format import Manifest, ShardEntry, load_manifest
+from shardio.write import directory as dataset_dir
+from shardio.store.backends import for_path
+from shardio.store.paths import normalize
+from shardio.write.directory import restore_manifest
+from shardio.format import Manifest, ShardEntry
+from shardio.format.manifests import load_manifest
+from shardio.format.shard_check import shard_problems
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
 
@@ -53,7 +56,7 @@ class RepairResult:
 
 
 def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) -> list[BadShard]:
-    problems = dataset_dir.shard_problems(directory, manifest, entries, checksums=True,
+    problems = shard_problems(directory, manifest, entries, checksums=True,
                                           threads=min(8, os.cpu_count() or 1))
     return [BadShard(entry.path, entry.input, problem) for entry, problem in problems]
 
@@ -61,7 +64,7 @@ def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) ->
 def verify_dataset(directory: str) -> VerifyResult:
     """Check every listed shard (size, then the checksum of both files). Needs no lock: a shard that a run
     replaced meanwhile is re-checked against the newer manifest, so a concurrent run is not "corruption"."""
-    directory = storage.normalize(directory)
+    directory = normalize(directory)
     manifest = load_manifest(directory)
     result = VerifyResult(directory, shards=len(manifest.shards),
                           bytes=sum(e.bytes + e.meta_bytes for e in manifest.shards))
@@ -78,10 +81,10 @@ def verify_dataset(directory: str) -> VerifyResult:
 def repair_dataset(directory: str, result: VerifyResult, workers: int | None = None,
                    ray_address: str | None = None, wait_for_lock: bool = False) -> RepairResult:
     """Rebuild the inputs behind ``result.bad`` from their tars, with the dataset's own config."""
-    directory = storage.normalize(directory)
+    directory = normalize(directory)
     repair = RepairResult()
     for path in result.bad_inputs:
-        (repair.rebuilt if storage.is_file(path) else repair.missing).append(path)
+        (repair.rebuilt if for_path(path).is_file(path) else repair.missing).append(path)
     if repair.rebuilt:
         manifest = dataset_dir.drop_inputs(directory, repair.rebuilt, wait_for_lock=wait_for_lock)
         config = JobConfig(**manifest.config)

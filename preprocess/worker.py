@@ -24,11 +24,11 @@ from preprocess.inputs import InputFingerprint
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
-from shardio.writer import InputShardWriter
+from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "shard_stem", "process_input", "iter_process_input", "parse_fields", "PROGRESS_EVERY"]
 
@@ -63,7 +63,7 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str
         if base.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    stamp = etag if storage.is_remote(input_path) else mtime_ns
+    stamp = mtime_ns if for_path(input_path).is_local else etag
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}"
 

@@ -12,16 +12,17 @@ from shardio.errors import (
     ShardioError,
 )
 from shardio.format import FORMAT_VERSION
-from shardio.reader import DatasetSnapshot, open_dataset
+from shardio.read.snapshot import DatasetSnapshot, open_dataset
 
 __version__ = "0.1.0"
 
 # The torch-based parts load on first use: the preprocessing workers import shardio's format and writer
 # only, and importing torch would cost each of them ~190 MB of RSS and over a second of start-up.
-_LAZY = {"ShardDataset": "shardio.dataset", "ShardLoader": "shardio.loader", "DeviceLoader": "shardio.loader",
-         "to_device": "shardio.loader", "TrainAugment": "shardio.augment", "EvalTransform": "shardio.augment",
-         "PositionedBatches": "shardio.augment", "MixedDataset": "shardio.mixing",
-         "SubsetDataset": "shardio.subset"}
+_LAZY = {"ShardDataset": "shardio.read.dataset", "MixedDataset": "shardio.read.mixing",
+         "SubsetDataset": "shardio.read.subset", "ShardLoader": "shardio.train.loader",
+         "DeviceLoader": "shardio.train.loader", "to_device": "shardio.train.loader",
+         "TrainAugment": "shardio.train.augment", "EvalTransform": "shardio.train.augment",
+         "PositionedBatches": "shardio.train.augment"}
 
 
 def __getattr__(name: str):

@@ -28,7 +28,7 @@
 
 Every message names the file (and the tar member, input or shard) and says what to do. A command's exit
 status for an exception is ``exit_code(error)``, from the one table ``EXIT_CODES`` below; a run that
-ends without one exits by its report (``shardio.run_report.RunReport.exit_code``: ``EXIT_OK``,
+ends without one exits by its report (``shardio.format.run_report.RunReport.exit_code``: ``EXIT_OK``,
 ``EXIT_FAILED`` or ``signal_exit_code``).
 """
 

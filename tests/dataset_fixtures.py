@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio.format import InputEntry, Manifest, RetiredFile, load_manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.format import InputEntry, Manifest, RetiredFile
+from shardio.format.manifests import load_manifest
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 # 117 samples from three inputs in shards of 8: every input ends in a partial shard (40 = 5×8, 45, 32).
 AWKWARD_INPUTS = (40, 45, 32)

@@ -10,7 +10,7 @@ import sys
 import lightning.pytorch as pl
 import torch
 
-from shardio.lightning import ShardDataModule
+from shardio.train.lightning import ShardDataModule
 
 
 class Recorder(pl.LightningModule):

@@ -1,4 +1,4 @@
-"""shardio.augment: batched crops that follow torchvision's RandomResizedCrop, flips, determinism per
+"""shardio.train.augment: batched crops that follow torchvision's RandomResizedCrop, flips, determinism per
 (seed, epoch, position), content boxes, and the positions DeviceLoader / PositionedBatches hand over.
 
 torchvision is not installed (it would reinstall stock Pillow): its ``RandomResizedCrop.get_params`` is
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from dataset_fixtures import indices, make_dataset
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
-from shardio.augment import (
+from shardio.train.augment import (
     CropParams,
     EvalTransform,
     PositionedBatches,
@@ -406,7 +406,7 @@ def test_device_loader_with_train_augment_resumes_identically(dataset_dir: str) 
 
 
 def test_augment_imports_torch_only() -> None:
-    code = ("import sys, shardio.augment\n"
+    code = ("import sys, shardio.train.augment\n"
             "bad = [m for m in ('PIL', 'torchvision', 'ray', 'yaml', 'typer') if m in sys.modules]\n"
             "assert not bad, bad\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("obstore")
 
-from shardio import object_storage
+from shardio.store import s3 as object_storage
 
 # bucket -> (status of a HEAD, the x-amz-bucket-region AWS sends with it)
 ANSWERS = {"moved": (301, "eu-west-3"), "private": (403, "ap-south-1"), "open": (200, "us-west-2"),

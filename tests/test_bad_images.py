@@ -17,7 +17,7 @@ from PIL import Image
 from preprocess.config import JobConfig
 from preprocess.transform import process_image
 from preprocess.worker import parse_fields, process_input
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import SampleError
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401
@@ -176,7 +176,7 @@ def test_bad_samples_are_counted_and_the_input_goes_on(tars, tmp_path):
     members += [Member("000002.jpg", jpeg_bytes(index_image(99)))]  # key seen twice: first kept
     path = tars.write("bad.tar", members)
     out = str(tmp_path / "out")
-    result = process_input(path, out, CFG, storage.stat_fingerprint(path))
+    result = process_input(path, out, CFG, for_path(path).stat_fingerprint(path))
 
     assert result.error is None and result.samples == len(good)
     reasons = {f["key"]: f["reason"] for f in result.failures}

@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from shardio.errors import ShardError
-from shardio.shard_cache import ShardCache
+from shardio.read.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset
 from tests.other_user import as_nobody, needs_root
 from tests.test_shard_cache import FolderStore, read_all, units_of

@@ -1,4 +1,4 @@
-"""``preprocess`` and ``shardio`` are one CLI stack (typer, made by ``shardio.cli_style``) with one help
+"""``preprocess`` and ``shardio`` are one CLI stack (typer, made by ``shardio.tools.cli_style``) with one help
 style: the same help layout, ``-h``/``--help``, ``--version``, usage errors and ``error:`` lines."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from preprocess.cli import app as preprocess_app
-from shardio.cli import app as shardio_app
+from shardio.tools.cli import app as shardio_app
 
 COMMAND_LINES = [pytest.param(preprocess_app, "preprocess", "verify", id="preprocess"),
                  pytest.param(shardio_app, "shardio", "info", id="shardio")]

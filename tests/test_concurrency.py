@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.config import JobConfig
-from shardio import storage
-from shardio.directory import writing
+from shardio.store.backends import for_path
+from shardio.write.directory import writing
 from shardio.errors import OutputLocked
 from shardio.format import InputEntry, Manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 
 runner = CliRunner()
 
@@ -26,7 +26,7 @@ runner = CliRunner()
 def committed_dataset(tars, out: str) -> str:
     """A dataset whose one input is already committed (no shards): a run over it has nothing to do."""
     tar = tars.make("a.tar", range(1))
-    size, mtime_ns = storage.stat_fingerprint(tar)
+    size, mtime_ns = for_path(tar).stat_fingerprint(tar)
     os.makedirs(out, exist_ok=True)
     manifest = Manifest(shape=(16, 16, 3), config=JobConfig(height=16, width=16).output_dict(), versions={},
                         inputs={tar: InputEntry(size=size, mtime_ns=mtime_ns, samples=0, failed=0)})
@@ -68,7 +68,7 @@ def test_a_run_killed_with_sigkill_does_not_leave_the_lock_stuck(tmp_path):
     out = str(tmp_path / "out")
     os.makedirs(out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from shardio.directory import writing\n"
+        [sys.executable, "-c", "import sys, time; from shardio.write.directory import writing\n"
          "with writing(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", out],
         stdout=subprocess.PIPE, text=True,
     )

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from shardio import DeviceLoader, ShardDataset, ShardLoader, TrainAugment
-from shardio.augment import PositionedBatches, transform_batch
+from shardio.train.augment import PositionedBatches, transform_batch
 from tests.tar_factory import Member, TarFactory, decode_index, index_image, jpeg_bytes
 
 pytestmark = pytest.mark.ray

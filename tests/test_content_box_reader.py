@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader, open_dataset, to_device
-from shardio.augment import PositionedBatches, transform_batch
+from shardio.train.augment import PositionedBatches, transform_batch
 from shardio.errors import ShardFormatError
 from tests.dataset_fixtures import write_inputs
 

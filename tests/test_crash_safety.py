@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from preprocess import ray_runner
 from preprocess.cli import app
-from shardio import storage
+from shardio.store.backends import for_path
+from shardio.store.local import LocalStorage, atomic_writer
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset, decoded_indices
 
 pytestmark = pytest.mark.ray
@@ -47,7 +48,7 @@ def watch(run: subprocess.Popen, out: str, kill_at: tuple[str, float] | None = N
     shards = os.path.join(out, "shards")
     while run.poll() is None:
         now = time.perf_counter() - began
-        if first_write is None and storage.list_dir(shards):
+        if first_write is None and for_path(shards).list_dir(shards):
             first_write = now
         if kill_at is not None:
             phase, delay = kill_at
@@ -103,7 +104,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ra
         watch(run, out, kill_at)
         wait_for_dead_runs_tasks()
         visible = 0
-        if storage.exists(os.path.join(out, "manifest.json")):
+        if for_path(out).exists(os.path.join(out, "manifest.json")):
             # Whatever a kill left visible is a valid dataset: checksums match, no sample twice.
             indices = decoded_indices(out)
             assert len(indices) == len(set(indices)) and set(indices) <= set(range(start))
@@ -161,7 +162,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
     def task_on_a_full_disk(input_path, output_dir, cfg_dict, fingerprint):
         # Only modules and closure cells in here: a module-level helper of this test file would be pickled
         # by reference, and the workers cannot import it.
-        from shardio import writer
+        from shardio.write import shard_writer as writer
 
         def full_disk(self, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -195,14 +196,14 @@ def test_disk_full_writing_the_manifest_publishes_nothing(ray_cluster, tars, tmp
     manifest_before = open(os.path.join(out, "manifest.json"), "rb").read()
     tars.make("b.tar", range(10, 30))
 
-    real_writer = storage.atomic_writer
+    real_writer = atomic_writer
 
     def write_half_then_fill_the_disk(self, path: str, data: bytes, if_version: str | None = None) -> str:
         with real_writer(path) as f:
             f.write(data[: len(data) // 2])
             raise _enospc(path)
 
-    monkeypatch.setattr(storage.LocalStorage, "publish", write_half_then_fill_the_disk)
+    monkeypatch.setattr(LocalStorage, "publish", write_half_then_fill_the_disk)
     result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, *FLAGS, "-q"])
     message = " ".join(result.output.split())
     assert result.exit_code == 1, (result.output, result.exception)

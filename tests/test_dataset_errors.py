@@ -118,7 +118,7 @@ def test_captions_with_unicode_line_separators_survive(tmp_path):
 
     from shardio import open_dataset
     from shardio.format import Manifest
-    from shardio.writer import InputShardWriter, write_manifest
+    from shardio.write.shard_writer import InputShardWriter, write_manifest
 
     writer = InputShardWriter(str(tmp_path), "caps", 4, 4, 10)
     captions = ["a\u2028b", "c\u2029d", "e\u0085f"]

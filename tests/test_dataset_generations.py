@@ -8,8 +8,9 @@ import pytest
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, retire_input
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
-from shardio.format import InputEntry, load_manifest
-from shardio.writer import InputShardWriter, write_manifest
+from shardio.format import InputEntry
+from shardio.format.manifests import load_manifest
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 FIRST = 117
 

@@ -11,7 +11,7 @@ import torch
 from dataset_fixtures import indices, make_dataset
 
 from shardio import ShardDataset
-from shardio.dataset import rank_batches
+from shardio.read.dataset import rank_batches
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_every_batch_has_the_same_keys_whatever_its_shards_carry(tmp_path) -> No
 
 def _mixed_dataset(directory: str) -> None:
     from shardio.format import InputEntry, Manifest
-    from shardio.writer import InputShardWriter, write_manifest
+    from shardio.write.shard_writer import InputShardWriter, write_manifest
 
     manifest = Manifest(shape=(8, 8, 3), config={"height": 8, "width": 8}, versions={"shardio": "test"})
     for number, (first, count) in enumerate([(0, 10), (10, 10), (20, 9)]):

@@ -14,8 +14,8 @@ from dataset_fixtures import indices, make_dataset
 from torch.utils.data import DataLoader
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
-from shardio.batches import BatchAssembler
-from shardio.prefetch import Prefetcher
+from shardio.read.batches import BatchAssembler
+from shardio.read.prefetch import Prefetcher
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
 
 from shardio import ShardDataset
-from shardio.dataset import epoch_runs
-from shardio.order import ORDER_VERSIONS, epoch_windows, window_runs
+from shardio.read.dataset import epoch_runs
+from shardio.read.order import ORDER_VERSIONS, epoch_windows, window_runs
 
 
 @pytest.fixture(scope="module")

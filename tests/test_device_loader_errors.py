@@ -103,7 +103,7 @@ def test_dropping_the_iterator_stops_the_thread_and_frees_its_batches(tmp_path):
     del batches
     gc.collect()
     assert not _prefetch_threads()
-    from shardio.loader import _Prefetcher
+    from shardio.train.loader import _Prefetcher
 
     assert not _Prefetcher.live
     # the loader still works afterwards, from the start of the epoch

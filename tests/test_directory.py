@@ -1,4 +1,4 @@
-"""``shardio.directory`` as the one owner of a dataset directory, without Ray: one shard checker for the
+"""``shardio.write.directory`` as the one owner of a dataset directory, without Ray: one shard checker for the
 reader, ``verify`` and restore; the commit from plain values; staged files through the directory."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 import shardio
 from preprocess.verify import verify_dataset
-from shardio import directory as dataset_dir
+from shardio.write import directory as dataset_dir
 from shardio.errors import ShardIntegrityError
-from shardio.format import load_manifest
-from shardio.writer import InputShardWriter
+from shardio.format.manifests import load_manifest
+from shardio.write.shard_writer import InputShardWriter
 from tests.dataset_fixtures import make_dataset
 
 

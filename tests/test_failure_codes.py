@@ -18,7 +18,7 @@ from preprocess import jpeg_region, transform
 from preprocess.config import JobConfig
 from preprocess.transform import process_image
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import SampleError
 from shardio.failure_reasons import FailureCode
 from tests.tar_factory import Member, index_image, jpeg_bytes, png_bytes
@@ -134,7 +134,7 @@ def test_the_code_reaches_the_failure_records(tars, tmp_path):
                Member("000002.jpg", progressive_with_scans(140))]
     path = tars.write("codes.tar", members)
     result = process_input(path, str(tmp_path / "out"), JobConfig(height=32, width=32, max_aspect_ratio=1.7),
-                           storage.stat_fingerprint(path))
+                           for_path(path).stat_fingerprint(path))
     assert [(f["key"], f["code"]) for f in result.failures] == [
         ("000000", "truncated"), ("000001", "aspect_ratio"), ("000002", "too_many_scans")]
     assert result.failures[0]["reason"].startswith("000000.png: cannot decode: OSError: image file is")

@@ -28,10 +28,11 @@ from preprocess.config import JobConfig
 from preprocess.diagnose import diagnose, render_text
 from preprocess.job import RunReport
 from preprocess.worker import process_input
-from shardio import failure_reasons, storage
+from shardio import failure_reasons
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import CATEGORIES, FailureCode, count_by_category, failure_category
-from shardio.run_report import report_json
+from shardio.format.run_report import report_json
+from shardio.store.backends import for_path
 from tests.tar_factory import Member, index_image, jpeg_bytes
 
 CFG = JobConfig(height=32, width=32)
@@ -97,7 +98,7 @@ def _expected_codes() -> list[str]:
 
 def test_every_failure_the_job_produces_carries_its_code(every_failure_tar, tmp_path):
     result = process_input(every_failure_tar, str(tmp_path / "out"), CFG,
-                           storage.stat_fingerprint(every_failure_tar))
+                           for_path(every_failure_tar).stat_fingerprint(every_failure_tar))
     assert result.error is None and result.samples == 2
     wanted = {key: code for key, (_, code) in CASES.items() if code}
     got = {(f["key"], f["code"]) for f in result.failures}
@@ -111,7 +112,7 @@ def test_every_failure_the_job_produces_carries_its_code(every_failure_tar, tmp_
 
 def test_diagnose_and_the_run_summary_count_the_same_categories(every_failure_tar, tmp_path):
     result = process_input(every_failure_tar, str(tmp_path / "out"), CFG,
-                           storage.stat_fingerprint(every_failure_tar))
+                           for_path(every_failure_tar).stat_fingerprint(every_failure_tar))
     report = RunReport(run_id="r", output=str(tmp_path / "out"), started="now", config={},
                        failures=result.failures)
     diagnosed = diagnose([every_failure_tar], CFG, write_dir=str(tmp_path))
@@ -165,7 +166,7 @@ def test_categories_are_never_read_out_of_reason_text():
 
 def test_a_report_round_trips_the_codes_and_info_counts_them(every_failure_tar, tmp_path):
     out = str(tmp_path / "out")
-    result = process_input(every_failure_tar, out, CFG, storage.stat_fingerprint(every_failure_tar))
+    result = process_input(every_failure_tar, out, CFG, for_path(every_failure_tar).stat_fingerprint(every_failure_tar))
     report = RunReport(run_id="r", output=out, started="now", config={}, failures=result.failures)
     doc = json.loads(report_json(report))
     assert doc["failures"] == result.failures
@@ -189,7 +190,7 @@ def test_the_summary_shows_an_old_report_s_failures_under_unknown(tmp_path, monk
 
 def test_an_input_failure_names_its_path_once(tars, tmp_path, monkeypatch):
     path = tars.write("no-samples.tar", [Member("README", b"hi")])
-    result = process_input(path, str(tmp_path / "out"), CFG, storage.stat_fingerprint(path))
+    result = process_input(path, str(tmp_path / "out"), CFG, for_path(path).stat_fingerprint(path))
     assert result.error == "tar holds no sample members"
     diagnosed = diagnose([path], CFG, write_dir=str(tmp_path))
     assert diagnosed["inputs_failed"] == [{"input": path, "reason": "tar holds no sample members"}]

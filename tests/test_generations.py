@@ -1,4 +1,4 @@
-"""The dataset-directory protocol without Ray (``shardio.directory``): generations, what retention keeps,
+"""The dataset-directory protocol without Ray (``shardio.write.directory``): generations, what retention keeps,
 what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``.
 The end-to-end behaviour through ``preprocess`` is in tests/test_retention_job.py."""
 
@@ -11,10 +11,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import shardio
-from shardio import directory as dataset_dir
+from shardio.write import directory as dataset_dir
 from shardio.errors import ShardFormatError
-from shardio.format import RetiredFile, generation_path, list_generations, load_manifest
-from shardio.writer import write_manifest
+from shardio.format import RetiredFile
+from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset, retire_input
 
 

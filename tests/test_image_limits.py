@@ -22,10 +22,11 @@ from preprocess.job import RunOptions, _check_compatible, run_job
 from preprocess.jpeg_markers import jpeg_layout
 from preprocess.transform import process_image
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import DatasetIncompatibleError, NoInputsMatched, SampleError
-from shardio.format import Manifest, load_manifest
-from shardio.writer import write_manifest
+from shardio.format import Manifest
+from shardio.format.manifests import load_manifest
+from shardio.write.shard_writer import write_manifest
 from tests.cjpeg_tool import cjpeg
 from tests.tar_factory import Member, index_image, jpeg_bytes
 from tests.image_limit_helpers import DecodeStarted, _restore_pillow_limit, no_decoding  # noqa: F401
@@ -93,7 +94,7 @@ def test_process_input_counts_upscaled_samples(tars, tmp_path):
     members = tars.samples([0, 1], size=(320, 240)) + tars.samples([2, 3, 4], size=(90, 160))
     path = tars.write("mixed.tar", members)
     result = process_input(path, str(tmp_path / "out"), JobConfig(height=128, width=128),
-                           storage.stat_fingerprint(path))
+                           for_path(path).stat_fingerprint(path))
     assert result.error is None and result.samples == 5 and result.upscaled == 3
 
 

@@ -104,7 +104,7 @@ def test_a_reader_keeps_the_snapshot_it_opened_while_a_run_appends(ray_cluster, 
 def test_a_different_config_is_refused_and_the_dataset_untouched(tars, tmp_path, flags, field):
     from preprocess.config import JobConfig
     from shardio.format import Manifest
-    from shardio.writer import write_manifest
+    from shardio.write.shard_writer import write_manifest
 
     # An existing (empty) dataset written with --size 16 --samples-per-shard 8: the refusal comes before Ray.
     out = str(tmp_path / "out")

@@ -20,9 +20,10 @@ from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from shardio.errors import NoInputsMatched
-from shardio import storage
-from shardio.format import InputEntry, Manifest, load_manifest
-from shardio.writer import write_manifest
+from shardio.store.backends import for_path
+from shardio.format import InputEntry, Manifest
+from shardio.format.manifests import load_manifest
+from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset
 
 runner = CliRunner()
@@ -52,7 +53,7 @@ def committed(tars, out: str, samples: dict[str, int]) -> list[str]:
     for entry in written.shards:
         manifest.shards.append(dataclasses.replace(entry, input=rename[entry.input]))
     for old, entry in written.inputs.items():
-        size, mtime_ns = storage.stat_fingerprint(rename[old])
+        size, mtime_ns = for_path(rename[old]).stat_fingerprint(rename[old])
         manifest.inputs[rename[old]] = InputEntry(size=size, mtime_ns=mtime_ns, samples=entry.samples,
                                                   failed=0, shards=entry.shards)
     write_manifest(out, manifest)

@@ -7,7 +7,7 @@ import pytest
 
 from preprocess.inputs import InputFingerprint, resolve_inputs
 from shardio.errors import NoInputsMatched, StorageAccessError
-from shardio.object_storage import S3Storage
+from shardio.store.s3 import S3Storage
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from preprocess.cli import app
-from shardio import directory as dataset_dir
+from shardio.write import directory as dataset_dir
 from shardio import errors
 from shardio.format import Manifest
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset
@@ -97,7 +97,7 @@ def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
     assert_indices(fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy2")), list(range(total)))
     # The training-side CLI on the URL: info reads the manifest and reports by LIST; preview reads pixels
     # through the default cache.
-    from shardio.cli import main as shardio_main
+    from shardio.tools.cli import main as shardio_main
 
     assert shardio_main(["info", url, "--json"]) == 0
     import json

@@ -19,7 +19,7 @@ import pytest
 
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, run_job
-from shardio.object_storage import S3Storage
+from shardio.store.s3 import S3Storage
 from tests.ray_helpers import occupy_node_cpu
 from tests.tar_factory import decode_index
 

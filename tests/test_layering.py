@@ -1,6 +1,6 @@
 """Each responsibility has one owner (that ``shardio`` imports nothing of preprocess / Ray / Pillow / YAML /
 typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset directory itself (only
-``shardio.directory`` and the writer it stages for do); every exception is in the one tree of
+``shardio.write.directory`` and the writer it stages for do); every exception is in the one tree of
 ``shardio.errors``, and the exit codes derive from it."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 import preprocess
 import shardio
-from shardio import errors, storage
+from shardio import errors
+from shardio.store.paths import check_local
 
 PREPROCESS_DIR = pathlib.Path(preprocess.__file__).parent
 SHARDIO_DIR = pathlib.Path(shardio.__file__).parent
@@ -23,13 +24,15 @@ MUTATING_CALLS = {
     *(f"os.{name}" for name in ("replace", "rename", "renames", "remove", "unlink", "rmdir", "removedirs",
                                 "makedirs", "mkdir", "link", "symlink", "truncate", "ftruncate", "open",
                                 "fdopen", "mkfifo")),
-    *(f"storage.{name}" for name in ("write_atomic", "atomic_writer", "create_temp", "remove", "makedirs",
-                                     "promote", "publish_new", "lock", "sync_dir", "join")),
+    *(f"local.{name}" for name in ("atomic_writer", "lock", "sync_dir")),  # shardio.store.local's helpers
 }
+# Methods of a ``Storage`` (``shardio.store.base``) that create, change or remove files, called on any object
+# (``for_path(p).publish(...)``, ``store.promote(...)``); ``remove`` only on a backend (lists have one too).
+STORAGE_WRITES = {"publish", "publish_new", "promote", "create_temp", "upload", "makedirs", "lock", "barrier"}
 MUTATING_MODULES = ("shutil", "tempfile")  # any call into them
 PATH_METHODS = {"write_bytes", "write_text", "mkdir", "unlink", "rmdir", "touch"}
 PATH_MOVES = {"rename", "replace"}  # pathlib's take one argument; str.replace takes two
-# Names that build a path inside a dataset directory: only shardio.directory (and format/reader) use them.
+# Names that build a path inside a dataset directory: only shardio.write.directory (and format/reader) use them.
 DATASET_PATH_NAMES = {"MANIFEST_NAME", "SHARDS_DIR", "REPORTS_DIR", "MANIFESTS_DIR", "generation_path",
                       "LOCK_NAME", "TEMP_PREFIX"}
 
@@ -52,7 +55,7 @@ ALLOWED = {
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> dotted origin for the module's imports (``from shardio import storage`` etc.)."""
+    """Local name -> dotted origin for the module's imports (``from shardio.store.local import lock`` etc.)."""
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -66,8 +69,8 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
 
 
 def _short(origin: str) -> str:
-    """``shardio.storage.remove`` -> ``storage.remove``; ``os.path.join`` -> ``os.path.join``."""
-    return origin.removeprefix("shardio.")
+    """``shardio.store.local.lock`` -> ``local.lock``; ``os.path.join`` -> ``os.path.join``."""
+    return ".".join(origin.split(".")[-2:]) if origin.startswith("shardio.") else origin
 
 
 def _open_mode(call: ast.Call) -> str:
@@ -106,6 +109,11 @@ def file_writes(source: str) -> list[tuple[int, str]]:
                     found.append((node.lineno, origin))
                     continue
             is_module = isinstance(base, ast.Name) and base.id in aliases
+            on_backend = (isinstance(base, ast.Call) and isinstance(base.func, ast.Name)
+                          and aliases.get(base.func.id, "").endswith("backends.for_path"))
+            if not is_module and (func.attr in STORAGE_WRITES or (func.attr == "remove" and on_backend)):
+                found.append((node.lineno, f"Storage.{func.attr}"))
+                continue
             moves = func.attr in PATH_MOVES and len(node.args) == 1
             if not is_module and (func.attr in PATH_METHODS or moves):
                 found.append((node.lineno, f"Path.{func.attr}"))
@@ -114,18 +122,21 @@ def file_writes(source: str) -> list[tuple[int, str]]:
 
 def test_the_scanner_finds_each_kind_of_write():
     source = (
-        "import os, shutil, tempfile\nfrom shardio import storage\nfrom shardio.format import SHARDS_DIR\n"
+        "import os, shutil, tempfile\nfrom shardio.store.backends import for_path\n"
+        "from shardio.store.local import atomic_writer\nfrom shardio.format import SHARDS_DIR\n"
         "os.replace(a, b)\nos.remove(a)\nshutil.rmtree(d)\ntempfile.mkstemp()\nopen(p, 'wb')\n"
         "open(p, mode='a')\nopen(p)\np.write_text('x')\np.rename(q)\nname.replace('a', 'b')\n"
-        "storage.write_atomic(p, b'')\nstorage.join(d, SHARDS_DIR)\n"
+        "for_path(p).publish(p, b'')\nfor_path(p).remove(p)\nstore.promote(a, b)\natomic_writer(p)\n"
+        "items.remove(x)\nfor_path(d).join(d, SHARDS_DIR)\n"
     )
     calls = [call for _, call in file_writes(source)]
     assert calls.count("SHARDS_DIR") == 2  # the import and the use
     assert calls.count("Path.rename") == 1 and "Path.replace" not in calls  # str.replace is no file move
     for call in ("os.replace", "os.remove", "shutil.rmtree", "tempfile.mkstemp", "Path.write_text",
-                 "storage.write_atomic", "storage.join"):
+                 "Storage.publish", "Storage.remove", "Storage.promote", "local.atomic_writer"):
         assert call in calls, call
     assert calls.count("open") == 2  # 'wb' and mode='a'; a read is not a write
+    assert calls.count("Storage.remove") == 1  # a list's remove is no file removal
 
 
 def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
@@ -136,7 +147,7 @@ def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
             seen.add((path.name, call))
             if (path.name, call) not in ALLOWED:
                 unexpected.append(f"preprocess/{path.name}:{line}: {call}")
-    assert not unexpected, ("file writes or dataset paths outside shardio.directory (go through it, or name "
+    assert not unexpected, ("file writes or dataset paths outside shardio.write.directory (go through it, or name "
                             "the exception in ALLOWED with why): " + "; ".join(unexpected))
     assert not set(ALLOWED) - seen, f"stale exceptions: {sorted(set(ALLOWED) - seen)}"
 
@@ -145,12 +156,12 @@ def test_preprocess_writes_no_file_in_a_dataset_directory_itself():
 def _exception_classes(folder: pathlib.Path) -> list[str]:
     """Classes defined in ``folder``'s modules that derive from an ...Error / Exception base."""
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
                 if any(b.endswith(("Error", "Exception")) or b in errors.__all__ for b in bases):
-                    found.append(f"{folder.name}/{path.name}:{node.name}")
+                    found.append(f"{path.relative_to(folder.parent).as_posix()}:{node.name}")
     return found
 
 
@@ -186,4 +197,110 @@ def test_compatibility_bases_are_kept():
     # Callers that caught the old bases still do: ConfigError was a ValueError, a URL a NotImplementedError.
     assert issubclass(errors.ConfigError, ValueError)
     with pytest.raises(NotImplementedError, match="s3://"):
-        storage.check_local("s3://bucket/ds")
+        check_local("s3://bucket/ds")
+
+
+# --- the import graph: no circles, and no first-party import hidden in a function ---------------------
+
+# Function-level imports of a first-party module, each with why it is not at the top. Optional heavy
+# dependencies (obstore, boto3, xxhash, lightning, PIL, ray, typer...) are third-party: not checked here.
+LAZY_FIRST_PARTY = {
+    ("shardio.tools.cli", "shardio.tools.loader_bench"): "imports torch (~1 s): only `shardio bench` pays for it",
+}
+
+
+def _module_names() -> dict[str, pathlib.Path]:
+    """Every module of ``shardio`` and ``preprocess`` by dotted name (a package by its ``__init__``)."""
+    found = {}
+    for folder in (SHARDIO_DIR, PREPROCESS_DIR):
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder.parent).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _function_imports(tree: ast.AST) -> set[int]:
+    """ids of the import statements inside a function (run at call time, not at import)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside.update(id(sub) for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom)))
+    return inside
+
+
+def import_graph(modules: dict[str, str]) -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
+    """(module -> first-party modules it imports, by any statement anywhere in it; the function-level ones
+    as (module, imported, line)) for sources given as {dotted name: source}."""
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    lazy = []
+    for name, source in modules.items():
+        tree = ast.parse(source)
+        in_function = _function_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # ``from pkg import mod`` imports pkg.mod; ``from mod import name`` imports mod
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                           else node.module for alias in node.names]
+            else:
+                continue
+            for target in {resolve(t) for t in targets} - {None, name}:
+                graph[name].add(target)  # type: ignore[arg-type]
+                if id(node) in in_function:
+                    lazy.append((name, target, node.lineno))
+    return graph, lazy
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` as [a, b, ..., a], or [] if it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_graph_builder_sees_function_level_imports_and_circles():
+    modules = {"shardio.a": "from shardio import b\n", "shardio.b": "def f():\n    from shardio.c import x\n",
+               "shardio.c": "import shardio.a\nimport os\n", "shardio": ""}
+    graph, lazy = import_graph(modules)
+    assert graph["shardio.a"] == {"shardio.b"} and graph["shardio.c"] == {"shardio.a"}
+    assert lazy == [("shardio.b", "shardio.c", 2)]
+    assert find_cycle(graph) == ["shardio.a", "shardio.b", "shardio.c", "shardio.a"]
+    assert find_cycle({"x": {"y"}, "y": set()}) == []
+
+
+def test_shardio_and_preprocess_have_no_import_circle():
+    graph, _ = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
+    assert not find_cycle(graph), f"import circle: {' -> '.join(find_cycle(graph))}"
+    assert not any(name.startswith("shardio") and any(t.startswith("preprocess") for t in targets)
+                   for name, targets in graph.items()), "shardio imports preprocess"
+
+
+def test_no_first_party_import_is_hidden_in_a_function():
+    _, lazy = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
+    hidden = [f"{name}:{line} imports {target}" for name, target, line in lazy
+              if (name, target) not in LAZY_FIRST_PARTY]
+    assert not hidden, ("a function-level import of a first-party module (move it to the top; if it dodged a "
+                        f"circle, the piece is misplaced; or name it in LAZY_FIRST_PARTY with why): {hidden}")
+    assert {(name, target) for name, target, _ in lazy} == set(LAZY_FIRST_PARTY), "stale LAZY_FIRST_PARTY"

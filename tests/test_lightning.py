@@ -1,4 +1,4 @@
-"""``shardio.lightning.ShardDataModule`` under a real Lightning Trainer on CPU.
+"""``shardio.train.lightning.ShardDataModule`` under a real Lightning Trainer on CPU.
 
 Every sample carries its index in its pixels and key (``tests/training_helpers.py``); the module records
 the keys each training step gets, so one comparison catches missing, repeated and reordered samples.
@@ -22,9 +22,9 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
-from shardio.dataset import ShardDataset  # noqa: E402
-from shardio.lightning import ShardDataModule  # noqa: E402
-from shardio.mixing import MixedDataset  # noqa: E402
+from shardio.read.dataset import ShardDataset  # noqa: E402
+from shardio.train.lightning import ShardDataModule  # noqa: E402
+from shardio.read.mixing import MixedDataset  # noqa: E402
 from tests.dataset_fixtures import assert_exactly_once  # noqa: E402
 from tests.training_helpers import make_mixed_dataset  # noqa: E402
 
@@ -148,7 +148,7 @@ class AugmentedRecorder(KeyRecorder):
 
 
 def test_train_transform_and_validation_set(dataset):
-    from shardio.augment import TrainAugment
+    from shardio.train.augment import TrainAugment
 
     model = AugmentedRecorder()
     module = ShardDataModule(dataset, BATCH, val=dataset, train_transform=TrainAugment(6, seed=0))

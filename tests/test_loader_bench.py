@@ -12,8 +12,8 @@ import statistics
 import pytest
 from dataset_fixtures import make_dataset
 
-from shardio.cli import main
-from shardio.loader_bench import LoaderRate, _verdict, format_bench, suggest, summarise
+from shardio.tools.cli import main
+from shardio.tools.loader_bench import LoaderRate, _verdict, format_bench, suggest, summarise
 
 
 def _rounds(workers: int, *rates: float) -> list[LoaderRate]:

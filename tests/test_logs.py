@@ -16,9 +16,9 @@ from preprocess.logging_events import EventLogger
 from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
 from preprocess.versions import library_versions
 from preprocess.worker import InputResult
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.format import InputEntry, Manifest
-from shardio.writer import write_manifest
+from shardio.write.shard_writer import write_manifest
 
 runner = CliRunner()
 
@@ -100,7 +100,7 @@ def test_run_writes_json_lines_for_each_input(ray_cluster, tars, tmp_path):
 def _dataset_written_with(directory: str, committed_tar: str, versions: dict) -> None:
     """A dataset whose manifest lists ``committed_tar`` as done, so a rerun skips it and needs no Ray."""
     cfg = JobConfig(height=16, width=16)
-    size, mtime_ns = storage.stat_fingerprint(committed_tar)
+    size, mtime_ns = for_path(committed_tar).stat_fingerprint(committed_tar)
     manifest = Manifest(shape=(16, 16, 3), config=cfg.output_dict(), versions=versions,
                         inputs={committed_tar: InputEntry(size=size, mtime_ns=mtime_ns, samples=0, failed=0)})
     os.makedirs(directory, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``shardio.mixing.MixedDataset``: weights, epoch length, resume and DDP equality.
+"""``shardio.read.mixing.MixedDataset``: weights, epoch length, resume and DDP equality.
 
 Two self-identifying datasets: A holds samples 0..116, B samples 1000..1049 (``first_index``), so the
 pixels of every batch tell which dataset and which samples it came from.
@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from shardio.dataset import ShardDataset
+from shardio.read.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
-from shardio.mixing import MixedDataset
+from shardio.read.mixing import MixedDataset
 from tests.dataset_fixtures import assert_exactly_once
 from tests.training_helpers import ids, make_mixed_dataset
 
@@ -197,8 +197,8 @@ def test_a_state_taken_after_set_epoch_is_that_epochs_start(paths):
 def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
     # A `mode: pad` dataset's batches carry content_box, another's do not: the mix has one schema, and a
     # sample of the non-pad dataset gets the whole image as its box (what a box-less sample means).
-    from shardio.format import load_manifest
-    from shardio.writer import write_manifest
+    from shardio.format.manifests import load_manifest
+    from shardio.write.shard_writer import write_manifest
     from tests.dataset_fixtures import make_dataset
 
     plain, padded = str(tmp_path / "plain"), str(tmp_path / "padded")

@@ -1,4 +1,4 @@
-"""The object-storage backend (``shardio.object_storage``) against a real S3 server: the guarantees the
+"""The object-storage backend (``shardio.store.s3``) against a real S3 server: the guarantees the
 dataset-directory protocol needs (conditional create, If-Match, atomic upload, listing), the errors a
 user meets (wrong credentials, missing bucket, missing extra), and the lease that replaces flock."""
 
@@ -14,8 +14,12 @@ import time
 import pytest
 import xxhash
 
-from shardio import errors, lease, storage
-from shardio.object_storage import S3Storage
+from shardio import errors
+
+from shardio.store import lease
+
+from shardio.store.paths import normalize
+from shardio.store.s3 import S3Storage
 
 
 @pytest.fixture
@@ -79,10 +83,10 @@ def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, 
 
 
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
-    import shardio.scratch
+    import shardio.store.scratch
 
     monkeypatch.setenv("SHARDIO_SCRATCH", str(tmp_path / "scratch"))
-    monkeypatch.setattr(shardio.scratch, "_SCRATCH", None)
+    monkeypatch.setattr(shardio.store.scratch, "_SCRATCH", None)
     url = f"s3://{s3_bucket}/ds/shards/s-00000.npy"
     fd, staged = store.create_temp(url)
     assert staged.startswith(str(tmp_path / "scratch" / f"shardio-scratch-{os.getuid()}" / f"{os.getpid()}-"))
@@ -122,7 +126,7 @@ def test_a_missing_bucket_is_named_not_reported_as_a_missing_file(store, s3_serv
 @pytest.fixture
 def fast_retries(monkeypatch):
     """One retry instead of a minute of them: the tests below fail on purpose."""
-    import shardio.object_storage as backend
+    import shardio.store.s3 as backend
 
     real = backend._store_options
 
@@ -185,8 +189,8 @@ def test_an_endpoint_that_is_no_s3_server_is_not_reported_as_a_missing_file(monk
 
 def test_without_the_extra_a_url_says_what_to_install():
     code = ("import sys; sys.modules['obstore'] = None\n"
-            "from shardio import storage, errors\n"
-            "try:\n    storage.for_path('s3://b/ds')\n"
+            "from shardio import errors\nfrom shardio.store.backends import for_path\n"
+            "try:\n    for_path('s3://b/ds')\n"
             "except errors.MissingExtra as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'shardio[s3]'" in out
@@ -290,7 +294,7 @@ def test_a_bucket_root_is_a_directory_never_an_object(store, s3_bucket):
     assert not store.is_file(root) and not store.exists(root)
     store.publish(f"{root}/manifest.json", b"{}")
     assert store.exists(root) and store.is_dir(root) and store.list_dir(root) == ["manifest.json"]
-    assert storage.normalize(root + "/") == root and storage.normalize(root + "/ds/") == root + "/ds"
+    assert normalize(root + "/") == root and normalize(root + "/ds/") == root + "/ds"
 
 
 def test_a_machine_without_credentials_is_told_so_at_once(monkeypatch, s3_server, s3_bucket):

@@ -11,7 +11,10 @@ import tarfile
 import pytest
 from dataset_fixtures import make_dataset
 
-from shardio import ShardDataset, ShardFormatError, open_dataset, storage
+from shardio import ShardDataset, ShardFormatError, open_dataset
+
+from shardio.store.base import LOCK_NAME
+from shardio.store.local import lock
 
 
 @pytest.fixture
@@ -96,7 +99,7 @@ def test_a_dataset_whose_first_run_is_writing_names_the_run(tmp_path, written) -
     os.makedirs(directory)
     if written == "shards":
         os.makedirs(os.path.join(directory, "shards"))
-    with storage.lock(directory):  # as `preprocess run` holds it from before Ray starts to its last commit
+    with lock(directory):  # as `preprocess run` holds it from before Ray starts to its last commit
         with pytest.raises(ShardFormatError) as caught:
             open_dataset(directory)
         message = str(caught.value)
@@ -110,24 +113,24 @@ def test_a_killed_first_run_is_not_said_to_be_writing(tmp_path) -> None:
     directory = str(tmp_path / "ds")
     os.makedirs(directory)
     # A holder SIGKILLed mid-run: its note stays in the lock file, its pid is gone.
-    code = ("import os, signal; from shardio import storage; held = storage.lock(%r); held.__enter__(); "
+    code = ("import os, signal; from shardio.store.local import lock; held = lock(%r); held.__enter__(); "
             "os.kill(os.getpid(), signal.SIGKILL)" % directory)
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == -9
-    assert open(os.path.join(directory, storage.LOCK_NAME)).read().startswith("pid ")
+    assert open(os.path.join(directory, LOCK_NAME)).read().startswith("pid ")
     with pytest.raises(ShardFormatError, match="the directory is empty"):
         open_dataset(directory)
 
 
 @pytest.mark.parametrize("expires_in", [60.0, -1.0])
 def test_a_lease_names_its_holder_until_it_expires(tmp_path, expires_in) -> None:
-    """Object storage's lock is a lease (``shardio.lease``: JSON with ``expires``); read the same way."""
+    """Object storage's lock is a lease (``shardio.store.lease``: JSON with ``expires``); read the same way."""
     import json
     import time
 
     directory = str(tmp_path / "ds")
     os.makedirs(directory)
     lease = {"holder": "pid 4242 on other-host", "host": "other-host", "pid": 4242, "expires": time.time() + expires_in}
-    with open(os.path.join(directory, storage.LOCK_NAME), "w") as f:
+    with open(os.path.join(directory, LOCK_NAME), "w") as f:
         json.dump(lease, f)
     expected = r"a run is writing it \(pid 4242 on other-host\)" if expires_in > 0 else "the directory is empty"
     with pytest.raises(ShardFormatError, match=expected):

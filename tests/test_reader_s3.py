@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from shardio.dataset import ShardDataset
+from shardio.read.dataset import ShardDataset
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import load_manifest
-from shardio.loader import ShardLoader
+from shardio.format.manifests import load_manifest
+from shardio.train.loader import ShardLoader
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, self_identifying_pixels, write_inputs
 
 
@@ -198,7 +198,7 @@ def test_the_default_cache_dir_comes_from_the_environment(remote, tmp_path, monk
 
 
 def test_a_subset_of_a_remote_dataset_reads_the_same_samples(local, remote, tmp_path):
-    from shardio.subset import SubsetDataset
+    from shardio.read.subset import SubsetDataset
 
     here = SubsetDataset(local, 8, inputs=["input-1.tar"], **SETTINGS)
     with pytest.warns(UserWarning, match="more than once an epoch"):  # 4 shards, two windows are 6
@@ -210,7 +210,7 @@ def test_a_subset_of_a_remote_dataset_reads_the_same_samples(local, remote, tmp_
 
 
 def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, remote, tmp_path):
-    from shardio.lightning import ShardDataModule
+    from shardio.train.lightning import ShardDataModule
 
     module = ShardDataModule(remote, 8, val=local, cache_dir=str(tmp_path / "cache"), cache_limit="1MB")
     module.setup("fit")
@@ -221,7 +221,7 @@ def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, re
 
 
 def test_a_snapshot_opened_by_url_reads_through_a_default_cache(local, remote, tmp_path, monkeypatch):
-    from shardio.reader import open_dataset
+    from shardio.read.snapshot import open_dataset
 
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "env-cache"))
     here, there = open_dataset(local), open_dataset(remote)  # as `shardio preview URL` does

@@ -18,8 +18,9 @@ from preprocess import remote_tar
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, index_tar, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import scratch as scratch_folder
-from shardio import storage
+from shardio.store import scratch as scratch_folder
+from shardio.store import backends
+from shardio.store.backends import for_path
 from shardio.errors import InputError
 from tests.tar_factory import read_shards
 
@@ -31,6 +32,8 @@ URL = "s3://bucket/drop/0001.tar"
 class FakeObject:
     """One object: ``read_range`` as a store serves it, with an optional gate and a failure to inject."""
 
+    is_local = False
+
     def __init__(self, data: bytes, etag: str = "etag-1") -> None:
         self.data, self.etag = data, etag
         self.ranges: list[tuple[int, int]] = []
@@ -38,6 +41,10 @@ class FakeObject:
         self.release = threading.Event()
         self.fail_at: int | None = None  # a read starting at or after this offset fails for good
         self.served = threading.Condition()
+
+    def file_size(self, url: str) -> int:
+        assert url == URL
+        return len(self.data)
 
     def read_range(self, url: str, start: int, length: int) -> bytes:
         assert url == URL
@@ -70,8 +77,7 @@ def _files_under(folder: str) -> list[str]:
 
 def _serve(monkeypatch, data: bytes, etag: str = "etag-1") -> FakeObject:
     fake = FakeObject(data, etag)
-    real_for_path = storage.for_path
-    monkeypatch.setattr(storage, "for_path", lambda path: fake if storage.is_remote(path) else real_for_path(path))
+    monkeypatch.setitem(backends._OPEN, "s3", fake)  # the process's s3:// backend, from the one table
     return fake
 
 
@@ -191,7 +197,7 @@ def test_the_same_tar_local_or_remote_gives_the_same_pixels_and_rows(tars, scrat
     _serve(monkeypatch, data)
     cfg = JobConfig(height=24, width=24, samples_per_shard=8)
     results = {}
-    for name, source, fingerprint in (("local", path, storage.stat_fingerprint(path)),
+    for name, source, fingerprint in (("local", path, for_path(path).stat_fingerprint(path)),
                                       ("remote", URL, (len(data), 0, "etag-1"))):
         out = str(tmp_path / name)
         os.makedirs(os.path.join(out, "shards"))
@@ -211,7 +217,6 @@ def test_an_object_is_indexed_like_the_same_local_tar(tars, scratch, monkeypatch
     path = tars.make("0001.tar", range(12))
     data = open(path, "rb").read()
     _serve(monkeypatch, data)
-    monkeypatch.setattr(storage, "file_size", lambda p: len(data) if p == URL else os.path.getsize(p))
     remote = index_tar(URL)
     assert remote is not None and remote.path == URL and remote.members == index_tar(path).members
 
@@ -220,7 +225,7 @@ def test_a_burst_of_503s_on_the_ranged_gets_is_retried_by_the_client(s3_server, 
                                                                      monkeypatch, tmp_path):
     """The real client against the real server, through a proxy that answers SlowDown to the first ranged
     GETs: obstore's retries ride it out and the input gives the same pixels as from local disk."""
-    from shardio.object_storage import S3Storage
+    from shardio.store.s3 import S3Storage
     from tests.fault_proxy import FaultProxy
 
     path = tars.make("0001.tar", range(30))
@@ -230,14 +235,14 @@ def test_a_burst_of_503s_on_the_ranged_gets_is_retried_by_the_client(s3_server, 
     proxy = FaultProxy(s3_server.ports["s3"])
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        monkeypatch.setattr(storage, "_REMOTE", S3Storage())  # a client that talks through the proxy
-        [info] = storage.list_files(f"s3://{s3_bucket}/in")  # as the job finds it
-        assert storage.info(url) == info
+        monkeypatch.setitem(backends._OPEN, "s3", S3Storage())  # a client that talks through the proxy
+        [info] = for_path(f"s3://{s3_bucket}/in").list_files(f"s3://{s3_bucket}/in")  # as the job finds it
+        assert for_path(url).info(url) == info
         proxy.fail_next(4)  # the first ranged GETs meet 503 SlowDown
         cfg = JobConfig(height=16, width=16, samples_per_shard=8)
         results = {}
         for name, source, fingerprint in (("remote", url, (info.size, info.mtime_ns, info.version)),
-                                          ("local", path, storage.stat_fingerprint(path))):
+                                          ("local", path, for_path(path).stat_fingerprint(path))):
             out = str(tmp_path / name)
             os.makedirs(os.path.join(out, "shards"))
             result = process_input(source, out, cfg, fingerprint)

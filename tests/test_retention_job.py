@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 import shardio
 from preprocess.cli import app
-from shardio.directory import Retention
-from shardio.directory import gc as gc_dataset
+from shardio.write.directory import Retention
+from shardio.write.directory import gc as gc_dataset
 from shardio.errors import ShardFormatError
-from shardio.format import list_generations
+from shardio.format.manifests import list_generations
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
 from tests.tar_factory import decode_index
 

@@ -1,4 +1,4 @@
-"""The local scratch folder (``shardio.scratch``): one parent per user, one locked folder per process,
+"""The local scratch folder (``shardio.store.scratch``): one parent per user, one locked folder per process,
 and only the folders of processes that are gone are ever removed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from shardio import scratch
+from shardio.store import scratch
 from tests.other_user import NOBODY, as_nobody, needs_root
 
 
@@ -31,7 +31,7 @@ def _fresh_call(monkeypatch) -> str:
 
 
 def _child_holding_scratch(env_base) -> tuple[subprocess.Popen, str]:
-    code = ("import sys; from shardio.scratch import scratch_dir; print(scratch_dir(), flush=True); "
+    code = ("import sys; from shardio.store.scratch import scratch_dir; print(scratch_dir(), flush=True); "
             "sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env={**os.environ, "SHARDIO_SCRATCH": str(env_base)})

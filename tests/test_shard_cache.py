@@ -1,4 +1,4 @@
-"""The reader's shard cache (shardio/shard_cache.py, shardio/cache_dir.py) against a local folder posing as the store: a small
+"""The reader's shard cache (shardio/read/shard_cache.py, shardio/read/cache_dir.py) against a local folder posing as the store: a small
 fake that counts downloads and samples the cache directory's size at every one.
 
 What is checked: bytes identical to the local shards; each shard downloaded once when the limit allows;
@@ -22,13 +22,14 @@ import time
 import numpy as np
 import pytest
 
-from shardio import shard_cache
-from shardio.cache_dir import CachedShard
-from shardio.cached_reading import parse_size
-from shardio.checksum import new_hasher
+from shardio.read import shard_cache
+from shardio.read.cache_dir import CachedShard
+from shardio.read.cache_setup import parse_size
+from shardio.format.checksum import new_hasher
 from shardio.errors import ShardError
-from shardio.format import HEADER_BYTES, load_manifest
-from shardio.shard_cache import ShardCache
+from shardio.format import HEADER_BYTES
+from shardio.format.manifests import load_manifest
+from shardio.read.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels, write_inputs
 
 BASE = "mem://bucket/ds"
@@ -237,7 +238,7 @@ def test_a_download_failing_half_way_is_retried_and_never_used(dataset, tmp_path
 
 _KILLED_CHILD = """
 import os, sys, time
-from shardio.shard_cache import ShardCache
+from shardio.read.shard_cache import ShardCache
 from tests.test_shard_cache import units_of
 
 class Stuck:

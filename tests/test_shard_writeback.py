@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-import shardio.writer as writer_module
-from shardio.checksum import file_checksum
+import shardio.write.shard_writer as writer_module
+from shardio.format.checksum import file_checksum
 from shardio.format import HEADER_BYTES
-from shardio.writer import InputShardWriter
+from shardio.write.shard_writer import InputShardWriter
 
 
 def _images(count: int, height: int, width: int) -> list[np.ndarray]:

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from shardio.cli import app
-from shardio.preview import encode_png
+from shardio.tools.cli import app
+from shardio.tools.preview import encode_png
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels
 
 
@@ -166,7 +166,7 @@ def test_the_shardio_cli_needs_neither_pillow_nor_ray_nor_preprocess():
     import subprocess
     import sys
 
-    code = ("import sys, shardio.cli, shardio.info, shardio.preview, shardio.loader_bench\n"
+    code = ("import sys, shardio.tools.cli, shardio.tools.info, shardio.tools.preview, shardio.tools.loader_bench\n"
             "bad = [m for m in ('PIL', 'ray', 'preprocess', 'obstore', 'xxhash') if m in sys.modules]\n"
             "assert not bad, bad\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

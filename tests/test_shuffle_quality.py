@@ -1,4 +1,4 @@
-"""Shuffle quality (``shardio.shuffle_quality``): the metric itself, and the default order within its
+"""Shuffle quality (``shardio.read.shuffle_quality``): the metric itself, and the default order within its
 stated margin of a uniform permutation (docs/reader.md): on 200 shards of 1,000 samples in batches of 256,
 mean distinct shards per batch >= 90% of a permutation's and stored neighbours in <= 1% of a batch's pairs."""
 
@@ -12,8 +12,8 @@ import pytest
 from dataset_fixtures import make_dataset
 
 from shardio import ShardDataset
-from shardio.order import epoch_runs
-from shardio.shuffle_quality import permutation_quality, runs_order, shuffle_quality
+from shardio.read.order import epoch_runs
+from shardio.read.shuffle_quality import permutation_quality, runs_order, shuffle_quality
 
 SHARDS, PER_SHARD, BATCH = 200, 1000, 256
 

@@ -1,5 +1,6 @@
-"""The storage interface the dataset-directory protocol is written against (``shardio.storage``): the
-local backend provides every method, and conditional create refuses an existing name."""
+"""The storage interface the dataset-directory protocol is written against (``shardio.store.base``): the
+local backend provides every method, conditional create refuses an existing name, and the backend table
+serves each scheme from one place."""
 
 from __future__ import annotations
 
@@ -7,29 +8,34 @@ import os
 
 import pytest
 
-from shardio import errors, storage
+from shardio import errors
+
+from shardio.store import backends, paths
+from shardio.store.backends import for_path, register_backend
+from shardio.store.base import Storage
+from shardio.store.paths import check_local, normalize
 
 
 def test_both_backends_provide_the_interface_and_other_schemes_are_refused():
-    from shardio.object_storage import S3Storage
+    from shardio.store.s3 import S3Storage
 
-    required = {name for name in storage.Storage.__dict__ if not name.startswith("_")}
+    required = {name for name in Storage.__dict__ if not name.startswith("_")}
     assert required
-    for backend in (storage.for_path("/tmp"), S3Storage()):
+    for backend in (for_path("/tmp"), S3Storage()):
         missing = [name for name in required if not callable(getattr(backend, name, None))]
         assert not missing, f"{type(backend).__name__} lacks {missing}"
-    assert storage.for_path("/tmp").is_local and not S3Storage.is_local
+    assert for_path("/tmp").is_local and not S3Storage.is_local
     with pytest.raises(errors.UnsupportedPath, match="gs://"):
-        storage.for_path("gs://bucket/ds")
+        for_path("gs://bucket/ds")
     with pytest.raises(errors.UnsupportedPath, match="needs a local path"):
-        storage.check_local("s3://bucket/ds")
+        check_local("s3://bucket/ds")
 
 
 def test_conditional_create_refuses_an_existing_name(tmp_path):
     path = str(tmp_path / "0000000001.json")
-    storage.publish_new(path, b"first")
+    for_path(path).publish_new(path, b"first")
     with pytest.raises(FileExistsError):
-        storage.publish_new(path, b"second")
+        for_path(path).publish_new(path, b"second")
     assert open(path, "rb").read() == b"first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000001.json"]  # no temp file left
 
@@ -40,9 +46,9 @@ def test_conditional_create_without_hard_links_still_refuses_an_existing_name(tm
 
     monkeypatch.setattr(os, "link", no_links)
     path = str(tmp_path / "0000000001.json")
-    storage.publish_new(path, b"first")
+    for_path(path).publish_new(path, b"first")
     with pytest.raises(FileExistsError):
-        storage.publish_new(path, b"second")
+        for_path(path).publish_new(path, b"second")
     assert open(path, "rb").read() == b"first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000001.json"]
 
@@ -52,8 +58,26 @@ def test_conditional_create_without_hard_links_still_refuses_an_existing_name(tm
                                        ("abfs://container/ds", "Azure Blob Storage")])
 def test_gcs_and_azure_urls_say_they_are_not_supported_yet_and_why(url, store):
     with pytest.raises(errors.UnsupportedPath) as caught:
-        storage.normalize(url)
+        normalize(url)
     message = str(caught.value)
     assert message.startswith(f"{url}: {store} URLs are not supported yet")
     assert "conditional writes" in message and "copy the data to an s3:// bucket" in message
     assert errors.exit_code(caught.value) == 2
+
+
+def test_every_scheme_is_served_from_the_one_table_and_a_backend_is_made_once():
+    assert set(backends._BACKENDS) == {"", *paths.REMOTE_SCHEMES}
+    assert for_path("/tmp/a") is for_path("file:///tmp/b")  # one local backend per process
+
+    class Recording:
+        is_local = False
+
+    made = []
+    previous = register_backend("s3", lambda: made.append(Recording()) or made[-1])
+    try:
+        first = for_path("s3://bucket/a")
+        assert for_path("s3://other/b") is first and made == [first]  # created once, then held
+    finally:
+        register_backend("s3", previous)
+    with pytest.raises(ValueError, match="gs"):
+        register_backend("gs", Recording)

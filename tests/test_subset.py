@@ -1,4 +1,4 @@
-"""``shardio.subset.SubsetDataset``: subsets by key list, by input and by fraction, read exactly.
+"""``shardio.read.subset.SubsetDataset``: subsets by key list, by input and by fraction, read exactly.
 
 The dataset is ``tests/training_helpers.py``'s: 117 self-identifying samples from inputs of 40, 45, 32
 in shards of 8 (every input ends in a partial shard).
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from shardio.errors import ShardError
-from shardio.loader import ShardLoader
-from shardio.subset import SubsetDataset, fraction_member
+from shardio.train.loader import ShardLoader
+from shardio.read.subset import SubsetDataset, fraction_member
 from tests.dataset_fixtures import assert_exactly_once, retire_input
 from tests.training_helpers import ids, make_mixed_dataset
 

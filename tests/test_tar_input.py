@@ -17,7 +17,7 @@ from preprocess import tar_samples
 from preprocess.config import JobConfig
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.worker import process_input
-from shardio import storage
+from shardio.store.backends import for_path
 from shardio.errors import InputError
 from shardio.format import unescape_name
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes, png_bytes, read_shards
@@ -48,7 +48,7 @@ def input_error(path: str) -> str:
 
 
 def run(path: str, out: str):
-    return process_input(path, out, CFG, storage.stat_fingerprint(path))
+    return process_input(path, out, CFG, for_path(path).stat_fingerprint(path))
 
 
 # --- good input ----------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_process_input_reports_a_broken_tar_and_leaves_no_shards(tars, tmp_path)
     path = tars.derive("cut.tar", good, lambda data: data[: member_offsets(good)[-4][1]])  # 19 of 20 samples, then nothing
     out = tmp_path / "out"
     result = process_input(path, str(out), JobConfig(height=16, width=16, samples_per_shard=4),
-                           storage.stat_fingerprint(path))
+                           for_path(path).stat_fingerprint(path))
     # The report stores {input, reason}: the reason must not repeat the path (`input failed: P: P: ...`).
     assert result.error is not None and path not in result.error and "truncated" in result.error
     assert result.samples == 0 and result.shards == [] and result.failures == []

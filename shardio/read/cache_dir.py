@@ -1,0 +1,297 @@
+"""The shard cache's directory on local disk: what its files are named, how a download becomes one, and
+how several processes share it without a second download or a half-written read.
+
+Layout of ``CACHE_DIR`` (flat; content addressed, so two datasets or generations share files and a
+stale file can never stand for another shard)::
+
+    KEY.npy               a shard's pixels; KEY = SUM-METASUM, the manifest's checksums of the shard's .npy
+                          and of its .jsonl (hex: 32 digits each for xxh3_128, 64 for the sha256 of an
+                          older shard, so the two never meet)
+    KEY.jsonl             its metadata
+    .tmp-KEY.RANDOM       a download in progress (or killed); never read
+    locks/KEY.lock        the unit's lock file (empty; never removed)
+
+Why the pair: a unit is two files, and a name must stand for both. Two shards with the same pixels but
+different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar) are two
+units; two with both files identical share one (one download, one hold, counted once).
+
+The protocol (``flock`` on the lock file; the kernel drops a dead process's locks, SIGKILL included):
+
+- **Download**: under ``LOCK_EX``, both files into ``.tmp-`` names, each checked (size; the ``.npy``
+  header; the checksum, by the entry's algorithm, that the download computed while streaming), then
+  renamed into place. A file under its final name is therefore always whole and right, and a warm one
+  needs only a size check (O(1), no re-hash).
+- **Hold**: a process keeping a shard holds ``LOCK_SH``. A process that wants a shard another one is
+  downloading (``LOCK_EX``) or holds waits for ``LOCK_SH`` and adopts the finished file.
+- **Remove**: only under ``LOCK_EX`` taken without waiting, i.e. when no other process holds the shard.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
+from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
+
+__all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
+
+TEMP_PREFIX = ".tmp-"
+
+
+class Downloader(Protocol):
+    """What the cache needs from a store: ``Storage.download`` (the whole object into a local file,
+    transient errors retried; ``FileNotFoundError`` for a missing object; returns the ``algorithm``
+    checksum of the bytes it wrote, hashed while streaming, so a checked download reads nothing back)."""
+
+    def download(self, path: str, local_path: str, algorithm: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class CachedShard:
+    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by both files' checksums (``cache_key``)."""
+
+    npy_checksum: str  # both checksums by ``algorithm`` (``shardio.format.checksum``)
+    npy_url: str
+    meta_url: str
+    npy_bytes: int
+    meta_bytes: int
+    meta_checksum: str
+    samples: int
+    algorithm: str
+
+    @property
+    def key(self) -> str:
+        """The unit's name in the cache directory (``cache_key``)."""
+        return _key(self.npy_checksum, self.meta_checksum)
+
+    @property
+    def size(self) -> int:
+        return self.npy_bytes + self.meta_bytes
+
+    @classmethod
+    def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
+        return cls(entry.checksum, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
+                   entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm)
+
+
+def cache_key(entry: ShardEntry) -> str:
+    """The cache's name for a shard's unit: what both of its files hold, whatever shard lists them."""
+    return _key(entry.checksum, entry.meta_checksum)
+
+
+def _key(npy_checksum: str, meta_checksum: str) -> str:
+    return f"{npy_checksum}-{meta_checksum}"  # hex digits and one dash: no dot (``usage`` splits at it)
+
+
+class CacheDir:
+    """One process's view of a cache directory (see the module docstring). ``count(name, n)`` receives
+    the counters ``downloads``, ``bytes_downloaded``, ``adopted``, ``retries``; ``stop`` ends a wait."""
+
+    def __init__(self, root: str, shape: tuple[int, int, int], store: Callable[[], Downloader],
+                 count: Callable[[str, int], None], stop: threading.Event, attempts: int = 3) -> None:
+        self.root, self.shape, self.store, self.count, self.stop = root, shape, store, count, stop
+        self.attempts = attempts
+        os.makedirs(os.path.join(root, "locks"), exist_ok=True)
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.root, f"{key}.npy")
+
+    def meta_path(self, unit: CachedShard) -> str:
+        return os.path.join(self.root, f"{unit.key}.jsonl")
+
+    def _lock_fd(self, key: str) -> int:
+        path = os.path.join(self.root, "locks", f"{key}.lock")
+        cloexec = getattr(os, "O_CLOEXEC", 0)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o666)
+        except PermissionError as refused:
+            # Another user's lock file in a shared cache directory: flock works on a read-only one too.
+            try:
+                return os.open(path, os.O_RDONLY | cloexec)
+            except FileNotFoundError:
+                raise self._not_writable(refused) from refused
+
+    def _not_writable(self, error: OSError) -> ShardError:
+        return ShardError(f"the cache directory {self.root} is not writable by this user ({error}); give "
+                          "each user a cache_dir (or SHARDIO_CACHE_DIR) of their own, or make this one "
+                          "group-writable")
+
+    # --- getting a shard ----------------------------------------------------------------------------
+
+    def fetch(self, unit: CachedShard) -> int:
+        """Make the unit's files present and whole (adopted, or downloaded and checked); return an fd
+        holding its ``LOCK_SH`` (``release`` gives it up)."""
+        fd = self._lock_fd(unit.key)
+        try:
+            while True:
+                if self.stop.is_set():
+                    raise ShardError(f"{unit.npy_url}: the cache was closed")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    # Another process downloads it (EX) or holds it (SH): adopt it once it is whole.
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        time.sleep(0.05)
+                        continue
+                    if self.present(unit):
+                        self.count("adopted", 1)
+                        return fd
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    time.sleep(0.05)
+                    continue
+                if self.present(unit):
+                    self.count("adopted", 1)
+                else:
+                    self._download(unit)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # others may adopt it now; none may remove it
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def present(self, unit: CachedShard) -> bool:
+        return _size(self.path(unit.key)) == unit.npy_bytes and _size(self.meta_path(unit)) == unit.meta_bytes
+
+    def _download(self, unit: CachedShard) -> None:
+        """Both files, checked, renamed into place; ``attempts`` tries (a missing object, refused
+        credentials or a full disk: none more). Holding the unit's ``LOCK_EX``."""
+        self._remove_temps(unit.key)  # a killed download's leftovers (only we write them now)
+        last: ShardError | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                self.count("retries", 1)
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+            url = unit.npy_url
+            try:
+                temps = []
+                try:
+                    for url, final, size, expected in (
+                            (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.npy_checksum),
+                            (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_checksum)):
+                        temp = os.path.join(self.root, f"{TEMP_PREFIX}{unit.key}.{secrets.token_hex(4)}")
+                        temps.append((temp, final))
+                        digest = self.store().download(url, temp, unit.algorithm)
+                        self._check(url, temp, size, unit.algorithm, expected, digest)
+                        self.count("bytes_downloaded", size)
+                    for temp, final in temps:
+                        os.replace(temp, final)
+                finally:
+                    for temp, _ in temps:
+                        _remove(temp)
+                self.count("downloads", 1)
+                return
+            except FileNotFoundError as e:
+                raise ShardError(f"{url}: listed in the manifest but missing from the store; HINT: run "
+                                 "`preprocess verify DIR --repair`") from e
+            except StorageAccessError as e:
+                raise ShardError(f"{url}: {e}") from e
+            except ShardIntegrityError as e:
+                last = e
+            except MissingExtra:  # xxhash not installed: no retry can help, and the message says what to do
+                raise
+            except PermissionError as e:  # the cache directory, not the store: waiting will not help
+                raise ShardError(f"{url}: {self._not_writable(e)}") from e
+            except Exception as e:  # a network or disk error: retried, then reported
+                if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise ShardError(f"{url}: the cache's disk is full ({self.root}): {e}") from e
+                last = ShardError(f"{url}: download failed: {type(e).__name__}: {e}")
+                last.__cause__ = e
+        assert last is not None
+        raise ShardError(f"{last} (after {self.attempts} attempts)") from last
+
+    def _check(self, url: str, path: str, size: int, algorithm: str, expected: str, digest: str) -> None:
+        actual = _size(path)
+        if actual != size:
+            raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
+        if url.endswith(".npy"):
+            with open(path, "rb") as f:
+                n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
+            if (h, w) != self.shape[:2]:
+                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the dataset's images are "
+                                          f"{self.shape[:2]}")
+        if digest != expected:
+            raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
+                                      "store, or changed after the commit); HINT: run `preprocess verify DIR "
+                                      "--repair`")
+
+    # --- giving a shard up --------------------------------------------------------------------------
+
+    def release(self, unit: CachedShard, fd: int) -> None:
+        """Give up this process's hold (``fetch``'s fd): the files are removed unless another process
+        holds them too."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another process holds it
+            _remove(self.path(unit.key))
+            _remove(self.meta_path(unit))
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+
+    def remove_unheld(self, key: str) -> bool:
+        """Remove the unit's files if no process holds it (False: one does)."""
+        return self._if_unheld(key, lambda name: name.split(".", 1)[0] == key)
+
+    def _remove_temps(self, key: str) -> None:
+        for name in os.listdir(self.root):
+            if name.startswith(f"{TEMP_PREFIX}{key}."):
+                _remove(os.path.join(self.root, name))
+
+    def remove_dead_temps(self, key: str) -> bool:
+        """Remove a killed download's temp files, unless a process is downloading that shard now."""
+        return self._if_unheld(key, lambda name: name.startswith(f"{TEMP_PREFIX}{key}."))
+
+    def _if_unheld(self, key: str, chosen: Callable[[str], bool]) -> bool:
+        fd = self._lock_fd(key)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            for name in os.listdir(self.root):
+                if chosen(name):
+                    _remove(os.path.join(self.root, name))
+        finally:
+            os.close(fd)
+        return True
+
+    def usage(self) -> tuple[dict[str, int], set[str]]:
+        """(bytes of finished files per shard key, keys with temp files) in the directory now."""
+        sizes: dict[str, int] = {}
+        temps: set[str] = set()
+        for name in os.listdir(self.root):
+            if name.startswith(TEMP_PREFIX):
+                temps.add(name[len(TEMP_PREFIX):].split(".", 1)[0])
+            elif name.endswith((".npy", ".jsonl")):
+                size = _size(os.path.join(self.root, name))
+                if size >= 0:
+                    key = name.split(".", 1)[0]
+                    sizes[key] = sizes.get(key, 0) + size
+        return sizes, temps
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _remove(path: str) -> None:
+    """Remove a cache file, unless it is gone already or another user's (a shared cache directory: not
+    ours to remove, and it stays valid for its owner)."""
+    try:
+        os.remove(path)
+    except (FileNotFoundError, PermissionError):
+        pass

@@ -1,0 +1,442 @@
+"""``ShardDataset``: whole batches from memory-mapped shards, with no per-sample CPU work.
+
+This module opens the dataset (and checks that DDP ranks opened the same one) and ties together the
+pieces that each have their own module: the epoch order and rank split (``shardio.read.order``), the copies
+(``shardio.read.batches``), the epoch and resume state (``shardio.read.resume``, the protocol loaders use) and the
+background thread (``shardio.read.prefetch``). The design, with its measurements, is docs/reader.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardio.store.backends import for_path
+from shardio.read.batches import FIELDS, Batch, BatchAssembler
+from shardio.read.cache_setup import cache_for
+from shardio.read.cached_reading import CachedAssembler, fitting_window
+from shardio.errors import ShardError
+from shardio.format import MANIFEST_NAME
+from shardio.format.manifests import load_manifest
+from shardio.read.order import (
+    DEFAULT_SHUFFLE_BLOCK,
+    DEFAULT_SHUFFLE_WINDOW,
+    ORDER_VERSION,
+    ORDER_VERSIONS,
+    epoch_runs,
+    rank_batches,
+    run_pieces,
+)
+from shardio.read.prefetch import prefetched
+from shardio.read.snapshot import DatasetSnapshot, open_dataset
+from shardio.read.resume import EpochCursor, EpochPass
+from shardio.read.selection import SampleSelection, SubsetSnapshot
+from shardio.read.shard_cache import ShardCache
+
+# epoch_runs and rank_batches lived here before shardio.read.order: re-exported for code that imports them.
+__all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
+
+# DataLoader worker ids that can warn about a repeated epoch (one int64 each in shared memory).
+_WATCHED_WORKERS = 256
+
+
+def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """(rank, world_size, both taken from torch.distributed); explicit arguments win."""
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    from_dist = initialised and rank is None and world_size is None  # explicit arguments may simulate ranks
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank, world_size, from_dist
+
+
+def _cache_units(snapshot: DatasetSnapshot) -> list[int]:
+    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment."""
+    if isinstance(snapshot, SubsetSnapshot):
+        return [int(s) for s in snapshot.segments[:, 0]]
+    return list(range(len(snapshot.shards)))
+
+
+def _identity(batch: Batch) -> Batch:
+    return batch
+
+
+class ShardDataset(IterableDataset):
+    """Batches of a shardio dataset: ``{"image": uint8 [B, H, W, 3], "__key__": [str], "cls": int64 [B],
+    "txt": [str | None], "json": [dict | None]}``, the same keys in every batch (``ds.fields``: those the
+    manifest records, else all three; a missing label is -1, a missing caption or json None). Use with
+    ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
+
+    Each new iteration is the next epoch (order from ``(seed, epoch)``, starting at 0); ``set_epoch(e)``
+    pins the next one. ``len(ds)`` is this rank's batches per epoch. ``state_dict()``/``load_state_dict()``
+    resume mid-epoch, also at another world size or number of workers (protocol: ``shardio.read.resume``).
+
+    ``verify=True`` reads every shard and checks its checksum at open (slow); without it, open checks the
+    manifest, every file's size and every shard's header, so bytes corrupted in place (same size) are only
+    found by ``verify`` (or, for a ``.jsonl``, when its shard is first read). Under ``torch.distributed``
+    the ranks compare what they opened: all raise or none. ``cache_shards`` is how many shards' memory maps
+    and metadata each process keeps open. ``generation`` opens that kept generation instead of the current
+    one; ``follow_updates`` (default: on unless ``generation`` is given) moves each new epoch to the newest
+    generation, while a resumed epoch finishes on the generation its state was taken on.
+    ``pin_memory=True`` (CUDA only) writes every batch straight into pinned memory, so the copy out of
+    the memory map is the only one before the GPU's. Without it, a batch within one shard is a view of the
+    memory map (no copy) and a batch spanning runs is one copy into a reused buffer. ``prefetch`` batches
+    are assembled ahead on a background thread when iterated in the main process (0: none).
+    ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
+    generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
+
+    ``path`` may be an object-storage URL (``s3://bucket/ds``): shards are downloaded ahead of need into
+    ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
+    bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
+    and half the cache disk's free space), evicting the shard needed farthest ahead
+    (``shardio.read.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
+    (a local dataset is read in place).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        shuffle_window: int | None = None,
+        shuffle_block: int | None = None,
+        order_version: int | None = None,
+        verify: bool = False,
+        cache_shards: int | None = None,
+        pin_memory: bool = False,
+        generation: int | None = None,
+        follow_updates: bool | None = None,
+        prefetch: int = 2,
+        selection: SampleSelection | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
+    ) -> None:
+        super().__init__()
+        # Whether the dataset is on this host's disk (memory-mapped in place) or read through a cache:
+        # asked of its backend once, here.
+        self.is_local = for_path(path).is_local
+        if self.is_local and (cache_dir is not None or cache_limit is not None):
+            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
+                             "a local dataset is memory-mapped in place: leave them out")
+        # Order settings left out take the defaults, and a loaded state's values (``shardio.read.resume``).
+        defaulted = frozenset(name for name, value in (("shuffle_window", shuffle_window),
+                              ("shuffle_block", shuffle_block), ("order_version", order_version))
+                              if value is None)
+        shuffle_window = DEFAULT_SHUFFLE_WINDOW if shuffle_window is None else shuffle_window
+        shuffle_block = DEFAULT_SHUFFLE_BLOCK if shuffle_block is None else shuffle_block
+        order_version = ORDER_VERSION if order_version is None else order_version
+        for name, value in (("batch_size", batch_size), ("shuffle_window", shuffle_window),
+                            ("shuffle_block", shuffle_block)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if order_version not in ORDER_VERSIONS:
+            raise ValueError(f"order_version must be one of {ORDER_VERSIONS}, got {order_version!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
+        self.path = path
+        self.pin_memory = pin_memory
+        self.prefetch = prefetch
+        self.batch_size = batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+        self.verify = verify
+        self.selection = selection
+        self.follow_updates = generation is None if follow_updates is None else follow_updates
+        self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
+        # Per-sample order draws every batch from about the whole window: keep its maps (and metadata) open.
+        self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
+        self.cache_dir = cache_dir
+        self.cache_limit: int | str | None = cache_limit
+        self._cache: ShardCache | None = None
+        self._open(generation, check_ranks=True)
+        if shuffle and self._cache is not None:
+            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
+        self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
+            "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
+            "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
+            "batch_size": batch_size}, defaulted=defaulted)
+        # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
+        # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
+        self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()
+
+    # --- opening a snapshot ------------------------------------------------------------------------
+
+    def _open(self, generation: int | None, check_ranks: bool = False) -> None:
+        manifest_path = for_path(self.path).join(self.path, MANIFEST_NAME)
+        error: ShardError | None = None
+        try:
+            snapshot = open_dataset(self.path, verify=self.verify, generation=generation)
+            if len(snapshot) == 0:
+                raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
+            if not self.is_local:
+                self._attach_cache(snapshot)
+            else:
+                for shard in range(len(snapshot.shards)):
+                    snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
+        except ShardError as e:
+            error = e
+        if check_ranks and self._from_dist and self.world_size > 1:
+            self._check_same_snapshot(manifest_path, None if error else snapshot, error)  # all raise or none
+        if error is not None:
+            raise error
+        snapshot = self._select(snapshot)
+        cache = self._cache
+        if cache is not None and isinstance(snapshot, SubsetSnapshot):
+            # A subset keeps maps of the shards its fields read: they give way to the cache (the
+            # assembler's own hook takes over below).
+            cache.on_wait = lambda: snapshot.forget(cache.doomed())
+        if self.drop_last and len(snapshot) < self.batch_size * self.world_size:
+            raise ValueError(
+                f"{self.path}: {len(snapshot)} samples make no full batch of {self.batch_size} on each of "
+                f"{self.world_size} ranks, and drop_last=True would yield nothing"
+            )
+        self.snapshot: DatasetSnapshot = snapshot
+        self.samples = len(snapshot)
+        # One schema per dataset: the fields the snapshot knows its samples carry (a subset: its shards'),
+        # else all of them; a sample without one has -1 (cls) or None.
+        recorded = snapshot.fields
+        self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
+        # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
+        if self._cache is not None:
+            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, self.cache_shards,
+                                                              buffers=self.prefetch + 4, fields=self.fields)
+        else:
+            self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
+                                             fields=self.fields)
+
+    def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
+        """A snapshot on object storage reads through a new cache (same directory and limit: the files
+        of shards a new generation keeps are content addressed, found again, not downloaded again)."""
+        cache = cache_for(snapshot.directory, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit)
+        self.cache_limit = cache.limit  # the default, resolved once
+        snapshot.cache = cache
+        if self._cache is not None:
+            self._cache.close()
+        self._cache = cache
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """The shard cache's counters (downloads, bytes_downloaded, adopted, hits, misses, evictions,
+        retries, peak_bytes, held_bytes) in this process; None for a local dataset."""
+        return None if self._cache is None else dict(self._cache.stats)
+
+    def _select(self, snapshot: DatasetSnapshot) -> DatasetSnapshot:
+        # Applied to every snapshot opened (a resume's pinned generation, a new epoch's newest one), so
+        # a subset stays the subset whichever generation the cursor asks for.
+        return snapshot if self.selection is None else self.selection.apply(snapshot)
+
+    def _check_same_snapshot(self, manifest_path: str, snapshot: DatasetSnapshot | None,
+                             error: ShardError | None) -> None:
+        """Ranks that opened different generations (a job committed in between) would disagree on the
+        batch count, and a rank that failed to open while the others go on leaves them waiting: either
+        would hang DDP. So the ranks compare generations (and, for manifests from before generations,
+        what they list), and all raise or none does."""
+        if snapshot is None:
+            mine: tuple[Any, ...] = (str(error),)
+        else:
+            mine = (snapshot.generation, len(snapshot), snapshot.manifest.updated)
+        everyone: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(everyone, mine)
+        failed = [(rank, note[0]) for rank, note in enumerate(everyone) if len(note) == 1]
+        if error is None and failed:
+            rank, message = failed[0]
+            raise ShardError(f"{manifest_path}: rank {rank} could not open the dataset: {message}")
+        if error is None and any(note != mine for note in everyone):
+            raise ShardError(
+                f"{manifest_path}: the ranks opened different snapshots (generation, samples, updated) = "
+                f"{everyone}; the dataset changed while they started - start them again once the writer "
+                "is done, or pass generation= to all of them"
+            )
+
+    def _newest_generation(self) -> int:
+        """The newest generation every rank can open: under DDP the smallest of each rank's newest (a
+        commit may land between two ranks' reads; retention keeps the older one)."""
+        newest = load_manifest(self.path).generation
+        if self._from_dist and self.world_size > 1:
+            everyone: list[Any] = [None] * self.world_size
+            torch.distributed.all_gather_object(everyone, newest)
+            newest = min(everyone)
+        return newest
+
+    def _samples_at(self, generation: int | None) -> int:
+        if generation is None or generation == self.snapshot.generation:
+            return self.samples
+        return len(self._select(open_dataset(self.path, generation=generation)))
+
+    # --- epochs, length, resume -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or, before the first iteration, the next) pass."""
+        return self.cursor.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pin the epoch (the shuffle order) of the next iterator; later ones count on from it."""
+        self.cursor.set_epoch(epoch)
+
+    def seek(self, epoch: int, batches: int = 0) -> None:
+        """The next iterator is ``epoch`` after this rank's first ``batches`` batches of it, on the
+        snapshot open now (``EpochCursor.seek``): for a caller that schedules the dataset's epochs itself."""
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an "
+                             "epoch")
+        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation)
+
+    @property
+    def batches_seen(self) -> int:
+        """This rank's batches handed out in the current epoch (resumed ones included)."""
+        return self.cursor.batches_seen
+
+    def __len__(self) -> int:
+        return len(rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last))
+
+    @property
+    def shuffle_window(self) -> int:
+        """Shards per shuffle window (the default, clamped to the cache, or a loaded state's)."""
+        return int(self.cursor.settings["shuffle_window"])
+
+    @property
+    def shuffle_block(self) -> int:
+        return int(self.cursor.settings["shuffle_block"])
+
+    @property
+    def order_version(self) -> int:
+        """The order's algorithm (``shardio.read.order``): the newest, or a loaded state's."""
+        return int(self.cursor.settings["order_version"])
+
+    def runs(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch order as runs ``(shard, start, stop)``."""
+        return epoch_runs(
+            self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
+            order_version=self.order_version,
+        )
+
+    def sample_order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch order as global stored sample indices (for tests and mixing measurements)."""
+        runs = self.runs(epoch)
+        offsets = self.snapshot.offsets
+        return np.concatenate([np.arange(offsets[s] + a, offsets[s] + b) for s, a, b in runs])
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """Where the run is (``shardio.read.resume``): epoch, global position, generation. ``batches_seen``
+        overrides the count of batches handed out in this pass (this rank's batch number)."""
+        return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iterator yields what is left of the state's epoch, on the state's generation
+        and dealt over this world size; later epochs start fresh."""
+        self.cursor.load_state_dict(state, self._samples_at)
+
+    def batch_positions(self, batch_number: int) -> range:
+        """Epoch positions of this rank's ``batch_number``-th batch of the current epoch (1-based: the
+        ``batches_seen`` count right after it was handed out)."""
+        current = self.cursor.current
+        index = batch_number - 1 - (current.before if current is not None else 0)
+        batches = current.batches if current is not None else rank_batches(
+            self.samples, self.batch_size, self.rank, self.world_size, self.drop_last)
+        if not 0 <= index < len(batches):
+            raise ValueError(f"batch {batch_number} is not one of this rank's batches of the current pass "
+                             f"over {self.path}")
+        return batches[index]
+
+    # --- iteration: the protocol of shardio.read.resume --------------------------------------------------
+
+    def begin_pass(self) -> EpochPass:
+        """Start the next pass (``shardio.read.resume``, step 1): the epoch, where it starts, the generation."""
+        epoch, start, generation = self.cursor.next_pass()
+        worker = get_worker_info()
+        if generation is None and start == 0 and self.follow_updates and worker is None:
+            generation = self._newest_generation()
+        if generation is not None and generation != self.snapshot.generation:
+            self._open(generation)
+        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation)
+        if worker is not None and worker.id < _WATCHED_WORKERS:
+            if int(self._worker_epochs[worker.id]) == epoch_pass.epoch:
+                warnings.warn(
+                    f"{self.path}: DataLoader worker {worker.id} starts epoch {epoch_pass.epoch} again (the "
+                    "same order as last time): a DataLoader with workers never iterates the main "
+                    "process's dataset, so its epoch cannot advance by itself; call "
+                    "dataset.set_epoch(epoch) before each epoch, or use shardio.ShardLoader",
+                    stacklevel=2,
+                )
+            self._worker_epochs[worker.id] = epoch_pass.epoch
+        return epoch_pass
+
+    def iter_pass(self, epoch_pass: EpochPass, *, pin_memory: bool | None = None,
+                  prefetch: int | None = None) -> Iterator[Batch]:
+        """The pass's batches (in a DataLoader worker, that worker's share); counts nothing: the layer
+        that hands them to the training loop calls ``cursor.hand_out(epoch_pass)``. ``pin_memory`` and
+        ``prefetch`` default to the dataset's settings."""
+        if epoch_pass.generation != self.snapshot.generation:
+            raise ValueError(f"{self.path}: this pass was begun on generation {epoch_pass.generation}, the "
+                             f"dataset has moved to {self.snapshot.generation}; begin a new pass")
+        batches = epoch_pass.batches
+        worker = get_worker_info()
+        if worker is not None:
+            batches = batches[worker.id :: worker.num_workers]
+            prefetch = 0  # the worker process is the background already
+        pinned = self.pin_memory if pin_memory is None else pin_memory
+        if pinned and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
+        source = self._generate(self.runs(epoch_pass.epoch), batches, worker is not None, pinned)
+        depth = self.prefetch if prefetch is None else prefetch
+        return prefetched(source, _identity, depth) if depth > 0 else source
+
+    def __iter__(self) -> Iterator[Batch]:
+        # Not a generator function: the epoch and resume point are read now, when DataLoader (or the
+        # caller) creates the iterator, not at the first next().
+        worker = get_worker_info()
+        epoch_pass = self.cursor.take_handover() if worker is not None else None
+        if epoch_pass is None:
+            epoch_pass = self.begin_pass()
+        batches = self.iter_pass(epoch_pass)
+        if worker is not None:
+            return batches  # a copy of the dataset: the main process counts (ShardLoader)
+        return self._counted(epoch_pass, batches)
+
+    def _counted(self, epoch_pass: EpochPass, batches: Iterator[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            self.cursor.hand_out(epoch_pass)  # counted when handed out: a state_dict taken now skips it
+            yield batch
+
+    def _generate(self, runs: np.ndarray, batches: list[range], shared: bool, pinned: bool) -> Iterator[Batch]:
+        assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
+        ends = np.cumsum(runs[:, 2] - runs[:, 1])  # epoch position after each run
+        if not isinstance(assembler, CachedAssembler):
+            for positions in batches:
+                yield assembler.assemble(run_pieces(ends, runs, positions), shared, pinned)
+            return
+        # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady).
+        cache, snapshot = assembler.shard_cache, assembler.snapshot
+        pieces = [run_pieces(ends, runs, positions) for positions in batches]
+        unit_of = _cache_units(snapshot)
+        shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
+        worker = get_worker_info()
+        if worker is not None:
+            cache.share(worker.num_workers)
+        cache.plan(shards)
+        for number, batch in enumerate(pieces):
+            cache.advance(number)
+            yield assembler.assemble(batch, shared, pinned)
+
+    def shard(self, shard: int) -> tuple[np.ndarray, Any]:
+        """Shard ``shard``'s pixels (a view of its memory map) and metadata, as batches read them."""
+        return self._assembler.shard(shard)

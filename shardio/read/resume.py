@@ -1,0 +1,208 @@
+"""Where a run is in its epochs: the one owner of ``state_dict()`` (numpy and the standard library only).
+
+The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, nothing else keeps a count):
+
+1. ``begin(...)`` once per pass over the data, by whoever creates the iterator the training loop consumes
+   (``ShardDataset.begin_pass`` does it for ``iter(dataset)``, ``ShardLoader`` and ``DeviceLoader``). It
+   picks the epoch: the one ``set_epoch`` pinned, else a loaded state's, else the one after the last pass
+   (the first pass is epoch 0): each new iteration is the next epoch, with no user hook.
+2. ``hand_out(epoch_pass)`` each time that consumer receives a batch of the pass: the count behind
+   ``state_dict`` is batches *handed out*, not prefetched, so a resume repeats and skips nothing.
+3. ``state_dict()`` is a global position: the epoch, and the number of epoch-order samples every rank has
+   consumed (``position``; ranks step in lockstep under DDP, so one rank's count stands for all). It
+   does not depend on the world size or the number of workers, so ``load_state_dict`` may come from
+   another world size: the next pass deals what is left of that epoch over the new ranks (elastic
+   resume). It also pins the dataset ``generation`` the epoch was taken on. A state whose epoch is
+   finished resumes at the next epoch (unless ``set_epoch`` pins the finished one again); a state taken
+   after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
+
+Order settings the user left at their defaults (``defaulted``: window, block, order version) take a
+loaded state's values, so a run resumes, and goes on, with the order it began with: a state saved before
+order version 2 (no ``order_version``, windows of 8, blocks of 16) resumes exactly under version 1. A
+setting passed explicitly must equal the state's.
+
+``batches_seen`` (in the state and on the cursor) is kept for readers of older states: this rank's batch
+number within the epoch, counting the batches before a resume at the resumed layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardio.format import FORMAT_VERSION
+from shardio.read.order import consumed_position, rank_batches
+
+__all__ = ["EpochCursor", "EpochPass"]
+
+# Settings a state only fits when they are equal: they change the epoch order itself. A state without
+# ``order_version`` was cut with version 1 (``shardio.read.order``), the only one there was.
+ORDER_SETTINGS = ("seed", "shuffle", "shuffle_window", "shuffle_block", "order_version", "drop_last",
+                  "batch_size")
+_ABSENT_IS = {"order_version": 1}
+
+
+@dataclass(frozen=True)
+class EpochPass:
+    """One pass over (the rest of) an epoch on one rank: what its iterator yields, in order."""
+
+    epoch: int
+    start: int  # epoch position before which all ranks consumed everything (0: a fresh epoch)
+    batches: list[range]  # this rank's batches from ``start``, as epoch positions
+    before: int  # batch number of this rank's first batch of the pass, minus one
+    samples: int
+    generation: int
+
+
+@dataclass
+class EpochCursor:
+    """The epoch, the current pass and the batches handed out of it (see the module docstring)."""
+
+    batch_size: int
+    rank: int
+    world_size: int
+    drop_last: bool
+    settings: dict[str, Any]  # the ORDER_SETTINGS values, checked against a loaded state
+    defaulted: frozenset[str] = frozenset()  # settings the user left out: a loaded state's values win
+    epoch: int = 0
+    current: EpochPass | None = None
+    handed: int = 0
+    _pinned: bool = False  # set_epoch since the last pass
+    _pending: dict[str, Any] | None = None  # a loaded state, for the next pass
+    _handover: EpochPass | None = None  # begun in the main process, for DataLoader workers' copies
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is ``epoch`` (later passes count on from it); a loaded state for that same epoch
+        still resumes it (``set_epoch`` after ``load_state_dict``, as an epoch loop does)."""
+        self.epoch, self._pinned = int(epoch), True
+        if self._pending is not None and self._pending["epoch"] != self.epoch:
+            self._pending = None
+
+    def seek(self, epoch: int, batches: int, samples: int, generation: int) -> None:
+        """The next pass is ``epoch`` after this rank's first ``batches`` of it (which the ranks consumed
+        in lockstep), as if a state taken there were loaded; ``batches=0`` is ``set_epoch(epoch)``. For a
+        caller that places the dataset in its epochs itself (``shardio.read.mixing`` interleaves datasets)."""
+        self.set_epoch(epoch)
+        self._pending = None
+        if batches:
+            position = consumed_position(samples, self.batch_size, self.world_size, 0, int(batches))
+            self._pending = {"epoch": self.epoch, "position": position, "batches_seen": int(batches),
+                             "generation": generation, "samples": samples}
+
+    def next_pass(self) -> tuple[int, int, int | None]:
+        """(epoch, start position, generation or None) of the pass about to begin; no state changes."""
+        pending = self._pending
+        if pending is not None and (self._pinned or self._left(pending["samples"], pending["position"])):
+            return pending["epoch"], pending["position"], pending.get("generation")
+        if pending is not None:  # the state's epoch was finished: an iteration now is the next one
+            return pending["epoch"] + 1, 0, None
+        if self._pinned or self.current is None:
+            return self.epoch, 0, None
+        return self.epoch + 1, 0, None
+
+    def _left(self, samples: int, position: int) -> bool:
+        return bool(rank_batches(samples, self.batch_size, 0, self.world_size, self.drop_last, position))
+
+    def begin(self, samples: int, generation: int) -> EpochPass:
+        """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation``."""
+        epoch, start, _ = self.next_pass()
+        start = min(start, samples)
+        per_round = self.batch_size * self.world_size
+        batches = rank_batches(samples, self.batch_size, self.rank, self.world_size, self.drop_last, start)
+        self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation)
+        self.epoch, self.handed, self._pinned, self._pending = epoch, 0, False, None
+        return self.current
+
+    def hand_over(self, epoch_pass: EpochPass | None) -> None:
+        """Make ``epoch_pass`` the one the next ``iter()`` of a copy of this cursor uses (DataLoader workers
+        copy the dataset when the loader's iterator starts); ``None`` once they have their copies."""
+        self._handover = epoch_pass
+
+    def take_handover(self) -> EpochPass | None:
+        handover, self._handover = self._handover, None
+        return handover
+
+    def hand_out(self, epoch_pass: EpochPass) -> None:
+        """The consumer received one more batch of ``epoch_pass`` (an older pass's iterator is ignored)."""
+        if epoch_pass is self.current:
+            self.handed += 1
+
+    @property
+    def batches_seen(self) -> int:
+        """This rank's batch number of the last batch handed out in the epoch (0: none yet)."""
+        if self._pending is not None:
+            return int(self._pending["batches_seen"])
+        if self.current is None or self._pinned:  # set_epoch since the pass: the pinned epoch's start
+            return 0
+        return self.current.before + self.handed
+
+    def position(self) -> int:
+        if self._pending is not None:
+            return int(self._pending["position"])
+        if self.current is None or self._pinned:
+            return 0
+        return consumed_position(self.current.samples, self.batch_size, self.world_size, self.current.start,
+                                 self.handed)
+
+    def state_dict(self, samples: int, generation: int, batches_seen: int | None = None) -> dict[str, Any]:
+        """The state; ``batches_seen`` overrides the count handed out (this rank's batch number)."""
+        current = self.current
+        if batches_seen is not None and current is not None and self._pending is None:
+            handed, self.handed = self.handed, max(0, int(batches_seen) - current.before)
+            try:
+                return self.state_dict(samples, generation)
+            finally:
+                self.handed = handed
+        if self._pending is None and current is not None and not self._pinned:
+            samples, generation = current.samples, current.generation
+        elif self._pending is not None:
+            samples = self._pending.get("samples", samples)
+            generation = self._pending.get("generation", generation)
+        return {
+            "format_version": FORMAT_VERSION,
+            "epoch": self.epoch if self._pending is None else self._pending["epoch"],
+            "position": self.position(),
+            "batches_seen": self.batches_seen,
+            "generation": generation,
+            "samples": samples,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            **self.settings,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], samples_at: Any) -> None:
+        """Resume where ``state`` was: the next pass finishes its epoch. ``samples_at(generation)`` is the
+        dataset's sample count at that generation (the state's own generation, when it has one)."""
+        adopted = {}
+        for key in ORDER_SETTINGS:
+            theirs = state.get(key, _ABSENT_IS.get(key, self.settings[key]))
+            if theirs == self.settings[key]:
+                continue
+            if key not in self.defaulted:
+                raise ValueError(
+                    f"cannot resume: the state has {key}={theirs!r}, this dataset has "
+                    f"{self.settings[key]!r}; resume with the same settings"
+                )
+            adopted[key] = theirs  # left at the default: the run goes on with the order it began with
+        samples = samples_at(state.get("generation"))
+        if "samples" in state and state["samples"] != samples:
+            raise ValueError(
+                f"cannot resume: the state's epoch has {state['samples']} samples, this dataset "
+                f"{samples}; resume on the snapshot the state was taken on (its generation)"
+            )
+        world_size = int(state.get("world_size", self.world_size))
+        batches_seen = int(state["batches_seen"])
+        full = len(rank_batches(samples, self.batch_size, 0, world_size, self.drop_last))
+        if not 0 <= batches_seen <= full:
+            raise ValueError(f"batches_seen={batches_seen} is outside a rank's 0..{full} of that epoch")
+        if "position" in state:
+            position = int(state["position"])
+        else:  # a state from before positions: batches_seen of a fresh epoch at the state's world size
+            position = consumed_position(samples, self.batch_size, world_size, 0, batches_seen)
+        if not 0 <= position <= samples:
+            raise ValueError(f"position={position} is outside the epoch's 0..{samples}")
+        self.settings.update(adopted)
+        self.epoch = int(state["epoch"])
+        self._pinned = False
+        self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,
+                         "generation": state.get("generation"), "samples": samples}

@@ -1,0 +1,1 @@
+"""Feeding a model: loaders (pinned, on a device), batched augmentation, the Lightning data module."""

@@ -1,0 +1,261 @@
+"""Feeding ``ShardDataset`` batches to a model: a counting DataLoader and a device prefetcher.
+
+``ShardLoader`` is a ``torch.utils.data.DataLoader`` fixed to what a batch-yielding dataset needs
+(``batch_size=None``, no per-sample collate) that counts the batches it hands out, so ``state_dict()``
+is exact with any number of workers. ``DeviceLoader`` moves each batch to the device with
+``non_blocking`` copies on a side CUDA stream while the model works on the previous one, and turns the
+uint8 NHWC images into normalised float NCHW (channels_last memory, which convolutions prefer).
+
+Copies per batch: memory map → pinned buffer (the pin thread, or the worker's shared memory then the pin
+thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+import torch
+from torch.utils.data import DataLoader
+
+from shardio.read.dataset import EpochPass, ShardDataset
+from shardio.store.backends import for_path
+from shardio.read.prefetch import Prefetcher, prefetched
+from shardio.read.resume import EpochCursor
+from shardio.train.batch_transform import BatchTransform, transform_batch
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
+
+_Prefetcher = Prefetcher  # its old name here, for code that checks on live prefetch threads
+
+# On the 0-255 scale of the uint8 pixels.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def _no_collate(batch: Any) -> Any:
+    # Module level so that it pickles for spawned workers.
+    return batch
+
+
+class ShardLoader(DataLoader):
+    """``DataLoader(dataset, batch_size=None, ...)`` for a ``ShardDataset``: each iteration begins the
+    dataset's next pass in the main process (so epochs advance and a resume reaches the workers) and
+    counts the batches it hands out on the dataset's cursor (``shardio.read.resume``)."""
+
+    def __init__(self, dataset: ShardDataset, *, num_workers: int = 0, pin_memory: bool = False,
+                 **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise TypeError(f"ShardLoader takes a ShardDataset, got {type(dataset).__name__}")
+        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if name in kwargs:
+                raise ValueError(f"{name}= belongs to ShardDataset, which yields whole batches")
+        if kwargs.get("persistent_workers"):
+            raise ValueError(
+                "persistent_workers=True keeps the workers' copy of the dataset from the first epoch, so "
+                "set_epoch and load_state_dict would not reach them; leave it False"
+            )
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
+        kwargs.setdefault("collate_fn", _no_collate)
+        if num_workers and not for_path(dataset.path).is_local:
+            # The S3 client (obstore's tokio runtime) does not survive fork(): workers start fresh.
+            kwargs.setdefault("multiprocessing_context", "spawn")
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)
+
+    @property
+    def cursor(self) -> EpochCursor:
+        return self.dataset.cursor  # type: ignore[attr-defined]
+
+    @property
+    def batches_seen(self) -> int:
+        return self.cursor.batches_seen
+
+    def begin_pass(self) -> EpochPass:
+        return self.dataset.begin_pass()  # type: ignore[attr-defined]
+
+    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
+        """The pass's batches, uncounted (``shardio.read.resume``)."""
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        if self.num_workers == 0:
+            # DataLoader's single-process iterator adds nothing to whole batches: the dataset assembles
+            # them pinned itself (DataLoader's pin_memory() would then copy nothing) and prefetches.
+            # pin_memory without CUDA is a no-op for DataLoader (it warns): the same here.
+            pinned = (self.pin_memory and torch.cuda.is_available()) or None
+            return dataset.iter_pass(epoch_pass, pin_memory=pinned, prefetch=prefetch)
+        # The workers copy the dataset while DataLoader's iterator starts: hand them this pass.
+        dataset.cursor.hand_over(epoch_pass)
+        try:
+            return super().__iter__()
+        finally:
+            dataset.cursor.hand_over(None)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch_pass = self.begin_pass()
+        return self._counted(epoch_pass, self.iter_pass(epoch_pass))
+
+    def _counted(self, epoch_pass: EpochPass, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self.cursor.hand_out(epoch_pass)
+            yield batch
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """The dataset's state (``ShardDataset.state_dict``)."""
+        return self.dataset.state_dict(batches_seen)  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+PassSource = Union[ShardDataset, ShardLoader]
+"""What ``DeviceLoader`` and ``shardio.train.augment`` drive through the protocol of ``shardio.read.resume``:
+``begin_pass()``, ``iter_pass(epoch_pass, prefetch=...)``, ``cursor``, ``state_dict``, ``load_state_dict``."""
+
+
+def to_device(
+    batch: dict[str, Any],
+    device: torch.device | str,
+    *,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """The batch on ``device``: ``image`` as ``(x - mean) / std`` float N×3×H×W (channels_last memory),
+    ``cls`` as int64 and ``content_box`` (``mode: pad``) on ``device`` too; other fields unchanged.
+    Copies are ``non_blocking``: overlapped when the source is pinned and the caller is on a side stream
+    (``DeviceLoader``)."""
+    device = torch.device(device)
+    image = batch["image"].to(device, non_blocking=True)
+    scale, shift = _affine(tuple(mean), tuple(std), device, dtype)
+    # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
+    out = dict(batch)
+    out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
+    for name in ("cls", "content_box"):
+        if name in batch:
+            out[name] = batch[name].to(device, non_blocking=True)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x * scale + shift == (x - mean) / std``, made once per device rather than copied every batch."""
+    scale = torch.tensor([1.0 / s for s in std], dtype=dtype).view(1, 3, 1, 1).to(device)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=dtype).view(1, 3, 1, 1).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # cached for every stream: let no stream see them half-copied
+    return scale, shift
+
+
+class DeviceLoader:
+    """Iterate ``loader`` with every batch already on ``device`` (see ``to_device``).
+
+    With ``prefetch > 0`` a background thread (``shardio.read.prefetch``) pulls the next ``prefetch`` batches
+    (the memory-map copy and the pinning run there, both outside the GIL, and on CPU the whole conversion),
+    so with ``num_workers=0``, or a ``ShardDataset`` passed directly (assembled pinned when
+    ``pin_memory``), reading overlaps the step. On CUDA the next batch's host-to-device copy and
+    normalisation run on a side stream while the current step runs.
+
+    Given a ``ShardDataset`` or ``ShardLoader``, this is the layer that hands batches out, so it counts
+    them on the dataset's cursor (``shardio.read.resume``): ``state_dict()`` counts the batches this yielded,
+    not those prefetched, so resuming repeats nothing and skips nothing. Any other iterable of batches is
+    only moved to the device (``state_dict`` is then the loader's own).
+
+    ``transform`` (e.g. ``shardio.train.augment.TrainAugment``) replaces the normalisation: it gets the uint8
+    images on the device with their epoch positions, and the batch's ``content_box`` (on the device) when
+    it has one (every batch of a ``mode: pad`` dataset), and returns the float batch.
+    """
+
+    def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
+                 pin_memory: bool | None = None, transform: BatchTransform | None = None,
+                 **to_device_kwargs: Any) -> None:
+        if transform is not None and to_device_kwargs:
+            raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
+        self.transform = transform
+        self.loader, self.device, self.prefetch = loader, torch.device(device), prefetch
+        # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
+        self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
+        self.to_device_kwargs = to_device_kwargs
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def batches_seen(self) -> int:
+        return self.loader.cursor.batches_seen if isinstance(self.loader, (ShardDataset, ShardLoader)) else 0
+
+    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU."""
+        if self.device.type != "cuda":
+            if self.transform is not None:
+                return batch  # transformed in the consumer's thread, with its positions
+            return to_device(batch, self.device, **self.to_device_kwargs)
+        if self.pin_memory and not batch["image"].is_pinned():
+            return {**batch, "image": batch["image"].pin_memory()}
+        return batch
+
+    def _host_batches(self) -> Iterator[tuple[dict[str, Any], int, EpochPass | None]]:
+        """(prepared batch, its batch number in the epoch); counted on the cursor as this yields."""
+        source = self.loader
+        if isinstance(source, ShardDataset):
+            epoch_pass: EpochPass | None = source.begin_pass()
+            # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
+            pinned = (self.pin_memory and self.device.type == "cuda") or None
+            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0)
+        elif isinstance(source, ShardLoader):
+            epoch_pass = source.begin_pass()
+            batches = source.iter_pass(epoch_pass, prefetch=0)
+        else:
+            epoch_pass, batches = None, iter(source)
+        if self.prefetch > 0:
+            batches = prefetched(batches, self._prepare, self.prefetch)
+        else:
+            batches = map(self._prepare, batches)
+        before = epoch_pass.before if epoch_pass is not None else 0
+        for number, batch in enumerate(batches, start=before + 1):
+            yield batch, number, epoch_pass
+
+    def _counted(self, epoch_pass: EpochPass | None) -> None:
+        if epoch_pass is not None:
+            self.loader.cursor.hand_out(epoch_pass)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.device.type != "cuda":
+            for batch, number, epoch_pass in self._host_batches():
+                self._counted(epoch_pass)
+                yield self._transform(batch, number) if self.transform is not None else batch
+            return
+        stream = torch.cuda.Stream(self.device)
+        host = self._host_batches()
+
+        def load() -> tuple[dict[str, Any], EpochPass | None] | None:
+            item = next(host, None)
+            if item is None:
+                return None
+            batch, number, epoch_pass = item
+            with torch.cuda.stream(stream):
+                if self.transform is not None:
+                    return self._transform(batch, number), epoch_pass
+                return to_device(batch, self.device, **self.to_device_kwargs), epoch_pass
+
+        upcoming = load()
+        while upcoming is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(stream)
+            batch, epoch_pass = upcoming
+            for value in batch.values():
+                if isinstance(value, torch.Tensor) and value.is_cuda:
+                    value.record_stream(current)  # made on the side stream, freed on this one
+            upcoming = load()
+            self._counted(epoch_pass)
+            yield batch
+
+    def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
+        return transform_batch(self.transform, batch, self.device, self.loader, number)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

@@ -1,0 +1,513 @@
+"""The one owner of a dataset directory: everything that creates, writes, renames or removes a file there.
+
+Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.write.shard_writer`` stages
+shards here); the reader calls only the shard checker. Written once against ``shardio.store.base.Storage``
+(``for_path``); the guarantees it needs from storage, and how the local filesystem gives each, are in
+that module's docstring. The format it writes is ``shardio.format`` (layout, manifest, "Generations",
+"Retention") and ``shardio.format.run_report`` (``reports/RUN_ID.json``).
+
+What it owns, in the order of a run:
+
+- **Opening for writing**: ``ensure_output_dir``, then ``writing(directory)`` holds the one-writer
+  lock (``Storage.lock``) for every change below.
+- **Reading what is committed**: ``load_committed`` (restoring a lost or corrupt ``manifest.json`` from
+  the newest valid kept generation: ``recover_manifest``).
+- **Cleaning leftovers** of a killed run: ``clean_leftovers`` (temp files, unlisted shard files,
+  generation files newer than the commit).
+- **Staging and publishing shards**: workers (``shardio.write.shard_writer``) ``stage`` each file under a unique
+  ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
+  lists it.
+- **The commit** (``Committer`` / ``commit``): shards in dataset order, a storage barrier (the shards are
+  durable first), ``manifests/GEN.json`` created once (conditional create), then ``manifest.json`` (the
+  commit point). Killed between the two, the generation file is newer than ``manifest.json`` and
+  ``clean_leftovers`` removes it. Nothing is deleted at a commit: files it stops listing (an input
+  dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
+- **Retention**: ``collect`` / ``gc`` delete what no kept generation needs.
+- **Run reports**: ``save_report`` / ``report_path``.
+- **Restoring** a corrupt ``manifest.json`` from a kept generation the shard checker
+  (``shardio.format.shard_check``, shared with the reader and ``verify``) finds whole.
+
+Its interface takes plain values (paths, numbers, ``shardio.format`` entries): no Ray, no Pillow, none of
+preprocess's types.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
+from shardio.format import (
+    MANIFEST_NAME,
+    MANIFESTS_DIR,
+    REPORTS_DIR,
+    SHARDS_DIR,
+    InputEntry,
+    Manifest,
+    RetiredFile,
+    ShardEntry,
+)
+from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.format.shard_check import shard_problems
+from shardio.store.backends import for_path
+from shardio.store.base import TEMP_PREFIX
+
+__all__ = [
+    "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
+    "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
+    "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
+    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path",
+]
+
+# A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
+# day-long epoch; 3 generations cover reruns in quick succession (a retry, a repair) on top of that.
+DEFAULT_RETAIN_HOURS = 24.0
+DEFAULT_RETAIN_GENERATIONS = 3
+
+
+@dataclass(frozen=True)
+class Retention:
+    """A generation is kept while it is one of the newest ``generations`` or was current less than
+    ``hours`` ago; a file is collected once no kept generation lists it."""
+
+    hours: float = DEFAULT_RETAIN_HOURS
+    generations: int = DEFAULT_RETAIN_GENERATIONS
+
+    def __post_init__(self) -> None:
+        if self.hours < 0 or self.generations < 1:
+            raise ValueError(f"retention needs hours >= 0 and generations >= 1 (the current one), got "
+                             f"{self.hours} h, {self.generations} generation(s)")
+
+
+@dataclass
+class Collected:
+    files: list[str] = field(default_factory=list)  # retired shard files deleted (relative paths)
+    bytes: int = 0
+    generations: list[int] = field(default_factory=list)  # generation files removed
+    kept_generations: list[int] = field(default_factory=list)
+    retained_files: int = 0  # retired files still kept for older generations
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --- generations: the commit's last step, leftovers, retention, restore ---------------------------------------------
+
+
+def _publish_generation(directory: str, manifest: Manifest) -> int:
+    """The last step of ``commit`` (its only caller): ``manifest`` as the next generation,
+    ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
+    whose file ``collect`` already deleted, and returns the new generation."""
+    store = for_path(directory)
+    generation = max([manifest.generation, *list_generations(directory)]) + 1
+    now = _now().isoformat(timespec="seconds")
+    manifest.generation, manifest.updated = generation, now
+    retired = []
+    for entry in manifest.retired:
+        if entry.generation == 0:
+            retired.append(RetiredFile(entry.path, generation, now))
+        elif store.exists(store.join(directory, entry.path)):
+            retired.append(entry)
+    manifest.retired = retired
+    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
+    store.makedirs(store.join(directory, MANIFESTS_DIR))
+    _check_held(directory)
+    try:
+        store.publish_new(generation_path(directory, generation), data)
+    except FileExistsError:
+        raise CommitConflict(f"{generation_path(directory, generation)}: another writer committed generation "
+                             f"{generation} first; nothing was overwritten: rerun to build on it") from None
+    path = store.join(directory, MANIFEST_NAME)
+    if manifest.source_version or store.is_local:
+        manifest.source_version = store.publish(path, data, if_version=manifest.source_version or None)
+    else:
+        try:  # a new dataset on object storage: create-if-absent, so two first runs cannot both commit
+            manifest.source_version = store.publish_new(path, data)
+        except FileExistsError:
+            raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
+                                 "overwritten: rerun to build on it") from None
+    return generation
+
+
+def listed_files(manifest: Manifest) -> set[str]:
+    """The files under ``shards/`` that ``manifest`` lists (pixels and metadata)."""
+    return {rel for entry in manifest.shards for rel in (entry.path, entry.meta_path)}
+
+
+def protected_files(manifest: Manifest) -> set[str]:
+    """What a dataset owns under ``shards/`` and must keep: the current shards and the retired ones."""
+    return listed_files(manifest) | {r.path for r in manifest.retired}
+
+
+def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
+    """Remove what a killed run left: temp files, shard files neither listed nor retired by ``manifest``
+    (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
+    Returns how many files went."""
+    store = for_path(directory)
+    _check_held(directory)
+    keep = protected_files(manifest) if manifest is not None else set()
+    removed = 0
+    for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
+        for name in store.list_dir(folder):
+            if name.startswith(TEMP_PREFIX):
+                store.remove(store.join(folder, name))
+                removed += 1
+    for name in store.list_dir(store.join(directory, SHARDS_DIR)):
+        if f"{SHARDS_DIR}/{name}" not in keep:
+            store.remove(store.join(directory, SHARDS_DIR, name))
+            removed += 1
+    if manifest is not None:
+        for generation in list_generations(directory):
+            if generation > manifest.generation:
+                store.remove(generation_path(directory, generation))
+                removed += 1
+    return removed
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def collect(directory: str, manifest: Manifest, retention: Retention,
+            now: datetime | None = None) -> Collected:
+    """Delete the retired files and generation files no kept generation needs (see the format spec).
+    ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
+    ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
+    file the current or a kept generation lists."""
+    store = for_path(directory)
+    _check_held(directory)
+    cutoff = (now or _now()) - timedelta(hours=retention.hours)
+    current = manifest.generation
+    generations = [g for g in list_generations(directory) if g < current]
+
+    commit_times: dict[int, datetime | None] = {}
+
+    def committed_at(generation: int) -> datetime | None:
+        # A generation file is written once, at its commit: its mtime is the commit time (a copy that
+        # resets mtimes only makes retention longer).
+        if generation not in commit_times:
+            path = generation_path(directory, generation)
+            if not store.exists(path) and generation == current:
+                path = store.join(directory, MANIFEST_NAME)
+            try:
+                mtime_ns = store.stat_fingerprint(path)[1]
+                commit_times[generation] = datetime.fromtimestamp(mtime_ns / 1e9, timezone.utc)
+            except FileNotFoundError:
+                commit_times[generation] = None
+        return commit_times[generation]
+
+    def kept(generation: int, successor_committed: datetime | None) -> bool:
+        # An unknown commit time keeps it: never delete what we are not sure is unused.
+        return (generation > current - retention.generations or successor_committed is None
+                or successor_committed > cutoff)
+
+    result = Collected()
+    doomed = [g for g in generations if not kept(g, committed_at(g + 1))]
+    result.kept_generations = [g for g in generations if g not in doomed] + [current]
+
+    def retired_at(entry: RetiredFile) -> datetime | None:
+        # The later of the recorded time and the generation file's: a retired file never goes before the
+        # generation file that lists it.
+        times = [t for t in (_parse_time(entry.since), committed_at(entry.generation)) if t is not None]
+        return max(times) if times else None
+
+    candidates = [r for r in manifest.retired if not kept(r.generation - 1, retired_at(r))]
+    result.retained_files = len(manifest.retired) - len(candidates)
+    if candidates:
+        # The retired list already covers every older generation's files; reading the kept generations
+        # too costs a few ms and means a hand-edited or stale ``retired`` entry can never delete a file
+        # that a kept snapshot still lists.
+        protected = listed_files(manifest)
+        for generation in result.kept_generations[:-1]:
+            try:
+                protected |= listed_files(load_manifest(directory, generation))
+            except ShardError:
+                pass  # a corrupt old generation cannot be reopened, so it protects nothing
+        for entry in candidates:
+            path = store.join(directory, entry.path)
+            if entry.path in protected:
+                result.retained_files += 1
+                continue
+            try:
+                result.bytes += store.file_size(path)
+            except FileNotFoundError:
+                continue  # collected earlier: the next commit drops the entry
+            store.remove(path)
+            result.files.append(entry.path)
+    for generation in doomed:
+        store.remove(generation_path(directory, generation))
+        result.generations.append(generation)
+    return result
+
+
+def recover_manifest(directory: str) -> Manifest:
+    """Restore the newest valid kept generation (it parses, and every shard it lists is on disk with its
+    size) as ``manifest.json`` and return it: for a ``manifest.json`` that is missing or unusable. Raises
+    ShardFormatError when no generation is valid. The caller holds the output lock. Inputs that only an
+    unusable newer generation listed are then uncommitted: the next run processes them again from their
+    tars (the same shard names and bytes)."""
+    store = for_path(directory)
+    problems = []
+    for generation in reversed(list_generations(directory)):
+        try:
+            manifest = load_manifest(directory, generation)
+        except ShardError as e:
+            problems.append(f"generation {generation}: {e}")
+            continue
+        bad = shard_problems(directory, manifest)
+        if bad:
+            problems.append(f"generation {generation}: {bad[0][1]}")
+            continue
+        with store.open_read(generation_path(directory, generation)) as f:
+            store.publish(store.join(directory, MANIFEST_NAME), f.read())
+        return manifest
+    raise ShardFormatError(
+        f"{store.join(directory, MANIFEST_NAME)}: unusable, and no kept generation can replace it "
+        f"({'; '.join(problems) or f'none in {MANIFESTS_DIR}/'}); HINT: restore the directory from a backup, "
+        "or re-run preprocess into a new directory"
+    )
+
+
+def restore_manifest(directory: str, wait_for_lock: bool = False) -> Manifest | None:
+    """Under the lock: if ``manifest.json`` is missing or unusable and kept generations exist, restore the
+    newest valid one (``recover_manifest``) and return it; None if it was fine or nothing can restore it
+    (the caller's own error stands)."""
+    if not list_generations(directory):
+        return None
+    with writing(directory, wait_for_lock):
+        try:
+            load_manifest(directory)
+            return None
+        except ShardError:
+            return recover_manifest(directory)
+
+
+def load_committed(directory: str) -> tuple[Manifest | None, str]:
+    """The committed manifest (None for a new dataset) and a warning ("" if none). A missing or corrupt
+    ``manifest.json`` with kept generations is restored from the newest valid one, and the warning says
+    so: rebuilding from nothing would drop every committed input (and the leftover cleaning would then
+    delete their shards). The caller holds the lock."""
+    path = manifest_path(directory)
+    try:
+        if not for_path(directory).exists(path) and not list_generations(directory):
+            return None, ""
+        return load_manifest(directory), ""
+    except ShardError as e:
+        if not list_generations(directory):
+            raise
+        problem = str(e.__cause__) if e.__cause__ is not None else "missing"  # without load_manifest's hint
+    restored = recover_manifest(directory)
+    return restored, (f"{path}: restored from kept generation {restored.generation} ({restored.samples} "
+                      f"samples, {len(restored.inputs)} inputs) because it was unusable: {problem}")
+
+
+def manifest_path(directory: str) -> str:
+    """Where the committed manifest is (for messages; read it with ``load_manifest``)."""
+    return for_path(directory).join(directory, MANIFEST_NAME)
+
+
+def load_current(directory: str) -> Manifest | None:
+    """The committed manifest as it is, or None if there is no ``manifest.json``."""
+    return load_manifest(directory) if for_path(directory).exists(manifest_path(directory)) else None
+
+
+# --- opening for writing ------------------------------------------------------------------------------
+
+
+def ensure_output_dir(directory: str) -> None:
+    """Create the dataset directory if needed; ``OutputUnusable`` (not a traceback) if it cannot be used."""
+    store = for_path(directory)
+    if store.exists(directory) and not store.is_dir(directory):
+        raise OutputUnusable(f"{directory}: --output is an existing file, not a directory; give a dataset "
+                             "directory (created if missing)")
+    try:
+        store.makedirs(directory)
+    except OSError as e:
+        raise OutputUnusable(f"{directory}: --output cannot be created ({e.strerror}); check the path and "
+                             "that this user may write its parent") from e
+
+
+# The lock handle of each directory this process holds: commits and deletions check it first (a lease
+# on object storage can be lost by a holder paused past its expiry).
+_held: dict[str, Any] = {}
+
+
+def check_writable(directory: str, writer: str) -> None:
+    """Create and remove one small temp file in ``directory`` (``.tmp-access-probe-WRITER``: a killed
+    probe's leftover goes with the next run's clean-up, as any temp file): proof that this process, e.g. a
+    Ray node's, can write the dataset. Raises what the store raises (``StorageAccessError``, ``OSError``)."""
+    store = for_path(directory)
+    probe = store.join(directory, f"{TEMP_PREFIX}access-probe-{writer}")
+    store.publish_new(probe, b"")
+    store.remove(probe)
+
+
+def _check_held(directory: str) -> None:
+    handle = _held.get(directory)
+    if handle is not None:
+        handle.check()
+
+
+@contextmanager
+def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
+    """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
+    On object storage the store is first checked to honour conditional writes (the lease and the commit
+    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``)."""
+    store = for_path(directory)
+    if not store.is_local:
+        store.check_conditional_writes(directory)  # type: ignore[attr-defined]
+    with store.lock(directory, wait_for_lock) as handle:
+        _held[directory] = handle
+        try:
+            yield
+        finally:
+            _held.pop(directory, None)
+
+
+# --- staging shards (``shardio.write.shard_writer``) ----------------------------------------------------------------
+
+
+def shard_paths(name: str) -> tuple[str, str]:
+    """The pixel and metadata files of shard ``name``, relative to the dataset directory."""
+    return f"{SHARDS_DIR}/{name}.npy", f"{SHARDS_DIR}/{name}.jsonl"
+
+
+def stage(directory: str, rel_path: str) -> tuple[int, str]:
+    """A new staged file for ``rel_path`` under a unique name no other writer can pick (a ``.tmp-`` name:
+    unlisted, so invisible, and removed by ``clean_leftovers`` if its writer dies); (writable fd, path)."""
+    store = for_path(directory)
+    store.makedirs(store.join(directory, SHARDS_DIR))
+    return store.create_temp(store.join(directory, rel_path))
+
+
+def promote(directory: str, staged_path: str, rel_path: str) -> None:
+    """Give a finished (fsynced) staged file its final name; it is visible once a commit lists it."""
+    store = for_path(directory)
+    store.promote(staged_path, store.join(directory, rel_path))
+
+
+def discard_staged(directory: str, staged_path: str) -> None:
+    for_path(directory).remove(staged_path)
+
+
+def discard(directory: str, rel_path: str) -> None:
+    """Remove a promoted file no commit lists (a failed input's shards)."""
+    store = for_path(directory)
+    store.remove(store.join(directory, rel_path))
+
+
+# --- the commit ---------------------------------------------------------------------------------------
+
+
+def commit(directory: str, manifest: Manifest) -> int:
+    """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
+    path, then shard name: independent of which task finished first), after a storage barrier that makes
+    the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
+    missing; one fsync, ~0.2 ms here).
+    Returns the new generation."""
+    store = for_path(directory)
+    manifest.shards.sort(key=lambda e: (e.input, e.path))
+    shards_dir = store.join(directory, SHARDS_DIR)
+    if store.exists(shards_dir):
+        store.barrier(shards_dir)
+    return _publish_generation(directory, manifest)
+
+
+class Committer:
+    """Folds finished and dropped inputs into ``manifest`` and commits it at most every ``interval_s``
+    seconds (``maybe_commit``) or when forced. The caller holds the lock."""
+
+    def __init__(self, directory: str, manifest: Manifest, interval_s: float = 0.0) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.interval_s = interval_s
+        self.dirty = False
+        self.last_commit = 0.0
+
+    def add_input(self, input_path: str, size: int, mtime_ns: int,
+                  shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0) -> None:
+        """List ``input_path``'s (promoted) shards, replacing the input's older ones, which are retired."""
+        new_entries = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in shards]
+        new_paths = {e.path for e in new_entries}
+        if input_path in self.manifest.inputs:
+            self.drop_input(input_path, keep=new_paths)
+        # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
+        # (an input restored to its old state, a repair) is live again, not retention's to collect.
+        relisted = new_paths | {e.meta_path for e in new_entries}
+        self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
+        self.manifest.shards.extend(new_entries)
+        self.manifest.inputs[input_path] = InputEntry(
+            size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries), failed=failed,
+            shards=[e.path for e in new_entries],
+        )
+        self.dirty = True
+
+    def drop_input(self, input_path: str, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        """Unlist ``input_path``'s shards (but those in ``keep``); they are retired, not deleted: a reader
+        of the previous generation may be mid-epoch on them."""
+        old = self.manifest.inputs.pop(input_path)
+        gone = set(old.shards) - keep
+        for entry in self.manifest.shards:
+            if entry.path in gone:
+                self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+        self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
+        self.dirty = True
+
+    def maybe_commit(self, force: bool = False) -> None:
+        if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
+            return
+        commit(self.directory, self.manifest)
+        self.last_commit = time.monotonic()
+        self.dirty = False
+
+
+def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:
+    """Remove committed inputs (their shards) from the dataset in one commit, under the lock (their files
+    are retired, kept for older generations' readers); a later run over them processes them afresh.
+    Returns the manifest as committed. (``preprocess verify --repair`` uses this for inputs behind bad
+    shards.)"""
+    with writing(directory, wait_for_lock):
+        committer = Committer(directory, load_manifest(directory))
+        for path in inputs:
+            if path in committer.manifest.inputs:
+                committer.drop_input(path)
+        committer.maybe_commit(force=True)
+        return committer.manifest
+
+
+def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
+       now: datetime | None = None) -> Collected:
+    """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
+    what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
+    --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
+    load_manifest(directory)  # a missing directory or a broken manifest: say so before taking the lock
+    with writing(directory, wait_for_lock):
+        manifest = load_manifest(directory)
+        clean_leftovers(directory, manifest)
+        return collect(directory, manifest, retention, now)
+
+
+# --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
+
+
+def report_path(directory: str, run_id: str) -> str:
+    return for_path(directory).join(directory, REPORTS_DIR, f"{run_id}.json")
+
+
+def save_report(directory: str, run_id: str, data: bytes) -> str:
+    """Publish one run's report (``shardio.format.run_report``) atomically; returns its path."""
+    store = for_path(directory)
+    store.makedirs(store.join(directory, REPORTS_DIR))
+    path = report_path(directory, run_id)
+    store.publish(path, data)
+    return path
