@@ -96,8 +96,9 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
                 continue
             local = check_local(expanded)
             if _GLOB_CHARS & set(local):
-                files = local_glob(local)
-                for file in files:
+                files = 0
+                for file in local_glob(local):
+                    files += 1
                     if _is_tar(file.path):
                         matched.add(file.path)
                         local_found[file.path] = InputFingerprint(file.size, file.mtime_ns)
@@ -121,8 +122,8 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         found |= matched
         ignored |= pattern_ignored
         failed += pattern_failed
-    listed = {url: remote.listed[url] for url in found if url in remote.listed}
-    listed.update(local_found)
+    listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
+    listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
     return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links)
 
 

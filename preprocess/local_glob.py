@@ -39,9 +39,10 @@ def has_magic(text: str) -> bool:
     return _MAGIC.search(text) is not None
 
 
-def local_glob(pattern: str) -> list[LocalFile]:
-    """The regular files ``pattern`` matches (symlinks followed); what else it matches (folders, sockets,
-    dangling links) is left aside, as the job always did with ``glob`` + ``isfile``."""
+def local_glob(pattern: str) -> Iterator[LocalFile]:
+    """The regular files ``pattern`` matches (symlinks followed), as the listing goes (a generator: the
+    caller keeps what it needs, not a second copy of 230k entries); what else it matches (folders,
+    sockets, dangling links) is left aside, as the job always did with ``glob`` + ``isfile``."""
     cwd = os.getcwd()  # once: os.path.abspath asks for it per path
     absolute = os.path.isabs(pattern)
     parts = pattern.split("/")
@@ -50,12 +51,11 @@ def local_glob(pattern: str) -> list[LocalFile]:
     first_magic = next((i for i, part in enumerate(parts) if has_magic(part)), len(parts))
     base = "/".join(parts[:first_magic])
     start = ("/" + base) if absolute else base
-    files: list[LocalFile] = []
     rest = parts[first_magic:]
     if not rest:  # no magic: the caller names files itself
         raise ValueError(f"{pattern}: not a glob")
     if rest[-1] == "":  # "dir/*/": folders only, never a file
-        return files
+        return
     absolute_folders: dict[str, str] = {}  # normalised once per folder, not per file (30k tars: 0.3 s)
     for folder, name, entry in _walk(start.rstrip("/") if start not in ("", "/") else start, rest):
         prefix = absolute_folders.get(folder)
@@ -67,16 +67,16 @@ def local_glob(pattern: str) -> list[LocalFile]:
                 if not entry.is_file():
                     continue
                 info = entry.stat()  # follows a link, as glob + isfile do
-                files.append(LocalFile(full, info.st_size, info.st_mtime_ns, entry.is_symlink()))
+                link = entry.is_symlink()
             else:
                 path = _join(folder, name)
                 info = os.stat(path)
                 if not stat.S_ISREG(info.st_mode):
                     continue
-                files.append(LocalFile(full, info.st_size, info.st_mtime_ns, os.path.islink(path)))
+                link = os.path.islink(path)
         except OSError:
             continue  # a dangling link, or removed while listed
-    return files
+        yield LocalFile(full, info.st_size, info.st_mtime_ns, link)
 
 
 def _join(folder: str, name: str) -> str:

@@ -36,7 +36,7 @@ def test_the_same_files_as_glob_with_their_stat(tree, pattern, monkeypatch):
         monkeypatch.chdir(tree if not absolute else "/")
         full = str(tree / pattern) if absolute else pattern
         expected = sorted(os.path.abspath(m) for m in glob.glob(full, recursive=True) if os.path.isfile(m))
-        found = local_glob(full)
+        found = list(local_glob(full))
         assert sorted(f.path for f in found) == expected, full
         for file in found:
             info = os.stat(file.path)
