@@ -90,7 +90,7 @@ class EventLogger:
                 self._write("input_failed", input=failed["input"], reason=failed["reason"], duration_s=0.0)
         self._write("run_finished", run_id=report.run_id, exit_code=report.exit_code,
                     samples_written=report.samples_written, samples_failed=report.samples_failed,
-                    inputs_processed=len(report.inputs_processed), inputs_skipped=len(report.inputs_skipped),
+                    inputs_processed=len(report.inputs_processed), inputs_skipped=report.inputs_skipped_count,
                     inputs_failed=len(report.inputs_failed), duration_s=report.elapsed_s,
                     images_per_s=report.images_per_s, dataset_samples=report.dataset_samples,
                     interrupted=getattr(report, "interrupted", "") or None)

@@ -43,6 +43,7 @@ import shardio
 from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, StuckDecode, hard_bound_s, watch_steps
 from preprocess.inputs import InputFingerprint
+from preprocess.plan import largest_first_key
 from preprocess.ray_output import RayOutput
 from preprocess.ray_watchdog import start_watchdog
 from preprocess.versions import build_difference, pixel_build
@@ -351,8 +352,9 @@ def _failure_reason(error: Exception) -> str:
 
 def largest_first(items: list[tuple[str, InputFingerprint]]) -> list[tuple[str, InputFingerprint]]:
     """The submission order: input size descending (the fingerprint's first field), then path, so the
-    longest tasks start first and the tail of a run is short ones (classic LPT scheduling)."""
-    return sorted(items, key=lambda item: (-item[1][0], item[0]))
+    longest tasks start first and the tail of a run is short ones (classic LPT scheduling). A list the
+    plan already sorted (``preprocess.plan``) costs one pass."""
+    return sorted(items, key=largest_first_key)
 
 
 def stream_inputs(
@@ -377,9 +379,12 @@ def stream_inputs(
         env_vars = {**base.get("env_vars", {}), **task_env}
         remote = remote.options(runtime_env={**base, "env_vars": env_vars})
     limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    queue = list(reversed(largest_first(items)))
-    fingerprints = dict(items)
+    # One ordered list read front to back: the driver holds one reference per input to process, and its
+    # fingerprint only while the task runs (a dict of every input would double that).
+    queue = largest_first(items)
+    next_item = 0
     running: dict[Any, str] = {}
+    fingerprints: dict[str, InputFingerprint] = {}  # inputs submitted and not yet ended
     cfg_dict = cfg.to_dict()
     attempts = AttemptTracker()
     stuck_members: dict[str, list[str]] = {}  # input -> members whose decode never finished, in order
@@ -390,26 +395,34 @@ def stream_inputs(
         skip = tuple(stuck_members.get(path, ()))
         running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *([skip] if skip else []))] = path
 
-    while queue or running:
+    def ended(path: str) -> InputFingerprint:
+        stuck_members.pop(path, None)
+        return InputFingerprint(*fingerprints.pop(path))
+
+    while next_item < len(queue) or running:
         if should_stop():
             for generator in running:
                 ray.cancel(generator)
             return
-        while queue and len(running) < limit:
-            submit(queue.pop()[0])
+        while next_item < len(queue) and len(running) < limit:
+            path, fingerprint = queue[next_item]
+            queue[next_item] = None  # type: ignore[call-overload]  # not needed again: let it go
+            next_item += 1
+            fingerprints[path] = fingerprint
+            submit(path)
         ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
         for generator in ready:
             try:
                 ref = next(generator)
             except StopIteration:
-                del running[generator]
+                ended(running.pop(generator))
                 continue
             try:
                 message = ray.get(ref)
             except ray.exceptions.RayError as e:
                 # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
                 path = running.pop(generator)
-                size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
+                size, mtime_ns, etag = ended(path)
                 reason = _failure_reason(e)
                 yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
                 continue
@@ -422,7 +435,7 @@ def stream_inputs(
                 if len(stuck) <= MAX_STUCK_DECODES:
                     submit(path)
                     continue
-                size, mtime_ns, etag = InputFingerprint(*fingerprints[path])
+                size, mtime_ns, etag = ended(path)
                 bound = hard_bound_s(cfg.max_decode_seconds)
                 yield InputResult(input=path, size=size, mtime_ns=mtime_ns, etag=etag, error=(
                     f"{len(stuck)} decodes did not finish within {bound:g} s ({', '.join(stuck)}); the input was "

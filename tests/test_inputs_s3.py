@@ -3,6 +3,8 @@ found by LIST (one per folder), never by a HEAD per tar, each with its fingerpri
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from preprocess.inputs import InputFingerprint, resolve_inputs
@@ -64,7 +66,10 @@ def test_local_and_remote_inputs_mix_and_a_url_stays_a_url(s3_server, s3_bucket,
     _put(s3_server, s3_bucket, ["x/remote.tar"])
     resolved = resolve_inputs([f"s3://{s3_bucket}/x/remote.tar", f"{tars.directory}/*.tar"])
     assert resolved.paths == sorted([local, f"s3://{s3_bucket}/x/remote.tar"])
-    assert list(resolved.listed) == [f"s3://{s3_bucket}/x/remote.tar"]  # a local file is stat'ed by the job
+    remote = f"s3://{s3_bucket}/x/remote.tar"
+    assert sorted(resolved.listed) == resolved.paths  # each with its fingerprint from its listing
+    assert resolved.listed[remote].etag and not resolved.listed[local].etag
+    assert resolved.listed[local] == (os.stat(local).st_size, os.stat(local).st_mtime_ns, "")
 
 
 def test_the_glob_rule_holds_for_urls(s3_server, s3_bucket):

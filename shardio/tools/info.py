@@ -13,7 +13,7 @@ from typing import Any
 from shardio.store.backends import for_path
 from shardio.failure_reasons import count_by_category
 from shardio.read.snapshot import open_dataset
-from shardio.format.run_report import run_history
+from shardio.format.run_report import run_history, skipped_count
 
 __all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio.format.run_report
 
@@ -70,7 +70,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
                 "run_id": r.get("run_id"), "started": r.get("started"),
                 "samples_written": r.get("samples_written", 0), "samples_failed": r.get("samples_failed", 0),
                 "inputs_processed": len(r.get("inputs_processed", [])),
-                "inputs_skipped": len(r.get("inputs_skipped", [])),
+                "inputs_skipped": skipped_count(r),
                 "inputs_failed": len(r.get("inputs_failed", [])),
                 "elapsed_s": r.get("elapsed_s"), "images_per_s": r.get("images_per_s"),
                 "exit_code": r.get("exit_code"), "versions": r.get("versions", {}),
