@@ -138,3 +138,21 @@ def test_positions_outside_the_epoch_are_refused() -> None:
     with pytest.raises(ValueError, match="order_version"):
         EpochPlan(np.array([3]), shuffle=True, seed=0, epoch=0, shuffle_window=1, shuffle_block=1,
                   order_version=3)
+
+
+def test_a_pass_carries_no_per_sample_state(tmp_path) -> None:
+    """What a pass hands to DataLoader workers is a few ints (no list of batches, no runs), and the
+    lazily planned iteration, in windows of 2 shards, with workers, is the eager order sample for sample."""
+    from dataset_fixtures import indices, make_dataset
+
+    from shardio import ShardDataset, ShardLoader
+
+    make_dataset(str(tmp_path))
+    ds = ShardDataset(str(tmp_path), 5, shuffle=True, seed=3, shuffle_window=2, rank=1, world_size=2)
+    epoch_pass = ds.begin_pass()
+    assert isinstance(epoch_pass.batches, RankBatches) and len(epoch_pass.batches) == 12
+    assert len(pickle.dumps(epoch_pass)) < 600
+    assert ds.plan(0).windows == 8  # 15 shards in windows of 2
+    got = np.concatenate([indices(b) for b in ShardLoader(ds, num_workers=2)])
+    positions = np.concatenate([np.arange(r.start, r.stop) for r in epoch_pass.batches])
+    assert (got == ds.sample_order(1)[positions]).all()  # the loader's pass is epoch 1
