@@ -37,8 +37,8 @@ from shardio.read.order import (
 
 __all__ = ["KEPT_WINDOWS", "EpochPlan"]
 
-# Windows whose runs stay built: the one a batch ends in and the one before it (a batch straddling a
-# window boundary). 256 shards of 1,000 samples: 256k runs, 6 MB each (plus ~25 MB while one is built).
+# Windows kept made: the one a batch ends in and the one before it (a batch straddling a window boundary).
+# 256 shards of 1,000 samples: a 2 MB block permutation each (blocks of 16: 16k blocks, 256 KB + ends).
 KEPT_WINDOWS = 2
 
 Piece = tuple[int, int, int]
@@ -112,7 +112,7 @@ class _Written:
 class EpochPlan:
     """One epoch's order for ``counts`` (samples per shard) under ``(seed, epoch)`` and the order settings
     (``shardio.read.order``); ``pieces(positions)`` gives the slices holding a range of epoch positions.
-    Memory: O(shards) plus ``KEPT_WINDOWS`` windows' runs, whatever the number of samples."""
+    Memory: O(shards) plus ``KEPT_WINDOWS`` windows' block permutations, whatever the number of samples."""
 
     def __init__(self, counts: np.ndarray, *, shuffle: bool, seed: int, epoch: int, shuffle_window: int,
                  shuffle_block: int, order_version: int) -> None:
