@@ -95,6 +95,9 @@ bench: $(STAMP)
 	# batch is assembled cold, so it measured the epoch boundary: 1.2-1.5% there, 0.3% here).
 	$(PY) -m preprocess.cli run '$(BENCH_CORPUS)/*.tar' --output bench/out/lightning-shards -q
 	$(PY) -m bench.lightning --shards bench/out/lightning-shards --tars '$(BENCH_CORPUS)/*.tar'
+	# The lazy epoch plan at 300 / 30k / 300k / 2.3M shards of 1,000 (synthetic counts, rank 0 of 64), and
+	# ShardDataset opened + first shuffled batch at 100k vs 1M samples (issue 24; ~1 minute).
+	$(PY) -m bench.scale_plan
 	# Object storage (issue 12), on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no
 	# dependency of shardio), the S3 reader and job against local, LitData and Mosaic Streaming in their
 	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.

@@ -9,7 +9,7 @@ background thread (``shardio.read.prefetch``). The design, with its measurements
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME
 from shardio.format.manifests import load_manifest
+from shardio.read.epoch_plan import EpochPlan
 from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
     DEFAULT_SHUFFLE_WINDOW,
@@ -30,7 +31,6 @@ from shardio.read.order import (
     ORDER_VERSIONS,
     epoch_runs,
     rank_batches,
-    run_pieces,
 )
 from shardio.read.prefetch import prefetched
 from shardio.read.snapshot import DatasetSnapshot, open_dataset
@@ -320,8 +320,19 @@ class ShardDataset(IterableDataset):
         """The order's algorithm (``shardio.read.order``): the newest, or a loaded state's."""
         return int(self.cursor.settings["order_version"])
 
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The epoch order, computed window by window as batches reach it (``shardio.read.epoch_plan``):
+        O(shards) memory, however many samples."""
+        return EpochPlan(
+            self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
+            order_version=self.order_version,
+        )
+
     def runs(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch order as runs ``(shard, start, stop)``."""
+        """The whole epoch order as runs ``(shard, start, stop)``: one per sample with blocks of 1, for
+        tests and measurements (iteration uses ``plan``)."""
         return epoch_runs(
             self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
             epoch=self.epoch if epoch is None else epoch,
@@ -396,7 +407,9 @@ class ShardDataset(IterableDataset):
         pinned = self.pin_memory if pin_memory is None else pin_memory
         if pinned and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
-        source = self._generate(self.runs(epoch_pass.epoch), batches, worker is not None, pinned)
+        # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
+        # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
+        source = self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned)
         depth = self.prefetch if prefetch is None else prefetch
         return prefetched(source, _identity, depth) if depth > 0 else source
 
@@ -417,16 +430,17 @@ class ShardDataset(IterableDataset):
             self.cursor.hand_out(epoch_pass)  # counted when handed out: a state_dict taken now skips it
             yield batch
 
-    def _generate(self, runs: np.ndarray, batches: list[range], shared: bool, pinned: bool) -> Iterator[Batch]:
+    def _generate(self, plan: EpochPlan, batches: Sequence[range], shared: bool,
+                  pinned: bool) -> Iterator[Batch]:
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
-        ends = np.cumsum(runs[:, 2] - runs[:, 1])  # epoch position after each run
         if not isinstance(assembler, CachedAssembler):
             for positions in batches:
-                yield assembler.assemble(run_pieces(ends, runs, positions), shared, pinned)
+                yield assembler.assemble(plan.pieces(positions), shared, pinned)
             return
-        # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady).
+        # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady):
+        # this path still lists every piece of the pass up front (one entry a sample with blocks of 1).
         cache, snapshot = assembler.shard_cache, assembler.snapshot
-        pieces = [run_pieces(ends, runs, positions) for positions in batches]
+        pieces = [plan.pieces(positions) for positions in batches]
         unit_of = _cache_units(snapshot)
         shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
         worker = get_worker_info()

@@ -27,6 +27,7 @@ number within the epoch, counting the batches before a resume at the resumed lay
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,8 @@ class EpochPass:
 
     epoch: int
     start: int  # epoch position before which all ranks consumed everything (0: a fresh epoch)
-    batches: list[range]  # this rank's batches from ``start``, as epoch positions
+    batches: Sequence[range]  # this rank's batches from ``start``, as epoch positions (``RankBatches``:
+    # computed on demand, so a pass pickles small to DataLoader workers)
     before: int  # batch number of this rank's first batch of the pass, minus one
     samples: int
     generation: int

@@ -1,0 +1,181 @@
+"""The epoch plan at web scale: time and memory to plan rank 0 of 64, and to open and shuffle a dataset.
+
+Two measurements, each in a fresh child process (RSS over that process once numpy and shardio are
+imported and the counts exist: the index's part is not in the figure):
+
+- **plan**: synthetic per-shard counts (``--sizes`` shards of 1,000 samples, no files), rank 0 of 64,
+  batches of 256, order version 2 with the default window and block. ``first``: the plan made and the
+  first batch's pieces; ``whole``: every batch of the rank's epoch, piece by piece (up to
+  ``--whole-up-to`` shards, default 300k: 2.3M shards are 140k batches and 8,985 windows, minutes). ``eager`` is the plan before
+  it was lazy (``epoch_runs`` + ``run_pieces``), up to ``--eager-up-to`` shards (default 300: at 30k
+  shards it took 29.9 s and 3.26 GB here, too much to run beside other work).
+- **dataset**: ``ShardDataset(path, 256, shuffle=True)`` opened and its first batch taken, on datasets of
+  1x1-pixel samples in shards of 1,000 made with the writer (``--dataset-samples``; 1M in ~10 s, kept in
+  ``bench/out/scale_plan``), with the plan's share (``plan``: ``ds.plan`` + the first batch's pieces).
+
+    python -m bench.scale_plan                       # the make bench line (~1 minute)
+    python -m bench.scale_plan --sizes 2300000 --whole-up-to 2300000 --dataset-samples ''   # LAION-2B, whole
+    python -m bench.scale_plan --sizes 300,30000 --whole-up-to 30000 --dataset-samples 10000,100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+SAMPLES_PER_SHARD = 1000
+RANK, WORLD, BATCH = 0, 64, 256
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "scale_plan")
+
+
+def _memory_kb() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in kB."""
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                values[line[:5]] = int(line.split()[1])
+    return values["VmRSS"], values["VmHWM"]
+
+
+def _reset_peak() -> int:
+    """Start the peak RSS over from now (Linux: ``clear_refs`` 5); returns the RSS now, in kB."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    return _memory_kb()[0]
+
+
+def _over(baseline_kb: int) -> float:
+    return round((_memory_kb()[1] - baseline_kb) / 1024, 1)
+
+
+def child_plan(shards: int, whole: bool, eager: bool) -> dict[str, Any]:
+    from shardio.read.epoch_plan import EpochPlan
+    from shardio.read.order import epoch_runs, rank_batches, run_pieces
+
+    counts = np.full(shards, SAMPLES_PER_SHARD, dtype=np.int64)
+    settings = {"shuffle": True, "seed": 0, "epoch": 0, "shuffle_window": 256, "shuffle_block": 1,
+                "order_version": 2}
+    samples = int(counts.sum())
+    baseline = _reset_peak()
+    start = time.perf_counter()
+    if eager:
+        runs = epoch_runs(counts, **settings)
+        ends = np.cumsum(runs[:, 2] - runs[:, 1])
+        batches = rank_batches(samples, BATCH, RANK, WORLD, False)
+        run_pieces(ends, runs, batches[0])
+        return {"eager_first_s": round(time.perf_counter() - start, 3), "eager_first_mb": _over(baseline)}
+    plan = EpochPlan(counts, **settings)
+    batches = rank_batches(samples, BATCH, RANK, WORLD, False)
+    first = plan.pieces(batches[0])
+    row: dict[str, Any] = {"first_s": round(time.perf_counter() - start, 3), "first_mb": _over(baseline),
+                           "batches": len(batches), "windows": plan.windows}
+    if sum(b - a for _, a, b in first) != BATCH:
+        raise RuntimeError(f"the first batch has {sum(b - a for _, a, b in first)} samples, not {BATCH}")
+    if whole:
+        read = 0
+        for positions in batches:
+            read += sum(b - a for _, a, b in plan.pieces(positions))
+        if read != sum(len(b) for b in batches):
+            raise RuntimeError(f"the rank's pieces hold {read} samples, its batches {len(batches)}")
+        row.update(whole_s=round(time.perf_counter() - start, 2), whole_mb=_over(baseline),
+                   whole_us_per_batch=round((time.perf_counter() - start) / len(batches) * 1e6, 1))
+    return row
+
+
+def child_dataset(path: str) -> dict[str, Any]:
+    from shardio import ShardDataset
+
+    baseline = _reset_peak()
+    start = time.perf_counter()
+    ds = ShardDataset(path, BATCH, shuffle=True, prefetch=0)
+    opened = time.perf_counter()
+    open_mb = _over(baseline)
+    batch = next(iter(ds))  # reads the metadata (.jsonl) of every shard the batch draws from
+    row = {"samples": ds.samples, "open_s": round(opened - start, 3), "open_mb": open_mb,
+           "open_first_s": round(time.perf_counter() - start, 3), "open_first_mb": _over(baseline)}
+    if len(batch["__key__"]) != BATCH:
+        raise RuntimeError(f"{path}: the first batch has {len(batch['__key__'])} samples")
+    baseline = _reset_peak()
+    start = time.perf_counter()
+    ds.plan(1).pieces(range(0, BATCH))
+    row.update(plan_s=round(time.perf_counter() - start, 4), plan_mb=_over(baseline))
+    return row
+
+
+def make_dataset(samples: int) -> str:
+    """``samples`` 1x1-pixel samples in shards of 1,000 from 10 inputs (made once, then reused)."""
+    from shardio.format import InputEntry, Manifest
+    from shardio.write.shard_writer import InputShardWriter, write_manifest
+
+    path = os.path.join(OUT, f"ds-{samples}")
+    if os.path.exists(os.path.join(path, "manifest.json")):
+        return path
+    manifest = Manifest(shape=(1, 1, 3), config={"height": 1, "width": 1}, versions={"shardio": "bench"})
+    pixels = np.zeros((1, 1, 3), np.uint8)
+    per_input = samples // 10
+    index = 0
+    for number in range(10):
+        name = f"input-{number}.tar"
+        writer = InputShardWriter(path, f"input-{number}", 1, 1, SAMPLES_PER_SHARD)
+        for _ in range(per_input):
+            writer.add(pixels, {"key": f"s{index:09d}", "tar": name, "member": f"{index}.jpg"}, name)
+            index += 1
+        entries = writer.close(name)
+        manifest.shards.extend(entries)
+        manifest.inputs[name] = InputEntry(size=per_input, mtime_ns=0, samples=per_input, failed=0,
+                                           shards=[e.path for e in entries])
+    write_manifest(path, manifest)
+    return path
+
+
+def _child(*args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "bench.scale_plan", "--child", *args], check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="300,30000,300000,2300000", help="shard counts, comma-separated")
+    parser.add_argument("--whole-up-to", type=int, default=300_000, help="iterate the whole rank up to here")
+    parser.add_argument("--eager-up-to", type=int, default=300, help="plan eagerly too up to here")
+    parser.add_argument("--dataset-samples", default="100000,1000000", help="ShardDataset sizes ('' none)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, value, *flags = args.child
+        row = child_plan(int(value), "whole" in flags, "eager" in flags) if kind == "plan" \
+            else child_dataset(value)
+        print(json.dumps(row))
+        return row
+    result: dict[str, Any] = {"plan": {}, "dataset": {}}
+    for shards in (int(s) for s in args.sizes.split(",") if s):
+        row = _child("plan", str(shards), *(["whole"] if shards <= args.whole_up_to else []))
+        if shards <= args.eager_up_to:
+            row.update(_child("plan", str(shards), "eager"))
+        result["plan"][shards] = row
+        print(f"plan  {shards:>9,} shards: {row}", flush=True)
+    for samples in (int(s) for s in args.dataset_samples.split(",") if s):
+        row = _child("dataset", make_dataset(samples))
+        result["dataset"][samples] = row
+        print(f"open  {samples:>9,} samples: {row}", flush=True)
+    sizes = sorted(result["dataset"])
+    if len(sizes) >= 2:
+        small, big = result["dataset"][sizes[0]], result["dataset"][sizes[-1]]
+        print(f"open + first shuffled batch, {sizes[-1]:,} vs {sizes[0]:,} samples: "
+              f"+{big['open_first_mb'] - small['open_first_mb']:.1f} MB, "
+              f"+{big['open_first_s'] - small['open_first_s']:.3f} s (plan: "
+              f"+{big['plan_mb'] - small['plan_mb']:.1f} MB, +{big['plan_s'] - small['plan_s']:.4f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
