@@ -77,8 +77,9 @@ class JobConfig:
     max_failed_fraction: float = 1.0
     # How the shards hold the pixels (shardio.format, "Pixel encodings"): raw H×W×3 bytes (196 KB an image
     # at 256², no decode to read) or each image once as a JPEG. quality and subsampling apply to jpeg only;
-    # the defaults were measured on the bench corpus at 256² (bench/jpeg_quality.py): q90 4:4:4 ~23 KB and
-    # a median PSNR ~40 dB against raw, inside the issue's 30 KB / 39 dB; q90 4:2:0 is ~18 KB but ~37.5 dB.
+    # the defaults were measured at 256² (python -m bench.jpeg_quality, bench-corpus-like photos: q90 4:4:4
+    # 24.2 KB, median PSNR 42.0 dB, p5 39.4 dB against raw; PERF_NOTES' LAION-like crops: 22.7 KB / 39.8 dB),
+    # inside the issue's 30 KB / 39 dB on both; q90 4:2:0 is smaller (20.3 / 18.2 KB) but 37.5 dB on LAION.
     encoding: str = RAW
     quality: int = 90
     subsampling: str = "4:4:4"
