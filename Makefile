@@ -27,7 +27,7 @@ BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 install: $(STAMP)
 	@$(MAKE) --no-print-directory pillow-simd
 
-$(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c Makefile
+$(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c shardio/read/_jpeg_batch.c Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull the multi-GB CUDA build.

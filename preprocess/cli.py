@@ -200,6 +200,9 @@ def run(
     mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch.")] = None,
     resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
     samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
+    encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~23 KB, decoded by the reader).")] = None,
+    quality: Annotated[Optional[int], typer.Option(help="JPEG quality 1-100 (encoding jpeg; default 90).")] = None,
+    subsampling: Annotated[Optional[str], typer.Option(help="JPEG chroma subsampling 4:4:4 | 4:2:0 (encoding jpeg; default 4:4:4).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs (default: all cores). Ignored with --ray-address.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster (HOST:PORT, ray://HOST:PORT, auto).")] = None,
     report: Annotated[Optional[Path], typer.Option(help="Also write the JSON report here (always kept in OUTPUT/reports/).")] = None,
@@ -221,7 +224,8 @@ def run(
     if workers is not None and workers < 1:
         _fail_usage("--workers must be >= 1")
     overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
-                 "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard}
+                 "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard,
+                 "encoding": encoding, "quality": quality, "subsampling": subsampling}
     try:
         # A rerun starts from the dataset's stored config; a flag or file that disagrees is refused (run_job).
         cfg = load_config(str(config) if config else None, overrides, base=dataset_config(output))

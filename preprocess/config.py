@@ -7,7 +7,8 @@ path) are CLI options, not config, so they never make two runs incompatible.
 A rerun into an existing dataset starts from the dataset's stored config (``load_config(base=...)``), so
 the nightly command need not repeat a flag; a file or flag may still name a key, and one that disagrees
 with the dataset is refused (``preprocess.job``). What must match is ``output_dict()``: the shape, mode,
-resample, fill, background, draft, samples_per_shard and image_extensions (the pixels and layout), and the
+resample, fill, background, draft, samples_per_shard, image_extensions and encoding (with quality and
+subsampling for JPEG: the pixels and layout), and the
 sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
 max_decoded_bytes: which samples the dataset holds, so that every input was filtered by the same rules).
 Run policy may change from run to run: max_failed_fraction and max_decode_seconds (what the latter fails
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 
 from shardio.errors import ConfigError
+from shardio.format import ENCODINGS, JPEG, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS"]
 
@@ -73,6 +75,14 @@ class JobConfig:
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
     max_failed_fraction: float = 1.0
+    # How the shards hold the pixels (shardio.format, "Pixel encodings"): raw H×W×3 bytes (196 KB an image
+    # at 256², no decode to read) or each image once as a JPEG. quality and subsampling apply to jpeg only;
+    # the defaults were measured at 256² (python -m bench.jpeg_quality, bench-corpus-like photos: q90 4:4:4
+    # 24.2 KB, median PSNR 42.0 dB, p5 39.4 dB against raw; PERF_NOTES' LAION-like crops: 22.7 KB / 39.8 dB),
+    # inside the issue's 30 KB / 39 dB on both; q90 4:2:0 is smaller (20.3 / 18.2 KB) but 37.5 dB on LAION.
+    encoding: str = RAW
+    quality: int = 90
+    subsampling: str = "4:4:4"
 
     def __post_init__(self) -> None:
         self.fill = tuple(self.fill)  # YAML gives lists
@@ -109,6 +119,13 @@ class JobConfig:
         _check_number("max_decode_seconds", self.max_decode_seconds, float, 1e-9)
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ConfigError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+        if self.encoding not in ENCODINGS:
+            raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
+        _check_number("quality", self.quality, int, 1)
+        if self.quality > 100:
+            raise ConfigError(f"quality must be 1..100, got {self.quality}")
+        if self.subsampling not in SUBSAMPLINGS:
+            raise ConfigError(f"subsampling must be one of {', '.join(SUBSAMPLINGS)}, got {self.subsampling!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form stored in the manifest and hashed (JSON types only)."""
@@ -116,6 +133,11 @@ class JobConfig:
         d["fill"] = list(self.fill)
         d["background"] = list(self.background)
         d["image_extensions"] = list(self.image_extensions)
+        if self.encoding != JPEG:
+            # A raw dataset's stored config (and so its manifest bytes and config hash) stays what it was
+            # before encodings existed: older datasets keep appending, the golden dataset is unchanged.
+            for key in ("encoding", "quality", "subsampling"):
+                del d[key]
         return d
 
     def output_dict(self) -> dict[str, Any]:

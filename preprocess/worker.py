@@ -21,13 +21,14 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
+from preprocess.jpeg_encode import encode_jpeg
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import ShardEntry
+from shardio.format import JPEG, ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "shard_stem", "process_input", "iter_process_input", "parse_fields", "PROGRESS_EVERY"]
@@ -137,7 +138,8 @@ def iter_process_input(
     result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename,
                          versions=library_versions(), etag=etag)
     writer = InputShardWriter(
-        output_dir, shard_stem(input_path, size, mtime_ns, etag), cfg.height, cfg.width, cfg.samples_per_shard
+        output_dir, shard_stem(input_path, size, mtime_ns, etag), cfg.height, cfg.width, cfg.samples_per_shard,
+        cfg.encoding,
     )
     done = failed = 0
     heartbeat = heartbeat or Heartbeat()
@@ -192,8 +194,10 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
                                 "reason": f"{sample.image_member}: {e}"})
         return None
     result.upscaled += image.upscaled
+    # encoding: jpeg: each image encoded once, here, from exactly the pixels a raw dataset would store.
+    pixels = encode_jpeg(image.pixels, cfg.quality, cfg.subsampling) if cfg.encoding == JPEG else image.pixels
     meta = {
-        "__pixels__": image.pixels,
+        "__pixels__": pixels,
         "key": sample.key,
         "tar": input_path,
         "member": sample.image_member,

@@ -68,3 +68,10 @@ def ray_cluster(s3_server) -> Iterator[str]:
 def tars(tmp_path) -> TarFactory:
     """Build WebDataset tars in a temp dir: ``tars.make(name, samples=[...])``; see tests/tar_factory.py."""
     return TarFactory(str(tmp_path / "tars"))
+
+
+@pytest.fixture(scope="module", params=["raw", "jpeg"])
+def encoding(request) -> str:
+    """The pixel encoding of a test dataset: the reader's behavioural tests run on both (a module fixture, so
+    module-scoped datasets are written once per encoding)."""
+    return request.param

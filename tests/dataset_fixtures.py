@@ -3,6 +3,11 @@
 Sample ``i`` (its global index in stored order) has ``i`` in base 256 in its first three pixel bytes, the
 rest of its pixels filled with ``i % 251``, ``cls = i`` and ``key = "s{i:06d}"``: one comparison of the
 indices a test reads back catches missing, duplicated and reordered samples.
+
+``encoding="jpeg"`` writes the same dataset as JPEG shards (``shardio.format.jpeg_shard``, encoded with
+Pillow at the job's defaults). Exact bytes do not survive JPEG, so there sample ``i`` (< 4096) is a flat
+image whose R, G, B hold its three base-16 digits as ``16 d + 8``: a flat 8×8-aligned block decodes
+within ±4 of its colour (DC only, no ringing), so ``indices`` reads the digits back exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +34,32 @@ def self_identifying_pixels(index: int, height: int, width: int) -> np.ndarray:
     return pixels
 
 
+JPEG_LIMIT = 4096  # three base-16 digits
+
+
+def jpeg_identifying_pixels(index: int, height: int, width: int) -> np.ndarray:
+    """Sample ``index``'s pixels in a JPEG dataset: flat, its base-16 digits as ``16 d + 8`` in R, G, B."""
+    if not 0 <= index < JPEG_LIMIT:
+        raise ValueError(f"a JPEG test dataset identifies samples 0..{JPEG_LIMIT - 1}, not {index}")
+    digits = [16 * ((index >> shift) & 15) + 8 for shift in (0, 4, 8)]
+    return np.broadcast_to(np.array(digits, np.uint8), (height, width, 3)).copy()
+
+
+def jpeg_config(height: int, width: int) -> dict[str, Any]:
+    return {"height": height, "width": width, "encoding": "jpeg", "quality": 90, "subsampling": "4:4:4"}
+
+
+def encode_jpeg(pixels: np.ndarray) -> bytes:
+    """The job's encoding of one image (Pillow, the dataset config's quality and subsampling)."""
+    import io
+
+    from PIL import Image  # only JPEG datasets need it: the raw fixtures stay numpy-only
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90, subsampling=0)
+    return out.getvalue()
+
+
 def write_inputs(
     directory: str,
     inputs: tuple[int, ...],
@@ -40,19 +71,23 @@ def write_inputs(
     config: dict[str, Any] | None = None,
     pixels_for: Callable[[int], np.ndarray] | None = None,
     first_index: int = 0,
+    encoding: str = "raw",
 ) -> Manifest:
     """A dataset as the job writes one, without Ray or Pillow: input ``n`` (``input-{n}.tar``) holds
     ``inputs[n]`` samples; sample ``i`` gets ``pixels_for(i)`` (default: self-identifying) and the metadata
     line ``meta_for(i, n, tar name)``. Returns the committed manifest."""
-    manifest = Manifest(shape=(height, width, 3), config=config or {"height": height, "width": width},
+    jpeg = encoding == "jpeg"
+    default_config = jpeg_config(height, width) if jpeg else {"height": height, "width": width}
+    manifest = Manifest(shape=(height, width, 3), config=config or default_config,
                         versions={"shardio": "test"})
+    identifying = jpeg_identifying_pixels if jpeg else self_identifying_pixels
     index = first_index
     for number, count in enumerate(inputs):
         name = f"input-{number}.tar"
-        writer = InputShardWriter(directory, f"input-{number}", height, width, samples_per_shard)
+        writer = InputShardWriter(directory, f"input-{number}", height, width, samples_per_shard, encoding)
         for _ in range(count):
-            pixels = pixels_for(index) if pixels_for else self_identifying_pixels(index, height, width)
-            writer.add(pixels, meta_for(index, number, name), name)
+            pixels = pixels_for(index) if pixels_for else identifying(index, height, width)
+            writer.add(encode_jpeg(pixels) if jpeg else pixels, meta_for(index, number, name), name)
             index += 1
         entries = writer.close(name)
         manifest.shards.extend(entries)
@@ -72,6 +107,7 @@ def make_dataset(
     width: int = 8,
     txt: bool = True,
     json_field: bool = False,
+    encoding: str = "raw",
 ) -> Manifest:
     """Write a dataset of ``sum(inputs)`` self-identifying samples into ``directory``; return its manifest."""
     def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
@@ -80,18 +116,39 @@ def make_dataset(
                 "json": {"i": index} if json_field else None}
 
     return write_inputs(directory, inputs, meta_for, height=height, width=width,
-                        samples_per_shard=samples_per_shard)
+                        samples_per_shard=samples_per_shard, encoding=encoding)
 
 
 def indices(batch: dict[str, Any]) -> np.ndarray:
     """The stored indices of a batch's samples, read from the pixels; checks label and key agree."""
     image = batch["image"]
     assert image.dtype == torch.uint8 and image.ndim == 4 and image.shape[-1] == 3
-    head = image.reshape(image.shape[0], -1)[:, :3].numpy().astype(np.int64)
-    found = head[:, 0] + (head[:, 1] << 8) + (head[:, 2] << 16)
+    found = pixel_indices(image)
     assert (batch["cls"].numpy() == found).all(), "label and pixels disagree"
     assert batch["__key__"] == [f"s{i:06d}" for i in found], "keys and pixels disagree"
     return found
+
+
+def pixel_indices(image: torch.Tensor) -> np.ndarray:
+    """The indices uint8 [B, H, W, 3] samples carry: raw (``self_identifying_pixels``) or, when the pixels
+    are not that pattern, a JPEG test dataset's (``jpeg_identifying_pixels``)."""
+    flat = image.reshape(image.shape[0], -1).numpy().astype(np.int64)
+    head = flat[:, :3]
+    found = head[:, 0] + (head[:, 1] << 8) + (head[:, 2] << 16)
+    if len(found) and not (flat[:, 3:] == (found % 251)[:, None]).all():
+        found = np.array([_jpeg_index(sample) for sample in flat], dtype=np.int64)
+    return found
+
+
+def _jpeg_index(flat: np.ndarray) -> int:
+    """The index a JPEG test sample carries (``jpeg_identifying_pixels``), checking every pixel is within
+    the ±4 that a flat JPEG block decodes to (more means the decode is wrong, not noisy)."""
+    pixels = flat.reshape(-1, 3)
+    digits = pixels[0] // 16
+    expected = 16 * digits + 8
+    error = int(np.abs(pixels - expected).max())
+    assert error <= 4, f"a JPEG test sample decodes {error} levels away from its flat colour {expected}"
+    return int(digits[0] + (digits[1] << 4) + (digits[2] << 8))
 
 
 def epoch_indices(batches: list[dict[str, Any]]) -> list[np.ndarray]:

@@ -34,10 +34,10 @@ FLAGS = ["--size", "32", "--samples-per-shard", "8"]
 KILLS = 5
 
 
-def start_run(pattern: str, out: str, address: str, log: str) -> subprocess.Popen:
+def start_run(pattern: str, out: str, address: str, log: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     with open(log, "ab") as stderr:
         return subprocess.Popen([sys.executable, "-m", "preprocess.cli", "run", pattern, "--output", out, *FLAGS,
-                                 "-q", "--ray-address", address], stdout=subprocess.DEVNULL, stderr=stderr)
+                                 *extra, "-q", "--ray-address", address], stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 def watch(run: subprocess.Popen, out: str, kill_at: tuple[str, float] | None = None) -> tuple[float, float]:
@@ -61,8 +61,8 @@ def watch(run: subprocess.Popen, out: str, kill_at: tuple[str, float] | None = N
     return (first_write or 0.0), time.perf_counter() - began
 
 
-def run_cli(*args: str):
-    return runner.invoke(app, ["run", *args, *FLAGS, "-q"], catch_exceptions=False)
+def run_cli(*args: str, extra: tuple[str, ...] = ()):
+    return runner.invoke(app, ["run", *args, *FLAGS, *extra, "-q"], catch_exceptions=False)
 
 
 def wait_for_dead_runs_tasks(timeout_s: float = 20.0) -> None:
@@ -80,7 +80,9 @@ def wait_for_dead_runs_tasks(timeout_s: float = 20.0) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tmp_path):
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tmp_path, encoding):
+    extra = ("--encoding", encoding)
     sizes = [90, 45, 73, 17, 80, 9]
     start = 0
     for number, size in enumerate(sizes):
@@ -88,9 +90,11 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ra
         start += size
     pattern, log = f"{tars.directory}/*.tar", str(tmp_path / "runs.log")
     reference = str(tmp_path / "reference")
-    run = start_run(pattern, reference, ray_cluster, log)
+    run = start_run(pattern, reference, ray_cluster, log, extra)
     startup_s, whole_s = watch(run, reference)
     assert run.returncode == 0, open(log).read()
+    with open(os.path.join(reference, "manifest.json"), encoding="utf-8") as f:
+        assert json.load(f)["config"].get("encoding", "raw") == encoding
 
     rng = random.Random(20240607)
     phases = []
@@ -100,7 +104,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ra
         out = str(tmp_path / f"out{attempt}")
         kill_at = ("start", rng.uniform(0.0, startup_s)) if attempt == 0 else \
             ("write", rng.uniform(0.0, whole_s - startup_s))
-        run = start_run(pattern, out, ray_cluster, log)
+        run = start_run(pattern, out, ray_cluster, log, extra)
         watch(run, out, kill_at)
         wait_for_dead_runs_tasks()
         visible = 0
@@ -111,7 +115,7 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ra
             visible = len(indices)
         phases.append((kill_at[0], round(kill_at[1], 2), run.returncode, visible))
         # The rerun in-process (the session's Ray): the subprocess only needs to be the one killed.
-        assert run_cli(pattern, "--output", out).exit_code == 0
+        assert run_cli(pattern, "--output", out, extra=extra).exit_code == 0
         assert_same_dataset(out, reference)
         assert_clean(out)
         assert_indices(out, list(range(start)))

@@ -16,9 +16,9 @@ SAMPLES = 117
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory, encoding: str) -> str:
     directory = str(tmp_path_factory.mktemp("distributed"))
-    make_dataset(directory)
+    make_dataset(directory, encoding=encoding)
     return directory
 
 

@@ -13,9 +13,9 @@ SAMPLES, BATCH = 117, 5
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory, encoding: str) -> str:
     directory = str(tmp_path_factory.mktemp("elastic"))
-    make_dataset(directory)
+    make_dataset(directory, encoding=encoding)
     return directory
 
 

@@ -17,9 +17,9 @@ from shardio import ShardDataset, ShardLoader
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory, encoding: str) -> str:
     directory = str(tmp_path_factory.mktemp("epochs"))
-    make_dataset(directory)
+    make_dataset(directory, encoding=encoding)
     return directory
 
 

@@ -10,9 +10,9 @@ from shardio import DeviceLoader, ShardDataset, ShardLoader
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory, encoding: str) -> str:
     directory = str(tmp_path_factory.mktemp("resume"))
-    make_dataset(directory)
+    make_dataset(directory, encoding=encoding)
     return directory
 
 

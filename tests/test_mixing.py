@@ -22,10 +22,11 @@ BATCH = 8
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> tuple[str, str]:
+def paths(tmp_path_factory, encoding: str) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("mixing")
-    make_mixed_dataset(str(root / "a"))                                       # 117 samples: 15 batches
-    make_mixed_dataset(str(root / "b"), (20, 30), (False, True), first_index=B_FIRST)  # 50: 7 batches
+    make_mixed_dataset(str(root / "a"), encoding=encoding)                    # 117 samples: 15 batches
+    make_mixed_dataset(str(root / "b"), (20, 30), (False, True), first_index=B_FIRST,
+                       encoding=encoding)                                     # 50: 7 batches
     return str(root / "a"), str(root / "b")
 
 

@@ -36,9 +36,9 @@ def upload(s3_server, bucket: str, directory: str, prefix: str = "ds") -> str:
 
 
 @pytest.fixture
-def local(tmp_path) -> str:
+def local(tmp_path, encoding: str) -> str:
     directory = str(tmp_path / "local")
-    make_dataset(directory, inputs=(40, 45, 32), samples_per_shard=8, height=16, width=16)
+    make_dataset(directory, inputs=(40, 45, 32), samples_per_shard=8, height=16, width=16, encoding=encoding)
     return directory
 
 

@@ -22,9 +22,9 @@ SAMPLES = sum(INPUTS)
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory) -> str:
+def path(tmp_path_factory, encoding: str) -> str:
     directory = str(tmp_path_factory.mktemp("subset") / "ds")
-    make_mixed_dataset(directory, INPUTS, (True, False, True))
+    make_mixed_dataset(directory, INPUTS, (True, False, True), encoding=encoding)
     return directory
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from shardio.format import Manifest
-from tests.dataset_fixtures import write_inputs
+from tests.dataset_fixtures import pixel_indices, write_inputs
 
 
 def make_mixed_dataset(
@@ -24,6 +24,7 @@ def make_mixed_dataset(
     samples_per_shard: int = 8,
     side: int = 8,
     first_index: int = 0,
+    encoding: str = "raw",
 ) -> Manifest:
     """``sum(inputs)`` self-identifying samples; input ``n`` has labels when ``labelled[n]``."""
     def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
@@ -34,14 +35,13 @@ def make_mixed_dataset(
         return meta
 
     return write_inputs(directory, inputs, meta_for, height=side, width=side,
-                        samples_per_shard=samples_per_shard, first_index=first_index)
+                        samples_per_shard=samples_per_shard, first_index=first_index, encoding=encoding)
 
 
 def ids(batch: dict[str, Any]) -> np.ndarray:
     """The sample indices of a uint8 NHWC batch, read from the pixels; checks the keys agree."""
     image = batch["image"]
     assert image.dtype == torch.uint8 and image.ndim == 4 and image.shape[-1] == 3
-    head = image.reshape(image.shape[0], -1)[:, :3].cpu().numpy().astype(np.int64)
-    found = head[:, 0] + (head[:, 1] << 8) + (head[:, 2] << 16)
+    found = pixel_indices(image.cpu())
     assert list(batch["__key__"]) == [f"s{i:06d}" for i in found], "keys and pixels disagree"
     return found

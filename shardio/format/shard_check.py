@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from shardio.format.spec import SHARDS_DIR, Manifest, ShardEntry, expected_shard_size
+from shardio.format.spec import RAW, SHARDS_DIR, Manifest, ShardEntry, expected_shard_size
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
 
@@ -28,12 +28,14 @@ def _file_problem(store: Storage, path: str, size: int, algorithm: str, checksum
 
 
 def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
-                  checksums: bool = False, listed: dict[str, int] | None = None) -> str | None:
+                  checksums: bool = False, listed: dict[str, int] | None = None,
+                  encoding: str = RAW) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies and
     each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte). ``listed``
-    (path -> size, from one listing) saves a request per file on object storage."""
+    (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
+    manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped)."""
     store = for_path(directory)
-    expected = expected_shard_size(entry, shape)
+    expected = expected_shard_size(entry, shape, encoding)
     if entry.bytes != expected:
         return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
                 f"{entry.samples} samples imply {expected} (inconsistent)")
@@ -57,7 +59,8 @@ def shard_problems(directory: str, manifest: Manifest, shards: Iterable[ShardEnt
     if not store.is_local and entries:
         # One LIST per 1,000 objects instead of two HEADs per shard.
         listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
-    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed)  # noqa: E731
+    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed,  # noqa: E731
+                                        manifest.encoding)
     if threads > 1 and len(entries) > 1:
         with ThreadPoolExecutor(threads) as pool:
             problems = list(pool.map(check, entries))

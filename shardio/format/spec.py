@@ -1,4 +1,4 @@
-"""The shardio dataset format, version 2: the spec, and the code that encodes and checks it.
+"""The shardio dataset format, version 3: the spec, and the code that encodes and checks it.
 
 A dataset is a directory::
 
@@ -6,6 +6,9 @@ A dataset is a directory::
       manifest.json            the dataset: the current generation (replaced last, atomically: the commit)
       manifests/GEN.json       every kept generation, immutable, GEN zero-padded to 10 digits
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
+                               (``encoding: raw``, the default)
+      shards/NAME.jpg.npy      or, in a dataset whose config says ``encoding: jpeg``: the N images as JPEGs,
+                               an offsets array and their bytes (``shardio.format.jpeg_shard``)
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
       reports/RUN.json         each run's report (the run history, ``shardio.format.run_report``); not needed to read
       .lock                    held (flock) by a running job; on object storage a lease object (JSON:
@@ -19,6 +22,16 @@ alone and a batch is a slice of a memory map. The header is always exactly ``HEA
 ``{'descr': '|u1', 'fortran_order': False, 'shape': (N, H, W, 3), }`` padded with spaces, ``\\n``), so a
 shard's exact size is ``128 + N*H*W*3`` bytes: a truncated shard is caught by one ``stat``. uint8 has no
 byte order; the layout is NHWC (channels last, RGB), what image code and ``torch`` channels-last expect.
+
+Pixel encodings (the config's ``encoding``; version 3). ``raw`` (the default, and every dataset written
+before version 3: a config without the key is raw) stores the pixels as above. ``jpeg`` stores each H×W
+image once as a baseline JPEG, by libjpeg-turbo with the config's ``quality`` (1-100) and ``subsampling``
+(``"4:4:4"`` or ``"4:2:0"``), in the layout of ``shardio.format.jpeg_shard``: same shape, samples per
+shard, ``.jsonl``, manifest entry (``bytes`` and the checksum are the whole ``.jpg.npy``'s), generations
+and commit protocol; ~23-24 KB an image at 256² and the defaults (quality 90, 4:4:4) against 196 KB raw,
+with a median PSNR of 40-42 dB against the raw pixels (``python -m bench.jpeg_quality``; PERF_NOTES). A reader decodes a batch
+back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``); the pixels are the raw ones within the
+JPEG error (documented in README, "Compact shards"), not equal. Any other ``encoding`` is refused.
 
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
@@ -38,17 +51,19 @@ Manifest (``manifest.json``). A JSON object:
 
 =================  ======================================================================================
 ``format``         ``"shardio"``
-``format_version`` ``2`` when any entry is ``xxh3_128``; ``1`` when every entry is ``sha256`` (as written
-                   before xxh3_128 checksums, and kept so when such a dataset's manifest is rewritten,
-                   e.g. by ``gc``, so an older reader still reads it); a reader reads versions 1 and 2,
-                   refuses any other and says which it reads
+``format_version`` ``3`` when the config's ``encoding`` is ``jpeg`` (a reader of versions 1 and 2 would
+                   take its shards for raw ones, so it must refuse them); else ``2`` when any entry is
+                   ``xxh3_128``; ``1`` when every entry is ``sha256`` (as written before xxh3_128
+                   checksums, and kept so when such a dataset's manifest is rewritten, e.g. by ``gc``, so
+                   an older reader still reads it): a raw dataset's manifest is the same bytes as before
+                   version 3; a reader reads versions 1 to 3, refuses any other and says which it reads
 ``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample
 ``samples``        total number of samples (sum over ``shards``)
 ``config``         the resolved config that wrote the pixels; ``config_hash``: sha256 of its canonical JSON
 ``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
 ``shards``         list, in dataset order, of ``{path, meta_path, samples, bytes, ALG, meta_bytes,
                    meta_ALG, input}``; paths are relative to DIR; ``ALG``/``meta_ALG`` are the hex
-                   digests of the whole ``.npy``/``.jsonl`` by the checksum algorithm ALG that the key
+                   digests of the whole ``.npy`` (or ``.jpg.npy``)/``.jsonl`` by the checksum algorithm ALG that the key
                    names: ``xxh3_128`` (every shard written now) or ``sha256`` (shards written before;
                    a dataset may mix both after an incremental run); exactly one ALG per entry; each
                    file is listed once (a duplicate is refused at load: its samples would be read twice)
@@ -115,6 +130,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardio.format.checksum import ALGORITHMS, SHA256
+from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
 __all__ = [
@@ -138,12 +154,23 @@ __all__ = [
     "escape_name",
     "unescape_name",
     "expected_shard_size",
+    "RAW",
+    "JPEG",
+    "ENCODINGS",
+    "JPEG_FORMAT_VERSION",
+    "SUBSAMPLINGS",
+    "pixel_encoding",
 ]
 
 FORMAT_NAME = "shardio"
 FORMAT_VERSION = 2
+# A JPEG dataset's version: what an older reader must refuse (it would map the shards as raw pixels).
+JPEG_FORMAT_VERSION = 3
 # Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only.
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
+RAW, JPEG = "raw", "jpeg"
+ENCODINGS = (RAW, JPEG)
+SUBSAMPLINGS = ("4:4:4", "4:2:0")
 HEADER_BYTES = 128
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
@@ -182,6 +209,16 @@ def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
     return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+def pixel_encoding(config: Any, path: str = "manifest") -> str:
+    """The dataset's pixel encoding from its stored config (``raw`` where the key is absent: every
+    dataset written before version 3); ShardFormatError naming ``path`` for one this shardio cannot read."""
+    encoding = config.get("encoding", RAW) if isinstance(config, dict) else RAW
+    if encoding not in ENCODINGS:
+        raise ShardFormatError(f"{path}: config says encoding {encoding!r}; this shardio reads "
+                               f"{', '.join(ENCODINGS)}; HINT: upgrade shardio")
+    return encoding
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -313,8 +350,15 @@ class Manifest:
         return config_hash(self.config)
 
     @property
+    def encoding(self) -> str:
+        """``raw`` or ``jpeg``: how the shards hold the pixels (the config's ``encoding``)."""
+        return pixel_encoding(self.config)
+
+    @property
     def format_version(self) -> int:
-        """1 while every entry is sha256 (an older shardio reads it), else ``FORMAT_VERSION``."""
+        """3 for a JPEG dataset; 1 while every entry is sha256 (an older shardio reads it), else 2."""
+        if self.encoding == JPEG:
+            return JPEG_FORMAT_VERSION
         if self.shards and all(entry.checksum_algorithm == SHA256 for entry in self.shards):
             return 1
         return FORMAT_VERSION
@@ -345,7 +389,7 @@ class Manifest:
         if version not in READ_VERSIONS:
             raise ShardFormatError(
                 f"{path}: format_version {version!r}, this shardio reads versions "
-                f"{' and '.join(str(v) for v in READ_VERSIONS)}; "
+                f"{', '.join(str(v) for v in READ_VERSIONS)}; "
                 "HINT: install the shardio version that wrote it, or re-run preprocess into a new directory"
             )
         try:
@@ -366,6 +410,9 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        if version != JPEG_FORMAT_VERSION and pixel_encoding(manifest.config, path) == JPEG:
+            raise ShardFormatError(f"{path}: format_version {version} with encoding jpeg (a JPEG dataset is "
+                                   f"version {JPEG_FORMAT_VERSION}): the manifest was edited or forged")
         for entry in manifest.shards:
             check_dataset_path(entry.path, path)
             check_dataset_path(entry.meta_path, path)
@@ -405,7 +452,12 @@ def _check_listed_once(manifest: Manifest, path: str) -> None:
             owner[rel] = name
 
 
-def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int]) -> int:
+def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int], encoding: str = RAW) -> int:
+    """The size a listed shard must have, from the manifest alone (O(1)). A raw shard's is implied by its
+    sample count; a JPEG shard's is the listed ``bytes`` when at least header + offsets (the file's own
+    offsets are checked against it when it is mapped), else that minimum (so the check reports it)."""
+    if encoding == JPEG:
+        return max(entry.bytes, jpeg_min_bytes(entry.samples))
     return shard_nbytes(entry.samples, shape[0], shape[1])
 
 

@@ -3,6 +3,8 @@
 A batch within one run of one shard is a view of the memory map (zero copies; the pin or ``.cuda()``
 copies it once); any other batch is one copy, into a buffer reused once the batch is released, into shared
 memory in a DataLoader worker, or into pinned memory. Measurements behind these choices: docs/reader.md.
+A JPEG dataset's batch is decoded straight into that same buffer (``shardio.read.jpeg_pixels``: one native
+call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardio.read.jpeg_pixels import JpegPixels, decode_batch
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
 __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
@@ -47,14 +50,17 @@ class BatchAssembler:
         self.snapshot, self.cache_shards, self.buffer_count = snapshot, cache_shards, buffers
         self.fields = fields
         self.content_box = has_content_box(snapshot)
-        self.cache: OrderedDict[int, tuple[np.ndarray, ShardMeta]] = OrderedDict()
+        self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta]] = OrderedDict()
         self.buffers = BufferPool(buffers)
 
-    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+    def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels, ShardMeta]:
         hit = self.cache.get(shard)
         if hit is None:
-            # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
-            hit = (np.asarray(self.snapshot.pixels(shard)), self.snapshot.meta(shard))
+            pixels = self.snapshot.pixels(shard)
+            if not isinstance(pixels, JpegPixels):
+                # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+                pixels = np.asarray(pixels)
+            hit = (pixels, self.snapshot.meta(shard))
             self.cache[shard] = hit
             if len(self.cache) > self.cache_shards:
                 self.cache.popitem(last=False)
@@ -68,7 +74,8 @@ class BatchAssembler:
         shards = [self.shard(shard) for shard, _, _ in pieces]
         count = sum(stop - start for _, start, stop in pieces)
         pinned = pinned and not shared
-        if len(pieces) == 1 and not shared and not pinned:
+        encoded = isinstance(shards[0][0], JpegPixels)
+        if len(pieces) == 1 and not shared and not pinned and not encoded:
             # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
             _, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
@@ -82,10 +89,13 @@ class BatchAssembler:
                 image = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
             else:
                 image = torch.from_numpy(self.buffers.take(shape))
-            # One torch op for the whole batch: it splits the copy over the intra-op threads (12-20 GB/s
-            # where a single-threaded np.copyto loop gives 6-10 here and on a 16-core GPU host).
             slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
-            torch.cat([torch.from_numpy(piece) for piece in slices], out=image)
+            if encoded:
+                decode_batch(slices, image.numpy())
+            else:
+                # One torch op for the whole batch: it splits the copy over the intra-op threads (12-20
+                # GB/s where a single-threaded np.copyto loop gives 6-10 here and on a 16-core GPU host).
+                torch.cat([torch.from_numpy(piece) for piece in slices], out=image)
         metas = [(meta, start, stop) for (_, meta), (_, start, stop) in zip(shards, pieces)]
         batch: Batch = {"image": image, "__key__": _join([m.keys[a:b] for m, a, b in metas])}
         if "cls" in self.fields:

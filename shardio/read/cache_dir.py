@@ -40,6 +40,7 @@ from typing import Protocol
 
 from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
+from shardio.format.jpeg_shard import JPEG_SUFFIX, parse_jpeg_header
 
 __all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
 
@@ -213,7 +214,10 @@ class CacheDir:
         actual = _size(path)
         if actual != size:
             raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
-        if url.endswith(".npy"):
+        if url.endswith(JPEG_SUFFIX):
+            with open(path, "rb") as f:
+                parse_jpeg_header(f.read(HEADER_BYTES), url)  # the offsets are checked when it is mapped
+        elif url.endswith(".npy"):
             with open(path, "rb") as f:
                 n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
             if (h, w) != self.shape[:2]:

@@ -42,6 +42,7 @@ from shardio.read.cache_dir import CacheDir, CachedShard, Downloader
 from shardio.format.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
+from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
 from shardio.store.backends import for_path
 
 __all__ = ["ShardCache"]
@@ -214,6 +215,18 @@ class ShardCache:
                                shape=(unit.samples, height, width, 3))
             self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
             weakref.finalize(mapped._mmap, self._released.append, unit.key).atexit = False
+        return mapped
+
+    def jpeg_pixels(self, shard: int) -> JpegPixels:
+        """Shard ``shard`` of a JPEG dataset: ``JpegPixels`` over a map of the cached file (waits for it);
+        held, like ``pixels``' maps, until the last view of it is gone."""
+        unit = self.units[shard]
+        height, width = self.shape[:2]
+        with self._cond:  # held from the check to the map: no eviction in between
+            self._acquire(unit)
+            mapped = map_jpeg_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)
+            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
+            weakref.finalize(mapped.data._mmap, self._released.append, unit.key).atexit = False
         return mapped
 
     def meta_bytes(self, shard: int) -> bytes:

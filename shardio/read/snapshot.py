@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format import HEADER_BYTES, Manifest, ShardEntry, expected_shard_size, parse_npy_header
+from shardio.format import HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_shard_size, parse_npy_header
 from shardio.format.manifests import load_manifest
 from shardio.format.shard_check import shard_problems
 from shardio.read.cache_setup import cache_for
+from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
 from shardio.read.shard_cache import ShardCache
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -85,14 +86,24 @@ class DatasetSnapshot:
         known at open; ``None``: a manifest does not record them, so a batch carries all three."""
         return None
 
-    def pixels(self, shard_index: int) -> np.ndarray:
+    @property
+    def encoding(self) -> str:
+        """``raw`` or ``jpeg`` (the manifest's config; ``shardio.format``, "Pixel encodings")."""
+        return self.manifest.encoding
+
+    def pixels(self, shard_index: int) -> np.ndarray | JpegPixels:
         """The shard's N×H×W×3 pixels as a copy-on-write memory map (writable views, no copy, no warning
-        from ``torch.from_numpy``; pages stay shared with the page cache until someone writes)."""
+        from ``torch.from_numpy``; pages stay shared with the page cache until someone writes). A JPEG
+        dataset's: ``JpegPixels`` over the mapped shard, which slices alike and decodes when indexed."""
         cache = self._remote_cache()
         if cache is not None:
+            if self.encoding == JPEG:
+                return cache.jpeg_pixels(shard_index)
             return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
+        if self.encoding == JPEG:
+            return map_jpeg_shard(path, check_local(path), entry.samples, *self.shape[:2])
         with self.store.open_read(path) as f:
             header = f.read(HEADER_BYTES)
         n, h, w = parse_npy_header(header, path)
@@ -226,9 +237,10 @@ def _remote_size_problem(store: Storage, directory: str, manifest: Manifest) -> 
     (1,000 objects a request), not a HEAD per file."""
     wanted = {}
     for entry in manifest.shards:
-        if entry.bytes != expected_shard_size(entry, manifest.shape):
+        expected = expected_shard_size(entry, manifest.shape, manifest.encoding)
+        if entry.bytes != expected:
             return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
-                    f"{entry.samples} samples imply {expected_shard_size(entry, manifest.shape)} (inconsistent)")
+                    f"{entry.samples} samples imply {expected} (inconsistent)")
         wanted[store.join(directory, entry.path)] = entry.bytes
         wanted[store.join(directory, entry.meta_path)] = entry.meta_bytes
     folders = sorted({path.rsplit("/", 1)[0] for path in wanted})

@@ -57,6 +57,11 @@ def dataset_info(directory: str) -> dict[str, Any]:
         "shards": len(manifest.shards),
         "inputs": len(manifest.inputs),
         "failed_samples": sum(i.failed for i in manifest.inputs.values()),
+        "encoding": manifest.encoding,
+        # Per image, the pixel file bytes (header and offsets included) over the samples: what a JPEG
+        # dataset costs against raw's H×W×3, and what the whole dataset grows by per million images.
+        "bytes_per_image": pixel_bytes / manifest.samples if manifest.samples else 0.0,
+        "raw_bytes_per_image": manifest.shape[0] * manifest.shape[1] * 3,
         "pixel_bytes": pixel_bytes,
         "meta_bytes": meta_bytes,
         "directory_bytes": _directory_bytes(snapshot.directory),
@@ -89,6 +94,14 @@ def _size(nbytes: int) -> str:
     return ""
 
 
+def _encoding_line(info: dict[str, Any]) -> str:
+    per_image, raw = info["bytes_per_image"], info["raw_bytes_per_image"]
+    ratio = f", {raw / per_image:.1f}x smaller than raw" if info["encoding"] != "raw" and per_image else ""
+    projected = f"this dataset raw: {_size(int(raw * info['samples']))}" if info["encoding"] != "raw" else ""
+    return (f"encoding     {info['encoding']}: {_size(int(per_image))} per image{ratio}; 1 M images "
+            f"{_size(int(per_image * 1e6))}" + (f" (raw {_size(raw * 10**6)}); {projected}" if projected else ""))
+
+
 def format_info(info: dict[str, Any]) -> str:
     """``dataset_info`` as the lines ``shardio info`` prints."""
     h, w, c = info["shape"]
@@ -99,6 +112,7 @@ def format_info(info: dict[str, Any]) -> str:
         f"{info['inputs']} inputs; {info['failed_samples']} samples failed)",
         f"on disk      {_size(info['pixel_bytes'])} pixels + {_size(info['meta_bytes'])} metadata; "
         f"directory {_size(info['directory_bytes'])}",
+        _encoding_line(info),
         f"updated      {info['updated']}",
         "config       " + ", ".join(f"{k}={v}" for k, v in info["config"].items()),
         f"config hash  {info['config_hash'][:16]}",

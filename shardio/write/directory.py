@@ -377,9 +377,10 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
 # --- staging shards (``shardio.write.shard_writer``) ----------------------------------------------------------------
 
 
-def shard_paths(name: str) -> tuple[str, str]:
-    """The pixel and metadata files of shard ``name``, relative to the dataset directory."""
-    return f"{SHARDS_DIR}/{name}.npy", f"{SHARDS_DIR}/{name}.jsonl"
+def shard_paths(name: str, pixel_suffix: str = ".npy") -> tuple[str, str]:
+    """The pixel and metadata files of shard ``name``, relative to the dataset directory (``pixel_suffix``:
+    ``.jpg.npy`` for a JPEG shard, ``shardio.format.jpeg_shard``)."""
+    return f"{SHARDS_DIR}/{name}{pixel_suffix}", f"{SHARDS_DIR}/{name}.jsonl"
 
 
 def stage(directory: str, rel_path: str) -> tuple[int, str]:

@@ -3,7 +3,8 @@ in and out of the dataset directory through ``shardio.write.directory``: staged,
 
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
-``samples_per_shard`` is. Checksums are ``xxh3_128`` (``shardio.format.checksum.WRITE_ALGORITHM``): the
+``samples_per_shard`` is. A ``JpegShardWriter`` (``encoding: jpeg``) holds its shard's JPEGs until commit
+(the offsets come first in the file): ~23 MB for 1,000 images of 256², a tenth of one raw shard. Checksums are ``xxh3_128`` (``shardio.format.checksum.WRITE_ALGORITHM``): the
 ``.jsonl``'s streams as it is written; the pixel file's (of the whole file, so ``xxh128sum`` agrees) is
 taken at commit from the page cache, once the header is final.
 """
@@ -24,12 +25,15 @@ from shardio.write import directory as dataset_directory
 from shardio.format.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
+    JPEG,
+    RAW,
     Manifest,
     ShardEntry,
     npy_header,
 )
+from shardio.format.jpeg_shard import JPEG_SUFFIX, jpeg_data_start, jpeg_header
 
-__all__ = ["ShardWriter", "InputShardWriter", "write_manifest"]
+__all__ = ["ShardWriter", "JpegShardWriter", "InputShardWriter", "write_manifest"]
 
 
 # Bytes written between two requests to start writing a shard back to disk (see ``_start_writeback``).
@@ -89,9 +93,11 @@ def _open_temp(directory: str, rel_path: str, hashed: bool) -> _OpenFile:
 class ShardWriter:
     """One shard: ``add`` images of shape (H, W, 3) uint8 with their metadata, then ``commit``."""
 
+    pixel_suffix = ".npy"
+
     def __init__(self, directory: str, name: str, height: int, width: int) -> None:
         self.directory = directory
-        self.rel_path, self.rel_meta = dataset_directory.shard_paths(name)
+        self.rel_path, self.rel_meta = dataset_directory.shard_paths(name, self.pixel_suffix)
         self.height, self.width = height, width
         self.count = 0
         self._pixels = _open_temp(directory, self.rel_path, hashed=False)
@@ -101,8 +107,18 @@ class ShardWriter:
             self._pixels.handle.close()
             dataset_directory.discard_staged(directory, self._pixels.tmp_path)
             raise
+        self._start_pixels()
+
+    def _start_pixels(self) -> None:
         # Placeholder: the real header (with the final count) is written at commit.
         self._pixels.handle.write(b"\0" * HEADER_BYTES)
+
+    def _finish_pixels(self) -> int:
+        """Make the pixel file final (before its checksum); returns its size."""
+        pixels = self._pixels
+        pixels.handle.seek(0)
+        pixels.handle.write(npy_header(self.count, self.height, self.width))
+        return HEADER_BYTES + pixels.nbytes
 
     def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
         if pixels.shape != (self.height, self.width, 3) or pixels.dtype != np.uint8:
@@ -114,10 +130,8 @@ class ShardWriter:
 
     def commit(self, input_name: str) -> ShardEntry:
         """Finish both files and rename them into place; returns the manifest entry."""
-        header = npy_header(self.count, self.height, self.width)
         pixels = self._pixels
-        pixels.handle.seek(0)
-        pixels.handle.write(header)
+        nbytes = self._finish_pixels()
         pixels.handle.flush()
         # Hashed once, here, from the page cache: the exact bytes on disk, header included.
         checksum = file_checksum(pixels.tmp_path, WRITE_ALGORITHM)
@@ -131,7 +145,7 @@ class ShardWriter:
             path=self.rel_path,
             meta_path=self.rel_meta,
             samples=self.count,
-            bytes=HEADER_BYTES + pixels.nbytes,
+            bytes=nbytes,
             checksum=checksum,
             meta_bytes=self._meta.nbytes,
             meta_checksum=self._meta.digest.hexdigest(),
@@ -148,6 +162,36 @@ class ShardWriter:
             dataset_directory.discard_staged(self.directory, handle.tmp_path)
 
 
+class JpegShardWriter(ShardWriter):
+    """One JPEG shard (``shardio.format.jpeg_shard``): ``add`` each image as the bytes of an H×W×3 JPEG
+    (the job encodes it), then ``commit``. The JPEGs are held until commit, where the header, offsets and
+    data are written in one pass."""
+
+    pixel_suffix = JPEG_SUFFIX
+
+    def _start_pixels(self) -> None:
+        self._jpegs: list[bytes] = []
+
+    def add(self, jpeg: bytes, meta: dict[str, Any]) -> None:  # type: ignore[override]
+        if not isinstance(jpeg, (bytes, bytearray)) or not jpeg.startswith(b"\xff\xd8"):
+            raise ValueError(f"{self.rel_path}: sample {self.count} is not JPEG bytes")
+        self._jpegs.append(bytes(jpeg))
+        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._meta.write(line.encode("utf-8"))
+        self.count += 1
+
+    def _finish_pixels(self) -> int:
+        sizes = np.fromiter((len(j) for j in self._jpegs), np.uint64, len(self._jpegs))
+        offsets = np.zeros(self.count + 1, "<u8")
+        np.cumsum(sizes, out=offsets[1:])
+        self._pixels.write(jpeg_header(self.count))
+        self._pixels.write(offsets.tobytes())
+        for jpeg in self._jpegs:
+            self._pixels.write(jpeg)
+        self._jpegs = []
+        return jpeg_data_start(self.count) + int(offsets[-1])
+
+
 class InputShardWriter:
     """All shards of one input, ``samples_per_shard`` each (the last one partial), named deterministically.
 
@@ -159,8 +203,12 @@ class InputShardWriter:
     otherwise wait. At most one commit is pending, so unsynced data stays under two shards.
     """
 
-    def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int) -> None:
+    def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int,
+                 encoding: str = RAW) -> None:
+        if encoding not in (RAW, JPEG):
+            raise ValueError(f"encoding must be {RAW!r} or {JPEG!r}, got {encoding!r}")
         self.directory, self.stem = directory, stem
+        self.shard_class = JpegShardWriter if encoding == JPEG else ShardWriter
         self.height, self.width = height, width
         self.samples_per_shard = samples_per_shard
         self.entries: list[ShardEntry] = []
@@ -169,10 +217,11 @@ class InputShardWriter:
         self._pending: Future[ShardEntry] | None = None
         self._committer: ThreadPoolExecutor | None = None
 
-    def add(self, pixels: np.ndarray, meta: dict[str, Any], input_name: str) -> None:
+    def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], input_name: str) -> None:
+        """``pixels``: an H×W×3 uint8 array, or a JPEG's bytes for ``encoding: jpeg``."""
         if self._current is None:
             name = f"{self.stem}-{len(self._made):05d}"
-            self._current = ShardWriter(self.directory, name, self.height, self.width)
+            self._current = self.shard_class(self.directory, name, self.height, self.width)
             self._made.append(self._current)
         self._current.add(pixels, meta)
         if self._current.count >= self.samples_per_shard:

@@ -1,0 +1,144 @@
+"""A JPEG shard's samples as the reader sees them: the same N×H×W×3 uint8 interface as a raw shard's memory
+map, decoded only when pixels are asked for, and a batch decoded in one native call.
+
+``JpegPixels`` is what ``DatasetSnapshot.pixels`` gives for an ``encoding: jpeg`` dataset: slicing it
+(``pixels[a:b]``, what batches, subsets and mixing do) costs nothing; indexing one sample or ``np.asarray``
+decodes. ``decode_batch`` decodes the slices of one batch into one buffer with
+``shardio.read._jpeg_batch.decode_into``: a pthread pool over all cores with the GIL released, so the training
+loop and the prefetch thread run meanwhile. A bad sample is a ShardIntegrityError naming the shard file and
+the sample index in it.
+
+The extension is optional (a reader install may lack a compiler or the libjpeg headers): raw datasets never
+import it; a JPEG dataset without it is an error that says what to install.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardio.errors import MissingExtra, ShardIntegrityError
+from shardio.format.jpeg_shard import check_offsets, jpeg_data_start, parse_jpeg_header
+
+try:  # the optional compiled extension (setup.py); raw datasets never need it
+    from shardio.read import _jpeg_batch
+    _import_error: ImportError | None = None
+except ImportError as e:
+    _jpeg_batch, _import_error = None, e
+
+__all__ = ["JpegPixels", "map_jpeg_shard", "decode_batch", "decode_threads"]
+
+
+def _decoder() -> Any:
+    if _jpeg_batch is None:
+        raise MissingExtra(
+            "this dataset's shards are JPEG (encoding: jpeg); decoding them needs shardio's compiled "
+            "extension shardio.read._jpeg_batch, which this install lacks: install a C compiler and the "
+            "libjpeg-turbo headers (Debian/Ubuntu: apt install build-essential libjpeg-turbo8-dev or "
+            "libjpeg62-turbo-dev; conda: libjpeg-turbo) and reinstall shardio "
+            f"(pip install --force-reinstall --no-deps ...); import error: {_import_error}") from _import_error
+    return _jpeg_batch
+
+
+def decode_threads() -> int:
+    """Threads a batch decode uses: the cores this process may run on, or ``SHARDIO_DECODE_THREADS``."""
+    configured = os.environ.get("SHARDIO_DECODE_THREADS")
+    if configured:
+        return max(1, int(configured))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class JpegPixels:
+    """Samples ``first .. first + len`` of a JPEG shard (``path``): offsets into ``data``, decoded to
+    (H, W, 3) uint8 on demand."""
+
+    def __init__(self, path: str, offsets: np.ndarray, data: np.ndarray, height: int, width: int,
+                 first: int = 0) -> None:
+        self.path, self.offsets, self.data = path, offsets, data
+        self.height, self.width, self.first = height, width, first
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self), self.height, self.width, 3)
+
+    dtype = np.dtype(np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def jpegs(self) -> list[memoryview]:
+        """Each sample's JPEG bytes (views into the shard's memory map: no copy)."""
+        bounds = self.offsets.tolist()
+        view = memoryview(self.data)
+        return [view[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return self.decode()[index]
+            stop = max(start, stop)
+            return JpegPixels(self.path, self.offsets[start:stop + 1], self.data, self.height, self.width,
+                              self.first + start)
+        if isinstance(index, (int, np.integer)):
+            i = int(index) + (len(self) if index < 0 else 0)
+            if not 0 <= i < len(self):
+                raise IndexError(f"sample {index} of {len(self)}")
+            return self[i:i + 1].decode()[0]
+        return self.decode()[index]
+
+    def decode(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Every sample decoded, into ``out`` (N×H×W×3 uint8, C-contiguous) or a new array."""
+        if out is None:
+            out = np.empty(self.shape, np.uint8)
+        decode_batch([self], out)
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        pixels = self.decode()
+        return pixels if dtype is None else pixels.astype(dtype)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.decode())
+
+
+def map_jpeg_shard(path: str, local_path: str, samples: int, height: int, width: int) -> JpegPixels:
+    """The JPEG shard file at ``local_path`` (``path`` names it in errors) memory-mapped, its header and
+    offsets checked against ``samples`` and the file's size (ShardFormatError / ShardIntegrityError)."""
+    with open(local_path, "rb") as f:
+        count = parse_jpeg_header(f.read(128), path)
+        size = os.fstat(f.fileno()).st_size
+    if count != samples:
+        raise ShardIntegrityError(f"{path}: header says {count} samples, the manifest says {samples}")
+    start = jpeg_data_start(count)
+    if size < start:
+        raise ShardIntegrityError(f"{path}: {size} bytes, its header and offsets alone take {start} "
+                                  "(truncated); HINT: run `preprocess verify DIR --repair`")
+    # Copy-on-write like a raw shard's map; the offsets are read once per map (8 KB for 1,000 samples).
+    mapped = np.memmap(local_path, dtype=np.uint8, mode="c")
+    offsets = mapped[128:start].view("<u8").astype(np.int64)
+    check_offsets(offsets, size, path)
+    return JpegPixels(path, offsets, mapped[start:], height, width)
+
+
+def decode_batch(pieces: Sequence[JpegPixels], out: np.ndarray, threads: int | None = None) -> None:
+    """Decode the samples of ``pieces``, in order, into ``out`` (count×H×W×3 uint8, C-contiguous) on
+    ``threads`` native threads (default ``decode_threads()``), the GIL released."""
+    decoder = _decoder()
+    jpegs: list[memoryview] = []
+    for piece in pieces:
+        jpegs.extend(piece.jpegs())
+    if not pieces or not jpegs:
+        return
+    height, width = pieces[0].height, pieces[0].width
+    failed = decoder.decode_into(jpegs, out, height, width, threads or decode_threads())
+    if failed is not None:
+        index, reason = failed
+        for piece in pieces:
+            if index < len(piece):
+                raise ShardIntegrityError(f"{piece.path}: sample {piece.first + index}: {reason}; HINT: run "
+                                          "`preprocess verify DIR --repair` to rebuild the shard")
+            index -= len(piece)
