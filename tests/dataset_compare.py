@@ -8,19 +8,18 @@ under shards/, with no file the manifest does not list.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Any
 
 import shardio
+from shardio.format.manifests import load_manifest
 from tests.tar_factory import decode_index
 
 __all__ = ["dataset_state", "assert_same_dataset", "assert_clean", "decoded_indices", "assert_indices"]
 
 
 def dataset_state(directory: str) -> dict[str, Any]:
-    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
+    manifest = load_manifest(directory).to_json()  # the logical content, whatever the format version
     shards_dir = os.path.join(directory, "shards")
     files = {}
     for name in sorted(os.listdir(shards_dir)) if os.path.isdir(shards_dir) else []:

@@ -29,6 +29,7 @@ from shardio.format.manifests import generation_path, load_manifest
 from shardio.read.shard_cache import ShardCache
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import flip_bits, make_dataset
+from tests.legacy_format import legacy_doc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INPUTS = (12, 9)  # two inputs, shards of 8: four shards, two of them partial
@@ -40,12 +41,18 @@ def read(path: str) -> bytes:
 
 
 def manifest_doc(directory: str) -> dict:
+    """The current generation as one format 1/2 document (its entries as that format wrote them)."""
+    return legacy_doc(directory)
+
+
+def root_version(directory: str) -> int:
     with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
-        return json.load(f)
+        return json.load(f)["format_version"]
 
 
 def rewrite_manifest(directory: str, doc: dict) -> None:
-    """Replace the current generation's bytes (``manifest.json``, its ``manifests/GEN.json``) with ``doc``."""
+    """Replace the current generation's bytes (``manifest.json``, its ``manifests/GEN.json``) with ``doc``,
+    a format 1/2 document (as an older shardio left the dataset)."""
     data = json.dumps(doc, indent=1).encode()
     for path in (os.path.join(directory, "manifest.json"), generation_path(directory, doc["generation"])):
         with open(path, "wb") as f:
@@ -85,7 +92,7 @@ def dataset(tmp_path) -> str:
 
 def test_new_shards_list_xxh3_128_that_xxh128sum_reproduces(dataset):
     doc = manifest_doc(dataset)
-    assert doc["format_version"] == 2
+    assert doc["format_version"] == 2 and root_version(dataset) == 3
     cli = shutil.which("xxh128sum") or next((p for p in ["/usr/bin/xxh128sum"] if os.path.exists(p)), None)
     for entry in doc["shards"]:
         assert list(entry) == ["path", "meta_path", "samples", "bytes", "xxh3_128", "meta_bytes",
@@ -115,10 +122,11 @@ def test_a_dataset_written_with_sha256_opens_reads_and_verifies(dataset):
     assert first.shape == (8, 8, 8, 3) and [int(p[0, 0, 0]) for p in first] == list(range(8))
     result = verify(dataset)
     assert result.exit_code == 0 and "all match the manifest" in result.output, result.output
-    # Rewritten by this shardio (as gc or an incremental commit would), it stays version 1: an older
-    # shardio, which knows sha256 only, still reads it.
+    # Rewritten by this shardio (as an incremental commit would), it becomes a format 3 index whose
+    # entries keep their sha256 digests (its one-document form is still version 1: sha256 only).
     write_manifest(dataset, manifest)
-    assert manifest_doc(dataset)["format_version"] == 1
+    assert root_version(dataset) == 3 and manifest_doc(dataset)["format_version"] == 1
+    assert [e.checksum for e in load_manifest(dataset).shards] == [e.checksum for e in manifest.shards]
 
     bad = manifest.shards[1]
     flip_bits(os.path.join(dataset, bad.path), 200)
@@ -140,6 +148,7 @@ def test_a_mixed_manifest_round_trips_its_entries_unchanged(dataset):
     after = manifest_doc(dataset)
     assert after["generation"] == doc["generation"] + 1
     assert after["format_version"] == 2  # an xxh3_128 entry: a version-1 reader could not check it
+    assert root_version(dataset) == 3
     assert [json.dumps(entry) for entry in after["shards"]] == before
     shardio.open_dataset(dataset, verify=True)  # each entry checked by its own algorithm
     flip_bits(os.path.join(dataset, manifest.shards[2].meta_path), 3)

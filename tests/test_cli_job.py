@@ -16,6 +16,7 @@ from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, report_json, run_job
 from tests.ray_helpers import occupy_node_cpu
 from tests.tar_factory import Member, decode_index
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -45,7 +46,7 @@ def test_tars_to_shards_keeps_every_sample_once_in_order(ray_cluster, tars, tmp_
     assert sorted(indices) == list(range(40)), "a sample is missing or duplicated"
     assert indices == list(range(40)), "samples are out of tar order"
     assert keys == [f"{i:06d}" for i in range(40)]
-    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    manifest = legacy_doc(out)
     assert [s["samples"] for s in manifest["shards"]] == [8, 8, 7, 8, 8, 1]
     assert manifest["shape"] == [32, 32, 3] and manifest["samples"] == 40
     ds = shardio.open_dataset(out)

@@ -18,6 +18,7 @@ from preprocess.cli import app
 from shardio import DeviceLoader, ShardDataset, ShardLoader, TrainAugment
 from shardio.train.augment import PositionedBatches, transform_batch
 from tests.tar_factory import Member, TarFactory, decode_index, index_image, jpeg_bytes
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -58,7 +59,7 @@ def pad_dataset(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_each_line_has_the_box_where_the_picture_is(pad_dataset: str) -> None:
-    manifest = json.load(open(os.path.join(pad_dataset, "manifest.json")))
+    manifest = legacy_doc(pad_dataset)
     assert manifest["config"]["mode"] == "pad"
     seen = []
     for entry in manifest["shards"]:

@@ -17,6 +17,7 @@ from shardio import DeviceLoader, ShardDataset, ShardLoader, open_dataset, to_de
 from shardio.train.augment import PositionedBatches, transform_batch
 from shardio.errors import ShardFormatError
 from tests.dataset_fixtures import write_inputs
+from tests.legacy_format import legacy_doc
 
 HEIGHT, WIDTH = 8, 12
 INPUTS = (13, 9)  # 22 samples in shards of 8: partial shards, and batches of 5 that straddle them
@@ -138,6 +139,6 @@ def test_device_loader_moves_the_boxes_to_the_gpu(pad_dir: str) -> None:
 
 
 def test_the_jsonl_line_is_what_the_spec_says(pad_dir: str) -> None:
-    manifest = json.load(open(os.path.join(pad_dir, "manifest.json")))
+    manifest = legacy_doc(pad_dir)
     first = json.loads(open(os.path.join(pad_dir, manifest["shards"][0]["meta_path"])).readline())
     assert first["box"] == expected_box(0)

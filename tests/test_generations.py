@@ -10,6 +10,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.legacy_format import as_legacy
+
 import shardio
 from shardio.write import directory as dataset_dir
 from shardio.errors import ShardFormatError
@@ -97,6 +99,7 @@ def test_a_killed_commit_and_a_killed_run_leave_only_what_the_next_run_removes(t
 def test_a_manifest_path_outside_shards_is_refused_at_load(tmp_path, where, bad):
     out = str(tmp_path / "ds")
     make_dataset(out, inputs=(3,))
+    as_legacy(out)  # the one-document layout of format 1/2, which a hand edit can forge
     path = os.path.join(out, "manifest.json")
     doc = json.load(open(path))
     if where == "input":

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from preprocess.cli import app
 from preprocess.sample_data import make_sample_dataset
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 
@@ -35,7 +36,7 @@ def _normalise_name(name: str) -> str:
 
 def normalised_dataset(directory: str, inputs_dir: str) -> dict[str, Any]:
     """Everything that decides what a reader gets, with run- and machine-specific parts taken out."""
-    manifest = json.load(open(os.path.join(directory, "manifest.json"), encoding="utf-8"))
+    manifest = legacy_doc(directory)  # the content as format 2 wrote it (format 3 splits it into segments)
     prefix = inputs_dir.rstrip("/") + "/"
 
     def local(path: str) -> str:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import shardio
 from preprocess.cli import app
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset, dataset_state
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -132,7 +133,7 @@ def test_a_rerun_without_flags_uses_the_datasets_config_and_a_disagreeing_key_is
     # The nightly rerun names no flag: the dataset's own config (16x16, 4 per shard, box), not the defaults.
     again = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "-q"])
     assert again.exit_code == 0, again.output
-    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    manifest = legacy_doc(out)
     assert manifest["shape"] == [16, 16, 3] and manifest["config"]["resample"] == "box"
     assert [s["samples"] for s in manifest["shards"]] == [4, 1, 4, 2]
     assert_indices(out, list(range(11)))

@@ -25,6 +25,7 @@ from shardio.format import Manifest
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset
 from tests.fault_proxy import FaultProxy
 from tests.test_crash_safety import FLAGS, wait_for_dead_runs_tasks
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -60,15 +61,13 @@ def fetch(server, bucket: str, prefix: str, local: str) -> str:
 def assert_no_orphans(server, bucket: str, prefix: str) -> None:
     """Only what a committed dataset holds: the manifest, generations, reports and listed shards; no lease,
     no probe object."""
-    import json
-
     found = keys(server, bucket, prefix)
-    manifest = json.loads(server.client().get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    manifest = legacy_doc(f"s3://{bucket}/{prefix}")
     listed = {p for s in manifest["shards"] for p in (s["path"], s["meta_path"])}
     retired = {r["path"] for r in manifest.get("retired", [])}
     shards = {k for k in found if k.startswith("shards/")}
     assert shards - retired == listed, f"orphan or missing shard objects: {shards ^ listed}"
-    others = [k for k in found if not k.startswith(("shards/", "manifests/", "reports/")) and k != "manifest.json"]
+    others = [k for k in found if not k.startswith(("shards/", "manifests/", "reports/", "index/")) and k != "manifest.json"]
     assert not others, f"left behind: {others}"
 
 

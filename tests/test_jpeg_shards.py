@@ -12,6 +12,8 @@ import pytest
 from PIL import Image
 
 import shardio
+from shardio.format.manifests import load_manifest
+from tests.legacy_format import legacy_doc, write_legacy
 from dataset_fixtures import encode_jpeg, make_dataset, write_inputs
 from shardio import ShardDataset
 from shardio.errors import MissingExtra, ShardFormatError, ShardIntegrityError
@@ -29,8 +31,7 @@ def photo_like(index: int, side: int = 64) -> np.ndarray:
 
 
 def shard_files(directory: str) -> list[str]:
-    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
-        return [os.path.join(directory, entry["path"]) for entry in json.load(f)["shards"]]
+    return [os.path.join(directory, entry.path) for entry in load_manifest(directory).shards]
 
 
 @pytest.fixture
@@ -55,13 +56,12 @@ def test_a_stranger_reads_a_shard_with_numpy_and_pillow(jpeg_dir):
 
 
 def test_the_manifest_says_version_3_and_an_older_version_with_jpeg_is_refused(jpeg_dir):
-    path = os.path.join(jpeg_dir, "manifest.json")
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    assert doc["format_version"] == 3 and doc["config"]["encoding"] == "jpeg"
-    doc["format_version"] = 2  # what a reader of versions 1-2 accepts: it would map JPEG bytes as pixels
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
+    with open(os.path.join(jpeg_dir, "manifest.json"), encoding="utf-8") as f:
+        root = json.load(f)
+    assert root["format_version"] == 3 and root["config"]["encoding"] == "jpeg"
+    # The one-document form of versions 1-2, which an older reader accepts and would map JPEG bytes as
+    # pixels: a JPEG dataset in it is refused.
+    write_legacy(jpeg_dir, legacy_doc(jpeg_dir))
     with pytest.raises(ShardFormatError, match=r"format_version 2 with encoding jpeg"):
         shardio.open_dataset(jpeg_dir)
 

@@ -13,11 +13,13 @@ from typer.testing import CliRunner
 from preprocess.cli import app
 from shardio import ShardDataset, ShardFormatError, open_dataset
 from tests.dataset_fixtures import make_dataset
+from tests.legacy_format import as_legacy
 
 runner = CliRunner()
 
 
 def _edit_manifest(directory: str, edit) -> None:
+    as_legacy(directory)  # the one-document layout of format 1/2, which a hand edit can forge
     path = os.path.join(directory, "manifest.json")
     with open(path) as f:
         doc = json.load(f)

@@ -19,6 +19,7 @@ from shardio.write.directory import gc as gc_dataset
 from shardio.errors import ShardFormatError
 from shardio.format.manifests import list_generations
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
+from tests.legacy_format import as_legacy
 from tests.tar_factory import decode_index
 
 pytestmark = pytest.mark.ray
@@ -88,6 +89,7 @@ def test_a_reader_of_the_previous_generation_survives_replace_and_prune_and_can_
 
 def forge_shard_path(out: str, victim: str) -> None:
     """Point manifest.json's first shard at a file outside the dataset (an edited or forged manifest)."""
+    as_legacy(out)  # the one-document layout of format 1/2, which a hand edit can forge
     path = os.path.join(out, "manifest.json")
     doc = json.load(open(path))
     real, forged = doc["shards"][0]["path"], os.path.relpath(victim, out)  # "../victim.npy"

@@ -17,6 +17,7 @@ import shardio
 from tests.interrupt_helpers import (
     SAMPLES_PER_TAR, config_file, has_event, log_events, slow_inputs, start, wait_until,
 )
+from tests.legacy_format import legacy_doc
 
 pytestmark = pytest.mark.ray
 INPUTS = 30
@@ -25,7 +26,7 @@ INPUTS = 30
 def _assert_consistent(out: str, report: dict | None) -> dict:
     """The committed dataset verifies, and holds exactly the inputs the report says were processed."""
     ds = shardio.open_dataset(out, verify=True)
-    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    manifest = legacy_doc(out)
     assert len(ds) == SAMPLES_PER_TAR * len(manifest["inputs"])
     assert all(entry["samples"] == SAMPLES_PER_TAR for entry in manifest["inputs"].values())
     if report is not None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.spec import MANIFEST_NAME, MANIFESTS_DIR, SHARDS_DIR, Manifest
+from shardio.format.checksum import SHA256, XXH3_128
+from shardio.format.index import manifest_from_root
+from shardio.format.spec import FORMAT_VERSION, MANIFEST_NAME, MANIFESTS_DIR, SHARDS_DIR, Manifest
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.store.holders import writer_holding
 
-__all__ = ["generation_path", "list_generations", "load_manifest"]
+__all__ = ["generation_path", "list_generations", "load_manifest", "read_root"]
 
 
 def generation_path(directory: str, generation: int) -> str:
@@ -32,15 +35,42 @@ def list_generations(directory: str) -> list[int]:
     return sorted(found)
 
 
-def _read_manifest(store: Storage, path: str) -> Manifest:
+def read_root(directory: str, generation: int | None = None) -> dict:
+    """The JSON of ``manifest.json`` (or of generation ``generation``'s file) without its segments: a
+    version 3 root holds the totals (``samples``, ``shard_count``, ``bytes``...), so ``shardio info``
+    on a dataset of millions of shards reads a few KB."""
+    store = for_path(directory)
+    path = store.join(directory, MANIFEST_NAME) if generation is None else generation_path(directory, generation)
+    try:
+        doc = json.loads(store.read_bytes(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(doc, dict):
+        raise ShardFormatError(f"{path}: not a shardio manifest (a JSON {type(doc).__name__})")
+    return doc
+
+
+def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
     data, version = store.read_versioned(path)
     try:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
-    manifest = Manifest.from_json(doc, path)
+    if isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == "shardio":
+        manifest = manifest_from_root(doc, path, lambda rel: _read_segment(store, directory, rel))
+    else:
+        manifest = Manifest.from_json(doc, path)
     manifest.source_version = version
     return manifest
+
+
+def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
+    path = store.join(directory, rel)
+    try:
+        return store.read_bytes(path)
+    except FileNotFoundError as e:
+        raise ShardIntegrityError(f"{path}: index segment missing (named by the root); HINT: `preprocess verify "
+                                  "DIR --repair` restores a kept generation") from e
 
 
 def load_manifest(directory: str, generation: int | None = None) -> Manifest:
@@ -64,7 +94,7 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
                 f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
                 "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations"
             )
-        manifest = _read_manifest(store, path)
+        manifest = _read_manifest(store, path, directory)
         if manifest.generation != generation:
             raise ShardFormatError(f"{path}: holds generation {manifest.generation}, not {generation}")
         return manifest
@@ -75,7 +105,7 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
     if not store.exists(path):
         raise ShardFormatError(f"{path}: missing; {_why_no_manifest(store, directory)}{restore}")
     try:
-        return _read_manifest(store, path)
+        return _read_manifest(store, path, directory)
     except ShardFormatError as e:
         if not restore and "HINT" in str(e):
             raise
@@ -124,3 +154,18 @@ def _why_no_manifest(store: Storage, directory: str) -> str:
                 f"(`preprocess run '{store.join(directory, '*.tar')}' --output OUT`) and pass OUT")
     return ("this is not a shardio dataset directory: pass the directory that "
             "`preprocess run --output DIR` wrote (it holds manifest.json)")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m shardio.format.manifests DIR [--sha256]``: ``DIGEST  shards/NAME`` lines of the current
+    generation's xxh3_128 shards (or sha256 ones), for ``xxh128sum -c`` / ``sha256sum -c`` run in DIR."""
+    paths = [a for a in argv if not a.startswith("--")]
+    algorithm = SHA256 if "--sha256" in argv else XXH3_128
+    for entry in load_manifest(paths[0] if paths else ".").shards:
+        if entry.checksum_algorithm == algorithm:
+            print(f"{entry.checksum}  {entry.path}\n{entry.meta_checksum}  {entry.meta_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

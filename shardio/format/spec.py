@@ -3,8 +3,10 @@
 A dataset is a directory::
 
     DIR/
-      manifest.json            the dataset: the current generation (replaced last, atomically: the commit)
-      manifests/GEN.json       every kept generation, immutable, GEN zero-padded to 10 digits
+      manifest.json            the root of the current generation (replaced last, atomically: the commit)
+      manifests/GEN.json       the root of every kept generation, immutable, GEN zero-padded to 10 digits
+      index/SHA256.npz         index segments (format version 3): immutable, create-only, named by the
+                               sha256 of their bytes; a root names the ones it is made of, in order
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
                                (``encoding: raw``, the default)
       shards/NAME.jpg.npy      or, in a dataset whose config says ``encoding: jpeg``: the N images as JPEGs,
@@ -47,7 +49,75 @@ names are bytes; a name that is valid UTF-8 is stored as is, except that each ba
 (``\\\\``); each byte that is not part of valid UTF-8 is stored as ``\\xNN`` (two lower-case hex digits),
 so ``b"caf\\xe9.jpg"`` (Latin-1) is stored as ``caf\\xe9.jpg``. ``unescape_name`` gives back the exact bytes.
 
-Manifest (``manifest.json``). A JSON object:
+Index (format version 3, ``shardio.format.index``). Version 2 rewrote one JSON document listing every
+shard and input at every commit (145 MB at 410k shards, every 2 s of a run, and a full copy per kept
+generation). Version 3 splits it into a small root and immutable segments, so a commit writes what it adds:
+
+- A **segment** (``index/SHA256.npz``) is an uncompressed zip of ``.npy`` members (``np.savez`` layout,
+  written with fixed timestamps so the same content gives the same bytes and name), read with
+  ``np.load(path, allow_pickle=False)``: numpy and the standard library, no pickle. One object per
+  segment (object storage prefers few objects to a folder of ``.npy`` files), and its members are
+  stored, not deflated, so a reader may memory-map one by its offset. Members (m inputs, n shards, r
+  removals; every integer little-endian; a string table ``X`` is ``X_offsets`` int64 (k+1) into
+  ``X_blob`` uint8, UTF-8, entry i = ``blob[offsets[i]:offsets[i+1]]``):
+
+  ======================  ===================================================================================
+  ``input_name``          string table (m), sorted by UTF-8 bytes, unique: input path or URL
+  ``input_etag``          string table (m): an object's ETag when read, "" for a local file
+  ``input_size``          int64 (m); ``input_mtime_ns`` int64 (m); ``input_samples`` int64 (m);
+                          ``input_failed`` int64 (m): as version 2's ``inputs`` entries
+  ``input_listed``        uint8 (m): 1 for a committed input; 0 for a name that only groups shards (a
+                          manifest whose shards name an input it does not list, as bench datasets do)
+  ``input_first_shard``   int64 (m+1): input i owns shard rows ``[first[i], first[i+1])``
+  ``shard_path``          string table (n): ``shards/NAME.npy``, sorted by path within its input
+  ``shard_meta_path``     string table (n): ``shards/NAME.jsonl``
+  ``shard_samples``       int64 (n); ``shard_bytes`` int64 (n); ``shard_meta_bytes`` int64 (n)
+  ``shard_algorithm``     uint8 (n): 0 ``xxh3_128``, 1 ``sha256`` (shards of version 1 datasets)
+  ``shard_digest``        uint8 (n, W): the ``.npy``'s digest bytes (hex = ``bytes.hex()``); W is 16 when
+                          every row is xxh3_128, else 32 (an xxh3_128 row then uses the first 16)
+  ``shard_meta_digest``   uint8 (n, W): the ``.jsonl``'s, likewise
+  ``removed``             string table (r): inputs this segment removes from the segments before it
+  ======================  ===================================================================================
+
+- The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
+  ``format_version`` 3, ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
+  ``updated``, ``generation``, ``retired`` as in version 2, the totals (``samples``, ``shard_count``,
+  ``input_count``, ``bytes``, ``meta_bytes``, ``failed``: ``shardio info`` reads nothing else), and
+  ``segments``: a list, oldest first, of ``{path, bytes, shards, inputs, removed, samples}`` (``path``
+  ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too).
+- **Meaning**: fold the segments in order; a segment's ``removed`` names leave the inputs of the
+  segments before it, then each of its inputs replaces any earlier input of that name (a changed tar is
+  a new entry, not an edit). The dataset's shards are the live inputs' shards, in **dataset order**:
+  inputs sorted by name, each input's shards by path (version 2's order: ``(input, path)``).
+- **A commit** writes one segment with the inputs it adds or replaces (with their shards) and the names
+  it drops, create-only (a content name that exists already holds these bytes), then the root, as
+  version 2 published its manifest: ``manifests/GEN.json`` created once, then ``manifest.json`` replaced
+  (``If-Match`` on object storage). Killed before the root, the new segment is named by no root and the
+  next run's leftover cleaning removes it.
+- **Compaction** (in the commit, tiered as in an LSM tree): a segment's tier is
+  ``floor(log8(max(1, rows)))``, rows = its shards + inputs + removals; when the newest ``COMPACT_FANOUT``
+  (8) segments share a tier they are merged into one (removals applied, replaced entries dropped,
+  removals still needed by older segments kept; none when the merge starts at the first segment), and
+  again while that holds. So a root names O(8 log8 N) segments and an entry is rewritten once per
+  tier, O(log8 N) times. The merged segment is written before the root that names it: a killed
+  compaction is a killed commit.
+- **Generations**: a generation is a root; a kept root keeps the segments it names. A segment is
+  deleted once no kept root (nor ``manifest.json``) names it, under the lock, by the leftover cleaning
+  and retention (``shardio.write.directory``), and only a file named ``index/HEX64.npz``.
+- **Upgrade**: a version 1 or 2 ``manifest.json`` is read as before; the first commit to it writes one
+  segment holding everything it lists, and a version 3 root over it (an ordinary commit: killed before
+  the root, the old manifest is still the dataset). Its older generation files stay readable.
+- **Checking a shard by hand**: ``python -m shardio.format.manifests DIR | xxh128sum -c`` (run in DIR) prints
+  ``DIGEST  shards/NAME.npy`` lines for every xxh3_128 shard (``--sha256`` for the older ones, for
+  ``sha256sum -c``). Without shardio::
+
+      import numpy as np
+      z = np.load("index/SEG.npz", allow_pickle=False)
+      o, b = z["shard_path_offsets"], z["shard_path_blob"].tobytes()
+      for i in range(len(o) - 1):
+          print(z["shard_digest"][i][:16].hex(), b[o[i]:o[i + 1]].decode())   # a shard of a segment
+
+Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON object:
 
 =================  ======================================================================================
 ``format``         ``"shardio"``
@@ -142,6 +212,8 @@ __all__ = [
     "SHARDS_DIR",
     "REPORTS_DIR",
     "MANIFESTS_DIR",
+    "INDEX_DIR",
+    "LEGACY_VERSIONS",
     "ShardEntry",
     "InputEntry",
     "RetiredFile",
@@ -163,11 +235,14 @@ __all__ = [
 ]
 
 FORMAT_NAME = "shardio"
-FORMAT_VERSION = 2
-# A JPEG dataset's version: what an older reader must refuse (it would map the shards as raw pixels).
-JPEG_FORMAT_VERSION = 3
-# Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only.
+FORMAT_VERSION = 3
+# Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only;
+# version 2 is the one-document manifest before the index (both upgraded to 3 by the next commit).
 READ_VERSIONS = (1, 2, 3)
+LEGACY_VERSIONS = (1, 2)
+# A JPEG dataset (config ``encoding: jpeg``) exists only from version 3 on: a reader of versions 1 and 2
+# would map its shards as raw pixels, so a one-document (1/2) manifest that says jpeg is refused.
+JPEG_FORMAT_VERSION = 3
 RAW, JPEG = "raw", "jpeg"
 ENCODINGS = (RAW, JPEG)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
@@ -176,6 +251,7 @@ MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"
 MANIFESTS_DIR = "manifests"
+INDEX_DIR = "index"
 _MAGIC = b"\x93NUMPY\x01\x00"
 
 
@@ -340,6 +416,12 @@ class Manifest:
     # Not stored: the version (ETag on object storage) of the file this manifest was read from, so the
     # next commit replaces exactly that one (``If-Match``) and never a newer writer's.
     source_version: str = field(default="", compare=False, repr=False)
+    # Format 3 only (``shardio.format.index``): the root's segments, oldest first (``SegmentRef``), and
+    # each committed input's signature as those segments hold it, so a commit writes only the inputs
+    # that changed since. None: not described by segments (read from a version 1/2 manifest, or built
+    # in memory): the next commit writes everything in one segment (the upgrade).
+    segments: list[Any] | None = field(default=None, compare=False, repr=False)
+    indexed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def samples(self) -> int:
@@ -355,18 +437,18 @@ class Manifest:
         return pixel_encoding(self.config)
 
     @property
-    def format_version(self) -> int:
-        """3 for a JPEG dataset; 1 while every entry is sha256 (an older shardio reads it), else 2."""
-        if self.encoding == JPEG:
-            return JPEG_FORMAT_VERSION
+    def legacy_version(self) -> int:
+        """The version of the one-document form (``to_json``): 1 while every entry is sha256, else 2."""
         if self.shards and all(entry.checksum_algorithm == SHA256 for entry in self.shards):
             return 1
-        return FORMAT_VERSION
+        return 2
 
     def to_json(self) -> dict[str, Any]:
+        """The whole dataset as one version 1/2 document: what older shardio wrote (and what tests
+        compare); a commit writes format 3 (``shardio.format.index``)."""
         return {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": self.legacy_version,
             "layout": "NHWC",
             "dtype": "uint8",
             "shape": list(self.shape),
@@ -386,7 +468,10 @@ class Manifest:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ShardFormatError(f"{path}: not a shardio manifest (no \"format\": \"{FORMAT_NAME}\")")
         version = doc.get("format_version")
-        if version not in READ_VERSIONS:
+        if version not in LEGACY_VERSIONS:
+            if version in READ_VERSIONS:
+                raise ShardFormatError(f"{path}: a format {version} root: read it with "
+                                       "shardio.format.manifests.load_manifest")
             raise ShardFormatError(
                 f"{path}: format_version {version!r}, this shardio reads versions "
                 f"{', '.join(str(v) for v in READ_VERSIONS)}; "

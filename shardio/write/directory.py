@@ -43,6 +43,7 @@ from typing import Any
 
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
+    INDEX_DIR,
     MANIFEST_NAME,
     MANIFESTS_DIR,
     REPORTS_DIR,
@@ -52,7 +53,20 @@ from shardio.format import (
     RetiredFile,
     ShardEntry,
 )
-from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.format.index import (
+    Delta,
+    SegmentRef,
+    check_segment_path,
+    decode_segment,
+    delta_of,
+    encode_segment,
+    input_signature,
+    merge_segments,
+    plan_compaction,
+    root_json,
+    segment_path,
+)
+from shardio.format.manifests import generation_path, list_generations, load_manifest, read_root
 from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
@@ -91,6 +105,7 @@ class Collected:
     generations: list[int] = field(default_factory=list)  # generation files removed
     kept_generations: list[int] = field(default_factory=list)
     retained_files: int = 0  # retired files still kept for older generations
+    segments: list[str] = field(default_factory=list)  # index segments no kept root names any more
 
 
 def _now() -> datetime:
@@ -115,7 +130,7 @@ def _publish_generation(directory: str, manifest: Manifest) -> int:
         elif store.exists(store.join(directory, entry.path)):
             retired.append(entry)
     manifest.retired = retired
-    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
+    data = json.dumps(root_json(manifest), indent=1, ensure_ascii=False).encode("utf-8")
     store.makedirs(store.join(directory, MANIFESTS_DIR))
     _check_held(directory)
     try:
@@ -167,6 +182,39 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
             if generation > manifest.generation:
                 store.remove(generation_path(directory, generation))
                 removed += 1
+    return removed + len(_collect_segments(directory, manifest))
+
+
+def _collect_segments(directory: str, manifest: Manifest | None) -> list[str]:
+    """Delete the index segments that neither ``manifest`` (the committed one) nor any generation file
+    left in ``manifests/`` names: a killed commit's, or those only collected generations named. Deletes
+    only ``index/SHA256.npz`` names (and temp files), and nothing when a root cannot be read (what it
+    names is unknown, so nothing is surely unused)."""
+    store = for_path(directory)
+    folder = store.join(directory, INDEX_DIR)
+    names = store.list_dir(folder)
+    if not names:
+        return []
+    named = {ref.path for ref in (manifest.segments or [])} if manifest is not None else set()
+    for generation in list_generations(directory):
+        try:
+            segments = read_root(directory, generation).get("segments", [])
+            named |= {s["path"] for s in segments}
+        except (ShardError, OSError, TypeError, KeyError):
+            return []
+    removed = []
+    for name in names:
+        rel = f"{INDEX_DIR}/{name}"
+        if name.startswith(TEMP_PREFIX):
+            store.remove(store.join(folder, name))
+            continue
+        try:
+            check_segment_path(rel, folder)
+        except ShardFormatError:
+            continue  # not a segment name: not ours to delete
+        if rel not in named:
+            store.remove(store.join(directory, rel))
+            removed.append(rel)
     return removed
 
 
@@ -247,6 +295,7 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
     for generation in doomed:
         store.remove(generation_path(directory, generation))
         result.generations.append(generation)
+    result.segments = _collect_segments(directory, manifest)
     return result
 
 
@@ -410,18 +459,64 @@ def discard(directory: str, rel_path: str) -> None:
 # --- the commit ---------------------------------------------------------------------------------------
 
 
-def commit(directory: str, manifest: Manifest) -> int:
+def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = None) -> int:
     """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
     path, then shard name: independent of which task finished first), after a storage barrier that makes
     the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
-    missing; one fsync, ~0.2 ms here).
+    missing; one fsync, ~0.2 ms here), as a format 3 index: one new segment with what changed since the
+    manifest's segments (only the ``touched`` input names are compared, when given), compaction, then
+    the root. A manifest read from a version 1/2 file is upgraded: its first segment holds everything.
     Returns the new generation."""
     store = for_path(directory)
     manifest.shards.sort(key=lambda e: (e.input, e.path))
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
-    return _publish_generation(directory, manifest)
+    before = manifest.segments, manifest.indexed
+    delta = delta_of(manifest, touched)
+    segments = list(manifest.segments or [])
+    if not delta.empty:
+        segments.append(_write_segment(directory, delta))
+    indexed = dict(manifest.indexed) if manifest.segments is not None else {}
+    for name in delta.removed:
+        indexed.pop(name, None)
+    indexed.update({name: input_signature(*value) for name, value in delta.inputs.items()})
+    segments = _compact(directory, segments)
+    manifest.segments, manifest.indexed = segments, indexed
+    try:
+        return _publish_generation(directory, manifest)
+    except BaseException:
+        manifest.segments, manifest.indexed = before  # not committed: the next commit writes this delta again
+        raise
+
+
+def _write_segment(directory: str, delta: Delta) -> SegmentRef:
+    """Create the segment of ``delta`` (create-only: a name that exists already holds these bytes, its
+    name being their sha256); named by no root until the commit publishes one."""
+    store = for_path(directory)
+    data = encode_segment(delta)
+    rel = segment_path(data)
+    store.makedirs(store.join(directory, INDEX_DIR))
+    _check_held(directory)
+    try:
+        store.publish_new(store.join(directory, rel), data)
+    except FileExistsError:
+        pass
+    shards = sum(len(value[1]) for value in delta.inputs.values())
+    samples = sum(e.samples for value in delta.inputs.values() for e in value[1])
+    return SegmentRef(rel, len(data), shards, len(delta.inputs), len(delta.removed), samples)
+
+
+def _compact(directory: str, segments: list[SegmentRef]) -> list[SegmentRef]:
+    """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
+    is written before the root that names it, so a killed compaction is a killed commit."""
+    store = for_path(directory)
+    while count := plan_compaction(segments):
+        run = segments[-count:]
+        deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
+        merged = merge_segments(deltas, from_start=count == len(segments))
+        segments = segments[:-count] + ([] if merged.empty else [_write_segment(directory, merged)])
+    return segments
 
 
 class Committer:
@@ -434,6 +529,7 @@ class Committer:
         self.interval_s = interval_s
         self.dirty = False
         self.last_commit = 0.0
+        self.touched: set[str] = set()  # input names added or dropped since the last commit
 
     def add_input(self, input_path: str, size: int, mtime_ns: int,
                   shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0) -> None:
@@ -451,6 +547,7 @@ class Committer:
             size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries), failed=failed,
             shards=[e.path for e in new_entries],
         )
+        self.touched.add(input_path)
         self.dirty = True
 
     def drop_input(self, input_path: str, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
@@ -462,14 +559,16 @@ class Committer:
             if entry.path in gone:
                 self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
         self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
+        self.touched.add(input_path)
         self.dirty = True
 
     def maybe_commit(self, force: bool = False) -> None:
         if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
             return
-        commit(self.directory, self.manifest)
+        commit(self.directory, self.manifest, self.touched)
         self.last_commit = time.monotonic()
         self.dirty = False
+        self.touched = set()
 
 
 def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:

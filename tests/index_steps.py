@@ -1,0 +1,76 @@
+"""A scripted writer of index commits, for the index tests (in-process, or as a subprocess killed at random
+moments): step ``i`` commits input ``in-i.tar`` (three tiny shard entries, no shard files: the index does
+not read them) and, every fifth step, drops input ``i - 3`` and replaces input ``i - 1`` with new shards.
+Replaying the steps over a dataset that already holds some of them converges to the same content: the
+rerun of a killed run.
+
+``python -m tests.index_steps DIR STEPS``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+from shardio.format import Manifest, ShardEntry
+from shardio.write import directory as dataset_dir
+
+__all__ = ["entries", "run_steps", "expected_inputs"]
+
+
+def entries(name: str, version: int = 0, count: int = 3) -> list[ShardEntry]:
+    """``count`` shard entries of input ``name``, digests derived from the name (the same every run)."""
+    out = []
+    for k in range(count):
+        stem = f"{name.removesuffix('.tar')}-v{version}-{k:05d}"
+        digest = hashlib.sha256(stem.encode()).hexdigest()
+        out.append(ShardEntry(f"shards/{stem}.npy", f"shards/{stem}.jsonl", k + 1, 128 + (k + 1) * 12, digest[:32],
+                              40 * (k + 1), digest[32:], name, "xxh3_128"))
+    return out
+
+
+def _steps(count: int) -> list[tuple[str, str, int]]:
+    steps = []
+    for i in range(count):
+        steps.append(("add", f"in-{i:04d}.tar", 0))
+        if i % 5 == 4:
+            steps.append(("drop", f"in-{i - 3:04d}.tar", 0))
+            steps.append(("add", f"in-{i - 1:04d}.tar", 1))
+    return steps
+
+
+def expected_inputs(count: int) -> dict[str, int]:
+    """input name -> shard version, after ``count`` steps."""
+    live: dict[str, int] = {}
+    for action, name, version in _steps(count):
+        if action == "add":
+            live[name] = version
+        else:
+            live.pop(name, None)
+    return live
+
+
+def run_steps(directory: str, count: int) -> Manifest:
+    """Commit the steps one by one (each its own commit, so compactions happen along the way)."""
+    dataset_dir.ensure_output_dir(directory)
+    with dataset_dir.writing(directory):
+        existing, _ = dataset_dir.load_committed(directory)
+        dataset_dir.clean_leftovers(directory, existing)
+        manifest = existing or Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={})
+        committer = dataset_dir.Committer(directory, manifest)
+        for action, name, version in _steps(count):
+            if action == "add":
+                committed = committer.manifest.inputs.get(name)
+                if committed is not None and committed.size == 100 + version:
+                    continue  # committed unchanged: skipped, as the job skips it
+                shards = entries(name, version)
+                committer.add_input(name, size=100 + version, mtime_ns=7, shards=shards)
+            elif name in committer.manifest.inputs:
+                committer.drop_input(name)
+            committer.maybe_commit(force=True)
+        dataset_dir.clean_leftovers(directory, committer.manifest)
+        return committer.manifest
+
+
+if __name__ == "__main__":
+    run_steps(sys.argv[1], int(sys.argv[2]))
