@@ -323,22 +323,18 @@ class ShardDataset(IterableDataset):
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The epoch order, computed window by window as batches reach it (``shardio.read.epoch_plan``):
         O(shards) memory, however many samples."""
-        return EpochPlan(
-            self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
-            shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
-            order_version=self.order_version,
-        )
+        return EpochPlan(self.snapshot.counts, **self._order_settings(epoch))
 
     def runs(self, epoch: int | None = None) -> np.ndarray:
         """The whole epoch order as runs ``(shard, start, stop)``: one per sample with blocks of 1, for
         tests and measurements (iteration uses ``plan``)."""
-        return epoch_runs(
-            self.snapshot.counts, shuffle=self.shuffle, seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
-            shuffle_window=self.shuffle_window, shuffle_block=self.shuffle_block,
-            order_version=self.order_version,
-        )
+        return epoch_runs(self.snapshot.counts, **self._order_settings(epoch))
+
+    def _order_settings(self, epoch: int | None) -> dict[str, Any]:
+        """What fixes an epoch's order, for the lazy plan and the eager runs alike."""
+        return {"shuffle": self.shuffle, "seed": self.seed, "epoch": self.epoch if epoch is None else epoch,
+                "shuffle_window": self.shuffle_window, "shuffle_block": self.shuffle_block,
+                "order_version": self.order_version}
 
     def sample_order(self, epoch: int | None = None) -> np.ndarray:
         """The epoch order as global stored sample indices (for tests and mixing measurements)."""
