@@ -66,6 +66,7 @@ from shardio.write.directory import Committer, Retention, drop_inputs
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import Manifest
+from shardio.format.manifests import read_root
 from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
@@ -95,9 +96,22 @@ class RunOptions:
 
 def dataset_config(output: str) -> dict[str, Any] | None:
     """The stored config of the dataset at ``output`` (what a rerun starts from: ``load_config(base=...)``),
-    or None if there is none yet, or it cannot be read now (the run itself then says why, under the lock)."""
+    or None if there is none yet, or it cannot be read now (the run itself then says why, under the lock).
+
+    From the root alone (a few KB: format 3 keeps the config there, versions 1-2 at the top of the one
+    document): the run loads the whole index once, under the lock. A root that cannot be read this way
+    (corrupt, say) goes through ``load_current``, which may restore a kept generation's."""
+    directory = normalize(output)
     try:
-        manifest = dataset_dir.load_current(normalize(output))
+        config = read_root(directory).get("config")
+        if isinstance(config, dict):
+            return dict(config)
+    except FileNotFoundError:
+        return None
+    except (ShardioError, OSError):
+        pass
+    try:
+        manifest = dataset_dir.load_current(directory)
     except (ShardioError, OSError):
         return None
     return dict(manifest.config) if manifest is not None else None
