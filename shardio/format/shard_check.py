@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from shardio.format.manifests import DatasetIndex
 from shardio.format.spec import RAW, SHARDS_DIR, Manifest, ShardEntry, expected_shard_size
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -48,7 +49,7 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
     return None
 
 
-def shard_problems(directory: str, manifest: Manifest, shards: Iterable[ShardEntry] | None = None,
+def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
                    checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
     Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's

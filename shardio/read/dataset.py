@@ -22,7 +22,7 @@ from shardio.read.cache_setup import cache_for
 from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME
-from shardio.format.manifests import load_manifest
+from shardio.format.manifests import read_root
 from shardio.read.epoch_plan import EpochPlan
 from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
@@ -33,7 +33,7 @@ from shardio.read.order import (
     rank_batches,
 )
 from shardio.read.prefetch import prefetched
-from shardio.read.snapshot import DatasetSnapshot, open_dataset
+from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
 from shardio.read.selection import SampleSelection, SubsetSnapshot
 from shardio.read.shard_cache import ShardCache
@@ -187,7 +187,7 @@ class ShardDataset(IterableDataset):
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
             if not self.is_local:
                 self._attach_cache(snapshot)
-            else:
+            elif len(snapshot.shards) <= EAGER_CHECK_SHARDS:
                 for shard in range(len(snapshot.shards)):
                     snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
         except ShardError as e:
@@ -267,7 +267,7 @@ class ShardDataset(IterableDataset):
     def _newest_generation(self) -> int:
         """The newest generation every rank can open: under DDP the smallest of each rank's newest (a
         commit may land between two ranks' reads; retention keeps the older one)."""
-        newest = load_manifest(self.path).generation
+        newest = int(read_root(self.path).get("generation", 0))
         if self._from_dist and self.world_size > 1:
             everyone: list[Any] = [None] * self.world_size
             torch.distributed.all_gather_object(everyone, newest)

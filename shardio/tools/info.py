@@ -46,17 +46,17 @@ def dataset_info(directory: str) -> dict[str, Any]:
         for failure in run.get("failures", []):
             if failure.get("input") in processed:
                 failures_of_input[failure["input"]].append(failure)
-    reasons = count_by_category(f for path in manifest.inputs for f in failures_of_input.get(path, []))
-    pixel_bytes = sum(s.bytes for s in manifest.shards)
-    meta_bytes = sum(s.meta_bytes for s in manifest.shards)
+    names = manifest.shards.input_names() if failures_of_input else []
+    reasons = count_by_category(f for path in names for f in failures_of_input.get(path, []))
+    pixel_bytes, meta_bytes = manifest.totals["bytes"], manifest.totals["meta_bytes"]
     return {
         "directory": snapshot.directory,
         "samples": manifest.samples,
         "shape": list(manifest.shape),
         "layout": "NHWC uint8",
         "shards": len(manifest.shards),
-        "inputs": len(manifest.inputs),
-        "failed_samples": sum(i.failed for i in manifest.inputs.values()),
+        "inputs": manifest.totals["input_count"],
+        "failed_samples": manifest.totals["failed"],
         "encoding": manifest.encoding,
         # Per image, the pixel file bytes (header and offsets included) over the samples: what a JPEG
         # dataset costs against raw's H×W×3, and what the whole dataset grows by per million images.
