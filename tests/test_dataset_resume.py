@@ -1,12 +1,16 @@
-"""Mid-epoch resume: exactly the batches still to come, standalone and with workers; later epochs fresh."""
+"""Mid-epoch resume: exactly the batches still to come, standalone and with workers; later epochs fresh;
+a batch counts when handed out (``EpochCursor.handed_out``, the one loop every loader uses)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from dataset_fixtures import indices, make_dataset
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.read.resume import ORDER_SETTINGS, EpochCursor
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +145,74 @@ def test_explicit_order_settings_must_match_the_state(dataset_dir: str) -> None:
     assert new["order_version"] == 2
     with pytest.raises(ValueError, match="order_version=2"):
         make(dataset_dir, order_version=1).load_state_dict(new)
+
+
+# --- the hand-out rule: EpochCursor.handed_out, on a cursor alone ------------------------------------
+
+SAMPLES, BATCH, WORLD = 60, 6, 2  # 5 batches a rank, 12 samples a round of both ranks
+
+
+@pytest.fixture
+def cursor() -> EpochCursor:
+    settings = dict.fromkeys(ORDER_SETTINGS, 0) | {"batch_size": BATCH, "drop_last": False}
+    return EpochCursor(BATCH, rank=1, world_size=WORLD, drop_last=False, settings=settings)
+
+
+def pulled_from(batches, pulled: list) -> Iterator:
+    for batch in batches:
+        pulled.append(batch)
+        yield batch
+
+
+def one_ahead(batches) -> Iterator:
+    """Fetches batch k + 1 before yielding batch k, as DeviceLoader's CUDA copy does."""
+    batches = iter(batches)
+    upcoming = next(batches, None)
+    while upcoming is not None:
+        current, upcoming = upcoming, next(batches, None)
+        yield current
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 3])
+def test_a_batch_counts_when_handed_out_and_a_closed_iterator_keeps_the_count(
+        cursor: EpochCursor, stop_after: int) -> None:
+    epoch_pass = cursor.begin(SAMPLES, generation=1)
+    handed = cursor.handed_out(epoch_pass, epoch_pass.batches)
+    received = [next(handed) for _ in range(stop_after)]
+    assert received == list(epoch_pass.batches[:stop_after])
+    state = cursor.state_dict(SAMPLES, 1)
+    assert (state["batches_seen"], state["position"]) == (stop_after, stop_after * BATCH * WORLD)
+    handed.close()
+    assert cursor.state_dict(SAMPLES, 1)["batches_seen"] == stop_after
+    assert next(handed, None) is None
+
+
+@pytest.mark.parametrize("stop_after", [1, 3])
+def test_batches_fetched_ahead_inside_count_only_once_they_come_out(cursor: EpochCursor,
+                                                                     stop_after: int) -> None:
+    epoch_pass = cursor.begin(SAMPLES, generation=1)
+    pulled: list = []
+    handed = cursor.handed_out(epoch_pass, one_ahead(pulled_from(epoch_pass.batches, pulled)))
+    for _ in range(stop_after):
+        next(handed)
+    assert len(pulled) == stop_after + 1
+    assert cursor.batches_seen == stop_after
+
+
+def test_an_exhausted_pass_leaves_its_epoch_finished(cursor: EpochCursor) -> None:
+    epoch_pass = cursor.begin(SAMPLES, generation=1)
+    assert list(cursor.handed_out(epoch_pass, one_ahead(epoch_pass.batches))) == list(epoch_pass.batches)
+    state = cursor.state_dict(SAMPLES, 1)
+    assert (state["epoch"], state["batches_seen"], state["position"]) == (0, 5, SAMPLES)
+    assert cursor.next_pass() == (1, 0, None)
+
+
+def test_an_older_pass_counts_nothing_once_another_began(cursor: EpochCursor) -> None:
+    first = cursor.begin(SAMPLES, generation=1)
+    old = cursor.handed_out(first, first.batches)
+    next(old), next(old)
+    second = cursor.begin(SAMPLES, generation=1)
+    new = cursor.handed_out(second, second.batches)
+    next(new)
+    next(old)
+    assert (cursor.epoch, cursor.batches_seen) == (1, 1)

@@ -390,7 +390,7 @@ class ShardDataset(IterableDataset):
     def iter_pass(self, epoch_pass: EpochPass, *, pin_memory: bool | None = None,
                   prefetch: int | None = None) -> Iterator[Batch]:
         """The pass's batches (in a DataLoader worker, that worker's share); counts nothing: the layer
-        that hands them to the training loop calls ``cursor.hand_out(epoch_pass)``. ``pin_memory`` and
+        that hands them to the training loop wraps them in ``cursor.handed_out``. ``pin_memory`` and
         ``prefetch`` default to the dataset's settings."""
         if epoch_pass.generation != self.snapshot.generation:
             raise ValueError(f"{self.path}: this pass was begun on generation {epoch_pass.generation}, the "
@@ -419,12 +419,7 @@ class ShardDataset(IterableDataset):
         batches = self.iter_pass(epoch_pass)
         if worker is not None:
             return batches  # a copy of the dataset: the main process counts (ShardLoader)
-        return self._counted(epoch_pass, batches)
-
-    def _counted(self, epoch_pass: EpochPass, batches: Iterator[Batch]) -> Iterator[Batch]:
-        for batch in batches:
-            self.cursor.hand_out(epoch_pass)  # counted when handed out: a state_dict taken now skips it
-            yield batch
+        return self.cursor.handed_out(epoch_pass, batches)
 
     def _generate(self, plan: EpochPlan, batches: Sequence[range], shared: bool,
                   pinned: bool) -> Iterator[Batch]:

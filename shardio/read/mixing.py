@@ -8,8 +8,8 @@ batch, at the cost of one copy per sample, ~0.4 of copy speed at 256×256 in ``b
 The schedule is a pure function of ``(seed, epoch)``: epoch ``e``'s ``batches_per_epoch`` choices come
 from ``np.random.default_rng([seed, e])``, the same on every rank. Each dataset is read as an endless
 sequence of its own epochs, through its own resume protocol (``shardio.read.resume``): this mixer begins the
-dataset's passes, iterates them uncounted and hands out each batch on the dataset's cursor when it yields
-it. Where a dataset stands at the start of mixed epoch ``e`` is the number of batches the choices of
+dataset's passes and takes their batches through the dataset's ``cursor.handed_out``, one just before
+it yields it, so each counts when handed out. Where a dataset stands at the start of mixed epoch ``e`` is the number of batches the choices of
 epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
 
 - each new iteration is the next mixed epoch (the first is 0); ``set_epoch(e)`` pins the next one and
@@ -186,8 +186,7 @@ class MixedDataset(IterableDataset):
             stream = streams[source]
             if stream is None:  # begun on first use: a dataset never drawn is never read
                 stream = streams[source] = _endless(self.datasets[source])
-            epoch_pass, index, batch = next(stream)
-            self.datasets[source].cursor.hand_out(epoch_pass)  # this is the layer that hands it out
+            epoch_pass, index, batch = next(stream)  # counted now: this yields it next
             positions = epoch_pass.batches[index]
             self._fill_schema(batch)
             batch["__source__"] = source
@@ -208,11 +207,12 @@ class MixedDataset(IterableDataset):
 
 
 def _endless(dataset: ShardDataset) -> Iterator[tuple[EpochPass, int, Batch]]:
-    """``(pass, index in the pass, batch)`` of ``dataset``'s passes, epoch after epoch, uncounted: each new
-    pass is the dataset's next epoch (or the rest of the one it was placed or resumed in)."""
+    """``(pass, index in the pass, batch)`` of ``dataset``'s passes, epoch after epoch, each counted on the
+    dataset's cursor as the mixer takes it (it yields it at once): each new pass is the dataset's next epoch
+    (or the rest of the one it was placed or resumed in)."""
     while True:
         epoch_pass = dataset.begin_pass()
         if epoch_pass.start == 0 and not epoch_pass.batches:
             raise ValueError(f"{dataset.path}: an epoch of this rank has no batch to mix")
-        for index, batch in enumerate(dataset.iter_pass(epoch_pass)):
+        for index, batch in enumerate(dataset.cursor.handed_out(epoch_pass, dataset.iter_pass(epoch_pass))):
             yield epoch_pass, index, batch

@@ -6,8 +6,9 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    (``ShardDataset.begin_pass`` does it for ``iter(dataset)``, ``ShardLoader`` and ``DeviceLoader``). It
    picks the epoch: the one ``set_epoch`` pinned, else a loaded state's, else the one after the last pass
    (the first pass is epoch 0): each new iteration is the next epoch, with no user hook.
-2. ``hand_out(epoch_pass)`` each time that consumer receives a batch of the pass: the count behind
-   ``state_dict`` is batches *handed out*, not prefetched, so a resume repeats and skips nothing.
+2. ``handed_out(epoch_pass, batches)`` wraps the pass's batches where they leave for that consumer: it
+   counts each one (``hand_out``) as it yields it, so the count behind ``state_dict`` is batches *handed
+   out*, not prefetched, and a resume repeats and skips nothing. Every loader goes through it.
 3. ``state_dict()`` is a global position: the epoch, and the number of epoch-order samples every rank has
    consumed (``position``; ranks step in lockstep under DDP, so one rank's count stands for all). It
    does not depend on the world size or the number of workers, so ``load_state_dict`` may come from
@@ -27,9 +28,9 @@ number within the epoch, counting the batches before a resume at the resumed lay
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
 from shardio.read.order import consumed_position, rank_batches
@@ -41,6 +42,8 @@ __all__ = ["EpochCursor", "EpochPass"]
 ORDER_SETTINGS = ("seed", "shuffle", "shuffle_window", "shuffle_block", "order_version", "drop_last",
                   "batch_size")
 _ABSENT_IS = {"order_version": 1}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,18 @@ class EpochCursor:
         """The consumer received one more batch of ``epoch_pass`` (an older pass's iterator is ignored)."""
         if epoch_pass is self.current:
             self.handed += 1
+
+    def handed_out(self, epoch_pass: EpochPass, batches: Iterable[T]) -> Iterator[T]:
+        """``batches`` (``epoch_pass``'s, in order), each counted as this yields it: when the caller's
+        ``next()`` returns it. Wrap the layer closest to the training loop (or one that yields each batch
+        the moment it gets it): what layers inside pulled ahead (prefetch threads, workers, a device copy
+        of the next batch) is not counted until it comes out here, so a ``state_dict`` taken between
+        batches names exactly what was received. Closed or dropped
+        early, the count stays at what was yielded; an exhausted pass leaves it at the pass's end (the next
+        ``begin`` is the next epoch); once another pass began, this one's batches count nothing."""
+        for batch in batches:
+            self.hand_out(epoch_pass)  # before the yield: the caller has it the moment it is counted
+            yield batch
 
     @property
     def batches_seen(self) -> int:

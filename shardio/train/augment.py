@@ -313,8 +313,8 @@ class PositionedBatches:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch_pass = self.loader.begin_pass()
-        for index, batch in enumerate(self.loader.iter_pass(epoch_pass)):
-            self.dataset.cursor.hand_out(epoch_pass)
+        batches = self.dataset.cursor.handed_out(epoch_pass, self.loader.iter_pass(epoch_pass))
+        for index, batch in enumerate(batches):
             positions = epoch_pass.batches[index]
             yield {**batch, "__position__": torch.arange(positions.start, positions.stop, dtype=torch.int64),
                    "__epoch__": epoch_pass.epoch}

@@ -13,6 +13,7 @@ thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot o
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
@@ -93,12 +94,7 @@ class ShardLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         epoch_pass = self.begin_pass()
-        return self._counted(epoch_pass, self.iter_pass(epoch_pass))
-
-    def _counted(self, epoch_pass: EpochPass, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
-            self.cursor.hand_out(epoch_pass)
-            yield batch
+        return self.cursor.handed_out(epoch_pass, self.iter_pass(epoch_pass))
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         """The dataset's state (``ShardDataset.state_dict``)."""
@@ -195,8 +191,18 @@ class DeviceLoader:
             return {**batch, "image": batch["image"].pin_memory()}
         return batch
 
-    def _host_batches(self) -> Iterator[tuple[dict[str, Any], int, EpochPass | None]]:
-        """(prepared batch, its batch number in the epoch); counted on the cursor as this yields."""
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        # A generator: the pass begins at the first next(), not when the iterator is made.
+        epoch_pass, host = self._host_batches()
+        batches = self._on_device(host) if self.device.type == "cuda" else self._on_host(host)
+        if epoch_pass is None:
+            yield from batches
+        else:  # counted when yielded: not the next batch the device copy runs ahead on
+            yield from self.loader.cursor.handed_out(epoch_pass, batches)
+
+    def _host_batches(self) -> tuple[EpochPass | None, Iterator[tuple[dict[str, Any], int]]]:
+        """The pass (``None`` for a source off the protocol) and its (prepared batch, batch number in the
+        epoch), uncounted."""
         source = self.loader
         if isinstance(source, ShardDataset):
             epoch_pass: EpochPass | None = source.begin_pass()
@@ -213,42 +219,35 @@ class DeviceLoader:
         else:
             batches = map(self._prepare, batches)
         before = epoch_pass.before if epoch_pass is not None else 0
-        for number, batch in enumerate(batches, start=before + 1):
-            yield batch, number, epoch_pass
+        return epoch_pass, zip(batches, itertools.count(before + 1))
 
-    def _counted(self, epoch_pass: EpochPass | None) -> None:
-        if epoch_pass is not None:
-            self.loader.cursor.hand_out(epoch_pass)
+    def _on_host(self, host: Iterator[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
+        for batch, number in host:  # on the device already (_prepare), unless a transform takes it there
+            yield self._transform(batch, number) if self.transform is not None else batch
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self.device.type != "cuda":
-            for batch, number, epoch_pass in self._host_batches():
-                self._counted(epoch_pass)
-                yield self._transform(batch, number) if self.transform is not None else batch
-            return
+    def _on_device(self, host: Iterator[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
+        """The batches on CUDA, each one's copy begun on a side stream before the previous is yielded."""
         stream = torch.cuda.Stream(self.device)
-        host = self._host_batches()
 
-        def load() -> tuple[dict[str, Any], EpochPass | None] | None:
+        def load() -> dict[str, Any] | None:
             item = next(host, None)
             if item is None:
                 return None
-            batch, number, epoch_pass = item
+            batch, number = item
             with torch.cuda.stream(stream):
                 if self.transform is not None:
-                    return self._transform(batch, number), epoch_pass
-                return to_device(batch, self.device, **self.to_device_kwargs), epoch_pass
+                    return self._transform(batch, number)
+                return to_device(batch, self.device, **self.to_device_kwargs)
 
         upcoming = load()
         while upcoming is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)
-            batch, epoch_pass = upcoming
+            batch = upcoming
             for value in batch.values():
                 if isinstance(value, torch.Tensor) and value.is_cuda:
                     value.record_stream(current)  # made on the side stream, freed on this one
             upcoming = load()
-            self._counted(epoch_pass)
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
