@@ -90,6 +90,38 @@ def child_plan(shards: int, whole: bool, eager: bool) -> dict[str, Any]:
     return row
 
 
+def child_index(path: str) -> dict[str, Any]:
+    """A reader's whole start on a synthetic index: ``load_index`` (segments mapped, folded) and the epoch
+    plan of rank 0 of 64 to its first batch's pieces."""
+    from shardio.format.manifests import load_index
+    from shardio.read.epoch_plan import EpochPlan
+    from shardio.read.order import rank_batches
+
+    baseline = _reset_peak()
+    start = time.perf_counter()
+    index = load_index(path)
+    opened = time.perf_counter()
+    open_mb = _over(baseline)
+    counts = index.shards.samples
+    plan = EpochPlan(counts, shuffle=True, seed=0, epoch=0, shuffle_window=256, shuffle_block=1, order_version=2)
+    batches = rank_batches(int(counts.sum()), BATCH, RANK, WORLD, False)
+    first = plan.pieces(batches[0])
+    entry = index.shards[int(first[0][0])]  # the entry the first piece opens
+    if sum(b - a for _, a, b in first) != BATCH or not entry.path.startswith("shards/"):
+        raise RuntimeError(f"{path}: the first batch is not {BATCH} samples of listed shards")
+    return {"shards": len(index.shards), "index_open_s": round(opened - start, 3), "index_open_mb": open_mb,
+            "open_plan_s": round(time.perf_counter() - start, 3), "open_plan_mb": _over(baseline)}
+
+
+def make_index(shards: int) -> str:
+    from bench.synthetic_index import write_index
+
+    path = os.path.join(OUT, f"index-{shards}")
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        write_index(path, shards)
+    return path
+
+
 def child_dataset(path: str) -> dict[str, Any]:
     from shardio import ShardDataset
 
@@ -110,12 +142,12 @@ def child_dataset(path: str) -> dict[str, Any]:
     return row
 
 
-def make_dataset(samples: int) -> str:
-    """``samples`` 1x1-pixel samples in shards of 1,000 from 10 inputs (made once, then reused)."""
+def make_dataset(samples: int, per_shard: int = SAMPLES_PER_SHARD) -> str:
+    """``samples`` 1x1-pixel samples in shards of ``per_shard`` from 10 inputs (made once, then reused)."""
     from shardio.format import InputEntry, Manifest
     from shardio.write.shard_writer import InputShardWriter, write_manifest
 
-    path = os.path.join(OUT, f"ds-{samples}")
+    path = os.path.join(OUT, f"ds-{samples}" + ("" if per_shard == SAMPLES_PER_SHARD else f"x{per_shard}"))
     if os.path.exists(os.path.join(path, "manifest.json")):
         return path
     manifest = Manifest(shape=(1, 1, 3), config={"height": 1, "width": 1}, versions={"shardio": "bench"})
@@ -124,7 +156,7 @@ def make_dataset(samples: int) -> str:
     index = 0
     for number in range(10):
         name = f"input-{number}.tar"
-        writer = InputShardWriter(path, f"input-{number}", 1, 1, SAMPLES_PER_SHARD)
+        writer = InputShardWriter(path, f"input-{number}", 1, 1, per_shard)
         for _ in range(per_input):
             writer.add(pixels, {"key": f"s{index:09d}", "tar": name, "member": f"{index}.jpg"}, name)
             index += 1
@@ -148,15 +180,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--whole-up-to", type=int, default=300_000, help="iterate the whole rank up to here")
     parser.add_argument("--eager-up-to", type=int, default=300, help="plan eagerly too up to here")
     parser.add_argument("--dataset-samples", default="100000,1000000", help="ShardDataset sizes ('' none)")
+    parser.add_argument("--index-sizes", default="300,30000,300000,2300000",
+                        help="synthetic indexes opened and planned (shards of 1,000 samples; '' none)")
+    parser.add_argument("--many-shards", default="300,30000",
+                        help="ShardDatasets of that many 10-sample shards, opened + first shuffled batch ('' none)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         kind, value, *flags = args.child
-        row = child_plan(int(value), "whole" in flags, "eager" in flags) if kind == "plan" \
-            else child_dataset(value)
+        if kind == "plan":
+            row = child_plan(int(value), "whole" in flags, "eager" in flags)
+        elif kind == "index":
+            row = child_index(value)
+        else:
+            row = child_dataset(value)
         print(json.dumps(row))
         return row
-    result: dict[str, Any] = {"plan": {}, "dataset": {}}
+    result: dict[str, Any] = {"plan": {}, "dataset": {}, "index": {}, "many_shards": {}}
     for shards in (int(s) for s in args.sizes.split(",") if s):
         row = _child("plan", str(shards), *(["whole"] if shards <= args.whole_up_to else []))
         if shards <= args.eager_up_to:
@@ -167,6 +207,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = _child("dataset", make_dataset(samples))
         result["dataset"][samples] = row
         print(f"open  {samples:>9,} samples: {row}", flush=True)
+    for shards in (int(s) for s in args.index_sizes.split(",") if s):
+        row = _child("index", make_index(shards))
+        result["index"][shards] = row
+        print(f"index {shards:>9,} shards, load_index + plan rank {RANK}/{WORLD}: {row}", flush=True)
+    for shards in (int(s) for s in args.many_shards.split(",") if s):
+        row = _child("dataset", make_dataset(shards * 10, per_shard=10))
+        result["many_shards"][shards] = row
+        print(f"open  {shards:>9,} shards of 10 samples, ShardDataset + first shuffled batch: {row}", flush=True)
     sizes = sorted(result["dataset"])
     if len(sizes) >= 2:
         small, big = result["dataset"][sizes[0]], result["dataset"][sizes[-1]]
