@@ -8,7 +8,9 @@ built by N / per-commit commits, compactions included):
 - **append**: 10 more inputs committed once: metadata bytes written (files created or replaced outside
   ``shards/`` and ``reports/``) and wall time;
 - **on disk**: metadata bytes on disk (everything outside ``shards/`` and ``reports/``, every kept
-  generation's root and the segments they keep) against the current index (its root and segments);
+  generation's root and the segments they keep) against the current index (its root and segments),
+  after the default retention has run, as at a run's end (a run's passing generations: one root per
+  10-minute bucket);
 - **open**: ``load_manifest`` in a fresh process: seconds and RSS over the same process before it.
 
 ``python -m bench.scale [--sizes 300,30000,300000] [--out bench/out/scale]`` prints a table and writes
@@ -98,13 +100,16 @@ def measure(directory: str, shards: int, per_commit: int) -> dict:
     manifest = build(directory, shards, per_commit)
     build_s = time.perf_counter() - started
     written, wall = append(directory, manifest)
+    with dataset_dir.writing(directory):  # what a run does at its end (default retention)
+        collected = dataset_dir.collect(directory, dataset_dir.load_committed(directory)[0], dataset_dir.Retention())
     files = metadata_files(directory)
     root = json.load(open(os.path.join(directory, "manifest.json")))
     index = os.path.getsize(os.path.join(directory, "manifest.json")) + sum(s["bytes"] for s in root["segments"])
     on_disk = sum(size for size, _ in files.values())
     return {"shards": shards, "commits": -(-shards // per_commit) + 1, "build_s": round(build_s, 2),
             "append_bytes": written, "append_s": round(wall, 4), "index_bytes": index, "on_disk_bytes": on_disk,
-            "on_disk_ratio": round(on_disk / index, 2), "segments": len(root["segments"]), **open_cost(directory)}
+            "on_disk_ratio": round(on_disk / index, 2), "segments": len(root["segments"]),
+            "kept_generations": len(collected.kept_generations), **open_cost(directory)}
 
 
 def main() -> None:

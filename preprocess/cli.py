@@ -30,7 +30,13 @@ from preprocess.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 from preprocess.versions import library_versions, pillow_build
 from shardio.tools.cli_style import fail, new_app, version_option
-from shardio.write.directory import DEFAULT_RETAIN_GENERATIONS, DEFAULT_RETAIN_HOURS, Retention, report_path
+from shardio.write.directory import (
+    DEFAULT_RETAIN_GENERATIONS,
+    DEFAULT_RETAIN_HOURS,
+    DEFAULT_RETAIN_PASSING_MINUTES,
+    Retention,
+    report_path,
+)
 from shardio.write.directory import gc as collect_garbage
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
@@ -215,6 +221,7 @@ def run(
     confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    retain_passing_minutes: Annotated[float, typer.Option(min=0, help="A run's passing generations (current under this long) are kept only as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
     pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
@@ -242,7 +249,7 @@ def run(
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune,
-                         retention=Retention(hours=retain_hours, generations=retain_generations),
+                         retention=Retention(hours=retain_hours, generations=retain_generations, passing_minutes=retain_passing_minutes),
                          pass_credentials=pass_credentials)
     # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
     # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
@@ -339,13 +346,14 @@ def gc(
     directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    retain_passing_minutes: Annotated[float, typer.Option(min=0, help="A run's passing generations (current under this long) are kept only as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
     wait: Annotated[bool, typer.Option("--wait", help="If a run holds DIR, wait for it.")] = False,
 ) -> None:
     """Delete superseded shards and manifest generations that no kept generation needs.
 
     A run does this at its end with its own --retain-* options."""
     try:
-        collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations),
+        collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations, passing_minutes=retain_passing_minutes),
                                     wait_for_lock=wait)
     except ShardioError as e:
         _fail(e)

@@ -19,6 +19,7 @@ from shardio.format import RetiredFile
 from shardio.format.manifests import generation_path, list_generations, load_manifest
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset, retire_input
+from tests.index_steps import run_steps
 
 
 
@@ -48,9 +49,10 @@ def test_retired_files_stay_until_no_kept_generation_lists_them(tmp_path):
     retire_input(out, "input-1.tar")  # generation 2; generation 1 lists the retired files
     now = datetime.now(timezone.utc)
 
-    # Kept by count (generation 1 is one of the newest 3), then by time (it was current 1 h ago).
+    # Kept by count (generation 1 is one of the newest 3), then by time (it was current 1 h ago; a
+    # generation current for seconds is a passing one: passing_minutes 0 keeps those by time too).
     assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3), now).files == []
-    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1), now).files == []
+    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1, 0), now).files == []
     assert retired <= shard_files(out)
     assert shardio.open_dataset(out, generation=1, verify=True).generation == 1
 
@@ -148,3 +150,43 @@ def test_files_honour_the_umask(tmp_path):
     for root, _, names in os.walk(out):
         for name in names:
             assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o640, os.path.join(root, name)
+
+
+def _commit_times(out: str, times: dict[int, float]) -> None:
+    """Generation g committed at ``times[g]`` (a generation file's mtime is its commit time)."""
+    for generation, at in times.items():
+        os.utime(generation_path(out, generation), (at, at))
+
+
+def test_a_run_leaves_one_root_per_bucket_of_its_passing_generations_and_their_segments_go(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 40)  # one generation per commit, compactions along the way
+    generations = list_generations(out)
+    newest = generations[-1]
+    # Run A commits generations 1..10 within 20 s, at the start of a 10-minute bucket; its result (10)
+    # stays current for 2 h; run B then commits the rest within its own bucket, 2 s apart.
+    bucket = 600
+    start = (datetime.now(timezone.utc).timestamp() // bucket) * bucket - 10 * 3600
+    times = {g: start + 2 * g for g in generations if g <= 10}
+    times.update({g: start + 2 * 3600 + 2 * (g - 10) for g in generations if g > 10})
+    _commit_times(out, times)
+    os.utime(os.path.join(out, "manifest.json"), (times[newest], times[newest]))
+    before = load_manifest(out).to_json()
+    now = datetime.fromtimestamp(start + 3 * 3600, timezone.utc)
+
+    every = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3, 0), now)
+    assert every.generations == [] and list_generations(out) == generations  # 0: the time rule alone
+
+    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3), now)
+    kept = [10, newest - 2, newest - 1, newest]
+    assert list_generations(out) == kept and collected.kept_generations == kept
+    named = set()
+    for generation in kept:
+        named |= {s["path"] for s in json.load(open(generation_path(out, generation)))["segments"]}
+    assert {f"index/{n}" for n in os.listdir(os.path.join(out, "index"))} == named
+    assert collected.segments  # the passing roots' own segments went with them
+    assert load_manifest(out).to_json() == before
+    for generation in kept:
+        assert load_manifest(out, generation).generation == generation
+    with pytest.raises(ShardFormatError, match=r"generation 5 is not kept"):
+        load_manifest(out, 5)

@@ -176,6 +176,19 @@ what a day-long epoch started the night before still reads. A retired file is de
 file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
 ``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 
+A run commits every few seconds, so most generations are *passing* ones, current for less than
+``retain_passing_minutes`` (default 10): beyond the newest ``retain_generations``, a passing generation's
+root is kept only when it is the newest generation committed in its ``retain_passing_minutes`` bucket
+of wall time (UTC, ``floor(commit time / bucket)``), so a run leaves at most one root per bucket,
+whatever the number of its commits, and the segments only collected roots named go with them (each
+kept root keeps its own segments: a run's 3,000 roots and their pre-compaction segments were 8x the
+index). A generation current for longer (a run's result, current until the next run) is kept as
+above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
+passing generation keeps reading its files (and, locally, its index, memory-mapped) for its whole
+epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
+naming the kept ones. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
+index).
+
 Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it
 is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
 half-visible. Every file is created with mode ``0o666`` less the umask (``0644`` under umask 022), so a

@@ -75,27 +75,31 @@ __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
-    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "save_report", "report_path",
+    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_PASSING_MINUTES", "save_report", "report_path",
 ]
 
 # A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
 # day-long epoch; 3 generations cover reruns in quick succession (a retry, a repair) on top of that.
 DEFAULT_RETAIN_HOURS = 24.0
 DEFAULT_RETAIN_GENERATIONS = 3
+DEFAULT_RETAIN_PASSING_MINUTES = 10.0
 
 
 @dataclass(frozen=True)
 class Retention:
     """A generation is kept while it is one of the newest ``generations`` or was current less than
-    ``hours`` ago; a file is collected once no kept generation lists it."""
+    ``hours`` ago; a passing one (current under ``passing_minutes``: a run's intermediate commit) only
+    as the newest of its ``passing_minutes`` bucket (0: every one); a file is collected once no kept
+    generation lists it (the spec's "Retention")."""
 
     hours: float = DEFAULT_RETAIN_HOURS
     generations: int = DEFAULT_RETAIN_GENERATIONS
+    passing_minutes: float = DEFAULT_RETAIN_PASSING_MINUTES
 
     def __post_init__(self) -> None:
-        if self.hours < 0 or self.generations < 1:
-            raise ValueError(f"retention needs hours >= 0 and generations >= 1 (the current one), got "
-                             f"{self.hours} h, {self.generations} generation(s)")
+        if self.hours < 0 or self.generations < 1 or self.passing_minutes < 0:
+            raise ValueError(f"retention needs hours >= 0, generations >= 1 (the current one) and passing minutes "
+                             f">= 0, got {self.hours} h, {self.generations} generation(s), {self.passing_minutes} min")
 
 
 @dataclass
@@ -226,6 +230,10 @@ def _parse_time(text: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def _bucket(moment: datetime, width: timedelta) -> int:
+    return int(moment.timestamp() // width.total_seconds())
+
+
 def collect(directory: str, manifest: Manifest, retention: Retention,
             now: datetime | None = None) -> Collected:
     """Delete the retired files and generation files no kept generation needs (see the format spec).
@@ -259,8 +267,20 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
         return (generation > current - retention.generations or successor_committed is None
                 or successor_committed > cutoff)
 
+    def root_kept(generation: int) -> bool:
+        successor = committed_at(generation + 1)
+        if not kept(generation, successor):
+            return False
+        committed = committed_at(generation)
+        if generation > current - retention.generations or not retention.passing_minutes or None in (
+                committed, successor):
+            return True
+        bucket = timedelta(minutes=retention.passing_minutes)
+        # Current for a while (a run's result), or the newest commit of its bucket (successor in a later one).
+        return successor - committed >= bucket or _bucket(committed, bucket) != _bucket(successor, bucket)
+
     result = Collected()
-    doomed = [g for g in generations if not kept(g, committed_at(g + 1))]
+    doomed = [g for g in generations if not root_kept(g)]
     result.kept_generations = [g for g in generations if g not in doomed] + [current]
 
     def retired_at(entry: RetiredFile) -> datetime | None:
