@@ -87,6 +87,9 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 	# Augmentation on the device (here the CPU): samples/s against copying the batch, and resampling error.
 	$(PY) -m bench.augment
+	# JPEG datasets (issue 25): single-core libjpeg-turbo decode, the CPU reader on every core against cores x it
+	# (goal >= 0.85) and against the raw reader on the same images; --device cuda: the GPU decode, on a GPU host.
+	$(PY) -m bench.jpeg_reader
 	# The job at LAION size (issue 24): a no-op rerun over 300 / 3k / 30k committed local inputs (wall, RSS),
 	# the job's share of one finished input, and the plan alone at 230k inputs (synthetic, built in seconds).
 	$(PY) -m bench.scale_job

@@ -303,3 +303,23 @@ def test_the_same_tar_under_two_names_reads_every_sample_of_both(same_tar_twice,
         assert sorted(seen.tolist()) == sorted(list(range(21)) * 2)
     if limit is not None:
         assert there.cache_stats()["peak_bytes"] <= limit
+
+
+def test_encoded_batches_from_the_bucket_are_the_local_ones_copied_out_of_the_cache(s3_server, s3_bucket,
+                                                                                   tmp_path):
+    """``decode="device"`` on a remote JPEG dataset: the same samples and bytes as the local copy, each batch's
+    JPEGs in one fresh buffer of their own, not views of the cached files (which the cache may evict)."""
+    local = str(tmp_path / "local-jpeg")
+    make_dataset(local, inputs=(20, 12), samples_per_shard=8, height=16, width=16, encoding="jpeg")
+    remote = upload(s3_server, s3_bucket, local, "jpeg")
+    here = list(ShardDataset(local, 8, decode="device", **SETTINGS))
+    there = list(ShardDataset(remote, 8, decode="device", cache_dir=str(tmp_path / "cache"),
+                              cache_limit=8 * max(shard_bytes(local)), **SETTINGS))
+    assert [b["__key__"] for b in there] == [b["__key__"] for b in here] and len(here) == 4
+    for a, b in zip(here, there):
+        images = b["image"]
+        assert [bytes(j) for j in images.jpegs] == [bytes(j) for j in a["image"].jpegs]
+        buffer = images.jpegs[0].base
+        assert type(buffer) is np.ndarray and buffer.base is None, "the JPEGs still view a cached file"
+        assert all(j.base is buffer for j in images.jpegs)
+        assert np.array_equal(images.decode(), a["image"].decode())

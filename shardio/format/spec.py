@@ -32,7 +32,8 @@ image once as a baseline JPEG, by libjpeg-turbo with the config's ``quality`` (1
 shard, ``.jsonl``, manifest entry (``bytes`` and the checksum are the whole ``.jpg.npy``'s), generations
 and commit protocol; ~23-24 KB an image at 256² and the defaults (quality 90, 4:4:4) against 196 KB raw,
 with a median PSNR of 40-42 dB against the raw pixels (``python -m bench.jpeg_quality``; PERF_NOTES). A reader decodes a batch
-back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``); the pixels are the raw ones within the
+back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or, on CUDA, on the GPU
+(``shardio.train.device_decode``; docs/reader.md, "JPEG datasets"); the pixels are the raw ones within the
 JPEG error (documented in README, "Compact shards"), not equal. Any other ``encoding`` is refused.
 
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:

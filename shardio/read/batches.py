@@ -4,7 +4,8 @@ A batch within one run of one shard is a view of the memory map (zero copies; th
 copies it once); any other batch is one copy, into a buffer reused once the batch is released, into shared
 memory in a DataLoader worker, or into pinned memory. Measurements behind these choices: docs/reader.md.
 A JPEG dataset's batch is decoded straight into that same buffer (``shardio.read.jpeg_pixels``: one native
-call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches.
+call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches; or, asked
+for ``encoded``, its ``image`` is the batch's JPEG bytes (``EncodedImages``) for a decoder on the device.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio.read.jpeg_pixels import JpegPixels, decode_batch
+from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, decode_batch
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
 __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
@@ -68,14 +69,22 @@ class BatchAssembler:
             self.cache.move_to_end(shard)
         return hit
 
-    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool) -> Batch:
+    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
+                 encoded: bool = False) -> Batch:
         """The batch of the ``(shard, start, stop)`` slices, in order. ``shared``: in a DataLoader worker
-        (shared memory; never pinned, CUDA cannot be used in forked workers)."""
+        (shared memory; never pinned, CUDA cannot be used in forked workers). ``encoded`` (JPEG datasets):
+        ``image`` is the samples' ``EncodedImages``, not decoded; everything else is the same."""
         shards = [self.shard(shard) for shard, _, _ in pieces]
         count = sum(stop - start for _, start, stop in pieces)
         pinned = pinned and not shared
-        encoded = isinstance(shards[0][0], JpegPixels)
-        if len(pieces) == 1 and not shared and not pinned and not encoded:
+        jpeg = isinstance(shards[0][0], JpegPixels)
+        if encoded and not jpeg:
+            raise ValueError(f"{self.snapshot.directory}: encoded batches are for JPEG datasets "
+                             "(encoding: jpeg); this one is raw")
+        image: torch.Tensor | EncodedImages
+        if encoded:
+            image = EncodedImages.of([pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)])
+        elif len(pieces) == 1 and not shared and not pinned and not jpeg:
             # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
             _, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
@@ -90,7 +99,7 @@ class BatchAssembler:
             else:
                 image = torch.from_numpy(self.buffers.take(shape))
             slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
-            if encoded:
+            if jpeg:
                 decode_batch(slices, image.numpy())
             else:
                 # One torch op for the whole batch: it splits the copy over the intra-op threads (12-20

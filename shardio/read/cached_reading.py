@@ -7,6 +7,7 @@ its directory ``shardio.read.cache_dir``.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,8 @@ class CachedAssembler(BatchAssembler):
     removed as soon as no batch is being assembled from it (its bytes count against the limit until
     then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
     view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
-    ``list(ds)`` would hold every shard), and the limit could not be kept. The pinned (CUDA) and
+    ``list(ds)`` would hold every shard), and the limit could not be kept; an encoded batch's JPEG bytes
+    are copied out for the same reason. The pinned (CUDA) and
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
@@ -66,8 +68,15 @@ class CachedAssembler(BatchAssembler):
             self.release_doomed()
         return super().shard(shard)
 
-    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool) -> dict[str, Any]:
-        batch = super().assemble(pieces, shared, pinned)
+    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
+                 encoded: bool = False) -> dict[str, Any]:
+        batch = super().assemble(pieces, shared, pinned, encoded)
+        if encoded:  # the JPEG bytes copied out of the maps too (a few MB a batch), for the same reason
+            images = batch["image"]
+            flat = np.concatenate(images.jpegs) if len(images) else np.empty(0, np.uint8)
+            bounds = np.cumsum([0] + [len(jpeg) for jpeg in images.jpegs]).tolist()
+            batch["image"] = replace(images, jpegs=[flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+            return batch
         if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
             view = batch["image"]
             image = torch.from_numpy(self.buffers.take(tuple(view.shape)))

@@ -21,7 +21,7 @@ from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache_setup import cache_for
 from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
-from shardio.format import MANIFEST_NAME
+from shardio.format import JPEG, MANIFEST_NAME
 from shardio.format.manifests import read_root
 from shardio.read.epoch_plan import EpochPlan
 from shardio.read.order import (
@@ -40,6 +40,9 @@ from shardio.read.shard_cache import ShardCache
 
 # epoch_runs and rank_batches lived here before shardio.read.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
+
+# What ShardDataset(decode=...) takes: decode JPEG batches here, or hand them out encoded for the device.
+DECODE_CHOICES = ("cpu", "device")
 
 # DataLoader worker ids that can warn about a repeated epoch (one int64 each in shared memory).
 _WATCHED_WORKERS = 256
@@ -96,6 +99,12 @@ class ShardDataset(IterableDataset):
     ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
 
+    ``decode`` (JPEG datasets, ``encoding: jpeg``): ``"cpu"`` (default) decodes each batch here into the
+    uint8 ``image``; ``"device"`` leaves it encoded: ``image`` is a ``shardio.read.jpeg_pixels.EncodedImages``
+    (each sample's JPEG bytes, views of the shard maps) for a decoder on the GPU
+    (``shardio.train.device_decode``; ``DeviceLoader`` asks for this by itself on CUDA). The batches,
+    their order, resume and rank split are the same either way: only ``image`` differs.
+
     ``path`` may be an object-storage URL (``s3://bucket/ds``): shards are downloaded ahead of need into
     ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
     bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
@@ -126,6 +135,7 @@ class ShardDataset(IterableDataset):
         selection: SampleSelection | None = None,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
+        decode: str = "cpu",
     ) -> None:
         super().__init__()
         # Whether the dataset is on this host's disk (memory-mapped in place) or read through a cache:
@@ -151,6 +161,9 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
+        if decode not in DECODE_CHOICES:
+            raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {decode!r}")
+        self.decode = decode
         self.path = path
         self.pin_memory = pin_memory
         self.prefetch = prefetch
@@ -166,6 +179,9 @@ class ShardDataset(IterableDataset):
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
         self._open(generation, check_ranks=True)
+        if decode == "device" and not self.is_jpeg:
+            raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg); this one is "
+                             f"{self.snapshot.encoding}: its batches need no decoding")
         if shuffle and self._cache is not None:
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
@@ -230,6 +246,11 @@ class ShardDataset(IterableDataset):
         if self._cache is not None:
             self._cache.close()
         self._cache = cache
+
+    @property
+    def is_jpeg(self) -> bool:
+        """Whether the shards hold JPEGs (``encoding: jpeg``), so batches can be handed out encoded."""
+        return self.snapshot.encoding == JPEG
 
     def cache_stats(self) -> dict[str, int] | None:
         """The shard cache's counters (downloads, bytes_downloaded, adopted, hits, misses, evictions,
@@ -388,10 +409,11 @@ class ShardDataset(IterableDataset):
         return epoch_pass
 
     def iter_pass(self, epoch_pass: EpochPass, *, pin_memory: bool | None = None,
-                  prefetch: int | None = None) -> Iterator[Batch]:
+                  prefetch: int | None = None, encoded: bool | None = None) -> Iterator[Batch]:
         """The pass's batches (in a DataLoader worker, that worker's share); counts nothing: the layer
-        that hands them to the training loop wraps them in ``cursor.handed_out``. ``pin_memory`` and
-        ``prefetch`` default to the dataset's settings."""
+        that hands them to the training loop wraps them in ``cursor.handed_out``. ``pin_memory``,
+        ``prefetch`` and ``encoded`` (JPEG batches left encoded: ``decode="device"``) default to the
+        dataset's settings."""
         if epoch_pass.generation != self.snapshot.generation:
             raise ValueError(f"{self.path}: this pass was begun on generation {epoch_pass.generation}, the "
                              f"dataset has moved to {self.snapshot.generation}; begin a new pass")
@@ -403,9 +425,13 @@ class ShardDataset(IterableDataset):
         pinned = self.pin_memory if pin_memory is None else pin_memory
         if pinned and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
+        encoded = self.decode == "device" if encoded is None else encoded
+        if encoded and not self.is_jpeg:
+            raise ValueError(f"{self.path}: encoded batches are for JPEG datasets (encoding: jpeg); this one "
+                             f"is {self.snapshot.encoding}")
         # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
-        source = self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned)
+        source = self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
         depth = self.prefetch if prefetch is None else prefetch
         return prefetched(source, _identity, depth) if depth > 0 else source
 
@@ -422,11 +448,11 @@ class ShardDataset(IterableDataset):
         return self.cursor.handed_out(epoch_pass, batches)
 
     def _generate(self, plan: EpochPlan, batches: Sequence[range], shared: bool,
-                  pinned: bool) -> Iterator[Batch]:
+                  pinned: bool, encoded: bool = False) -> Iterator[Batch]:
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
         if not isinstance(assembler, CachedAssembler):
             for positions in batches:
-                yield assembler.assemble(plan.pieces(positions), shared, pinned)
+                yield assembler.assemble(plan.pieces(positions), shared, pinned, encoded)
             return
         # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady):
         # this path still lists every piece of the pass up front (one entry a sample with blocks of 1).
@@ -440,7 +466,7 @@ class ShardDataset(IterableDataset):
         cache.plan(shards)
         for number, batch in enumerate(pieces):
             cache.advance(number)
-            yield assembler.assemble(batch, shared, pinned)
+            yield assembler.assemble(batch, shared, pinned, encoded)
 
     def shard(self, shard: int) -> tuple[np.ndarray, Any]:
         """Shard ``shard``'s pixels (a view of its memory map) and metadata, as batches read them."""

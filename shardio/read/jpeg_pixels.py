@@ -8,6 +8,11 @@ decodes. ``decode_batch`` decodes the slices of one batch into one buffer with
 loop and the prefetch thread run meanwhile. A bad sample is a ShardIntegrityError naming the shard file and
 the sample index in it.
 
+``EncodedImages`` is a batch still encoded: each sample's JPEG bytes as a numpy view of the mapped shard
+(no copy) with the shards and sample numbers they come from, for a decoder elsewhere (the GPU's:
+``shardio.train.device_decode``) that reports a bad sample the same way; ``EncodedImages.decode`` is the
+CPU decode of the same bytes.
+
 The extension is optional (a reader install may lack a compiler or the libjpeg headers): raw datasets never
 import it; a JPEG dataset without it is an error that says what to install.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +35,7 @@ try:  # the optional compiled extension (setup.py); raw datasets never need it
 except ImportError as e:
     _jpeg_batch, _import_error = None, e
 
-__all__ = ["JpegPixels", "map_jpeg_shard", "decode_batch", "decode_threads"]
+__all__ = ["EncodedImages", "JpegPixels", "map_jpeg_shard", "decode_batch", "decode_threads"]
 
 
 def _decoder() -> Any:
@@ -74,6 +80,13 @@ class JpegPixels:
         bounds = self.offsets.tolist()
         view = memoryview(self.data)
         return [view[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def arrays(self) -> list[np.ndarray]:
+        """Each sample's JPEG bytes as a uint8 array viewing the shard's memory map (no copy; a pickled one
+        carries its own bytes only, not the shard's)."""
+        bounds = self.offsets.tolist()
+        data = np.asarray(self.data)  # a plain ndarray view: slicing an np.memmap costs more per piece
+        return [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -124,21 +137,76 @@ def map_jpeg_shard(path: str, local_path: str, samples: int, height: int, width:
     return JpegPixels(path, offsets, mapped[start:], height, width)
 
 
+@dataclass(frozen=True)
+class EncodedImages:
+    """One batch's images still encoded, in batch order: ``jpegs[i]`` is sample i's JPEG (uint8 views of
+    the shard maps), each decoding to ``height`` × ``width`` × 3. ``sources`` lists the batch's runs as
+    ``(shard path, first sample in the shard, samples)``, so any decoder names a bad sample by shard and
+    sample (``bad_sample``). What ``ShardDataset(decode="device")`` puts in a batch's ``image``."""
+
+    jpegs: list[np.ndarray]
+    height: int
+    width: int
+    sources: list[tuple[str, int, int]]
+
+    @classmethod
+    def of(cls, pieces: Sequence[JpegPixels]) -> EncodedImages:
+        """The samples of ``pieces`` (slices of JPEG shards), in order; their bytes are not copied."""
+        jpegs: list[np.ndarray] = []
+        for piece in pieces:
+            jpegs.extend(piece.arrays())
+        return cls(jpegs, pieces[0].height, pieces[0].width,
+                   [(piece.path, piece.first, len(piece)) for piece in pieces])
+
+    def __len__(self) -> int:
+        return len(self.jpegs)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The decoded batch's shape: (B, H, W, 3)."""
+        return (len(self), self.height, self.width, 3)
+
+    def nbytes(self) -> int:
+        """The compressed bytes of the batch (what a device decode copies to the device)."""
+        return sum(len(jpeg) for jpeg in self.jpegs)
+
+    def bad_sample(self, index: int, reason: str) -> ShardIntegrityError:
+        """The error for the batch's ``index``-th sample: its shard file, its sample number, ``reason``."""
+        for path, first, count in self.sources:
+            if index < count:
+                return ShardIntegrityError(f"{path}: sample {first + index}: {reason}; HINT: run "
+                                           "`preprocess verify DIR --repair` to rebuild the shard")
+            index -= count
+        raise IndexError(f"sample {index} past the end of a batch of {len(self)}")
+
+    def decode(self, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
+        """The batch decoded on the CPU (the extension, as a decoded batch is): uint8 (B, H, W, 3)."""
+        if out is None:
+            out = np.empty(self.shape, np.uint8)
+        _decode_into(self, self.jpegs, out, threads)
+        return out
+
+
 def decode_batch(pieces: Sequence[JpegPixels], out: np.ndarray, threads: int | None = None) -> None:
     """Decode the samples of ``pieces``, in order, into ``out`` (count×H×W×3 uint8, C-contiguous) on
     ``threads`` native threads (default ``decode_threads()``), the GIL released."""
-    decoder = _decoder()
     jpegs: list[memoryview] = []
     for piece in pieces:
         jpegs.extend(piece.jpegs())
-    if not pieces or not jpegs:
+    if not pieces:
+        _decoder()  # without the extension a JPEG dataset says what to install, even on an empty batch
         return
-    height, width = pieces[0].height, pieces[0].width
-    failed = decoder.decode_into(jpegs, out, height, width, threads or decode_threads())
+    names = EncodedImages([], pieces[0].height, pieces[0].width,
+                          [(piece.path, piece.first, len(piece)) for piece in pieces])
+    _decode_into(names, jpegs, out, threads)
+
+
+def _decode_into(batch: EncodedImages, jpegs: Sequence[Any], out: np.ndarray, threads: int | None) -> None:
+    """``jpegs`` (bytes-like, in order) into ``out``; a bad one raises ``batch.bad_sample``."""
+    decoder = _decoder()
+    if not jpegs:
+        return
+    failed = decoder.decode_into(jpegs, out, batch.height, batch.width, threads or decode_threads())
     if failed is not None:
         index, reason = failed
-        for piece in pieces:
-            if index < len(piece):
-                raise ShardIntegrityError(f"{piece.path}: sample {piece.first + index}: {reason}; HINT: run "
-                                          "`preprocess verify DIR --repair` to rebuild the shard")
-            index -= len(piece)
+        raise batch.bad_sample(index, reason)

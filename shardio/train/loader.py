@@ -7,24 +7,28 @@ is exact with any number of workers. ``DeviceLoader`` moves each batch to the de
 uint8 NHWC images into normalised float NCHW (channels_last memory, which convolutions prefer).
 
 Copies per batch: memory map → pinned buffer (the pin thread, or the worker's shared memory then the pin
-thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything.
+thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything. A JPEG
+dataset on CUDA can instead hand its batches out encoded and have them decoded on the GPU
+(``shardio.train.device_decode``: one batched nvJPEG call a batch, on the side stream); see ``DeviceLoader``.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
 from torch.utils.data import DataLoader
 
 from shardio.read.dataset import EpochPass, ShardDataset
+from shardio.read.jpeg_pixels import EncodedImages
 from shardio.store.backends import for_path
 from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import BatchTransform, transform_batch
+from shardio.train import device_decode
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
 
@@ -76,21 +80,28 @@ class ShardLoader(DataLoader):
     def begin_pass(self) -> EpochPass:
         return self.dataset.begin_pass()  # type: ignore[attr-defined]
 
-    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
-        """The pass's batches, uncounted (``shardio.read.resume``)."""
+    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None,
+                  encoded: bool | None = None) -> Iterator[Any]:
+        """The pass's batches, uncounted (``shardio.read.resume``); ``encoded``: JPEG batches left encoded
+        (``ShardDataset``'s ``decode="device"``; default: the dataset's setting)."""
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
         if self.num_workers == 0:
             # DataLoader's single-process iterator adds nothing to whole batches: the dataset assembles
             # them pinned itself (DataLoader's pin_memory() would then copy nothing) and prefetches.
             # pin_memory without CUDA is a no-op for DataLoader (it warns): the same here.
             pinned = (self.pin_memory and torch.cuda.is_available()) or None
-            return dataset.iter_pass(epoch_pass, pin_memory=pinned, prefetch=prefetch)
-        # The workers copy the dataset while DataLoader's iterator starts: hand them this pass.
+            return dataset.iter_pass(epoch_pass, pin_memory=pinned, prefetch=prefetch, encoded=encoded)
+        # The workers copy the dataset while DataLoader's iterator starts: hand them this pass (and how to
+        # hand out its batches, read by their copy's iter_pass).
         dataset.cursor.hand_over(epoch_pass)
+        decode = dataset.decode
+        if encoded is not None:
+            dataset.decode = "device" if encoded else "cpu"
         try:
             return super().__iter__()
         finally:
             dataset.cursor.hand_over(None)
+            dataset.decode = decode
 
     def __iter__(self) -> Iterator[Any]:
         epoch_pass = self.begin_pass()
@@ -161,10 +172,20 @@ class DeviceLoader:
     ``transform`` (e.g. ``shardio.train.augment.TrainAugment``) replaces the normalisation: it gets the uint8
     images on the device with their epoch positions, and the batch's ``content_box`` (on the device) when
     it has one (every batch of a ``mode: pad`` dataset), and returns the float batch.
+
+    JPEG datasets: ``decode_on_device`` chooses, once, where batches are decoded. On (the default on CUDA
+    when torchvision >= 0.19 imports, or when the dataset was made with ``decode="device"``), the dataset
+    hands each batch out encoded (same batches, order and resume) and ``device_decoder`` (default
+    ``shardio.train.device_decode.DeviceDecoder``: batched nvJPEG) decodes it to uint8 NHWC on the device,
+    on the side stream, before the normalisation or ``transform`` as for any batch. ``True`` without
+    torchvision is a MissingExtra saying what to install; ``False`` decodes on the CPU (the dataset's
+    native threads). A batch that reaches this still encoded with device decode off is decoded on the CPU.
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
                  pin_memory: bool | None = None, transform: BatchTransform | None = None,
+                 decode_on_device: bool | None = None,
+                 device_decoder: Callable[[EncodedImages], torch.Tensor] | None = None,
                  **to_device_kwargs: Any) -> None:
         if transform is not None and to_device_kwargs:
             raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
@@ -173,6 +194,38 @@ class DeviceLoader:
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
+        self.decoder = self._device_decoder(decode_on_device, device_decoder)
+
+    def _device_decoder(self, decode_on_device: bool | None,
+                        decoder: Callable[[EncodedImages], torch.Tensor] | None
+                        ) -> Callable[[EncodedImages], torch.Tensor] | None:
+        """The decoder of encoded batches on the device, or None to decode JPEG batches on the CPU."""
+        source = self.loader
+        dataset = source if isinstance(source, ShardDataset) else getattr(source, "dataset", None)
+        dataset = dataset if isinstance(dataset, ShardDataset) else None
+        if decoder is not None and decode_on_device is False:
+            raise ValueError("device_decoder= decodes on the device; it contradicts decode_on_device=False")
+        if decode_on_device is None:
+            if decoder is not None or (dataset is not None and dataset.decode == "device"):
+                decode_on_device = True
+            else:  # any batches' source may carry encoded ones; only a known raw dataset never does
+                decode_on_device = ((dataset is None or dataset.is_jpeg) and self.device.type == "cuda"
+                                    and device_decode.available())
+        if not decode_on_device:
+            return None
+        if dataset is not None and not dataset.is_jpeg:
+            raise ValueError(f"{dataset.path}: decode_on_device=True is for JPEG datasets (encoding: jpeg); "
+                             f"this one is {dataset.snapshot.encoding}")
+        return decoder if decoder is not None else device_decode.DeviceDecoder(self.device)
+
+    def _decoded(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with an encoded ``image`` decoded: by the device decoder, or else on the CPU."""
+        images = batch.get("image")
+        if not isinstance(images, EncodedImages):
+            return batch
+        if self.decoder is None:
+            return {**batch, "image": torch.from_numpy(images.decode())}
+        return {**batch, "image": self.decoder(images)}
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -182,7 +235,12 @@ class DeviceLoader:
         return self.loader.cursor.batches_seen if isinstance(self.loader, (ShardDataset, ShardLoader)) else 0
 
     def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU."""
+        """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU (and
+        the decode of an encoded batch, unless it is decoded on the side stream: ``load`` below)."""
+        if self.device.type != "cuda" or self.decoder is None:
+            batch = self._decoded(batch)
+        elif isinstance(batch.get("image"), EncodedImages):
+            return batch  # JPEG bytes for the device decoder: torchvision copies them to the device
         if self.device.type != "cuda":
             if self.transform is not None:
                 return batch  # transformed in the consumer's thread, with its positions
@@ -208,10 +266,11 @@ class DeviceLoader:
             epoch_pass: EpochPass | None = source.begin_pass()
             # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
             pinned = (self.pin_memory and self.device.type == "cuda") or None
-            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0)
+            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0,
+                                       encoded=self.decoder is not None)
         elif isinstance(source, ShardLoader):
             epoch_pass = source.begin_pass()
-            batches = source.iter_pass(epoch_pass, prefetch=0)
+            batches = source.iter_pass(epoch_pass, prefetch=0, encoded=self.decoder is not None)
         else:
             epoch_pass, batches = None, iter(source)
         if self.prefetch > 0:
@@ -235,6 +294,7 @@ class DeviceLoader:
                 return None
             batch, number = item
             with torch.cuda.stream(stream):
+                batch = self._decoded(batch)  # an encoded batch: decoded here, overlapping the step
                 if self.transform is not None:
                     return self._transform(batch, number)
                 return to_device(batch, self.device, **self.to_device_kwargs)

@@ -1,0 +1,259 @@
+"""Decoding JPEG batches on the device (``shardio.train.device_decode``, ``DeviceLoader(decode_on_device=...)``).
+
+torchvision is not installed here (it would replace Pillow-SIMD), so the decoder's stacking, layout and error
+paths run with an injected decode function, Pillow's, standing in for ``torchvision.io.decode_jpeg``; the
+real batched nvJPEG decode runs in the CUDA test at the end, skipped only where CUDA is absent. Bound
+asserted there (docs/reader.md, "Decoding JPEG batches on the GPU"): every pixel within 8 levels of the CPU
+decode, mean absolute difference under 1 level.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from dataset_fixtures import make_dataset, write_inputs
+from PIL import Image
+
+from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.errors import MissingExtra, ShardIntegrityError
+from shardio.read.jpeg_pixels import EncodedImages
+from shardio.train import device_decode
+from shardio.train.augment import TrainAugment
+from shardio.train.device_decode import DeviceDecoder
+
+IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+
+
+def photo_like(index: int, side: int = 32) -> np.ndarray:
+    """Smooth gradients with mild noise: every IDCT coefficient in use, unlike the flat test samples."""
+    rng = np.random.default_rng(index)
+    y, x = np.mgrid[0:side, 0:side].astype(np.float64)
+    image = np.stack([128 + 100 * np.sin(x / (5 + index % 7)), 128 + 90 * np.cos(y / 9 + index),
+                      (x + y) * (255 / (2 * side))], axis=-1)
+    return np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def jpeg_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("device-decode"))
+    make_dataset(directory, encoding="jpeg", height=16, width=16)  # 117 samples, shards of 8
+    return directory
+
+
+@pytest.fixture(scope="module")
+def photo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("device-decode-photos"))
+
+    def meta_for(index, number, name):
+        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 32, "height": 32,
+                "cls": index}
+
+    write_inputs(directory, (40, 24), meta_for, height=32, width=32, samples_per_shard=8, pixels_for=photo_like,
+                 encoding="jpeg")
+    return directory
+
+
+class PillowDecode:
+    """A stand-in for ``torchvision.io.decode_jpeg(list, mode=RGB, device=...)``: Pillow (libjpeg-turbo, as the
+    reader's extension) per image, CHW uint8 on ``device``; records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[torch.Tensor]] = []
+
+    def __call__(self, jpegs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        self.calls.append(jpegs)
+        out = []
+        for jpeg in jpegs:
+            try:
+                pixels = np.asarray(Image.open(io.BytesIO(jpeg.numpy().tobytes())).convert("RGB"))
+            except OSError as e:
+                raise RuntimeError(f"decode failed: {e}") from e
+            out.append(torch.from_numpy(pixels.copy()).permute(2, 0, 1).to(device))
+        return out
+
+
+def encoded_batch(directory: str, size: int = 16, **options) -> EncodedImages:
+    return next(iter(ShardDataset(directory, size, decode="device", **options)))["image"]
+
+
+# --- the decoder -------------------------------------------------------------------------------------------
+
+def test_the_decoder_gives_the_cpu_decodes_pixels_as_contiguous_nhwc(photo_dir):
+    images = encoded_batch(photo_dir, 20, shuffle=True)
+    decode = PillowDecode()
+    out = DeviceDecoder("cpu", decode=decode)(images)
+    assert out.shape == (20, 32, 32, 3) and out.dtype == torch.uint8 and out.is_contiguous()
+    assert np.array_equal(out.numpy(), images.decode())
+    (given,) = decode.calls  # one call for the whole batch, each JPEG a 1-D uint8 CPU tensor of its bytes
+    assert [j.dtype for j in given] == [torch.uint8] * 20 and all(j.ndim == 1 and not j.is_cuda for j in given)
+    assert [j.numpy().tobytes() for j in given] == [bytes(j) for j in images.jpegs]
+
+
+def test_a_sample_decoded_to_the_wrong_shape_is_named_by_shard_and_sample(jpeg_dir):
+    images = encoded_batch(jpeg_dir, 8)
+
+    def one_hwc(jpegs, device):  # sample 3 comes back channels-last
+        out = PillowDecode()(jpegs, device)
+        out[3] = out[3].permute(1, 2, 0)
+        return out
+
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00000\.jpg\.npy: sample 3: decodes to torch\.uint8 "
+                                                  r"\(16, 16, 3\).*not the dataset's uint8 \(3, 16, 16\)"):
+        DeviceDecoder("cpu", decode=one_hwc)(images)
+
+
+def test_a_batch_the_decoder_rejects_is_named_by_its_bad_sample(jpeg_dir):
+    images = encoded_batch(jpeg_dir, 8, shuffle=False)
+    ds = ShardDataset(jpeg_dir, 8, decode="device")
+    batches = iter(ds)
+    next(batches)
+    second = next(batches)["image"]  # shard 1: samples 0..7 of input-0-00001
+    broken = list(second.jpegs)
+    broken[5] = broken[5][: len(broken[5]) // 3]  # truncated: Pillow fails on it alone, too
+    bad = EncodedImages(broken, second.height, second.width, second.sources)
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00001\.jpg\.npy: sample 5: corrupt JPEG \(cpu decode"):
+        DeviceDecoder("cpu", decode=PillowDecode())(bad)
+    assert DeviceDecoder("cpu", decode=PillowDecode())(images).shape == (8, 16, 16, 3)
+
+
+def test_a_batch_that_fails_only_as_a_whole_names_its_shards(jpeg_dir):
+    images = encoded_batch(jpeg_dir, 12)
+
+    def fails_batched(jpegs, device):
+        if len(jpegs) > 1:
+            raise RuntimeError("out of decoder memory")
+        return PillowDecode()(jpegs, device)
+
+    with pytest.raises(ShardIntegrityError, match=r"input-0-00000\.jpg\.npy, .*input-0-00001\.jpg\.npy: the cpu "
+                                                  r"decode of a batch of 12 failed \(out of decoder memory\)"):
+        DeviceDecoder("cpu", decode=fails_batched)(images)
+
+
+def test_a_decoder_that_loses_images_is_an_error(jpeg_dir):
+    images = encoded_batch(jpeg_dir, 8)
+    with pytest.raises(ShardIntegrityError, match=r"returned 7 images for a batch of 8"):
+        DeviceDecoder("cpu", decode=lambda jpegs, device: PillowDecode()(jpegs, device)[:7])(images)
+
+
+def test_an_empty_batch_is_an_empty_tensor():
+    out = DeviceDecoder("cpu", decode=PillowDecode())(EncodedImages([], 16, 24, [("x.jpg.npy", 0, 0)]))
+    assert out.shape == (0, 16, 24, 3) and out.dtype == torch.uint8
+
+
+# --- torchvision missing or too old --------------------------------------------------------------------
+
+@pytest.fixture
+def no_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` raises ImportError
+    monkeypatch.setitem(sys.modules, "torchvision.io", None)
+
+
+def test_without_torchvision_forcing_device_decode_says_what_to_install(jpeg_dir, no_torchvision):
+    assert not device_decode.available()
+    message = r"needs torchvision >= 0\.19.*pip install torchvision.*Pillow-SIMD.*decode_on_device=False"
+    with pytest.raises(MissingExtra, match=message):
+        DeviceDecoder("cpu")
+    with pytest.raises(MissingExtra, match=message):
+        DeviceLoader(ShardDataset(jpeg_dir, 8), "cpu", decode_on_device=True)
+    with pytest.raises(MissingExtra, match=message):
+        DeviceLoader(ShardDataset(jpeg_dir, 8, decode="device"), "cpu")  # the dataset asked for it
+
+
+def test_a_torchvision_older_than_batched_decode_is_named(monkeypatch: pytest.MonkeyPatch):
+    old = types.ModuleType("torchvision")
+    old.__version__ = "0.18.1+cu121"
+    old.io = types.ModuleType("torchvision.io")
+    monkeypatch.setitem(sys.modules, "torchvision", old)
+    monkeypatch.setitem(sys.modules, "torchvision.io", old.io)
+    assert not device_decode.available()
+    with pytest.raises(MissingExtra, match=r"this one is 0\.18\.1\+cu121: pip install torchvision"):
+        DeviceDecoder("cuda")
+
+
+def test_the_default_decodes_on_the_cpu_without_torchvision_or_cuda(jpeg_dir, no_torchvision):
+    assert DeviceLoader(ShardDataset(jpeg_dir, 8), "cpu").decoder is None
+    # a dataset that hands out encoded batches still gets decoded batches when device decode is off
+    loader = DeviceLoader(ShardDataset(jpeg_dir, 10, decode="device"), "cpu", decode_on_device=False, **IDENTITY)
+    expected = [b["image"].permute(0, 3, 1, 2).float() for b in ShardDataset(jpeg_dir, 10)]
+    got = [b["image"] for b in loader]
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_device_decode_is_refused_for_a_raw_dataset_and_a_contradiction(tmp_path, jpeg_dir):
+    raw = str(tmp_path / "raw")
+    make_dataset(raw, (10,))
+    with pytest.raises(ValueError, match=rf"{raw}: decode_on_device=True is for JPEG datasets"):
+        DeviceLoader(ShardDataset(raw, 4), "cpu", decode_on_device=True)
+    with pytest.raises(ValueError, match=r"contradicts decode_on_device=False"):
+        DeviceLoader(ShardDataset(jpeg_dir, 4), "cpu", decode_on_device=False, device_decoder=lambda images: None)
+
+
+# --- DeviceLoader with a device decoder ------------------------------------------------------------------
+
+def counting_decoder() -> tuple[DeviceDecoder, list[int]]:
+    sizes: list[int] = []
+    inner = DeviceDecoder("cpu", decode=PillowDecode())
+
+    def decoder(images: EncodedImages) -> torch.Tensor:
+        assert isinstance(images, EncodedImages)
+        sizes.append(len(images))
+        return inner(images)
+
+    return decoder, sizes
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_device_loader_decodes_each_batch_once_with_the_cpu_paths_result(photo_dir, workers):
+    """Same batches, values and count as decoding on the CPU, through a ShardDataset or a ShardLoader."""
+    def source(**options):
+        ds = ShardDataset(photo_dir, 10, shuffle=True, **options)
+        return ds if workers is None else ShardLoader(ds, num_workers=workers)
+
+    on_cpu = DeviceLoader(source(), "cpu", decode_on_device=False, **IDENTITY)
+    expected = list(on_cpu)
+    decoder, sizes = counting_decoder()
+    loader = DeviceLoader(source(), "cpu", device_decoder=decoder, **IDENTITY)
+    got = list(loader)
+    assert sizes == [len(b["cls"]) for b in expected]
+    assert [b["__key__"] for b in got] == [b["__key__"] for b in expected]
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, expected))
+    assert loader.state_dict() == on_cpu.state_dict() and loader.state_dict()["batches_seen"] == len(expected)
+
+
+def test_device_decoded_batches_resume_and_augment_as_cpu_decoded_ones(photo_dir):
+    augment = TrainAugment(24, seed=5)
+    expected = [b["image"] for b in DeviceLoader(ShardDataset(photo_dir, 8, shuffle=True), "cpu",
+                                                 decode_on_device=False, transform=augment)]
+    decoder, _ = counting_decoder()
+    first = DeviceLoader(ShardDataset(photo_dir, 8, shuffle=True), "cpu", device_decoder=decoder, transform=augment)
+    batches = iter(first)
+    head = [next(batches)["image"] for _ in range(3)]
+    state = first.state_dict()
+    resumed = DeviceLoader(ShardDataset(photo_dir, 8, shuffle=True), "cpu", device_decoder=decoder,
+                           transform=augment)
+    resumed.load_state_dict(state)
+    got = head + [b["image"] for b in resumed]
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+# --- the real decode: batched nvJPEG ----------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU decode is nvJPEG's)")
+def test_cuda_decodes_a_jpeg_dataset_within_the_documented_bound_of_the_cpu(photo_dir):
+    pytest.importorskip("torchvision", reason="the GPU decode needs torchvision >= 0.19")
+    expected = [b["image"].permute(0, 3, 1, 2).float() for b in ShardDataset(photo_dir, 16, shuffle=True)]
+    loader = DeviceLoader(ShardLoader(ShardDataset(photo_dir, 16, shuffle=True), pin_memory=True), "cuda",
+                          **IDENTITY)
+    assert isinstance(loader.decoder, DeviceDecoder), "device decode is the default on CUDA with torchvision"
+    got = [b["image"] for b in loader]
+    assert len(got) == len(expected)
+    for image, reference in zip(got, expected):
+        assert image.is_cuda and image.shape == reference.shape
+        difference = (image.cpu() - reference).abs()
+        assert difference.max() <= 8, f"nvJPEG differs from libjpeg-turbo by {difference.max():.0f} levels"
+        assert difference.mean() < 1.0, f"mean difference {difference.mean():.2f} levels"
