@@ -73,34 +73,33 @@ class _Lines:
     def _parse(self, source: tuple[bytes, np.ndarray], i: int) -> Row:
         data, ends = source
         start, stop = (0 if i == 0 else int(ends[i - 1]) + 1), int(ends[i])
-        where = f"{self.path}: line {i + 1} (sample {i})"
         try:
             # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
             text = data[start:stop].decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ShardFormatError(f"{where}: not UTF-8 ({e.reason} at byte {start + e.start}); {_HINT}") from e
+            raise self._bad(i, f"not UTF-8 ({e.reason} at byte {start + e.start})") from e
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ShardFormatError(f"{where}: invalid JSON ({e.msg}); {_HINT}") from e
+            raise self._bad(i, f"invalid JSON ({e.msg})") from e
         # A corrupt row otherwise surfaces as a bare KeyError or AttributeError in a batch.
         if not isinstance(record, dict) or not isinstance(record.get("key"), str):
-            raise ShardFormatError(f"{where}: not a sample record (a JSON object with a \"key\"); {_HINT}")
+            raise self._bad(i, "not a sample record (a JSON object with a \"key\")")
+        box = record.get("box")
         return (record["key"], record.get("txt"), record.get("cls"), record.get("json"),
-                self._box(record.get("box"), where))
+                self.whole_image if box is None else self._box(box, i))
 
-    def _box(self, box: Any, where: str) -> Sequence[int]:
-        if box is None:
-            return self.whole_image
+    def _bad(self, i: int, problem: str) -> ShardFormatError:
+        return ShardFormatError(f"{self.path}: line {i + 1} (sample {i}): {problem}; {_HINT}")
+
+    def _box(self, box: Any, i: int) -> Sequence[int]:
         width, height = self.width, self.height
         # A box outside the image or empty would make crops read outside the sample or divide by zero.
         if (not isinstance(box, list) or len(box) != 4
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
                 or not (0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height)):
-            raise ShardFormatError(
-                f"{where}: box {box!r} is not [x0, y0, x1, y1] ints with 0 <= x0 < x1 <= {width}, "
-                f"0 <= y0 < y1 <= {height}; {_HINT}"
-            )
+            raise self._bad(i, f"box {box!r} is not [x0, y0, x1, y1] ints with 0 <= x0 < x1 <= {width}, "
+                               f"0 <= y0 < y1 <= {height}")
         return box
 
 
@@ -128,8 +127,10 @@ class ShardMeta:
 
     def rows(self, start: int, stop: int) -> list[Row]:
         """The parsed rows ``[start, stop)`` of this window (slice bounds, clipped alike)."""
-        start, stop, _ = slice(start, stop).indices(len(self))
-        return self._lines.rows(self._start + start, self._start + max(start, stop))
+        if not 0 <= start <= stop <= len(self):  # a batch's pieces are in range: no slice object
+            start, stop, _ = slice(start, stop).indices(len(self))
+            stop = max(start, stop)
+        return self._lines.rows(self._start + start, self._start + stop)
 
     def window(self, start: int, stop: int) -> ShardMeta:
         """Rows ``[start, stop)`` of this window, sharing its parsed rows."""
