@@ -71,7 +71,7 @@ def test_a_bad_box_names_the_file_and_line(tmp_path, bad: Any) -> None:
     write_dataset(str(tmp_path), "pad", bad_box=bad)
     snapshot = open_dataset(str(tmp_path))
     with pytest.raises(ShardFormatError, match=r"\.jsonl: line 3 \(sample 2\): box .*preprocess verify"):
-        snapshot.meta(0)
+        snapshot.meta(0).box
 
 
 @pytest.mark.parametrize("workers", [0, 2])

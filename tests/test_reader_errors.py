@@ -38,7 +38,7 @@ def test_undecodable_metadata_names_the_shard_and_the_line(dataset_dir: str) -> 
     path = os.path.join(dataset_dir, "shards", "input-0-00001.jsonl")
     _flip_to_invalid_utf8(path, 2)
     with pytest.raises(ShardFormatError, match=r"input-0-00001\.jsonl: line 3 \(sample 2\): not UTF-8.*HINT"):
-        open_dataset(dataset_dir).meta(1)
+        open_dataset(dataset_dir).meta(1).keys
     with pytest.raises(ShardFormatError, match=r"input-0-00001\.jsonl: line 3"):
         for _ in ShardDataset(dataset_dir, 4):
             pass
@@ -53,7 +53,7 @@ def test_a_metadata_line_that_is_not_a_sample_record_is_named(dataset_dir: str, 
     with open(path, "wb") as f:
         f.write(b"\n".join(lines))
     with pytest.raises(ShardFormatError, match=r"input-0-00001\.jsonl: line 5 \(sample 4\): not a sample record"):
-        open_dataset(dataset_dir).meta(1)
+        open_dataset(dataset_dir).meta(1).keys
 
 
 def test_the_tar_folder_says_to_preprocess_first(tmp_path) -> None:

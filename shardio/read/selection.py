@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -174,10 +174,9 @@ class SubsetSnapshot(DatasetSnapshot):
         meta = self._parent(shard, with_meta=True)[1]
         if meta is None:  # _parent(with_meta=True) always parses it
             raise ShardError(f"{self.directory}: no metadata for shard {shard}")
-        # The has_* flags stay the shard's: a batch has "cls" where its shards carry labels, as without
-        # a subset.
-        return replace(meta, keys=meta.keys[start:stop], txt=meta.txt[start:stop], cls=meta.cls[start:stop],
-                       json=meta.json[start:stop], box=meta.box[start:stop])
+        # A window sharing the shard's parsed lines; the has_* flags stay the shard's: a batch has "cls"
+        # where its shards carry labels, as without a subset.
+        return meta.window(start, stop)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -19,14 +19,11 @@ size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.errors import ShardIntegrityError
 from shardio.format import HEADER_BYTES, JPEG, Manifest, expected_shard_size, parse_npy_header
 from shardio.format.manifests import DatasetIndex, load_index
 from shardio.format.shard_table import ShardTable
@@ -34,6 +31,7 @@ from shardio.format.shard_check import shard_problems
 from shardio.read.cache_setup import cache_for
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
 from shardio.read.shard_cache import ShardCache
+from shardio.read.shard_meta import ShardMeta
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.store.paths import check_local
@@ -43,22 +41,6 @@ __all__ = ["DatasetSnapshot", "EAGER_CHECK_SHARDS", "ShardMeta", "open_dataset"]
 # Up to this many shards, opening a snapshot stats each one (~2.5 µs) and ``ShardDataset`` maps each
 # header (~15 µs): 0.2 s at 10k. Above it, both happen at a shard's first map.
 EAGER_CHECK_SHARDS = 10_000
-
-
-@dataclass(frozen=True)
-class ShardMeta:
-    """A shard's metadata as columns, parsed once per shard so batches only slice lists and arrays."""
-
-    keys: list[str]
-    txt: list[str | None]
-    cls: np.ndarray  # int64, -1 where a sample has no label
-    json: list[dict[str, Any] | None]
-    # int32 [N, 4] (x0, y0, x1, y1), end-exclusive: the picture's pixels in a ``mode: pad`` dataset (the
-    # ``.jsonl`` ``box``); [0, 0, W, H], the whole image, where a line has none.
-    box: np.ndarray
-    has_txt: bool
-    has_cls: bool
-    has_json: bool
 
 
 class DatasetSnapshot:
@@ -152,86 +134,24 @@ class DatasetSnapshot:
         return self.cache
 
     def meta(self, shard_index: int) -> ShardMeta:
+        """The shard's metadata: its ``.jsonl`` read and its lines counted now (a count that is not the
+        manifest's raises here), each line parsed when first read (``shardio.read.shard_meta``)."""
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.meta_path)
         cache = self._remote_cache()
         if cache is not None:
             data = cache.meta_bytes(shard_index)
         else:
-            with self.store.open_read(path) as f:
-                data = f.read()
-        try:
-            # Split on "\n" only: str.splitlines() also splits on U+2028/U+0085, which captions contain
-            # and json.dumps(ensure_ascii=False) leaves unescaped.
-            lines = data.decode("utf-8").split("\n")
-        except UnicodeDecodeError as e:
-            # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
-            line = data.count(b"\n", 0, e.start)
-            raise ShardFormatError(
-                f"{path}: line {line + 1} (sample {line}): not UTF-8 ({e.reason} at byte {e.start}); "
-                "HINT: run `preprocess verify DIR --repair`"
-            ) from e
-        if lines and lines[-1] == "":
-            lines.pop()
-        if len(lines) != entry.samples:
-            raise ShardIntegrityError(f"{path}: {len(lines)} lines, manifest says {entry.samples} samples")
-        try:
-            rows = [json.loads(line) for line in lines]
-        except json.JSONDecodeError as e:
-            bad = next(i for i, line in enumerate(lines) if not _parses(line))
-            raise ShardFormatError(
-                f"{path}: line {bad + 1} (sample {bad}): invalid JSON ({e.msg}); "
-                "HINT: run `preprocess verify DIR --repair`"
-            ) from e
-        for i, row in enumerate(rows):
-            # One pass of isinstance checks (~0.1 µs a row); a corrupt row otherwise surfaced as a bare
-            # KeyError or AttributeError from the column lists below.
-            if not isinstance(row, dict) or not isinstance(row.get("key"), str):
-                raise ShardFormatError(
-                    f"{path}: line {i + 1} (sample {i}): not a sample record (a JSON object with a \"key\"); "
-                    "HINT: run `preprocess verify DIR --repair`"
-                )
-        txt = [r.get("txt") for r in rows]
-        labels = [r.get("cls") for r in rows]
-        js = [r.get("json") for r in rows]
-        return ShardMeta(
-            keys=[r["key"] for r in rows],
-            txt=txt,
-            cls=np.array([-1 if c is None else c for c in labels], dtype=np.int64),
-            json=js,
-            box=self._boxes(rows, path),
-            has_txt=any(t is not None for t in txt),
-            has_cls=any(c is not None for c in labels),
-            has_json=any(j is not None for j in js),
-        )
-
-    def _boxes(self, rows: list[dict[str, Any]], path: str) -> np.ndarray:
-        height, width = self.shape[:2]
-        boxes = np.empty((len(rows), 4), dtype=np.int32)
-        boxes[:] = (0, 0, width, height)
-        for i, row in enumerate(rows):
-            box = row.get("box")
-            if box is None:
-                continue
-            # A box outside the image or empty would make crops read outside the sample or divide by zero.
-            if (not isinstance(box, list) or len(box) != 4
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
-                    or not (0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height)):
-                raise ShardFormatError(
-                    f"{path}: line {i + 1} (sample {i}): box {box!r} is not [x0, y0, x1, y1] ints with "
-                    f"0 <= x0 < x1 <= {width}, 0 <= y0 < y1 <= {height}; "
-                    "HINT: run `preprocess verify DIR --repair`"
-                )
-            boxes[i] = box
-        return boxes
-
-
-def _parses(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
+            try:
+                with open(check_local(path), "rb") as f:
+                    data = f.read()
+            except FileNotFoundError as e:
+                raise ShardIntegrityError(f"{path}: listed in the manifest but missing; HINT: run `preprocess verify "
+                                          "DIR --repair` to rebuild it from its input") from e
+            if len(data) != entry.meta_bytes:
+                raise ShardIntegrityError(f"{path}: {len(data)} bytes, the manifest says {entry.meta_bytes} (truncated "
+                                          "or overwritten); HINT: run `preprocess verify DIR --repair`")
+        return ShardMeta.from_bytes(path, data, entry.samples, *self.shape[:2])
 
 
 def open_dataset(directory: str, *, verify: bool = False, generation: int | None = None) -> DatasetSnapshot:

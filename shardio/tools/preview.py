@@ -103,11 +103,10 @@ def contact_sheet(
         left = _GAP + (number % columns) * (tw + _GAP)
         sheet[top : top + th, left : left + tw] = snapshot.pixels(shard)[offset][np.ix_(rows_at, cols_at)]
         sheet[top + th : top + cell_h, left : left + tw] = _caption_strip(tw, number, scale)
-        meta = metas[shard]
-        caption = meta.txt[offset]
+        key, caption = metas[shard].rows(offset, offset + 1)[0][:2]  # that line parsed, not the shard's
         if caption is not None and len(caption) > CAPTION_CHARS:
             caption = caption[: CAPTION_CHARS - 1] + "…"
-        table.append({"number": number, "index": index, "key": meta.keys[offset], "caption": caption,
+        table.append({"number": number, "index": index, "key": key, "caption": caption,
                       "shard": snapshot.shards[shard].path})
     return sheet, table
 

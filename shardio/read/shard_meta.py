@@ -1,0 +1,182 @@
+"""A shard's metadata (its ``.jsonl``): the lines found at once, each parsed when a batch first asks for it.
+
+A shuffled batch draws one or two samples from each of up to ``shuffle_window`` shards: parsing every
+line of each shard it touches (``json.loads`` of 1,000 lines per sample used) made the first batch of a
+1M-sample dataset cost 0.4-1 s. So ``ShardMeta`` keeps the bytes and the line ends (one vectorised
+search for ``\\n``, the count checked against the manifest at once) and parses a line the first time it
+is read, once: the row is kept until every line is parsed, then the bytes go. A bad line (not UTF-8,
+not JSON, not a record with a ``key``, a bad ``box``) is found when it is first read, named by file,
+line and sample, and rows elsewhere in the shard read normally.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardio.errors import ShardFormatError, ShardIntegrityError
+
+__all__ = ["Row", "ShardMeta", "rows_columns"]
+
+# One sample's line, parsed: (key, txt, cls, json, box), ``None`` where the line has no such field, but
+# ``box`` (x0, y0, x1, y1), end-exclusive, the picture's pixels in a ``mode: pad`` dataset: the whole image
+# (0, 0, W, H) where the line has none.
+Row = tuple[str, "str | None", "int | None", "dict[str, Any] | None", Sequence[int]]
+
+_HINT = "HINT: run `preprocess verify DIR --repair`"
+
+
+class _Lines:
+    """One shard's lines: the bytes, where each line ends, and the rows parsed so far (shared by every
+    ``ShardMeta`` window of the shard)."""
+
+    def __init__(self, path: str, data: bytes, samples: int, height: int, width: int) -> None:
+        # Split on b"\n" only: U+2028/U+0085 in captions are no line breaks (json.dumps(ensure_ascii=False)
+        # leaves them unescaped), and 0x0A never occurs inside a UTF-8 sequence.
+        ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+        if data and data[-1:] != b"\n":
+            ends = np.append(ends, len(data))
+        if len(ends) != samples:
+            raise ShardIntegrityError(f"{path}: {len(ends)} lines, manifest says {samples} samples")
+        self.path, self.count, self.height, self.width = path, samples, height, width
+        self.whole_image = (0, 0, width, height)  # the box of a line without one
+        self.flags: tuple[bool, bool, bool] | None = None  # has txt, cls, json: known once all are parsed
+        # (bytes, ends) in one attribute, read once per row: dropped (None) when every row is parsed,
+        # so a thread that read it before then still holds both.
+        self.source: tuple[bytes, np.ndarray] | None = (data, ends.astype(np.int32 if len(data) < 2**31
+                                                                        else np.int64))
+        self.parsed: dict[int, Row] = {}
+
+    def rows(self, start: int, stop: int) -> list[Row]:
+        source, parsed = self.source, self.parsed
+        out = []
+        for i in range(start, stop):
+            row = parsed.get(i)
+            if row is None:
+                row = parsed[i] = self._parse(source, i)  # type: ignore[arg-type]  # None only once all parsed
+            out.append(row)
+        if source is not None and len(parsed) == self.count:
+            self.source = None  # every row parsed: the bytes are no longer needed
+        return out
+
+    def has(self) -> tuple[bool, bool, bool]:
+        """Whether any line has ``txt``, ``cls``, ``json`` (parses every line)."""
+        if self.flags is None:
+            rows = self.rows(0, self.count)
+            self.flags = (any(row[1] is not None for row in rows), any(row[2] is not None for row in rows),
+                          any(row[3] is not None for row in rows))
+        return self.flags
+
+    def _parse(self, source: tuple[bytes, np.ndarray], i: int) -> Row:
+        data, ends = source
+        start, stop = (0 if i == 0 else int(ends[i - 1]) + 1), int(ends[i])
+        try:
+            # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
+            text = data[start:stop].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self._bad(i, f"not UTF-8 ({e.reason} at byte {start + e.start})") from e
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise self._bad(i, f"invalid JSON ({e.msg})") from e
+        # A corrupt row otherwise surfaces as a bare KeyError or AttributeError in a batch.
+        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
+            raise self._bad(i, "not a sample record (a JSON object with a \"key\")")
+        box = record.get("box")
+        return (record["key"], record.get("txt"), record.get("cls"), record.get("json"),
+                self.whole_image if box is None else self._box(box, i))
+
+    def _bad(self, i: int, problem: str) -> ShardFormatError:
+        return ShardFormatError(f"{self.path}: line {i + 1} (sample {i}): {problem}; {_HINT}")
+
+    def _box(self, box: Any, i: int) -> Sequence[int]:
+        width, height = self.width, self.height
+        # A box outside the image or empty would make crops read outside the sample or divide by zero.
+        if (not isinstance(box, list) or len(box) != 4
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in box)
+                or not (0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height)):
+            raise self._bad(i, f"box {box!r} is not [x0, y0, x1, y1] ints with 0 <= x0 < x1 <= {width}, "
+                               f"0 <= y0 < y1 <= {height}")
+        return box
+
+
+class ShardMeta:
+    """Rows ``[start, stop)`` of one shard's metadata (the whole shard unless a subset cut it).
+
+    ``rows(a, b)`` parses only those lines (each line once, whoever asks) into ``Row`` tuples; the columns
+    (``rows_columns``) ``keys``, ``txt``, ``cls`` (int64, -1: no label), ``json`` and ``box`` (int32 [N, 4]) parse every row of the window when
+    first asked. ``has_txt``, ``has_cls``, ``has_json`` are the whole shard's (a subset's batch schema is
+    its shards')."""
+
+    def __init__(self, lines: _Lines, start: int = 0, stop: int | None = None) -> None:
+        self._lines, self._start = lines, start
+        self._stop = lines.count if stop is None else stop
+        self._columns: tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray] | None = None
+
+    @classmethod
+    def from_bytes(cls, path: str, data: bytes, samples: int, height: int, width: int) -> ShardMeta:
+        """The metadata of the shard whose ``.jsonl`` at ``path`` holds ``data``; raises
+        ``ShardIntegrityError`` now if its line count is not the manifest's ``samples``."""
+        return cls(_Lines(path, data, samples, height, width))
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def rows(self, start: int, stop: int) -> list[Row]:
+        """The parsed rows ``[start, stop)`` of this window (slice bounds, clipped alike)."""
+        if not 0 <= start <= stop <= len(self):  # a batch's pieces are in range: no slice object
+            start, stop, _ = slice(start, stop).indices(len(self))
+            stop = max(start, stop)
+        return self._lines.rows(self._start + start, self._start + stop)
+
+    def window(self, start: int, stop: int) -> ShardMeta:
+        """Rows ``[start, stop)`` of this window, sharing its parsed rows."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        return ShardMeta(self._lines, self._start + start, self._start + max(start, stop))
+
+    def _all(self) -> tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray]:
+        if self._columns is None:
+            self._columns = rows_columns(self.rows(0, len(self)))
+        return self._columns
+
+    @property
+    def keys(self) -> list[str]:
+        return self._all()[0]
+
+    @property
+    def txt(self) -> list[str | None]:
+        return self._all()[1]
+
+    @property
+    def cls(self) -> np.ndarray:
+        return self._all()[2]
+
+    @property
+    def json(self) -> list[dict[str, Any] | None]:
+        return self._all()[3]
+
+    @property
+    def box(self) -> np.ndarray:
+        return self._all()[4]
+
+    @property
+    def has_txt(self) -> bool:
+        return self._lines.has()[0]
+
+    @property
+    def has_cls(self) -> bool:
+        return self._lines.has()[1]
+
+    @property
+    def has_json(self) -> bool:
+        return self._lines.has()[2]
+
+
+def rows_columns(rows: list[Row]) -> tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray]:
+    """``rows`` as the columns (keys, txt, cls int64, json, box int32 [N, 4]): one pass per field."""
+    return ([row[0] for row in rows], [row[1] for row in rows],
+            np.array([-1 if row[2] is None else row[2] for row in rows], dtype=np.int64), [row[3] for row in rows],
+            np.array([row[4] for row in rows], dtype=np.int32).reshape(len(rows), 4))
