@@ -27,7 +27,7 @@ from bench.corpus import CorpusSpec, build_corpus, combined_tar, read_images
 from bench.job_bench import ForeignLoad, cold_run, local_ray, memory_run, two_node_cluster, warm_rates
 from bench.job_floor import job_floor_rounds
 from bench.job_jpeg import TARGET as JPEG_JOB_TARGET
-from bench.job_jpeg import jpeg_raw_rounds, summary_line
+from bench.job_jpeg import jpeg_raw_rounds, summary_line, worker_cpu_rounds
 from bench.paths import PathPool, available_paths
 from bench.reader_figures import reader_figures, webdataset_samples_per_s
 from bench.stock_pillow import StockPillowPath, ensure_stock_pillow
@@ -106,7 +106,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             all_cores = job_floor_rounds(pool, small, large, runs, cfg, args.rounds, log=_log)
             all_cores["ray_init_s"] = round(session.startup_s, 3)
             _log("job, warm: encoding jpeg vs raw, interleaved rounds (bench.job_jpeg)")
-            jpeg_vs_raw = jpeg_raw_rounds(small, large, runs, cfg, max(1, args.rounds // 2), log=_log)
+            jpeg_vs_raw = jpeg_raw_rounds(large, runs, cfg, args.rounds, log=_log)
+            jpeg_vs_raw["worker_cpu"] = worker_cpu_rounds(large[0], runs, cfg, max(1, args.rounds // 2))
         _log("job, warm, 1 CPU")
         with local_ray(1) as session:
             one = warm_rates(small, large, runs, cfg, reps)

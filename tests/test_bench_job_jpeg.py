@@ -5,6 +5,7 @@ is measured on datasets written by the shard writer)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,25 +23,25 @@ class _Report:
 
 def test_rounds_interleave_the_encodings_and_ratios_are_per_round(monkeypatch, tmp_path):
     calls: list[str] = []
-    # Seconds per run; small = 2 tars (400 images), large = 6 (1,200): the steady rate is 800 / (large - small).
-    durations = iter([9.0, 9.0,  # warm-up: one large run of each encoding
-                      2.0, 6.0, 2.0, 7.0,  # round 1: raw small, large (200 img/s); jpeg small, large (160)
-                      3.0, 1.0, 5.0, 3.0])  # round 2: jpeg large, small (400 img/s); raw large, small (400)
+    # Seconds per run over 6 tars of 200 images: 1,200 / seconds images/s.
+    durations = iter([9.0, 9.0,  # warm-up: one run of each encoding
+                      4.0, 5.0,  # round 1: raw (300 img/s), jpeg (240): 0.8
+                      3.0, 4.0,  # round 2: jpeg (400), raw (300): 1.333
+                      6.0, 8.0])  # round 3: raw (200), jpeg (150): 0.75
 
     def scripted_run(tars, output, cfg, workers=None):
-        calls.append(f"{cfg.encoding} {len(tars)}")
-        assert cfg.quality == 90 and cfg.height == 256  # everything but the encoding is the bench's config
+        calls.append(cfg.encoding)
+        assert len(tars) == 6 and cfg.quality == 90 and cfg.height == 256  # all but the encoding as given
         return next(durations), _Report(200 * len(tars))
 
     monkeypatch.setattr(job_jpeg, "_run", scripted_run)
     monkeypatch.setattr(job_jpeg, "dataset_quality", lambda jpeg_dir, raw_dir: {"compared": (jpeg_dir, raw_dir)})
-    result = job_jpeg.jpeg_raw_rounds(["a", "b"], ["a", "b", "c", "d", "e", "f"], str(tmp_path), JobConfig(),
-                                      rounds=2, log=lambda _: None)
-    assert calls == ["raw 6", "jpeg 6", "raw 2", "raw 6", "jpeg 2", "jpeg 6", "jpeg 6", "jpeg 2", "raw 6", "raw 2"]
-    assert [(r["first"], r["ratio"]) for r in result["rounds"]] == [("raw", 0.8), ("jpeg", 1.0)]
-    assert result["ratio_median"] == 0.9 and (result["ratio_min"], result["ratio_max"]) == (0.8, 1.0)
-    assert result["raw_images_per_s"] == 300.0 and result["jpeg_images_per_s"] == 280.0
-    assert result["quality"]["compared"] == (str(tmp_path / "jpeg-large"), str(tmp_path / "raw-large"))
+    result = job_jpeg.jpeg_raw_rounds(list("abcdef"), str(tmp_path), JobConfig(), rounds=3, log=lambda _: None)
+    assert calls == ["raw", "jpeg", "raw", "jpeg", "jpeg", "raw", "raw", "jpeg"]
+    assert [(r["first"], r["ratio"]) for r in result["rounds"]] == [("raw", 0.8), ("jpeg", 1.3333), ("raw", 0.75)]
+    assert result["ratio_median"] == 0.8 and (result["ratio_min"], result["ratio_max"]) == (0.75, 1.3333)
+    assert result["raw_images_per_s"] == 300.0 and result["jpeg_images_per_s"] == 240.0
+    assert result["quality"]["compared"] == (str(tmp_path / "jpeg"), str(tmp_path / "raw"))
     assert job_jpeg.TARGET == 0.85
 
 
@@ -79,3 +80,12 @@ def test_datasets_of_different_samples_are_refused(tmp_path):
     same_images(jpeg, (12, 5), "jpeg")
     with pytest.raises(RuntimeError, match="hold different samples: 17 vs 12"):
         job_jpeg.dataset_quality(jpeg, raw)
+
+
+def test_worker_cpu_rounds_time_both_encodings_of_the_same_tar(tars, tmp_path):
+    tar = tars.make("a.tar", range(10))
+    cpu = job_jpeg.worker_cpu_rounds(tar, str(tmp_path / "runs"), JobConfig(height=32, width=32), rounds=2)
+    assert len(cpu["raw_ms"]) == len(cpu["jpeg_ms"]) == 2 and cpu["rounds"] == 2
+    assert cpu["raw_cpu_ms_per_image"] > 0 and cpu["jpeg_cpu_ms_per_image"] > 0
+    assert cpu["ratio"] == pytest.approx(cpu["raw_cpu_ms_per_image"] / cpu["jpeg_cpu_ms_per_image"], rel=1e-3)
+    assert os.listdir(tmp_path / "runs") == [], "the workers' outputs were not removed"
