@@ -5,7 +5,8 @@
 centre crop, Pillow-SIMD), and reports:
 
 - the size/quality curve: KB per image (mean), PSNR against the raw pixels (median, 5th percentile) and the
-  max abs error, for qualities and both subsamplings (what the config's defaults were chosen from);
+  max abs error, for qualities and both subsamplings (what the config's defaults were chosen from), scored
+  by ``preprocess.pixel_quality`` as ``preprocess diagnose`` scores a dataset;
 - the job's cost: ms per image to decode + resize the original, and to encode the 256² result (the job's
   images/s ratio jpeg/raw is transform / (transform + encode), every other step being the same);
 - the CPU reader: decoded samples/s with all cores (``ShardDataset``, shuffled batches of 256, the batch decode
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -28,6 +28,7 @@ import numpy as np
 from bench.corpus import WEB_SIZES
 from preprocess.config import JobConfig
 from preprocess.jpeg_encode import encode_jpeg
+from preprocess.pixel_quality import QualityTally
 from preprocess.sample_data import encode_jpeg as encode_original
 from preprocess.sample_data import photo_like
 from preprocess.transform import process_image
@@ -46,11 +47,6 @@ def originals(count: int) -> list[bytes]:
         width, height = WEB_SIZES[i % len(WEB_SIZES)]
         out.append(encode_original(photo_like(rng, width, height), quality=int(rng.integers(80, 96))))
     return out
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def write_dataset(directory: str, pixels: list[np.ndarray], jpegs: list[bytes] | None, cfg: dict) -> None:
@@ -97,10 +93,12 @@ def main() -> None:
         jpegs_at[(quality, subsampling)] = (jpegs, encode_ms)
         decoded = np.empty((len(raw), 256, 256, 3), np.uint8)
         jpeg_pixels._decoder().decode_into(jpegs, decoded, 256, 256, 1)
-        scores = [psnr(a, b) for a, b in zip(raw, decoded)]
-        error = max(int(np.abs(a.astype(int) - b).max()) for a, b in zip(raw, decoded))
-        print(f"{quality:7d}  {subsampling:>11}  {statistics.mean(map(len, jpegs)) / 1e3:6.1f}  "
-              f"{statistics.median(scores):11.1f}  {np.percentile(scores, 5):7.1f}  {error:8d}  {encode_ms:9.2f}")
+        tally = QualityTally()
+        for reference, image, jpeg in zip(raw, decoded, jpegs):
+            tally.add(reference, image, len(jpeg))
+        q = tally.summary()
+        print(f"{quality:7d}  {subsampling:>11}  {q.bytes_per_image / 1e3:6.1f}  {q.psnr_median_db:11.1f}  "
+              f"{q.psnr_p5_db:7.1f}  {q.max_abs_error:8d}  {encode_ms:9.2f}")
 
     jpegs, encode_ms = jpegs_at[(cfg.quality, cfg.subsampling)]
     print(f"\njob, per image: decode + resize {transform_ms:.2f} ms, encode {encode_ms:.2f} ms at the default "

@@ -26,6 +26,8 @@ from bench.chart import draw_chart
 from bench.corpus import CorpusSpec, build_corpus, combined_tar, read_images
 from bench.job_bench import ForeignLoad, cold_run, local_ray, memory_run, two_node_cluster, warm_rates
 from bench.job_floor import job_floor_rounds
+from bench.job_jpeg import TARGET as JPEG_JOB_TARGET
+from bench.job_jpeg import jpeg_raw_rounds, summary_line, worker_cpu_rounds
 from bench.paths import PathPool, available_paths
 from bench.reader_figures import reader_figures, webdataset_samples_per_s
 from bench.stock_pillow import StockPillowPath, ensure_stock_pillow
@@ -103,6 +105,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with local_ray(cores) as session:
             all_cores = job_floor_rounds(pool, small, large, runs, cfg, args.rounds, log=_log)
             all_cores["ray_init_s"] = round(session.startup_s, 3)
+            _log("job, warm: encoding jpeg vs raw, interleaved rounds (bench.job_jpeg)")
+            jpeg_vs_raw = jpeg_raw_rounds(large, runs, cfg, args.rounds, log=_log)
+            jpeg_vs_raw["worker_cpu"] = worker_cpu_rounds(large[0], runs, cfg, max(1, args.rounds // 2))
         _log("job, warm, 1 CPU")
         with local_ray(1) as session:
             one = warm_rates(small, large, runs, cfg, reps)
@@ -127,7 +132,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     steady = all_cores["marginal_images_per_s"]
     cold["fixed_startup_s"] = round(cold["seconds"] - cold["images"] / steady, 3)
     results["paths"] = paths
-    results["job"] = {"cold": cold, "all_cores": all_cores, "one_cpu": one, "two_node_cluster": cluster}
+    results["job"] = {"cold": cold, "all_cores": all_cores, "one_cpu": one, "two_node_cluster": cluster,
+                      "jpeg_vs_raw": jpeg_vs_raw}
 
     _log("memory: the CLI on one tar of every image, 1 worker, 1,000-sample shards")
     memory = memory_run(combined_tar(corpus), runs, cfg)
@@ -266,6 +272,9 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(
             _figure("job / img2dataset-style (OpenCV INTER_AREA)", None, 2.0, detail="OpenCV not installed")
         )
+    if "jpeg_vs_raw" in job:
+        out.append(_figure("job jpeg / job raw (images/s)", job["jpeg_vs_raw"]["ratio_median"], JPEG_JOB_TARGET,
+                           detail=summary_line(job["jpeg_vs_raw"])))
     out += [
         _figure(
             "scaling efficiency 1 -> all cores",

@@ -10,12 +10,18 @@ counted, spread over its images; then deleted). Stages per image:
   libjpeg-turbo's DCT scaling allows, and only the part the resize reads: ``preprocess.jpeg_region``;
   the report's ``jpeg_decoder`` says whether that compiled decoder is in use)
 - ``convert``: to RGB (palette, alpha, CMYK, 16-bit); ``resize``: crop/resize/orient to the target
+- ``encode``: ``encoding: jpeg`` only, the resized image encoded as the job does (``stored_pixels``)
 - ``write``: appending the pixels and metadata to a shard (a copy into the page cache)
 - ``commit``: the shard's commit (checksum of the file, fsync, rename), spread over its images
 - ``other``: the rest of the wall time of the sample (metadata parsing, Python, bookkeeping)
 
 The rate is per core: the job runs one task per core, so C cores go about C times as fast while the
 disk and memory bandwidth keep up; the projection assumes they do, and excludes Ray's start-up (seconds).
+
+What the shards will hold is measured too (``pixels`` in the report): bytes per image and the projected
+size of the pixel files; for ``encoding: jpeg`` each sample's JPEG decoded again and scored against its raw
+pixels (``preprocess.pixel_quality``: PSNR median, 5th percentile and minimum, max abs error), outside the
+timings: the quality of this dataset's images at this config, not a number from a different corpus.
 """
 
 from __future__ import annotations
@@ -31,13 +37,16 @@ import numpy as np
 
 from preprocess import jpeg_region
 from preprocess.config import JobConfig
+from preprocess.jpeg_encode import stored_pixels
+from preprocess.pixel_quality import QualityTally, decode_jpeg
 from preprocess.tar_samples import SampleProblem, index_tar, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import pillow_build
 from preprocess.worker import parse_fields
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import count_by_category
-from shardio.write.shard_writer import ShardWriter
+from shardio.format import JPEG
+from shardio.write.shard_writer import JpegShardWriter, ShardWriter
 
 __all__ = ["STAGES", "diagnose", "render_text"]
 
@@ -46,7 +55,7 @@ _JPEG_DECODER = {
     False: "Pillow's load, whole image (preprocess._jpeg_region is not built: ~5% slower, same pixels)",
 }
 
-STAGES = ("index", "read", "decode", "convert", "resize", "write", "commit", "other")
+STAGES = ("index", "read", "decode", "convert", "resize", "encode", "write", "commit", "other")
 
 
 @dataclass
@@ -77,12 +86,13 @@ class _ScratchWriter:
         self.pending: list[_Sample] = []
         self.shards = 0
 
-    def add(self, pixels: np.ndarray, meta: dict[str, Any], sample: _Sample) -> None:
+    def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], sample: _Sample) -> None:
         started = time.perf_counter()
         if self.writer is None:
             name = f"diagnose-{self.shards:05d}"
-            self.writer = ShardWriter(self.directory, name, self.cfg.height, self.cfg.width)
-        self.writer.add(pixels, meta)
+            shard_class = JpegShardWriter if self.cfg.encoding == JPEG else ShardWriter
+            self.writer = shard_class(self.directory, name, self.cfg.height, self.cfg.width)
+        self.writer.add(pixels, meta)  # type: ignore[arg-type]  # bytes for a JpegShardWriter
         sample.seconds["write"] = time.perf_counter() - started
         self.pending.append(sample)
 
@@ -124,12 +134,15 @@ def diagnose(
     """Time up to ``limit`` samples of ``paths`` stage by stage; return the report (JSON data).
 
     Inputs that cannot be read are listed under ``inputs_failed``; bad samples are counted by reason.
+    For ``encoding: jpeg`` every sample's JPEG is also decoded and scored against its raw pixels (untimed).
     """
     cores = cores or os.cpu_count() or 1
     samples: list[_Sample] = []
     failures: list[dict[str, str]] = []  # {code, reason}, as a run report's failures
     inputs_failed: list[dict[str, str]] = []
     inputs_read: list[str] = []
+    quality = QualityTally()
+    jpeg = cfg.encoding == JPEG
     scratch_dir = tempfile.mkdtemp(prefix="shardio-diagnose-", dir=write_dir)
     scratch = _ScratchWriter(scratch_dir, cfg)
     clock = time.perf_counter
@@ -159,6 +172,9 @@ def diagnose(
                     except SampleError as e:
                         failures.append({"code": e.code.value, "reason": str(e)})
                         continue
+                    t2 = clock()
+                    stored = stored_pixels(image.pixels, cfg)
+                    encode_s = clock() - t2
                     sample = _Sample(
                         key=item.key, tar=path, member=item.image_member, nbytes=len(item.image),
                         width=image.width, height=image.height, format=image.format, mode=image.mode,
@@ -166,12 +182,16 @@ def diagnose(
                         seconds={"read": t1 - t0, "decode": timings["open"] + timings["decode"],
                                  "convert": timings["convert"], "resize": timings["resize"]},
                     )
+                    if jpeg:
+                        sample.seconds["encode"] = encode_s
                     meta = {"key": item.key, "tar": path, "member": item.image_member, "width": image.width,
                             "height": image.height, **fields}
-                    scratch.add(image.pixels, meta, sample)
+                    scratch.add(stored, meta, sample)
                     sample.seconds["other"] = max(0.0, clock() - t0 - sample.total)
                     samples.append(sample)
                     scratch.flush_if_full()
+                    if isinstance(stored, bytes):  # after the sample's wall time: the job does not decode
+                        quality.add(image.pixels, decode_jpeg(stored), len(stored))
                 for sample in samples[first:]:
                     sample.seconds["index"] = index_s / (len(samples) - first)
                 inputs_read.append(path)
@@ -181,8 +201,32 @@ def diagnose(
     finally:
         scratch.abort()
         shutil.rmtree(scratch_dir, ignore_errors=True)
-    return _report(samples, count_by_category(failures), inputs_read, inputs_failed, cfg,
-                   project_images, cores, slowest)
+    report = _report(samples, count_by_category(failures), inputs_read, inputs_failed, cfg,
+                     project_images, cores, slowest)
+    if samples:
+        report["pixels"] = _pixels_report(cfg, quality, project_images)
+    return report
+
+
+def _pixels_report(cfg: JobConfig, quality: QualityTally, project_images: int) -> dict[str, Any]:
+    """What the shards hold per image and in all; for JPEG, measured on the samples diagnosed."""
+    raw_bytes = cfg.height * cfg.width * 3
+    pixels: dict[str, Any] = {"encoding": cfg.encoding, "raw_bytes_per_image": raw_bytes}
+    if cfg.encoding == JPEG:
+        pixels.update(quality=cfg.quality, subsampling=cfg.subsampling, **quality.summary().to_json())
+    else:
+        pixels["bytes_per_image"] = raw_bytes
+    projected = round(pixels["bytes_per_image"] * project_images)
+    pixels["projection"] = {"images": project_images, "bytes": projected, "human": _bytes_human(projected)}
+    return pixels
+
+
+def _bytes_human(nbytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if nbytes < 1000 or unit == "TB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    return ""
 
 
 def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[str],
@@ -199,7 +243,8 @@ def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[
     if not samples:
         report.update(stages={}, verdict="no sample could be decoded: nothing to time")
         return report
-    per_stage = {s: np.array([x.seconds.get(s, 0.0) for x in samples]) for s in STAGES}
+    stages = STAGES if cfg.encoding == JPEG else tuple(s for s in STAGES if s != "encode")
+    per_stage = {s: np.array([x.seconds.get(s, 0.0) for x in samples]) for s in stages}
     total_s = float(sum(arr.sum() for arr in per_stage.values()))
     report["stages"] = {
         stage: {
@@ -274,12 +319,32 @@ def _verdict(report: dict[str, Any], samples: list[_Sample], cfg: JobConfig, bui
             return f"{head}: stock Pillow is active; `make install` builds Pillow-SIMD (resize 6-8x faster)"
         return (f"{head}: with Pillow-SIMD; the '{cfg.resample}' filter costs most - 'bilinear' or 'box' are "
                 "cheaper if the pixels may change")
+    if stage == "encode":
+        return (f"{head}: the JPEG encode (encoding: jpeg, q{cfg.quality} {cfg.subsampling}) outweighs "
+                "decoding the originals, which happens only when they are small; it is what the compact "
+                "shards cost, and more cores are the remedy")
     if stage == "convert":
         return f"{head}: many images are not RGB ({report['formats']}); converting them costs the most"
     if stage in ("write", "commit"):
         return (f"{head}: the scratch directory's disk is slow; time writes on the output's disk with "
                 "--write-dir, and write shards to a local SSD")
     return f"{head}: per-sample Python overhead (metadata, bookkeeping) outweighs the image work"
+
+
+def _pixels_line(pixels: dict[str, Any]) -> str:
+    proj = pixels["projection"]
+    total = f"{proj['images']:,} images: about {proj['human']} of pixel files"
+    if pixels["encoding"] != JPEG:
+        return f"pixels: raw, {pixels['bytes_per_image']:,} bytes an image (H x W x 3); {total}"
+
+    def db(value: float | None) -> str:
+        return "lossless" if value is None else f"{value:.1f} dB"
+
+    score = pixels["psnr_db"]
+    return (f"pixels: jpeg q{pixels['quality']} {pixels['subsampling']}, {pixels['bytes_per_image']:,.0f} bytes an "
+            f"image ({pixels['bytes_per_image'] / pixels['raw_bytes_per_image']:.1%} of raw); PSNR against raw over "
+            f"{pixels['images']} images: median {db(score['median'])}, p5 {db(score['p5'])}, min {db(score['min'])}; "
+            f"max abs error {pixels['max_abs_error']}; {total}")
 
 
 def render_text(report: dict[str, Any]) -> list[Any]:
@@ -307,6 +372,7 @@ def render_text(report: dict[str, Any]) -> list[Any]:
         out.append(f"decode scale (JPEG draft; 1/1 = full size): {scales}"
                    + "; formats: " + ", ".join(f"{k}: {v}" for k, v in report["formats"].items()))
         out.append(f"JPEG decoder: {report['jpeg_decoder']}")
+        out.append(_pixels_line(report["pixels"]))
         slow = Table(title="slowest samples", title_justify="left", box=box.SIMPLE_HEAD)
         for name in ("key", "tar", "bytes", "size", "format", "mode", "draft", "ms", "most in"):
             slow.add_column(name, justify="right" if name in ("bytes", "ms") else "left")

@@ -14,7 +14,10 @@ import io
 import numpy as np
 from PIL import Image
 
-__all__ = ["encode_jpeg"]
+from preprocess.config import JobConfig
+from shardio.format import JPEG
+
+__all__ = ["encode_jpeg", "stored_pixels"]
 
 # Pillow's names for the chroma subsampling the config states.
 _SUBSAMPLING = {"4:4:4": 0, "4:2:0": 2}
@@ -25,3 +28,10 @@ def encode_jpeg(pixels: np.ndarray, quality: int, subsampling: str) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=quality, subsampling=_SUBSAMPLING[subsampling])
     return out.getvalue()
+
+
+def stored_pixels(pixels: np.ndarray, cfg: JobConfig) -> np.ndarray | bytes:
+    """What a shard of ``cfg``'s dataset stores for one resized image: the pixels themselves (raw), or their
+    JPEG at the config's quality and subsampling. The worker and ``preprocess diagnose`` both call this, so
+    the quality diagnose measures is the quality the job writes."""
+    return encode_jpeg(pixels, cfg.quality, cfg.subsampling) if cfg.encoding == JPEG else pixels

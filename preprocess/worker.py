@@ -21,14 +21,14 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
-from preprocess.jpeg_encode import encode_jpeg
+from preprocess.jpeg_encode import stored_pixels
 from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import JPEG, ShardEntry
+from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "shard_stem", "process_input", "iter_process_input", "parse_fields", "PROGRESS_EVERY"]
@@ -194,10 +194,9 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
                                 "reason": f"{sample.image_member}: {e}"})
         return None
     result.upscaled += image.upscaled
-    # encoding: jpeg: each image encoded once, here, from exactly the pixels a raw dataset would store.
-    pixels = encode_jpeg(image.pixels, cfg.quality, cfg.subsampling) if cfg.encoding == JPEG else image.pixels
     meta = {
-        "__pixels__": pixels,
+        # encoding: jpeg: each image encoded once, here, from exactly the pixels a raw dataset would store.
+        "__pixels__": stored_pixels(image.pixels, cfg),
         "key": sample.key,
         "tar": input_path,
         "member": sample.image_member,

@@ -122,11 +122,13 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ra
     print("kills (phase, s, exit, samples visible):", phases)
 
 
-def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tars, tmp_path, monkeypatch):
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tars, tmp_path, monkeypatch, encoding):
+    extra = ("--encoding", encoding)
     tars.make("big.tar", range(0, 100))
     tars.make("small.tar", range(100, 105))
     pattern, reference, out = f"{tars.directory}/*.tar", str(tmp_path / "reference"), str(tmp_path / "out")
-    assert run_cli(pattern, "--output", reference).exit_code == 0
+    assert run_cli(pattern, "--output", reference, extra=extra).exit_code == 0
 
     real_task, marker = ray_runner._task, str(tmp_path / "died-once")
 
@@ -140,7 +142,7 @@ def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tar
 
     monkeypatch.setattr(ray_runner, "_task", task_whose_worker_dies_once)
     log = tmp_path / "events.jsonl"
-    result = run_cli(pattern, "--output", out, "--log-format", "json", "--log-file", str(log))
+    result = run_cli(pattern, "--output", out, "--log-format", "json", "--log-file", str(log), extra=extra)
     assert result.exit_code == 0, result.output
     assert os.path.exists(marker), "the worker never died: the test did not test anything"
     events = [json.loads(line) for line in log.read_text().splitlines()]

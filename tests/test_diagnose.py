@@ -1,4 +1,5 @@
-"""``preprocess diagnose``: per-stage timings on generated tars, the report's arithmetic, the CLI's exits."""
+"""``preprocess diagnose``: per-stage timings on generated tars, the report's arithmetic, the CLI's exits; what
+the shards will hold, and for ``encoding: jpeg`` the quality measured against the raw pixels."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typer.testing import CliRunner
 from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.diagnose import STAGES, diagnose
+from preprocess.sample_data import make_sample_dataset
+from preprocess.worker import process_input
+from shardio.format.jpeg_shard import jpeg_data_start
 from tests.tar_factory import Member
 
 runner = CliRunner()
@@ -23,6 +27,18 @@ def mixed_tar(tars) -> str:
     return tars.write("mixed.tar", members)
 
 
+@pytest.fixture(scope="module")
+def photo_tar(tmp_path_factory) -> str:
+    # 8 photo-like JPEGs of 1-2.5 MP with texture and grain (not flat colour: a flat image survives JPEG
+    # almost exactly and would tell nothing about quality), one of them grayscale; ~1 s to make.
+    [path] = make_sample_dataset(str(tmp_path_factory.mktemp("photos")), tars=1, samples_per_tar=8)
+    return path
+
+
+def jpeg_config(quality: int = 90) -> JobConfig:
+    return JobConfig(height=64, width=64, samples_per_shard=5, encoding="jpeg", quality=quality)
+
+
 def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -30,7 +46,7 @@ def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
     report = diagnose([mixed_tar], cfg, project_images=1000, cores=4, write_dir=str(scratch))
     assert report["samples"] == 12 and report["samples_failed"] == 2
     assert sum(report["failures_by_reason"].values()) == 2
-    assert set(report["stages"]) == set(STAGES)
+    assert set(report["stages"]) == set(STAGES) - {"encode"}  # raw: nothing is encoded
     for stage in report["stages"].values():
         assert 0 <= stage["p50_ms"] <= stage["p95_ms"] and stage["mean_ms"] >= 0
     assert sum(s["share"] for s in report["stages"].values()) == pytest.approx(1.0, abs=0.01)
@@ -50,6 +66,36 @@ def test_every_stage_is_timed_and_the_shares_add_up(mixed_tar, tmp_path):
     assert report["bottleneck"] in STAGES
     assert report["verdict"].startswith(f"bottleneck: {report['bottleneck']}")
     assert os.listdir(scratch) == [], "the scratch shards were not removed"
+    assert report["pixels"] == {"encoding": "raw", "raw_bytes_per_image": 32 * 32 * 3, "bytes_per_image": 3072,
+                                "projection": {"images": 1000, "bytes": 3_072_000, "human": "3.1 MB"}}
+
+
+def test_jpeg_quality_is_measured_against_the_raw_pixels(photo_tar, tmp_path):
+    report = diagnose([photo_tar], jpeg_config(), project_images=1000)
+    pixels = report["pixels"]
+    assert report["samples"] == pixels["images"] == 8
+    assert (pixels["encoding"], pixels["quality"], pixels["subsampling"]) == ("jpeg", 90, "4:4:4")
+    score = pixels["psnr_db"]
+    assert 30 < score["min"] <= score["p5"] <= score["median"] < 60, score
+    assert 0 < pixels["max_abs_error"] < 128
+    assert 0 < pixels["bytes_per_image"] < pixels["raw_bytes_per_image"] == 64 * 64 * 3
+    assert pixels["projection"]["bytes"] == pytest.approx(pixels["bytes_per_image"] * 1000, abs=100)
+    assert report["stages"]["encode"]["mean_ms"] > 0  # the job's encode is a stage of its own
+    assert set(report["stages"]) == set(STAGES)
+
+    # The same bytes the job writes: its shards of this tar hold JPEGs of the same mean size.
+    stat = os.stat(photo_tar)
+    result = process_input(photo_tar, str(tmp_path / "job"), jpeg_config(), (stat.st_size, stat.st_mtime_ns))
+    jpeg_bytes = sum(s["bytes"] - jpeg_data_start(s["samples"]) for s in result.shards)
+    assert result.samples == 8 and pixels["bytes_per_image"] == pytest.approx(jpeg_bytes / 8, abs=0.05)
+
+
+def test_a_lower_quality_measures_worse_and_smaller(photo_tar):
+    low, high = (diagnose([photo_tar], jpeg_config(quality))["pixels"] for quality in (10, 95))
+    assert low["psnr_db"]["median"] < high["psnr_db"]["median"] - 5, (low, high)
+    assert low["psnr_db"]["p5"] < high["psnr_db"]["p5"]
+    assert low["max_abs_error"] > high["max_abs_error"]
+    assert low["bytes_per_image"] < high["bytes_per_image"]
 
 
 def test_limit_stops_across_inputs(tars):
@@ -65,12 +111,28 @@ def test_cli_prints_the_table_and_the_verdict(mixed_tar, tmp_path):
                                  "--project-images", "2000000"])
     assert result.exit_code == 0, result.output
     for text in ("p95 ms", "decode", "resize", "write", "images/s per core", "2,000,000 images on 8 cores",
-                 "slowest samples", "failed samples: 2", "verdict: bottleneck:", "JPEG decoder: region decode"):
+                 "slowest samples", "failed samples: 2", "verdict: bottleneck:", "JPEG decoder: region decode",
+                 "pixels: raw, 3,072 bytes an image", "2,000,000 images: about 6.1 GB of pixel files"):
         assert text in result.output, text
     result = runner.invoke(app, ["diagnose", mixed_tar, "--config", str(config), "--limit", "3", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["samples"] == 3 and report["config"]["height"] == 32
+
+
+def test_cli_shows_the_jpeg_quality_in_text_and_json(photo_tar, tmp_path):
+    config = tmp_path / "jpeg.yaml"
+    config.write_text("height: 64\nwidth: 64\nencoding: jpeg\nquality: 85\n")
+    result = runner.invoke(app, ["diagnose", photo_tar, "--config", str(config), "--project-images", "1000"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    for text in ("pixels: jpeg q85 4:4:4", "of raw); PSNR against raw over 8 images: median", "max abs error",
+                 "1,000 images: about", "encode"):
+        assert text in said, text
+    result = runner.invoke(app, ["diagnose", photo_tar, "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    pixels = json.loads(result.output)["pixels"]
+    assert pixels["quality"] == 85 and pixels["psnr_db"]["median"] > 30 and pixels["bytes_per_image"] < 12288
 
 
 def test_cli_exit_codes_for_bad_inputs_and_bad_config(tars, tmp_path):

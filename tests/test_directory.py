@@ -17,11 +17,13 @@ from shardio.write.shard_writer import InputShardWriter
 from tests.dataset_fixtures import make_dataset
 
 
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 @pytest.mark.parametrize("damage", ["truncate", "remove", "flip"])
-def test_the_reader_and_verify_name_a_bad_shard_with_the_same_words(tmp_path, damage):
+def test_the_reader_and_verify_name_a_bad_shard_with_the_same_words(tmp_path, damage, encoding):
     out = str(tmp_path / "ds")
-    manifest = make_dataset(out, inputs=(12, 5))
+    manifest = make_dataset(out, inputs=(12, 5), encoding=encoding)
     entry = manifest.shards[1]
+    assert entry.path.endswith(".jpg.npy" if encoding == "jpeg" else ".npy")
     path = os.path.join(out, entry.path)
     if damage == "truncate":
         os.truncate(path, entry.bytes - 3)

@@ -1,15 +1,18 @@
-"""`preprocess verify`: a flipped bit is caught and named; --repair rebuilds only that input, byte for
-byte; an input that is gone is named as unrepairable."""
+"""`preprocess verify`: a flipped bit, a truncated or a missing shard is caught and named; --repair rebuilds only
+that input, byte for byte; an input that is gone is named as unrepairable. Each on a dataset of raw pixels
+and on one of JPEGs (``encoding: jpeg``, ``.jpg.npy`` shards)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from preprocess.cli import app
+from shardio.format.jpeg_shard import jpeg_data_start
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
 from tests.dataset_fixtures import flip_bits
 
@@ -21,14 +24,24 @@ def verify(out: str, *flags: str):
     return runner.invoke(app, ["verify", out, *flags])
 
 
+def pixel_byte(path: str, sample: int, samples: int, encoding: str) -> int:
+    """The file offset of a byte in the middle of ``sample``'s pixels (raw) or JPEG data (jpeg)."""
+    if encoding == "raw":
+        return 128 + sample * 16 * 16 * 3 + 5
+    offsets = np.load(path, mmap_mode="r")  # a JPEG shard's .npy header describes its offsets
+    return jpeg_data_start(samples) + int(offsets[sample] + offsets[sample + 1]) // 2
+
+
 @pytest.fixture
-def dataset(ray_cluster, tars, tmp_path):
+def dataset(ray_cluster, tars, tmp_path, encoding):
     tars.make("a.tar", range(0, 11))
     tars.make("b.tar", range(11, 16))
     out = str(tmp_path / "out")
     result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "--size", "16",
-                                 "--samples-per-shard", "4", "-q"])
+                                 "--samples-per-shard", "4", "--encoding", encoding, "-q"])
     assert result.exit_code == 0, result.output
+    suffix = ".jpg.npy" if encoding == "jpeg" else ".npy"
+    assert all(s["path"].endswith(suffix) for s in dataset_state(out)["shards"])
     return out
 
 
@@ -38,10 +51,11 @@ def test_a_good_dataset_verifies(dataset):
     assert "5 shard(s)" in result.output and "all match the manifest" in result.output
 
 
-def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tars):
+def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tars, encoding):
     before = dataset_state(dataset)
     bad = before["shards"][1]  # a.tar's second shard
-    flip_bits(os.path.join(dataset, bad["path"]), 128 + 16 * 16 * 3 + 5, 0x10)  # a pixel of its second image
+    path = os.path.join(dataset, bad["path"])
+    flip_bits(path, pixel_byte(path, 1, bad["samples"], encoding), 0x10)  # its second image
     result = verify(dataset)
     assert result.exit_code == 1, result.output
     bad_lines = [line for line in result.output.splitlines() if line.startswith("BAD")]
@@ -58,6 +72,30 @@ def test_a_flipped_bit_is_caught_and_repair_rebuilds_only_its_input(dataset, tar
     assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
     for path, mtime in b_mtimes.items():
         assert os.stat(os.path.join(dataset, path)).st_mtime_ns == mtime, "a good input's shards were rewritten"
+    assert_clean(dataset)
+    assert_indices(dataset, list(range(16)))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+def test_a_truncated_or_missing_shard_is_named_and_repair_rebuilds_it(dataset, damage):
+    before = dataset_state(dataset)
+    bad = before["shards"][2]  # a.tar's last, partial shard (3 samples)
+    path = os.path.join(dataset, bad["path"])
+    if damage == "truncate":
+        os.truncate(path, bad["bytes"] - 100)  # the end of its last image's data: only the size tells
+    else:
+        os.remove(path)
+    result = verify(dataset)
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())  # rich wraps long lines
+    assert "BAD " in said and bad["path"] in said and "a.tar" in said and "--repair" in said
+    assert ("bytes, the manifest says" if damage == "truncate" else "missing") in said
+
+    repaired = verify(dataset, "--repair")
+    assert repaired.exit_code == 0, repaired.output
+    assert "rebuilt 1 input(s)" in repaired.output
+    after = dataset_state(dataset)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
     assert_clean(dataset)
     assert_indices(dataset, list(range(16)))
 
