@@ -380,7 +380,7 @@ def _save_report_after_error(
     report.elapsed_s = round(time.perf_counter() - started, 3)
     try:
         committer.maybe_commit(force=True)
-        report.dataset_samples = committer.manifest.samples
+        report.dataset_samples = committer.running.totals["samples"]
         _save_report(committer.directory, report)
     except Exception:  # noqa: BLE001 - never mask the error being raised
         pass

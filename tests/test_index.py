@@ -183,6 +183,8 @@ def test_a_reader_of_generation_g_keeps_reading_while_commits_and_compactions_la
     make_dataset(out, (9, 7))
     snapshot = shardio.open_dataset(out)
     generation = snapshot.generation
+    made = time.time() - 3600  # made by an earlier run, an hour ago: not a passing generation of this one
+    os.utime(os.path.join(out, "manifests", f"{generation:010d}.json"), (made, made))
     manifest = load_manifest(out)
     committer = dataset_dir.Committer(out, manifest)
     with dataset_dir.writing(out):
@@ -274,3 +276,30 @@ def test_a_stranger_checks_shards_with_xxh128sum_from_the_index(tmp_path):
         digest, rel = line.split("  ")
         assert xxhash.xxh3_128(open(os.path.join(out, rel), "rb").read()).hexdigest() == digest
     assert stored_indices(out) == list(range(9))
+
+
+def test_the_roots_totals_are_the_datasets_after_adds_drops_and_replacements(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 37)  # a Committer keeps the totals as it goes: they must equal a count
+    root, manifest = read_root(out), load_manifest(out)
+    assert {k: root[k] for k in ("samples", "shard_count", "input_count", "bytes", "meta_bytes", "failed")} == {
+        "samples": manifest.samples, "shard_count": len(manifest.shards), "input_count": len(manifest.inputs),
+        "bytes": sum(e.bytes for e in manifest.shards), "meta_bytes": sum(e.meta_bytes for e in manifest.shards),
+        "failed": sum(i.failed for i in manifest.inputs.values())}
+    assert [(e.input, e.path) for e in manifest.shards] == sorted((e.input, e.path) for e in manifest.shards)
+
+
+def test_an_input_added_again_under_the_same_shard_names_is_listed_once_and_retires_nothing(tmp_path):
+    out = str(tmp_path / "ds")
+    dataset_dir.ensure_output_dir(out)
+    with dataset_dir.writing(out):
+        committer = dataset_dir.Committer(out, shardio.format.Manifest(shape=(2, 2, 3), config={"height": 2,
+                                                                                               "width": 2}, versions={}))
+        committer.add_input("a.tar", 1, 1, entries("a.tar"))
+        committer.add_input("b.tar", 1, 1, entries("b.tar"))
+        committer.maybe_commit(force=True)
+        committer.add_input("a.tar", 1, 1, entries("a.tar"))  # a repair: the same names are the same bytes
+        committer.maybe_commit(force=True)
+    manifest = load_manifest(out)
+    assert [e.path for e in manifest.shards] == [e.path for name in ("a.tar", "b.tar") for e in entries(name)]
+    assert manifest.retired == [] and read_root(out)["shard_count"] == 6

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from shardio.format.spec import (
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
            "check_segment_path", "root_json", "manifest_from_root", "delta_of", "plan_compaction",
-           "merge_segments", "input_signature"]
+           "merge_segments", "input_signature", "totals_of"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
@@ -229,13 +229,19 @@ def input_signature(entry: InputEntry, shards: list[ShardEntry], listed: bool) -
                           e.checksum_algorithm) for e in shards)))
 
 
-def current_inputs(manifest: Manifest, only: set[str] | None = None) -> dict[str, tuple[InputEntry, list[ShardEntry], bool]]:
+def current_inputs(manifest: Manifest, only: set[str] | None = None,
+                   shards_of: Callable[[str], list[ShardEntry]] | None = None,
+                   ) -> dict[str, tuple[InputEntry, list[ShardEntry], bool]]:
     """The manifest's content as segment inputs (of the names in ``only``, when given): each listed input
-    with its shards, and a shard whose ``input`` is not listed grouped under that name (``listed`` False)."""
+    with its shards, and a shard whose ``input`` is not listed grouped under that name (``listed`` False).
+    ``shards_of(name)``: an input's shards found without a pass over all of them (a ``Committer``'s)."""
     by_input: dict[str, list[ShardEntry]] = {}
-    for entry in manifest.shards:
-        if only is None or entry.input in only:
-            by_input.setdefault(entry.input, []).append(entry)
+    if only is not None and shards_of is not None:
+        by_input = {name: found for name in only if (found := shards_of(name))}
+    else:
+        for entry in manifest.shards:
+            if only is None or entry.input in only:
+                by_input.setdefault(entry.input, []).append(entry)
     out: dict[str, tuple[InputEntry, list[ShardEntry], bool]] = {}
     names = manifest.inputs if only is None else [n for n in only if n in manifest.inputs]
     for name in names:
@@ -245,7 +251,8 @@ def current_inputs(manifest: Manifest, only: set[str] | None = None) -> dict[str
     return out
 
 
-def delta_of(manifest: Manifest, touched: Iterable[str] | None = None) -> Delta:
+def delta_of(manifest: Manifest, touched: Iterable[str] | None = None,
+             shards_of: Callable[[str], list[ShardEntry]] | None = None) -> Delta:
     """What the next commit's segment must say for ``manifest`` to be the fold of its segments: every
     input whose signature differs from the indexed one (only ``touched`` names are compared when given:
     a ``Committer`` knows them), and the indexed names no longer there. A manifest with no segments
@@ -254,7 +261,7 @@ def delta_of(manifest: Manifest, touched: Iterable[str] | None = None) -> Delta:
         return Delta(current_inputs(manifest), set())
     # A Committer's commit compares only the names it touched: one pass over the shard list (~3 ms at
     # 30k shards) instead of grouping all of them (~90 ms).
-    now = current_inputs(manifest, None if touched is None else set(touched))
+    now = current_inputs(manifest, None if touched is None else set(touched), shards_of)
     names = set(now) | set(manifest.indexed) if touched is None else set(touched)
     changed = {}
     removed = set()
@@ -267,22 +274,30 @@ def delta_of(manifest: Manifest, touched: Iterable[str] | None = None) -> Delta:
     return Delta(changed, removed)
 
 
-def root_json(manifest: Manifest) -> dict[str, Any]:
+def totals_of(manifest: Manifest) -> dict[str, int]:
+    """The root's totals, counted (O(shards): a ``Committer`` keeps them as it goes instead)."""
+    return {"samples": manifest.samples, "shard_count": len(manifest.shards), "input_count": len(manifest.inputs),
+            "bytes": sum(s.bytes for s in manifest.shards), "meta_bytes": sum(s.meta_bytes for s in manifest.shards),
+            "failed": sum(i.failed for i in manifest.inputs.values())}
+
+
+def root_json(manifest: Manifest, totals: dict[str, int] | None = None) -> dict[str, Any]:
     """The root document (``manifest.json`` / ``manifests/GEN.json``) of a manifest whose ``segments``
-    are set."""
+    are set; ``totals`` (``totals_of``'s keys) when the caller kept them."""
     assert manifest.segments is not None  # set by the commit before it writes a root
+    totals = totals or totals_of(manifest)
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "layout": "NHWC",
         "dtype": "uint8",
         "shape": list(manifest.shape),
-        "samples": manifest.samples,
-        "shard_count": len(manifest.shards),
-        "input_count": len(manifest.inputs),
-        "bytes": sum(s.bytes for s in manifest.shards),
-        "meta_bytes": sum(s.meta_bytes for s in manifest.shards),
-        "failed": sum(i.failed for i in manifest.inputs.values()),
+        "samples": totals["samples"],
+        "shard_count": totals["shard_count"],
+        "input_count": totals["input_count"],
+        "bytes": totals["bytes"],
+        "meta_bytes": totals["meta_bytes"],
+        "failed": totals["failed"],
         "config": manifest.config,
         "config_hash": manifest.config_hash,
         "versions": manifest.versions,

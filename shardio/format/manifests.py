@@ -192,7 +192,8 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
             kept = list_generations(directory)
             raise ShardFormatError(
                 f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
-                "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations"
+                "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations "
+                "(a run's passing generations, current for minutes: --retain-passing-minutes 0 keeps each)"
             )
         loaded = read(store, path, directory)
         if loaded.generation != generation:  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ preprocess's types.
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -65,6 +66,7 @@ from shardio.format.index import (
     plan_compaction,
     root_json,
     segment_path,
+    totals_of,
 )
 from shardio.format.manifests import generation_path, list_generations, load_manifest, read_root
 from shardio.format.shard_check import shard_problems
@@ -119,12 +121,17 @@ def _now() -> datetime:
 # --- generations: the commit's last step, leftovers, retention, restore ---------------------------------------------
 
 
-def _publish_generation(directory: str, manifest: Manifest) -> int:
+def _publish_generation(directory: str, manifest: Manifest, running: RunningIndex | None = None) -> int:
     """The last step of ``commit`` (its only caller): ``manifest`` as the next generation,
     ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
     whose file ``collect`` already deleted, and returns the new generation."""
     store = for_path(directory)
-    generation = max([manifest.generation, *list_generations(directory)]) + 1
+    if running is not None and running.published:
+        # This writer published the newest generation itself: no listing of manifests/ (a run of
+        # 18,000 commits would list up to 18,000 files at each); another writer's is a CommitConflict below.
+        generation = manifest.generation + 1
+    else:
+        generation = max([manifest.generation, *list_generations(directory)]) + 1
     now = _now().isoformat(timespec="seconds")
     manifest.generation, manifest.updated = generation, now
     retired = []
@@ -134,7 +141,8 @@ def _publish_generation(directory: str, manifest: Manifest) -> int:
         elif store.exists(store.join(directory, entry.path)):
             retired.append(entry)
     manifest.retired = retired
-    data = json.dumps(root_json(manifest), indent=1, ensure_ascii=False).encode("utf-8")
+    data = json.dumps(root_json(manifest, running.totals if running else None), indent=1,
+                      ensure_ascii=False).encode("utf-8")
     store.makedirs(store.join(directory, MANIFESTS_DIR))
     _check_held(directory)
     try:
@@ -479,21 +487,25 @@ def discard(directory: str, rel_path: str) -> None:
 # --- the commit ---------------------------------------------------------------------------------------
 
 
-def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = None) -> int:
+def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = None,
+           running: RunningIndex | None = None) -> int:
     """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
     path, then shard name: independent of which task finished first), after a storage barrier that makes
     the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
     missing; one fsync, ~0.2 ms here), as a format 3 index: one new segment with what changed since the
     manifest's segments (only the ``touched`` input names are compared, when given), compaction, then
     the root. A manifest read from a version 1/2 file is upgraded: its first segment holds everything.
-    Returns the new generation."""
+    ``running``: a ``Committer``'s ``RunningIndex`` (shards kept in order, totals kept, an input's shards
+    found by bisection), so the commit costs what it adds, not what the dataset holds. Returns the new
+    generation."""
     store = for_path(directory)
-    manifest.shards.sort(key=lambda e: (e.input, e.path))
+    if running is None:
+        manifest.shards.sort(key=_dataset_order)
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
     before = manifest.segments, manifest.indexed
-    delta = delta_of(manifest, touched)
+    delta = delta_of(manifest, touched, running.shards_of if running else None)
     segments = list(manifest.segments or [])
     if not delta.empty:
         segments.append(_write_segment(directory, delta))
@@ -504,10 +516,57 @@ def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = N
     segments = _compact(directory, segments)
     manifest.segments, manifest.indexed = segments, indexed
     try:
-        return _publish_generation(directory, manifest)
+        generation = _publish_generation(directory, manifest, running)
     except BaseException:
         manifest.segments, manifest.indexed = before  # not committed: the next commit writes this delta again
         raise
+    if running is not None:
+        running.published = True
+    return generation
+
+
+def _dataset_order(entry: ShardEntry) -> tuple[str, str]:
+    return entry.input, entry.path
+
+
+class RunningIndex:
+    """What a ``Committer`` keeps of its manifest so that a commit costs what it adds: the shards in
+    dataset order (sorted once, then each input's inserted where it belongs), so an input's shards are
+    a contiguous run found by bisection; and the root's totals, updated by each add and drop."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        manifest.shards.sort(key=_dataset_order)
+        self.totals = totals_of(manifest)
+        self.published = False  # this process published the newest generation
+
+    def _range(self, name: str) -> tuple[int, int]:
+        shards = self.manifest.shards
+        key = lambda e: e.input  # noqa: E731
+        return bisect.bisect_left(shards, name, key=key), bisect.bisect_right(shards, name, key=key)
+
+    def shards_of(self, name: str) -> list[ShardEntry]:
+        low, high = self._range(name)
+        return self.manifest.shards[low:high]
+
+    def insert(self, entries: list[ShardEntry]) -> None:
+        shards = self.manifest.shards
+        for entry in sorted(entries, key=_dataset_order):
+            shards.insert(bisect.bisect_left(shards, _dataset_order(entry), key=_dataset_order), entry)
+        self._count(entries, +1)
+
+    def remove(self, name: str) -> list[ShardEntry]:
+        """Unlist every shard of input ``name``; returns them."""
+        low, high = self._range(name)
+        removed = self.manifest.shards[low:high]
+        del self.manifest.shards[low:high]
+        self._count(removed, -1)
+        return removed
+
+    def _count(self, entries: list[ShardEntry], sign: int) -> None:
+        self.totals["shard_count"] += sign * len(entries)
+        for key in ("samples", "bytes", "meta_bytes"):
+            self.totals[key] += sign * sum(getattr(e, key) for e in entries)
 
 
 def _write_segment(directory: str, delta: Delta) -> SegmentRef:
@@ -546,6 +605,7 @@ class Committer:
     def __init__(self, directory: str, manifest: Manifest, interval_s: float = 0.0) -> None:
         self.directory = directory
         self.manifest = manifest
+        self.running = RunningIndex(manifest)
         self.interval_s = interval_s
         self.dirty = False
         self.last_commit = 0.0
@@ -561,12 +621,15 @@ class Committer:
         # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
         # (an input restored to its old state, a repair) is live again, not retention's to collect.
         relisted = new_paths | {e.meta_path for e in new_entries}
-        self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
-        self.manifest.shards.extend(new_entries)
+        if self.manifest.retired:
+            self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
+        self.running.insert(new_entries)
         self.manifest.inputs[input_path] = InputEntry(
             size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries), failed=failed,
             shards=[e.path for e in new_entries],
         )
+        self.running.totals["input_count"] += 1
+        self.running.totals["failed"] += failed
         self.touched.add(input_path)
         self.dirty = True
 
@@ -574,18 +637,20 @@ class Committer:
         """Unlist ``input_path``'s shards (but those in ``keep``); they are retired, not deleted: a reader
         of the previous generation may be mid-epoch on them."""
         old = self.manifest.inputs.pop(input_path)
-        gone = set(old.shards) - keep
-        for entry in self.manifest.shards:
-            if entry.path in gone:
+        self.running.totals["input_count"] -= 1
+        self.running.totals["failed"] -= old.failed
+        # Every old entry leaves the list (an entry kept by name comes back with the new ones: never twice);
+        # the files of the others are retired.
+        for entry in self.running.remove(input_path):
+            if entry.path not in keep:
                 self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
-        self.manifest.shards = [e for e in self.manifest.shards if e.path not in gone]
         self.touched.add(input_path)
         self.dirty = True
 
     def maybe_commit(self, force: bool = False) -> None:
         if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
             return
-        commit(self.directory, self.manifest, self.touched)
+        commit(self.directory, self.manifest, self.touched, self.running)
         self.last_commit = time.monotonic()
         self.dirty = False
         self.touched = set()
