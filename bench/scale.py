@@ -5,13 +5,15 @@ read them), at several sizes so the curve shows.
 For each size N (shards, one per input, committed ``--per-commit`` inputs at a time so the dataset is
 built by N / per-commit commits, compactions included):
 
-- **append**: 10 more inputs committed once: metadata bytes written (files created or replaced outside
-  ``shards/`` and ``reports/``) and wall time;
+- **append**: 10 more inputs committed once (the median of 3 such commits): metadata bytes written
+  (files created or replaced outside ``shards/`` and ``reports/``) and wall time; and, apart, the
+  ``Committer``'s setup, once per run (orders the shards, counts the totals: O(shards), like loading);
 - **on disk**: metadata bytes on disk (everything outside ``shards/`` and ``reports/``, every kept
   generation's root and the segments they keep) against the current index (its root and segments),
   after the default retention has run, as at a run's end (a run's passing generations: one root per
   10-minute bucket);
-- **open**: ``load_manifest`` in a fresh process: seconds and RSS over the same process before it.
+- **open**: ``load_index`` (a reader's open) and ``load_manifest`` (a run's), each in a fresh process:
+  seconds and RSS over the same process before it.
 
 ``python -m bench.scale [--sizes 300,30000,300000] [--out bench/out/scale]`` prints a table and writes
 ``bench/out/scale/results.json``.
@@ -61,45 +63,61 @@ def build(directory: str, shards: int, per_commit: int) -> Manifest:
     return committer.manifest
 
 
-def append(directory: str, manifest: Manifest, inputs: int = 10) -> tuple[int, float]:
-    before = metadata_files(directory)
-    started = time.perf_counter()
+def append(directory: str, manifest: Manifest, inputs: int = 10, rounds: int = 3) -> tuple[int, float, float]:
+    """Append ``inputs`` inputs in one commit, ``rounds`` times (a run's commit: the ``Committer`` is made
+    once, as a run makes it): (metadata bytes the median round wrote, its wall time, the Committer's
+    setup time, once per run: it orders the shards and counts the totals, O(shards))."""
+    rows = []
     with dataset_dir.writing(directory):
+        started = time.perf_counter()
         committer = dataset_dir.Committer(directory, manifest)
-        for i in range(inputs):
-            name = f"new-{i:03d}.tar"
-            committer.add_input(name, 1, 1, entries(name, count=1))
-        committer.maybe_commit(force=True)
-    wall = time.perf_counter() - started
-    after = metadata_files(directory)
-    written = sum(size for rel, (size, mtime) in after.items() if before.get(rel) != (size, mtime))
-    return written, wall
+        setup = time.perf_counter() - started
+        for round_ in range(rounds):
+            before = metadata_files(directory)
+            started = time.perf_counter()
+            for i in range(inputs):
+                name = f"new-{round_}-{i:03d}.tar"
+                committer.add_input(name, 1, 1, entries(name, count=1))
+            committer.maybe_commit(force=True)
+            wall = time.perf_counter() - started
+            after = metadata_files(directory)
+            rows.append((sum(size for rel, (size, mtime) in after.items() if before.get(rel) != (size, mtime)), wall))
+    written, wall = sorted(rows, key=lambda row: row[1])[len(rows) // 2]
+    return written, wall, setup
 
 
 _OPEN = """
 import json, resource, sys, time
 import shardio
-from shardio.format.manifests import load_manifest
+from shardio.format.manifests import load_index, load_manifest
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+load = {"manifest": load_manifest, "index": load_index}[sys.argv[2]]
 base = rss()
 t = time.perf_counter()
-m = load_manifest(sys.argv[1])
-print(json.dumps({"open_s": time.perf_counter() - t, "rss_mb": (rss() - base) / 1e6, "shards": len(m.shards)}))
+m = load(sys.argv[1])
+print(json.dumps({"open_s": round(time.perf_counter() - t, 4), "rss_mb": round((rss() - base) / 1e6, 1),
+                  "shards": len(m.shards)}))
 """
 
 
 def open_cost(directory: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _OPEN, directory], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    """In fresh processes: ``load_index`` (a reader's open: columns, segments mapped) and ``load_manifest``
+    (a run's: an object per shard and input, what a commit edits)."""
+    out = {}
+    for kind, prefix in (("index", ""), ("manifest", "manifest_")):
+        done = subprocess.run([sys.executable, "-c", _OPEN, directory, kind], capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout)
+        out.update({f"{prefix}open_s": row["open_s"], f"{prefix}rss_mb": row["rss_mb"]})
+    return out
 
 
 def measure(directory: str, shards: int, per_commit: int) -> dict:
     started = time.perf_counter()
     manifest = build(directory, shards, per_commit)
     build_s = time.perf_counter() - started
-    written, wall = append(directory, manifest)
+    written, wall, setup = append(directory, manifest)
     with dataset_dir.writing(directory):  # what a run does at its end (default retention)
         collected = dataset_dir.collect(directory, dataset_dir.load_committed(directory)[0], dataset_dir.Retention())
     files = metadata_files(directory)
@@ -107,7 +125,7 @@ def measure(directory: str, shards: int, per_commit: int) -> dict:
     index = os.path.getsize(os.path.join(directory, "manifest.json")) + sum(s["bytes"] for s in root["segments"])
     on_disk = sum(size for size, _ in files.values())
     return {"shards": shards, "commits": -(-shards // per_commit) + 1, "build_s": round(build_s, 2),
-            "append_bytes": written, "append_s": round(wall, 4), "index_bytes": index, "on_disk_bytes": on_disk,
+            "append_bytes": written, "append_s": round(wall, 4), "committer_setup_s": round(setup, 4), "index_bytes": index, "on_disk_bytes": on_disk,
             "on_disk_ratio": round(on_disk / index, 2), "segments": len(root["segments"]),
             "kept_generations": len(collected.kept_generations), **open_cost(directory)}
 
@@ -129,7 +147,8 @@ def main() -> None:
     for row in rows[1:]:
         print(f"{row['shards']} vs {small['shards']} shards: append bytes x{row['append_bytes'] / small['append_bytes']:.2f}, "
               f"append wall x{row['append_s'] / small['append_s']:.2f}, on disk / index {row['on_disk_ratio']}, "
-              f"open {row['open_s']:.3f} s / {row['rss_mb']:.1f} MB")
+              f"reader open {row['open_s']:.3f} s / {row['rss_mb']:.1f} MB, run's load {row['manifest_open_s']:.3f} s / "
+              f"{row['manifest_rss_mb']:.1f} MB")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -203,3 +203,14 @@ def test_a_shard_whose_lines_are_not_its_samples_fails_at_its_first_touch(datase
     snapshot.meta(0)
     with pytest.raises(ShardIntegrityError, match=rf"^{path}: 9 lines, manifest says 8 samples$"):
         snapshot.meta(1)
+
+
+def test_a_local_shard_keeps_only_its_line_ends_and_reads_lines_again_from_the_file(tmp_path, lines) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(encode(lines))
+    meta = ShardMeta.from_file(str(path), str(path), encode(lines), len(lines), 6, 10)
+    assert meta._lines.source[0] is None  # no bytes held: a shuffled batch touches hundreds of shards
+    assert meta.rows(3, 5) == [expected_row(3), expected_row(4)]
+    path.write_bytes(encode(lines)[:40])  # truncated while open: named, never a half-read row
+    with pytest.raises(ShardIntegrityError, match=r"s\.jsonl: shorter than when it was opened"):
+        meta.rows(len(lines) - 2, len(lines))

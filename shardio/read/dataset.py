@@ -205,7 +205,7 @@ class ShardDataset(IterableDataset):
                 self._attach_cache(snapshot)
             elif len(snapshot.shards) <= EAGER_CHECK_SHARDS:
                 for shard in range(len(snapshot.shards)):
-                    snapshot.pixels(shard)  # checks the header: a corrupt one fails now, not mid-epoch
+                    snapshot.check(shard)  # size and header: a corrupt one fails now, not mid-epoch
         except ShardError as e:
             error = e
         if check_ranks and self._from_dist and self.world_size > 1:

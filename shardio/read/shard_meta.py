@@ -12,6 +12,7 @@ line and sample, and rows elsewhere in the shard read normally.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,8 @@ class _Lines:
     """One shard's lines: the bytes, where each line ends, and the rows parsed so far (shared by every
     ``ShardMeta`` window of the shard)."""
 
-    def __init__(self, path: str, data: bytes, samples: int, height: int, width: int) -> None:
+    def __init__(self, path: str, data: bytes, samples: int, height: int, width: int,
+                 local_path: str | None = None) -> None:
         # Split on b"\n" only: U+2028/U+0085 in captions are no line breaks (json.dumps(ensure_ascii=False)
         # leaves them unescaped), and 0x0A never occurs inside a UTF-8 sequence.
         ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
@@ -46,21 +48,41 @@ class _Lines:
         self.flags: tuple[bool, bool, bool] | None = None  # has txt, cls, json: known once all are parsed
         # (bytes, ends) in one attribute, read once per row: dropped (None) when every row is parsed,
         # so a thread that read it before then still holds both.
-        self.source: tuple[bytes, np.ndarray] | None = (data, ends.astype(np.int32 if len(data) < 2**31
-                                                                        else np.int64))
+        ends = ends.astype(np.int32 if len(data) < 2**31 else np.int64)
+        # A local file's lines are read again when parsed (one pread per batch piece) instead of held:
+        # a shuffled first batch touches up to 256 shards, whose .jsonl (~0.5 MB each for LAION's
+        # captions and json) would otherwise stay in memory; bytes from elsewhere (the object-store
+        # cache) are held.
+        self.local_path = local_path
+        self.source: tuple[bytes | None, np.ndarray] | None = (None if local_path else data, ends)
         self.parsed: dict[int, Row] = {}
 
     def rows(self, start: int, stop: int) -> list[Row]:
         source, parsed = self.source, self.parsed
-        out = []
-        for i in range(start, stop):
-            row = parsed.get(i)
-            if row is None:
-                row = parsed[i] = self._parse(source, i)  # type: ignore[arg-type]  # None only once all parsed
-            out.append(row)
+        missing = [i for i in range(start, stop) if i not in parsed]
+        if missing:
+            assert source is not None  # None only once every row is parsed
+            data, ends = source
+            begin = 0 if missing[0] == 0 else int(ends[missing[0] - 1]) + 1
+            end = int(ends[missing[-1]])
+            chunk = data[begin:end] if data is not None else self._read(begin, end)
+            for i in missing:
+                parsed[i] = self._parse(chunk, begin, ends, i)
         if source is not None and len(parsed) == self.count:
             self.source = None  # every row parsed: the bytes are no longer needed
-        return out
+        return [parsed[i] for i in range(start, stop)]
+
+    def _read(self, begin: int, end: int) -> bytes:
+        assert self.local_path is not None
+        fd = os.open(self.local_path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, end - begin, begin)
+        finally:
+            os.close(fd)
+        if len(data) != end - begin:
+            raise ShardIntegrityError(f"{self.path}: shorter than when it was opened ({begin + len(data)} of {end} "
+                                      f"bytes: truncated or overwritten while read); {_HINT}")
+        return data
 
     def has(self) -> tuple[bool, bool, bool]:
         """Whether any line has ``txt``, ``cls``, ``json`` (parses every line)."""
@@ -70,12 +92,11 @@ class _Lines:
                           any(row[3] is not None for row in rows))
         return self.flags
 
-    def _parse(self, source: tuple[bytes, np.ndarray], i: int) -> Row:
-        data, ends = source
+    def _parse(self, chunk: bytes, begin: int, ends: np.ndarray, i: int) -> Row:
         start, stop = (0 if i == 0 else int(ends[i - 1]) + 1), int(ends[i])
         try:
             # The writer emits UTF-8 only: a bad byte is corruption (a flipped bit, a foreign file).
-            text = data[start:stop].decode("utf-8")
+            text = chunk[start - begin:stop - begin].decode("utf-8")
         except UnicodeDecodeError as e:
             raise self._bad(i, f"not UTF-8 ({e.reason} at byte {start + e.start})") from e
         try:
@@ -121,6 +142,12 @@ class ShardMeta:
         """The metadata of the shard whose ``.jsonl`` at ``path`` holds ``data``; raises
         ``ShardIntegrityError`` now if its line count is not the manifest's ``samples``."""
         return cls(_Lines(path, data, samples, height, width))
+
+    @classmethod
+    def from_file(cls, path: str, local_path: str, data: bytes, samples: int, height: int, width: int) -> ShardMeta:
+        """``from_bytes`` for the local file ``local_path`` that held ``data``: only the line ends are kept,
+        and a row's line is read again from the file when it is first parsed."""
+        return cls(_Lines(path, data, samples, height, width, local_path))
 
     def __len__(self) -> int:
         return self._stop - self._start
