@@ -509,16 +509,23 @@ def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = N
     segments = list(manifest.segments or [])
     if not delta.empty:
         segments.append(_write_segment(directory, delta))
-    indexed = dict(manifest.indexed) if manifest.segments is not None else {}
+    # Edited in place (a copy would cost O(inputs) a commit), the old values kept to undo a failed commit.
+    indexed = manifest.indexed if manifest.segments is not None else {}
+    undo = {name: indexed.get(name) for name in (*delta.removed, *delta.inputs)}
     for name in delta.removed:
         indexed.pop(name, None)
     indexed.update({name: input_signature(*value) for name, value in delta.inputs.items()})
-    segments = _compact(directory, segments)
-    manifest.segments, manifest.indexed = segments, indexed
     try:
+        segments = _compact(directory, segments)
+        manifest.segments, manifest.indexed = segments, indexed
         generation = _publish_generation(directory, manifest, running)
     except BaseException:
-        manifest.segments, manifest.indexed = before  # not committed: the next commit writes this delta again
+        for name, old in undo.items():  # not committed: the next commit writes this delta again
+            if old is None:
+                indexed.pop(name, None)
+            else:
+                indexed[name] = old
+        manifest.segments, manifest.indexed = before
         raise
     if running is not None:
         running.published = True
