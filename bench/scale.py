@@ -31,6 +31,7 @@ import time
 
 from shardio.format import Manifest
 from shardio.write import directory as dataset_dir
+from shardio.write import retention
 from tests.index_steps import entries
 
 SCAN_EXCLUDED = ("shards", "reports")
@@ -119,7 +120,7 @@ def measure(directory: str, shards: int, per_commit: int) -> dict:
     build_s = time.perf_counter() - started
     written, wall, setup = append(directory, manifest)
     with dataset_dir.writing(directory):  # what a run does at its end (default retention)
-        collected = dataset_dir.collect(directory, dataset_dir.load_committed(directory)[0], dataset_dir.Retention())
+        collected = retention.collect(directory, dataset_dir.load_committed(directory)[0], retention.Retention())
     files = metadata_files(directory)
     root = json.load(open(os.path.join(directory, "manifest.json")))
     index = os.path.getsize(os.path.join(directory, "manifest.json")) + sum(s["bytes"] for s in root["segments"])

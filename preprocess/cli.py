@@ -30,14 +30,14 @@ from preprocess.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 from preprocess.versions import library_versions, pillow_build
 from shardio.tools.cli_style import fail, new_app, version_option
-from shardio.write.directory import (
+from shardio.write.directory import report_path
+from shardio.write.retention import (
     DEFAULT_RETAIN_GENERATIONS,
     DEFAULT_RETAIN_HOURS,
     DEFAULT_RETAIN_PASSING_MINUTES,
     Retention,
-    report_path,
 )
-from shardio.write.directory import gc as collect_garbage
+from shardio.write.retention import gc as collect_garbage
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
 # The same look as `shardio` (shardio.tools.cli_style): help layout, -h/--help, --version, error lines.

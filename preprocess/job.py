@@ -23,7 +23,7 @@ ETag changes with every upload, so at worst unchanged bytes are processed again.
 
 A changed input gets new shard names (the fingerprint is in them), committed together with the
 removal of its old shards in one manifest rename; the old files stay on disk as ``retired`` for the
-readers of older generations, and the retention (``shardio.write.directory``: 24 h and 3 generations by default,
+readers of older generations, and the retention (``shardio.write.retention``: 24 h and 3 generations by default,
 ``RunOptions.retention``) collects them at the end of a later run, or ``preprocess gc``.
 
 ``--prune`` that would drop more than half of the committed inputs or samples is refused
@@ -62,7 +62,8 @@ from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
 from shardio.store.local import is_disk_full
 from shardio.store.paths import normalize
-from shardio.write.directory import Committer, Retention, drop_inputs
+from shardio.write.directory import Committer, drop_inputs
+from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardioError, VersionDrift)
 from shardio.format import Manifest
@@ -215,7 +216,7 @@ def run_job(
                 # not at the next run. Safe: the lock is held and the manifest is committed.
                 dataset_dir.clean_leftovers(directory, committer.manifest)
             if disk_full is None:
-                report.files_collected = dataset_dir.collect(directory, committer.manifest, options.retention).files
+                report.files_collected = collect(directory, committer.manifest, options.retention).files
         except OSError as e:
             if not is_disk_full(e):
                 _save_report_after_error(committer, report, e, started)

@@ -14,6 +14,7 @@ from tests.legacy_format import as_legacy
 
 import shardio
 from shardio.write import directory as dataset_dir
+from shardio.write import retention
 from shardio.errors import ShardFormatError
 from shardio.format import RetiredFile
 from shardio.format.manifests import generation_path, list_generations, load_manifest
@@ -51,14 +52,14 @@ def test_retired_files_stay_until_no_kept_generation_lists_them(tmp_path):
 
     # Kept by count (generation 1 is one of the newest 3), then by time (it was current 1 h ago; a
     # generation current for seconds is a passing one: passing_minutes 0 keeps those by time too).
-    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3), now).files == []
-    assert dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1, 0), now).files == []
+    assert retention.collect(out, load_manifest(out), retention.Retention(24, 3), now).files == []
+    assert retention.collect(out, load_manifest(out), retention.Retention(24, 1, 0), now).files == []
     assert retired <= shard_files(out)
     assert shardio.open_dataset(out, generation=1, verify=True).generation == 1
 
     # Neither: collected, with generation 1's file; the current dataset is untouched.
     later = now + timedelta(hours=25)
-    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 1), later)
+    collected = retention.collect(out, load_manifest(out), retention.Retention(24, 1), later)
     assert set(collected.files) == retired and collected.generations == [1]
     assert not retired & shard_files(out) and list_generations(out) == [2]
     assert len(shardio.open_dataset(out, verify=True)) == 72
@@ -76,7 +77,7 @@ def test_collect_never_deletes_a_file_the_current_generation_lists_again(tmp_pat
     # A stale or hand-made entry naming a live shard: retention must not trust it over the shard list.
     manifest.retired.append(RetiredFile(listed, generation=1, since="2000-01-01T00:00:00+00:00"))
     write_manifest(out, manifest)
-    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(0, 1))
+    collected = retention.collect(out, load_manifest(out), retention.Retention(0, 1))
     assert collected.files == [] and os.path.exists(os.path.join(out, listed))
 
 
@@ -174,10 +175,10 @@ def test_a_run_leaves_one_root_per_bucket_of_its_passing_generations_and_their_s
     before = load_manifest(out).to_json()
     now = datetime.fromtimestamp(start + 3 * 3600, timezone.utc)
 
-    every = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3, 0), now)
+    every = retention.collect(out, load_manifest(out), retention.Retention(24, 3, 0), now)
     assert every.generations == [] and list_generations(out) == generations  # 0: the time rule alone
 
-    collected = dataset_dir.collect(out, load_manifest(out), dataset_dir.Retention(24, 3), now)
+    collected = retention.collect(out, load_manifest(out), retention.Retention(24, 3), now)
     kept = [10, newest - 2, newest - 1, newest]
     assert list_generations(out) == kept and collected.kept_generations == kept
     named = set()

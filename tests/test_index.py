@@ -22,6 +22,7 @@ from shardio.format.index import COMPACT_FANOUT, decode_segment
 from shardio.format.manifests import list_generations, load_manifest, read_root
 from shardio.store.backends import for_path
 from shardio.write import directory as dataset_dir
+from shardio.write import retention
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset, write_inputs
 from tests.index_steps import entries, expected_inputs, run_steps
@@ -193,7 +194,7 @@ def test_a_reader_of_generation_g_keeps_reading_while_commits_and_compactions_la
         for i in range(3 * COMPACT_FANOUT):  # enough commits for compactions
             committer.add_input(f"x-{i}.tar", 1, 1, entries(f"x-{i}.tar"))
             committer.maybe_commit(force=True)
-        dataset_dir.collect(out, committer.manifest, dataset_dir.Retention())
+        retention.collect(out, committer.manifest, retention.Retention())
     assert len(load_manifest(out).segments) < 3 * COMPACT_FANOUT
     assert [int(p[0, 0, 0]) for i in range(len(snapshot.shards)) for p in snapshot.pixels(i)] == list(range(16))
     reopened = shardio.open_dataset(out, generation=generation)

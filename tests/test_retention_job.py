@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import shardio
 from preprocess.cli import app
-from shardio.write.directory import Retention
-from shardio.write.directory import gc as gc_dataset
+from shardio.write.retention import Retention
+from shardio.write.retention import gc as gc_dataset
 from shardio.errors import ShardFormatError
 from shardio.format.manifests import list_generations
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state

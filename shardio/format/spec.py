@@ -104,7 +104,7 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   compaction is a killed commit.
 - **Generations**: a generation is a root; a kept root keeps the segments it names. A segment is
   deleted once no kept root (nor ``manifest.json``) names it, under the lock, by the leftover cleaning
-  and retention (``shardio.write.directory``), and only a file named ``index/HEX64.npz``.
+  and retention (``shardio.write.retention``), and only a file named ``index/HEX64.npz``.
 - **Upgrade**: a version 1 or 2 ``manifest.json`` is read as before; the first commit to it writes one
   segment holding everything it lists, and a version 3 root over it (an ordinary commit: killed before
   the root, the old manifest is still the dataset). Its older generation files stay readable.
@@ -169,7 +169,7 @@ so a trainer resumes on the exact snapshot it started with (``DatasetSnapshot.ge
 ``manifest.json`` that is corrupt or missing while generations exist is restored from the newest valid
 one by ``preprocess verify DIR --repair`` and by the next ``preprocess run``.
 
-Retention (``shardio.write.directory``). Files a commit stops listing are not deleted at that commit: a trainer
+Retention (``shardio.write.retention``). Files a commit stops listing are not deleted at that commit: a trainer
 that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
 generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes

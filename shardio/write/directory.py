@@ -1,4 +1,5 @@
-"""The one owner of a dataset directory: everything that creates, writes, renames or removes a file there.
+"""The one owner of a dataset directory's protocol: everything that creates, writes, renames or removes a file
+there, but the later deletion of what no kept generation needs (``shardio.write.retention``).
 
 Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.write.shard_writer`` stages
 shards here); the reader calls only the shard checker. Written once against ``shardio.store.base.Storage``
@@ -22,7 +23,8 @@ What it owns, in the order of a run:
   commit point). Killed between the two, the generation file is newer than ``manifest.json`` and
   ``clean_leftovers`` removes it. Nothing is deleted at a commit: files it stops listing (an input
   dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
-- **Retention**: ``collect`` / ``gc`` delete what no kept generation needs.
+- **Retention** (``shardio.write.retention``, through ``check_held``, ``listed_files`` and
+  ``collect_segments`` here): ``collect`` / ``gc`` delete what no kept generation needs.
 - **Run reports**: ``save_report`` / ``report_path``.
 - **Restoring** a corrupt ``manifest.json`` from a kept generation the shard checker
   (``shardio.format.shard_check``, shared with the reader and ``verify``) finds whole.
@@ -38,8 +40,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
@@ -76,44 +77,12 @@ from shardio.store.base import TEMP_PREFIX
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "commit", "Committer", "drop_inputs", "Retention", "Collected", "collect", "gc",
-    "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_PASSING_MINUTES", "save_report", "report_path",
+    "commit", "Committer", "drop_inputs", "collect_segments", "check_held", "listed_files", "save_report",
+    "report_path",
 ]
 
 # A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
 # day-long epoch; 3 generations cover reruns in quick succession (a retry, a repair) on top of that.
-DEFAULT_RETAIN_HOURS = 24.0
-DEFAULT_RETAIN_GENERATIONS = 3
-DEFAULT_RETAIN_PASSING_MINUTES = 10.0
-
-
-@dataclass(frozen=True)
-class Retention:
-    """A generation is kept while it is one of the newest ``generations`` or was current less than
-    ``hours`` ago; a passing one (current under ``passing_minutes``: a run's intermediate commit) only
-    as the newest of its ``passing_minutes`` bucket (0: every one); a file is collected once no kept
-    generation lists it (the spec's "Retention")."""
-
-    hours: float = DEFAULT_RETAIN_HOURS
-    generations: int = DEFAULT_RETAIN_GENERATIONS
-    passing_minutes: float = DEFAULT_RETAIN_PASSING_MINUTES
-
-    def __post_init__(self) -> None:
-        if self.hours < 0 or self.generations < 1 or self.passing_minutes < 0:
-            raise ValueError(f"retention needs hours >= 0, generations >= 1 (the current one) and passing minutes "
-                             f">= 0, got {self.hours} h, {self.generations} generation(s), {self.passing_minutes} min")
-
-
-@dataclass
-class Collected:
-    files: list[str] = field(default_factory=list)  # retired shard files deleted (relative paths)
-    bytes: int = 0
-    generations: list[int] = field(default_factory=list)  # generation files removed
-    kept_generations: list[int] = field(default_factory=list)
-    retained_files: int = 0  # retired files still kept for older generations
-    segments: list[str] = field(default_factory=list)  # index segments no kept root names any more
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -144,7 +113,7 @@ def _publish_generation(directory: str, manifest: Manifest, running: RunningInde
     data = json.dumps(root_json(manifest, running.totals if running else None), indent=1,
                       ensure_ascii=False).encode("utf-8")
     store.makedirs(store.join(directory, MANIFESTS_DIR))
-    _check_held(directory)
+    check_held(directory)
     try:
         store.publish_new(generation_path(directory, generation), data)
     except FileExistsError:
@@ -177,7 +146,7 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
     (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
     Returns how many files went."""
     store = for_path(directory)
-    _check_held(directory)
+    check_held(directory)
     keep = protected_files(manifest) if manifest is not None else set()
     removed = 0
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
@@ -194,10 +163,10 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
             if generation > manifest.generation:
                 store.remove(generation_path(directory, generation))
                 removed += 1
-    return removed + len(_collect_segments(directory, manifest))
+    return removed + len(collect_segments(directory, manifest))
 
 
-def _collect_segments(directory: str, manifest: Manifest | None) -> list[str]:
+def collect_segments(directory: str, manifest: Manifest | None) -> list[str]:
     """Delete the index segments that neither ``manifest`` (the committed one) nor any generation file
     left in ``manifests/`` names: a killed commit's, or those only collected generations named. Deletes
     only ``index/SHA256.npz`` names (and temp files), and nothing when a root cannot be read (what it
@@ -228,103 +197,6 @@ def _collect_segments(directory: str, manifest: Manifest | None) -> list[str]:
             store.remove(store.join(directory, rel))
             removed.append(rel)
     return removed
-
-
-def _parse_time(text: str) -> datetime | None:
-    try:
-        parsed = datetime.fromisoformat(text)
-    except (TypeError, ValueError):
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
-def _bucket(moment: datetime, width: timedelta) -> int:
-    return int(moment.timestamp() // width.total_seconds())
-
-
-def collect(directory: str, manifest: Manifest, retention: Retention,
-            now: datetime | None = None) -> Collected:
-    """Delete the retired files and generation files no kept generation needs (see the format spec).
-    ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
-    ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
-    file the current or a kept generation lists."""
-    store = for_path(directory)
-    _check_held(directory)
-    cutoff = (now or _now()) - timedelta(hours=retention.hours)
-    current = manifest.generation
-    generations = [g for g in list_generations(directory) if g < current]
-
-    commit_times: dict[int, datetime | None] = {}
-
-    def committed_at(generation: int) -> datetime | None:
-        # A generation file is written once, at its commit: its mtime is the commit time (a copy that
-        # resets mtimes only makes retention longer).
-        if generation not in commit_times:
-            path = generation_path(directory, generation)
-            if not store.exists(path) and generation == current:
-                path = store.join(directory, MANIFEST_NAME)
-            try:
-                mtime_ns = store.stat_fingerprint(path)[1]
-                commit_times[generation] = datetime.fromtimestamp(mtime_ns / 1e9, timezone.utc)
-            except FileNotFoundError:
-                commit_times[generation] = None
-        return commit_times[generation]
-
-    def kept(generation: int, successor_committed: datetime | None) -> bool:
-        # An unknown commit time keeps it: never delete what we are not sure is unused.
-        return (generation > current - retention.generations or successor_committed is None
-                or successor_committed > cutoff)
-
-    def root_kept(generation: int) -> bool:
-        successor = committed_at(generation + 1)
-        if not kept(generation, successor):
-            return False
-        committed = committed_at(generation)
-        if generation > current - retention.generations or not retention.passing_minutes or None in (
-                committed, successor):
-            return True
-        bucket = timedelta(minutes=retention.passing_minutes)
-        # Current for a while (a run's result), or the newest commit of its bucket (successor in a later one).
-        return successor - committed >= bucket or _bucket(committed, bucket) != _bucket(successor, bucket)
-
-    result = Collected()
-    doomed = [g for g in generations if not root_kept(g)]
-    result.kept_generations = [g for g in generations if g not in doomed] + [current]
-
-    def retired_at(entry: RetiredFile) -> datetime | None:
-        # The later of the recorded time and the generation file's: a retired file never goes before the
-        # generation file that lists it.
-        times = [t for t in (_parse_time(entry.since), committed_at(entry.generation)) if t is not None]
-        return max(times) if times else None
-
-    candidates = [r for r in manifest.retired if not kept(r.generation - 1, retired_at(r))]
-    result.retained_files = len(manifest.retired) - len(candidates)
-    if candidates:
-        # The retired list already covers every older generation's files; reading the kept generations
-        # too costs a few ms and means a hand-edited or stale ``retired`` entry can never delete a file
-        # that a kept snapshot still lists.
-        protected = listed_files(manifest)
-        for generation in result.kept_generations[:-1]:
-            try:
-                protected |= listed_files(load_manifest(directory, generation))
-            except ShardError:
-                pass  # a corrupt old generation cannot be reopened, so it protects nothing
-        for entry in candidates:
-            path = store.join(directory, entry.path)
-            if entry.path in protected:
-                result.retained_files += 1
-                continue
-            try:
-                result.bytes += store.file_size(path)
-            except FileNotFoundError:
-                continue  # collected earlier: the next commit drops the entry
-            store.remove(path)
-            result.files.append(entry.path)
-    for generation in doomed:
-        store.remove(generation_path(directory, generation))
-        result.generations.append(generation)
-    result.segments = _collect_segments(directory, manifest)
-    return result
 
 
 def recover_manifest(directory: str) -> Manifest:
@@ -429,7 +301,7 @@ def check_writable(directory: str, writer: str) -> None:
     store.remove(probe)
 
 
-def _check_held(directory: str) -> None:
+def check_held(directory: str) -> None:
     handle = _held.get(directory)
     if handle is not None:
         handle.check()
@@ -583,7 +455,7 @@ def _write_segment(directory: str, delta: Delta) -> SegmentRef:
     data = encode_segment(delta)
     rel = segment_path(data)
     store.makedirs(store.join(directory, INDEX_DIR))
-    _check_held(directory)
+    check_held(directory)
     try:
         store.publish_new(store.join(directory, rel), data)
     except FileExistsError:
@@ -675,21 +547,6 @@ def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) 
                 committer.drop_input(path)
         committer.maybe_commit(force=True)
         return committer.manifest
-
-
-def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
-       now: datetime | None = None) -> Collected:
-    """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
-    what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
-    --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
-    load_manifest(directory)  # a missing directory or a broken manifest: say so before taking the lock
-    with writing(directory, wait_for_lock):
-        manifest = load_manifest(directory)
-        clean_leftovers(directory, manifest)
-        return collect(directory, manifest, retention, now)
-
-
-# --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
 
 
 def report_path(directory: str, run_id: str) -> str:

@@ -1,0 +1,166 @@
+"""Retention: which generations a dataset keeps, and deleting what none of them needs (the rules are the
+spec's "Retention", ``shardio.format``): retired shard files, generation roots, the index segments only
+collected roots named. Under the output lock (``shardio.write.directory.writing``), at the end of a run
+or by ``preprocess gc``; it deletes only paths the manifest's ``retired`` list names, ``manifests/GEN.json``
+files and ``index/HEX64.npz`` segments, never a file the current or a kept generation lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from shardio.errors import ShardError
+from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
+from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.store.backends import for_path
+from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_files, writing
+
+__all__ = ["DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_PASSING_MINUTES", "Collected",
+           "Retention", "collect", "gc"]
+
+DEFAULT_RETAIN_HOURS = 24.0
+DEFAULT_RETAIN_GENERATIONS = 3
+DEFAULT_RETAIN_PASSING_MINUTES = 10.0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """A generation is kept while it is one of the newest ``generations`` or was current less than
+    ``hours`` ago; a passing one (current under ``passing_minutes``: a run's intermediate commit) only
+    as the newest of its ``passing_minutes`` bucket (0: every one); a file is collected once no kept
+    generation lists it (the spec's "Retention")."""
+
+    hours: float = DEFAULT_RETAIN_HOURS
+    generations: int = DEFAULT_RETAIN_GENERATIONS
+    passing_minutes: float = DEFAULT_RETAIN_PASSING_MINUTES
+
+    def __post_init__(self) -> None:
+        if self.hours < 0 or self.generations < 1 or self.passing_minutes < 0:
+            raise ValueError(f"retention needs hours >= 0, generations >= 1 (the current one) and passing minutes "
+                             f">= 0, got {self.hours} h, {self.generations} generation(s), {self.passing_minutes} min")
+
+
+@dataclass
+class Collected:
+    files: list[str] = field(default_factory=list)  # retired shard files deleted (relative paths)
+    bytes: int = 0
+    generations: list[int] = field(default_factory=list)  # generation files removed
+    kept_generations: list[int] = field(default_factory=list)
+    retained_files: int = 0  # retired files still kept for older generations
+    segments: list[str] = field(default_factory=list)  # index segments no kept root names any more
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _bucket(moment: datetime, width: timedelta) -> int:
+    return int(moment.timestamp() // width.total_seconds())
+
+
+def collect(directory: str, manifest: Manifest, retention: Retention,
+            now: datetime | None = None) -> Collected:
+    """Delete the retired files and generation files no kept generation needs (see the format spec).
+    ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
+    ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
+    file the current or a kept generation lists."""
+    store = for_path(directory)
+    check_held(directory)
+    cutoff = (now or _now()) - timedelta(hours=retention.hours)
+    current = manifest.generation
+    generations = [g for g in list_generations(directory) if g < current]
+
+    commit_times: dict[int, datetime | None] = {}
+
+    def committed_at(generation: int) -> datetime | None:
+        # A generation file is written once, at its commit: its mtime is the commit time (a copy that
+        # resets mtimes only makes retention longer).
+        if generation not in commit_times:
+            path = generation_path(directory, generation)
+            if not store.exists(path) and generation == current:
+                path = store.join(directory, MANIFEST_NAME)
+            try:
+                mtime_ns = store.stat_fingerprint(path)[1]
+                commit_times[generation] = datetime.fromtimestamp(mtime_ns / 1e9, timezone.utc)
+            except FileNotFoundError:
+                commit_times[generation] = None
+        return commit_times[generation]
+
+    def kept(generation: int, successor_committed: datetime | None) -> bool:
+        # An unknown commit time keeps it: never delete what we are not sure is unused.
+        return (generation > current - retention.generations or successor_committed is None
+                or successor_committed > cutoff)
+
+    def root_kept(generation: int) -> bool:
+        successor = committed_at(generation + 1)
+        if not kept(generation, successor):
+            return False
+        committed = committed_at(generation)
+        if generation > current - retention.generations or not retention.passing_minutes or None in (
+                committed, successor):
+            return True
+        bucket = timedelta(minutes=retention.passing_minutes)
+        # Current for a while (a run's result), or the newest commit of its bucket (successor in a later one).
+        return successor - committed >= bucket or _bucket(committed, bucket) != _bucket(successor, bucket)
+
+    result = Collected()
+    doomed = [g for g in generations if not root_kept(g)]
+    result.kept_generations = [g for g in generations if g not in doomed] + [current]
+
+    def retired_at(entry: RetiredFile) -> datetime | None:
+        # The later of the recorded time and the generation file's: a retired file never goes before the
+        # generation file that lists it.
+        times = [t for t in (_parse_time(entry.since), committed_at(entry.generation)) if t is not None]
+        return max(times) if times else None
+
+    candidates = [r for r in manifest.retired if not kept(r.generation - 1, retired_at(r))]
+    result.retained_files = len(manifest.retired) - len(candidates)
+    if candidates:
+        # The retired list already covers every older generation's files; reading the kept generations
+        # too costs a few ms and means a hand-edited or stale ``retired`` entry can never delete a file
+        # that a kept snapshot still lists.
+        protected = listed_files(manifest)
+        for generation in result.kept_generations[:-1]:
+            try:
+                protected |= listed_files(load_manifest(directory, generation))
+            except ShardError:
+                pass  # a corrupt old generation cannot be reopened, so it protects nothing
+        for entry in candidates:
+            path = store.join(directory, entry.path)
+            if entry.path in protected:
+                result.retained_files += 1
+                continue
+            try:
+                result.bytes += store.file_size(path)
+            except FileNotFoundError:
+                continue  # collected earlier: the next commit drops the entry
+            store.remove(path)
+            result.files.append(entry.path)
+    for generation in doomed:
+        store.remove(generation_path(directory, generation))
+        result.generations.append(generation)
+    result.segments = collect_segments(directory, manifest)
+    return result
+
+
+def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
+       now: datetime | None = None) -> Collected:
+    """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
+    what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
+    --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
+    load_manifest(directory)  # a missing directory or a broken manifest: say so before taking the lock
+    with writing(directory, wait_for_lock):
+        manifest = load_manifest(directory)
+        clean_leftovers(directory, manifest)
+        return collect(directory, manifest, retention, now)
+
+
+# --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
