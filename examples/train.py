@@ -127,8 +127,8 @@ class TimedShardLoader(ShardLoader):
         super().__init__(dataset, **kwargs)
         self.stopwatch = stopwatch
 
-    def iter_pass(self, epoch_pass: EpochPass, *, prefetch: int | None = None) -> Iterator[Any]:
-        return self.stopwatch.time(super().iter_pass(epoch_pass, prefetch=prefetch))
+    def iter_pass(self, epoch_pass: EpochPass, **options: Any) -> Iterator[Any]:
+        return self.stopwatch.time(super().iter_pass(epoch_pass, **options))
 
 
 class Timed:

@@ -262,15 +262,17 @@ class DeviceLoader:
         """The pass (``None`` for a source off the protocol) and its (prepared batch, batch number in the
         epoch), uncounted."""
         source = self.loader
+        # Asked for only when decoding on the device: a subclass's iter_pass written before JPEG
+        # datasets (examples/train.py's timed loader) keeps working.
+        encoded = {"encoded": True} if self.decoder is not None else {}
         if isinstance(source, ShardDataset):
             epoch_pass: EpochPass | None = source.begin_pass()
             # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
             pinned = (self.pin_memory and self.device.type == "cuda") or None
-            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0,
-                                       encoded=self.decoder is not None)
+            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0, **encoded)
         elif isinstance(source, ShardLoader):
             epoch_pass = source.begin_pass()
-            batches = source.iter_pass(epoch_pass, prefetch=0, encoded=self.decoder is not None)
+            batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
         else:
             epoch_pass, batches = None, iter(source)
         if self.prefetch > 0:
