@@ -55,7 +55,7 @@ def build(directory: str, shards: int, per_commit: int) -> Manifest:
     dataset_dir.ensure_output_dir(directory)
     manifest = Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={})
     with dataset_dir.writing(directory):
-        committer = dataset_dir.Committer(directory, manifest)
+        committer = dataset_dir.Committer(directory, manifest, run="build")
         for i in range(shards):
             name = f"in-{i:07d}.tar"
             committer.add_input(name, 1, 1, entries(name, count=1))
@@ -71,7 +71,7 @@ def append(directory: str, manifest: Manifest, inputs: int = 10, rounds: int = 3
     rows = []
     with dataset_dir.writing(directory):
         started = time.perf_counter()
-        committer = dataset_dir.Committer(directory, manifest)
+        committer = dataset_dir.Committer(directory, manifest, run="append")
         setup = time.perf_counter() - started
         for round_ in range(rounds):
             before = metadata_files(directory)

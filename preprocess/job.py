@@ -189,7 +189,7 @@ def run_job(
         if to_prune and not options.confirm_large_prune:
             _check_prune(manifest, to_prune, directory)
         dataset_dir.clean_leftovers(directory, existing)
-        committer = Committer(directory, manifest, COMMIT_INTERVAL_S)
+        committer = Committer(directory, manifest, COMMIT_INTERVAL_S, run=report.run_id)
 
         planned = plan_inputs(resolved, manifest.inputs)
         del resolved, paths  # the listing's O(inputs) objects: the plan keeps what it needs (todo)

@@ -57,7 +57,7 @@ def run_steps(directory: str, count: int) -> Manifest:
         existing, _ = dataset_dir.load_committed(directory)
         dataset_dir.clean_leftovers(directory, existing)
         manifest = existing or Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={})
-        committer = dataset_dir.Committer(directory, manifest)
+        committer = dataset_dir.Committer(directory, manifest, run=f"steps-{count}")
         for action, name, version in _steps(count):
             if action == "add":
                 committed = committer.manifest.inputs.get(name)

@@ -191,3 +191,18 @@ def test_a_run_leaves_one_root_per_bucket_of_its_passing_generations_and_their_s
         assert load_manifest(out, generation).generation == generation
     with pytest.raises(ShardFormatError, match=r"generation 5 is not kept"):
         load_manifest(out, 5)
+
+
+def test_a_runs_result_superseded_seconds_later_by_the_next_run_is_kept_its_passing_ones_are_not(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 6)  # one run: several commits
+    first_result = list_generations(out)[-1]
+    run_steps(out, 12)  # the next run, seconds later, replays and goes on
+    generations = list_generations(out)
+    newest = generations[-1]
+    retention.collect(out, load_manifest(out), retention.Retention(24, 1))
+    kept = list_generations(out)
+    assert first_result in kept and newest in kept  # the first run's result: kept by the time rule
+    # Each run's passing generations: at most the newest of each 10-minute bucket (here one or two).
+    assert len(kept) <= 2 + 2 * 2 < len(generations)
+    assert load_manifest(out, first_result).generation == first_result

@@ -281,9 +281,10 @@ def totals_of(manifest: Manifest) -> dict[str, int]:
             "failed": sum(i.failed for i in manifest.inputs.values())}
 
 
-def root_json(manifest: Manifest, totals: dict[str, int] | None = None) -> dict[str, Any]:
+def root_json(manifest: Manifest, totals: dict[str, int] | None = None, run: str = "") -> dict[str, Any]:
     """The root document (``manifest.json`` / ``manifests/GEN.json``) of a manifest whose ``segments``
-    are set; ``totals`` (``totals_of``'s keys) when the caller kept them."""
+    are set; ``totals`` (``totals_of``'s keys) when the caller kept them; ``run``: the id of the run that
+    commits it ("" for a commit outside a run), so retention can tell a run's passing generations."""
     assert manifest.segments is not None  # set by the commit before it writes a root
     totals = totals or totals_of(manifest)
     return {
@@ -305,6 +306,7 @@ def root_json(manifest: Manifest, totals: dict[str, int] | None = None) -> dict[
         "generation": manifest.generation,
         "segments": [vars(s).copy() for s in manifest.segments],
         "retired": [vars(r).copy() for r in manifest.retired],
+        **({"run": run} if run else {}),
     }
 
 

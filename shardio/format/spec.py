@@ -82,7 +82,8 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
 
 - The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
   ``format_version`` 3, ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
-  ``updated``, ``generation``, ``retired`` as in version 2, the totals (``samples``, ``shard_count``,
+  ``updated``, ``generation``, ``retired`` as in version 2, ``run`` (the committing run's id; absent outside
+  a run: "Retention"), the totals (``samples``, ``shard_count``,
   ``input_count``, ``bytes``, ``meta_bytes``, ``failed``: ``shardio info`` reads nothing else), and
   ``segments``: a list, oldest first, of ``{path, bytes, shards, inputs, removed, samples}`` (``path``
   ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too).
@@ -177,14 +178,15 @@ what a day-long epoch started the night before still reads. A retired file is de
 file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
 ``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 
-A run commits every few seconds, so most generations are *passing* ones, current for less than
-``retain_passing_minutes`` (default 10): beyond the newest ``retain_generations``, a passing generation's
-root is kept only when it is the newest generation committed in its ``retain_passing_minutes`` bucket
-of wall time (UTC, ``floor(commit time / bucket)``), so a run leaves at most one root per bucket,
-whatever the number of its commits, and the segments only collected roots named go with them (each
-kept root keeps its own segments: a run's 3,000 roots and their pre-compaction segments were 8x the
-index). A generation current for longer (a run's result, current until the next run) is kept as
-above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
+A run commits every few seconds, so most generations are *passing* ones: a version 3 root names the run
+that committed it (``run``: the run id of its report; absent for a commit outside a run), and a
+generation is passing when the next generation was committed by the same run. Beyond the newest
+``retain_generations``, a passing generation's root is kept only when it is the newest generation
+committed in its ``retain_passing_minutes`` (default 10) bucket of wall time (UTC, ``floor(commit time /
+bucket)``), so a run leaves at most one root per bucket, whatever the number of its commits, and the
+segments only collected roots named go with them (each kept root keeps its own segments: a run's 3,000
+roots and their pre-compaction segments were 8x the index). A run's result (its last generation) and
+a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
 passing generation keeps reading its files (and, locally, its index, memory-mapped) for its whole
 epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
 naming the kept ones. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's

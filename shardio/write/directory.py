@@ -90,7 +90,8 @@ def _now() -> datetime:
 # --- generations: the commit's last step, leftovers, retention, restore ---------------------------------------------
 
 
-def _publish_generation(directory: str, manifest: Manifest, running: RunningIndex | None = None) -> int:
+def _publish_generation(directory: str, manifest: Manifest, running: RunningIndex | None = None,
+                        run: str = "") -> int:
     """The last step of ``commit`` (its only caller): ``manifest`` as the next generation,
     ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
     whose file ``collect`` already deleted, and returns the new generation."""
@@ -110,7 +111,7 @@ def _publish_generation(directory: str, manifest: Manifest, running: RunningInde
         elif store.exists(store.join(directory, entry.path)):
             retired.append(entry)
     manifest.retired = retired
-    data = json.dumps(root_json(manifest, running.totals if running else None), indent=1,
+    data = json.dumps(root_json(manifest, running.totals if running else None, run), indent=1,
                       ensure_ascii=False).encode("utf-8")
     store.makedirs(store.join(directory, MANIFESTS_DIR))
     check_held(directory)
@@ -360,7 +361,7 @@ def discard(directory: str, rel_path: str) -> None:
 
 
 def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = None,
-           running: RunningIndex | None = None) -> int:
+           running: RunningIndex | None = None, run: str = "") -> int:
     """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
     path, then shard name: independent of which task finished first), after a storage barrier that makes
     the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
@@ -368,8 +369,8 @@ def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = N
     manifest's segments (only the ``touched`` input names are compared, when given), compaction, then
     the root. A manifest read from a version 1/2 file is upgraded: its first segment holds everything.
     ``running``: a ``Committer``'s ``RunningIndex`` (shards kept in order, totals kept, an input's shards
-    found by bisection), so the commit costs what it adds, not what the dataset holds. Returns the new
-    generation."""
+    found by bisection), so the commit costs what it adds, not what the dataset holds. ``run``: the run
+    committing (its id goes into the root: spec, "Retention"). Returns the new generation."""
     store = for_path(directory)
     if running is None:
         manifest.shards.sort(key=_dataset_order)
@@ -390,7 +391,7 @@ def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = N
     try:
         segments = _compact(directory, segments)
         manifest.segments, manifest.indexed = segments, indexed
-        generation = _publish_generation(directory, manifest, running)
+        generation = _publish_generation(directory, manifest, running, run)
     except BaseException:
         for name, old in undo.items():  # not committed: the next commit writes this delta again
             if old is None:
@@ -481,8 +482,9 @@ class Committer:
     """Folds finished and dropped inputs into ``manifest`` and commits it at most every ``interval_s``
     seconds (``maybe_commit``) or when forced. The caller holds the lock."""
 
-    def __init__(self, directory: str, manifest: Manifest, interval_s: float = 0.0) -> None:
+    def __init__(self, directory: str, manifest: Manifest, interval_s: float = 0.0, run: str = "") -> None:
         self.directory = directory
+        self.run = run
         self.manifest = manifest
         self.running = RunningIndex(manifest)
         self.interval_s = interval_s
@@ -529,7 +531,7 @@ class Committer:
     def maybe_commit(self, force: bool = False) -> None:
         if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
             return
-        commit(self.directory, self.manifest, self.touched, self.running)
+        commit(self.directory, self.manifest, self.touched, self.running, self.run)
         self.last_commit = time.monotonic()
         self.dirty = False
         self.touched = set()

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
-from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.format.manifests import generation_path, list_generations, load_manifest, read_root
 from shardio.store.backends import for_path
 from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_files, writing
 
@@ -99,6 +99,18 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
         return (generation > current - retention.generations or successor_committed is None
                 or successor_committed > cutoff)
 
+    runs: dict[int, str] = {}
+
+    def run_of(generation: int) -> str:
+        # The run that committed it ("" outside a run, or unreadable: then never a passing one).
+        if generation not in runs:
+            try:
+                run = read_root(directory, generation if generation != current else None).get("run", "")
+            except (ShardError, OSError):
+                run = ""
+            runs[generation] = run if isinstance(run, str) else ""
+        return runs[generation]
+
     def root_kept(generation: int) -> bool:
         successor = committed_at(generation + 1)
         if not kept(generation, successor):
@@ -107,9 +119,11 @@ def collect(directory: str, manifest: Manifest, retention: Retention,
         if generation > current - retention.generations or not retention.passing_minutes or None in (
                 committed, successor):
             return True
+        if not run_of(generation) or run_of(generation) != run_of(generation + 1):
+            return True  # a run's result, or a commit outside a run: kept by the time rule alone
         bucket = timedelta(minutes=retention.passing_minutes)
-        # Current for a while (a run's result), or the newest commit of its bucket (successor in a later one).
-        return successor - committed >= bucket or _bucket(committed, bucket) != _bucket(successor, bucket)
+        # A passing generation: kept as the newest commit of its bucket (its successor in a later one).
+        return _bucket(committed, bucket) != _bucket(successor, bucket)
 
     result = Collected()
     doomed = [g for g in generations if not root_kept(g)]
