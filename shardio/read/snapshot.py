@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from shardio.errors import ShardIntegrityError
-from shardio.format import HEADER_BYTES, JPEG, Manifest, expected_shard_size, parse_npy_header
+from shardio.format import HEADER_BYTES, JPEG, Manifest, expected_shard_size, npy_header, parse_npy_header
 from shardio.format.manifests import DatasetIndex, load_index
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
@@ -133,6 +133,8 @@ class DatasetSnapshot:
             raise ShardIntegrityError(f"{path}: {size} bytes, the manifest says {nbytes} (truncated or "
                                       "overwritten); HINT: run `preprocess verify DIR --repair` to rebuild it from "
                                       "its input")
+        if header == npy_header(samples, *self.shape[:2]):  # the writer's own bytes: no parse (~130 µs)
+            return local, (samples, *self.shape[:2])
         n, h, w = parse_npy_header(header, path)
         if (n, h, w) != (samples, *self.shape[:2]):
             raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *self.shape[:2])}")
