@@ -94,7 +94,7 @@ bench: $(STAMP)
 	# the job's share of one finished input, and the plan alone at 230k inputs (synthetic, built in seconds).
 	$(PY) -m bench.scale_job
 	# The index at scale (issue 24): append bytes / wall, metadata on disk, open cost at 300 / 30k / 300k shards.
-	$(PY) -m bench.scale --sizes 300,30000,300000
+	$(PY) -m bench.scale --sizes 300,3000,30000,300000
 	# Lightning's SimpleProfiler: share of the epoch in train_dataloader_next, on shards of the bench corpus
 	# (1,200 LAION-like images: 18 batches an epoch; the 191-image sample set has 3, and each epoch's first
 	# batch is assembled cold, so it measured the epoch boundary: 1.2-1.5% there, 0.3% here).
