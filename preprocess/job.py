@@ -229,7 +229,7 @@ def run_job(
             raise
         if disk_full is not None:
             _stop_on_full_disk(directory, report, disk_full)
-        report.dataset_samples = manifest.samples
+        report.dataset_samples = committer.running.totals["samples"]
         report.generation = manifest.generation
         report.elapsed_s = round(time.perf_counter() - started, 3)
         report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
