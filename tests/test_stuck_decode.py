@@ -103,7 +103,7 @@ def test_a_decode_that_never_returns_is_reported_with_its_member(hanging_tar, tm
     stuck = [m for m in steps if isinstance(m, StuckDecode)]  # ends after the first stuck decode
     assert len(stuck) == 1
     assert (stuck[0].key, stuck[0].member) == ("stuck-000003", "stuck-000003.jpg")
-    assert stuck[0].seconds > bound
+    assert stuck[0].seconds >= bound  # reported once past the bound (rounded to ms: 2.0004 says 2.0)
 
 
 def test_skipped_members_are_failed_samples_and_the_rest_is_written(hanging_tar, tmp_path, hang_in_this_process):
