@@ -8,14 +8,12 @@ naming it. No shard files: for what opening and planning cost, which never read 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
 import json
 import os
-import zipfile
 
 import numpy as np
 
+from shardio.format.index import segment_bytes, segment_path
 from shardio.format.spec import FORMAT_NAME, FORMAT_VERSION, INDEX_DIR, MANIFEST_NAME, MANIFESTS_DIR, config_hash
 
 __all__ = ["write_index"]
@@ -55,14 +53,8 @@ def write_index(directory: str, shards: int, per_input: int = 10, samples: int =
     rng = np.random.default_rng(0)
     arrays["shard_digest"] = rng.integers(0, 256, (shards, 16), dtype=np.uint8)
     arrays["shard_meta_digest"] = rng.integers(0, 256, (shards, 16), dtype=np.uint8)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-        for name in sorted(arrays):
-            member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-            archive.writestr(zipfile.ZipInfo(f"{name}.npy", _ZIP_TIME), member.getvalue())
-    data = out.getvalue()
-    rel = f"{INDEX_DIR}/{hashlib.sha256(data).hexdigest()}.npz"
+    data = segment_bytes(arrays)
+    rel = segment_path(data)
     os.makedirs(os.path.join(directory, INDEX_DIR), exist_ok=True)
     os.makedirs(os.path.join(directory, MANIFESTS_DIR), exist_ok=True)
     with open(os.path.join(directory, rel), "wb") as f:

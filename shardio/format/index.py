@@ -30,7 +30,7 @@ from shardio.format.spec import (
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
            "check_segment_path", "root_json", "manifest_from_root", "delta_of", "plan_compaction",
-           "merge_segments", "input_signature", "totals_of"]
+           "merge_segments", "input_signature", "totals_of", "segment_bytes"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
@@ -140,6 +140,12 @@ def encode_segment(delta: Delta) -> bytes:
     arrays["shard_meta_bytes"] = np.array([e.meta_bytes for e in shards], dtype="<i8")
     arrays["shard_algorithm"] = np.array([_ALGORITHM_CODES[e.checksum_algorithm] for e in shards], dtype=np.uint8)
     arrays["shard_digest"], arrays["shard_meta_digest"] = digest, meta_digest
+    return segment_bytes(arrays)
+
+
+def segment_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """A segment's members (name -> array, the spec's "Index" table) as its bytes: a stored zip, members
+    in name order with fixed timestamps, so the same arrays give the same bytes, hence the same name."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         for name in sorted(arrays):

@@ -97,12 +97,17 @@ def read_root(directory: str, generation: int | None = None) -> dict:
     return doc
 
 
-def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
+def _read_document(store: Storage, path: str) -> tuple[Any, str]:
+    """The JSON at ``path`` and its version (ETag on object storage); ShardFormatError naming it if not JSON."""
     data, version = store.read_versioned(path)
     try:
-        doc = json.loads(data)
+        return json.loads(data), version
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+
+
+def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
+    doc, version = _read_document(store, path)
     if isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == "shardio":
         manifest = manifest_from_root(doc, path, lambda rel: _read_segment(store, directory, rel))
     else:
@@ -121,11 +126,7 @@ def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
 
 
 def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
-    data, version = store.read_versioned(path)
-    try:
-        doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    doc, version = _read_document(store, path)
     if not (isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == FORMAT_NAME):
         manifest = Manifest.from_json(doc, path)
         shards = manifest.shards
