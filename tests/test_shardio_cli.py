@@ -171,3 +171,17 @@ def test_the_shardio_cli_needs_neither_pillow_nor_ray_nor_preprocess():
             "assert not bad, bad\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_info_counts_the_bytes_on_disk_without_walking_the_shards(tmp_path):
+    from shardio.tools.info import dataset_info
+    from tests.dataset_fixtures import retire_input
+
+    out = str(tmp_path / "ds")
+    make_dataset(out)
+    retire_input(out, "input-1.tar")  # its files stay, retired, for the readers of generation 1
+
+    def walked() -> int:
+        return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(out) for name in names)
+
+    assert dataset_info(out)["directory_bytes"] == walked()
