@@ -399,8 +399,16 @@ class RetiredFile:
     since: str = ""
 
 
+_SHARDS_PREFIX = f"{SHARDS_DIR}/"
+
+
 def check_dataset_path(rel: Any, where: str) -> str:
     """``rel`` if it is a safe shard path (``shards/NAME``, see the spec), else ShardFormatError naming it."""
+    # The common case in a few string operations (a load checks two paths a shard): ``shards/`` then a
+    # name with no separator, NUL or leading dot is already normal.
+    if (isinstance(rel, str) and rel.startswith(_SHARDS_PREFIX) and len(rel) > len(_SHARDS_PREFIX)
+            and rel[len(_SHARDS_PREFIX)] != "." and rel.count("/") == 1 and "\\" not in rel and "\0" not in rel):
+        return rel
     ok = (
         isinstance(rel, str)
         and "\\" not in rel
