@@ -153,3 +153,18 @@ def test_above_the_eager_limit_a_sound_dataset_reads_as_below_it(tmp_path, monke
     monkeypatch.setattr("shardio.read.dataset.EAGER_CHECK_SHARDS", 0)
     assert _batches(out) == eager
     assert len(shardio.open_dataset(out).shards) == 4
+
+
+def test_an_unknown_checksum_algorithm_code_is_named_by_both_loaders(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 1)
+    _rewrite_member(out, "shard_algorithm", np.array([0, 7, 0], dtype=np.uint8))
+    with pytest.raises(ShardFormatError, match=r"has checksum algorithm code 7, this shardio knows 0 and 1"):
+        load_manifest(out)
+    with pytest.raises(ShardFormatError, match=r"shard row 1 has checksum algorithm code 7"):
+        load_index(out).shards[1]
+    _rewrite_member(out, "shard_algorithm", np.array([0, 0, 0], dtype=np.uint8))
+    _rewrite_member(out, "shard_digest", np.zeros((3, 8), dtype=np.uint8))
+    for load in (load_manifest, load_index):
+        with pytest.raises(ShardFormatError, match=r"shard_digest is \(3, 8\), not \(3, 16 or 32\)"):
+            load(out)

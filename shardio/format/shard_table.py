@@ -82,6 +82,9 @@ class SegmentColumns:
         for name in _SHARD_COLUMNS:
             if not name.endswith(("_offsets", "_blob")) and len(self.arrays[name]) != shards:
                 raise ShardFormatError(f"{path}: {name} has {len(self.arrays[name])} rows, not {shards}")
+        for name in ("shard_digest", "shard_meta_digest"):
+            if self.arrays[name].ndim != 2 or self.arrays[name].shape[1] not in (16, 32):
+                raise ShardFormatError(f"{path}: {name} is {self.arrays[name].shape}, not ({shards}, 16 or 32)")
 
     def _member(self, info: zipfile.ZipInfo) -> np.ndarray:
         if info.compress_type != zipfile.ZIP_STORED:
