@@ -269,6 +269,17 @@ class ShardTable(Sequence[ShardEntry]):
             return np.array([getattr(e, name) for e in self._entries], dtype=np.int64)
         return self._gather(f"shard_{name}")
 
+    def checksum_algorithms(self) -> set[str]:
+        """The checksum algorithms the shards name, by a count over the codes (no entry made); a code this
+        shardio does not know is left out here and refused when its shard's entry is made."""
+        if self._entries is not None:
+            return {e.checksum_algorithm for e in self._entries}
+        if self.sources is None:  # one segment: its uint8 column as it lies, no int64 copy
+            codes = self.segments[0].arrays["shard_algorithm"] if self.segments else np.zeros(0, np.uint8)
+        else:
+            codes = self._gather("shard_algorithm")
+        return {name for code, name in _ALGORITHMS.items() if (codes == code).any()}
+
     def _gather(self, column: str) -> np.ndarray:
         if self.sources is None:
             return np.asarray(self.segments[0].arrays[column], dtype=np.int64) if self.segments else np.zeros(0, np.int64)

@@ -11,9 +11,9 @@ import shutil
 from collections.abc import Sequence
 
 from shardio.format import ShardEntry
-from shardio.read.cache_dir import CachedShard, Downloader
+from shardio.read.cache_dir import Downloader
+from shardio.read.cache_units import ShardUnits
 from shardio.read.shard_cache import ShardCache
-from shardio.store.backends import for_path
 
 __all__ = ["cache_for", "default_cache_dir", "default_cache_limit", "parse_size"]
 
@@ -52,13 +52,12 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
 
 def cache_for(directory: str, shards: Sequence[ShardEntry], shape: tuple[int, int, int], cache_dir: str | None,
               cache_limit: int | str | None, store: Downloader | None = None) -> ShardCache:
-    """The cache of a remote snapshot's ``shards``, defaults resolved (``default_cache_dir``,
-    ``default_cache_limit``)."""
+    """The cache of a remote snapshot's ``shards`` (a ``ShardTable`` or a list of entries), defaults
+    resolved (``default_cache_dir``, ``default_cache_limit``); no shard's unit is made until it is used."""
     cache_dir = cache_dir or default_cache_dir()
-    join = for_path(directory).join
-    units = [CachedShard.of(directory, entry, join) for entry in shards]
+    units = ShardUnits(directory, shards)
     if cache_limit is None:
-        limit = default_cache_limit(sum(u.size for u in units), cache_dir)
+        limit = default_cache_limit(int(units.sizes().sum()), cache_dir)
     else:
         limit = parse_size(cache_limit)
     return ShardCache(units, store, cache_dir, limit, shape=shape)

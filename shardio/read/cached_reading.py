@@ -28,7 +28,7 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> i
     window download while this one is read), or the pass is refused or downloads shards again and again.
     The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
     caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.)"""
-    largest = max(u.size for u in cache.units)
+    largest = cache.largest_sizes[0]
     fits = max(1, cache.limit // (2 * largest))
     need = min(2 * shuffle_window, len(cache.units)) * largest
     if need <= cache.limit:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardio.read.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.read.cache_units import ShardUnits, unit_algorithms, unit_sizes
 from shardio.format.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
@@ -73,21 +74,27 @@ DOWNLOAD_THREADS = 8
 class ShardCache:
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
     ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``
-    and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads."""
+    and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads.
+
+    ``units`` is a list, or a ``ShardUnits`` over a ``ShardTable``: then opening costs column operations
+    and no unit, a shard's unit is made when a plan or a read first names it (``unit``), and per-shard
+    state exists only for the shards a pass touches (O(shards touched), not O(shards))."""
 
     def __init__(self, units: Sequence[CachedShard], store: Downloader | None, cache_dir: str, limit: int, *,
                  shape: tuple[int, int, int], threads: int = DOWNLOAD_THREADS, attempts: int = 3) -> None:
-        self.units, self.store, self.cache_dir, self.limit = list(units), store, cache_dir, int(limit)
+        self.units: Sequence[CachedShard] = units if isinstance(units, ShardUnits) else list(units)
+        self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
         self.shape, self.threads, self.attempts = shape, threads, attempts
         self.full_limit = self.limit
+        self.largest_sizes = _largest_two(unit_sizes(self.units))  # the largest unit sizes, largest first
         self._check_limit()
-        for algorithm in sorted({u.algorithm for u in self.units}):
+        for algorithm in sorted(unit_algorithms(self.units)):
             require(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
         self.on_wait: Callable[[], None] | None = None  # called while the reader waits (drop idle maps)
         self._setup()
 
     def _check_limit(self) -> None:
-        largest = sorted((u.size for u in self.units), reverse=True)[:2]
+        largest = self.largest_sizes
         if sum(largest) > self.limit:
             raise ValueError(f"cache_limit {self.limit} bytes cannot hold the two largest shards "
                              f"({sum(largest)} bytes: the one in use and the next; shards of "
@@ -97,11 +104,11 @@ class ShardCache:
         self._stop = threading.Event()
         self.files = CacheDir(self.cache_dir, self.shape, self._store, self._count, self._stop, self.attempts)
         self._cond = threading.Condition(threading.RLock())
-        self._by_key = {u.key: u for u in self.units}
-        self._state = {u.key: _ABSENT for u in self.units}
-        states = (_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED)
-        self._in: dict[str, set[str]] = {state: set() for state in states}
-        self._in[_ABSENT].update(self._state)  # the keys in each state (planning touches only these)
+        self._units: dict[int, CachedShard] = {}  # shard index -> unit, for the shards used (``unit``)
+        self._by_key: dict[str, CachedShard] = {}
+        self._state: dict[str, str] = {}  # key -> state; a key not here is absent
+        # the keys in each state but absent (planning touches only these)
+        self._in: dict[str, set[str]] = {state: set() for state in (_LOADING, _HELD, _DOOMED, _FAILED)}
         self._errors: dict[str, str] = {}
         self._locks: dict[str, int] = {}  # key -> fd holding LOCK_SH while held
         self._maps: dict[str, int] = {}  # live memory maps per key
@@ -133,7 +140,8 @@ class ShardCache:
         self._forked = True
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("units", "store", "cache_dir", "limit", "full_limit", "shape", "threads", "attempts")
+        keep = ("units", "store", "cache_dir", "limit", "full_limit", "largest_sizes", "shape", "threads",
+                "attempts")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -149,17 +157,17 @@ class ShardCache:
         a limit that cannot hold the shards of one batch (all mapped while it is assembled)."""
         if self._forked and self.store is None:
             raise ShardError(
-                f"{self.units[0].npy_url}: an object-storage dataset cannot be read in a process started by "
+                f"{self.unit(0).npy_url}: an object-storage dataset cannot be read in a process started by "
                 "fork() (a DataLoader worker's default on Linux): the S3 client's runtime (obstore, tokio) "
                 "does not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
                 "shardio.ShardLoader (its workers are spawned), or DataLoader(..., "
                 "multiprocessing_context='spawn')")
         for shards in batches:
-            keys = {self.units[s].key for s in shards}
+            keys = {self.unit(s).key for s in shards}
             need = sum(self._unit(k).size for k in keys)
             if need > self.limit:
                 raise ShardError(
-                    f"{self.units[shards[0]].npy_url}: a batch of this pass needs {len(keys)} shards ({need} "
+                    f"{self.unit(shards[0]).npy_url}: a batch of this pass needs {len(keys)} shards ({need} "
                     f"bytes) on disk at once, over cache_limit {self.limit}; raise cache_limit or lower "
                     "shuffle_window")
         with self._cond:
@@ -168,7 +176,7 @@ class ShardCache:
             for shards in batches:
                 starts.append(len(sequence))
                 for shard in shards:
-                    key = self.units[shard].key
+                    key = self.unit(shard).key
                     if len(sequence) == starts[-1] or sequence[-1] != key:  # a batch starts with its own
                         sequence.append(key)
             self._sequence, self._starts = sequence, starts + [len(sequence)]
@@ -179,6 +187,7 @@ class ShardCache:
             self._position = self._scan = 0
             for key in list(self._in[_FAILED]):  # a new pass tries again
                 self._set(key, _ABSENT)
+            self._forget(set(sequence))
             self._trim()
             self._cond.notify_all()
         self._start_threads()
@@ -205,7 +214,7 @@ class ShardCache:
 
     def pixels(self, shard: int) -> np.ndarray:
         """Shard ``shard``'s N×H×W×3 pixels: a copy-on-write map of the cached file (waits for it)."""
-        unit = self.units[shard]
+        unit = self.unit(shard)
         height, width = self.shape[:2]
         with self._cond:  # held from the check to the map: no eviction in between
             self._acquire(unit)
@@ -220,7 +229,7 @@ class ShardCache:
     def jpeg_pixels(self, shard: int) -> JpegPixels:
         """Shard ``shard`` of a JPEG dataset: ``JpegPixels`` over a map of the cached file (waits for it);
         held, like ``pixels``' maps, until the last view of it is gone."""
-        unit = self.units[shard]
+        unit = self.unit(shard)
         height, width = self.shape[:2]
         with self._cond:  # held from the check to the map: no eviction in between
             self._acquire(unit)
@@ -231,19 +240,38 @@ class ShardCache:
 
     def meta_bytes(self, shard: int) -> bytes:
         """Shard ``shard``'s ``.jsonl`` bytes (waits for it)."""
-        unit = self.units[shard]
+        unit = self.unit(shard)
         with self._cond:  # an open file stays readable even if evicted once the lock is released
             self._acquire(unit)
             f = open(self.files.meta_path(unit), "rb")  # noqa: SIM115 - read outside the lock
         with f:
             return f.read()
 
+    def unit(self, shard: int) -> CachedShard:
+        """Shard ``shard``'s unit: made on first use, kept while a pass needs it or the cache holds it."""
+        unit = self._units.get(shard)
+        if unit is None:
+            with self._cond:
+                unit = self._units.get(shard)
+                if unit is None:
+                    unit = self._units[shard] = self.units[shard]
+                    self._by_key.setdefault(unit.key, unit)
+        return unit
+
+    def _forget(self, sequence: set[str]) -> None:
+        """Drop the units of shards neither this pass nor the cache needs (under the lock): what is kept
+        stays O(shards of a pass) however many passes went before."""
+        needed = sequence | self._state.keys() | set(self._demanded)
+        self._units = {shard: unit for shard, unit in self._units.items() if unit.key in needed}
+        self._by_key = {key: unit for key, unit in self._by_key.items() if key in needed}
+
     def _acquire(self, unit: CachedShard) -> None:
         waited, stuck_since = False, None
         with self._cond:
+            self._by_key.setdefault(unit.key, unit)  # if a new plan forgot it since ``unit``
             while True:
                 self._collect()
-                state = self._state[unit.key]
+                state = self._state.get(unit.key, _ABSENT)
                 if state == _DOOMED:  # needed again before its maps went: keep it
                     self._set(unit.key, _HELD)
                     state = _HELD
@@ -278,9 +306,12 @@ class ShardCache:
             return set(self._in[_DOOMED])
 
     def _set(self, key: str, state: str) -> None:
-        self._in[self._state[key]].discard(key)
-        self._state[key] = state
-        self._in[state].add(key)
+        old = self._state.pop(key, _ABSENT)
+        if old != _ABSENT:
+            self._in[old].discard(key)
+        if state != _ABSENT:
+            self._state[key] = state
+            self._in[state].add(key)
 
     def _unit(self, key: str) -> CachedShard:
         return self._by_key[key]
@@ -303,14 +334,15 @@ class ShardCache:
         self._collect()
         if self._stop.is_set():
             return None
-        self._demanded = [k for k in self._demanded if self._state[k] == _ABSENT]
+        self._demanded = [k for k in self._demanded if k not in self._state]
         if self._demanded:
             return self._reserve(self._demanded[0], float(self._position))
         while self._scan < len(self._sequence):
             key = self._sequence[self._scan]
-            if self._state[key] == _ABSENT:
+            state = self._state.get(key, _ABSENT)
+            if state == _ABSENT:
                 return self._reserve(key, float(self._scan))
-            if self._state[key] == _DOOMED:
+            if state == _DOOMED:
                 self._set(key, _HELD)  # needed again: keep it
             self._scan += 1
         return None
@@ -427,7 +459,7 @@ class ShardCache:
 
     def _store(self) -> Downloader:
         if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
-            return for_path(self.units[0].npy_url)
+            return for_path(self.units[0].npy_url)  # a unit made for its URL, not kept
         return self.store
 
     def close(self) -> None:
@@ -445,3 +477,12 @@ class ShardCache:
         stop = self.__dict__.get("_stop")
         if stop is not None:
             stop.set()
+
+
+def _largest_two(sizes: np.ndarray) -> tuple[int, ...]:
+    """The two largest of ``sizes`` (fewer if there are fewer), largest first: a partition in place (the
+    array is the caller's own, made for this), not a sort."""
+    if len(sizes) > 2:
+        sizes.partition(len(sizes) - 2)
+        sizes = sizes[-2:]
+    return tuple(sorted((int(s) for s in sizes), reverse=True))
