@@ -184,3 +184,13 @@ def flip_bits(path: str, offset: int, mask: int = 0x01) -> None:
         byte = f.read(1)[0]
         f.seek(offset)
         f.write(bytes([byte ^ mask]))
+
+
+def photo_like(index: int, side: int = 64) -> np.ndarray:
+    """Smooth gradients plus mild noise, side x side: closer to a resized photo than flat test colours (every
+    IDCT coefficient in use, so a JPEG decode shows its errors)."""
+    rng = np.random.default_rng(index)
+    y, x = np.mgrid[0:side, 0:side].astype(np.float64)
+    image = np.stack([128 + 100 * np.sin(x / (5 + index % 7)), 128 + 90 * np.cos(y / 9 + index),
+                      (x + y) * (255 / (2 * side))], axis=-1)
+    return np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8)

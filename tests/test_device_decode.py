@@ -16,7 +16,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from dataset_fixtures import make_dataset, write_inputs
+from dataset_fixtures import make_dataset, photo_like, write_inputs
 from PIL import Image
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
@@ -27,15 +27,6 @@ from shardio.train.augment import TrainAugment
 from shardio.train.device_decode import DeviceDecoder
 
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
-
-
-def photo_like(index: int, side: int = 32) -> np.ndarray:
-    """Smooth gradients with mild noise: every IDCT coefficient in use, unlike the flat test samples."""
-    rng = np.random.default_rng(index)
-    y, x = np.mgrid[0:side, 0:side].astype(np.float64)
-    image = np.stack([128 + 100 * np.sin(x / (5 + index % 7)), 128 + 90 * np.cos(y / 9 + index),
-                      (x + y) * (255 / (2 * side))], axis=-1)
-    return np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +44,8 @@ def photo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 32, "height": 32,
                 "cls": index}
 
-    write_inputs(directory, (40, 24), meta_for, height=32, width=32, samples_per_shard=8, pixels_for=photo_like,
+    write_inputs(directory, (40, 24), meta_for, height=32, width=32, samples_per_shard=8,
+                 pixels_for=lambda index: photo_like(index, 32),
                  encoding="jpeg")
     return directory
 

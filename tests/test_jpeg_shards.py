@@ -14,20 +14,11 @@ from PIL import Image
 import shardio
 from shardio.format.manifests import load_manifest
 from tests.legacy_format import legacy_doc, write_legacy
-from dataset_fixtures import encode_jpeg, make_dataset, write_inputs
+from dataset_fixtures import encode_jpeg, make_dataset, photo_like, write_inputs
 from shardio import ShardDataset
 from shardio.errors import MissingExtra, ShardFormatError, ShardIntegrityError
 from shardio.format.jpeg_shard import jpeg_data_start
 from shardio.read import jpeg_pixels
-
-
-def photo_like(index: int, side: int = 64) -> np.ndarray:
-    """Smooth gradients plus mild noise: closer to a resized photo than flat test colours."""
-    rng = np.random.default_rng(index)
-    y, x = np.mgrid[0:side, 0:side].astype(np.float64)
-    image = np.stack([128 + 100 * np.sin(x / (5 + index % 7)), 128 + 90 * np.cos(y / 9 + index),
-                      (x + y) * (255 / (2 * side))], axis=-1)
-    return np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8)
 
 
 def shard_files(directory: str) -> list[str]:
