@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from preprocess.config import JobConfig
-from preprocess.inputs import InputFingerprint, resolve_inputs
+from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import check_output_apart, plan_inputs
 from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
@@ -65,9 +65,9 @@ from shardio.store.paths import normalize
 from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
-                            PruneRefused, RayUnavailable, ShardioError, VersionDrift)
+                            PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
 from shardio.format import Manifest
-from shardio.format.manifests import read_root
+from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
@@ -118,7 +118,7 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     return dict(manifest.config) if manifest is not None else None
 
 
-def _check_compatible(manifest: Manifest, cfg: JobConfig, directory: str) -> None:
+def _check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, directory: str) -> None:
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
     if stored == wanted:
@@ -169,6 +169,8 @@ def run_job(
     check_output_apart(directory, resolved)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
+        if _answered_unchanged(directory, resolved, options, report, emit, started):
+            return report
         existing, restored = dataset_dir.load_committed(directory)
         if restored:
             report.warnings.append(restored)
@@ -241,6 +243,48 @@ def run_job(
             raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
                              f"is committed ({manifest.samples} samples); free space before the next run") from e
     return report
+
+
+def _answered_unchanged(directory: str, resolved: ResolvedInputs, options: RunOptions, report: RunReport,
+                        emit: Callable[[str, Any], None], started: float) -> bool:
+    """A rerun with nothing to do (every listed input committed unchanged, nothing to prune), answered from
+    the index's columns: O(inputs), never an object per shard (LAION-2B-en: 230k inputs, 2.3M shards,
+    where ``load_manifest`` alone took ~25 s and ~3 GB). Temp files and a killed commit's files are still
+    cleaned, retention still runs, the report is saved; returns True. False, having changed nothing: there
+    is work, or the index is not a readable version 3 one (the full path then reads, restores, upgrades)."""
+    try:
+        index = load_index(directory)
+    except (ShardError, OSError):
+        return False
+    if index.segments is None:
+        return False
+    _check_compatible(index, options.config, directory)
+    committed = index.committed_inputs()
+    if options.prune and not committed.keys() <= set(resolved.paths):
+        return False
+    planned = plan_inputs(resolved, committed)
+    if planned.todo:
+        return False
+    drift = version_drift(index.versions, report.versions, dataset_dir.manifest_path(directory))
+    if drift and options.strict_versions:
+        raise VersionDrift(drift)
+    if drift:
+        report.warnings.append(drift)
+        emit("warning", drift)
+    report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
+    emit("plan", {"todo": 0, "skipped": planned.skipped})
+    dataset_dir.clean_temporaries(directory, index)
+    report.files_collected = collect(directory, index, options.retention).files
+    report.dataset_samples, report.generation = index.samples, index.generation
+    report.elapsed_s = round(time.perf_counter() - started, 3)
+    try:
+        _save_report(directory, report)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset is unchanged "
+                         f"({index.samples} samples); free space before the next run") from e
+    return True
 
 
 def fold_result(report: RunReport, committer: Committer, result: InputResult) -> None:

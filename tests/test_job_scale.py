@@ -6,6 +6,7 @@ The curve itself (300 / 3k / 30k inputs, wall time and RSS) is ``python -m bench
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections import Counter
@@ -16,7 +17,7 @@ from bench.scale_job import CONFIG, make_committed_inputs
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, run_job
 from preprocess.plan import check_output_apart, plan_inputs
-from shardio.errors import OutputUnusable
+from shardio.errors import DatasetIncompatibleError, OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED, skipped_count
 from shardio.write.directory import report_path
@@ -67,6 +68,30 @@ def test_a_noop_rerun_over_2000_committed_inputs_opens_and_stats_no_input(tmp_pa
     # stats for isfile, 2,000 for the fingerprint and ~10,000 lstats for realpath).
     assert io_counts["os.stat"] + io_counts["os.lstat"] < 100, io_counts
     assert io_counts["os.scandir"] + io_counts["os.listdir"] < 20, io_counts
+
+
+def test_a_noop_rerun_is_answered_from_the_index_columns_without_an_object_per_shard(tmp_path, monkeypatch):
+    pattern, dataset = make_committed_inputs(str(tmp_path / "big"), 300)
+    before = run_job(RunOptions([pattern], dataset, CONFIG))  # the full path's answer, for comparison
+    shards = os.path.join(dataset, "shards")
+    open(os.path.join(shards, ".tmp-killed-upload"), "wb").close()  # a killed run's temp file
+    stray = os.path.join(shards, "not-listed.npy")
+    open(stray, "wb").close()  # a promoted file no input lists: the next run with work removes it
+
+    def no_objects(*args, **kwargs):
+        raise AssertionError("a no-op rerun built the manifest's objects")
+
+    monkeypatch.setattr("shardio.format.manifests.manifest_from_root", no_objects)
+    monkeypatch.setattr("shardio.format.manifests.Manifest.from_json", no_objects)
+    report = run_job(RunOptions([pattern], dataset, CONFIG))
+    assert (report.inputs_skipped_count, report.inputs_skipped, report.exit_code) == (
+        before.inputs_skipped_count, before.inputs_skipped, 0)
+    assert (report.dataset_samples, report.generation) == (before.dataset_samples, before.generation)
+    assert not os.path.exists(os.path.join(shards, ".tmp-killed-upload")) and os.path.exists(stray)
+    assert os.path.exists(report_path(dataset, report.run_id))
+    monkeypatch.undo()
+    with pytest.raises(DatasetIncompatibleError, match="different config"):  # checked on this path too
+        run_job(RunOptions([pattern], dataset, dataclasses.replace(CONFIG, height=CONFIG.height + 1)))
 
 
 def test_the_run_report_names_a_bounded_number_of_skipped_inputs(tmp_path):

@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
-from shardio.format.index import manifest_from_root, parse_segment_refs
+from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
 from shardio.format.shard_table import ShardTable, fold_segments, map_segment, segment_from_bytes
 from shardio.format.spec import (
     FORMAT_NAME,
+    InputEntry,
     FORMAT_VERSION,
     MANIFEST_NAME,
     MANIFESTS_DIR,
@@ -52,6 +53,8 @@ class DatasetIndex:
     # input_count, failed, bytes, meta_bytes: a format 3 root's totals (computed for a version 1/2 one)
     totals: dict[str, int] = field(default_factory=dict)
     source_version: str = ""
+    # A format 3 root's segments (``SegmentRef``), oldest first; None for a version 1/2 manifest.
+    segments: list[SegmentRef] | None = None
 
     @property
     def samples(self) -> int:
@@ -64,6 +67,11 @@ class DatasetIndex:
     @property
     def config_hash(self) -> str:
         return config_hash(self.config)
+
+    def committed_inputs(self) -> dict[str, InputEntry]:
+        """The committed inputs (name -> entry: size, mtime, samples, failed, ETag; ``shards`` left empty):
+        what a rerun compares its listing with, O(inputs), without an object per shard."""
+        return self.shards.committed_inputs()
 
 
 def generation_path(directory: str, generation: int) -> str:
@@ -136,7 +144,8 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
                             manifest.generation, ShardTable.from_entries(shards, path), manifest.retired, totals,
                             version)
     segments = []
-    for ref in parse_segment_refs(doc, path):
+    refs = parse_segment_refs(doc, path)
+    for ref in refs:
         segment_file = store.join(directory, ref.path)
         expected = ref.path.rsplit("/", 1)[1].removesuffix(".npz")
         try:
@@ -153,7 +162,7 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
                              int(doc.get("generation", 0)), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
-                             version)
+                             version, refs)
     except (KeyError, TypeError, ValueError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:

@@ -25,7 +25,7 @@ import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
-from shardio.format.spec import ShardEntry, check_dataset_path
+from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
 __all__ = ["SegmentColumns", "ShardTable", "fold_segments"]
 
@@ -220,6 +220,26 @@ class ShardTable(Sequence[ShardEntry]):
         table = cls([], None, None, np.array([e.samples for e in entries], dtype=np.int64), where)
         table._entries = list(entries)
         return table
+
+    def committed_inputs(self) -> dict[str, InputEntry]:
+        """The listed live inputs as entries (``shards`` left empty): one per input, none per shard."""
+        if self._entries is not None:
+            raise TypeError("committed_inputs() is for a table over segments; a version 1/2 manifest has "
+                            "its inputs in load_manifest")
+        out: dict[str, InputEntry] = {}
+        live = self.live_inputs or [(k, np.arange(s.input_count)) for k, s in enumerate(self.segments)]
+        for k, rows in live:
+            segment = self.segments[k]
+            arrays = segment.arrays
+            listed = arrays.get("input_listed")
+            columns = [arrays[f"input_{name}"][rows].tolist() for name in ("size", "mtime_ns", "samples", "failed")]
+            for position, row in enumerate(rows.tolist()):
+                if listed is not None and not listed[row]:
+                    continue
+                out[segment.string("input_name", row)] = InputEntry(
+                    columns[0][position], columns[1][position], columns[2][position], columns[3][position], [],
+                    segment.string("input_etag", row))
+        return out
 
     def input_names(self) -> list[str]:
         """The committed inputs' names (``shardio info`` counts their failures): O(inputs), asked for once."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -69,7 +69,7 @@ from shardio.format.index import (
     segment_path,
     totals_of,
 )
-from shardio.format.manifests import generation_path, list_generations, load_manifest, read_root
+from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_manifest, read_root
 from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
@@ -77,7 +77,7 @@ from shardio.store.base import TEMP_PREFIX
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "commit", "Committer", "drop_inputs", "collect_segments", "check_held", "listed_files", "save_report",
+    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "check_held", "listed_files", "save_report",
     "report_path",
 ]
 
@@ -146,9 +146,21 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
     """Remove what a killed run left: temp files, shard files neither listed nor retired by ``manifest``
     (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
     Returns how many files went."""
+    keep = protected_files(manifest) if manifest is not None else set()
+    return _clean(directory, manifest, lambda name: f"{SHARDS_DIR}/{name}" not in keep)
+
+
+def clean_temporaries(directory: str, index: DatasetIndex) -> int:
+    """``clean_leftovers`` without the pass over every listed shard, for a rerun with nothing to commit
+    (``index``: the committed generation, as columns): temp files (``shards/`` included), generation files
+    newer than it, segments no root names. A promoted shard no input lists (a killed run's input that is
+    no longer in the listing) waits for the next run with work, or ``preprocess gc``."""
+    return _clean(directory, index, lambda name: name.startswith(TEMP_PREFIX))
+
+
+def _clean(directory: str, committed: Manifest | DatasetIndex | None, doomed_shard: Callable[[str], bool]) -> int:
     store = for_path(directory)
     check_held(directory)
-    keep = protected_files(manifest) if manifest is not None else set()
     removed = 0
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
         for name in store.list_dir(folder):
@@ -156,18 +168,18 @@ def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
                 store.remove(store.join(folder, name))
                 removed += 1
     for name in store.list_dir(store.join(directory, SHARDS_DIR)):
-        if f"{SHARDS_DIR}/{name}" not in keep:
+        if doomed_shard(name):
             store.remove(store.join(directory, SHARDS_DIR, name))
             removed += 1
-    if manifest is not None:
+    if committed is not None:
         for generation in list_generations(directory):
-            if generation > manifest.generation:
+            if generation > committed.generation:
                 store.remove(generation_path(directory, generation))
                 removed += 1
-    return removed + len(collect_segments(directory, manifest))
+    return removed + len(collect_segments(directory, committed))
 
 
-def collect_segments(directory: str, manifest: Manifest | None) -> list[str]:
+def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -> list[str]:
     """Delete the index segments that neither ``manifest`` (the committed one) nor any generation file
     left in ``manifests/`` names: a killed commit's, or those only collected generations named. Deletes
     only ``index/SHA256.npz`` names (and temp files), and nothing when a root cannot be read (what it

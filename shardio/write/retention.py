@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
-from shardio.format.manifests import generation_path, list_generations, load_manifest, read_root
+from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_manifest, read_root
 from shardio.store.backends import for_path
 from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_files, writing
 
@@ -66,7 +66,7 @@ def _bucket(moment: datetime, width: timedelta) -> int:
     return int(moment.timestamp() // width.total_seconds())
 
 
-def collect(directory: str, manifest: Manifest, retention: Retention,
+def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retention,
             now: datetime | None = None) -> Collected:
     """Delete the retired files and generation files no kept generation needs (see the format spec).
     ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
