@@ -35,6 +35,9 @@ def test_the_columns_fold_to_the_manifests_shards_after_any_history(tmp_path, st
     assert index.shards.column("bytes").tolist() == [e.bytes for e in manifest.shards]
     assert index.shards.column("meta_bytes").tolist() == [e.meta_bytes for e in manifest.shards]
     assert sorted(index.shards.input_names()) == sorted(manifest.inputs)
+    fields = lambda e: (e.size, e.mtime_ns, e.samples, e.failed, e.etag)  # noqa: E731
+    assert {k: fields(e) for k, e in index.committed_inputs().items()} == {
+        k: fields(e) for k, e in manifest.inputs.items()}
     assert (index.samples, index.generation, index.shape) == (manifest.samples, manifest.generation, manifest.shape)
 
 
@@ -168,3 +171,21 @@ def test_an_unknown_checksum_algorithm_code_is_named_by_both_loaders(tmp_path):
     for load in (load_manifest, load_index):
         with pytest.raises(ShardFormatError, match=r"shard_digest is \(3, 8\), not \(3, 16 or 32\)"):
             load(out)
+
+
+def test_committed_inputs_keep_non_ascii_names_and_etags(tmp_path):
+    from shardio.format import Manifest
+    from shardio.write import directory as dataset_dir
+    from tests.index_steps import entries
+
+    out = str(tmp_path / "ds")
+    dataset_dir.ensure_output_dir(out)
+    with dataset_dir.writing(out):
+        committer = dataset_dir.Committer(out, Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={}))
+        for name, etag in (("s3://b/café-1.tar", '"e1"'), ("s3://b/plain.tar", ""), ("s3://b/日本.tar", '"e3"')):
+            committer.add_input(name, 7, 9, entries(name))
+            committer.manifest.inputs[name].etag = etag
+        committer.maybe_commit(force=True)
+    found = load_index(out).committed_inputs()
+    assert {k: (e.size, e.mtime_ns, e.etag) for k, e in found.items()} == {
+        "s3://b/café-1.tar": (7, 9, '"e1"'), "s3://b/plain.tar": (7, 9, ""), "s3://b/日本.tar": (7, 9, '"e3"')}

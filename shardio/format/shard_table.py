@@ -120,6 +120,21 @@ class SegmentColumns:
             raise ShardFormatError(f"{self.path}: string table {table} has offsets that do not index its blob")
         return _fixed_width(offsets, blob)
 
+    def strings(self, table: str, rows: np.ndarray) -> list[str]:
+        """Entries ``rows`` of string table ``table``: the blob decoded once (an ASCII one sliced as text),
+        not one decode per row (230k input names: 1.2 s one by one)."""
+        offsets, blob = self.arrays[f"{table}_offsets"], self.arrays[f"{table}_blob"]
+        starts, stops = offsets[rows], offsets[np.asarray(rows) + 1]
+        if len(rows) and (starts.min() < 0 or np.any(stops < starts) or stops.max() > len(blob)):
+            raise ShardFormatError(f"{self.path}: string table {table} has offsets outside its {len(blob)}-byte blob")
+        if not len(blob) or not len(rows):
+            return [""] * len(rows)
+        data = blob.tobytes()
+        if int(blob.max()) < 128:
+            text = data.decode("ascii")
+            return [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+        return [self.string(table, int(row)) for row in rows]
+
     def string(self, table: str, row: int) -> str:
         """Entry ``row`` of string table ``table`` (its offsets checked here, when read: a table is not
         scanned whole to open the index)."""
@@ -231,14 +246,13 @@ class ShardTable(Sequence[ShardEntry]):
         for k, rows in live:
             segment = self.segments[k]
             arrays = segment.arrays
-            listed = arrays.get("input_listed")
+            if "input_listed" in arrays:
+                rows = rows[arrays["input_listed"][rows] != 0]
             columns = [arrays[f"input_{name}"][rows].tolist() for name in ("size", "mtime_ns", "samples", "failed")]
-            for position, row in enumerate(rows.tolist()):
-                if listed is not None and not listed[row]:
-                    continue
-                out[segment.string("input_name", row)] = InputEntry(
-                    columns[0][position], columns[1][position], columns[2][position], columns[3][position], [],
-                    segment.string("input_etag", row))
+            names, etags = segment.strings("input_name", rows), segment.strings("input_etag", rows)
+            for position, name in enumerate(names):
+                out[name] = InputEntry(columns[0][position], columns[1][position], columns[2][position],
+                                       columns[3][position], [], etags[position])
         return out
 
     def input_names(self) -> list[str]:
