@@ -177,12 +177,7 @@ def run_job(
             emit("warning", restored)
         if existing is not None:
             _check_compatible(existing, cfg, directory)
-            drift = version_drift(existing.versions, report.versions, dataset_dir.manifest_path(directory))
-            if drift and options.strict_versions:
-                raise VersionDrift(drift)
-            if drift:
-                report.warnings.append(drift)
-                emit("warning", drift)
+            _note_drift(existing.versions, directory, options, report, emit)
         manifest = existing or Manifest(
             shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions
         )
@@ -231,17 +226,7 @@ def run_job(
             raise
         if disk_full is not None:
             _stop_on_full_disk(directory, report, disk_full)
-        report.dataset_samples = committer.running.totals["samples"]
-        report.generation = manifest.generation
-        report.elapsed_s = round(time.perf_counter() - started, 3)
-        report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
-        try:
-            _save_report(directory, report)
-        except OSError as e:
-            if not is_disk_full(e):
-                raise
-            raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
-                             f"is committed ({manifest.samples} samples); free space before the next run") from e
+        _close_report(directory, report, started, committer.running.totals["samples"], manifest.generation)
     return report
 
 
@@ -265,26 +250,40 @@ def _answered_unchanged(directory: str, resolved: ResolvedInputs, options: RunOp
     planned = plan_inputs(resolved, committed)
     if planned.todo:
         return False
-    drift = version_drift(index.versions, report.versions, dataset_dir.manifest_path(directory))
+    _note_drift(index.versions, directory, options, report, emit)
+    report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
+    emit("plan", {"todo": 0, "skipped": planned.skipped})
+    dataset_dir.clean_temporaries(directory, index)
+    report.files_collected = collect(directory, index, options.retention).files
+    _close_report(directory, report, started, index.samples, index.generation)
+    return True
+
+
+def _note_drift(recorded: dict[str, Any], directory: str, options: RunOptions, report: RunReport,
+                emit: Callable[[str, Any], None]) -> None:
+    """Library versions other than those the dataset records: a warning, or VersionDrift under
+    ``strict_versions``."""
+    drift = version_drift(recorded, report.versions, dataset_dir.manifest_path(directory))
     if drift and options.strict_versions:
         raise VersionDrift(drift)
     if drift:
         report.warnings.append(drift)
         emit("warning", drift)
-    report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
-    emit("plan", {"todo": 0, "skipped": planned.skipped})
-    dataset_dir.clean_temporaries(directory, index)
-    report.files_collected = collect(directory, index, options.retention).files
-    report.dataset_samples, report.generation = index.samples, index.generation
+
+
+def _close_report(directory: str, report: RunReport, started: float, samples: int, generation: int) -> None:
+    """The report's dataset totals and timing, then the report saved; a full disk here is OutputFull (the
+    dataset itself is committed)."""
+    report.dataset_samples, report.generation = samples, generation
     report.elapsed_s = round(time.perf_counter() - started, 3)
+    report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
     try:
         _save_report(directory, report)
     except OSError as e:
         if not is_disk_full(e):
             raise
-        raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset is unchanged "
-                         f"({index.samples} samples); free space before the next run") from e
-    return True
+        raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
+                         f"is committed ({samples} samples); free space before the next run") from e
 
 
 def fold_result(report: RunReport, committer: Committer, result: InputResult) -> None:
