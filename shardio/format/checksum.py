@@ -25,12 +25,16 @@ from typing import Any, Protocol
 
 from shardio.errors import MissingExtra, ShardFormatError
 
-__all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "WRITE_ALGORITHM", "Hasher", "new_hasher", "require",
-           "file_checksum"]
+__all__ = ["XXH3_128", "SHA256", "ALGORITHMS", "ALGORITHM_CODES", "ALGORITHM_NAMES", "DIGEST_BYTES", "WRITE_ALGORITHM",
+           "Hasher", "new_hasher", "require", "file_checksum"]
 
 XXH3_128 = "xxh3_128"
 SHA256 = "sha256"
 ALGORITHMS = (XXH3_128, SHA256)
+# A format 3 index segment stores the algorithm as a code and the digest as raw bytes (spec, "Index").
+ALGORITHM_CODES = {XXH3_128: 0, SHA256: 1}
+ALGORITHM_NAMES = {code: name for name, code in ALGORITHM_CODES.items()}
+DIGEST_BYTES = {XXH3_128: 16, SHA256: 32}
 WRITE_ALGORITHM = XXH3_128
 
 

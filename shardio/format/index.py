@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import SHA256, XXH3_128
+from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -36,9 +36,6 @@ __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_se
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
 # shards committed 10 at a time).
 COMPACT_FANOUT = 8
-_ALGORITHM_CODES = {XXH3_128: 0, SHA256: 1}
-_DIGEST_BYTES = {XXH3_128: 16, SHA256: 32}
-_ALGORITHM_NAMES = {code: name for name, code in _ALGORITHM_CODES.items()}
 # Fixed so that the same content gives the same bytes, hence the same name (zip's earliest date).
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -121,7 +118,7 @@ def encode_segment(delta: Delta) -> bytes:
     digest = np.zeros((len(shards), width), dtype=np.uint8)
     meta_digest = np.zeros((len(shards), width), dtype=np.uint8)
     for row, entry in enumerate(shards):
-        size = _DIGEST_BYTES[entry.checksum_algorithm]
+        size = DIGEST_BYTES[entry.checksum_algorithm]
         digest[row, :size] = np.frombuffer(bytes.fromhex(entry.checksum), dtype=np.uint8)
         meta_digest[row, :size] = np.frombuffer(bytes.fromhex(entry.meta_checksum), dtype=np.uint8)
     entries = [delta.inputs[n][0] for n in names]
@@ -138,7 +135,7 @@ def encode_segment(delta: Delta) -> bytes:
     arrays["shard_samples"] = np.array([e.samples for e in shards], dtype="<i8")
     arrays["shard_bytes"] = np.array([e.bytes for e in shards], dtype="<i8")
     arrays["shard_meta_bytes"] = np.array([e.meta_bytes for e in shards], dtype="<i8")
-    arrays["shard_algorithm"] = np.array([_ALGORITHM_CODES[e.checksum_algorithm] for e in shards], dtype=np.uint8)
+    arrays["shard_algorithm"] = np.array([ALGORITHM_CODES[e.checksum_algorithm] for e in shards], dtype=np.uint8)
     arrays["shard_digest"], arrays["shard_meta_digest"] = digest, meta_digest
     return segment_bytes(arrays)
 
@@ -173,7 +170,7 @@ def decode_segment(data: bytes, path: str) -> Delta:
     if len(first) != len(names) + 1 or first[0] != 0 or first[-1] != len(paths) or np.any(np.diff(first) < 0):
         raise ShardFormatError(f"{path}: input_first_shard does not partition its {len(paths)} shards")
     codes = columns["shard_algorithm"]
-    unknown = np.flatnonzero(~np.isin(codes, list(_ALGORITHM_NAMES)))
+    unknown = np.flatnonzero(~np.isin(codes, list(ALGORITHM_NAMES)))
     if len(unknown):
         row = int(unknown[0])
         raise ShardFormatError(f"{path}: shard {paths[row]!r} has checksum algorithm code {int(codes[row])}, "
@@ -186,13 +183,13 @@ def decode_segment(data: bytes, path: str) -> Delta:
     width = columns["shard_digest"].shape[1]
     digests, meta_digests = columns["shard_digest"].tobytes().hex(), columns["shard_meta_digest"].tobytes().hex()
     samples, sizes = columns["shard_samples"].tolist(), columns["shard_bytes"].tolist()
-    meta_sizes, algorithms = columns["shard_meta_bytes"].tolist(), [_ALGORITHM_NAMES[c] for c in codes.tolist()]
+    meta_sizes, algorithms = columns["shard_meta_bytes"].tolist(), [ALGORITHM_NAMES[c] for c in codes.tolist()]
     owners = np.repeat(np.arange(len(names)), np.diff(first)).tolist()
     shards: list[ShardEntry] = []
     for row, (rel, meta) in enumerate(zip(paths, meta_paths)):
         algorithm = algorithms[row]
         start = 2 * width * row
-        stop = start + 2 * _DIGEST_BYTES[algorithm]
+        stop = start + 2 * DIGEST_BYTES[algorithm]
         shards.append(ShardEntry(
             check_dataset_path(rel, path), check_dataset_path(meta, path), samples[row], sizes[row],
             digests[start:stop], meta_sizes[row], meta_digests[start:stop], names[owners[row]], algorithm))

@@ -24,13 +24,11 @@ from typing import Any, overload
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import SHA256, XXH3_128
+from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
 __all__ = ["SegmentColumns", "ShardTable", "fold_segments"]
 
-_ALGORITHMS = {0: XXH3_128, 1: SHA256}
-_DIGEST_BYTES = {XXH3_128: 16, SHA256: 32}
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
 _INPUT_COLUMNS = ("input_name_offsets", "input_name_blob", "input_first_shard", "removed_offsets", "removed_blob")
@@ -261,13 +259,7 @@ class ShardTable(Sequence[ShardEntry]):
             if self._entries is not None:
                 self._input_names = sorted({e.input for e in self._entries})
             else:
-                live = self.live_inputs or [(k, np.arange(s.input_count)) for k, s in enumerate(self.segments)]
-                names = []
-                for k, rows in live:
-                    segment = self.segments[k]
-                    listed = segment.arrays.get("input_listed")
-                    names += [segment.string("input_name", int(r)) for r in rows if listed is None or listed[r]]
-                self._input_names = names
+                self._input_names = list(self.committed_inputs())
         return self._input_names
 
     def __len__(self) -> int:
@@ -312,7 +304,7 @@ class ShardTable(Sequence[ShardEntry]):
             codes = self.segments[0].arrays["shard_algorithm"] if self.segments else np.zeros(0, np.uint8)
         else:
             codes = self._gather("shard_algorithm")
-        return {name for code, name in _ALGORITHMS.items() if (codes == code).any()}
+        return {name for code, name in ALGORITHM_NAMES.items() if (codes == code).any()}
 
     def _gather(self, column: str) -> np.ndarray:
         if self.sources is None:
@@ -327,11 +319,11 @@ class ShardTable(Sequence[ShardEntry]):
 def _entry(segment: SegmentColumns, row: int) -> ShardEntry:
     arrays = segment.arrays
     code = int(arrays["shard_algorithm"][row])
-    algorithm = _ALGORITHMS.get(code)
+    algorithm = ALGORITHM_NAMES.get(code)
     if algorithm is None:
         raise ShardFormatError(f"{segment.path}: shard row {row} has checksum algorithm code {code}, this shardio "
                                "knows 0 and 1")
-    size = _DIGEST_BYTES[algorithm]
+    size = DIGEST_BYTES[algorithm]
     path = check_dataset_path(segment.string("shard_path", row), segment.path)
     meta = check_dataset_path(segment.string("shard_meta_path", row), segment.path)
     first = arrays["input_first_shard"]
