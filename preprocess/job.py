@@ -66,7 +66,8 @@ from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import Manifest
+from shardio.format import InputEntry, Manifest
+from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
 
@@ -178,18 +179,18 @@ def run_job(
         if existing is not None:
             _check_compatible(existing, cfg, directory)
             _note_drift(existing.versions, directory, options, report, emit)
-        manifest = existing or Manifest(
-            shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions
-        )
-        manifest.versions = report.versions
-        to_prune = sorted(set(manifest.inputs) - set(paths)) if options.prune else []  # the only set of paths
-        if to_prune and not options.confirm_large_prune:
-            _check_prune(manifest, to_prune, directory)
         dataset_dir.clean_leftovers(directory, existing)
-        committer = Committer(directory, manifest, COMMIT_INTERVAL_S, run=report.run_id)
-
-        planned = plan_inputs(resolved, manifest.inputs)
-        del resolved, paths  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
+        committed = _committed_inputs(existing)
+        committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
+                              shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
+        index = committer.index
+        index.versions = report.versions
+        del existing  # a version 1/2 manifest's objects: the index holds what it needs
+        to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
+        if to_prune and not options.confirm_large_prune:
+            _check_prune(committed, index.totals, to_prune, directory)
+        planned = plan_inputs(resolved, committed)
+        del resolved, paths, committed  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:
@@ -206,14 +207,16 @@ def run_job(
             if stop_requested():
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
-            if existing is None and manifest.generation == 0:  # nothing committed yet
-                dataset_dir.commit(directory, manifest)  # an empty, valid dataset: readers get a clear answer
-            if todo:
-                # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
-                # not at the next run. Safe: the lock is held and the manifest is committed.
-                dataset_dir.clean_leftovers(directory, committer.manifest)
-            if disk_full is None:
-                report.files_collected = collect(directory, committer.manifest, options.retention).files
+            if index.generation == 0:  # nothing committed yet
+                committer.commit()  # an empty, valid dataset: readers get a clear answer
+            if todo or disk_full is None:
+                now = load_index(directory)  # the generation just committed, as columns
+                if todo:
+                    # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
+                    # not at the next run. Safe: the lock is held and the dataset is committed.
+                    dataset_dir.clean_leftovers(directory, now)
+                if disk_full is None:
+                    report.files_collected = collect(directory, now, options.retention).files
         except OSError as e:
             if not is_disk_full(e):
                 _save_report_after_error(committer, report, e, started)
@@ -226,7 +229,7 @@ def run_job(
             raise
         if disk_full is not None:
             _stop_on_full_disk(directory, report, disk_full)
-        _close_report(directory, report, started, committer.running.totals["samples"], manifest.generation)
+        _close_report(directory, report, started, index.samples, index.generation)
     return report
 
 
@@ -293,24 +296,33 @@ def fold_result(report: RunReport, committer: Committer, result: InputResult) ->
     the commit itself is ``shardio.write.directory``'s."""
     _record(report, result)
     if result.error is None:
-        committer.manifest.versions = result.versions  # what the workers used, not the driver
+        committer.index.versions = result.versions  # what the workers used, not the driver
         _commit_input(committer, result)
         committer.maybe_commit()
 
 
 def _commit_input(committer: Committer, result: InputResult) -> None:
     """List a finished input's shards; an object's entry also keeps the ETag it was read at."""
-    committer.add_input(result.input, result.size, result.mtime_ns, result.shards, failed=len(result.failures))
-    committer.manifest.inputs[result.input].etag = result.etag
+    committer.add_input(result.input, result.size, result.mtime_ns, result.shards, failed=len(result.failures),
+                        etag=result.etag)
 
 
-def _check_prune(manifest: Manifest, to_prune: list[str], directory: str) -> None:
+def _committed_inputs(existing: DatasetIndex | Manifest | None) -> dict[str, InputEntry]:
+    """The committed inputs by name, what the plan compares the listing with: one entry per input from
+    the index's columns (``shards`` left empty), none per shard; a version 1/2 manifest's own."""
+    if existing is None:
+        return {}
+    return existing.committed_inputs() if isinstance(existing, DatasetIndex) else dict(existing.inputs)
+
+
+def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_prune: list[str],
+                 directory: str) -> None:
     """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
-    samples = sum(manifest.inputs[p].samples for p in to_prune)
-    if 2 * len(to_prune) > len(manifest.inputs) or 2 * samples > manifest.samples:
+    samples = sum(committed[p].samples for p in to_prune)
+    if 2 * len(to_prune) > len(committed) or 2 * samples > totals["samples"]:
         raise PruneRefused(
-            f"{directory}: --prune would drop {len(to_prune)} of {len(manifest.inputs)} committed inputs "
-            f"({samples} of {manifest.samples} samples), e.g. {to_prune[0]}; nothing was changed. If the inputs "
+            f"{directory}: --prune would drop {len(to_prune)} of {len(committed)} committed inputs "
+            f"({samples} of {totals['samples']} samples), e.g. {to_prune[0]}; nothing was changed. If the inputs "
             "really are gone, rerun with --confirm-large-prune; if not, check that the source is mounted"
         )
 
@@ -376,7 +388,7 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
 def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
     """Out of space: remove what no manifest lists (frees space, nothing half-visible), keep a report if it
     fits, and raise ``OutputFull`` naming what the dataset still holds."""
-    on_disk = dataset_dir.load_current(directory)
+    on_disk = load_index(directory) if for_path(directory).exists(dataset_dir.manifest_path(directory)) else None
     dataset_dir.clean_leftovers(directory, on_disk)
     report.dataset_samples = on_disk.samples if on_disk else 0
     report.warnings.append(f"stopped: output disk full ({reason})")
@@ -384,7 +396,7 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
         _save_report(directory, report)
     except OSError:
         pass  # no room even for the report: the error below says everything it would
-    state = (f"the dataset is as of its last commit ({on_disk.samples} samples, {len(on_disk.inputs)} inputs)"
+    state = (f"the dataset is as of its last commit ({on_disk.samples} samples, {on_disk.totals['input_count']} inputs)"
              if on_disk else "no dataset was published")
     raise OutputFull(
         f"{directory}: output disk full ({reason}); the run stopped and published nothing partial: {state}. "
@@ -424,7 +436,7 @@ def _save_report_after_error(
     report.elapsed_s = round(time.perf_counter() - started, 3)
     try:
         committer.maybe_commit(force=True)
-        report.dataset_samples = committer.running.totals["samples"]
+        report.dataset_samples = committer.index.samples
         _save_report(committer.directory, report)
     except Exception:  # noqa: BLE001 - never mask the error being raised
         pass

@@ -13,6 +13,7 @@ import hashlib
 import sys
 
 from shardio.format import Manifest, ShardEntry
+from shardio.format.manifests import load_index, load_manifest
 from shardio.write import directory as dataset_dir
 
 __all__ = ["entries", "run_steps", "expected_inputs"]
@@ -56,20 +57,22 @@ def run_steps(directory: str, count: int) -> Manifest:
     with dataset_dir.writing(directory):
         existing, _ = dataset_dir.load_committed(directory)
         dataset_dir.clean_leftovers(directory, existing)
-        manifest = existing or Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={})
-        committer = dataset_dir.Committer(directory, manifest, run=f"steps-{count}")
+        committer = dataset_dir.Committer(directory, existing, run=f"steps-{count}", shape=(2, 2, 3),
+                                          config={"height": 2, "width": 2}, versions={})
         for action, name, version in _steps(count):
             if action == "add":
-                committed = committer.manifest.inputs.get(name)
+                committed = committer.index.input(name)
                 if committed is not None and committed.size == 100 + version:
                     continue  # committed unchanged: skipped, as the job skips it
                 shards = entries(name, version)
                 committer.add_input(name, size=100 + version, mtime_ns=7, shards=shards)
-            elif name in committer.manifest.inputs:
+            elif committer.index.input(name) is not None:
                 committer.drop_input(name)
             committer.maybe_commit(force=True)
-        dataset_dir.clean_leftovers(directory, committer.manifest)
-        return committer.manifest
+        if committer.index.generation == 0:
+            committer.commit()
+        dataset_dir.clean_leftovers(directory, load_index(directory))
+        return load_manifest(directory)
 
 
 if __name__ == "__main__":

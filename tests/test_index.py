@@ -19,7 +19,7 @@ import pytest
 import shardio
 from shardio.errors import CommitConflict, OutputLocked, ShardFormatError, ShardIntegrityError
 from shardio.format.index import COMPACT_FANOUT, decode_segment
-from shardio.format.manifests import list_generations, load_manifest, read_root
+from shardio.format.manifests import list_generations, load_index, load_manifest, read_root
 from shardio.store.backends import for_path
 from shardio.write import directory as dataset_dir
 from shardio.write import retention
@@ -166,8 +166,9 @@ def test_two_writers_from_one_generation_never_both_commit_on_object_storage(s3_
     out = f"s3://{s3_bucket}/ds"
     run_steps(out, 10)
     first, second = load_manifest(out), load_manifest(out)
-    dataset_dir.Committer(out, first).add_input("a.tar", 1, 1, entries("a.tar"))
-    dataset_dir.commit(out, first)
+    winner = dataset_dir.Committer(out, first)
+    winner.add_input("a.tar", 1, 1, entries("a.tar"))
+    winner.maybe_commit(force=True)
     second.inputs["b.tar"] = second.inputs.pop("in-0000.tar")
     with pytest.raises(CommitConflict):
         dataset_dir.commit(out, second)
@@ -194,7 +195,7 @@ def test_a_reader_of_generation_g_keeps_reading_while_commits_and_compactions_la
         for i in range(3 * COMPACT_FANOUT):  # enough commits for compactions
             committer.add_input(f"x-{i}.tar", 1, 1, entries(f"x-{i}.tar"))
             committer.maybe_commit(force=True)
-        retention.collect(out, committer.manifest, retention.Retention())
+        retention.collect(out, load_index(out), retention.Retention())
     assert len(load_manifest(out).segments) < 3 * COMPACT_FANOUT
     assert [int(p[0, 0, 0]) for i in range(len(snapshot.shards)) for p in snapshot.pixels(i)] == list(range(16))
     reopened = shardio.open_dataset(out, generation=generation)

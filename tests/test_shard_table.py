@@ -183,8 +183,7 @@ def test_committed_inputs_keep_non_ascii_names_and_etags(tmp_path):
     with dataset_dir.writing(out):
         committer = dataset_dir.Committer(out, Manifest(shape=(2, 2, 3), config={"height": 2, "width": 2}, versions={}))
         for name, etag in (("s3://b/café-1.tar", '"e1"'), ("s3://b/plain.tar", ""), ("s3://b/日本.tar", '"e3"')):
-            committer.add_input(name, 7, 9, entries(name))
-            committer.manifest.inputs[name].etag = etag
+            committer.add_input(name, 7, 9, entries(name), etag=etag)
         committer.maybe_commit(force=True)
     found = load_index(out).committed_inputs()
     assert {k: (e.size, e.mtime_ns, e.etag) for k, e in found.items()} == {

@@ -27,7 +27,7 @@ from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
-__all__ = ["SegmentColumns", "ShardTable", "fold_segments"]
+__all__ = ["SegmentColumns", "ShardTable", "fold_segments", "shard_entry"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
@@ -282,7 +282,7 @@ class ShardTable(Sequence[ShardEntry]):
             raise IndexError(f"shard {index} of {len(self)}")
         segment = self.segments[0 if self.sources is None else int(self.sources[index])]
         row = index if self.rows is None else int(self.rows[index])
-        return _entry(segment, row)
+        return shard_entry(segment, row)
 
     def __iter__(self) -> Iterator[ShardEntry]:
         return (self[i] for i in range(len(self)))
@@ -316,7 +316,8 @@ class ShardTable(Sequence[ShardEntry]):
         return out
 
 
-def _entry(segment: SegmentColumns, row: int) -> ShardEntry:
+def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
+    """Shard row ``row`` of ``segment`` as an entry (its paths and checksum algorithm checked)."""
     arrays = segment.arrays
     code = int(arrays["shard_algorithm"][row])
     algorithm = ALGORITHM_NAMES.get(code)

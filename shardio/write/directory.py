@@ -35,7 +35,6 @@ preprocess's types.
 
 from __future__ import annotations
 
-import bisect
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -60,19 +59,24 @@ from shardio.format.index import (
     SegmentRef,
     check_segment_path,
     decode_segment,
-    delta_of,
     encode_segment,
-    input_signature,
     merge_segments,
     plan_compaction,
     root_json,
     segment_path,
-    totals_of,
 )
-from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_manifest, read_root
+from shardio.format.manifests import (
+    DatasetIndex,
+    generation_path,
+    list_generations,
+    load_index,
+    load_manifest,
+    read_root,
+)
 from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
+from shardio.write.editable_index import EditableIndex
 
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
@@ -90,45 +94,49 @@ def _now() -> datetime:
 # --- generations: the commit's last step, leftovers, retention, restore ---------------------------------------------
 
 
-def _publish_generation(directory: str, manifest: Manifest, running: RunningIndex | None = None,
-                        run: str = "") -> int:
-    """The last step of ``commit`` (its only caller): ``manifest`` as the next generation,
-    ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the files retired by this commit, drops retired entries
-    whose file ``collect`` already deleted, and returns the new generation."""
+def _publish_generation(directory: str, index: EditableIndex, published_here: bool, run: str = "") -> int:
+    """The last step of ``commit`` (its only caller): ``index`` as the next generation,
+    ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the
+    files retired by this commit, drops retired entries whose file ``collect`` already deleted (at a
+    writer's first commit: later ones follow its own, and nothing collects while it holds the lock),
+    and returns the new generation."""
     store = for_path(directory)
-    if running is not None and running.published:
+    if published_here:
         # This writer published the newest generation itself: no listing of manifests/ (a run of
         # 18,000 commits would list up to 18,000 files at each); another writer's is a CommitConflict below.
-        generation = manifest.generation + 1
+        generation = index.generation + 1
     else:
-        generation = max([manifest.generation, *list_generations(directory)]) + 1
+        generation = max([index.generation, *list_generations(directory)]) + 1
     now = _now().isoformat(timespec="seconds")
-    manifest.generation, manifest.updated = generation, now
     retired = []
-    for entry in manifest.retired:
+    for entry in index.retired:
         if entry.generation == 0:
             retired.append(RetiredFile(entry.path, generation, now))
-        elif store.exists(store.join(directory, entry.path)):
+        elif published_here or store.exists(store.join(directory, entry.path)):
             retired.append(entry)
-    manifest.retired = retired
-    data = json.dumps(root_json(manifest, running.totals if running else None, run), indent=1,
-                      ensure_ascii=False).encode("utf-8")
-    store.makedirs(store.join(directory, MANIFESTS_DIR))
-    check_held(directory)
+    before = index.generation, index.updated, index.retired
+    index.generation, index.updated, index.retired = generation, now, retired
     try:
-        store.publish_new(generation_path(directory, generation), data)
-    except FileExistsError:
-        raise CommitConflict(f"{generation_path(directory, generation)}: another writer committed generation "
-                             f"{generation} first; nothing was overwritten: rerun to build on it") from None
-    path = store.join(directory, MANIFEST_NAME)
-    if manifest.source_version or store.is_local:
-        manifest.source_version = store.publish(path, data, if_version=manifest.source_version or None)
-    else:
-        try:  # a new dataset on object storage: create-if-absent, so two first runs cannot both commit
-            manifest.source_version = store.publish_new(path, data)
+        data = json.dumps(root_json(index, index.totals, run), indent=1, ensure_ascii=False).encode("utf-8")
+        store.makedirs(store.join(directory, MANIFESTS_DIR))
+        check_held(directory)
+        try:
+            store.publish_new(generation_path(directory, generation), data)
         except FileExistsError:
-            raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
-                                 "overwritten: rerun to build on it") from None
+            raise CommitConflict(f"{generation_path(directory, generation)}: another writer committed generation "
+                                 f"{generation} first; nothing was overwritten: rerun to build on it") from None
+        path = store.join(directory, MANIFEST_NAME)
+        if index.source_version or store.is_local:
+            index.source_version = store.publish(path, data, if_version=index.source_version or None)
+        else:
+            try:  # a new dataset on object storage: create-if-absent, so two first runs cannot both commit
+                index.source_version = store.publish_new(path, data)
+            except FileExistsError:
+                raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
+                                     "overwritten: rerun to build on it") from None
+    except BaseException:
+        index.generation, index.updated, index.retired = before
+        raise
     return generation
 
 
@@ -254,23 +262,29 @@ def restore_manifest(directory: str, wait_for_lock: bool = False) -> Manifest | 
             return recover_manifest(directory)
 
 
-def load_committed(directory: str) -> tuple[Manifest | None, str]:
-    """The committed manifest (None for a new dataset) and a warning ("" if none). A missing or corrupt
-    ``manifest.json`` with kept generations is restored from the newest valid one, and the warning says
-    so: rebuilding from nothing would drop every committed input (and the leftover cleaning would then
-    delete their shards). The caller holds the lock."""
+def load_committed(directory: str) -> tuple[DatasetIndex | Manifest | None, str]:
+    """What is committed (None for a new dataset) and a warning ("" if none): a format 3 generation as
+    columns (``DatasetIndex``: no object per shard), a version 1/2 one as its ``Manifest`` (its first
+    commit upgrades it). A missing or corrupt ``manifest.json`` with kept generations is restored from
+    the newest valid one, and the warning says so: rebuilding from nothing would drop every committed
+    input (and the leftover cleaning would then delete their shards). The caller holds the lock."""
     path = manifest_path(directory)
     try:
         if not for_path(directory).exists(path) and not list_generations(directory):
             return None, ""
-        return load_manifest(directory), ""
+        return _committed(directory), ""
     except ShardError as e:
         if not list_generations(directory):
             raise
         problem = str(e.__cause__) if e.__cause__ is not None else "missing"  # without load_manifest's hint
     restored = recover_manifest(directory)
-    return restored, (f"{path}: restored from kept generation {restored.generation} ({restored.samples} "
-                      f"samples, {len(restored.inputs)} inputs) because it was unusable: {problem}")
+    return _committed(directory), (f"{path}: restored from kept generation {restored.generation} ({restored.samples} "
+                                   f"samples, {len(restored.inputs)} inputs) because it was unusable: {problem}")
+
+
+def _committed(directory: str) -> DatasetIndex | Manifest:
+    index = load_index(directory)
+    return index if index.segments is not None else load_manifest(directory)
 
 
 def manifest_path(directory: str) -> str:
@@ -372,93 +386,40 @@ def discard(directory: str, rel_path: str) -> None:
 # --- the commit ---------------------------------------------------------------------------------------
 
 
-def commit(directory: str, manifest: Manifest, touched: Iterable[str] | None = None,
-           running: RunningIndex | None = None, run: str = "") -> int:
-    """The one way a manifest is written: publish ``manifest`` with its shards in dataset order (input
-    path, then shard name: independent of which task finished first), after a storage barrier that makes
-    the promoted shards durable first (a power cut, e.g. a preempted VM, must not leave listed shards
-    missing; one fsync, ~0.2 ms here), as a format 3 index: one new segment with what changed since the
-    manifest's segments (only the ``touched`` input names are compared, when given), compaction, then
-    the root. A manifest read from a version 1/2 file is upgraded: its first segment holds everything.
-    ``running``: a ``Committer``'s ``RunningIndex`` (shards kept in order, totals kept, an input's shards
-    found by bisection), so the commit costs what it adds, not what the dataset holds. ``run``: the run
-    committing (its id goes into the root: spec, "Retention"). Returns the new generation."""
+def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable[str] | None = None,
+           run: str = "", published_here: bool = False) -> int:
+    """The one way a dataset is committed: after a storage barrier that makes the promoted shards durable
+    first (a power cut, e.g. a preempted VM, must not leave listed shards missing; one fsync, ~0.2 ms
+    here), one new segment with what changed (of the ``touched`` names: a ``Committer`` knows them;
+    every name when not given), compaction, then the root. A version 1/2 manifest is upgraded: its first
+    segment holds everything. ``run``: the run committing (its id goes into the root: spec,
+    "Retention"); ``published_here``: this writer published the current generation itself. A
+    ``Manifest`` given here gets the new generation, version and segments. Returns the new generation."""
+    if isinstance(manifest, Manifest):
+        manifest.shards.sort(key=lambda e: (e.input, e.path))  # dataset order, as the index folds it
+        index = EditableIndex.from_manifest(manifest)
+        generation = commit(directory, index, index.pending(), run)
+        index.to_manifest_fields(manifest)
+        return generation
+    index = manifest
     store = for_path(directory)
-    if running is None:
-        manifest.shards.sort(key=_dataset_order)
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
-    before = manifest.segments, manifest.indexed
-    delta = delta_of(manifest, touched, running.shards_of if running else None)
-    segments = list(manifest.segments or [])
+    delta = index.delta(set(index.changed) | index.gone if touched is None else set(touched))
+    segments = list(index.segments or [])
     if not delta.empty:
         segments.append(_write_segment(directory, delta))
-    # Edited in place (a copy would cost O(inputs) a commit), the old values kept to undo a failed commit.
-    indexed = manifest.indexed if manifest.segments is not None else {}
-    undo = {name: indexed.get(name) for name in (*delta.removed, *delta.inputs)}
-    for name in delta.removed:
-        indexed.pop(name, None)
-    indexed.update({name: input_signature(*value) for name, value in delta.inputs.items()})
+    segments = _compact(directory, segments)
+    before = index.segments
+    index.segments = segments
     try:
-        segments = _compact(directory, segments)
-        manifest.segments, manifest.indexed = segments, indexed
-        generation = _publish_generation(directory, manifest, running, run)
+        generation = _publish_generation(directory, index, published_here, run)
     except BaseException:
-        for name, old in undo.items():  # not committed: the next commit writes this delta again
-            if old is None:
-                indexed.pop(name, None)
-            else:
-                indexed[name] = old
-        manifest.segments, manifest.indexed = before
+        index.segments = before  # not committed: the next commit writes this delta again
         raise
-    if running is not None:
-        running.published = True
+    index.committed(delta, segments)
     return generation
-
-
-def _dataset_order(entry: ShardEntry) -> tuple[str, str]:
-    return entry.input, entry.path
-
-
-class RunningIndex:
-    """What a ``Committer`` keeps of its manifest so that a commit costs what it adds: the shards in
-    dataset order (sorted once, then each input's inserted where it belongs), so an input's shards are
-    a contiguous run found by bisection; and the root's totals, updated by each add and drop."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
-        manifest.shards.sort(key=_dataset_order)
-        self.totals = totals_of(manifest)
-        self.published = False  # this process published the newest generation
-
-    def _range(self, name: str) -> tuple[int, int]:
-        shards = self.manifest.shards
-        key = lambda e: e.input  # noqa: E731
-        return bisect.bisect_left(shards, name, key=key), bisect.bisect_right(shards, name, key=key)
-
-    def shards_of(self, name: str) -> list[ShardEntry]:
-        low, high = self._range(name)
-        return self.manifest.shards[low:high]
-
-    def insert(self, entries: list[ShardEntry]) -> None:
-        shards = self.manifest.shards
-        for entry in sorted(entries, key=_dataset_order):
-            shards.insert(bisect.bisect_left(shards, _dataset_order(entry), key=_dataset_order), entry)
-        self._count(entries, +1)
-
-    def remove(self, name: str) -> list[ShardEntry]:
-        """Unlist every shard of input ``name``; returns them."""
-        low, high = self._range(name)
-        removed = self.manifest.shards[low:high]
-        del self.manifest.shards[low:high]
-        self._count(removed, -1)
-        return removed
-
-    def _count(self, entries: list[ShardEntry], sign: int) -> None:
-        self.totals["shard_count"] += sign * len(entries)
-        for key in ("samples", "bytes", "meta_bytes"):
-            self.totals[key] += sign * sum(getattr(e, key) for e in entries)
 
 
 def _write_segment(directory: str, delta: Delta) -> SegmentRef:
@@ -491,76 +452,83 @@ def _compact(directory: str, segments: list[SegmentRef]) -> list[SegmentRef]:
 
 
 class Committer:
-    """Folds finished and dropped inputs into ``manifest`` and commits it at most every ``interval_s``
-    seconds (``maybe_commit``) or when forced. The caller holds the lock."""
+    """Folds finished and dropped inputs into an ``EditableIndex`` of what is committed and commits it at
+    most every ``interval_s`` seconds (``maybe_commit``) or when forced. The caller holds the lock.
 
-    def __init__(self, directory: str, manifest: Manifest, interval_s: float = 0.0, run: str = "") -> None:
+    ``committed``: what ``load_committed`` gave (a ``DatasetIndex``: columns, no object per committed
+    shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), an ``EditableIndex``, or
+    None for a new dataset (then ``shape``, ``config``, ``versions`` say what it is)."""
+
+    def __init__(self, directory: str, committed: DatasetIndex | Manifest | EditableIndex | None,
+                 interval_s: float = 0.0, run: str = "", *, shape: tuple[int, int, int] = (0, 0, 3),
+                 config: dict[str, Any] | None = None, versions: dict[str, Any] | None = None) -> None:
         self.directory = directory
         self.run = run
-        self.manifest = manifest
-        self.running = RunningIndex(manifest)
+        self.index = EditableIndex.of(committed, shape, config, versions)
         self.interval_s = interval_s
-        self.dirty = False
         self.last_commit = 0.0
-        self.touched: set[str] = set()  # input names added or dropped since the last commit
+        self.published = False  # this process published the newest generation
+        # input names added or dropped since the last commit (a Manifest's every name: its first commit
+        # compares them all with the segments it was read from)
+        self.touched: set[str] = self.index.pending() if isinstance(committed, Manifest) else set()
+        self.dirty = False
 
     def add_input(self, input_path: str, size: int, mtime_ns: int,
-                  shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0) -> None:
+                  shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0, etag: str = "") -> None:
         """List ``input_path``'s (promoted) shards, replacing the input's older ones, which are retired."""
-        new_entries = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in shards]
-        new_paths = {e.path for e in new_entries}
-        if input_path in self.manifest.inputs:
-            self.drop_input(input_path, keep=new_paths)
+        new_entries = sorted((s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in shards),
+                             key=lambda e: e.path)
+        entry = InputEntry(size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries),
+                           failed=failed, shards=[e.path for e in new_entries], etag=etag)
+        old = self.index.put(input_path, (entry, new_entries, True))
         # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
         # (an input restored to its old state, a repair) is live again, not retention's to collect.
-        relisted = new_paths | {e.meta_path for e in new_entries}
-        if self.manifest.retired:
-            self.manifest.retired = [r for r in self.manifest.retired if r.path not in relisted]
-        self.running.insert(new_entries)
-        self.manifest.inputs[input_path] = InputEntry(
-            size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries), failed=failed,
-            shards=[e.path for e in new_entries],
-        )
-        self.running.totals["input_count"] += 1
-        self.running.totals["failed"] += failed
+        relisted = {e.path for e in new_entries} | {e.meta_path for e in new_entries}
+        if old is not None:
+            self.index.retire([p for e in old[1] if e.path not in relisted for p in (e.path, e.meta_path)])
+        self.index.unretire(relisted)
         self.touched.add(input_path)
         self.dirty = True
 
     def drop_input(self, input_path: str, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         """Unlist ``input_path``'s shards (but those in ``keep``); they are retired, not deleted: a reader
-        of the previous generation may be mid-epoch on them."""
-        old = self.manifest.inputs.pop(input_path)
-        self.running.totals["input_count"] -= 1
-        self.running.totals["failed"] -= old.failed
-        # Every old entry leaves the list (an entry kept by name comes back with the new ones: never twice);
-        # the files of the others are retired.
-        for entry in self.running.remove(input_path):
-            if entry.path not in keep:
-                self.manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
+        of the previous generation may be mid-epoch on them. KeyError if it is not committed."""
+        if self.index.input(input_path) is None:
+            raise KeyError(input_path)
+        old = self.index.remove(input_path)
+        assert old is not None
+        self.index.retire([p for e in old[1] if e.path not in keep for p in (e.path, e.meta_path)])
         self.touched.add(input_path)
         self.dirty = True
 
     def maybe_commit(self, force: bool = False) -> None:
         if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
             return
-        commit(self.directory, self.manifest, self.touched, self.running, self.run)
+        self.commit()
+
+    def commit(self) -> int:
+        """Commit now, even with nothing changed (a new dataset's empty first generation)."""
+        generation = commit(self.directory, self.index, self.touched, self.run, self.published)
+        self.published = True
         self.last_commit = time.monotonic()
         self.dirty = False
         self.touched = set()
+        return generation
 
 
-def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> Manifest:
+def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> DatasetIndex | Manifest:
     """Remove committed inputs (their shards) from the dataset in one commit, under the lock (their files
     are retired, kept for older generations' readers); a later run over them processes them afresh.
-    Returns the manifest as committed. (``preprocess verify --repair`` uses this for inputs behind bad
+    Returns the dataset as committed. (``preprocess verify --repair`` uses this for inputs behind bad
     shards.)"""
     with writing(directory, wait_for_lock):
-        committer = Committer(directory, load_manifest(directory))
+        committed, _ = load_committed(directory)
+        committer = Committer(directory, committed)
         for path in inputs:
-            if path in committer.manifest.inputs:
+            if committer.index.input(path) is not None:
                 committer.drop_input(path)
         committer.maybe_commit(force=True)
-        return committer.manifest
+        return load_index(directory)
 
 
 def report_path(directory: str, run_id: str) -> str:
