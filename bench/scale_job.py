@@ -109,12 +109,11 @@ def _child_noop(root: str) -> dict[str, Any]:
 def _child_fold(root: str, inputs: int = 200) -> dict[str, Any]:
     from preprocess.job import fold_result
     from preprocess.worker import InputResult
-    from shardio.format.manifests import load_manifest
     from shardio.format.run_report import RunReport
-    from shardio.write.directory import Committer
+    from shardio.write.directory import Committer, load_committed
 
     dataset = os.path.join(root, "dataset")
-    committer = Committer(dataset, load_manifest(dataset), interval_s=1e9)  # the commit left out
+    committer = Committer(dataset, load_committed(dataset)[0], interval_s=1e9)  # the commit left out
     committer.last_commit = time.monotonic()
     report = RunReport("bench", dataset, "", CONFIG.to_dict())
     results = [InputResult(f"/new/{n:06d}.tar", 2048, n, samples=1, shards=[{

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
 from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
-from shardio.format.shard_table import ShardTable, fold_segments, map_segment, segment_from_bytes
+from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
 from shardio.format.spec import (
     FORMAT_NAME,
     InputEntry,
@@ -32,7 +32,8 @@ from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.store.holders import writer_holding
 
-__all__ = ["DatasetIndex", "generation_path", "list_generations", "load_index", "load_manifest", "read_root"]
+__all__ = ["DatasetIndex", "generation_path", "list_generations", "load_index", "load_manifest", "open_segment",
+           "read_root"]
 
 _Loaded = TypeVar("_Loaded")
 
@@ -143,19 +144,8 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
         return DatasetIndex(path, manifest.shape, manifest.config, manifest.versions, manifest.updated,
                             manifest.generation, ShardTable.from_entries(shards, path), manifest.retired, totals,
                             version)
-    segments = []
     refs = parse_segment_refs(doc, path)
-    for ref in refs:
-        segment_file = store.join(directory, ref.path)
-        expected = ref.path.rsplit("/", 1)[1].removesuffix(".npz")
-        try:
-            if store.is_local:
-                segments.append(map_segment(segment_file, ref.bytes, expected))
-            else:
-                segments.append(segment_from_bytes(store.read_bytes(segment_file), segment_file, ref.bytes, expected))
-        except FileNotFoundError as e:
-            raise ShardIntegrityError(f"{segment_file}: index segment missing (named by the root); HINT: `preprocess "
-                                      "verify DIR --repair` restores a kept generation") from e
+    segments = [open_segment(store, directory, ref) for ref in refs]
     table = fold_segments(segments, path)
     try:
         h, w, c = (int(x) for x in doc["shape"])
@@ -171,6 +161,20 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
         raise ShardIntegrityError(f"{path}: says {doc.get('samples')} samples in {doc.get('shard_count')} shards, "
                                   f"its segments hold {index.samples} in {len(table)}")
     return index
+
+
+def open_segment(store: Storage, directory: str, ref: SegmentRef) -> SegmentColumns:
+    """Segment ``ref`` of the dataset at ``directory`` as columns: memory-mapped where local, read whole
+    from an object store; its size and sha256 checked against the root's ``ref`` first."""
+    segment_file = store.join(directory, ref.path)
+    expected = ref.path.rsplit("/", 1)[1].removesuffix(".npz")
+    try:
+        if store.is_local:
+            return map_segment(segment_file, ref.bytes, expected)
+        return segment_from_bytes(store.read_bytes(segment_file), segment_file, ref.bytes, expected)
+    except FileNotFoundError as e:
+        raise ShardIntegrityError(f"{segment_file}: index segment missing (named by the root); HINT: `preprocess "
+                                  "verify DIR --repair` restores a kept generation") from e
 
 
 def load_manifest(directory: str, generation: int | None = None) -> Manifest:

@@ -71,6 +71,7 @@ from shardio.format.manifests import (
     list_generations,
     load_index,
     load_manifest,
+    open_segment,
     read_root,
 )
 from shardio.format.shard_check import shard_problems
@@ -418,7 +419,11 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     except BaseException:
         index.segments = before  # not committed: the next commit writes this delta again
         raise
-    index.committed(delta, segments)
+    # What was committed is read from the segments from now on (the ones this commit wrote opened,
+    # the others kept): the changes the index held go, so a run holds only what it did since.
+    opened = index.opened_segments()
+    index.committed(segments, [opened.get(store.join(directory, ref.path)) or open_segment(store, directory, ref)
+                               for ref in segments])
     return generation
 
 

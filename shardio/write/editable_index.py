@@ -22,7 +22,7 @@ import numpy as np
 
 from shardio.format.index import Delta, SegmentRef, current_inputs, input_signature, totals_of
 from shardio.format.manifests import DatasetIndex
-from shardio.format.shard_table import ShardTable, shard_entry
+from shardio.format.shard_table import SegmentColumns, shard_entry
 from shardio.format.spec import InputEntry, Manifest, RetiredFile, ShardEntry, config_hash, pixel_encoding
 
 __all__ = ["EditableIndex", "Group"]
@@ -32,39 +32,41 @@ __all__ = ["EditableIndex", "Group"]
 Group = tuple[InputEntry, list[ShardEntry], bool]
 
 
-class _CommittedColumns:
-    """The committed inputs of a format 3 generation, found by name: the live inputs' names sorted as
-    UTF-8 bytes (numpy ``S``: the spec's order), each with its segment and row."""
+class _SegmentStack:
+    """The committed inputs, found by name in the segments themselves, newest first (the spec's
+    "Meaning": the newest segment naming a name, as an input or a removal, decides). A segment's input
+    names are sorted (UTF-8 bytes: numpy ``S`` order), so a lookup is a bisection per segment (~40 at
+    2.3M shards), over name arrays made once per segment; no fold, no object per shard."""
 
-    def __init__(self, table: ShardTable) -> None:
-        self.table = table
-        segments = table.segments
-        live = table.live_inputs or [(k, np.arange(s.input_count)) for k, s in enumerate(segments)]
-        names = [segments[k].names("input_name")[rows] for k, rows in live]
-        if names:
-            all_names = np.concatenate(names)
-            order = np.argsort(all_names, kind="stable")
-            self.names = all_names[order]
-            self.segment = np.concatenate([np.full(len(rows), k, np.int32) for k, rows in live])[order]
-            self.row = np.concatenate([rows for _, rows in live])[order]
-        else:
-            self.names, self.segment, self.row = np.zeros(0, "S1"), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    def __init__(self, segments: list[SegmentColumns], known: _SegmentStack | None = None) -> None:
+        self.segments = segments
+        previous = known._tables if known is not None else {}
+        self._tables: dict[str, tuple[_SortedNames, _SortedNames]] = {
+            s.path: previous[s.path] for s in segments if s.path in previous}
 
-    def find(self, name: str) -> tuple[int, int] | None:
+    def find(self, name: str) -> tuple[SegmentColumns, int] | None:
         key = name.encode("utf-8")
-        if not len(self.names) or len(key) > self.names.dtype.itemsize or key.endswith(b"\0"):
-            return None  # longer than every committed name (a cast would truncate it): not committed
-        at = int(np.searchsorted(self.names, np.array(key, dtype=self.names.dtype)))
-        if at == len(self.names) or self.names[at] != key:
-            return None
-        return int(self.segment[at]), int(self.row[at])
+        for segment in reversed(self.segments):
+            inputs, removed = self._names(segment)
+            row = inputs.find(key)
+            if row is not None:
+                return segment, row
+            if removed.find(key) is not None:
+                return None
+        return None
+
+    def _names(self, segment: SegmentColumns) -> tuple[_SortedNames, _SortedNames]:
+        tables = self._tables.get(segment.path)
+        if tables is None:
+            tables = self._tables[segment.path] = (_SortedNames(segment.names("input_name")),
+                                                   _SortedNames(segment.names("removed")))
+        return tables
 
     def group(self, name: str) -> Group | None:
         found = self.find(name)
         if found is None:
             return None
-        k, row = found
-        segment = self.table.segments[k]
+        segment, row = found
         arrays = segment.arrays
         first = arrays["input_first_shard"]
         shards = [shard_entry(segment, r) for r in range(int(first[row]), int(first[row + 1]))]
@@ -75,13 +77,35 @@ class _CommittedColumns:
         return entry, shards, listed
 
 
+class _SortedNames:
+    """One string table of a segment, searchable: sorted as written (checked), else with its order."""
+
+    def __init__(self, names: np.ndarray) -> None:
+        self.order = None if len(names) < 2 or bool(np.all(names[1:] >= names[:-1])) else np.argsort(names,
+                                                                                                       kind="stable")
+        self.names = names if self.order is None else names[self.order]
+
+    def find(self, key: bytes) -> int | None:
+        names = self.names
+        if not len(names) or len(key) > names.dtype.itemsize or key.endswith(b"\0"):
+            return None  # longer than every name here (a cast would truncate it): not here
+        at = int(np.searchsorted(names, np.array(key, dtype=names.dtype)))
+        if at == len(names) or names[at] != key:
+            return None
+        return at if self.order is None else int(self.order[at])
+
+
 class EditableIndex:
     """One dataset's index as a run edits it; ``Committer`` (``shardio.write.directory``) is its one
     writer. The root's fields are attributes (``shape``, ``config``, ``versions``, ``generation``,
-    ``retired``, ``segments``...), so the commit writes a root straight from it."""
+    ``retired``, ``segments``...), so the commit writes a root straight from it.
+
+    What is committed is read from the segments (``_SegmentStack``); what changed since the last commit
+    is held here (``changed``, ``gone``) and let go at each commit (``committed``): a run's memory is
+    what it does between two commits, whatever the dataset holds and however long the run."""
 
     def __init__(self, shape: tuple[int, int, int], config: dict[str, Any], versions: dict[str, Any], *,
-                 committed: _CommittedColumns | None = None, updated: str = "", generation: int = 0,
+                 stack: _SegmentStack | None = None, updated: str = "", generation: int = 0,
                  retired: list[RetiredFile] | None = None, segments: list[SegmentRef] | None = None,
                  source_version: str = "", totals: dict[str, int] | None = None) -> None:
         self.shape, self.config, self.versions = shape, config, versions
@@ -90,11 +114,11 @@ class EditableIndex:
         self._retired_paths = {r.path for r in self.retired}
         # None: not yet an index (a version 1/2 manifest, or a new dataset): the first commit writes all.
         self.segments = segments
-        self._committed = committed
-        self.changed: dict[str, Group] = {}  # inputs this run added or replaced
-        self.gone: set[str] = set()  # committed names this run removed (and did not add again)
-        # name -> its signature as the segments now say it (None: absent), for names this run committed.
-        self._indexed: dict[str, tuple[Any, ...] | None] = {}
+        self._stack = stack
+        self.changed: dict[str, Group] = {}  # inputs added or replaced since the last commit
+        self.gone: set[str] = set()  # names removed since the last commit (and not added again)
+        # A Manifest's segments, until its first commit: name -> signature of what they say.
+        self._indexed: dict[str, tuple[Any, ...]] = {}
         self.totals = dict(totals or {k: 0 for k in ("samples", "shard_count", "input_count", "bytes",
                                                          "meta_bytes", "failed")})
 
@@ -114,14 +138,14 @@ class EditableIndex:
             raise TypeError("a version 1/2 dataset is upgraded from its Manifest (load_manifest), not its columns")
         totals = {**committed.totals, "samples": committed.samples, "shard_count": len(committed.shards)}
         return cls(committed.shape, dict(committed.config), dict(committed.versions),
-                   committed=_CommittedColumns(committed.shards), updated=committed.updated,
+                   stack=_SegmentStack(list(committed.shards.segments)), updated=committed.updated,
                    generation=committed.generation, retired=committed.retired, segments=list(committed.segments),
                    source_version=committed.source_version, totals=totals)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> EditableIndex:
-        """A manifest's content as this run's changes: its first commit compares every name with the
-        segments it was read from (``manifest.indexed``), or writes everything (no segments: the upgrade)."""
+        """A manifest's content as changes: its first commit compares every name with the segments it was
+        read from (``manifest.indexed``), or writes everything (no segments: the upgrade)."""
         index = cls(manifest.shape, manifest.config, manifest.versions, updated=manifest.updated,
                     generation=manifest.generation, retired=manifest.retired,
                     segments=None if manifest.segments is None else list(manifest.segments),
@@ -132,8 +156,8 @@ class EditableIndex:
         return index
 
     def pending(self) -> set[str]:
-        """The names a commit must compare right after ``from_manifest`` (every one it knows of)."""
-        return set(self.changed) | set(self._indexed)
+        """The names the next commit must compare (after ``from_manifest``: every one it knows of)."""
+        return set(self.changed) | self.gone
 
     # --- reading -----------------------------------------------------------------------------------------
 
@@ -141,9 +165,9 @@ class EditableIndex:
         """Input (or shard group) ``name`` as it stands now, with its shards; None if absent."""
         if name in self.changed:
             return self.changed[name]
-        if name in self.gone or self._committed is None:
+        if name in self.gone or self._stack is None:
             return None
-        return self._committed.group(name)
+        return self._stack.group(name)
 
     def input(self, name: str) -> InputEntry | None:
         """The listed input ``name``'s entry, or None."""
@@ -172,6 +196,7 @@ class EditableIndex:
         """Make ``group`` input ``name``'s content; returns what it replaces (None if nothing)."""
         old = self.remove(name)
         self.changed[name] = group
+        self.gone.discard(name)
         self._count(group, +1)
         return old
 
@@ -181,8 +206,7 @@ class EditableIndex:
         if old is None:
             return None
         self.changed.pop(name, None)
-        if name in self._indexed or (self._committed is not None and self._committed.find(name) is not None):
-            self.gone.add(name)
+        self.gone.add(name)
         self._count(old, -1)
         return old
 
@@ -214,7 +238,7 @@ class EditableIndex:
     def delta(self, touched: set[str]) -> Delta:
         """What the next segment must say for the index to be the fold of its segments: of the
         ``touched`` names, those whose content differs from what the segments say, and those removed.
-        Before the first commit of a version 1/2 manifest (no segments): everything, the upgrade."""
+        Before the first commit of a version 1/2 manifest or a new dataset (no segments): everything."""
         if self.segments is None:
             return Delta(dict(self.changed), set())
         changed: dict[str, Group] = {}
@@ -229,21 +253,22 @@ class EditableIndex:
                 changed[name] = now
         return Delta(changed, removed)
 
-    def committed(self, delta: Delta, segments: list[SegmentRef]) -> None:
-        """A commit of ``delta`` was published with ``segments``: remember what the segments now say."""
-        self.segments = segments
-        for name in delta.removed:
-            self._indexed[name] = None
-        for name, group in delta.inputs.items():
-            self._indexed[name] = input_signature(*group)
-
     def _indexed_signature(self, name: str) -> tuple[Any, ...] | None:
-        if name in self._indexed:
-            return self._indexed[name]
-        if self._committed is None:
-            return None
-        group = self._committed.group(name)
+        if self._stack is None:
+            return self._indexed.get(name)
+        group = self._stack.group(name)
         return input_signature(*group) if group is not None else None
+
+    def committed(self, segments: list[SegmentRef], columns: list[SegmentColumns]) -> None:
+        """A commit was published with ``segments`` (``columns``: the same, opened): what it wrote is
+        read from them from now on, and the changes it held are let go."""
+        self.segments = segments
+        self._stack = _SegmentStack(columns, self._stack)
+        self.changed, self.gone, self._indexed = {}, set(), {}
+
+    def opened_segments(self) -> dict[str, SegmentColumns]:
+        """The segments already open, by path (a commit reopens only the ones it wrote)."""
+        return {s.path: s for s in self._stack.segments} if self._stack is not None else {}
 
     def to_manifest_fields(self, manifest: Manifest) -> None:
         """Copy the root's fields a commit changed back into ``manifest`` (a caller that committed a
