@@ -23,7 +23,8 @@ What the protocol needs from storage, and how the local backend provides each:
 - **Ordering** (``barrier``): objects promoted before it are durable before anything published after
   it, so a manifest never names a missing shard. Local: fsync of the directory. (S3: no-op: a
   completed PUT is durable and strongly consistent.)
-- **Listing** (``list_dir``) of one folder's names, sorted; ``stat``-like ``file_size`` /
+- **Listing** (``list_dir``) of one folder's names, sorted, or (``iter_dir``) its files' names as the
+  backend gives them, unordered, so a folder of millions is never one list; ``stat``-like ``file_size`` /
   ``stat_fingerprint``; ``remove`` (a missing object is not an error).
 - **An exclusive writer** (``lock``): one writer per dataset directory, released if the holder dies.
   Local: ``flock`` on ``DIR/.lock`` (the kernel drops it at any exit, SIGKILL included; per host: on a
@@ -34,6 +35,7 @@ What the protocol needs from storage, and how the local backend provides each:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, BinaryIO, ContextManager, Protocol
 
 __all__ = ["FileInfo", "Storage", "TEMP_PREFIX", "LOCK_NAME"]
@@ -76,6 +78,7 @@ class Storage(Protocol):
     def file_size(self, path: str) -> int: ...
     def stat_fingerprint(self, path: str) -> tuple[int, int]: ...
     def list_dir(self, path: str) -> list[str]: ...
+    def iter_dir(self, path: str) -> Iterator[str]: ...  # files only, unordered, a page at a time
     def list_files(self, folder: str, recursive: bool = False) -> list[FileInfo]: ...
     def makedirs(self, path: str) -> None: ...
     def remove(self, path: str) -> None: ...

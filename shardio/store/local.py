@@ -149,6 +149,18 @@ class LocalStorage:
         except FileNotFoundError:
             return []
 
+    def iter_dir(self, path: str) -> Iterator[str]:
+        """The names of the files in ``path`` (no folders), in directory order, read as they come
+        (``os.scandir``): a folder of millions is never one list. Nothing for a missing folder."""
+        try:
+            listing = os.scandir(check_local(path))
+        except FileNotFoundError:
+            return
+        with listing:
+            for entry in listing:
+                if not entry.is_dir():
+                    yield entry.name
+
     def list_files(self, folder: str, recursive: bool = False) -> list[FileInfo]:
         root = check_local(folder)
         found = []

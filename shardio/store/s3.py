@@ -369,6 +369,23 @@ class S3Storage:
         names += [common[len(prefix):].rstrip("/") for common in listed["common_prefixes"]]
         return sorted(name for name in names if name)
 
+    def iter_dir(self, path: str) -> Iterator[str]:
+        """The names of the objects directly under ``path/`` (no "folders"), a LIST page (1,000) at a
+        time, in key order: a folder of millions is never one list. Nothing for a missing prefix."""
+        store, key = self._target(path)
+        prefix = f"{key}/" if key else ""
+        with self._errors(path, "LIST"):
+            pages = iter(self._ob.list(store, prefix=prefix or None, chunk_size=1000))
+        while True:
+            with self._errors(path, "LIST"):
+                page = next(pages, None)
+            if page is None:
+                return
+            for meta in page:
+                name = meta["path"][len(prefix):]
+                if name and "/" not in name:
+                    yield name
+
     def read_bytes(self, path: str) -> bytes:
         return self.read_versioned(path)[0]
 

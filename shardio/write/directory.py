@@ -23,7 +23,7 @@ What it owns, in the order of a run:
   commit point). Killed between the two, the generation file is newer than ``manifest.json`` and
   ``clean_leftovers`` removes it. Nothing is deleted at a commit: files it stops listing (an input
   dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
-- **Retention** (``shardio.write.retention``, through ``check_held``, ``listed_files`` and
+- **Retention** (``shardio.write.retention``, through ``check_held``, ``listed_hashes`` and
   ``collect_segments`` here): ``collect`` / ``gc`` delete what no kept generation needs.
 - **Run reports**: ``save_report`` / ``report_path``.
 - **Restoring** a corrupt ``manifest.json`` from a kept generation the shard checker
@@ -35,12 +35,15 @@ preprocess's types.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
+
+import numpy as np
 
 from shardio.errors import CommitConflict, OutputUnusable, ShardError, ShardFormatError
 from shardio.format import (
@@ -75,6 +78,7 @@ from shardio.format.manifests import (
     read_root,
 )
 from shardio.format.shard_check import shard_problems
+from shardio.format.shard_table import ShardTable, hashes_in, string_hashes
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
 from shardio.write.editable_index import EditableIndex
@@ -82,7 +86,7 @@ from shardio.write.editable_index import EditableIndex
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "check_held", "listed_files", "save_report",
+    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "check_held", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -141,22 +145,40 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
     return generation
 
 
-def listed_files(manifest: Manifest) -> set[str]:
-    """The files under ``shards/`` that ``manifest`` lists (pixels and metadata)."""
-    return {rel for entry in manifest.shards for rel in (entry.path, entry.meta_path)}
+_LISTING_CHUNK = 1 << 16  # names of shards/ hashed and looked up at a time (clean_leftovers)
 
 
-def protected_files(manifest: Manifest) -> set[str]:
-    """What a dataset owns under ``shards/`` and must keep: the current shards and the retired ones."""
-    return listed_files(manifest) | {r.path for r in manifest.retired}
+def listed_hashes(committed: Manifest | DatasetIndex) -> np.ndarray:
+    """The files under ``shards/`` that ``committed`` lists (pixels and metadata), as the sorted 64-bit
+    hashes of their paths (``ShardTable.path_hashes``): from the index's columns for a ``DatasetIndex``,
+    no Python object per shard (8 bytes a file). Ask with ``hashes_in(listed, string_hashes(paths))``.
+    A hash says "maybe listed": two paths with one hash make an unlisted file look listed, so a check
+    through it can only keep a file that could have gone (never delete one that is listed)."""
+    table = committed.shards if isinstance(committed, DatasetIndex) else ShardTable.from_entries(committed.shards)
+    return table.path_hashes()
 
 
-def clean_leftovers(directory: str, manifest: Manifest | None) -> int:
-    """Remove what a killed run left: temp files, shard files neither listed nor retired by ``manifest``
-    (the committed one), and generation files newer than it (a commit killed before ``manifest.json``).
-    Returns how many files went."""
-    keep = protected_files(manifest) if manifest is not None else set()
-    return _clean(directory, manifest, lambda name: f"{SHARDS_DIR}/{name}" not in keep)
+def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> int:
+    """Remove what a killed run left: temp files, shard files neither listed nor retired by ``committed``
+    (the committed generation, as a ``Manifest`` or as columns, a ``DatasetIndex``: the same files go),
+    and generation files newer than it (a commit killed before ``manifest.json``). Returns how many files
+    went.
+
+    Membership without an object per listed shard or per file: the listed paths as sorted hashes
+    (``listed_hashes``), ``shards/`` read a chunk of names at a time (``Storage.iter_dir``) and each chunk
+    hashed and looked up at once; the retired paths (a short list: retention bounds it) as a set. A hash
+    collision can only keep a leftover (it looks listed), never remove a listed file."""
+    if committed is None:
+        return _clean(directory, None, lambda names: names)
+    listed = listed_hashes(committed)
+    retired = {r.path for r in committed.retired}
+
+    def doomed(names: list[str]) -> list[str]:
+        paths = [f"{SHARDS_DIR}/{name}" for name in names]
+        unlisted = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
+        return [names[i] for i in unlisted if paths[i] not in retired]
+
+    return _clean(directory, committed, doomed)
 
 
 def clean_temporaries(directory: str, index: DatasetIndex) -> int:
@@ -164,10 +186,13 @@ def clean_temporaries(directory: str, index: DatasetIndex) -> int:
     (``index``: the committed generation, as columns): temp files (``shards/`` included), generation files
     newer than it, segments no root names. A promoted shard no input lists (a killed run's input that is
     no longer in the listing) waits for the next run with work, or ``preprocess gc``."""
-    return _clean(directory, index, lambda name: name.startswith(TEMP_PREFIX))
+    return _clean(directory, index, lambda names: [name for name in names if name.startswith(TEMP_PREFIX)])
 
 
-def _clean(directory: str, committed: Manifest | DatasetIndex | None, doomed_shard: Callable[[str], bool]) -> int:
+def _clean(directory: str, committed: Manifest | DatasetIndex | None,
+           doomed_shards: Callable[[list[str]], list[str]]) -> int:
+    """``doomed_shards``: of a chunk of names in ``shards/``, those to remove (the folder is read
+    ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read)."""
     store = for_path(directory)
     check_held(directory)
     removed = 0
@@ -176,10 +201,13 @@ def _clean(directory: str, committed: Manifest | DatasetIndex | None, doomed_sha
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
                 removed += 1
-    for name in store.list_dir(store.join(directory, SHARDS_DIR)):
-        if doomed_shard(name):
-            store.remove(store.join(directory, SHARDS_DIR, name))
-            removed += 1
+    names = store.iter_dir(store.join(directory, SHARDS_DIR))
+    doomed: list[str] = []
+    while chunk := list(itertools.islice(names, _LISTING_CHUNK)):
+        doomed += doomed_shards(chunk)
+    for name in sorted(doomed):
+        store.remove(store.join(directory, SHARDS_DIR, name))
+        removed += 1
     if committed is not None:
         for generation in list_generations(directory):
             if generation > committed.generation:

@@ -11,9 +11,10 @@ from datetime import datetime, timedelta, timezone
 
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
-from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_manifest, read_root
+from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
+from shardio.format.shard_table import hashes_in, string_hashes
 from shardio.store.backends import for_path
-from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_files, writing
+from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_hashes, writing
 
 __all__ = ["DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_PASSING_MINUTES", "Collected",
            "Retention", "collect", "gc"]
@@ -69,9 +70,11 @@ def _bucket(moment: datetime, width: timedelta) -> int:
 def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retention,
             now: datetime | None = None) -> Collected:
     """Delete the retired files and generation files no kept generation needs (see the format spec).
-    ``manifest`` is the committed one; the caller holds the output lock. Deletes only paths the manifest's
-    ``retired`` list names (validated at load: ``shards/NAME``) and ``manifests/GEN.json`` files, never a
-    file the current or a kept generation lists."""
+    ``manifest`` is the committed one (a ``Manifest``, or its columns: a ``DatasetIndex``); the caller holds
+    the output lock. Deletes only paths the manifest's ``retired`` list names (validated at load:
+    ``shards/NAME``) and ``manifests/GEN.json`` files, never a file the current or a kept generation lists:
+    each kept generation is opened as columns (``load_index``) and only the candidates are looked up among
+    its listed paths' hashes (``listed_hashes``: no object per shard; a hash collision keeps a file)."""
     store = for_path(directory)
     check_held(directory)
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
@@ -141,15 +144,16 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
         # The retired list already covers every older generation's files; reading the kept generations
         # too costs a few ms and means a hand-edited or stale ``retired`` entry can never delete a file
         # that a kept snapshot still lists.
-        protected = listed_files(manifest)
+        wanted = string_hashes([entry.path for entry in candidates])
+        protected = hashes_in(listed_hashes(manifest), wanted)
         for generation in result.kept_generations[:-1]:
             try:
-                protected |= listed_files(load_manifest(directory, generation))
+                protected |= hashes_in(listed_hashes(load_index(directory, generation)), wanted)
             except ShardError:
                 pass  # a corrupt old generation cannot be reopened, so it protects nothing
-        for entry in candidates:
+        for entry, listed in zip(candidates, protected.tolist()):
             path = store.join(directory, entry.path)
-            if entry.path in protected:
+            if listed:
                 result.retained_files += 1
                 continue
             try:
@@ -170,11 +174,11 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
     what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
     --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
-    load_manifest(directory)  # a missing directory or a broken manifest: say so before taking the lock
+    load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
     with writing(directory, wait_for_lock):
-        manifest = load_manifest(directory)
-        clean_leftovers(directory, manifest)
-        return collect(directory, manifest, retention, now)
+        index = load_index(directory)  # the shards as columns: no object per shard
+        clean_leftovers(directory, index)
+        return collect(directory, index, retention, now)
 
 
 # --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
