@@ -59,17 +59,17 @@ from shardio.format.index import (
     Delta,
     SegmentRef,
     check_segment_path,
-    decode_segment,
     delta_of,
     encode_segment,
     input_signature,
-    merge_segments,
     plan_compaction,
     root_json,
     segment_path,
     totals_of,
 )
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_manifest, read_root
+from shardio.format.segment_merge import MergedSegment, merge_columns
+from shardio.format.shard_table import SegmentColumns, map_segment, segment_from_bytes
 from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
@@ -481,13 +481,34 @@ def _write_segment(directory: str, delta: Delta) -> SegmentRef:
 def _compact(directory: str, segments: list[SegmentRef]) -> list[SegmentRef]:
     """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
     is written before the root that names it, so a killed compaction is a killed commit."""
-    store = for_path(directory)
     while count := plan_compaction(segments):
-        run = segments[-count:]
-        deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
-        merged = merge_segments(deltas, from_start=count == len(segments))
-        segments = segments[:-count] + ([] if merged.empty else [_write_segment(directory, merged)])
+        run = [_segment_columns(directory, ref) for ref in segments[-count:]]
+        merged = merge_columns(run, from_start=count == len(segments))  # columns: no object per shard
+        segments = segments[:-count] + ([] if merged is None else [_write_merged(directory, merged)])
     return segments
+
+
+def _segment_columns(directory: str, ref: SegmentRef) -> SegmentColumns:
+    """A segment to merge, its size and sha256 checked as a reader checks them (a local one memory-mapped)."""
+    store = for_path(directory)
+    path = store.join(directory, ref.path)
+    expected = ref.path.rsplit("/", 1)[1].removesuffix(".npz")
+    if store.is_local:
+        return map_segment(path, ref.bytes, expected)
+    return segment_from_bytes(store.read_bytes(path), path, ref.bytes, expected)
+
+
+def _write_merged(directory: str, merged: MergedSegment) -> SegmentRef:
+    """Create a merged segment as ``_write_segment`` creates a commit's (create-only)."""
+    store = for_path(directory)
+    rel = segment_path(merged.data)
+    store.makedirs(store.join(directory, INDEX_DIR))
+    check_held(directory)
+    try:
+        store.publish_new(store.join(directory, rel), merged.data)
+    except FileExistsError:
+        pass
+    return SegmentRef(rel, len(merged.data), merged.shards, merged.inputs, merged.removed, merged.samples)
 
 
 class Committer:
