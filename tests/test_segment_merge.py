@@ -94,6 +94,18 @@ def test_columns_merge_to_the_same_bytes_as_objects_over_random_histories(seed):
             assert columns_merge(run, from_start) == object_merge(run, from_start)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_byte_ranges_copied_a_few_bytes_at_a_time_give_the_same_bytes(seed, monkeypatch):
+    """The string tables and keys gathered in chunks of 7 bytes (runs of 7 or more sliced): the chunking
+    and the windowed path-order check, at a size a test can reach."""
+    monkeypatch.setattr("shardio.format.segment_merge._CHUNK", 7)
+    blobs = [encode_segment(d) for d in random_history(200 + seed)]
+    for start in range(0, len(blobs), 3):
+        for from_start in (True, False):
+            run = blobs[start:start + 6]
+            assert columns_merge(run, from_start) == object_merge(run, from_start)
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_merged_segments_merge_again_to_the_same_bytes(seed):
     """Tier over tier: a merged segment (32-byte digests whose live rows may now all be xxh3) merged with
@@ -143,7 +155,10 @@ def _strings(values: list[bytes]) -> dict[str, np.ndarray]:
     return {"offsets": offsets, "blob": np.frombuffer(b"".join(values), dtype=np.uint8)}
 
 
-def test_shards_out_of_path_order_in_a_hand_written_segment_are_sorted_as_the_object_path_sorts_them():
+@pytest.mark.parametrize("chunk", [7, 1 << 18])
+def test_shards_out_of_path_order_in_a_hand_written_segment_are_sorted_as_the_object_path_sorts_them(
+        chunk, monkeypatch):
+    monkeypatch.setattr("shardio.format.segment_merge._CHUNK", chunk)
     data = _one_input_segment(["shards/a.npy", "shards/b.npy", "shards/c.npy"])
     table = _strings([b"shards/c.npy", b"shards/a.npy", b"shards/b.npy"])
     shuffled = _with(data, shard_path_offsets=table["offsets"], shard_path_blob=table["blob"],

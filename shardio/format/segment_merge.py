@@ -28,7 +28,7 @@ __all__ = ["MergedSegment", "merge_columns"]
 _INPUT_INTS = ("input_size", "input_mtime_ns", "input_samples", "input_failed")
 _SHARD_INTS = ("shard_samples", "shard_bytes", "shard_meta_bytes")
 _XXH3 = ALGORITHM_CODES[XXH3_128]
-_CHUNK = 1 << 20  # bytes gathered per index array (~24 MB of int64 temporaries)
+_CHUNK = 1 << 18  # bytes gathered per index array (a few MB of int64 temporaries)
 _SHARD_PREFIX = np.frombuffer(f"{SHARDS_DIR}/".encode(), dtype=np.uint8)
 
 
@@ -168,19 +168,35 @@ def _widest(segment: SegmentColumns, table: str) -> int:
 
 
 def _keys(segment: SegmentColumns, table: str, width: int) -> np.ndarray:
-    """Each entry of ``table`` as a fixed-width ``S`` key that orders as its UTF-8 bytes and is unique: the
-    bytes zero-padded to ``width``, then the length big-endian (so "a" and "a\\0" differ, "a" first)."""
-    offsets, blob = segment.arrays[f"{table}_offsets"], segment.arrays[f"{table}_blob"]
-    lengths = np.diff(offsets)
-    out = np.zeros((len(lengths), width + 8), dtype=np.uint8)
-    total = int(offsets[-1])
-    if total:
-        rows = np.repeat(np.arange(len(lengths)), lengths)
-        columns = np.arange(total) - np.repeat(offsets[:-1], lengths)
-        out[rows, columns] = blob[:total]
-        del rows, columns
-    out[:, width:] = lengths.astype(">u8").view(np.uint8).reshape(len(lengths), 8)
-    return out.view(f"S{width + 8}").reshape(len(lengths))
+    """Each entry of ``table`` as a fixed-width ``S`` key that orders as its UTF-8 bytes and is unique."""
+    offsets = segment.arrays[f"{table}_offsets"]
+    return _row_keys(offsets, segment.arrays[f"{table}_blob"], np.arange(len(offsets) - 1), width)
+
+
+def _row_keys(offsets: np.ndarray, blob: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
+    """Entries ``rows`` of a string table as ``S`` keys: the bytes zero-padded to ``width``, then the length
+    big-endian (numpy compares ``S`` values as zero-padded bytes: with the length, "a" and "a\\0" differ
+    and "a" sorts first, as in UTF-8 byte order). Built ``_CHUNK`` bytes at a time."""
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    out = np.zeros((len(rows), width + 8), dtype=np.uint8)
+    for lo, hi in _chunks(lengths):
+        n = lengths[lo:hi]
+        at = np.repeat(np.arange(lo, hi), n)
+        column = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        out[at, column] = blob[starts[at] + column]
+    out[:, width:] = lengths.astype(">u8").view(np.uint8).reshape(len(rows), 8)
+    return out.view(f"S{width + 8}").reshape(len(rows))
+
+
+def _chunks(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """``[lo, hi)`` ranges of rows, each of about ``_CHUNK`` bytes (or one longer row)."""
+    if not len(lengths):
+        return []
+    ends = np.cumsum(lengths)
+    cuts = np.unique(np.searchsorted(ends, np.arange(_CHUNK, int(ends[-1]), _CHUNK), side="right")).tolist()
+    bounds = [0, *[c for c in cuts if 0 < c < len(lengths)], len(lengths)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _parts(source: np.ndarray, rows: np.ndarray, segments: int) -> _Parts:
@@ -209,22 +225,19 @@ def _in_path_order(segment: SegmentColumns, rows: np.ndarray) -> np.ndarray:
         return rows
     first = segment.arrays["input_first_shard"]
     owner = np.searchsorted(first, rows, side="right") - 1
-    offsets = segment.arrays["shard_path_offsets"]
-    # keys of these rows' paths only (a table's own width: never compared across segments)
-    lengths = offsets[rows + 1] - offsets[rows]
-    width = int(lengths.max())
-    keys = np.zeros((len(rows), width + 8), dtype=np.uint8)
-    total = int(lengths.sum())
-    if total:
-        at = np.repeat(np.arange(len(rows)), lengths)
-        column = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        keys[at, column] = segment.arrays["shard_path_blob"][offsets[rows][at] + column]
-        del at, column
-    keys[:, width:] = lengths.astype(">u8").view(np.uint8).reshape(len(rows), 8)
-    key = keys.view(f"S{width + 8}").reshape(len(rows))
+    offsets, blob = segment.arrays["shard_path_offsets"], segment.arrays["shard_path_blob"]
+    width = int((offsets[rows + 1] - offsets[rows]).max())
+    step = max(2, _CHUNK // (width + 8))
     same = owner[1:] == owner[:-1]
-    if not np.any(same & (key[1:] < key[:-1])):
+    ordered = True
+    for lo in range(0, len(rows) - 1, step - 1):  # windows overlapping by a row: every adjacent pair
+        key = _row_keys(offsets, blob, rows[lo:lo + step], width)
+        if np.any(same[lo:lo + step - 1] & (key[1:] < key[:-1])):
+            ordered = False
+            break
+    if ordered:
         return rows
+    key = _row_keys(offsets, blob, rows, width)
     block = np.concatenate([[0], np.cumsum(~same)])  # each input's rows, in their order in the output
     by_path = np.argsort(key, kind="stable")
     return rows[by_path[np.argsort(block[by_path], kind="stable")]]
@@ -284,11 +297,7 @@ def _copy_ranges(source: np.ndarray, source_starts: np.ndarray, out: np.ndarray,
     for a, b, n in zip(source_starts[long].tolist(), out_starts[long].tolist(), lengths[long].tolist()):
         out[b:b + n] = source[a:a + n]
     source_starts, out_starts, lengths = source_starts[~long], out_starts[~long], lengths[~long]
-    ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_CHUNK, int(ends[-1]) if len(ends) else 0, _CHUNK), side="right")
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(lengths)]):
-        if lo == hi:
-            continue
+    for lo, hi in _chunks(lengths):
         n = lengths[lo:hi]
         before = np.cumsum(n) - n
         target = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(out_starts[lo:hi] - before, n)
@@ -339,9 +348,11 @@ def _check_shard_paths(segments: list[SegmentColumns], table: str, parts: _Parts
         for j, byte in enumerate(_SHARD_PREFIX.tolist()):
             good &= blob[starts + j] == byte
         good &= blob[starts + len(_SHARD_PREFIX)] != ord(".")
-        slashes = np.add.reduceat((blob == ord("/")).view(np.uint8), starts, dtype=np.int64)
-        forbidden = np.add.reduceat(((blob == ord("\\")) | (blob == 0)).view(np.uint8), starts, dtype=np.int64)
-        good &= (slashes == 1) & (forbidden == 0)
+        ends = offsets[1:]
+        slashes = np.flatnonzero(blob == ord("/"))  # positions: 8 bytes per slash, not per byte
+        good &= np.searchsorted(slashes, ends) - np.searchsorted(slashes, starts) == 1
+        forbidden = np.flatnonzero((blob == ord("\\")) | (blob == 0))
+        good &= np.searchsorted(forbidden, ends) == np.searchsorted(forbidden, starts)
     if good.all():
         return
     at = int(np.flatnonzero(~good)[0])
