@@ -61,9 +61,7 @@ from shardio.format.index import (
     Delta,
     SegmentRef,
     check_segment_path,
-    decode_segment,
     encode_segment,
-    merge_segments,
     plan_compaction,
     root_json,
     segment_path,
@@ -77,8 +75,9 @@ from shardio.format.manifests import (
     open_segment,
     read_root,
 )
-from shardio.format.shard_check import shard_problems
+from shardio.format.segment_merge import MergedSegment, merge_columns
 from shardio.format.shard_table import ShardTable, hashes_in, string_hashes
+from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
 from shardio.write.editable_index import EditableIndex
@@ -475,13 +474,24 @@ def _write_segment(directory: str, delta: Delta) -> SegmentRef:
 def _compact(directory: str, segments: list[SegmentRef]) -> list[SegmentRef]:
     """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
     is written before the root that names it, so a killed compaction is a killed commit."""
-    store = for_path(directory)
     while count := plan_compaction(segments):
-        run = segments[-count:]
-        deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
-        merged = merge_segments(deltas, from_start=count == len(segments))
-        segments = segments[:-count] + ([] if merged.empty else [_write_segment(directory, merged)])
+        run = [open_segment(for_path(directory), directory, ref) for ref in segments[-count:]]
+        merged = merge_columns(run, from_start=count == len(segments))  # columns: no object per shard
+        segments = segments[:-count] + ([] if merged is None else [_write_merged(directory, merged)])
     return segments
+
+
+def _write_merged(directory: str, merged: MergedSegment) -> SegmentRef:
+    """Create a merged segment as ``_write_segment`` creates a commit's (create-only)."""
+    store = for_path(directory)
+    rel = segment_path(merged.data)
+    store.makedirs(store.join(directory, INDEX_DIR))
+    check_held(directory)
+    try:
+        store.publish_new(store.join(directory, rel), merged.data)
+    except FileExistsError:
+        pass
+    return SegmentRef(rel, len(merged.data), merged.shards, merged.inputs, merged.removed, merged.samples)
 
 
 class Committer:
