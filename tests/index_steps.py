@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from shardio.format import Manifest, ShardEntry
-from shardio.format.manifests import load_index, load_manifest
+from shardio.format import ShardEntry
+from shardio.format.manifests import DatasetIndex, load_index
 from shardio.write import directory as dataset_dir
 
 __all__ = ["entries", "run_steps", "expected_inputs"]
@@ -51,7 +51,7 @@ def expected_inputs(count: int) -> dict[str, int]:
     return live
 
 
-def run_steps(directory: str, count: int) -> Manifest:
+def run_steps(directory: str, count: int) -> DatasetIndex:
     """Commit the steps one by one (each its own commit, so compactions happen along the way)."""
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory):
@@ -71,8 +71,9 @@ def run_steps(directory: str, count: int) -> Manifest:
             committer.maybe_commit(force=True)
         if committer.index.generation == 0:
             committer.commit()
-        dataset_dir.clean_leftovers(directory, load_index(directory))
-        return load_manifest(directory)
+        committed = load_index(directory)
+        dataset_dir.clean_leftovers(directory, committed)
+        return committed
 
 
 if __name__ == "__main__":
