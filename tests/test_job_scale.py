@@ -141,3 +141,36 @@ def test_an_input_that_links_into_the_output_is_refused(tars, tmp_path, link):
     with pytest.raises(OutputUnusable, match="--output holds input"):
         check_output_apart(str(out), resolved)
     check_output_apart(str(tmp_path / "other-out"), resolved)  # apart: fine
+
+
+@pytest.mark.ray
+def test_a_run_with_work_makes_objects_only_for_the_inputs_it_adds(ray_cluster, tmp_path, monkeypatch):
+    # What a run loads is the index as columns: a shard entry object only for the shards it adds (here 2
+    # inputs of 5 samples), whatever the dataset already holds (300 committed inputs), leftovers included.
+    from shardio.format import ShardEntry
+    from shardio.format.manifests import load_manifest
+    from tests.tar_factory import TarFactory
+
+    pattern, dataset = make_committed_inputs(str(tmp_path / "big"), 300)
+    factory = TarFactory(os.path.dirname(pattern))
+    factory.make("new-a.tar", range(3), size=(16, 12))
+    factory.make("new-b.tar", range(3, 5), size=(16, 12))
+    stray = os.path.join(dataset, "shards", "killed-run-00000.npy")
+    open(stray, "wb").close()  # a killed run's promoted file that no commit lists
+    made: Counter = Counter()
+    real_init = ShardEntry.__init__
+
+    def counted(self, *args, **kwargs):
+        made["shard entries"] += 1
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShardEntry, "__init__", counted)
+    report = run_job(RunOptions([pattern], dataset, CONFIG, ray_address=ray_cluster))
+    monkeypatch.undo()
+    assert sorted(os.path.basename(p) for p in report.inputs_processed) == ["new-a.tar", "new-b.tar"]
+    assert report.inputs_skipped_count == 300 and report.exit_code == 0 and report.dataset_samples == 305
+    assert made["shard entries"] <= 2 * 4, made  # the new inputs' shards (and a copy each at most)
+    assert not os.path.exists(stray)
+    manifest = load_manifest(dataset)
+    assert len(manifest.inputs) == 302 and manifest.samples == 305
+    assert all(os.path.exists(os.path.join(dataset, e.path)) for e in manifest.shards)
