@@ -9,7 +9,13 @@ a fresh process (``python -m bench.scale_job --child ...``), so its RSS is its o
 - ``noop``: ``run_job`` over ``TARS/*.tar``: wall time (a no-op never starts Ray: there is no task, so the
   figure is the whole run after the imports) and the driver's peak RSS over its RSS before the run.
 - ``fold``: the job's share of one finished input (``preprocess.job.fold_result``: report and commit
-  bookkeeping, the commit itself left out) on a dataset of N committed inputs: us per input.
+  bookkeeping, the commit itself left out) on a dataset of N committed inputs: us per input; and,
+  apart, the run's first lookup of an input name (it reads each segment's name table once: O(inputs)).
+- ``append``: a run with work, the driver's side: ``run_job`` over ``TARS/*.tar`` plus 10 new tars, with
+  the Ray stage replaced by a stand-in that writes each new input's shard and folds its result as a
+  worker's would (``preprocess.job.fold_result``): everything the driver does with the index (load,
+  plan, commit, leftovers, retention), none of Ray's own start-up. Wall time, and the driver's peak RSS
+  over its RSS before the run.
 - ``plan``: the planning function alone (``preprocess.plan.plan_inputs``) at 230k inputs (LAION-2B-en's
   tars), in memory: seconds, and the listing's bytes per input (tracemalloc).
 
@@ -121,9 +127,56 @@ def _child_fold(root: str, inputs: int = 200) -> dict[str, Any]:
         "checksum": "0" * 32, "meta_bytes": 10, "meta_checksum": "0" * 32, "input": f"/new/{n:06d}.tar",
         "checksum_algorithm": WRITE_ALGORITHM}]) for n in range(inputs)]
     started = time.perf_counter()
+    committer.index.input("/not/committed.tar")  # the first lookup reads the segments' name tables, once
+    first = time.perf_counter() - started
+    started = time.perf_counter()
     for result in results:
         fold_result(report, committer, result)
-    return {"fold_us_per_input": round((time.perf_counter() - started) / inputs * 1e6, 2)}
+    return {"fold_us_per_input": round((time.perf_counter() - started) / inputs * 1e6, 2),
+            "first_lookup_s": round(first, 4)}
+
+
+def _child_append(root: str, inputs: int = 10) -> dict[str, Any]:
+    import uuid
+
+    from preprocess import job
+    from preprocess.job import RunOptions, fold_result, run_job
+    from preprocess.worker import InputResult
+
+    pattern, dataset = os.path.join(root, "tars", "*.tar"), os.path.join(root, "dataset")
+    fresh = os.path.join(root, "new", uuid.uuid4().hex[:8])  # new names each time: always 10 to do
+    os.makedirs(fresh)
+    for n in range(inputs):
+        with open(os.path.join(fresh, f"{n:03d}.tar"), "wb") as f:
+            f.write(_tiny_tar())
+    pixels = npy_header(1, CONFIG.height, CONFIG.width) + bytes(CONFIG.height * CONFIG.width * 3)
+    versions = library_versions()
+
+    def stand_in(todo, options, plan, committer, report, emit, started, stop_requested, routes_ray):
+        emit("plan", plan)
+        for path, fingerprint in todo:
+            stem = shard_stem(path, fingerprint.size, fingerprint.mtime_ns)
+            meta = (json.dumps({"key": stem}) + "\n").encode()
+            for rel, data in ((f"shards/{stem}-00000.npy", pixels), (f"shards/{stem}-00000.jsonl", meta)):
+                with open(os.path.join(dataset, rel), "wb") as f:
+                    f.write(data)
+            fold_result(report, committer, InputResult(path, fingerprint.size, fingerprint.mtime_ns, samples=1, shards=[{
+                "path": f"shards/{stem}-00000.npy", "meta_path": f"shards/{stem}-00000.jsonl", "samples": 1,
+                "bytes": len(pixels), "checksum": _digest(pixels), "meta_bytes": len(meta),
+                "meta_checksum": _digest(meta), "input": path, "checksum_algorithm": WRITE_ALGORITHM}],
+                versions=versions))
+        return None
+
+    job._process = stand_in
+    before = _rss_bytes()
+    started = time.perf_counter()
+    report = run_job(RunOptions([pattern, os.path.join(fresh, "*.tar")], dataset, CONFIG))
+    wall = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if len(report.inputs_processed) != inputs:
+        raise RuntimeError(f"expected {inputs} processed, got {len(report.inputs_processed)}: {report.inputs_failed[:3]}")
+    return {"wall_s": round(wall, 3), "rss_over_start_mb": round(max(0, peak - before) / 1e6, 1),
+            "skipped": report.inputs_skipped_count}
 
 
 def _child_plan(count: int) -> dict[str, Any]:
@@ -159,10 +212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.child:
         kind, value = args.child
-        result = {"noop": _child_noop, "fold": _child_fold}[kind](value) if kind != "plan" else _child_plan(int(value))
+        children = {"noop": _child_noop, "fold": _child_fold, "append": _child_append}
+        result = children[kind](value) if kind != "plan" else _child_plan(int(value))
         print(json.dumps(result))
         return result
-    figures: dict[str, Any] = {"noop": {}, "fold": {}}
+    figures: dict[str, Any] = {"noop": {}, "fold": {}, "append": {}}
     for size in (int(s) for s in args.sizes.split(",")):
         root = os.path.join(args.out, str(size))
         if not os.path.exists(os.path.join(root, "dataset", "manifest.json")):
@@ -171,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             figures.setdefault("built_s", {})[size] = round(time.perf_counter() - started, 1)
         figures["noop"][size] = _in_child("noop", root)
         figures["fold"][size] = _in_child("fold", root)
+        figures["append"][size] = _in_child("append", root)
     figures["plan"] = _in_child("plan", str(args.plan_inputs))
     print(json.dumps(figures, indent=1))
     return figures

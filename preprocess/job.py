@@ -53,7 +53,7 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
-from preprocess.plan import check_output_apart, plan_inputs
+from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
                                    stream_inputs)
@@ -170,9 +170,15 @@ def run_job(
     check_output_apart(directory, resolved)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
-        if _answered_unchanged(directory, resolved, options, report, emit, started):
+        looked = _look_at_index(directory, resolved, options)
+        if looked is not None and looked.planned is not None and not looked.planned.todo:
+            _answer_unchanged(directory, looked, options, report, emit, started)
             return report
-        existing, restored = dataset_dir.load_committed(directory)
+        if looked is not None:  # a readable version 3 index, checked: what the run edits
+            existing, restored, committed = looked.index, "", looked.committed
+        else:
+            existing, restored = dataset_dir.load_committed(directory)
+            committed = _committed_inputs(existing)
         if restored:
             report.warnings.append(restored)
             emit("warning", restored)
@@ -180,7 +186,6 @@ def run_job(
             _check_compatible(existing, cfg, directory)
             _note_drift(existing.versions, directory, options, report, emit)
         dataset_dir.clean_leftovers(directory, existing)
-        committed = _committed_inputs(existing)
         committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
         index = committer.index
@@ -189,8 +194,8 @@ def run_job(
         to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
         if to_prune and not options.confirm_large_prune:
             _check_prune(committed, index.totals, to_prune, directory)
-        planned = plan_inputs(resolved, committed)
-        del resolved, paths, committed  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
+        planned = looked.planned if looked is not None and looked.planned is not None else plan_inputs(resolved, committed)
+        del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:
@@ -233,33 +238,48 @@ def run_job(
     return report
 
 
-def _answered_unchanged(directory: str, resolved: ResolvedInputs, options: RunOptions, report: RunReport,
-                        emit: Callable[[str, Any], None], started: float) -> bool:
-    """A rerun with nothing to do (every listed input committed unchanged, nothing to prune), answered from
-    the index's columns: O(inputs), never an object per shard (LAION-2B-en: 230k inputs, 2.3M shards,
-    where ``load_manifest`` alone took ~25 s and ~3 GB). Temp files and a killed commit's files are still
-    cleaned, retention still runs, the report is saved; returns True. False, having changed nothing: there
-    is work, or the index is not a readable version 3 one (the full path then reads, restores, upgrades)."""
+@dataclass
+class _Look:
+    """The committed index as a run first sees it (a readable version 3 one): its columns, its committed
+    inputs, and the plan against them (None: the run prunes, so it takes the full path)."""
+
+    index: DatasetIndex
+    committed: dict[str, InputEntry]
+    planned: Plan | None
+
+
+def _look_at_index(directory: str, resolved: ResolvedInputs, options: RunOptions) -> _Look | None:
+    """The index as columns and the plan against it: O(inputs), never an object per shard (LAION-2B-en:
+    230k inputs, 2.3M shards, where ``load_manifest`` alone took ~25 s and ~3 GB). None, having changed
+    nothing, if the index is not a readable version 3 one: ``load_committed`` then reads, restores or
+    upgrades it. DatasetIncompatibleError for another config, before anything is planned."""
     try:
         index = load_index(directory)
     except (ShardError, OSError):
-        return False
+        return None
     if index.segments is None:
-        return False
+        return None
     _check_compatible(index, options.config, directory)
     committed = index.committed_inputs()
     if options.prune and not committed.keys() <= set(resolved.paths):
-        return False
-    planned = plan_inputs(resolved, committed)
-    if planned.todo:
-        return False
+        return _Look(index, committed, None)
+    return _Look(index, committed, plan_inputs(resolved, committed))
+
+
+def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report: RunReport,
+                      emit: Callable[[str, Any], None], started: float) -> None:
+    """A rerun with nothing to do (every listed input committed unchanged, nothing to prune), answered
+    from the index's columns: temp files and a killed commit's files are still cleaned, retention still
+    runs, the report is saved. A promoted shard no input lists waits for the next run with work (its
+    leftover pass hashes every listed path: O(shards) in numpy, skipped here)."""
+    index, planned = looked.index, looked.planned
+    assert planned is not None
     _note_drift(index.versions, directory, options, report, emit)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
     emit("plan", {"todo": 0, "skipped": planned.skipped})
     dataset_dir.clean_temporaries(directory, index)
     report.files_collected = collect(directory, index, options.retention).files
     _close_report(directory, report, started, index.samples, index.generation)
-    return True
 
 
 def _note_drift(recorded: dict[str, Any], directory: str, options: RunOptions, report: RunReport,
