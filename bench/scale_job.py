@@ -19,7 +19,11 @@ a fresh process (``python -m bench.scale_job --child ...``), so its RSS is its o
 - ``plan``: the planning function alone (``preprocess.plan.plan_inputs``) at 230k inputs (LAION-2B-en's
   tars), in memory: seconds, and the listing's bytes per input (tracemalloc).
 
-``python -m bench.scale_job [--sizes 300,3000,30000] [--plan-inputs 230000]`` prints one JSON object.
+``--shard-curve 3000:1,10,100`` adds ``append`` on 3,000 committed inputs of 1, 10 and 100 shards each
+(3k / 30k / 300k shards): what a run with work costs must not grow with the shards the dataset holds.
+
+``python -m bench.scale_job [--sizes 300,3000,30000] [--plan-inputs 230000] [--shard-curve 3000:1,10,100]``
+prints one JSON object.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ def _digest(data: bytes) -> str:
     return hasher.hexdigest()
 
 
-def make_committed_inputs(root: str, count: int) -> tuple[str, str]:
+def make_committed_inputs(root: str, count: int, shards_per_input: int = 1) -> tuple[str, str]:
     """``count`` tiny tars in ``root/tars`` and a dataset ``root/dataset`` that lists every one of them as
-    committed (as the job would have: same size and mtime_ns, one shard each). Returns (glob, dataset)."""
+    committed (as the job would have: same size and mtime_ns, ``shards_per_input`` 1-sample shards each).
+    Returns (glob, dataset)."""
     tars, dataset = os.path.join(root, "tars"), os.path.join(root, "dataset")
     os.makedirs(tars, exist_ok=True)
     os.makedirs(os.path.join(dataset, "shards"), exist_ok=True)
@@ -80,14 +85,19 @@ def make_committed_inputs(root: str, count: int) -> tuple[str, str]:
         stem = shard_stem(path, info.st_size, info.st_mtime_ns)
         meta = (json.dumps({"key": f"{number:06d}", "tar": path, "member": "000000.jpg", "width": 8,
                             "height": 8, "txt": None, "cls": None, "json": None}) + "\n").encode()
-        rel, meta_rel = f"shards/{stem}-00000.npy", f"shards/{stem}-00000.jsonl"
-        with open(os.path.join(dataset, rel), "wb") as f:
-            f.write(pixels)
-        with open(os.path.join(dataset, meta_rel), "wb") as f:
-            f.write(meta)
-        manifest.shards.append(ShardEntry(rel, meta_rel, 1, len(pixels), pixels_digest, len(meta), _digest(meta),
-                                          path, WRITE_ALGORITHM))
-        manifest.inputs[path] = InputEntry(info.st_size, info.st_mtime_ns, samples=1, failed=0, shards=[rel])
+        meta_digest = _digest(meta)
+        names = []
+        for shard in range(shards_per_input):
+            rel, meta_rel = f"shards/{stem}-{shard:05d}.npy", f"shards/{stem}-{shard:05d}.jsonl"
+            with open(os.path.join(dataset, rel), "wb") as f:
+                f.write(pixels)
+            with open(os.path.join(dataset, meta_rel), "wb") as f:
+                f.write(meta)
+            manifest.shards.append(ShardEntry(rel, meta_rel, 1, len(pixels), pixels_digest, len(meta), meta_digest,
+                                              path, WRITE_ALGORITHM))
+            names.append(rel)
+        manifest.inputs[path] = InputEntry(info.st_size, info.st_mtime_ns, samples=shards_per_input, failed=0,
+                                           shards=names)
     write_manifest(dataset, manifest)
     return os.path.join(tars, "*.tar"), dataset
 
@@ -207,6 +217,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_job", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="300,3000,30000")
     parser.add_argument("--plan-inputs", type=int, default=230_000)
+    parser.add_argument("--shard-curve", default="",
+                        help="INPUTS:K1,K2,...: 'append' on INPUTS committed inputs of K shards each (e.g. 3000:1,10,100)")
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -226,6 +238,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         figures["noop"][size] = _in_child("noop", root)
         figures["fold"][size] = _in_child("fold", root)
         figures["append"][size] = _in_child("append", root)
+    if args.shard_curve:
+        count, per_input = args.shard_curve.split(":")
+        for k in (int(v) for v in per_input.split(",")):
+            root = os.path.join(args.out, f"{count}x{k}")
+            if not os.path.exists(os.path.join(root, "dataset", "manifest.json")):
+                make_committed_inputs(root, int(count), k)
+            figures.setdefault("append_by_shards", {})[f"{count} inputs x {k} shards"] = _in_child("append", root)
     figures["plan"] = _in_child("plan", str(args.plan_inputs))
     print(json.dumps(figures, indent=1))
     return figures

@@ -185,7 +185,7 @@ def run_job(
         if existing is not None:
             _check_compatible(existing, cfg, directory)
             _note_drift(existing.versions, directory, options, report, emit)
-        dataset_dir.clean_leftovers(directory, existing)
+        dataset_dir.clean_after_runs(directory, existing)
         committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
         index = committer.index
@@ -202,11 +202,13 @@ def run_job(
             committer.drop_input(path)
             report.inputs_pruned.append(path)
         plan = {"todo": len(todo), "skipped": planned.skipped}
+        listing_failures = len(report.inputs_failed)
         disk_full: str | None = None
         try:
             if not todo or stop_requested():
                 emit("plan", plan)
             else:
+                dataset_dir.mark_run(directory, report.run_id)  # tasks may promote files from here on
                 disk_full = _process(todo, options, plan, committer, report, emit, started, stop_requested,
                                      routes_ray=on_event is not None)
             if stop_requested():
@@ -218,8 +220,15 @@ def run_job(
                 now = load_index(directory)  # the generation just committed, as columns
                 if todo:
                     # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
-                    # not at the next run. Safe: the lock is held and the dataset is committed.
-                    dataset_dir.clean_leftovers(directory, now)
+                    # not at the next run. Safe: the lock is held and the dataset is committed. A run
+                    # stopped early keeps its mark: a cancelled task may still promote a file, which
+                    # the next run's cleaning removes.
+                    if len(report.inputs_failed) > listing_failures:  # a failed task may leave promoted files
+                        dataset_dir.clean_leftovers(directory, now)
+                    else:
+                        dataset_dir.clean_temporaries(directory, now)
+                    if not stop_requested() and disk_full is None:
+                        dataset_dir.unmark_run(directory, report.run_id)
                 if disk_full is None:
                     report.files_collected = collect(directory, now, options.retention).files
         except OSError as e:
@@ -277,7 +286,7 @@ def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report
     _note_drift(index.versions, directory, options, report, emit)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
     emit("plan", {"todo": 0, "skipped": planned.skipped})
-    dataset_dir.clean_temporaries(directory, index)
+    dataset_dir.clean_after_runs(directory, index)
     report.files_collected = collect(directory, index, options.retention).files
     _close_report(directory, report, started, index.samples, index.generation)
 

@@ -38,11 +38,14 @@ def assert_same_dataset(actual: str, expected: str) -> None:
     assert got == want
 
 
-def assert_clean(directory: str) -> None:
-    """No temp file anywhere, and shards/ holds exactly the files the manifest lists."""
+def assert_clean(directory: str, run_stopped_early: bool = False) -> None:
+    """No temp file anywhere, no run's mark (spec, "Layout": the last run ended; one stopped early keeps
+    its mark), and shards/ holds exactly the files the manifest lists."""
     for root, _, names in os.walk(directory):
         leftovers = [n for n in names if n.startswith(".tmp-")]
         assert not leftovers, f"temp files left in {root}: {leftovers}"
+    marks = [n for n in os.listdir(directory) if n.startswith(".run-")]
+    assert bool(marks) == run_stopped_early, f"run marks in {directory}: {marks}"
     state = dataset_state(directory)
     listed = {os.path.basename(p) for s in state["shards"] for p in (s["path"], s["meta_path"])}
     assert set(state["files"]) == listed, f"unlisted shard files: {set(state['files']) - listed}"

@@ -187,7 +187,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
     assert "output disk full" in message and "No space left on device" in message and "b.tar" in message
     assert "published nothing partial" in message and "10 samples" in message
     assert open(os.path.join(out, "manifest.json"), "rb").read() == manifest_before
-    assert_clean(out)
+    assert_clean(out, run_stopped_early=True)  # its cancelled tasks: the next run looks at every file again
     assert_indices(out, list(range(10)))
 
     monkeypatch.setattr(ray_runner, "_task", real_task)  # space freed: the rerun completes

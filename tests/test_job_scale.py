@@ -157,6 +157,8 @@ def test_a_run_with_work_makes_objects_only_for_the_inputs_it_adds(ray_cluster, 
     factory.make("new-b.tar", range(3, 5), size=(16, 12))
     stray = os.path.join(dataset, "shards", "killed-run-00000.npy")
     open(stray, "wb").close()  # a killed run's promoted file that no commit lists
+    mark = os.path.join(dataset, ".run-20261101T000000Z-abcdef.json")
+    open(mark, "w").write('{"run": "20261101T000000Z-abcdef"}')  # the mark the killed run left
     made: Counter = Counter()
     real_init = ShardEntry.__init__
 
@@ -170,7 +172,8 @@ def test_a_run_with_work_makes_objects_only_for_the_inputs_it_adds(ray_cluster, 
     assert sorted(os.path.basename(p) for p in report.inputs_processed) == ["new-a.tar", "new-b.tar"]
     assert report.inputs_skipped_count == 300 and report.exit_code == 0 and report.dataset_samples == 305
     assert made["shard entries"] <= 2 * 4, made  # the new inputs' shards (and a copy each at most)
-    assert not os.path.exists(stray)
+    assert not os.path.exists(stray) and not os.path.exists(mark)  # the pass over every file ran, once
+    assert not [n for n in os.listdir(dataset) if n.startswith(".run-")]  # this run ended: no mark of its own
     manifest = load_manifest(dataset)
     assert len(manifest.inputs) == 302 and manifest.samples == 305
     assert all(os.path.exists(os.path.join(dataset, e.path)) for e in manifest.shards)

@@ -260,3 +260,31 @@ def test_clean_leftovers_on_object_storage_reads_shards_a_page_at_a_time(s3_buck
         assert dataset_dir.clean_leftovers(out, load_index(out)) == len(strays)
     assert set(store.list_dir(store.join(out, "shards"))) == {p.split("/")[1] for p in listed} | {"nested"}
     assert list(store.iter_dir(f"s3://{s3_bucket}/nothing-here")) == []
+
+
+def test_a_runs_cleaning_compares_every_file_only_after_a_run_that_left_its_mark(tmp_path):
+    # Without a mark, a run's cleaning costs the temp files it finds (an unlisted shard file is not
+    # looked for: no run was killed since the last cleaning); a mark left by a killed run makes it compare
+    # every file in shards/ with the index, once; gc always does, and takes the marks.
+    out = str(tmp_path / "ds")
+    make_dataset(out, (3, 2))  # real shard files, listed
+    shards = os.path.join(out, "shards")
+    stray, temp = os.path.join(shards, "stray-00000.npy"), os.path.join(shards, ".tmp-upload")
+    for path in (stray, temp):
+        open(path, "wb").close()
+    listed = set(os.listdir(shards)) - {"stray-00000.npy", ".tmp-upload"}
+    with dataset_dir.writing(out):
+        assert dataset_dir.unfinished_runs(out) == []
+        dataset_dir.clean_after_runs(out, load_index(out))
+        assert os.path.exists(stray) and not os.path.exists(temp)
+        dataset_dir.mark_run(out, "killed-run")
+        assert dataset_dir.unfinished_runs(out) == ["killed-run"]
+        dataset_dir.clean_after_runs(out, load_index(out))
+        assert not os.path.exists(stray) and dataset_dir.unfinished_runs(out) == []
+    assert set(os.listdir(shards)) == listed  # nothing listed went
+    open(stray, "wb").close()
+    with dataset_dir.writing(out):
+        dataset_dir.mark_run(out, "another")
+    retention.gc(out, retention.Retention())
+    assert not os.path.exists(stray) and dataset_dir.unfinished_runs(out) == []
+    assert set(os.listdir(shards)) == listed

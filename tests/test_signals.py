@@ -62,6 +62,8 @@ def test_first_signal_stops_scheduling_commits_what_finished_and_writes_the_repo
     finished = [r for r in log_events(log) if r["event"] == "run_finished"]
     assert finished and finished[0]["interrupted"] == name and finished[0]["exit_code"] == exit_code
 
+    # Stopped early, the run keeps its mark: a cancelled task may still promote a file the next run removes.
+    assert os.path.exists(os.path.join(out, f".run-{report['run_id']}.json"))
     if signum == signal.SIGTERM:
         return
     # The next run does the rest: the dataset ends complete.
@@ -69,6 +71,7 @@ def test_first_signal_stops_scheduling_commits_what_finished_and_writes_the_repo
                    "--ray-address", ray_cluster], str(tmp_path / "stderr2.txt"))
     assert rerun.wait(timeout=300) == 0
     assert len(_assert_consistent(out, None)["inputs"]) == INPUTS
+    assert not [n for n in os.listdir(out) if n.startswith(".run-")]
 
 
 def _catches(pid: int, signum: int) -> bool:

@@ -15,6 +15,11 @@ A dataset is a directory::
       reports/RUN.json         each run's report (the run history, ``shardio.format.run_report``); not needed to read
       .lock                    held (flock) by a running job; on object storage a lease object (JSON:
                                holder, host, pid, expires), present only while a run holds it
+      .run-RUN.json            written under the lock before a run's first task, removed when its tasks
+                               have all ended (JSON: run, started): one left behind names a run killed
+                               or stopped early, whose promoted but uncommitted shard files the next
+                               run (or ``preprocess gc``) finds by comparing every file in ``shards/``
+                               with the index; without one, a run cleans only temp files (``.tmp-*``)
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 

@@ -85,7 +85,8 @@ from shardio.write.editable_index import EditableIndex
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "check_held", "listed_hashes", "save_report",
+    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "clean_after_runs", "mark_run",
+    "unmark_run", "unfinished_runs", "check_held", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -180,12 +181,56 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
     return _clean(directory, committed, doomed)
 
 
-def clean_temporaries(directory: str, index: DatasetIndex) -> int:
-    """``clean_leftovers`` without the pass over every listed shard, for a rerun with nothing to commit
-    (``index``: the committed generation, as columns): temp files (``shards/`` included), generation files
-    newer than it, segments no root names. A promoted shard no input lists (a killed run's input that is
-    no longer in the listing) waits for the next run with work, or ``preprocess gc``."""
-    return _clean(directory, index, lambda names: [name for name in names if name.startswith(TEMP_PREFIX)])
+def clean_temporaries(directory: str, committed: Manifest | DatasetIndex | None) -> int:
+    """``clean_leftovers`` without the pass over every listed shard: temp files (``shards/`` included),
+    generation files newer than ``committed``, segments no root names. Enough after a run that ended
+    (its tasks discard what they do not hand in), or when no run was killed (``unfinished_runs``)."""
+    return _clean(directory, committed, lambda names: [name for name in names if name.startswith(TEMP_PREFIX)])
+
+
+# A run with work marks the dataset while its tasks may promote shard files (spec, "Layout"): a mark left
+# behind names a run killed before its end, whose promoted but uncommitted files only a pass over every
+# shard file finds. Without one, a run's leftover cleaning costs the temp files it finds, not the dataset.
+RUN_MARK_PREFIX = ".run-"
+
+
+def _run_mark(directory: str, run: str) -> str:
+    return for_path(directory).join(directory, f"{RUN_MARK_PREFIX}{run}.json")
+
+
+def mark_run(directory: str, run: str) -> None:
+    """Before a run's first task: ``.run-RUN.json`` (its id and start time). The caller holds the lock."""
+    check_held(directory)
+    data = json.dumps({"run": run, "started": _now().isoformat(timespec="seconds")}).encode()
+    for_path(directory).publish(_run_mark(directory, run), data)
+
+
+def unmark_run(directory: str, run: str) -> None:
+    """After a run whose every task ended and whose leftovers are cleaned: its mark goes."""
+    store = for_path(directory)
+    try:
+        store.remove(_run_mark(directory, run))
+    except FileNotFoundError:
+        pass
+
+
+def unfinished_runs(directory: str) -> list[str]:
+    """The ids of runs whose mark is left: killed, or stopped before every task ended."""
+    names = for_path(directory).list_dir(directory)
+    return sorted(n[len(RUN_MARK_PREFIX):-len(".json")] for n in names
+                  if n.startswith(RUN_MARK_PREFIX) and n.endswith(".json"))
+
+
+def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> int:
+    """A run's leftover cleaning: ``clean_leftovers`` (every shard file against the index) when a run
+    left its mark (then the marks go), ``clean_temporaries`` otherwise. The caller holds the lock."""
+    unfinished = unfinished_runs(directory)
+    if not unfinished:
+        return clean_temporaries(directory, committed)
+    removed = clean_leftovers(directory, committed)
+    for run in unfinished:
+        unmark_run(directory, run)
+    return removed
 
 
 def _clean(directory: str, committed: Manifest | DatasetIndex | None,

@@ -14,7 +14,15 @@ from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
 from shardio.format.shard_table import hashes_in, string_hashes
 from shardio.store.backends import for_path
-from shardio.write.directory import check_held, clean_leftovers, collect_segments, listed_hashes, writing
+from shardio.write.directory import (
+    check_held,
+    clean_leftovers,
+    collect_segments,
+    listed_hashes,
+    unfinished_runs,
+    unmark_run,
+    writing,
+)
 
 __all__ = ["DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_PASSING_MINUTES", "Collected",
            "Retention", "collect", "gc"]
@@ -178,6 +186,8 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
     with writing(directory, wait_for_lock):
         index = load_index(directory)  # the shards as columns: no object per shard
         clean_leftovers(directory, index)
+        for run in unfinished_runs(directory):  # what a killed run left has just gone
+            unmark_run(directory, run)
         return collect(directory, index, retention, now)
 
 
