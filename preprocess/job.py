@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -203,34 +204,37 @@ def run_job(
             report.inputs_pruned.append(path)
         plan = {"todo": len(todo), "skipped": planned.skipped}
         listing_failures = len(report.inputs_failed)
+        events: Counter[str] = Counter()  # a retried task or a stopped decode: a dead attempt's files
+
+        def counted_emit(kind: str, payload: Any) -> None:
+            events[kind] += 1
+            emit(kind, payload)
+
         disk_full: str | None = None
         try:
             if not todo or stop_requested():
                 emit("plan", plan)
             else:
                 dataset_dir.mark_run(directory, report.run_id)  # tasks may promote files from here on
-                disk_full = _process(todo, options, plan, committer, report, emit, started, stop_requested,
+                disk_full = _process(todo, options, plan, committer, report, counted_emit, started, stop_requested,
                                      routes_ray=on_event is not None)
             if stop_requested():
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
             if index.generation == 0:  # nothing committed yet
                 committer.commit()  # an empty, valid dataset: readers get a clear answer
-            if todo or disk_full is None:
+            if disk_full is None:
                 now = load_index(directory)  # the generation just committed, as columns
-                if todo:
-                    # Every task has ended: what a retried task's dead attempt left (temp files) goes now,
-                    # not at the next run. Safe: the lock is held and the dataset is committed. A run
-                    # stopped early keeps its mark: a cancelled task may still promote a file, which
-                    # the next run's cleaning removes.
-                    if len(report.inputs_failed) > listing_failures:  # a failed task may leave promoted files
+                if todo and not stop_requested():
+                    # Every task has ended. One that failed, was retried or had a decode stopped may have
+                    # left files (a dead attempt's): they go now, not at the next run (the lock is held
+                    # and the dataset committed). A run stopped early keeps its mark: a cancelled task may
+                    # still promote a file, which the next run's cleaning removes.
+                    if (len(report.inputs_failed) > listing_failures or events["retried"]
+                            or events["warning"]):
                         dataset_dir.clean_leftovers(directory, now)
-                    else:
-                        dataset_dir.clean_temporaries(directory, now)
-                    if not stop_requested() and disk_full is None:
-                        dataset_dir.unmark_run(directory, report.run_id)
-                if disk_full is None:
-                    report.files_collected = collect(directory, now, options.retention).files
+                    dataset_dir.unmark_run(directory, report.run_id)
+                report.files_collected = collect(directory, now, options.retention).files
         except OSError as e:
             if not is_disk_full(e):
                 _save_report_after_error(committer, report, e, started)

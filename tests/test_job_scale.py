@@ -76,7 +76,8 @@ def test_a_noop_rerun_is_answered_from_the_index_columns_without_an_object_per_s
     shards = os.path.join(dataset, "shards")
     open(os.path.join(shards, ".tmp-killed-upload"), "wb").close()  # a killed run's temp file
     stray = os.path.join(shards, "not-listed.npy")
-    open(stray, "wb").close()  # a promoted file no input lists: the next run with work removes it
+    open(stray, "wb").close()  # a promoted file no input lists
+    open(os.path.join(dataset, ".run-killed.json"), "w").write('{"run": "killed"}')  # the killed run's mark
 
     def no_objects(*args, **kwargs):
         raise AssertionError("a no-op rerun built the manifest's objects")
@@ -87,7 +88,9 @@ def test_a_noop_rerun_is_answered_from_the_index_columns_without_an_object_per_s
     assert (report.inputs_skipped_count, report.inputs_skipped, report.exit_code) == (
         before.inputs_skipped_count, before.inputs_skipped, 0)
     assert (report.dataset_samples, report.generation) == (before.dataset_samples, before.generation)
-    assert not os.path.exists(os.path.join(shards, ".tmp-killed-upload")) and os.path.exists(stray)
+    # The killed run's leftovers went (every file compared with the index's columns), and its mark.
+    assert not os.path.exists(os.path.join(shards, ".tmp-killed-upload")) and not os.path.exists(stray)
+    assert not os.path.exists(os.path.join(dataset, ".run-killed.json"))
     assert os.path.exists(report_path(dataset, report.run_id))
     monkeypatch.undo()
     with pytest.raises(DatasetIncompatibleError, match="different config"):  # checked on this path too

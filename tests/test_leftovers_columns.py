@@ -263,9 +263,10 @@ def test_clean_leftovers_on_object_storage_reads_shards_a_page_at_a_time(s3_buck
 
 
 def test_a_runs_cleaning_compares_every_file_only_after_a_run_that_left_its_mark(tmp_path):
-    # Without a mark, a run's cleaning costs the temp files it finds (an unlisted shard file is not
-    # looked for: no run was killed since the last cleaning); a mark left by a killed run makes it compare
-    # every file in shards/ with the index, once; gc always does, and takes the marks.
+    # Without a mark, a run's cleaning does not read shards/ (no run was killed since the last cleaning,
+    # so nothing there is a leftover: on object storage that listing is a LIST of every shard); a mark
+    # left by a killed run makes it compare every file in shards/ with the index, once; gc always does,
+    # and takes the marks.
     out = str(tmp_path / "ds")
     make_dataset(out, (3, 2))  # real shard files, listed
     shards = os.path.join(out, "shards")
@@ -276,11 +277,11 @@ def test_a_runs_cleaning_compares_every_file_only_after_a_run_that_left_its_mark
     with dataset_dir.writing(out):
         assert dataset_dir.unfinished_runs(out) == []
         dataset_dir.clean_after_runs(out, load_index(out))
-        assert os.path.exists(stray) and not os.path.exists(temp)
+        assert os.path.exists(stray) and os.path.exists(temp)  # shards/ is not even read
         dataset_dir.mark_run(out, "killed-run")
         assert dataset_dir.unfinished_runs(out) == ["killed-run"]
         dataset_dir.clean_after_runs(out, load_index(out))
-        assert not os.path.exists(stray) and dataset_dir.unfinished_runs(out) == []
+        assert not os.path.exists(stray) and not os.path.exists(temp) and dataset_dir.unfinished_runs(out) == []
     assert set(os.listdir(shards)) == listed  # nothing listed went
     open(stray, "wb").close()
     with dataset_dir.writing(out):

@@ -223,10 +223,12 @@ def unfinished_runs(directory: str) -> list[str]:
 
 def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> int:
     """A run's leftover cleaning: ``clean_leftovers`` (every shard file against the index) when a run
-    left its mark (then the marks go), ``clean_temporaries`` otherwise. The caller holds the lock."""
+    left its mark (then the marks go); otherwise the temp files outside ``shards/``, generation files
+    newer than ``committed`` and segments no root names, without reading ``shards/`` (on object storage,
+    a LIST of every shard). The caller holds the lock."""
     unfinished = unfinished_runs(directory)
-    if not unfinished:
-        return clean_temporaries(directory, committed)
+    if not unfinished:  # every run ended, its tasks' files handed in or discarded: shards/ is not read
+        return _clean(directory, committed, None)
     removed = clean_leftovers(directory, committed)
     for run in unfinished:
         unmark_run(directory, run)
@@ -234,9 +236,10 @@ def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) 
 
 
 def _clean(directory: str, committed: Manifest | DatasetIndex | None,
-           doomed_shards: Callable[[list[str]], list[str]]) -> int:
+           doomed_shards: Callable[[list[str]], list[str]] | None) -> int:
     """``doomed_shards``: of a chunk of names in ``shards/``, those to remove (the folder is read
-    ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read)."""
+    ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); None: leave
+    ``shards/`` unread (no run left anything there)."""
     store = for_path(directory)
     check_held(directory)
     removed = 0
@@ -245,9 +248,9 @@ def _clean(directory: str, committed: Manifest | DatasetIndex | None,
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
                 removed += 1
-    names = store.iter_dir(store.join(directory, SHARDS_DIR))
+    names = store.iter_dir(store.join(directory, SHARDS_DIR)) if doomed_shards is not None else iter(())
     doomed: list[str] = []
-    while chunk := list(itertools.islice(names, _LISTING_CHUNK)):
+    while doomed_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
         doomed += doomed_shards(chunk)
     for name in sorted(doomed):
         store.remove(store.join(directory, SHARDS_DIR, name))
