@@ -22,8 +22,12 @@ a fresh process (``python -m bench.scale_job --child ...``), so its RSS is its o
 ``--shard-curve 3000:1,10,100`` adds ``append`` on 3,000 committed inputs of 1, 10 and 100 shards each
 (3k / 30k / 300k shards): what a run with work costs must not grow with the shards the dataset holds.
 
-``python -m bench.scale_job [--sizes 300,3000,30000] [--plan-inputs 230000] [--shard-curve 3000:1,10,100]``
-prints one JSON object.
+``--synthetic 230000:10`` adds ``append`` on LAION-2B-en's size: 230k committed tars of 10 shards each
+(2.3M shards), the index made with numpy (``bench.synthetic_index``) and the committed shards' files not
+written (a run with work never reads them).
+
+``python -m bench.scale_job [--sizes 300,3000,30000] [--plan-inputs 230000] [--shard-curve 3000:1,10,100]
+[--synthetic 230000:10]`` prints one JSON object.
 """
 
 from __future__ import annotations
@@ -99,6 +103,33 @@ def make_committed_inputs(root: str, count: int, shards_per_input: int = 1) -> t
         manifest.inputs[path] = InputEntry(info.st_size, info.st_mtime_ns, samples=shards_per_input, failed=0,
                                            shards=names)
     write_manifest(dataset, manifest)
+    return os.path.join(tars, "*.tar"), dataset
+
+
+def make_synthetic_committed(root: str, count: int, shards_per_input: int) -> tuple[str, str]:
+    """``make_committed_inputs`` at LAION size: ``count`` tiny tars, and an index (``bench.synthetic_index``:
+    one segment made with numpy) that lists each as committed with ``shards_per_input`` shards whose files
+    are not written. A run with work never reads a committed shard's file (nor its entry, but for the
+    inputs it replaces), so the driver's figures are those of a real dataset of that size."""
+    import numpy as np
+
+    from bench.synthetic_index import write_index
+
+    tars, dataset = os.path.join(root, "tars"), os.path.join(root, "dataset")
+    os.makedirs(tars, exist_ok=True)
+    os.makedirs(os.path.join(dataset, "shards"), exist_ok=True)
+    tar_bytes = _tiny_tar()
+    names, mtimes = [], []
+    for number in range(count):
+        path = os.path.join(tars, f"{number:06d}.tar")
+        with open(path, "wb") as f:
+            f.write(tar_bytes)
+        names.append(path)
+        mtimes.append(os.stat(path).st_mtime_ns)
+    order = sorted(range(count), key=lambda i: names[i].encode())
+    write_index(dataset, count * shards_per_input, shards_per_input, samples=1,
+                inputs_as=([names[i] for i in order], np.full(count, len(tar_bytes)), np.array(mtimes)[order]),
+                config=CONFIG.output_dict(), versions=library_versions())
     return os.path.join(tars, "*.tar"), dataset
 
 
@@ -217,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_job", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="300,3000,30000")
     parser.add_argument("--plan-inputs", type=int, default=230_000)
+    parser.add_argument("--synthetic", default="",
+                        help="INPUTS:K: 'append' on a synthetic index of INPUTS x K shards (230000:10: LAION-2B-en)")
     parser.add_argument("--shard-curve", default="",
                         help="INPUTS:K1,K2,...: 'append' on INPUTS committed inputs of K shards each (e.g. 3000:1,10,100)")
     parser.add_argument("--out", default=OUT)
@@ -245,6 +278,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if not os.path.exists(os.path.join(root, "dataset", "manifest.json")):
                 make_committed_inputs(root, int(count), k)
             figures.setdefault("append_by_shards", {})[f"{count} inputs x {k} shards"] = _in_child("append", root)
+    if args.synthetic:
+        count, k = (int(v) for v in args.synthetic.split(":"))
+        root = os.path.join(args.out, f"synthetic-{count}x{k}")
+        if not os.path.exists(os.path.join(root, "dataset", "manifest.json")):
+            make_synthetic_committed(root, count, k)
+        figures["append_synthetic"] = {f"{count} inputs x {k} shards": _in_child("append", root)}
     figures["plan"] = _in_child("plan", str(args.plan_inputs))
     print(json.dumps(figures, indent=1))
     return figures

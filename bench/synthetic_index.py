@@ -28,11 +28,15 @@ def _table(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return offsets, np.frombuffer(b"".join(encoded), dtype=np.uint8)
 
 
-def write_index(directory: str, shards: int, per_input: int = 10, samples: int = 1000) -> dict:
+def write_index(directory: str, shards: int, per_input: int = 10, samples: int = 1000,
+                inputs_as: tuple[list[str], np.ndarray, np.ndarray] | None = None,
+                config: dict | None = None, versions: dict | None = None) -> dict:
     """Write ``DIR/index/SHA.npz`` and ``DIR/manifest.json``: ``shards`` shards of ``samples`` samples,
-    ``per_input`` per input; returns the root."""
+    ``per_input`` per input; returns the root. ``inputs_as``: the inputs' (sorted names, sizes, mtime_ns)
+    (real files a rerun will list), instead of made-up ones; ``config``/``versions``: the root's."""
     inputs = -(-shards // per_input)
-    names = [f"in-{i:07d}.tar" for i in range(inputs)]
+    names = [f"in-{i:07d}.tar" for i in range(inputs)] if inputs_as is None else inputs_as[0]
+    assert len(names) == inputs, (len(names), inputs)
     stems = [f"in-{i // per_input:07d}-{i % per_input:05d}" for i in range(shards)]
     first = np.minimum(np.arange(inputs + 1, dtype="<i8") * per_input, shards)
     arrays = {}
@@ -41,7 +45,8 @@ def write_index(directory: str, shards: int, per_input: int = 10, samples: int =
                           ("shard_meta_path", [f"shards/{s}.jsonl" for s in stems]), ("removed", [])):
         arrays[f"{table}_offsets"], arrays[f"{table}_blob"] = _table(values)
     counts = np.diff(first)
-    for name, values in (("size", counts), ("mtime_ns", np.ones(inputs)), ("samples", counts * samples),
+    sizes, mtimes = (counts, np.ones(inputs)) if inputs_as is None else inputs_as[1:]
+    for name, values in (("size", sizes), ("mtime_ns", mtimes), ("samples", counts * samples),
                          ("failed", np.zeros(inputs))):
         arrays[f"input_{name}"] = np.asarray(values, dtype="<i8")
     arrays["input_listed"] = np.ones(inputs, dtype=np.uint8)
@@ -59,11 +64,12 @@ def write_index(directory: str, shards: int, per_input: int = 10, samples: int =
     os.makedirs(os.path.join(directory, MANIFESTS_DIR), exist_ok=True)
     with open(os.path.join(directory, rel), "wb") as f:
         f.write(data)
-    config = {"height": 2, "width": 2}
+    config = config or {"height": 2, "width": 2}
+    shape = [int(config.get("height", 2)), int(config.get("width", 2)), 3]
     root = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "layout": "NHWC", "dtype": "uint8",
-            "shape": [2, 2, 3], "samples": shards * samples, "shard_count": shards, "input_count": inputs,
+            "shape": shape, "samples": shards * samples, "shard_count": shards, "input_count": inputs,
             "bytes": int(arrays["shard_bytes"].sum()), "meta_bytes": int(arrays["shard_meta_bytes"].sum()),
-            "failed": 0, "config": config, "config_hash": config_hash(config), "versions": {}, "updated": "",
+            "failed": 0, "config": config, "config_hash": config_hash(config), "versions": versions or {}, "updated": "",
             "generation": 1, "segments": [{"path": rel, "bytes": len(data), "shards": shards, "inputs": inputs,
                                            "removed": 0, "samples": shards * samples}], "retired": []}
     with open(os.path.join(directory, MANIFEST_NAME), "w") as f:
