@@ -107,10 +107,11 @@ print(json.dumps({"open_s": round(time.perf_counter() - t, 4), "rss_mb": round((
 
 
 def open_cost(directory: str) -> dict:
-    """In fresh processes: ``load_index`` (a reader's open: columns, segments mapped) and ``load_manifest``
-    (a run's: an object per shard and input, what a commit edits)."""
+    """In fresh processes: ``load_index`` (a reader's open: columns, segments mapped), the run's load
+    (``load_committed`` and the ``Committer``: the same columns, ready to edit) and ``load_manifest`` (an
+    object per shard and input: what ``verify`` walks, and what a run loaded before)."""
     out = {}
-    for kind, prefix in (("index", ""), ("manifest", "manifest_")):
+    for kind, prefix in (("index", ""), ("run", "run_"), ("manifest", "manifest_")):
         done = subprocess.run([sys.executable, "-c", _OPEN, directory, kind], capture_output=True, text=True, check=True)
         row = json.loads(done.stdout)
         out.update({f"{prefix}open_s": row["open_s"], f"{prefix}rss_mb": row["rss_mb"]})

@@ -1,11 +1,19 @@
 """The preprocessing job: inputs -> committed shards in one output directory, incrementally.
 
-A run: take the output lock, read the manifest (if any) and refuse a different config, clean what a
-killed run left, skip inputs already committed unchanged (same path, size and mtime), run the rest as
-Ray tasks, and commit each finished input by rewriting the manifest atomically. The manifest is the
-commit: a run killed at any instant leaves the previous manifest or a newer one, never a half-state;
-files it lists are complete, files it neither lists nor retires are invisible and removed by the next run
+A run: take the output lock, read the index (if any) as columns and refuse a different config, clean
+what a killed run left, skip inputs already committed unchanged (same path, size and mtime), run the
+rest as Ray tasks, and commit what finished every ``COMMIT_INTERVAL_S`` (a segment of what changed and a
+new root, published atomically). The root is the commit: a run killed at any instant leaves the previous
+generation or a newer one, never a half-state; files it lists are complete, files it neither lists nor
+retires are invisible and removed by the next run, which knows to look by the mark the killed run left
 (the protocol itself, with what it needs from storage, is ``shardio.write.directory``).
+
+What a run holds does not grow with the shards the dataset holds: the committed index is read as
+columns (``DatasetIndex``), an input is found in the segments by name (``EditableIndex``), and only the
+inputs the run adds or replaces become objects, let go at each commit. LAION-2B-en's size (230k tars,
+2.3M shards) plus 10 new tars: 3.9 s and 330 MB, the same as a no-op rerun (the listing and the plan:
+O(inputs)), against 23 s and 2.3 GB when a run loaded an object per shard (``python -m bench.scale_job
+--synthetic 230000:10``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
 N tars is then one listing of their folders with one ``stat`` per tar (``preprocess.inputs``), and a
@@ -282,9 +290,8 @@ def _look_at_index(directory: str, resolved: ResolvedInputs, options: RunOptions
 def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report: RunReport,
                       emit: Callable[[str, Any], None], started: float) -> None:
     """A rerun with nothing to do (every listed input committed unchanged, nothing to prune), answered
-    from the index's columns: temp files and a killed commit's files are still cleaned, retention still
-    runs, the report is saved. A promoted shard no input lists waits for the next run with work (its
-    leftover pass hashes every listed path: O(shards) in numpy, skipped here)."""
+    from the index's columns: a killed run's leftovers are still cleaned (``clean_after_runs``), retention
+    still runs, the report is saved; no commit."""
     index, planned = looked.index, looked.planned
     assert planned is not None
     _note_drift(index.versions, directory, options, report, emit)

@@ -1,6 +1,6 @@
 """Format 3's index: segments (``index/SHA256.npz``) and the root that names them (the layout, the
 meaning and the commit order are in ``shardio.format.spec``, "Index"). Encoding, decoding, folding
-segments into a ``Manifest``, the delta a commit writes, and the tiered merge: storage-free, numpy and
+segments into a ``Manifest``, an input's signature (what a commit compares), and the tiered merge: storage-free, numpy and
 the standard library only (the reader's install has no xxhash or pyarrow).
 """
 
@@ -29,7 +29,7 @@ from shardio.format.spec import (
 )
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
-           "check_segment_path", "root_json", "manifest_from_root", "delta_of", "plan_compaction",
+           "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
            "merge_segments", "input_signature", "totals_of", "segment_bytes"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
@@ -259,29 +259,6 @@ def current_inputs(manifest: Manifest, only: set[str] | None = None,
     for name, shards in by_input.items():
         out[name] = (InputEntry(0, 0, sum(e.samples for e in shards), 0, [e.path for e in shards]), shards, False)
     return out
-
-
-def delta_of(manifest: Manifest, touched: Iterable[str] | None = None,
-             shards_of: Callable[[str], list[ShardEntry]] | None = None) -> Delta:
-    """What the next commit's segment must say for ``manifest`` to be the fold of its segments: every
-    input whose signature differs from the indexed one (only ``touched`` names are compared when given:
-    a ``Committer`` knows them), and the indexed names no longer there. A manifest with no segments
-    (version 1/2, or built in memory) gets everything: the upgrade."""
-    if manifest.segments is None:
-        return Delta(current_inputs(manifest), set())
-    # A Committer's commit compares only the names it touched: one pass over the shard list (~3 ms at
-    # 30k shards) instead of grouping all of them (~90 ms).
-    now = current_inputs(manifest, None if touched is None else set(touched), shards_of)
-    names = set(now) | set(manifest.indexed) if touched is None else set(touched)
-    changed = {}
-    removed = set()
-    for name in names:
-        if name not in now:
-            if name in manifest.indexed:
-                removed.add(name)
-        elif manifest.indexed.get(name) != input_signature(*now[name]):
-            changed[name] = now[name]
-    return Delta(changed, removed)
 
 
 def totals_of(manifest: Manifest) -> dict[str, int]:

@@ -13,15 +13,18 @@ What it owns, in the order of a run:
   lock (``Storage.lock``) for every change below.
 - **Reading what is committed**: ``load_committed`` (restoring a lost or corrupt ``manifest.json`` from
   the newest valid kept generation: ``recover_manifest``).
-- **Cleaning leftovers** of a killed run: ``clean_leftovers`` (temp files, unlisted shard files,
-  generation files newer than the commit).
+- **Cleaning leftovers** of a killed run: a run with work marks the dataset (``mark_run``:
+  ``.run-RUN.json``) while its tasks may promote files; ``clean_after_runs`` compares every shard file
+  with the index (``clean_leftovers``: temp files, unlisted shard files, generation files newer than the
+  commit) only when a mark was left, and otherwise never reads ``shards/``.
 - **Staging and publishing shards**: workers (``shardio.write.shard_writer``) ``stage`` each file under a unique
   ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
   lists it.
-- **The commit** (``Committer`` / ``commit``): shards in dataset order, a storage barrier (the shards are
-  durable first), ``manifests/GEN.json`` created once (conditional create), then ``manifest.json`` (the
+- **The commit** (``Committer`` / ``commit``, over ``shardio.write.editable_index.EditableIndex``: what is
+  committed read from the segments, this run's changes beside it): shards in dataset order, a
+  storage barrier (the shards are durable first), ``manifests/GEN.json`` created once (conditional create), then ``manifest.json`` (the
   commit point). Killed between the two, the generation file is newer than ``manifest.json`` and
-  ``clean_leftovers`` removes it. Nothing is deleted at a commit: files it stops listing (an input
+  the next run's cleaning removes it. Nothing is deleted at a commit: files it stops listing (an input
   dropped or changed: ``Committer.drop_input``, ``drop_inputs``) go to ``retired`` and wait for ``collect``.
 - **Retention** (``shardio.write.retention``, through ``check_held``, ``listed_hashes`` and
   ``collect_segments`` here): ``collect`` / ``gc`` delete what no kept generation needs.

@@ -1,0 +1,81 @@
+"""The index a run edits (``shardio.write.editable_index``): what is committed is read from the segments
+themselves, exactly as ``load_manifest`` folds them; the run's changes are let go at each commit, kept
+when a commit fails; a hand-written segment whose names are not sorted is still searched right."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardio.format.manifests import load_index, load_manifest
+from shardio.write import directory as dataset_dir
+from shardio.write.editable_index import EditableIndex, _SortedNames
+from tests.index_steps import entries, expected_inputs, run_steps
+
+
+@pytest.mark.parametrize("steps", [1, 9, 40, 130])
+def test_every_committed_input_is_found_in_the_segments_as_load_manifest_folds_them(tmp_path, steps):
+    out = str(tmp_path / "ds")
+    run_steps(out, steps)  # adds, drops, replacements; compactions along the way
+    index, manifest = EditableIndex.of(load_index(out)), load_manifest(out)
+    assert len(index.segments) >= 1
+    for name, entry in manifest.inputs.items():
+        found = index.input(name)
+        assert found is not None and (found.size, found.mtime_ns, found.samples, found.failed, found.etag) == (
+            entry.size, entry.mtime_ns, entry.samples, entry.failed, entry.etag)
+        assert index.shards_of(name) == [e for e in manifest.shards if e.input == name]
+    dropped = {f"in-{i:04d}.tar" for i in range(steps)} - set(expected_inputs(steps))
+    assert all(index.input(name) is None for name in dropped)
+    assert index.input("never-committed.tar") is None and index.input("in-" + "9" * 300 + ".tar") is None
+    assert {k: index.totals[k] for k in ("samples", "shard_count", "input_count")} == {
+        "samples": manifest.samples, "shard_count": len(manifest.shards), "input_count": len(manifest.inputs)}
+
+
+def test_a_commit_lets_the_changes_go_and_reads_them_back_from_its_segment(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 12)
+    with dataset_dir.writing(out):
+        committer = dataset_dir.Committer(out, load_index(out), run="test")
+        for i in range(5):
+            committer.add_input(f"new-{i}.tar", 10 + i, 7, entries(f"new-{i}.tar"), etag=f'"e{i}"')
+        committer.drop_input("in-0000.tar")
+        assert len(committer.index.changed) == 5 and committer.index.gone == {"in-0000.tar"}
+        committer.maybe_commit(force=True)
+        assert committer.index.changed == {} and committer.index.gone == set()  # held until the commit only
+        assert committer.index.input("new-3.tar").etag == '"e3"'  # now from the new segment
+        assert committer.index.shards_of("new-3.tar") == entries("new-3.tar")
+        assert committer.index.input("in-0000.tar") is None
+        committer.add_input("new-3.tar", 99, 7, entries("new-3.tar", version=1))  # replaced: old files retired
+        committer.maybe_commit(force=True)
+    manifest = load_manifest(out)
+    assert manifest.inputs["new-3.tar"].size == 99
+    retired = {r.path for r in manifest.retired}
+    assert {e.path for e in entries("new-3.tar")} <= retired and {e.path for e in entries("in-0000.tar")} <= retired
+
+
+def test_a_failed_commit_keeps_the_changes_and_the_next_commit_writes_them(tmp_path, monkeypatch):
+    out = str(tmp_path / "ds")
+    run_steps(out, 6)
+    with dataset_dir.writing(out):
+        committer = dataset_dir.Committer(out, load_index(out))
+        committer.add_input("late.tar", 1, 1, entries("late.tar"))
+        real = dataset_dir._publish_generation
+
+        def refused(*args, **kwargs):
+            raise OSError("the store went away")
+
+        monkeypatch.setattr(dataset_dir, "_publish_generation", refused)
+        with pytest.raises(OSError):
+            committer.maybe_commit(force=True)
+        monkeypatch.setattr(dataset_dir, "_publish_generation", real)
+        assert "late.tar" in committer.index.changed and committer.dirty
+        committer.maybe_commit(force=True)
+    assert "late.tar" in load_manifest(out).inputs
+
+
+def test_names_not_sorted_in_a_hand_written_segment_are_still_found():
+    names = np.array([b"b.tar", b"a.tar", b"c\xc3\xa9.tar", b"aa.tar"], dtype="S8")
+    table = _SortedNames(names)
+    for row, name in enumerate(names):
+        assert table.find(bytes(name)) == row
+    assert table.find(b"zz.tar") is None and table.find(b"a") is None and table.find(b"x" * 9) is None
