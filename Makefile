@@ -90,9 +90,10 @@ bench: $(STAMP)
 	# JPEG datasets (issue 25): single-core libjpeg-turbo decode, the CPU reader on every core against cores x it
 	# (goal >= 0.85) and against the raw reader on the same images; --device cuda: the GPU decode, on a GPU host.
 	$(PY) -m bench.jpeg_reader
-	# The job at LAION size (issue 24): a no-op rerun over 300 / 3k / 30k committed local inputs (wall, RSS),
-	# the job's share of one finished input, and the plan alone at 230k inputs (synthetic, built in seconds).
-	$(PY) -m bench.scale_job
+	# The job at LAION size (issue 24): a no-op rerun and a run with work (10 new tars) over 300 / 3k / 30k
+	# committed local inputs (wall, RSS), the same with 3k inputs of 1 / 10 / 100 shards and on LAION-2B-en's
+	# 230k tars x 10 shards (synthetic index), the job's share of one finished input, the plan alone.
+	$(PY) -m bench.scale_job --shard-curve 3000:1,10,100 --synthetic 230000:10
 	# The index at scale (issue 24): append bytes / wall, metadata on disk, open cost at 300 / 30k / 300k shards.
 	$(PY) -m bench.scale --sizes 300,3000,30000,300000
 	# Lightning's SimpleProfiler: share of the epoch in train_dataloader_next, on shards of the bench corpus
