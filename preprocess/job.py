@@ -232,7 +232,10 @@ def run_job(
             if index.generation == 0:  # nothing committed yet
                 committer.commit()  # an empty, valid dataset: readers get a clear answer
             if disk_full is None:
-                now = load_index(directory)  # the generation just committed, as columns
+                # What it just committed, from the segments it holds (a version 1/2 dataset that nothing
+                # was committed to is still one: read it).
+                now = (index.as_committed(dataset_dir.manifest_path(directory)) if index.segments is not None
+                       else load_index(directory))
                 if todo and not stop_requested():
                     # Every task has ended. One that failed, was retried or had a decode stopped may have
                     # left files (a dead attempt's): they go now, not at the next run (the lock is held

@@ -79,3 +79,21 @@ def test_names_not_sorted_in_a_hand_written_segment_are_still_found():
     for row, name in enumerate(names):
         assert table.find(bytes(name)) == row
     assert table.find(b"zz.tar") is None and table.find(b"a") is None and table.find(b"x" * 9) is None
+
+
+def test_what_a_run_committed_reads_as_a_fresh_load_would_without_fetching_the_index_again(tmp_path):
+    out = str(tmp_path / "ds")
+    run_steps(out, 30)
+    with dataset_dir.writing(out):
+        committer = dataset_dir.Committer(out, load_index(out))
+        for i in range(3 * 8):  # enough commits for a compaction of this run's own segments
+            committer.add_input(f"new-{i:02d}.tar", 1, 1, entries(f"new-{i:02d}.tar"))
+            committer.maybe_commit(force=True)
+        committer.drop_input("in-0002.tar")
+        committer.maybe_commit(force=True)
+    fresh = load_index(out)
+    held = committer.index.as_committed(fresh.path)
+    assert [e.path for e in held.shards] == [e.path for e in fresh.shards]
+    assert (held.generation, held.segments, held.samples, held.totals) == (
+        fresh.generation, fresh.segments, fresh.samples, fresh.totals)
+    assert held.retired == fresh.retired and held.committed_inputs() == fresh.committed_inputs()

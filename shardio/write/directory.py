@@ -79,10 +79,10 @@ from shardio.format.manifests import (
     read_root,
 )
 from shardio.format.segment_merge import MergedSegment, merge_columns
-from shardio.format.shard_table import ShardTable, hashes_in, string_hashes
+from shardio.format.shard_table import SegmentColumns, ShardTable, hashes_in, string_hashes
 from shardio.format.shard_check import shard_problems
 from shardio.store.backends import for_path
-from shardio.store.base import TEMP_PREFIX
+from shardio.store.base import TEMP_PREFIX, Storage
 from shardio.write.editable_index import EditableIndex
 
 __all__ = [
@@ -487,9 +487,10 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
         store.barrier(shards_dir)
     delta = index.delta(set(index.changed) | index.gone if touched is None else set(touched))
     segments = list(index.segments or [])
+    opened = index.opened_segments()  # by full path: compaction reads these, never fetches them again
     if not delta.empty:
-        segments.append(_write_segment(directory, delta))
-    segments = _compact(directory, segments)
+        segments.append(_write_segment(directory, delta, opened))
+    segments = _compact(directory, segments, opened)
     before = index.segments
     index.segments = segments
     try:
@@ -499,13 +500,12 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
         raise
     # What was committed is read from the segments from now on (the ones this commit wrote opened,
     # the others kept): the changes the index held go, so a run holds only what it did since.
-    opened = index.opened_segments()
     index.committed(segments, [opened.get(store.join(directory, ref.path)) or open_segment(store, directory, ref)
                                for ref in segments])
     return generation
 
 
-def _write_segment(directory: str, delta: Delta) -> SegmentRef:
+def _write_segment(directory: str, delta: Delta, opened: dict[str, SegmentColumns] | None = None) -> SegmentRef:
     """Create the segment of ``delta`` (create-only: a name that exists already holds these bytes, its
     name being their sha256); named by no root until the commit publishes one."""
     store = for_path(directory)
@@ -517,18 +517,36 @@ def _write_segment(directory: str, delta: Delta) -> SegmentRef:
         store.publish_new(store.join(directory, rel), data)
     except FileExistsError:
         pass
+    _keep_written(store, directory, rel, data, opened)
     shards = sum(len(value[1]) for value in delta.inputs.values())
     samples = sum(e.samples for value in delta.inputs.values() for e in value[1])
     return SegmentRef(rel, len(data), shards, len(delta.inputs), len(delta.removed), samples)
 
 
-def _compact(directory: str, segments: list[SegmentRef]) -> list[SegmentRef]:
+def _keep_written(store: Storage, directory: str, rel: str, data: bytes,
+                  opened: dict[str, SegmentColumns] | None) -> None:
+    """A segment just written, as columns for the rest of the run: on object storage its bytes (no GET
+    of what this process wrote); a local one is mapped from its file when first needed."""
+    if opened is not None and not store.is_local:
+        path = store.join(directory, rel)
+        opened[path] = SegmentColumns(data, path)
+
+
+def _compact(directory: str, segments: list[SegmentRef],
+             opened: dict[str, SegmentColumns] | None = None) -> list[SegmentRef]:
     """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
-    is written before the root that names it, so a killed compaction is a killed commit."""
+    is written before the root that names it, so a killed compaction is a killed commit. ``opened``:
+    segments this run holds as columns already (by full path), read from there."""
+    store = for_path(directory)
+    opened = {} if opened is None else opened
     while count := plan_compaction(segments):
-        run = [open_segment(for_path(directory), directory, ref) for ref in segments[-count:]]
+        run = [opened.get(store.join(directory, ref.path)) or open_segment(store, directory, ref)
+               for ref in segments[-count:]]
         merged = merge_columns(run, from_start=count == len(segments))  # columns: no object per shard
-        segments = segments[:-count] + ([] if merged is None else [_write_merged(directory, merged)])
+        if merged is not None:
+            ref = _write_merged(directory, merged)
+            _keep_written(store, directory, ref.path, merged.data, opened)
+        segments = segments[:-count] + ([] if merged is None else [ref])
     return segments
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from shardio.format.index import Delta, SegmentRef, current_inputs, input_signature, totals_of
 from shardio.format.manifests import DatasetIndex
-from shardio.format.shard_table import SegmentColumns, shard_entry
+from shardio.format.shard_table import SegmentColumns, fold_segments, shard_entry
 from shardio.format.spec import InputEntry, Manifest, RetiredFile, ShardEntry, config_hash, pixel_encoding
 
 __all__ = ["EditableIndex", "Group"]
@@ -265,6 +265,17 @@ class EditableIndex:
         self.segments = segments
         self._stack = _SegmentStack(columns, self._stack)
         self.changed, self.gone, self._indexed = {}, set(), {}
+
+    def as_committed(self, path: str) -> DatasetIndex:
+        """The generation this index last committed, as a reader's ``DatasetIndex`` (``path``: its root),
+        folded from the segments it holds: after a run, retention reads it without fetching the index
+        again (on object storage, a GET of every segment)."""
+        if self.segments is None or self._stack is None:
+            raise ValueError("as_committed() needs a committed index")
+        table = fold_segments(self._stack.segments, path)
+        totals = {k: self.totals[k] for k in ("input_count", "failed", "bytes", "meta_bytes")}
+        return DatasetIndex(path, self.shape, self.config, self.versions, self.updated, self.generation, table,
+                            list(self.retired), totals, self.source_version, list(self.segments))
 
     def opened_segments(self) -> dict[str, SegmentColumns]:
         """The segments already open, by path (a commit reopens only the ones it wrote)."""
