@@ -208,8 +208,8 @@ def test_a_malformed_segment_is_named_by_the_columns_merge(damage, message):
     assert message in str(raised.value)
 
 
-def _old_compact(directory, segments):
-    """``_compact`` as it was (decode every row to objects, merge, encode)."""
+def _old_compact(directory, segments, opened=None):
+    """``_compact`` as it was (decode every row to objects, merge, encode; ``opened`` unused)."""
     store = dataset_dir.for_path(directory)
     while count := dataset_dir.plan_compaction(segments):
         run = segments[-count:]

@@ -16,6 +16,7 @@ from shardio.format.checksum import SHA256, XXH3_128
 from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
 from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
 from shardio.format.spec import (
+    ConfigDerived,
     FORMAT_NAME,
     InputEntry,
     FORMAT_VERSION,
@@ -25,8 +26,6 @@ from shardio.format.spec import (
     Manifest,
     RetiredFile,
     check_dataset_path,
-    config_hash,
-    pixel_encoding,
 )
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -39,7 +38,7 @@ _Loaded = TypeVar("_Loaded")
 
 
 @dataclass
-class DatasetIndex:
+class DatasetIndex(ConfigDerived):
     """One generation as a reader needs it: the root's fields and the shards as columns (``ShardTable``),
     no object per shard or input (``load_manifest`` gives those, for a commit to edit)."""
 
@@ -60,14 +59,6 @@ class DatasetIndex:
     @property
     def samples(self) -> int:
         return int(self.shards.samples.sum())
-
-    @property
-    def encoding(self) -> str:
-        return pixel_encoding(self.config)
-
-    @property
-    def config_hash(self) -> str:
-        return config_hash(self.config)
 
     def committed_inputs(self) -> dict[str, InputEntry]:
         """The committed inputs (name -> entry: size, mtime, samples, failed, ETag; ``shards`` left empty):

@@ -225,6 +225,7 @@ from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
 __all__ = [
+    "ConfigDerived",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "READ_VERSIONS",
@@ -432,8 +433,24 @@ def check_dataset_path(rel: Any, where: str) -> str:
     return rel
 
 
+class ConfigDerived:
+    """What a dataset's ``config`` says beyond its keys, for every view of a dataset (``Manifest``, the
+    reader's ``DatasetIndex``, the writer's ``EditableIndex``)."""
+
+    config: dict[str, Any]
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+    @property
+    def encoding(self) -> str:
+        """``raw`` or ``jpeg``: how the shards hold the pixels (the config's ``encoding``)."""
+        return pixel_encoding(self.config)
+
+
 @dataclass
-class Manifest:
+class Manifest(ConfigDerived):
     shape: tuple[int, int, int]
     config: dict[str, Any]
     versions: dict[str, Any]
@@ -455,15 +472,6 @@ class Manifest:
     @property
     def samples(self) -> int:
         return sum(s.samples for s in self.shards)
-
-    @property
-    def config_hash(self) -> str:
-        return config_hash(self.config)
-
-    @property
-    def encoding(self) -> str:
-        """``raw`` or ``jpeg``: how the shards hold the pixels (the config's ``encoding``)."""
-        return pixel_encoding(self.config)
 
     @property
     def legacy_version(self) -> int:

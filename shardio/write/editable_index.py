@@ -23,7 +23,7 @@ import numpy as np
 from shardio.format.index import Delta, SegmentRef, current_inputs, input_signature, totals_of
 from shardio.format.manifests import DatasetIndex
 from shardio.format.shard_table import SegmentColumns, fold_segments, shard_entry
-from shardio.format.spec import InputEntry, Manifest, RetiredFile, ShardEntry, config_hash, pixel_encoding
+from shardio.format.spec import ConfigDerived, InputEntry, Manifest, RetiredFile, ShardEntry
 
 __all__ = ["EditableIndex", "Group"]
 
@@ -95,7 +95,7 @@ class _SortedNames:
         return at if self.order is None else int(self.order[at])
 
 
-class EditableIndex:
+class EditableIndex(ConfigDerived):
     """One dataset's index as a run edits it; ``Committer`` (``shardio.write.directory``) is its one
     writer. The root's fields are attributes (``shape``, ``config``, ``versions``, ``generation``,
     ``retired``, ``segments``...), so the commit writes a root straight from it.
@@ -181,14 +181,6 @@ class EditableIndex:
     @property
     def samples(self) -> int:
         return self.totals["samples"]
-
-    @property
-    def config_hash(self) -> str:
-        return config_hash(self.config)
-
-    @property
-    def encoding(self) -> str:
-        return pixel_encoding(self.config)
 
     # --- editing -----------------------------------------------------------------------------------------
 
