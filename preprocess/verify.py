@@ -13,6 +13,7 @@ A ``manifest.json`` that is missing or corrupt is first restored from the newest
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
@@ -21,8 +22,8 @@ from shardio.write import directory as dataset_dir
 from shardio.store.backends import for_path
 from shardio.store.paths import normalize
 from shardio.write.directory import restore_manifest
-from shardio.format import Manifest, ShardEntry
-from shardio.format.manifests import load_manifest
+from shardio.format import ShardEntry
+from shardio.format.manifests import DatasetIndex, load_index
 from shardio.format.shard_check import shard_problems
 
 __all__ = ["BadShard", "VerifyResult", "RepairResult", "verify_dataset", "repair_dataset", "restore_manifest"]
@@ -55,25 +56,25 @@ class RepairResult:
     after: VerifyResult | None = None  # the check after the rebuild
 
 
-def _check_all(directory: str, manifest: Manifest, entries: list[ShardEntry]) -> list[BadShard]:
-    problems = shard_problems(directory, manifest, entries, checksums=True,
-                                          threads=min(8, os.cpu_count() or 1))
+def _check_all(directory: str, index: DatasetIndex, entries: Iterable[ShardEntry]) -> list[BadShard]:
+    problems = shard_problems(directory, index, entries, checksums=True, threads=min(8, os.cpu_count() or 1))
     return [BadShard(entry.path, entry.input, problem) for entry, problem in problems]
 
 
 def verify_dataset(directory: str) -> VerifyResult:
     """Check every listed shard (size, then the checksum of both files). Needs no lock: a shard that a run
-    replaced meanwhile is re-checked against the newer manifest, so a concurrent run is not "corruption"."""
+    replaced meanwhile is re-checked against the newer index, so a concurrent run is not "corruption".
+    The index is read as columns and the shards checked a chunk at a time: memory holds a chunk's
+    entries, not one per shard of the dataset (LAION-2B-en: 2.3M shards)."""
     directory = normalize(directory)
-    manifest = load_manifest(directory)
-    result = VerifyResult(directory, shards=len(manifest.shards),
-                          bytes=sum(e.bytes + e.meta_bytes for e in manifest.shards))
-    bad = _check_all(directory, manifest, manifest.shards)
+    index = load_index(directory)
+    result = VerifyResult(directory, shards=len(index.shards),
+                          bytes=index.totals["bytes"] + index.totals["meta_bytes"])
+    bad = _check_all(directory, index, index.shards)
     if bad:
-        now = load_manifest(directory)
-        still = {e.path: e for e in now.shards}
-        recheck = [still[b.shard] for b in bad if b.shard in still]
-        bad = _check_all(directory, now, recheck)
+        now = load_index(directory)
+        paths = {b.shard for b in bad}
+        bad = _check_all(directory, now, (entry for entry in now.shards if entry.path in paths))
     result.bad = bad
     return result
 

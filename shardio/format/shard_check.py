@@ -4,8 +4,10 @@ manifest's restore both; it lives with the format, not the write side, so the re
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 from shardio.format.manifests import DatasetIndex
 from shardio.format.spec import RAW, SHARDS_DIR, Manifest, ShardEntry, expected_shard_size
@@ -49,22 +51,28 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
     return None
 
 
+# Shards checked per batch of threads: a dataset of millions of shards is never held as a list of entries.
+_CHUNK = 4096
+
+
 def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
                    checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
     Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
-    sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy."""
-    entries = list(manifest.shards if shards is None else shards)
+    sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy. Entries are taken ``_CHUNK`` at a time (a
+    ``DatasetIndex`` makes each when it is reached), so memory holds a chunk, not the dataset."""
+    source = manifest.shards if shards is None else shards
     store = for_path(directory)
     listed = None
-    if not store.is_local and entries:
+    if not store.is_local and (not hasattr(source, "__len__") or len(source)):  # type: ignore[arg-type]
         # One LIST per 1,000 objects instead of two HEADs per shard.
         listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
     check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed,  # noqa: E731
                                         manifest.encoding)
-    if threads > 1 and len(entries) > 1:
-        with ThreadPoolExecutor(threads) as pool:
-            problems = list(pool.map(check, entries))
-    else:
-        problems = [check(entry) for entry in entries]
-    return [(entry, problem) for entry, problem in zip(entries, problems) if problem is not None]
+    found: list[tuple[ShardEntry, str]] = []
+    entries = iter(source)
+    with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+        while chunk := list(itertools.islice(entries, _CHUNK)):
+            problems = list(pool.map(check, chunk)) if pool is not None and len(chunk) > 1 else map(check, chunk)
+            found += [(entry, problem) for entry, problem in zip(chunk, problems) if problem is not None]
+    return found
