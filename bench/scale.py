@@ -109,7 +109,7 @@ print(json.dumps({"open_s": round(time.perf_counter() - t, 4), "rss_mb": round((
 def open_cost(directory: str) -> dict:
     """In fresh processes: ``load_index`` (a reader's open: columns, segments mapped), the run's load
     (``load_committed`` and the ``Committer``: the same columns, ready to edit) and ``load_manifest`` (an
-    object per shard and input: what ``verify`` walks, and what a run loaded before)."""
+    object per shard and input: what a run loaded before)."""
     out = {}
     for kind, prefix in (("index", ""), ("run", "run_"), ("manifest", "manifest_")):
         done = subprocess.run([sys.executable, "-c", _OPEN, directory, kind], capture_output=True, text=True, check=True)

@@ -194,15 +194,15 @@ def run_job(
         if existing is not None:
             _check_compatible(existing, cfg, directory)
             _note_drift(existing.versions, directory, options, report, emit)
-        dataset_dir.clean_after_runs(directory, existing)
         committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
         index = committer.index
         index.versions = report.versions
-        del existing  # a version 1/2 manifest's objects: the index holds what it needs
         to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
         if to_prune and not options.confirm_large_prune:
-            _check_prune(committed, index.totals, to_prune, directory)
+            _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
+        dataset_dir.clean_after_runs(directory, existing)
+        del existing  # a version 1/2 manifest's objects: the index holds what it needs
         planned = looked.planned if looked is not None and looked.planned is not None else plan_inputs(resolved, committed)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
         todo = planned.todo

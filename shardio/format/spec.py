@@ -19,7 +19,8 @@ A dataset is a directory::
                                have all ended (JSON: run, started): one left behind names a run killed
                                or stopped early, whose promoted but uncommitted shard files the next
                                run (or ``preprocess gc``) finds by comparing every file in ``shards/``
-                               with the index; without one, a run cleans only temp files (``.tmp-*``)
+                               with the index; without one, a run does not read ``shards/`` (a run
+                               whose own task failed or was retried compares it at its end)
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 

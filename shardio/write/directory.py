@@ -88,8 +88,8 @@ from shardio.write.editable_index import EditableIndex
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
-    "commit", "Committer", "drop_inputs", "collect_segments", "clean_temporaries", "clean_after_runs", "mark_run",
-    "unmark_run", "unfinished_runs", "check_held", "listed_hashes", "save_report",
+    "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
+    "unfinished_runs", "forget_runs", "check_held", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -184,13 +184,6 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
     return _clean(directory, committed, doomed)
 
 
-def clean_temporaries(directory: str, committed: Manifest | DatasetIndex | None) -> int:
-    """``clean_leftovers`` without the pass over every listed shard: temp files (``shards/`` included),
-    generation files newer than ``committed``, segments no root names. Enough after a run that ended
-    (its tasks discard what they do not hand in), or when no run was killed (``unfinished_runs``)."""
-    return _clean(directory, committed, lambda names: [name for name in names if name.startswith(TEMP_PREFIX)])
-
-
 # A run with work marks the dataset while its tasks may promote shard files (spec, "Layout"): a mark left
 # behind names a run killed before its end, whose promoted but uncommitted files only a pass over every
 # shard file finds. Without one, a run's leftover cleaning costs the temp files it finds, not the dataset.
@@ -233,9 +226,14 @@ def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) 
     if not unfinished:  # every run ended, its tasks' files handed in or discarded: shards/ is not read
         return _clean(directory, committed, None)
     removed = clean_leftovers(directory, committed)
-    for run in unfinished:
-        unmark_run(directory, run)
+    forget_runs(directory, unfinished)
     return removed
+
+
+def forget_runs(directory: str, runs: list[str]) -> None:
+    """The marks of ``runs`` go, once their leftovers have (``clean_leftovers`` ran after they ended)."""
+    for run in runs:
+        unmark_run(directory, run)
 
 
 def _clean(directory: str, committed: Manifest | DatasetIndex | None,

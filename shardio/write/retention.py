@@ -19,8 +19,8 @@ from shardio.write.directory import (
     clean_leftovers,
     collect_segments,
     listed_hashes,
+    forget_runs,
     unfinished_runs,
-    unmark_run,
     writing,
 )
 
@@ -185,9 +185,9 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
     load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
     with writing(directory, wait_for_lock):
         index = load_index(directory)  # the shards as columns: no object per shard
+        runs = unfinished_runs(directory)
         clean_leftovers(directory, index)
-        for run in unfinished_runs(directory):  # what a killed run left has just gone
-            unmark_run(directory, run)
+        forget_runs(directory, runs)  # what a killed run left has just gone
         return collect(directory, index, retention, now)
 
 
