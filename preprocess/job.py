@@ -192,7 +192,8 @@ def run_job(
             report.warnings.append(restored)
             emit("warning", restored)
         if existing is not None:
-            _check_compatible(existing, cfg, directory)
+            if looked is None:  # a looked-at index was checked already
+                _check_compatible(existing, cfg, directory)
             _note_drift(existing.versions, directory, options, report, emit)
         committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
@@ -232,10 +233,7 @@ def run_job(
             if index.generation == 0:  # nothing committed yet
                 committer.commit()  # an empty, valid dataset: readers get a clear answer
             if disk_full is None:
-                # What it just committed, from the segments it holds (a version 1/2 dataset that nothing
-                # was committed to is still one: read it).
-                now = (index.as_committed(dataset_dir.manifest_path(directory)) if index.segments is not None
-                       else load_index(directory))
+                now = committer.committed_index()  # what it just committed, from the segments it holds
                 if todo and not stop_requested():
                     # Every task has ended. One that failed, was retried or had a decode stopped may have
                     # left files (a dead attempt's): they go now, not at the next run (the lock is held

@@ -61,18 +61,17 @@ def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: It
     Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
     sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy. Entries are taken ``_CHUNK`` at a time (a
     ``DatasetIndex`` makes each when it is reached), so memory holds a chunk, not the dataset."""
-    source = manifest.shards if shards is None else shards
     store = for_path(directory)
-    listed = None
-    if not store.is_local and (not hasattr(source, "__len__") or len(source)):  # type: ignore[arg-type]
-        # One LIST per 1,000 objects instead of two HEADs per shard.
-        listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
+    listed: dict[str, int] | None = None
     check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed,  # noqa: E731
                                         manifest.encoding)
     found: list[tuple[ShardEntry, str]] = []
-    entries = iter(source)
+    entries = iter(manifest.shards if shards is None else shards)
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
         while chunk := list(itertools.islice(entries, _CHUNK)):
+            if listed is None and not store.is_local:
+                # One LIST per 1,000 objects instead of two HEADs per shard (once, and only with a shard to check).
+                listed = {info.path: info.size for info in store.list_files(store.join(directory, SHARDS_DIR))}
             problems = list(pool.map(check, chunk)) if pool is not None and len(chunk) > 1 else map(check, chunk)
             found += [(entry, problem) for entry, problem in zip(chunk, problems) if problem is not None]
     return found

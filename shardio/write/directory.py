@@ -475,7 +475,7 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     if isinstance(manifest, Manifest):
         manifest.shards.sort(key=lambda e: (e.input, e.path))  # dataset order, as the index folds it
         index = EditableIndex.from_manifest(manifest)
-        generation = commit(directory, index, index.pending(), run)
+        generation = commit(directory, index, run=run)
         index.to_manifest_fields(manifest)
         return generation
     index = manifest
@@ -483,7 +483,7 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
-    delta = index.delta(set(index.changed) | index.gone if touched is None else set(touched))
+    delta = index.delta(index.pending() if touched is None else set(touched))
     segments = list(index.segments or [])
     opened = index.opened_segments()  # by full path: compaction reads these, never fetches them again
     if not delta.empty:
@@ -566,10 +566,9 @@ class Committer:
     most every ``interval_s`` seconds (``maybe_commit``) or when forced. The caller holds the lock.
 
     ``committed``: what ``load_committed`` gave (a ``DatasetIndex``: columns, no object per committed
-    shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), an ``EditableIndex``, or
-    None for a new dataset (then ``shape``, ``config``, ``versions`` say what it is)."""
+    shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), or None for a new dataset (then ``shape``, ``config``, ``versions`` say what it is)."""
 
-    def __init__(self, directory: str, committed: DatasetIndex | Manifest | EditableIndex | None,
+    def __init__(self, directory: str, committed: DatasetIndex | Manifest | None,
                  interval_s: float = 0.0, run: str = "", *, shape: tuple[int, int, int] = (0, 0, 3),
                  config: dict[str, Any] | None = None, versions: dict[str, Any] | None = None) -> None:
         self.directory = directory
@@ -616,6 +615,13 @@ class Committer:
             return
         self.commit()
 
+    def committed_index(self) -> DatasetIndex:
+        """The generation committed last, as a reader's columns: from the segments this committer holds
+        (no second fetch of the index), or read (a version 1/2 dataset nothing was committed to yet)."""
+        if self.index.segments is None:
+            return load_index(self.directory)
+        return self.index.as_committed(manifest_path(self.directory))
+
     def commit(self) -> int:
         """Commit now, even with nothing changed (a new dataset's empty first generation)."""
         generation = commit(self.directory, self.index, self.touched, self.run, self.published)
@@ -626,7 +632,7 @@ class Committer:
         return generation
 
 
-def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> DatasetIndex | Manifest:
+def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> DatasetIndex:
     """Remove committed inputs (their shards) from the dataset in one commit, under the lock (their files
     are retired, kept for older generations' readers); a later run over them processes them afresh.
     Returns the dataset as committed. (``preprocess verify --repair`` uses this for inputs behind bad
@@ -638,7 +644,7 @@ def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) 
             if committer.index.input(path) is not None:
                 committer.drop_input(path)
         committer.maybe_commit(force=True)
-        return load_index(directory)
+        return committer.committed_index()
 
 
 def report_path(directory: str, run_id: str) -> str:

@@ -4,10 +4,10 @@ A run of the job adds, replaces and drops inputs, then commits a segment with wh
 per input it touches, the committed entry and shards (to retire the old files and to tell a change
 from a no-op), and the root's totals; never the whole dataset as objects. ``load_manifest`` builds an
 object per shard and input (~1.4 KB and 12 µs a shard: ~3 GB at LAION-2B's 2.3M shards) before the
-first commit; ``EditableIndex`` keeps the committed inputs as a sorted array of names over the mapped
-segments (``shardio.format.shard_table``: ~1 row of bytes per input, none per shard), finds a touched
-input's row by bisection, and makes the ``ShardEntry`` objects of that input only. What the run
-changes lives beside it (``changed`` / ``gone``): the run's memory is what it adds.
+first commit; ``EditableIndex`` finds a touched input in the segments themselves (their columns,
+``shardio.format.shard_table``: a bisection of each segment's sorted input names, newest first) and
+makes the ``ShardEntry`` objects of that input only. What the run changes lives beside it
+(``changed`` / ``gone``) until the next commit: the run's memory is what it does between two commits.
 
 A ``Manifest`` (a version 1/2 one being upgraded, or one built in memory) is edited the same way, its
 content held as the run's changes (``from_manifest``): the first commit writes what differs from the
@@ -125,11 +125,9 @@ class EditableIndex(ConfigDerived):
     # --- construction ----------------------------------------------------------------------------------
 
     @classmethod
-    def of(cls, committed: DatasetIndex | Manifest | EditableIndex | None, shape: tuple[int, int, int] = (0, 0, 3),
+    def of(cls, committed: DatasetIndex | Manifest | None, shape: tuple[int, int, int] = (0, 0, 3),
            config: dict[str, Any] | None = None, versions: dict[str, Any] | None = None) -> EditableIndex:
         """The index to edit from what is committed (None: a new dataset of ``shape`` and ``config``)."""
-        if isinstance(committed, EditableIndex):
-            return committed
         if isinstance(committed, Manifest):
             return cls.from_manifest(committed)
         if committed is None:
