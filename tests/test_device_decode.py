@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import sys
+import threading
 import types
 
 import numpy as np
@@ -137,17 +138,104 @@ def test_an_empty_batch_is_an_empty_tensor():
     assert out.shape == (0, 16, 24, 3) and out.dtype == torch.uint8
 
 
-# --- torchvision missing or too old --------------------------------------------------------------------
+# --- which library decodes: torchcodec, else torchvision (deprecated), else what to install ----------------
+
+def fake_torchcodec(version: str, calls: list[str] | None = None) -> types.ModuleType:
+    """A torchcodec whose ``decoders.decode_jpeg(list, mode=, device=)`` is Pillow's, noting its calls."""
+    module = types.ModuleType("torchcodec")
+    module.__version__ = version
+    decoders = types.ModuleType("torchcodec.decoders")
+
+    def decode_jpeg(sources, *, mode="RGB", device="cpu"):
+        assert mode == "RGB" and isinstance(sources, list)
+        if calls is not None:
+            calls.append("torchcodec")
+        return PillowDecode()(sources, torch.device(device))
+
+    decoders.decode_jpeg = decode_jpeg
+    module.decoders = decoders
+    return module
+
+
+def fake_torchvision(version: str, calls: list[str] | None = None) -> types.ModuleType:
+    module = types.ModuleType("torchvision")
+    module.__version__ = version
+    io_module = types.ModuleType("torchvision.io")
+    io_module.ImageReadMode = types.SimpleNamespace(RGB="RGB")
+
+    def decode_jpeg(sources, *, mode, device):
+        if calls is not None:
+            calls.append("torchvision")
+        return PillowDecode()(sources, torch.device(device))
+
+    io_module.decode_jpeg = decode_jpeg
+    module.io = io_module
+    return module
+
 
 @pytest.fixture
-def no_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` raises ImportError
-    monkeypatch.setitem(sys.modules, "torchvision.io", None)
+def libraries(monkeypatch: pytest.MonkeyPatch):
+    """``install(torchcodec=..., torchvision=...)``: each a module, None (absent), or an exception that
+    importing it raises (torchcodec's libraries not loading with a CPU torch)."""
+
+    def install(*, torchcodec=None, torchvision=None) -> None:
+        for name, module in (("torchcodec", torchcodec), ("torchvision", torchvision)):
+            if isinstance(module, Exception):
+                monkeypatch.delitem(sys.modules, name, raising=False)
+                monkeypatch.setattr("builtins.__import__", _failing_import(name, module))
+                continue
+            monkeypatch.setitem(sys.modules, name, module)
+            submodule = "decoders" if name == "torchcodec" else "io"
+            monkeypatch.setitem(sys.modules, f"{name}.{submodule}", getattr(module, submodule, None))
+
+    return install
 
 
-def test_without_torchvision_forcing_device_decode_says_what_to_install(jpeg_dir, no_torchvision):
+def _failing_import(name: str, error: Exception):
+    import builtins
+
+    real = builtins.__import__
+
+    def importer(module, *args, **kwargs):
+        if module == name or module.startswith(name + "."):
+            raise error
+        return real(module, *args, **kwargs)
+
+    return importer
+
+
+def test_torchcodec_is_chosen_where_it_is_installed(jpeg_dir, libraries, recwarn):
+    calls: list[str] = []
+    libraries(torchcodec=fake_torchcodec("0.17.0", calls), torchvision=fake_torchvision("0.26.0", calls))
+    decoder = DeviceDecoder("cpu")
+    assert (decoder.backend.name, decoder.backend.version) == ("torchcodec", "0.17.0")
+    images = encoded_batch(jpeg_dir, 8)
+    assert np.array_equal(decoder(images).numpy(), images.decode())
+    assert calls == ["torchcodec"], "one batched call, torchcodec's"
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], "no deprecation note for it"
+
+
+@pytest.mark.parametrize("torchcodec", ["0.16.0", "absent", "does not load"])
+def test_torchvision_serves_with_a_deprecation_note_when_torchcodec_cannot(jpeg_dir, libraries, torchcodec):
+    calls: list[str] = []
+    codec = {"absent": None, "does not load": OSError("libtorch_cuda.so: cannot open shared object file"),
+             "0.16.0": fake_torchcodec("0.16.0", calls)}[torchcodec]
+    libraries(torchcodec=codec, torchvision=fake_torchvision("0.26.0+cu130", calls))
+    with pytest.warns(FutureWarning, match=r"torchvision 0\.26\.0\+cu130, whose image decoders are deprecated; "
+                                           r"install torchcodec>=0\.17"):
+        decoder = DeviceDecoder("cpu")
+    assert decoder.backend.name == "torchvision"
+    images = encoded_batch(jpeg_dir, 8)
+    assert np.array_equal(decoder(images).numpy(), images.decode()) and calls == ["torchvision"]
+    assert device_decode.available()
+
+
+def test_without_either_library_forcing_device_decode_says_why_and_what_to_install(jpeg_dir, libraries):
+    libraries(torchcodec=OSError("libnvrtc.so.13: cannot open shared object file"), torchvision=None)
     assert not device_decode.available()
-    message = r"needs torchvision >= 0\.19.*pip install torchvision.*Pillow-SIMD.*decode_on_device=False"
+    message = (r"needs torchcodec >= 0\.17 or torchvision >= 0\.19 .*torchcodec does not load with this torch "
+               r".*libnvrtc\.so\.13.*torchvision is not installed.*pip install torchcodec>=0\.17.*Pillow-SIMD"
+               r".*decode_on_device=False")
     with pytest.raises(MissingExtra, match=message):
         DeviceDecoder("cpu")
     with pytest.raises(MissingExtra, match=message):
@@ -156,24 +244,80 @@ def test_without_torchvision_forcing_device_decode_says_what_to_install(jpeg_dir
         DeviceLoader(ShardDataset(jpeg_dir, 8, decode="device"), "cpu")  # the dataset asked for it
 
 
-def test_a_torchvision_older_than_batched_decode_is_named(monkeypatch: pytest.MonkeyPatch):
-    old = types.ModuleType("torchvision")
-    old.__version__ = "0.18.1+cu121"
-    old.io = types.ModuleType("torchvision.io")
-    monkeypatch.setitem(sys.modules, "torchvision", old)
-    monkeypatch.setitem(sys.modules, "torchvision.io", old.io)
+def test_libraries_older_than_batched_decode_are_named(libraries):
+    libraries(torchcodec=fake_torchcodec("0.15.1"), torchvision=fake_torchvision("0.18.1+cu121"))
     assert not device_decode.available()
-    with pytest.raises(MissingExtra, match=r"this one is 0\.18\.1\+cu121: pip install torchvision"):
+    with pytest.raises(MissingExtra, match=r"torchcodec 0\.15\.1 predates the stream fix of 0\.17; "
+                                           r"torchvision 0\.18\.1\+cu121 predates batched decode_jpeg"):
         DeviceDecoder("cuda")
 
 
-def test_the_default_decodes_on_the_cpu_without_torchvision_or_cuda(jpeg_dir, no_torchvision):
+def test_the_default_decodes_on_the_cpu_without_a_library_or_cuda(jpeg_dir, libraries):
+    libraries(torchcodec=None, torchvision=None)
     assert DeviceLoader(ShardDataset(jpeg_dir, 8), "cpu").decoder is None
     # a dataset that hands out encoded batches still gets decoded batches when device decode is off
     loader = DeviceLoader(ShardDataset(jpeg_dir, 10, decode="device"), "cpu", decode_on_device=False, **IDENTITY)
     expected = [b["image"].permute(0, 3, 1, 2).float() for b in ShardDataset(jpeg_dir, 10)]
     got = [b["image"] for b in loader]
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+# --- the stream barrier before every decode ------------------------------------------------------------
+
+class BarrierLog:
+    """An injected barrier and decode writing to one log, so the test reads what ran before what."""
+
+    def __init__(self, fail_batched: bool = False, bad_index: int | None = None) -> None:
+        self.log: list[tuple[str, object]] = []
+        self.fail_batched, self.bad_index = fail_batched, bad_index
+
+    def synchronize(self, device: torch.device) -> None:
+        self.log.append(("barrier", device))
+
+    def decode(self, jpegs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        self.log.append(("decode", len(jpegs)))
+        if self.fail_batched and len(jpegs) > 1:
+            raise RuntimeError("nvjpegDecodeBatched failed")
+        if self.bad_index is not None and len(jpegs) == 1 and self.log.count(("decode", 1)) == self.bad_index + 1:
+            raise RuntimeError("corrupt")
+        return PillowDecode()(jpegs, device)
+
+
+def test_every_decode_call_comes_right_after_a_barrier_on_the_decoders_device(jpeg_dir):
+    probe = BarrierLog()
+    decoder = DeviceDecoder("cpu", decode=probe.decode, synchronize=probe.synchronize)
+    for batch in ShardDataset(jpeg_dir, 16, decode="device"):
+        decoder(batch["image"])
+    calls = [entry for entry in probe.log if entry[0] == "decode"]
+    assert len(calls) == -(-117 // 16)
+    assert probe.log == [item for call in calls for item in (("barrier", torch.device("cpu")), call)]
+
+
+@pytest.mark.parametrize("bad_index", [None, 3])
+def test_the_per_sample_retries_of_a_failed_batch_each_come_after_a_barrier(jpeg_dir, bad_index):
+    probe = BarrierLog(fail_batched=True, bad_index=bad_index)
+    decoder = DeviceDecoder("cpu", decode=probe.decode, synchronize=probe.synchronize)
+    with pytest.raises(ShardIntegrityError):
+        decoder(encoded_batch(jpeg_dir, 8))
+    kinds = [kind for kind, _ in probe.log]
+    assert kinds == ["barrier", "decode"] * (len(kinds) // 2) and len(kinds) == 2 * (1 + (8 if bad_index is None
+                                                                                           else bad_index + 1))
+
+
+def test_the_default_barrier_waits_only_on_cuda(monkeypatch):
+    synchronised: list[str] = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(synchronize=lambda: synchronised.append(str(device))))
+    device_decode.stream_barrier(torch.device("cpu"))
+    assert synchronised == []
+    device_decode.stream_barrier(torch.device("cuda:1"))
+    assert synchronised == ["cuda:1"]
+
+
+def test_decode_finished_runs_the_decoder_as_is_off_cuda(jpeg_dir):
+    images = encoded_batch(jpeg_dir, 8)
+    decoder = DeviceDecoder("cpu", decode=PillowDecode())
+    assert torch.equal(device_decode.decode_finished(decoder, images, torch.device("cpu")), decoder(images))
 
 
 def test_device_decode_is_refused_for_a_raw_dataset_and_a_contradiction(tmp_path, jpeg_dir):
@@ -215,6 +359,29 @@ def test_device_loader_decodes_each_batch_once_with_the_cpu_paths_result(photo_d
     assert [b["__key__"] for b in got] == [b["__key__"] for b in expected]
     assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, expected))
     assert loader.state_dict() == on_cpu.state_dict() and loader.state_dict()["batches_seen"] == len(expected)
+
+
+@pytest.mark.parametrize("workers", [None, 0])
+def test_the_device_decode_runs_on_the_prefetch_thread_not_the_training_loops(photo_dir, workers):
+    threads: list[str] = []
+    inner = DeviceDecoder("cpu", decode=PillowDecode())
+
+    def decoder(images: EncodedImages) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        return inner(images)
+
+    ds = ShardDataset(photo_dir, 10, shuffle=True)
+    loader = DeviceLoader(ds if workers is None else ShardLoader(ds, num_workers=workers), "cpu",
+                          device_decoder=decoder, **IDENTITY)
+    assert len(list(loader)) == len(threads) == 7
+    assert set(threads) == {"shardio-prefetch"}, threads
+
+
+def test_a_cuda_device_without_cuda_says_so_and_what_to_do(jpeg_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"DeviceLoader\(\.\.\., 'cuda'\): CUDA is not available here \(torch "
+                                           r".*\); pass device='cpu' to run on the CPU"):
+        DeviceLoader(ShardDataset(jpeg_dir, 8), "cuda")
 
 
 def test_device_decoded_batches_resume_and_augment_as_cpu_decoded_ones(photo_dir):

@@ -158,6 +158,92 @@ def test_train_transform_and_validation_set(dataset):
     assert model.validated == sorted(model.validated)
 
 
+# --- JPEG datasets decoded on the device (here an injected decoder on the CPU: the same path as CUDA's) ---
+
+class ImageRecorder(KeyRecorder):
+    """Notes each step's keys and its images (normalised float NCHW) as they reach training_step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        self.images.append(batch["image"].detach().clone())
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture(scope="module")
+def jpeg_dataset(tmp_path_factory) -> str:
+    from tests.dataset_fixtures import photo_like, write_inputs
+
+    path = str(tmp_path_factory.mktemp("lightning-jpeg") / "ds")
+
+    def meta_for(index, number, name):
+        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 16, "height": 16,
+                "cls": index}
+
+    write_inputs(path, (SAMPLES,), meta_for, height=16, width=16, samples_per_shard=BATCH,
+                 pixels_for=lambda index: photo_like(index, 16), encoding="jpeg")
+    return path
+
+
+class ThreadNotingDecoder:
+    """A device decoder (``DeviceDecoder`` with Pillow's decode) that notes the thread of each call."""
+
+    def __init__(self) -> None:
+        from shardio.train.device_decode import DeviceDecoder
+        from tests.test_device_decode import PillowDecode
+
+        self.inner = DeviceDecoder("cpu", decode=PillowDecode())
+        self.threads: list[str] = []
+
+    def __call__(self, images):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return self.inner(images)
+
+
+def fit_jpeg(path: str, ckpt_path: str | None = None, **options) -> tuple[ImageRecorder, ThreadNotingDecoder]:
+    from shardio.train.augment import TrainAugment
+
+    torch.manual_seed(0)
+    model, decoder = ImageRecorder(), ThreadNotingDecoder()
+    device = {} if options.pop("on_cpu", False) else {"device_decoder": decoder}
+    module = ShardDataModule(path, BATCH, shuffle=True, seed=3, drop_last=False,
+                             train_transform=TrainAugment(12, seed=1), **device)
+    trainer(**options).fit(model, module, ckpt_path=ckpt_path)
+    return model, decoder
+
+
+def test_a_jpeg_dataset_is_decoded_on_the_device_on_the_prefetch_thread_with_the_cpu_decodes_result(
+        jpeg_dataset):
+    on_cpu, _ = fit_jpeg(jpeg_dataset, max_epochs=2, on_cpu=True)
+    on_device, decoder = fit_jpeg(jpeg_dataset, max_epochs=2)
+    assert len(decoder.threads) == 2 * BATCHES and set(decoder.threads) == {"shardio-prefetch"}, decoder.threads
+    assert on_device.seen == on_cpu.seen
+    assert all(torch.equal(a, b) for a, b in zip(on_device.images, on_cpu.images))
+
+
+def test_a_device_decoded_run_resumes_mid_epoch_at_exactly_the_next_batch(jpeg_dataset, tmp_path):
+    """The decode runs ahead on the prefetch thread; the checkpoint still counts only the trained batches."""
+    stop = BATCHES + 4
+    reference, _ = fit_jpeg(jpeg_dataset, max_epochs=2)
+    checkpoints = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=stop, save_top_k=-1)
+    interrupted, _ = fit_jpeg(jpeg_dataset, max_steps=stop, callbacks=[checkpoints], enable_checkpointing=True)
+    (saved,) = glob.glob(str(tmp_path / f"*step={stop}.ckpt"))
+    resumed, _ = fit_jpeg(jpeg_dataset, ckpt_path=saved, max_epochs=2)
+    assert [k for _, _, k in interrupted.seen + resumed.seen] == [k for _, _, k in reference.seen]
+    assert all(torch.equal(a, b) for a, b in zip(interrupted.images + resumed.images, reference.images))
+
+
+def test_device_decode_is_refused_for_a_raw_dataset_and_a_contradiction(dataset):
+    with pytest.raises(ValueError, match=r"contradicts decode_on_device=False"):
+        ShardDataModule(dataset, BATCH, decode_on_device=False, device_decoder=lambda images: images)
+    with pytest.raises(ValueError, match=r"decode_on_device=True is for JPEG datasets"):
+        trainer(max_epochs=1).fit(KeyRecorder(), ShardDataModule(dataset, BATCH, decode_on_device=True))
+
+
 @pytest.mark.slow
 def test_torchrun_ddp_ranks_split_the_epoch(dataset, tmp_path):
     """Two CPU processes under torchrun: each rank opens the dataset in setup() with its rank from

@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from shardio.read.dataset import ShardDataset
+from shardio.read.prefetch import prefetched
 from shardio.train.batch_transform import BatchTransform, batch_positions, transform_batch
 from shardio.train.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
 
@@ -299,22 +300,33 @@ class PositionedBatches:
     ``on_after_batch_transfer``: ``transform_batch(augment, batch, device)`` there also passes a
     ``mode: pad`` batch's ``"content_box"``, which this leaves in the batch). ``len``, ``state_dict`` and
     ``load_state_dict`` pass through; this is the layer that hands batches out, so it counts them
-    (``shardio.read.resume``)."""
+    (``shardio.read.resume``).
 
-    def __init__(self, loader: ShardLoader | ShardDataset) -> None:
+    ``prepare`` (e.g. the device decode of a JPEG batch handed out ``encoded``) runs on a prefetch thread
+    ``prefetch`` batches ahead; a batch still counts only when this yields it."""
+
+    def __init__(self, loader: ShardLoader | ShardDataset, *,
+                 prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None, prefetch: int = 2,
+                 encoded: bool | None = None) -> None:
         if not isinstance(loader, (ShardLoader, ShardDataset)):
             raise TypeError("PositionedBatches takes a ShardLoader or ShardDataset, "
                             f"got {type(loader).__name__}")
         self.loader = loader
         self.dataset: ShardDataset = loader if isinstance(loader, ShardDataset) else loader.dataset
+        self.prepare, self.prefetch, self.encoded = prepare, prefetch, encoded
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch_pass = self.loader.begin_pass()
-        batches = self.dataset.cursor.handed_out(epoch_pass, self.loader.iter_pass(epoch_pass))
-        for index, batch in enumerate(batches):
+        # Asked for only when set: a loader subclass's iter_pass from before JPEG datasets keeps working.
+        encoded = {} if self.encoded is None else {"encoded": self.encoded}
+        batches: Iterator[dict[str, Any]] = self.loader.iter_pass(epoch_pass, **encoded)
+        if self.prepare is not None:
+            batches = (prefetched(batches, self.prepare, self.prefetch) if self.prefetch > 0
+                       else map(self.prepare, batches))
+        for index, batch in enumerate(self.dataset.cursor.handed_out(epoch_pass, batches)):
             positions = epoch_pass.batches[index]
             yield {**batch, "__position__": torch.arange(positions.start, positions.stop, dtype=torch.int64),
                    "__epoch__": epoch_pass.epoch}

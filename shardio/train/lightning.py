@@ -24,6 +24,13 @@ What Lightning does with it, as read in Lightning 2.6 (``loops/fit_loop.py``, ``
   then turns the uint8 NHWC images into float NCHW on the device: ``train_transform`` (e.g.
   ``TrainAugment``, with each sample's epoch position, so a resumed epoch augments identically) or the
   plain normalisation of ``shardio.to_device``.
+- **JPEG datasets on a GPU.** As with ``DeviceLoader``, a JPEG dataset's batches are handed out still
+  encoded and decoded on the device by ``shardio.train.device_decode.DeviceDecoder`` (batched nvJPEG, a
+  stream barrier before each call) on a prefetch thread with its own CUDA stream, finished before the
+  batch reaches the Trainer: the decode's host work never runs on the training loop's thread.
+  ``transfer_batch_to_device`` then finds the images on the device already; ``on_after_batch_transfer``
+  records their use on the step's stream before the transform. ``decode_on_device`` chooses (default: on
+  when the Trainer's device is CUDA and torchcodec or torchvision is installed).
 - **DDP.** The datasets are built in ``setup()``, after the strategy has initialised
   ``torch.distributed``: each rank takes its rank and world size from there, every rank yields the same
   number of batches, and Lightning adds no sampler to a loader that is not a ``DataLoader``.
@@ -38,8 +45,10 @@ import lightning.pytorch as pl
 import torch
 
 from shardio.store.backends import for_path
-from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
 from shardio.read.dataset import ShardDataset
+from shardio.read.jpeg_pixels import EncodedImages
+from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
+from shardio.train import device_decode
 from shardio.train.loader import ShardLoader, to_device
 from shardio.read.mixing import MixedDataset
 
@@ -93,7 +102,8 @@ class ShardDataModule(pl.LightningDataModule):
     ``num_workers``: DataLoader processes for a ``ShardDataset`` (0, reading in the main process, is
     usually fastest: a batch is a slice of a memory map). ``cache_dir`` / ``cache_limit``: the shard
     cache of a ``train`` / ``val`` given as an object-storage URL (``ShardDataset``'s; not passed for a
-    local directory).
+    local directory). ``decode_on_device`` / ``device_decoder``: where a JPEG ``ShardDataset``'s batches
+    are decoded, as ``DeviceLoader``'s (a ``MixedDataset`` decodes on the CPU).
     """
 
     def __init__(self, train: str | TrainDataset, batch_size: int = 256, *,
@@ -101,8 +111,13 @@ class ShardDataModule(pl.LightningDataModule):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
                  train_transform: BatchTransform | None = None, val_transform: BatchTransform | None = None,
                  cache_dir: str | None = None, cache_limit: int | str | None = None,
+                 decode_on_device: bool | None = None,
+                 device_decoder: Callable[[EncodedImages], torch.Tensor] | None = None,
                  **normalise: Any) -> None:
         super().__init__()
+        if device_decoder is not None and decode_on_device is False:
+            raise ValueError("device_decoder= decodes on the device; it contradicts decode_on_device=False")
+        self.decode_on_device, self.device_decoder = decode_on_device, device_decoder
         self.train_source, self.val_source = train, val
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.num_workers = num_workers
@@ -129,16 +144,44 @@ class ShardDataModule(pl.LightningDataModule):
         return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last,
                             **cache)
 
-    def _pinned(self) -> bool:
+    def _device(self) -> torch.device:
         trainer = self.trainer
-        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _pinned(self) -> bool:
+        return self._device().type == "cuda"
+
+    def _decoder(self, dataset: ShardDataset) -> Callable[[EncodedImages], torch.Tensor] | None:
+        """The device decoder of ``dataset``'s batches, or None to decode on the CPU."""
+        device = self._device()
+        on = self.decode_on_device
+        if on is None:
+            on = self.device_decoder is not None or (dataset.is_jpeg and device.type == "cuda"
+                                                     and device_decode.available())
+        if not on:
+            return None
+        if not dataset.is_jpeg:
+            raise ValueError(f"{dataset.path}: decode_on_device=True is for JPEG datasets (encoding: jpeg); "
+                             f"this one is {dataset.snapshot.encoding}")
+        return self.device_decoder or device_decode.DeviceDecoder(device)
 
     def _loader(self, dataset: TrainDataset) -> PositionedBatches | MixedDataset:
-        if isinstance(dataset, ShardDataset):
-            # Positions ride along so the transform after the transfer knows each sample's place.
-            return PositionedBatches(ShardLoader(dataset, num_workers=self.num_workers,
-                                                 pin_memory=self._pinned()))
-        return dataset  # a MixedDataset counts itself and adds "__position__"/"__epoch__"
+        if not isinstance(dataset, ShardDataset):
+            return dataset  # a MixedDataset counts itself and adds "__position__"/"__epoch__"
+        # Positions ride along so the transform after the transfer knows each sample's place.
+        loader = ShardLoader(dataset, num_workers=self.num_workers, pin_memory=self._pinned())
+        decoder = self._decoder(dataset)
+        if decoder is None:
+            return PositionedBatches(loader)
+        device = self._device()
+
+        def decode(batch: dict[str, Any]) -> dict[str, Any]:  # on the prefetch thread
+            images = batch["image"]
+            if not isinstance(images, EncodedImages):
+                return batch
+            return {**batch, "image": device_decode.decode_finished(decoder, images, device)}
+
+        return PositionedBatches(loader, prepare=decode, encoded=True)
 
     def train_dataloader(self) -> EpochLoader:
         if self.train_dataset is None:
@@ -161,6 +204,8 @@ class ShardDataModule(pl.LightningDataModule):
         training = self.trainer is not None and self.trainer.training
         transform = self.train_transform if training else self.val_transform
         device = batch["image"].device
+        if device.type == "cuda":  # decoded on the prefetch thread's stream (or copied): used on this one
+            batch["image"].record_stream(torch.cuda.current_stream(device))
         if transform is not None:
             return transform_batch(transform, batch, device)
         return to_device(batch, device, **self.normalise)

@@ -9,7 +9,8 @@ uint8 NHWC images into normalised float NCHW (channels_last memory, which convol
 Copies per batch: memory map → pinned buffer (the pin thread, or the worker's shared memory then the pin
 thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything. A JPEG
 dataset on CUDA can instead hand its batches out encoded and have them decoded on the GPU
-(``shardio.train.device_decode``: one batched nvJPEG call a batch, on the side stream); see ``DeviceLoader``.
+(``shardio.train.device_decode``: one batched nvJPEG call a batch, on the prefetch thread's own stream, a
+stream barrier before it); see ``DeviceLoader``.
 """
 
 from __future__ import annotations
@@ -174,12 +175,14 @@ class DeviceLoader:
     it has one (every batch of a ``mode: pad`` dataset), and returns the float batch.
 
     JPEG datasets: ``decode_on_device`` chooses, once, where batches are decoded. On (the default on CUDA
-    when torchvision >= 0.19 imports, or when the dataset was made with ``decode="device"``), the dataset
-    hands each batch out encoded (same batches, order and resume) and ``device_decoder`` (default
-    ``shardio.train.device_decode.DeviceDecoder``: batched nvJPEG) decodes it to uint8 NHWC on the device,
-    on the side stream, before the normalisation or ``transform`` as for any batch. ``True`` without
-    torchvision is a MissingExtra saying what to install; ``False`` decodes on the CPU (the dataset's
-    native threads). A batch that reaches this still encoded with device decode off is decoded on the CPU.
+    when torchcodec >= 0.17 or torchvision >= 0.19 imports, or when the dataset was made with
+    ``decode="device"``), the dataset hands each batch out encoded (same batches, order and resume) and
+    ``device_decoder`` (default ``shardio.train.device_decode.DeviceDecoder``: batched nvJPEG, a stream
+    barrier before each call) decodes it to uint8 NHWC on the device, on the prefetch thread and its own
+    stream, finished before the batch is handed on; the normalisation or ``transform`` then runs on the side
+    stream as for any batch. ``True`` without either library is a MissingExtra saying what to install;
+    ``False`` decodes on the CPU (the dataset's native threads). A batch that reaches this still encoded
+    with device decode off is decoded on the CPU.
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
@@ -191,6 +194,11 @@ class DeviceLoader:
             raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
         self.transform = transform
         self.loader, self.device, self.prefetch = loader, torch.device(device), prefetch
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            why = "has no CUDA build" if torch.version.cuda is None else "sees no CUDA device"
+            raise RuntimeError(f"DeviceLoader(..., {str(device)!r}): CUDA is not available here (torch "
+                               f"{torch.__version__} {why}); pass device='cpu' to run on the CPU, or run on a "
+                               "machine with a GPU and a CUDA build of torch")
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
@@ -219,13 +227,14 @@ class DeviceLoader:
         return decoder if decoder is not None else device_decode.DeviceDecoder(self.device)
 
     def _decoded(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch with an encoded ``image`` decoded: by the device decoder, or else on the CPU."""
+        """The batch with an encoded ``image`` decoded: by the device decoder (on CUDA on this thread's own
+        stream, finished: ``device_decode.decode_finished``), or else on the CPU."""
         images = batch.get("image")
         if not isinstance(images, EncodedImages):
             return batch
         if self.decoder is None:
             return {**batch, "image": torch.from_numpy(images.decode())}
-        return {**batch, "image": self.decoder(images)}
+        return {**batch, "image": device_decode.decode_finished(self.decoder, images, self.device)}
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -235,17 +244,16 @@ class DeviceLoader:
         return self.loader.cursor.batches_seen if isinstance(self.loader, (ShardDataset, ShardLoader)) else 0
 
     def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """What the prefetch thread does to a batch: pin it for CUDA, or all of ``to_device`` on CPU (and
-        the decode of an encoded batch, unless it is decoded on the side stream: ``load`` below)."""
-        if self.device.type != "cuda" or self.decoder is None:
-            batch = self._decoded(batch)
-        elif isinstance(batch.get("image"), EncodedImages):
-            return batch  # JPEG bytes for the device decoder: torchvision copies them to the device
+        """What the prefetch thread does to a batch: decode an encoded one (on the device, or the CPU),
+        then pin it for CUDA, or all of ``to_device`` on CPU. The device decode runs here, not on the
+        training loop's thread: its host work (parsing, nvJPEG's host phase, the stream barrier) overlaps
+        the step instead of delaying the next kernel launches."""
+        batch = self._decoded(batch)
         if self.device.type != "cuda":
             if self.transform is not None:
                 return batch  # transformed in the consumer's thread, with its positions
             return to_device(batch, self.device, **self.to_device_kwargs)
-        if self.pin_memory and not batch["image"].is_pinned():
+        if self.pin_memory and not batch["image"].is_cuda and not batch["image"].is_pinned():
             return {**batch, "image": batch["image"].pin_memory()}
         return batch
 
@@ -296,7 +304,8 @@ class DeviceLoader:
                 return None
             batch, number = item
             with torch.cuda.stream(stream):
-                batch = self._decoded(batch)  # an encoded batch: decoded here, overlapping the step
+                if batch["image"].is_cuda:  # decoded on the prefetch thread's stream: used on this one now
+                    batch["image"].record_stream(stream)
                 if self.transform is not None:
                     return self._transform(batch, number)
                 return to_device(batch, self.device, **self.to_device_kwargs)
