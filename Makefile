@@ -20,7 +20,7 @@ SAMPLE_DIR ?= data/sample
 # Written by `python -m bench.run` (cached): 6 tars of 200 LAION-like JPEGs.
 BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 
-.PHONY: install pillow-simd pillow-simd-rebuild shards sample test bench lint doctor clean
+.PHONY: install pillow-simd pillow-simd-rebuild shards sample test bench gpu-check lint doctor clean
 
 # `install` checks Pillow-SIMD every time, not only when the stamp is stale: anything that requires
 # `pillow` (pip install torchvision, matplotlib) writes stock Pillow over it without touching the stamp.
@@ -109,6 +109,13 @@ bench: $(STAMP)
 	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.
 	-$(PIP) install -q s3fs
 	$(PY) -m bench.object_store
+
+# The GPU path on a GPU machine, in one call (bench/gpu_check.py: CUDA tests, stream safety, decode rates, H2D,
+# a ResNet-50 step's wait for data, the object-store reader); installs what it needs itself (bench/gpu_env.sh)
+# into .gpu-check/, never into .venv. Writes gpu_check.json and gpu_check.md into $OUT or bench/out/gpu-check.
+# GPU_CHECK_ARGS=--dry-run: the plan and the parts a CPU runs, on this machine.
+gpu-check:
+	bash bench/gpu_env.sh $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff

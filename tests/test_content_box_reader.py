@@ -130,6 +130,7 @@ def test_to_device_moves_the_boxes(pad_dir: str) -> None:
     assert_boxes_match(moved)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_loader_moves_the_boxes_to_the_gpu(pad_dir: str) -> None:
     recorder = BoxRecorder()

@@ -9,7 +9,7 @@ from dataset_fixtures import indices, make_dataset
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader, to_device
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(scope="module")

@@ -402,6 +402,8 @@ def test_device_decoded_batches_resume_and_augment_as_cpu_decoded_ones(photo_dir
 
 # --- the real decode: batched nvJPEG ----------------------------------------------------------------------
 
+@pytest.mark.cuda
+@pytest.mark.filterwarnings("ignore:decoding JPEG batches on the device with torchvision")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU decode is nvJPEG's)")
 def test_cuda_decodes_a_jpeg_dataset_within_the_documented_bound_of_the_cpu(photo_dir):
     pytest.importorskip("torchvision", reason="the GPU decode needs torchvision >= 0.19")

@@ -1,0 +1,197 @@
+"""The GPU check's rates: JPEG decode per library against the CPU reader, host-to-device bandwidth, and the
+share of a ResNet-50 bf16 step spent waiting for data (``bench.gpu_check`` runs them and writes the table).
+
+Each function takes the device and sizes, returns a dict of figures, and runs on a CPU too (the dry run: the
+same calls on tiny sizes, rates meaningless), except where it needs CUDA, which it says.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from shardio import DeviceLoader, ShardDataset
+from shardio.errors import MissingExtra
+from shardio.read.jpeg_pixels import EncodedImages, decode_threads
+from shardio.train import device_decode
+from shardio.train.augment import TrainAugment
+from shardio.train.device_decode import DeviceDecoder
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(run: Callable[[], int], device: torch.device) -> dict[str, float]:
+    """Wall seconds, this process's CPU seconds (all threads) and the count ``run`` returns."""
+    _sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    count = run()
+    _sync(device)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"samples": count, "seconds": round(wall, 3), "samples_per_s": round(count / wall, 1),
+            "cpu_cores_busy": round(cpu / wall, 2)}
+
+
+def _encoded_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:
+    out: list[EncodedImages] = []
+    while len(out) < count:
+        for item in ShardDataset(jpeg_dir, batch, shuffle=True, seed=len(out), decode="device"):
+            out.append(item["image"])
+            if len(out) == count:
+                break
+    return out
+
+
+def decode_rates(jpeg_dir: str, device: torch.device, batch: int = 256, batches: int = 40) -> dict[str, Any]:
+    """Batched decode samples/s per library (through ``DeviceDecoder``, barrier on, and the library raw),
+    ``DeviceLoader`` end to end on the JPEG dataset, and the CPU reader on every core."""
+    images = _encoded_batches(jpeg_dir, batch, min(batches, 16))
+    out: dict[str, Any] = {"batch": batch, "batches": batches}
+    for name in ("torchcodec", "torchvision"):
+        backend = {"torchcodec": device_decode._torchcodec, "torchvision": device_decode._torchvision}[name]()[0]
+        if backend is None:
+            out[name] = "not available"
+            continue
+        decoder = DeviceDecoder(device, decode=backend.decode)
+        decoder(images[0])  # warm-up: nvJPEG handles, the allocator's blocks
+
+        def through_shardio() -> int:
+            return sum(len(decoder(images[i % len(images)])) for i in range(batches))
+
+        def raw() -> int:
+            total = 0
+            for i in range(batches):
+                total += len(backend.decode([torch.from_numpy(j) for j in images[i % len(images)].jpegs], device))
+            return total
+
+        out[name] = {"version": backend.version, "device_decoder": _timed(through_shardio, device),
+                     "raw": _timed(raw, device)}
+
+    def loader() -> int:
+        count = 0
+        for item in DeviceLoader(ShardDataset(jpeg_dir, batch, shuffle=True), device):
+            count += len(item["image"])
+        return count
+
+    loader()  # warm: page cache
+    out["device_loader_jpeg"] = _timed(loader, device)
+
+    out["cpu_reader_all_cores"] = cpu_reader_rate(jpeg_dir, batch)
+    return out
+
+
+def cpu_reader_rate(jpeg_dir: str, batch: int) -> dict[str, Any] | str:
+    """A shuffled epoch of the JPEG dataset decoded by the CPU reader (native threads on every core)."""
+    def epoch() -> int:
+        count = 0
+        for item in ShardDataset(jpeg_dir, batch, shuffle=True):
+            count += len(item["image"])
+        return count
+
+    try:
+        epoch()  # warm: page cache, memory maps
+        return {**_timed(epoch, torch.device("cpu")), "threads": decode_threads()}
+    except MissingExtra as error:  # the extension may not be built on the GPU machine
+        return f"not available: {error}"
+
+
+def h2d(raw_dir: str, device: torch.device, batch: int = 256, copies: int = 20) -> dict[str, Any]:
+    """Pinned host-to-device bandwidth (one batch's bytes, copied ``copies`` times) against ``DeviceLoader``
+    delivering the raw dataset's uint8 batches to the device (no model)."""
+    if device.type != "cuda":
+        return {"skipped": "needs CUDA"}
+    dataset = ShardDataset(raw_dir, batch, shuffle=True)
+    side = dataset.snapshot.shape[0]
+    pinned = torch.empty((batch, side, side, 3), dtype=torch.uint8).pin_memory()
+    target = torch.empty_like(pinned, device=device)
+    target.copy_(pinned, non_blocking=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(copies):
+        target.copy_(pinned, non_blocking=True)
+    end.record()
+    end.synchronize()
+    pinned_gbps = copies * pinned.numel() / (start.elapsed_time(end) / 1e3) / 1e9
+
+    class Uint8:  # the transform hand-off with no arithmetic: the batch's bytes as they arrived
+        def __call__(self, image, *, epoch, positions, content_box=None):
+            return image
+
+    def loader() -> int:
+        count = 0
+        for item in DeviceLoader(ShardDataset(raw_dir, batch, shuffle=True), device, transform=Uint8()):
+            count += item["image"].numel()
+        return count
+
+    loader()  # warm: page cache, pinned buffers
+    timed = _timed(loader, device)
+    loader_gbps = timed["samples"] / timed["seconds"] / 1e9
+    return {"pinned_GBps": round(pinned_gbps, 2), "device_loader_GBps": round(loader_gbps, 2),
+            "ratio": round(loader_gbps / pinned_gbps, 3), "loader_cpu_cores_busy": timed["cpu_cores_busy"]}
+
+
+def _step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step(image: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_fn(model(image), label)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def _batches(dataset_dir: str, device: torch.device, batch: int, size: int) -> Iterator[dict[str, Any]]:
+    epoch = 0
+    while True:
+        dataset = ShardDataset(dataset_dir, batch, shuffle=True, seed=epoch)
+        yield from DeviceLoader(dataset, device, transform=TrainAugment(size, seed=epoch))
+        epoch += 1
+
+
+def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: Callable[[], torch.nn.Module],
+                    batch: int = 256, size: int = 224, warmup: int = 5, steps: int = 30) -> dict[str, Any]:
+    """Per dataset: the share of step time spent in ``next()`` of a ``DeviceLoader`` with ``TrainAugment``,
+    each step ended by ``loss.item()`` (a host sync, as a logging loop has: time in ``next()`` is then time
+    the GPU has no work), and the step time against the same step on one batch already on the device."""
+    model = make_model().to(device).to(memory_format=torch.channels_last)
+    step = _step_fn(model, device)
+    fixed = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    for _ in range(warmup):
+        step(fixed, labels).item()
+    synthetic = []
+    for _ in range(steps):
+        begin = time.perf_counter()
+        step(fixed, labels).item()
+        synthetic.append(time.perf_counter() - begin)
+    out: dict[str, Any] = {"batch": batch, "size": size, "steps": steps,
+                           "synthetic_step_ms": round(1e3 * statistics.median(synthetic), 2)}
+    for name, directory in datasets.items():
+        batches = _batches(directory, device, batch, size)
+        waits, totals = [], []
+        for index in range(warmup + steps):
+            begin = time.perf_counter()
+            item = next(batches)
+            got = time.perf_counter()
+            step(item["image"], item["cls"].to(device) % 1000).item()
+            if index >= warmup:
+                waits.append(got - begin)
+                totals.append(time.perf_counter() - begin)
+        batches.close()
+        out[name] = {"wait_share": round(sum(waits) / sum(totals), 4),
+                     "step_ms": round(1e3 * statistics.median(totals), 2),
+                     "wait_ms_median": round(1e3 * statistics.median(waits), 3),
+                     "samples_per_s": round(batch * len(totals) / sum(totals), 1)}
+    return out

@@ -1,0 +1,85 @@
+"""The GPU check's results as table rows (figure, value, goal): one reading of ``gpu_check.json`` for the
+check's own table and for whoever copies its figures (the README's GPU rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _get(results: dict[str, Any], *keys: str) -> Any:
+    value: Any = results
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _rate(row: Any) -> str:
+    if isinstance(row, dict) and "samples_per_s" in row:
+        return f"{row['samples_per_s']:,.0f} samples/s, {row['cpu_cores_busy']} CPU cores busy"
+    return str(row) if row is not None else "not measured"
+
+
+def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    env = results.get("env", {})
+    if isinstance(env, dict):
+        out.append(("machine", f"{env.get('card', 'no GPU')}, driver {env.get('driver', '-')}, torch "
+                               f"{env.get('torch')} (CUDA {env.get('cuda')}), {env.get('cpu_count')} cores, "
+                               f"{env.get('date')}", ""))
+        out.append(("decode library chosen", f"{str(env.get('chosen_decoder'))[:120]} (torchcodec: "
+                                             f"{str(env.get('torchcodec'))[:160]}; torchvision: "
+                                             f"{str(env.get('torchvision'))[:80]})", "torchcodec >= 0.17"))
+    tests = results.get("cuda_tests")
+    if isinstance(tests, dict):
+        out.append(("CUDA tests", f"exit {tests.get('exit')}, {tests.get('counts')}", "all pass"))
+    for row in _get(results, "stream_safety", "rows") or []:
+        value = (f"{row['corrupted']} of {row['trials']} corrupted" if "trials" in row
+                 else row.get("skipped", "?"))
+        if row.get("max_abs_vs_cpu_decode") is not None:
+            value += f"; pixels within {row['max_abs_vs_cpu_decode']:.0f} levels of the CPU decode"
+        goal = "0" if "barrier on" in row["decoder"] else "> 0 shows the harness bites"
+        out.append((f"stream safety, {row.get('jpeg', '')}: {row['decoder']}", value, goal))
+    decode = results.get("decode")
+    if isinstance(decode, dict):
+        for name in ("torchcodec", "torchvision"):
+            if isinstance(decode.get(name), dict):
+                out.append((f"decode 256² JPEG, {name} {decode[name]['version']} via DeviceDecoder",
+                            _rate(decode[name]["device_decoder"]), ">= 20k/s, 1 core"))
+                out.append((f"decode 256² JPEG, {name} raw", _rate(decode[name]["raw"]), ""))
+            elif name in decode:
+                out.append((f"decode 256² JPEG, {name}", str(decode[name]), ""))
+        if "device_loader_jpeg" in decode:
+            out.append(("DeviceLoader, JPEG dataset, no model", _rate(decode["device_loader_jpeg"]), ""))
+        # the dry run measures the CPU reader alone
+        reader = decode if "samples_per_s" in decode else decode.get("cpu_reader_all_cores")
+        out.append(("CPU reader, JPEG dataset, every core", _rate(reader), ""))
+    h2d = results.get("h2d")
+    if isinstance(h2d, dict) and "ratio" in h2d:
+        out.append(("H2D: DeviceLoader raw batches / pinned copy",
+                    f"{h2d['device_loader_GBps']} / {h2d['pinned_GBps']} GB/s = {h2d['ratio']}", ">= 0.8"))
+    train = results.get("train_step")
+    if isinstance(train, dict) and "synthetic_step_ms" in train:
+        out.append(("ResNet-50 bf16 step, batch on the device", f"{train['synthetic_step_ms']} ms", ""))
+        for name in ("raw", "jpeg"):
+            if isinstance(train.get(name), dict):
+                row = train[name]
+                out.append((f"ResNet-50 bf16 step from the {name} dataset: time waiting for data",
+                            f"{100 * row['wait_share']:.2f}% (step {row['step_ms']} ms, "
+                            f"{row['samples_per_s']:,.0f} samples/s)", "< 1%"))
+    store = results.get("object_store")
+    if isinstance(store, dict):
+        for name in ("raw", "jpeg"):
+            if isinstance(store.get(name), dict) and "ratio" in store[name]:
+                row = store[name]
+                out.append((f"S3 reader cold epoch / raw GET, {name}",
+                            f"{row['cold_MBps']} / {row['raw_get_MBps']} MB/s = {row['ratio']}", ">= 0.7"))
+        if "job" in store:
+            out.append(("S3 job / local job", str(store["job"]), ">= 0.85"))
+        if "skipped" in store:
+            out.append(("object storage", str(store["skipped"]), ""))
+    for name, value in results.items():
+        if isinstance(value, dict) and "error" in value:
+            out.append((f"{name} failed", value["error"][:300], ""))
+    return out
