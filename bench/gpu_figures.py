@@ -129,11 +129,20 @@ def h2d(raw_dir: str, device: torch.device, batch: int = 256, copies: int = 20) 
             count += item["image"].numel()
         return count
 
+    def assembly() -> int:  # the host side alone: shuffled batches gathered into pinned memory
+        count = 0
+        for item in ShardDataset(raw_dir, batch, shuffle=True, pin_memory=True):
+            count += item["image"].numel()
+        return count
+
     loader()  # warm: page cache, pinned buffers
     timed = _timed(loader, device)
+    host = _timed(assembly, torch.device("cpu"))
     loader_gbps = timed["samples"] / timed["seconds"] / 1e9
     return {"pinned_GBps": round(pinned_gbps, 2), "device_loader_GBps": round(loader_gbps, 2),
-            "ratio": round(loader_gbps / pinned_gbps, 3), "loader_cpu_cores_busy": timed["cpu_cores_busy"]}
+            "ratio": round(loader_gbps / pinned_gbps, 3), "loader_cpu_cores_busy": timed["cpu_cores_busy"],
+            "host_assembly_GBps": round(host["samples"] / host["seconds"] / 1e9, 2),
+            "host_assembly_cpu_cores_busy": host["cpu_cores_busy"]}
 
 
 def _step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -59,6 +59,9 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     if isinstance(h2d, dict) and "ratio" in h2d:
         out.append(("H2D: DeviceLoader raw batches / pinned copy",
                     f"{h2d['device_loader_GBps']} / {h2d['pinned_GBps']} GB/s = {h2d['ratio']}", ">= 0.8"))
+        if "host_assembly_GBps" in h2d:
+            out.append(("host side alone: shuffled batches gathered into pinned memory",
+                        f"{h2d['host_assembly_GBps']} GB/s, {h2d['host_assembly_cpu_cores_busy']} cores busy", ""))
     train = results.get("train_step")
     if isinstance(train, dict) and "synthetic_step_ms" in train:
         out.append(("ResNet-50 bf16 step, batch on the device", f"{train['synthetic_step_ms']} ms", ""))

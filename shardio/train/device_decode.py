@@ -45,7 +45,8 @@ from shardio.errors import MissingExtra, ShardIntegrityError
 from shardio.read.jpeg_pixels import EncodedImages
 
 __all__ = ["DecodeFn", "DeviceDecoder", "JpegBackend", "MIN_TORCHCODEC", "MIN_TORCHVISION", "available",
-           "choose_backend", "decode_finished", "stream_barrier", "torchcodec_decode", "torchvision_decode"]
+           "choose_backend", "decode_finished", "stream_barrier", "thread_stream", "torchcodec_decode",
+           "torchvision_decode"]
 
 DecodeFn = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 """``decode(jpegs, device)``: each 1-D uint8 CPU tensor of JPEG bytes decoded to a uint8 (3, H, W) tensor on
@@ -218,8 +219,9 @@ class DeviceDecoder:
 _thread_streams = threading.local()
 
 
-def _own_stream(device: torch.device) -> Any:
-    """This thread's own CUDA stream on ``device``: work from no other thread is ever queued on it."""
+def thread_stream(device: torch.device) -> Any:
+    """This thread's own CUDA stream on ``device``: work from no other thread is ever queued on it (the
+    prefetch thread's, for everything ``DeviceLoader`` does to a batch on the device)."""
     streams = getattr(_thread_streams, "streams", None)
     if streams is None:
         streams = _thread_streams.streams = {}
@@ -236,7 +238,7 @@ def decode_finished(decoder: Callable[[EncodedImages], torch.Tensor], images: En
     work and the barrier then never hold up the training loop's thread."""
     if device.type != "cuda":
         return decoder(images)
-    stream = _own_stream(device)
+    stream = thread_stream(device)
     with torch.cuda.stream(stream):
         decoded = decoder(images)
     stream.synchronize()

@@ -7,10 +7,12 @@ is exact with any number of workers. ``DeviceLoader`` moves each batch to the de
 uint8 NHWC images into normalised float NCHW (channels_last memory, which convolutions prefer).
 
 Copies per batch: memory map → pinned buffer (the pin thread, or the worker's shared memory then the pin
-thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything. A JPEG
-dataset on CUDA can instead hand its batches out encoded and have them decoded on the GPU
-(``shardio.train.device_decode``: one batched nvJPEG call a batch, on the prefetch thread's own stream, a
-stream barrier before it); see ``DeviceLoader``.
+thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot overlap anything. On CUDA
+everything done to a batch on the device (the copy, a JPEG batch's decode, the normalisation or transform)
+runs on the prefetch thread's own stream, ahead of the step; the training loop's stream waits for it on the
+GPU. A JPEG dataset on CUDA can hand its batches out encoded and have them decoded there
+(``shardio.train.device_decode``: one batched nvJPEG call a batch, a stream barrier before it); see
+``DeviceLoader``.
 """
 
 from __future__ import annotations
@@ -162,8 +164,10 @@ class DeviceLoader:
     With ``prefetch > 0`` a background thread (``shardio.read.prefetch``) pulls the next ``prefetch`` batches
     (the memory-map copy and the pinning run there, both outside the GIL, and on CPU the whole conversion),
     so with ``num_workers=0``, or a ``ShardDataset`` passed directly (assembled pinned when
-    ``pin_memory``), reading overlaps the step. On CUDA the next batch's host-to-device copy and
-    normalisation run on a side stream while the current step runs.
+    ``pin_memory``), reading overlaps the step. On CUDA that thread also issues each batch's
+    host-to-device copy, decode and normalisation (or ``transform``) on a stream of its own; the training
+    loop's stream waits for a batch's event on the GPU, so the loop's thread never waits on the host for
+    work it could have queued.
 
     Given a ``ShardDataset`` or ``ShardLoader``, this is the layer that hands batches out, so it counts
     them on the dataset's cursor (``shardio.read.resume``): ``state_dict()`` counts the batches this yielded,
@@ -243,19 +247,30 @@ class DeviceLoader:
     def batches_seen(self) -> int:
         return self.loader.cursor.batches_seen if isinstance(self.loader, (ShardDataset, ShardLoader)) else 0
 
-    def _prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """What the prefetch thread does to a batch: decode an encoded one (on the device, or the CPU),
-        then pin it for CUDA, or all of ``to_device`` on CPU. The device decode runs here, not on the
-        training loop's thread: its host work (parsing, nvJPEG's host phase, the stream barrier) overlaps
-        the step instead of delaying the next kernel launches."""
+    def _prepare(self, item: tuple[dict[str, Any], int]) -> tuple[dict[str, Any], int, Any]:
+        """What the prefetch thread does to a batch (and its number in the epoch): decode an encoded one
+        (on the device, or the CPU); on CPU all of ``to_device``; on CUDA all of it on this thread's own
+        stream: pinning, the host-to-device copy, the decode, and the normalisation or ``transform``,
+        ending with an event the training loop's stream waits for. The training loop's thread then only
+        takes a ready batch: no host work of the batch's (the decode's parsing, nvJPEG's host phase, the
+        stream barrier, the transform's kernel launches) delays its next kernel launches."""
+        batch, number = item
         batch = self._decoded(batch)
         if self.device.type != "cuda":
             if self.transform is not None:
-                return batch  # transformed in the consumer's thread, with its positions
-            return to_device(batch, self.device, **self.to_device_kwargs)
+                return batch, number, None  # transformed in the consumer's thread, with its positions
+            return to_device(batch, self.device, **self.to_device_kwargs), number, None
         if self.pin_memory and not batch["image"].is_cuda and not batch["image"].is_pinned():
-            return {**batch, "image": batch["image"].pin_memory()}
-        return batch
+            batch = {**batch, "image": batch["image"].pin_memory()}
+        stream = device_decode.thread_stream(self.device)
+        with torch.cuda.stream(stream):
+            if self.transform is not None:
+                batch = self._transform(batch, number)
+            else:
+                batch = to_device(batch, self.device, **self.to_device_kwargs)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return batch, number, ready
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # A generator: the pass begins at the first next(), not when the iterator is made.
@@ -263,12 +278,12 @@ class DeviceLoader:
         batches = self._on_device(host) if self.device.type == "cuda" else self._on_host(host)
         if epoch_pass is None:
             yield from batches
-        else:  # counted when yielded: not the next batch the device copy runs ahead on
+        else:  # counted when yielded: not the batches prepared ahead
             yield from self.loader.cursor.handed_out(epoch_pass, batches)
 
-    def _host_batches(self) -> tuple[EpochPass | None, Iterator[tuple[dict[str, Any], int]]]:
-        """The pass (``None`` for a source off the protocol) and its (prepared batch, batch number in the
-        epoch), uncounted."""
+    def _host_batches(self) -> tuple[EpochPass | None, Iterator[tuple[dict[str, Any], int, Any]]]:
+        """The pass (``None`` for a source off the protocol) and its prepared batches (``_prepare``),
+        uncounted."""
         source = self.loader
         # Asked for only when decoding on the device: a subclass's iter_pass written before JPEG
         # datasets (examples/train.py's timed loader) keeps working.
@@ -283,42 +298,26 @@ class DeviceLoader:
             batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
         else:
             epoch_pass, batches = None, iter(source)
-        if self.prefetch > 0:
-            batches = prefetched(batches, self._prepare, self.prefetch)
-        else:
-            batches = map(self._prepare, batches)
         before = epoch_pass.before if epoch_pass is not None else 0
-        return epoch_pass, zip(batches, itertools.count(before + 1))
+        numbered = zip(batches, itertools.count(before + 1))
+        if self.prefetch > 0:
+            return epoch_pass, prefetched(numbered, self._prepare, self.prefetch)
+        return epoch_pass, map(self._prepare, numbered)
 
-    def _on_host(self, host: Iterator[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
-        for batch, number in host:  # on the device already (_prepare), unless a transform takes it there
+    def _on_host(self, host: Iterator[tuple[dict[str, Any], int, Any]]) -> Iterator[dict[str, Any]]:
+        for batch, number, _ in host:  # on the device already (_prepare), unless a transform takes it there
             yield self._transform(batch, number) if self.transform is not None else batch
 
-    def _on_device(self, host: Iterator[tuple[dict[str, Any], int]]) -> Iterator[dict[str, Any]]:
-        """The batches on CUDA, each one's copy begun on a side stream before the previous is yielded."""
-        stream = torch.cuda.Stream(self.device)
-
-        def load() -> dict[str, Any] | None:
-            item = next(host, None)
-            if item is None:
-                return None
-            batch, number = item
-            with torch.cuda.stream(stream):
-                if batch["image"].is_cuda:  # decoded on the prefetch thread's stream: used on this one now
-                    batch["image"].record_stream(stream)
-                if self.transform is not None:
-                    return self._transform(batch, number)
-                return to_device(batch, self.device, **self.to_device_kwargs)
-
-        upcoming = load()
-        while upcoming is not None:
+    def _on_device(self, host: Iterator[tuple[dict[str, Any], int, Any]]) -> Iterator[dict[str, Any]]:
+        """The prepared batches, each made usable on the training loop's stream: that stream waits (on the
+        GPU, not the host) for the batch's event, and each tensor made on the prefetch thread's stream is
+        recorded as used on it, so its memory is not handed out again before the loop's work is done."""
+        for batch, _, ready in host:
             current = torch.cuda.current_stream(self.device)
-            current.wait_stream(stream)
-            batch = upcoming
+            current.wait_event(ready)
             for value in batch.values():
                 if isinstance(value, torch.Tensor) and value.is_cuda:
-                    value.record_stream(current)  # made on the side stream, freed on this one
-            upcoming = load()
+                    value.record_stream(current)
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
