@@ -180,7 +180,9 @@ Retention (``shardio.write.retention``). Files a commit stops listing are not de
 that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
 generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
-what a day-long epoch started the night before still reads. A retired file is deleted, and a generation
+what a day-long epoch started the night before still reads. Where G+1's root was collected already (a
+passing one), the next generation still on storage stands for it: committed no earlier than G+1, its
+time is an upper bound, so G is never let go sooner, and never kept for want of a time. A retired file is deleted, and a generation
 file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
 ``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 

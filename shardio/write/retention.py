@@ -122,15 +122,22 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
             runs[generation] = run if isinstance(run, str) else ""
         return runs[generation]
 
+    # The generation after each one still on storage: its successor G+1, or, where an earlier collection
+    # removed G+1's root (a passing one), the next kept one. It was committed no earlier than G+1, so
+    # its time bounds when G stopped being current from above: a G it lets go was replaced at least as
+    # long ago. (G+1's own time lost with its root kept G forever: one root and its files per run.)
+    following = dict(zip(generations, [*generations[1:], current]))
+
     def root_kept(generation: int) -> bool:
-        successor = committed_at(generation + 1)
+        after = following[generation]
+        successor = committed_at(after)
         if not kept(generation, successor):
             return False
         committed = committed_at(generation)
         if generation > current - retention.generations or not retention.passing_minutes or None in (
                 committed, successor):
             return True
-        if not run_of(generation) or run_of(generation) != run_of(generation + 1):
+        if not run_of(generation) or run_of(generation) != run_of(after):
             return True  # a run's result, or a commit outside a run: kept by the time rule alone
         bucket = timedelta(minutes=retention.passing_minutes)
         # A passing generation: kept as the newest commit of its bucket (its successor in a later one).
