@@ -91,7 +91,7 @@ def test_a_killed_commit_and_a_killed_run_leave_only_what_the_next_run_removes(t
     open(os.path.join(out, "shards", "input-9-00000.npy"), "wb").close()
     open(os.path.join(out, "manifests", ".tmp-0000000003.json.abcd"), "wb").close()
     open(generation_path(out, 3), "wb").write(open(generation_path(out, 2), "rb").read())
-    assert dataset_dir.clean_leftovers(out, load_manifest(out)) == 3
+    assert dataset_dir.clean_leftovers(out, load_manifest(out)).removed == 3
     assert shard_files(out) == kept, "retired files are retention's, not leftovers"
     assert list_generations(out) == [1, 2]
 

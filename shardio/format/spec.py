@@ -24,6 +24,16 @@ A dataset is a directory::
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 
+What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's
+notes or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a
+shard's files, named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
+non-empty name not starting with a dot, ``NNNNN`` the shard's number within its input, five or more
+decimal digits: ``is_shard_file_name``), and staged files, whose names start with ``.tmp-``. Beside
+them: ``.tmp-`` files in the directory, ``reports/`` and ``manifests/``, ``manifests/GEN.json`` roots,
+``index/HEX64.npz`` segments and ``.run-RUN.json`` marks. A file of ``shards/`` with a shard's name
+that no kept generation lists nor retires is a killed run's leftover (the cleaning after a run's mark
+removes it); any other file there is not the dataset's.
+
 Pixels (``.npy``). The standard numpy format, so ``np.load(path, mmap_mode="r")`` reads a shard with numpy
 alone and a batch is a slice of a memory map. The header is always exactly ``HEADER_BYTES`` = 128 bytes
 (magic ``\\x93NUMPY``, version 1.0, little-endian uint16 header length 118, a Python-literal dict
@@ -244,6 +254,7 @@ __all__ = [
     "RetiredFile",
     "Manifest",
     "check_dataset_path",
+    "is_shard_file_name",
     "npy_header",
     "shard_nbytes",
     "parse_npy_header",
@@ -409,6 +420,17 @@ class RetiredFile:
 
 
 _SHARDS_PREFIX = f"{SHARDS_DIR}/"
+
+
+# A shard's file name as writers give it (spec, "What a run of a dataset writes"): the cleaning of a
+# killed run's leftovers removes only these (and staged ``.tmp-`` files), never a user's file.
+_SHARD_FILE_NAME = re.compile(r"[^./][^/]*-[0-9]{5,}(\.npy|\.jpg\.npy|\.jsonl)")
+
+
+def is_shard_file_name(name: str) -> bool:
+    """Whether ``name`` (a file name in ``shards/``, no folder) is one a writer gives a shard's file:
+    ``STEM-NNNNN.npy``, ``.jpg.npy`` or ``.jsonl``."""
+    return _SHARD_FILE_NAME.fullmatch(name) is not None and "\\" not in name and "\0" not in name
 
 
 def check_dataset_path(rel: Any, where: str) -> str:

@@ -15,8 +15,10 @@ What it owns, in the order of a run:
   the newest valid kept generation: ``recover_manifest``).
 - **Cleaning leftovers** of a killed run: a run with work marks the dataset (``mark_run``:
   ``.run-RUN.json``) while its tasks may promote files; ``clean_after_runs`` compares every shard file
-  with the index (``clean_leftovers``: temp files, unlisted shard files, generation files newer than the
-  commit) only when a mark was left, and otherwise never reads ``shards/``.
+  with the index (``clean_leftovers``: temp files, unlisted files named as a run names a shard's,
+  generation files newer than the commit) only when a mark was left, and otherwise never reads
+  ``shards/``. It deletes only what a run of the dataset writes (``shardio.format``, "What a run of a
+  dataset writes"): any other file it meets is named in ``Cleaned.foreign``, for the caller to report.
 - **Staging and publishing shards**: workers (``shardio.write.shard_writer``) ``stage`` each file under a unique
   ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
   lists it.
@@ -44,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,7 @@ from shardio.format import (
     Manifest,
     RetiredFile,
     ShardEntry,
+    is_shard_file_name,
 )
 from shardio.format.index import (
     Delta,
@@ -87,7 +91,7 @@ from shardio.write.editable_index import EditableIndex
 
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
-    "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
+    "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
     "unfinished_runs", "forget_runs", "check_held", "listed_hashes", "save_report",
     "report_path",
@@ -161,11 +165,37 @@ def listed_hashes(committed: Manifest | DatasetIndex) -> np.ndarray:
     return table.path_hashes()
 
 
-def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> int:
-    """Remove what a killed run left: temp files, shard files neither listed nor retired by ``committed``
-    (the committed generation, as a ``Manifest`` or as columns, a ``DatasetIndex``: the same files go),
-    and generation files newer than it (a commit killed before ``manifest.json``). Returns how many files
-    went.
+@dataclass
+class Cleaned:
+    """What a leftover cleaning did: ``removed`` files, and the ``foreign`` files of ``shards/`` it left
+    because no run of this dataset writes such a name (paths relative to the dataset, sorted): a user's
+    notes, a tar copied in. They are reported, never deleted (spec, "What a run of a dataset writes")."""
+
+    removed: int = 0
+    foreign: list[str] = field(default_factory=list)
+
+
+
+_FOREIGN_SHOWN = 10  # foreign files named in a warning; the rest counted
+
+
+def foreign_files_warning(directory: str, foreign: list[str]) -> str:
+    """A line naming the files of ``shards/`` a cleaning left as not the dataset's ("" if none), for a
+    run report's warnings, the log and ``gc``'s output."""
+    if not foreign:
+        return ""
+    shown = ", ".join(foreign[:_FOREIGN_SHOWN])
+    more = f" and {len(foreign) - _FOREIGN_SHOWN} more" if len(foreign) > _FOREIGN_SHOWN else ""
+    return (f"{directory}: left {len(foreign)} file(s) in {SHARDS_DIR}/ that no run of this dataset wrote "
+            f"and no generation lists: {shown}{more}; not deleted: move them out of the dataset folder")
+
+
+def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
+    """Remove what a killed run left: temp files, shard files (a shard's name: ``is_shard_file_name``)
+    neither listed nor retired by ``committed`` (the committed generation, as a ``Manifest`` or as
+    columns, a ``DatasetIndex``: the same files go), and generation files newer than it (a commit killed
+    before ``manifest.json``). Any other file in ``shards/`` is not the dataset's: left, and named in
+    ``Cleaned.foreign``.
 
     Membership without an object per listed shard or per file: the listed paths as sorted hashes
     (``listed_hashes``), ``shards/`` read a chunk of names at a time (``Storage.iter_dir``) and each chunk
@@ -176,12 +206,17 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
     listed = listed_hashes(committed)
     retired = {r.path for r in committed.retired}
 
-    def doomed(names: list[str]) -> list[str]:
+    def unlisted(names: list[str]) -> list[str]:
         paths = [f"{SHARDS_DIR}/{name}" for name in names]
-        unlisted = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
-        return [names[i] for i in unlisted if paths[i] not in retired]
+        rows = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
+        return [names[i] for i in rows if paths[i] not in retired]
 
-    return _clean(directory, committed, doomed)
+    return _clean(directory, committed, unlisted)
+
+
+def _written_by_a_run(name: str) -> bool:
+    """A name in ``shards/`` that a run of a dataset gives a file: a shard's, or a staged one."""
+    return name.startswith(TEMP_PREFIX) or is_shard_file_name(name)
 
 
 # A run with work marks the dataset while its tasks may promote shard files (spec, "Layout"): a mark left
@@ -217,7 +252,7 @@ def unfinished_runs(directory: str) -> list[str]:
                   if n.startswith(RUN_MARK_PREFIX) and n.endswith(".json"))
 
 
-def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> int:
+def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
     """A run's leftover cleaning: ``clean_leftovers`` (every shard file against the index) when a run
     left its mark (then the marks go); otherwise the temp files outside ``shards/``, generation files
     newer than ``committed`` and segments no root names, without reading ``shards/`` (on object storage,
@@ -237,31 +272,36 @@ def forget_runs(directory: str, runs: list[str]) -> None:
 
 
 def _clean(directory: str, committed: Manifest | DatasetIndex | None,
-           doomed_shards: Callable[[list[str]], list[str]] | None) -> int:
-    """``doomed_shards``: of a chunk of names in ``shards/``, those to remove (the folder is read
-    ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); None: leave
-    ``shards/`` unread (no run left anything there)."""
+           unlisted_shards: Callable[[list[str]], list[str]] | None) -> Cleaned:
+    """``unlisted_shards``: of a chunk of names in ``shards/``, those no generation needs (the folder is
+    read ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); of
+    these, the names a run writes go and the others are reported; None: leave ``shards/`` unread (no
+    run left anything there)."""
     store = for_path(directory)
     check_held(directory)
-    removed = 0
+    cleaned = Cleaned()
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
         for name in store.list_dir(folder):
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
-                removed += 1
-    names = store.iter_dir(store.join(directory, SHARDS_DIR)) if doomed_shards is not None else iter(())
+                cleaned.removed += 1
+    names = store.iter_dir(store.join(directory, SHARDS_DIR)) if unlisted_shards is not None else iter(())
     doomed: list[str] = []
-    while doomed_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
-        doomed += doomed_shards(chunk)
+    while unlisted_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
+        for name in unlisted_shards(chunk):
+            (doomed if _written_by_a_run(name) else cleaned.foreign).append(name)
+    cleaned.foreign = sorted(f"{SHARDS_DIR}/{name}" for name in cleaned.foreign)
     for name in sorted(doomed):
+        check_held(directory)
         store.remove(store.join(directory, SHARDS_DIR, name))
-        removed += 1
+        cleaned.removed += 1
     if committed is not None:
         for generation in list_generations(directory):
             if generation > committed.generation:
                 store.remove(generation_path(directory, generation))
-                removed += 1
-    return removed + len(collect_segments(directory, committed))
+                cleaned.removed += 1
+    cleaned.removed += len(collect_segments(directory, committed))
+    return cleaned
 
 
 def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -> list[str]:

@@ -57,6 +57,7 @@ class Collected:
     kept_generations: list[int] = field(default_factory=list)
     retained_files: int = 0  # retired files still kept for older generations
     segments: list[str] = field(default_factory=list)  # index segments no kept root names any more
+    foreign: list[str] = field(default_factory=list)  # files of shards/ no run writes: left, reported (gc)
 
 
 def _now() -> datetime:
@@ -187,15 +188,17 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
 def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
        now: datetime | None = None) -> Collected:
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
-    what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
+    what went, and the files of ``shards/`` it left because no run writes them (``Collected.foreign``). Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
     --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
     load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
     with writing(directory, wait_for_lock):
         index = load_index(directory)  # the shards as columns: no object per shard
         runs = unfinished_runs(directory)
-        clean_leftovers(directory, index)
+        cleaned = clean_leftovers(directory, index)
         forget_runs(directory, runs)  # what a killed run left has just gone
-        return collect(directory, index, retention, now)
+        collected = collect(directory, index, retention, now)
+        collected.foreign = cleaned.foreign
+        return collected
 
 
 # --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
