@@ -93,7 +93,7 @@ __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
-    "unfinished_runs", "forget_runs", "check_held", "listed_hashes", "save_report",
+    "unfinished_runs", "forget_runs", "check_held", "may_delete", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -146,6 +146,7 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
             except FileExistsError:
                 raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
                                      "overwritten: rerun to build on it") from None
+        _unfenced.discard(directory)  # this commit fenced out any previous holder (``writing``)
     except BaseException:
         index.generation, index.updated, index.retired = before
         raise
@@ -173,6 +174,7 @@ class Cleaned:
 
     removed: int = 0
     foreign: list[str] = field(default_factory=list)
+    complete: bool = True  # False: only temp files were looked at (``may_delete``): run marks must stay
 
 
 
@@ -260,9 +262,10 @@ def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) 
     unfinished = unfinished_runs(directory)
     if not unfinished:  # every run ended, its tasks' files handed in or discarded: shards/ is not read
         return _clean(directory, committed, None)
-    removed = clean_leftovers(directory, committed)
-    forget_runs(directory, unfinished)
-    return removed
+    cleaned = clean_leftovers(directory, committed)
+    if cleaned.complete:
+        forget_runs(directory, unfinished)
+    return cleaned
 
 
 def forget_runs(directory: str, runs: list[str]) -> None:
@@ -285,6 +288,9 @@ def _clean(directory: str, committed: Manifest | DatasetIndex | None,
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
                 cleaned.removed += 1
+    if not may_delete(directory):
+        cleaned.complete = False  # a previous holder not fenced out yet may still commit what is there
+        return cleaned
     names = store.iter_dir(store.join(directory, SHARDS_DIR)) if unlisted_shards is not None else iter(())
     doomed: list[str] = []
     while unlisted_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
@@ -312,7 +318,7 @@ def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -
     store = for_path(directory)
     folder = store.join(directory, INDEX_DIR)
     names = store.list_dir(folder)
-    if not names:
+    if not names or not may_delete(directory):
         return []
     named = {ref.path for ref in (manifest.segments or [])} if manifest is not None else set()
     for generation in list_generations(directory):
@@ -332,6 +338,7 @@ def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -
         except ShardFormatError:
             continue  # not a segment name: not ours to delete
         if rel not in named:
+            check_held(directory)
             store.remove(store.join(directory, rel))
             removed.append(rel)
     return removed
@@ -433,6 +440,10 @@ def ensure_output_dir(directory: str) -> None:
 # The lock handle of each directory this process holds: commits and deletions check it first (a lease
 # on object storage can be lost by a holder paused past its expiry).
 _held: dict[str, Any] = {}
+# Directories whose lease this process took over from another holder and could not fence yet (nothing
+# committed to publish over): until its first commit, nothing there is deleted but temp files.
+_unfenced: set[str] = set()
+_FENCE_TRIES = 5
 
 
 def check_writable(directory: str, writer: str) -> None:
@@ -446,25 +457,86 @@ def check_writable(directory: str, writer: str) -> None:
 
 
 def check_held(directory: str) -> None:
+    """``OutputLocked`` unless this process can prove it still holds the lock of ``directory`` (a lease
+    past its proven life, or lost: ``shardio.store.lease``); called before every commit step and deletion."""
     handle = _held.get(directory)
     if handle is not None:
         handle.check()
+
+
+def may_delete(directory: str) -> bool:
+    """Whether this holder may delete what no generation needs: not while it took the lease over from
+    another holder it could not fence out yet (``writing``): that holder may still commit what it wrote."""
+    return directory not in _unfenced
 
 
 @contextmanager
 def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
     On object storage the store is first checked to honour conditional writes (the lease and the commit
-    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``)."""
+    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``).
+
+    **Fencing.** A lease taken over from another holder (expired: paused, cut off; or dead) may leave
+    that holder alive and about to commit what it staged. Before anything else, this holder publishes
+    the committed root again as the next generation (``_fence``: ``manifests/GEN.json`` created once,
+    ``manifest.json`` replaced with ``If-Match`` on the version it read): the old holder's commit, which
+    replaces ``manifest.json`` only over the version it last saw (or creates the generation file it
+    numbered after it), is refused by the store from then on, however late it arrives. Only then are its
+    uncommitted files deleted as leftovers. With nothing committed yet, the first commit of this holder
+    (create-if-absent of ``manifest.json``) is the fence, and nothing but temp files is deleted before it.
+    So no committed generation names a file a cleaning removed, whatever happened to the lease."""
     store = for_path(directory)
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
     with store.lock(directory, wait_for_lock) as handle:
         _held[directory] = handle
         try:
+            if handle.taken_over and not _fence(directory):
+                _unfenced.add(directory)
             yield
         finally:
             _held.pop(directory, None)
+            _unfenced.discard(directory)
+
+
+def _fence(directory: str) -> bool:
+    """Publish the committed root again as the next generation (``writing``, "Fencing"); False, having
+    changed nothing, where nothing is committed (or the root is unreadable: no version to fence on).
+    ``CommitConflict`` if the previous holder keeps committing over ``_FENCE_TRIES`` attempts."""
+    store = for_path(directory)
+    path = store.join(directory, MANIFEST_NAME)
+    for _ in range(_FENCE_TRIES):
+        version: str | None
+        try:
+            data, version = store.read_versioned(path)
+        except FileNotFoundError:  # a first commit killed between its two files: its generation file
+            generations = list_generations(directory)
+            if not generations:
+                return False
+            data, version = store.read_bytes(generation_path(directory, generations[-1])), None
+        try:
+            root = json.loads(data)
+            generation = max([int(root.get("generation") or 0), *list_generations(directory)]) + 1
+        except (ValueError, TypeError, AttributeError):
+            return False
+        root.update(generation=generation, updated=_now().isoformat(timespec="seconds"))
+        root.pop("run", None)  # a commit outside a run (spec, "Retention")
+        fenced = json.dumps(root, indent=1, ensure_ascii=False).encode("utf-8")
+        check_held(directory)
+        try:
+            store.publish_new(generation_path(directory, generation), fenced)
+        except FileExistsError:
+            continue  # the previous holder numbered a commit after what was read: read again
+        try:
+            if version is None:
+                store.publish_new(path, fenced)
+            else:
+                store.publish(path, fenced, if_version=version)
+            return True
+        except (CommitConflict, FileExistsError):
+            store.remove(generation_path(directory, generation))  # never current: named by nothing
+    raise CommitConflict(f"{path}: another writer kept committing while this run took over its expired lease; "
+                         "nothing was overwritten: rerun")
 
 
 # --- staging shards (``shardio.write.shard_writer``) ----------------------------------------------------------------

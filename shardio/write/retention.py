@@ -20,6 +20,7 @@ from shardio.write.directory import (
     collect_segments,
     listed_hashes,
     forget_runs,
+    may_delete,
     unfinished_runs,
     writing,
 )
@@ -86,6 +87,8 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
     its listed paths' hashes (``listed_hashes``: no object per shard; a hash collision keeps a file)."""
     store = for_path(directory)
     check_held(directory)
+    if not may_delete(directory):  # a previous holder of the lease not fenced out yet: delete nothing
+        return Collected(kept_generations=[*list_generations(directory)])
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
     current = manifest.generation
     generations = [g for g in list_generations(directory) if g < current]
@@ -176,9 +179,11 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
                 result.bytes += store.file_size(path)
             except FileNotFoundError:
                 continue  # collected earlier: the next commit drops the entry
+            check_held(directory)
             store.remove(path)
             result.files.append(entry.path)
     for generation in doomed:
+        check_held(directory)
         store.remove(generation_path(directory, generation))
         result.generations.append(generation)
     result.segments = collect_segments(directory, manifest)
@@ -195,7 +200,8 @@ def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
         index = load_index(directory)  # the shards as columns: no object per shard
         runs = unfinished_runs(directory)
         cleaned = clean_leftovers(directory, index)
-        forget_runs(directory, runs)  # what a killed run left has just gone
+        if cleaned.complete:
+            forget_runs(directory, runs)  # what a killed run left has just gone
         collected = collect(directory, index, retention, now)
         collected.foreign = cleaned.foreign
         return collected
