@@ -220,7 +220,13 @@ objects) the layout and every file are the same bytes; the commit protocol maps 
 writes (``shardio.store.s3``): a shard is an object uploaded whole at its final key, invisible
 until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
 replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
-two writers can never overwrite each other's commit.
+two writers can never overwrite each other's commit. The one-writer lock is a lease (``.lock``,
+``shardio.store.lease``); whatever happens to it (its holder paused past its expiry, cut off from the
+store, its clock jumping), no committed generation names a file that is not there: a holder commits or
+deletes only while it can prove its lease on a monotonic clock, and a run that takes a lease over
+publishes the committed root again as the next generation (over the ETag it read) before it deletes
+anything, so the previous holder's commit is refused by the store however late it comes
+(``shardio.write.directory.writing``, "Fencing").
 """
 
 from __future__ import annotations
