@@ -3,7 +3,7 @@ protocol's "Fencing", ``shardio.write.directory.writing``; the lease, ``shardio.
 
 Writer A (tests/lease_writer.py, its own process) commits one input, promotes the files of a second one and
 waits; the test then cuts it off from the store (its lease requests failing, or every request), pauses it
-(SIGSTOP) or kills it (SIGKILL), while writer B takes the lease over once it has expired, cleans the dataset
+(SIGSTOP), kills it (SIGKILL) or jumps B's wall clock an hour ahead, while writer B takes the lease over once it has expired, cleans the dataset
 as a run does after a killed run (A's uncommitted files go) and, for the kill, commits. A is then let go and
 told to commit: it must be refused, and every generation on storage must be whole. The steps wait for
 events (A's ``staged`` line, the lease's expiry as B polls for it, A's exit), never for a fixed time.
@@ -74,8 +74,19 @@ def input_files(out: str, number: int) -> set[str]:
     return {name for name in store.list_dir(store.join(out, "shards")) if name.startswith(f"input-{number}-")}
 
 
-@pytest.mark.parametrize("fault", ["lease-requests-failing", "every-request-failing", "paused"])
-def test_a_writer_that_lost_its_lease_never_commits_what_the_new_holder_cleaned(s3_server, s3_bucket, fault):
+class _ClockAnHourAhead:
+    """The wall clock of writer B's host jumped an hour ahead (its monotonic clock did not)."""
+
+    monotonic, sleep = staticmethod(time.monotonic), staticmethod(time.sleep)
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + 3600
+
+
+@pytest.mark.parametrize("fault", ["lease-requests-failing", "every-request-failing", "paused", "clock-jump"])
+def test_a_writer_that_lost_its_lease_never_commits_what_the_new_holder_cleaned(s3_server, s3_bucket, fault,
+                                                                                  monkeypatch):
     out = f"s3://{s3_bucket}/ds"
     proxy = FaultProxy(s3_server.ports["s3"])
     writer = None
@@ -86,15 +97,17 @@ def test_a_writer_that_lost_its_lease_never_commits_what_the_new_holder_cleaned(
             proxy.fail_matching("/.lock")  # A's renewals answered 503; its commits would still get through
         elif fault == "every-request-failing":
             proxy.fail_matching("/")  # every request of A answered 503
-        else:
+        elif fault == "paused":
             os.kill(writer.pid, signal.SIGSTOP)
+        else:  # A lives and renews, but B reads its lease as long expired and takes it over at once
+            monkeypatch.setattr(lease, "time", _ClockAnHourAhead)
         take_over_and_clean(out)  # B waits until A's lease expired, then takes it over
         assert not input_files(out, 1), "B's cleaning removed A's uncommitted files"
         if fault == "lease-requests-failing":
             proxy.fail_matching(None)
         elif fault == "every-request-failing":
             proxy.fail_matching(None)
-        else:
+        elif fault == "paused":
             os.kill(writer.pid, signal.SIGCONT)
         code, output = finish(writer)
     finally:
@@ -149,12 +162,20 @@ def test_a_local_writer_killed_with_sigkill_leaves_what_the_next_cleaning_remove
 
 
 def test_a_holder_cut_off_past_its_proven_life_refuses_until_a_renewal_succeeds(s3_server, s3_bucket, monkeypatch):
+    import shardio.store.s3 as backend
+
+    real = backend._store_options
+
+    def one_retry():  # a renewal meeting 503s fails within a second, not after a minute of retries
+        options = real()
+        options["retry_config"]["max_retries"] = 1
+        return options
+
+    monkeypatch.setattr(backend, "_store_options", one_retry)
     proxy = FaultProxy(s3_server.ports["s3"])
     try:
-        from shardio.store.s3 import S3Storage
-
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        store = S3Storage()
+        store = backend.S3Storage()
         path = f"s3://{s3_bucket}/ds/.lock"
         handle = lease._acquire(store, path, wait=False, ttl_s=1.5, poll_s=0.1)
         try:
@@ -165,7 +186,13 @@ def test_a_holder_cut_off_past_its_proven_life_refuses_until_a_renewal_succeeds(
             with pytest.raises(OutputLocked, match="cannot prove it still holds the lease"):
                 handle.check()
             proxy.fail_matching(None)
-            handle.check()  # one renewal now: the lease was not taken, so it is still this holder's
+            deadline = time.monotonic() + 60
+            while True:  # a renewal now (or the one in flight): the lease was not taken, it is still its holder's
+                try:
+                    handle.check()
+                    break
+                except OutputLocked:
+                    assert time.monotonic() < deadline and handle.lost is None
             assert handle.lost is None
         finally:
             proxy.fail_matching(None)
