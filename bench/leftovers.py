@@ -37,7 +37,7 @@ def _measure(directory: str, strays: int, load: Callable[[str], object]) -> tupl
     gc.collect()
     start = time.perf_counter()
     with dataset_dir.writing(directory):
-        removed = dataset_dir.clean_leftovers(directory, load(directory))
+        removed = dataset_dir.clean_leftovers(directory, load(directory)).removed
     seconds = time.perf_counter() - start
     _strays(directory, strays)
     gc.collect()

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 import shardio
@@ -30,7 +31,7 @@ from preprocess.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
 from preprocess.versions import library_versions, pillow_build
 from shardio.tools.cli_style import fail, new_app, version_option
-from shardio.write.directory import report_path
+from shardio.write.directory import foreign_files_warning, report_path
 from shardio.write.retention import (
     DEFAULT_RETAIN_GENERATIONS,
     DEFAULT_RETAIN_HOURS,
@@ -360,6 +361,9 @@ def gc(
     typer.echo(f"collected {len(collected.files)} retired file(s) ({collected.bytes / 1e6:.1f} MB) and "
                f"{len(collected.generations)} manifest generation(s); kept generations "
                f"{', '.join(map(str, collected.kept_generations))} and {collected.retained_files} retired file(s)")
+    if collected.foreign:
+        console.print(f"[yellow]warning:[/yellow] {escape(foreign_files_warning(str(directory), collected.foreign))}",
+                      highlight=False)
     raise typer.Exit(EXIT_OK)
 
 

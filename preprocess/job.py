@@ -202,7 +202,7 @@ def run_job(
         to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
         if to_prune and not options.confirm_large_prune:
             _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
-        dataset_dir.clean_after_runs(directory, existing)
+        _note_foreign(directory, dataset_dir.clean_after_runs(directory, existing), report, emit)
         del existing  # a version 1/2 manifest's objects: the index holds what it needs
         planned = looked.planned if looked is not None and looked.planned is not None else plan_inputs(resolved, committed)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
@@ -241,7 +241,7 @@ def run_job(
                     # still promote a file, which the next run's cleaning removes.
                     if (len(report.inputs_failed) > listing_failures or events["retried"]
                             or events["warning"]):
-                        dataset_dir.clean_leftovers(directory, now)
+                        _note_foreign(directory, dataset_dir.clean_leftovers(directory, now), report, emit)
                     dataset_dir.unmark_run(directory, report.run_id)
                 report.files_collected = collect(directory, now, options.retention).files
         except OSError as e:
@@ -298,9 +298,18 @@ def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report
     _note_drift(index.versions, directory, options, report, emit)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
     emit("plan", {"todo": 0, "skipped": planned.skipped})
-    dataset_dir.clean_after_runs(directory, index)
+    _note_foreign(directory, dataset_dir.clean_after_runs(directory, index), report, emit)
     report.files_collected = collect(directory, index, options.retention).files
     _close_report(directory, report, started, index.samples, index.generation)
+
+
+def _note_foreign(directory: str, cleaned: dataset_dir.Cleaned, report: RunReport,
+                  emit: Callable[[str, Any], None]) -> None:
+    """Files in ``shards/`` the leftover cleaning left because no run writes them: said, not deleted."""
+    warning = dataset_dir.foreign_files_warning(directory, cleaned.foreign)
+    if warning and warning not in report.warnings:
+        report.warnings.append(warning)
+        emit("warning", warning)
 
 
 def _note_drift(recorded: dict[str, Any], directory: str, options: RunOptions, report: RunReport,

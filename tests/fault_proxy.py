@@ -22,6 +22,7 @@ class FaultProxy:
         self.port = free_port()
         self._lock = threading.Lock()
         self._fail_left = 0
+        self._fail_matching: str | None = None
         self._status = 503
         self.failed = 0  # errors answered so far
         self.forwarded = 0
@@ -38,9 +39,10 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 with proxy._lock:
-                    fail = proxy._fail_left > 0
+                    matching = proxy._fail_matching is not None and proxy._fail_matching in self.path
+                    fail = proxy._fail_left > 0 or matching
                     if fail:
-                        proxy._fail_left -= 1
+                        proxy._fail_left -= 0 if matching else 1
                         proxy.failed += 1
                     else:
                         proxy.forwarded += 1
@@ -97,6 +99,12 @@ class FaultProxy:
         """Answer the next ``count`` requests with ``status`` (a burst), then forward again."""
         with self._lock:
             self._fail_left, self._status = count, status
+
+    def fail_matching(self, fragment: str | None, status: int = 503) -> None:
+        """Answer every request whose path contains ``fragment`` (e.g. ``/.lock``: a lease's requests) with
+        ``status`` until called again with None."""
+        with self._lock:
+            self._fail_matching, self._status = fragment, status
 
     def close(self) -> None:
         self.server.shutdown()

@@ -72,4 +72,4 @@ def test_an_aborted_writer_leaves_nothing_in_the_directory(tmp_path):
         writer.add(np.full((8, 8, 3), i, np.uint8), {"key": str(i)}, "input-0.tar")
     writer.abort()
     assert os.listdir(os.path.join(out, "shards")) == []
-    assert dataset_dir.clean_leftovers(out, None) == 0
+    assert dataset_dir.clean_leftovers(out, None).removed == 0

@@ -17,7 +17,7 @@ from shardio.write import directory as dataset_dir
 from shardio.write import retention
 from shardio.errors import ShardFormatError
 from shardio.format import RetiredFile
-from shardio.format.manifests import generation_path, list_generations, load_manifest
+from shardio.format.manifests import generation_path, list_generations, load_index, load_manifest
 from shardio.write.shard_writer import write_manifest
 from tests.dataset_fixtures import make_dataset, retire_input
 from tests.index_steps import run_steps
@@ -91,7 +91,7 @@ def test_a_killed_commit_and_a_killed_run_leave_only_what_the_next_run_removes(t
     open(os.path.join(out, "shards", "input-9-00000.npy"), "wb").close()
     open(os.path.join(out, "manifests", ".tmp-0000000003.json.abcd"), "wb").close()
     open(generation_path(out, 3), "wb").write(open(generation_path(out, 2), "rb").read())
-    assert dataset_dir.clean_leftovers(out, load_manifest(out)) == 3
+    assert dataset_dir.clean_leftovers(out, load_manifest(out)).removed == 3
     assert shard_files(out) == kept, "retired files are retention's, not leftovers"
     assert list_generations(out) == [1, 2]
 
@@ -206,3 +206,36 @@ def test_a_runs_result_superseded_seconds_later_by_the_next_run_is_kept_its_pass
     # Each run's passing generations: at most the newest of each 10-minute bucket (here one or two).
     assert len(kept) <= 2 + 2 * 2 < len(generations)
     assert load_manifest(out, first_result).generation == first_result
+
+
+def _touch_listed(out: str) -> None:
+    """Give every shard the current generation lists a file (the scripted steps write entries only)."""
+    os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    for rel in _listed(out):
+        open(os.path.join(out, rel), "ab").close()
+
+
+def _listed(out: str) -> set[str]:
+    return {rel for entry in load_index(out).shards for rel in (entry.path, entry.meta_path)}
+
+
+def test_after_several_runs_retention_collects_each_runs_result_and_the_files_only_it_listed(tmp_path):
+    # Each run's first commit is a passing root that the run's own retention collects; the run before's
+    # result must not then be kept for ever for want of its successor's commit time.
+    out = str(tmp_path / "ds")
+    results = []
+    for run in range(1, 7):
+        run_steps(out, 5 * run + 2)  # a run of several commits, each dropping and replacing inputs
+        _touch_listed(out)
+        with dataset_dir.writing(out):
+            retention.collect(out, load_index(out), retention.Retention())  # the run's end, default rules
+        results.append(list_generations(out)[-1])
+    assert all(result in list_generations(out) for result in results)  # kept by the 24 h rule
+    retired = {r.path for r in load_index(out).retired} & shard_files(out)  # files some run's commits listed
+    assert len(retired) >= 12
+
+    collected = retention.gc(out, retention.Retention(0, 1))
+    newest = results[-1]
+    assert collected.kept_generations == [newest] and list_generations(out) == [newest]
+    assert set(collected.files) == retired and not retired & shard_files(out)
+    assert shard_files(out) == _listed(out)

@@ -100,9 +100,9 @@ def test_clean_leftovers_removes_the_same_files_given_the_manifest_or_the_index(
     expected = before & protected(history)
     assert set(LEFTOVERS) <= before - expected
     with dataset_dir.writing(by_manifest):
-        removed_manifest = dataset_dir.clean_leftovers(by_manifest, load_manifest(by_manifest))
+        removed_manifest = dataset_dir.clean_leftovers(by_manifest, load_manifest(by_manifest)).removed
     with dataset_dir.writing(by_index):
-        removed_index = dataset_dir.clean_leftovers(by_index, load_index(by_index))
+        removed_index = dataset_dir.clean_leftovers(by_index, load_index(by_index)).removed
     assert shard_files(by_manifest) == shard_files(by_index) == expected
     assert removed_manifest == removed_index == len(before - expected)
 
@@ -127,7 +127,7 @@ def test_without_a_committed_generation_every_shard_file_is_a_leftover(tmp_path)
     touch(out, LEFTOVERS)
     os.makedirs(os.path.join(out, "shards", "a-folder"))
     with dataset_dir.writing(out):
-        assert dataset_dir.clean_leftovers(out, None) == len(LEFTOVERS)
+        assert dataset_dir.clean_leftovers(out, None).removed == len(LEFTOVERS)
     assert os.listdir(os.path.join(out, "shards")) == ["a-folder"]  # a folder is not a shard file
 
 
@@ -250,14 +250,14 @@ def test_clean_leftovers_on_object_storage_reads_shards_a_page_at_a_time(s3_buck
     run_steps(out, 6)
     store = for_path(out)
     listed = {p for e in load_manifest(out).shards for p in (e.path, e.meta_path)}
-    strays = [f"shards/stray-{i:04d}.npy" for i in range(1001)]  # more than one LIST page
+    strays = [f"shards/stray-{i:05d}.npy" for i in range(1001)]  # more than one LIST page
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda rel: store.publish(store.join(out, rel), b""), sorted(listed) + strays))
     store.publish(store.join(out, "shards/nested/kept.npy"), b"")  # not directly in shards/: not a name
     assert sorted(store.iter_dir(store.join(out, "shards"))) == sorted(p.split("/")[1] for p in listed | set(strays))
     monkeypatch.setattr(dataset_dir, "_LISTING_CHUNK", 100)
     with dataset_dir.writing(out):
-        assert dataset_dir.clean_leftovers(out, load_index(out)) == len(strays)
+        assert dataset_dir.clean_leftovers(out, load_index(out)).removed == len(strays)
     assert set(store.list_dir(store.join(out, "shards"))) == {p.split("/")[1] for p in listed} | {"nested"}
     assert list(store.iter_dir(f"s3://{s3_bucket}/nothing-here")) == []
 

@@ -24,6 +24,16 @@ A dataset is a directory::
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 
+What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's
+notes or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a
+shard's files, named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
+non-empty name not starting with a dot, ``NNNNN`` the shard's number within its input, five or more
+decimal digits: ``is_shard_file_name``), and staged files, whose names start with ``.tmp-``. Beside
+them: ``.tmp-`` files in the directory, ``reports/`` and ``manifests/``, ``manifests/GEN.json`` roots,
+``index/HEX64.npz`` segments and ``.run-RUN.json`` marks. A file of ``shards/`` with a shard's name
+that no kept generation lists nor retires is a killed run's leftover (the cleaning after a run's mark
+removes it); any other file there is not the dataset's.
+
 Pixels (``.npy``). The standard numpy format, so ``np.load(path, mmap_mode="r")`` reads a shard with numpy
 alone and a batch is a slice of a memory map. The header is always exactly ``HEADER_BYTES`` = 128 bytes
 (magic ``\\x93NUMPY``, version 1.0, little-endian uint16 header length 118, a Python-literal dict
@@ -180,7 +190,9 @@ Retention (``shardio.write.retention``). Files a commit stops listing are not de
 that opened the previous generation memory-maps its shards lazily, through a whole epoch (hours). A
 generation G is *kept* while it is one of the newest ``retain_generations`` (default 3) or while its
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
-what a day-long epoch started the night before still reads. A retired file is deleted, and a generation
+what a day-long epoch started the night before still reads. Where G+1's root was collected already (a
+passing one), the next generation still on storage stands for it: committed no earlier than G+1, its
+time is an upper bound, so G is never let go sooner, and never kept for want of a time. A retired file is deleted, and a generation
 file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
 ``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 
@@ -208,7 +220,13 @@ objects) the layout and every file are the same bytes; the commit protocol maps 
 writes (``shardio.store.s3``): a shard is an object uploaded whole at its final key, invisible
 until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
 replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
-two writers can never overwrite each other's commit.
+two writers can never overwrite each other's commit. The one-writer lock is a lease (``.lock``,
+``shardio.store.lease``); whatever happens to it (its holder paused past its expiry, cut off from the
+store, its clock jumping), no committed generation names a file that is not there: a holder commits or
+deletes only while it can prove its lease on a monotonic clock, and a run that takes a lease over
+publishes the committed root again as the next generation (over the ETag it read) before it deletes
+anything, so the previous holder's commit is refused by the store however late it comes
+(``shardio.write.directory.writing``, "Fencing").
 """
 
 from __future__ import annotations
@@ -242,6 +260,7 @@ __all__ = [
     "RetiredFile",
     "Manifest",
     "check_dataset_path",
+    "is_shard_file_name",
     "npy_header",
     "shard_nbytes",
     "parse_npy_header",
@@ -407,6 +426,17 @@ class RetiredFile:
 
 
 _SHARDS_PREFIX = f"{SHARDS_DIR}/"
+
+
+# A shard's file name as writers give it (spec, "What a run of a dataset writes"): the cleaning of a
+# killed run's leftovers removes only these (and staged ``.tmp-`` files), never a user's file.
+_SHARD_FILE_NAME = re.compile(r"[^./][^/]*-[0-9]{5,}(\.npy|\.jpg\.npy|\.jsonl)")
+
+
+def is_shard_file_name(name: str) -> bool:
+    """Whether ``name`` (a file name in ``shards/``, no folder) is one a writer gives a shard's file:
+    ``STEM-NNNNN.npy``, ``.jpg.npy`` or ``.jsonl``."""
+    return _SHARD_FILE_NAME.fullmatch(name) is not None and "\\" not in name and "\0" not in name
 
 
 def check_dataset_path(rel: Any, where: str) -> str:

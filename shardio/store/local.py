@@ -84,6 +84,8 @@ def atomic_writer(path: str) -> Iterator[BinaryIO]:
 
 
 class _LocalLockHandle:
+    taken_over = False  # a flock is never taken from a live holder: the kernel drops it at its exit
+
     def check(self) -> None:
         """The flock cannot be lost while the process lives."""
 

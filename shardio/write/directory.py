@@ -15,8 +15,10 @@ What it owns, in the order of a run:
   the newest valid kept generation: ``recover_manifest``).
 - **Cleaning leftovers** of a killed run: a run with work marks the dataset (``mark_run``:
   ``.run-RUN.json``) while its tasks may promote files; ``clean_after_runs`` compares every shard file
-  with the index (``clean_leftovers``: temp files, unlisted shard files, generation files newer than the
-  commit) only when a mark was left, and otherwise never reads ``shards/``.
+  with the index (``clean_leftovers``: temp files, unlisted files named as a run names a shard's,
+  generation files newer than the commit) only when a mark was left, and otherwise never reads
+  ``shards/``. It deletes only what a run of the dataset writes (``shardio.format``, "What a run of a
+  dataset writes"): any other file it meets is named in ``Cleaned.foreign``, for the caller to report.
 - **Staging and publishing shards**: workers (``shardio.write.shard_writer``) ``stage`` each file under a unique
   ``.tmp-`` name and ``promote`` it to its final name; a name is unlisted, so invisible, until a commit
   lists it.
@@ -44,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,7 @@ from shardio.format import (
     Manifest,
     RetiredFile,
     ShardEntry,
+    is_shard_file_name,
 )
 from shardio.format.index import (
     Delta,
@@ -87,9 +91,9 @@ from shardio.write.editable_index import EditableIndex
 
 __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
-    "restore_manifest", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
+    "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
-    "unfinished_runs", "forget_runs", "check_held", "listed_hashes", "save_report",
+    "unfinished_runs", "forget_runs", "check_held", "may_delete", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -142,6 +146,7 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
             except FileExistsError:
                 raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
                                      "overwritten: rerun to build on it") from None
+        _unfenced.discard(directory)  # this commit fenced out any previous holder (``writing``)
     except BaseException:
         index.generation, index.updated, index.retired = before
         raise
@@ -161,11 +166,38 @@ def listed_hashes(committed: Manifest | DatasetIndex) -> np.ndarray:
     return table.path_hashes()
 
 
-def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> int:
-    """Remove what a killed run left: temp files, shard files neither listed nor retired by ``committed``
-    (the committed generation, as a ``Manifest`` or as columns, a ``DatasetIndex``: the same files go),
-    and generation files newer than it (a commit killed before ``manifest.json``). Returns how many files
-    went.
+@dataclass
+class Cleaned:
+    """What a leftover cleaning did: ``removed`` files, and the ``foreign`` files of ``shards/`` it left
+    because no run of this dataset writes such a name (paths relative to the dataset, sorted): a user's
+    notes, a tar copied in. They are reported, never deleted (spec, "What a run of a dataset writes")."""
+
+    removed: int = 0
+    foreign: list[str] = field(default_factory=list)
+    complete: bool = True  # False: only temp files were looked at (``may_delete``): run marks must stay
+
+
+
+_FOREIGN_SHOWN = 10  # foreign files named in a warning; the rest counted
+
+
+def foreign_files_warning(directory: str, foreign: list[str]) -> str:
+    """A line naming the files of ``shards/`` a cleaning left as not the dataset's ("" if none), for a
+    run report's warnings, the log and ``gc``'s output."""
+    if not foreign:
+        return ""
+    shown = ", ".join(foreign[:_FOREIGN_SHOWN])
+    more = f" and {len(foreign) - _FOREIGN_SHOWN} more" if len(foreign) > _FOREIGN_SHOWN else ""
+    return (f"{directory}: left {len(foreign)} file(s) in {SHARDS_DIR}/ that no run of this dataset wrote "
+            f"and no generation lists: {shown}{more}; not deleted: move them out of the dataset folder")
+
+
+def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
+    """Remove what a killed run left: temp files, shard files (a shard's name: ``is_shard_file_name``)
+    neither listed nor retired by ``committed`` (the committed generation, as a ``Manifest`` or as
+    columns, a ``DatasetIndex``: the same files go), and generation files newer than it (a commit killed
+    before ``manifest.json``). Any other file in ``shards/`` is not the dataset's: left, and named in
+    ``Cleaned.foreign``.
 
     Membership without an object per listed shard or per file: the listed paths as sorted hashes
     (``listed_hashes``), ``shards/`` read a chunk of names at a time (``Storage.iter_dir``) and each chunk
@@ -176,12 +208,17 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
     listed = listed_hashes(committed)
     retired = {r.path for r in committed.retired}
 
-    def doomed(names: list[str]) -> list[str]:
+    def unlisted(names: list[str]) -> list[str]:
         paths = [f"{SHARDS_DIR}/{name}" for name in names]
-        unlisted = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
-        return [names[i] for i in unlisted if paths[i] not in retired]
+        rows = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
+        return [names[i] for i in rows if paths[i] not in retired]
 
-    return _clean(directory, committed, doomed)
+    return _clean(directory, committed, unlisted)
+
+
+def _written_by_a_run(name: str) -> bool:
+    """A name in ``shards/`` that a run of a dataset gives a file: a shard's, or a staged one."""
+    return name.startswith(TEMP_PREFIX) or is_shard_file_name(name)
 
 
 # A run with work marks the dataset while its tasks may promote shard files (spec, "Layout"): a mark left
@@ -217,7 +254,7 @@ def unfinished_runs(directory: str) -> list[str]:
                   if n.startswith(RUN_MARK_PREFIX) and n.endswith(".json"))
 
 
-def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> int:
+def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
     """A run's leftover cleaning: ``clean_leftovers`` (every shard file against the index) when a run
     left its mark (then the marks go); otherwise the temp files outside ``shards/``, generation files
     newer than ``committed`` and segments no root names, without reading ``shards/`` (on object storage,
@@ -225,9 +262,10 @@ def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) 
     unfinished = unfinished_runs(directory)
     if not unfinished:  # every run ended, its tasks' files handed in or discarded: shards/ is not read
         return _clean(directory, committed, None)
-    removed = clean_leftovers(directory, committed)
-    forget_runs(directory, unfinished)
-    return removed
+    cleaned = clean_leftovers(directory, committed)
+    if cleaned.complete:
+        forget_runs(directory, unfinished)
+    return cleaned
 
 
 def forget_runs(directory: str, runs: list[str]) -> None:
@@ -237,31 +275,39 @@ def forget_runs(directory: str, runs: list[str]) -> None:
 
 
 def _clean(directory: str, committed: Manifest | DatasetIndex | None,
-           doomed_shards: Callable[[list[str]], list[str]] | None) -> int:
-    """``doomed_shards``: of a chunk of names in ``shards/``, those to remove (the folder is read
-    ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); None: leave
-    ``shards/`` unread (no run left anything there)."""
+           unlisted_shards: Callable[[list[str]], list[str]] | None) -> Cleaned:
+    """``unlisted_shards``: of a chunk of names in ``shards/``, those no generation needs (the folder is
+    read ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); of
+    these, the names a run writes go and the others are reported; None: leave ``shards/`` unread (no
+    run left anything there)."""
     store = for_path(directory)
     check_held(directory)
-    removed = 0
+    cleaned = Cleaned()
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
         for name in store.list_dir(folder):
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
-                removed += 1
-    names = store.iter_dir(store.join(directory, SHARDS_DIR)) if doomed_shards is not None else iter(())
+                cleaned.removed += 1
+    if not may_delete(directory):
+        cleaned.complete = False  # a previous holder not fenced out yet may still commit what is there
+        return cleaned
+    names = store.iter_dir(store.join(directory, SHARDS_DIR)) if unlisted_shards is not None else iter(())
     doomed: list[str] = []
-    while doomed_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
-        doomed += doomed_shards(chunk)
+    while unlisted_shards is not None and (chunk := list(itertools.islice(names, _LISTING_CHUNK))):
+        for name in unlisted_shards(chunk):
+            (doomed if _written_by_a_run(name) else cleaned.foreign).append(name)
+    cleaned.foreign = sorted(f"{SHARDS_DIR}/{name}" for name in cleaned.foreign)
     for name in sorted(doomed):
+        check_held(directory)
         store.remove(store.join(directory, SHARDS_DIR, name))
-        removed += 1
+        cleaned.removed += 1
     if committed is not None:
         for generation in list_generations(directory):
             if generation > committed.generation:
                 store.remove(generation_path(directory, generation))
-                removed += 1
-    return removed + len(collect_segments(directory, committed))
+                cleaned.removed += 1
+    cleaned.removed += len(collect_segments(directory, committed))
+    return cleaned
 
 
 def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -> list[str]:
@@ -272,7 +318,7 @@ def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -
     store = for_path(directory)
     folder = store.join(directory, INDEX_DIR)
     names = store.list_dir(folder)
-    if not names:
+    if not names or not may_delete(directory):
         return []
     named = {ref.path for ref in (manifest.segments or [])} if manifest is not None else set()
     for generation in list_generations(directory):
@@ -292,6 +338,7 @@ def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -
         except ShardFormatError:
             continue  # not a segment name: not ours to delete
         if rel not in named:
+            check_held(directory)
             store.remove(store.join(directory, rel))
             removed.append(rel)
     return removed
@@ -393,6 +440,10 @@ def ensure_output_dir(directory: str) -> None:
 # The lock handle of each directory this process holds: commits and deletions check it first (a lease
 # on object storage can be lost by a holder paused past its expiry).
 _held: dict[str, Any] = {}
+# Directories whose lease this process took over from another holder and could not fence yet (nothing
+# committed to publish over): until its first commit, nothing there is deleted but temp files.
+_unfenced: set[str] = set()
+_FENCE_TRIES = 5
 
 
 def check_writable(directory: str, writer: str) -> None:
@@ -406,25 +457,86 @@ def check_writable(directory: str, writer: str) -> None:
 
 
 def check_held(directory: str) -> None:
+    """``OutputLocked`` unless this process can prove it still holds the lock of ``directory`` (a lease
+    past its proven life, or lost: ``shardio.store.lease``); called before every commit step and deletion."""
     handle = _held.get(directory)
     if handle is not None:
         handle.check()
+
+
+def may_delete(directory: str) -> bool:
+    """Whether this holder may delete what no generation needs: not while it took the lease over from
+    another holder it could not fence out yet (``writing``): that holder may still commit what it wrote."""
+    return directory not in _unfenced
 
 
 @contextmanager
 def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
     On object storage the store is first checked to honour conditional writes (the lease and the commit
-    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``)."""
+    rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``).
+
+    **Fencing.** A lease taken over from another holder (expired: paused, cut off; or dead) may leave
+    that holder alive and about to commit what it staged. Before anything else, this holder publishes
+    the committed root again as the next generation (``_fence``: ``manifests/GEN.json`` created once,
+    ``manifest.json`` replaced with ``If-Match`` on the version it read): the old holder's commit, which
+    replaces ``manifest.json`` only over the version it last saw (or creates the generation file it
+    numbered after it), is refused by the store from then on, however late it arrives. Only then are its
+    uncommitted files deleted as leftovers. With nothing committed yet, the first commit of this holder
+    (create-if-absent of ``manifest.json``) is the fence, and nothing but temp files is deleted before it.
+    So no committed generation names a file a cleaning removed, whatever happened to the lease."""
     store = for_path(directory)
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
     with store.lock(directory, wait_for_lock) as handle:
         _held[directory] = handle
         try:
+            if handle.taken_over and not _fence(directory):
+                _unfenced.add(directory)
             yield
         finally:
             _held.pop(directory, None)
+            _unfenced.discard(directory)
+
+
+def _fence(directory: str) -> bool:
+    """Publish the committed root again as the next generation (``writing``, "Fencing"); False, having
+    changed nothing, where nothing is committed (or the root is unreadable: no version to fence on).
+    ``CommitConflict`` if the previous holder keeps committing over ``_FENCE_TRIES`` attempts."""
+    store = for_path(directory)
+    path = store.join(directory, MANIFEST_NAME)
+    for _ in range(_FENCE_TRIES):
+        version: str | None
+        try:
+            data, version = store.read_versioned(path)
+        except FileNotFoundError:  # a first commit killed between its two files: its generation file
+            generations = list_generations(directory)
+            if not generations:
+                return False
+            data, version = store.read_bytes(generation_path(directory, generations[-1])), None
+        try:
+            root = json.loads(data)
+            generation = max([int(root.get("generation") or 0), *list_generations(directory)]) + 1
+        except (ValueError, TypeError, AttributeError):
+            return False
+        root.update(generation=generation, updated=_now().isoformat(timespec="seconds"))
+        root.pop("run", None)  # a commit outside a run (spec, "Retention")
+        fenced = json.dumps(root, indent=1, ensure_ascii=False).encode("utf-8")
+        check_held(directory)
+        try:
+            store.publish_new(generation_path(directory, generation), fenced)
+        except FileExistsError:
+            continue  # the previous holder numbered a commit after what was read: read again
+        try:
+            if version is None:
+                store.publish_new(path, fenced)
+            else:
+                store.publish(path, fenced, if_version=version)
+            return True
+        except (CommitConflict, FileExistsError):
+            store.remove(generation_path(directory, generation))  # never current: named by nothing
+    raise CommitConflict(f"{path}: another writer kept committing while this run took over its expired lease; "
+                         "nothing was overwritten: rerun")
 
 
 # --- staging shards (``shardio.write.shard_writer``) ----------------------------------------------------------------

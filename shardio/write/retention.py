@@ -20,6 +20,7 @@ from shardio.write.directory import (
     collect_segments,
     listed_hashes,
     forget_runs,
+    may_delete,
     unfinished_runs,
     writing,
 )
@@ -57,6 +58,7 @@ class Collected:
     kept_generations: list[int] = field(default_factory=list)
     retained_files: int = 0  # retired files still kept for older generations
     segments: list[str] = field(default_factory=list)  # index segments no kept root names any more
+    foreign: list[str] = field(default_factory=list)  # files of shards/ no run writes: left, reported (gc)
 
 
 def _now() -> datetime:
@@ -85,6 +87,8 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
     its listed paths' hashes (``listed_hashes``: no object per shard; a hash collision keeps a file)."""
     store = for_path(directory)
     check_held(directory)
+    if not may_delete(directory):  # a previous holder of the lease not fenced out yet: delete nothing
+        return Collected(kept_generations=[*list_generations(directory)])
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
     current = manifest.generation
     generations = [g for g in list_generations(directory) if g < current]
@@ -122,15 +126,22 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
             runs[generation] = run if isinstance(run, str) else ""
         return runs[generation]
 
+    # The generation after each one still on storage: its successor G+1, or, where an earlier collection
+    # removed G+1's root (a passing one), the next kept one. It was committed no earlier than G+1, so
+    # its time bounds when G stopped being current from above: a G it lets go was replaced at least as
+    # long ago. (G+1's own time lost with its root kept G forever: one root and its files per run.)
+    following = dict(zip(generations, [*generations[1:], current]))
+
     def root_kept(generation: int) -> bool:
-        successor = committed_at(generation + 1)
+        after = following[generation]
+        successor = committed_at(after)
         if not kept(generation, successor):
             return False
         committed = committed_at(generation)
         if generation > current - retention.generations or not retention.passing_minutes or None in (
                 committed, successor):
             return True
-        if not run_of(generation) or run_of(generation) != run_of(generation + 1):
+        if not run_of(generation) or run_of(generation) != run_of(after):
             return True  # a run's result, or a commit outside a run: kept by the time rule alone
         bucket = timedelta(minutes=retention.passing_minutes)
         # A passing generation: kept as the newest commit of its bucket (its successor in a later one).
@@ -168,9 +179,11 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
                 result.bytes += store.file_size(path)
             except FileNotFoundError:
                 continue  # collected earlier: the next commit drops the entry
+            check_held(directory)
             store.remove(path)
             result.files.append(entry.path)
     for generation in doomed:
+        check_held(directory)
         store.remove(generation_path(directory, generation))
         result.generations.append(generation)
     result.segments = collect_segments(directory, manifest)
@@ -180,15 +193,18 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
 def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
        now: datetime | None = None) -> Collected:
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
-    what went. Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
+    what went, and the files of ``shards/`` it left because no run writes them (``Collected.foreign``). Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
     --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
     load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
     with writing(directory, wait_for_lock):
         index = load_index(directory)  # the shards as columns: no object per shard
         runs = unfinished_runs(directory)
-        clean_leftovers(directory, index)
-        forget_runs(directory, runs)  # what a killed run left has just gone
-        return collect(directory, index, retention, now)
+        cleaned = clean_leftovers(directory, index)
+        if cleaned.complete:
+            forget_runs(directory, runs)  # what a killed run left has just gone
+        collected = collect(directory, index, retention, now)
+        collected.foreign = cleaned.foreign
+        return collected
 
 
 # --- run reports (the format: shardio.format.run_report) -----------------------------------------------------
