@@ -307,6 +307,20 @@ def parse_segment_refs(doc: dict[str, Any], path: str) -> list[SegmentRef]:
     return refs
 
 
+def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]], path: str) -> None:
+    """ShardFormatError naming the root when a live shard file is listed twice (the same words as the
+    reader's columns: ``shardio.format.shard_table.check_listed_once``)."""
+    owner: dict[str, str] = {}
+    for name in sorted(live, key=lambda n: n.encode("utf-8")):
+        for entry in live[name][1]:
+            for rel in (entry.path, entry.meta_path):
+                if rel in owner:
+                    owners = f"twice by input {name!r}" if owner[rel] == name else f"by inputs {owner[rel]!r} and {name!r}"
+                    raise ShardFormatError(f"{path}: shard file {rel!r} is listed {owners} (an index lists each shard "
+                                           "file once: edited or forged?): nothing was read")
+                owner[rel] = name
+
+
 def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Manifest:
     """The dataset a version 3 root at ``path`` describes; ``read_segment(rel)`` gives a segment's bytes.
     Every segment's size and sha256 are checked (a corrupt segment is named, never half-read)."""
@@ -332,6 +346,7 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
         manifest.shards.extend(shards)
         if listed:
             manifest.inputs[name] = entry
+    _check_listed_once(live, path)
     manifest.segments = refs
     manifest.indexed = {name: input_signature(*value) for name, value in live.items()}
     for retired in manifest.retired:

@@ -27,7 +27,7 @@ from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
-__all__ = ["SegmentColumns", "ShardTable", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
+__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
@@ -432,7 +432,55 @@ def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
 def fold_segments(segments: list[SegmentColumns], where: str) -> ShardTable:
     """The live shards after folding ``segments`` (oldest first) as the spec's "Meaning" says: an input
     lives in the newest segment naming it (as an input or a removal), and not at all if that one removes
-    it; inputs in name order, each one's shards in its segment's order (by path)."""
+    it; inputs in name order, each one's shards in its segment's order (by path). A shard file listed
+    twice (under two live inputs, or twice by one) is a ShardFormatError naming ``where`` and the file."""
+    table = _fold(segments, where)
+    check_listed_once(table)
+    return table
+
+
+def check_listed_once(table: ShardTable) -> None:
+    """ShardFormatError naming the root (``table.where``) when a shard file is listed twice among the live
+    shards (its samples would be read twice, and a repair or prune would act on it twice), as a version
+    1/2 manifest's load refuses it. Each path hashed from its segment's blob (``SegmentColumns.hashes``:
+    no string per shard) and the hashes sorted, so a duplicate is a neighbour; only hashes that repeat
+    are read back as strings, to tell a duplicate from a collision."""
+    if table._entries is not None or len(table) < 2:
+        return  # a table over entries: its manifest's load checked them (``Manifest.from_json``)
+    for column in ("shard_path", "shard_meta_path"):
+        if table.sources is None:
+            hashes = table.segments[0].hashes(column)
+        else:
+            hashes = np.empty(len(table), dtype=np.uint64)
+            for k, segment in enumerate(table.segments):
+                mine = table.sources == k
+                if mine.any():
+                    hashes[mine] = segment.hashes(column, table.rows[mine])
+        ordered = np.sort(hashes)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if not len(repeated):
+            continue
+        seen: dict[str, int] = {}
+        for position in np.flatnonzero(np.isin(hashes, repeated)).tolist():
+            entry = table[position]
+            rel = entry.path if column == "shard_path" else entry.meta_path
+            if rel in seen:
+                first = table[seen[rel]]
+                owners = (f"twice by input {entry.input!r}" if first.input == entry.input
+                          else f"by inputs {first.input!r} and {entry.input!r}")
+                raise ShardFormatError(
+                    f"{table.where}: shard file {rel!r} is listed {owners} (in {_segments_of(table, seen[rel], position)}"
+                    "; an index lists each shard file once: edited or forged?): nothing was read")
+            seen[rel] = position
+
+
+def _segments_of(table: ShardTable, *positions: int) -> str:
+    paths = [table.segments[0 if table.sources is None else int(table.sources[p])].path for p in positions]
+    names = list(dict.fromkeys(paths))
+    return f"segment {names[0]}" if len(names) == 1 else f"segments {' and '.join(names)}"
+
+
+def _fold(segments: list[SegmentColumns], where: str) -> ShardTable:
     if not segments:
         return ShardTable([], None, None, np.zeros(0, np.int64), where)
     if len(segments) == 1:

@@ -96,7 +96,11 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
 - **Meaning**: fold the segments in order; a segment's ``removed`` names leave the inputs of the
   segments before it, then each of its inputs replaces any earlier input of that name (a changed tar is
   a new entry, not an edit). The dataset's shards are the live inputs' shards, in **dataset order**:
-  inputs sorted by name, each input's shards by path (version 2's order: ``(input, path)``).
+  inputs sorted by name, each input's shards by path (version 2's order: ``(input, path)``). Each shard
+  file (``.npy`` and ``.jsonl``) belongs to one live input, once: an index whose live inputs list a file
+  twice (under two inputs, in one segment or two, or twice under one) is refused at load, as a version
+  1/2 manifest is (its samples would be read twice); the check hashes the paths from the segments'
+  blobs and sorts the hashes (~0.04 s per 300k shards).
 - **A commit** writes one segment with the inputs it adds or replaces (with their shards) and the names
   it drops, create-only (a content name that exists already holds these bytes), then the root, as
   version 2 published its manifest: ``manifests/GEN.json`` created once, then ``manifest.json`` replaced
