@@ -26,6 +26,7 @@ from shardio.format.spec import (
     RetiredFile,
     ShardEntry,
     check_dataset_path,
+    root_generation,
 )
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
@@ -337,9 +338,9 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
     try:
         h, w, c = (int(x) for x in doc["shape"])
         manifest = Manifest(shape=(h, w, c), config=doc["config"], versions=doc.get("versions", {}),
-                            updated=doc.get("updated", ""), generation=int(doc.get("generation", 0)),
+                            updated=doc.get("updated", ""), generation=root_generation(doc, path),
                             retired=[RetiredFile(**r) for r in doc.get("retired", [])])
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for name in sorted(live, key=lambda n: n.encode("utf-8")):
         entry, shards, listed = live[name]

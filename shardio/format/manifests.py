@@ -4,7 +4,6 @@ follow is ``shardio.format.spec``'s). The reader and the write side both load th
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -26,6 +25,8 @@ from shardio.format.spec import (
     Manifest,
     RetiredFile,
     check_dataset_path,
+    parse_json,
+    root_generation,
 )
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -88,22 +89,17 @@ def read_root(directory: str, generation: int | None = None) -> dict:
     on a dataset of millions of shards reads a few KB."""
     store = for_path(directory)
     path = store.join(directory, MANIFEST_NAME) if generation is None else generation_path(directory, generation)
-    try:
-        doc = json.loads(store.read_bytes(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    doc = parse_json(store.read_bytes(path), path)
     if not isinstance(doc, dict):
         raise ShardFormatError(f"{path}: not a shardio manifest (a JSON {type(doc).__name__})")
+    root_generation(doc, path)  # callers read it as a number
     return doc
 
 
 def _read_document(store: Storage, path: str) -> tuple[Any, str]:
     """The JSON at ``path`` and its version (ETag on object storage); ShardFormatError naming it if not JSON."""
     data, version = store.read_versioned(path)
-    try:
-        return json.loads(data), version
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    return parse_json(data, path), version
 
 
 def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
@@ -141,10 +137,10 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
     try:
         h, w, c = (int(x) for x in doc["shape"])
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
-                             int(doc.get("generation", 0)), table, [RetiredFile(**r) for r in doc.get("retired", [])],
+                             root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
                              version, refs)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:
         check_dataset_path(retired.path, path)

@@ -45,7 +45,8 @@ JPEG error (documented in README, "Compact shards"), not equal. Any other ``enco
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
 the image's member name in that tar), ``width``/``height`` (int, the original image size before any
-resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (int or null, the label),
+resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (an int64 or null, the label: a reader refuses
+any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
 ``json`` (object or null, the sample's ``.json``), and, in datasets written with ``mode: pad`` only, ``box``
 (``[x0, y0, x1, y1]``, ints, end-exclusive, ``0 <= x0 < x1 <= W``, ``0 <= y0 < y1 <= H``: the output pixels
 that hold the picture, the rest being the config's ``fill``; crops drawn inside it never show the
@@ -155,7 +156,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    object: size + etag); a shard belongs to one input and is listed there once
 ``updated``        ISO-8601 time of the last commit
 ``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
-                   generations existed
+                   generations existed; anything but a JSON integer >= 0 is refused (in a root too)
 ``retired``        list of ``{path, generation, since}``: shard files (``.npy`` and ``.jsonl`` each) that
                    generation ``generation`` (committed at ``since``, ISO-8601) stopped listing, kept on
                    disk for the readers of older generations until the retention below collects them
@@ -259,6 +260,8 @@ __all__ = [
     "JPEG_FORMAT_VERSION",
     "SUBSAMPLINGS",
     "pixel_encoding",
+    "parse_json",
+    "root_generation",
 ]
 
 FORMAT_NAME = "shardio"
@@ -312,6 +315,28 @@ def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
     return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+def root_generation(doc: dict[str, Any], path: str) -> int:
+    """A root's (or version 1/2 manifest's) ``generation``: a JSON integer >= 0, 0 where absent (written
+    before generations); ShardFormatError naming ``path`` for anything else (``1e400``, ``1.7``, ``"3"``),
+    never a bare OverflowError or a silently truncated number."""
+    value = doc.get("generation", 0)
+    if type(value) is not int or value < 0:
+        raise ShardFormatError(f"{path}: \"generation\" is {str(value)[:40]!r}, not a whole number >= 0 (the root "
+                               "was edited or forged)")
+    return value
+
+
+def parse_json(data: bytes, path: str) -> Any:
+    """``data`` (a root, a manifest) as JSON; ShardFormatError naming ``path`` for bytes that are not
+    UTF-8 JSON, or nest deeper than Python's recursion limit (a forged file; the writer nests 4 levels)."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError as e:
+        raise ShardFormatError(f"{path}: JSON nested too deeply to read (edited or forged)") from e
 
 
 def pixel_encoding(config: Any, path: str = "manifest") -> str:
@@ -532,10 +557,10 @@ class Manifest(ConfigDerived):
                 shards=[ShardEntry.from_json(s, path) for s in doc["shards"]],
                 inputs={k: InputEntry(**v) for k, v in doc.get("inputs", {}).items()},
                 updated=doc.get("updated", ""),
-                generation=int(doc.get("generation", 0)),
+                generation=root_generation(doc, path),
                 retired=[RetiredFile(**r) for r in doc.get("retired", [])],
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
         if version != JPEG_FORMAT_VERSION and pixel_encoding(manifest.config, path) == JPEG:
             raise ShardFormatError(f"{path}: format_version {version} with encoding jpeg (a JPEG dataset is "
