@@ -26,6 +26,7 @@ from shardio.format.spec import (
     RetiredFile,
     check_dataset_path,
     parse_json,
+    root_dataset_id,
     root_generation,
 )
 from shardio.store.backends import for_path
@@ -56,6 +57,7 @@ class DatasetIndex(ConfigDerived):
     source_version: str = ""
     # A format 3 root's segments (``SegmentRef``), oldest first; None for a version 1/2 manifest.
     segments: list[SegmentRef] | None = None
+    dataset_id: str = ""  # the root's ``dataset`` ("" where it has none: spec, "Identity")
 
     @property
     def samples(self) -> int:
@@ -139,7 +141,7 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
                              root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
-                             version, refs)
+                             version, refs, root_dataset_id(doc, path))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:

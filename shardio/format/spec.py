@@ -93,7 +93,25 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   a run: "Retention"), the totals (``samples``, ``shard_count``,
   ``input_count``, ``bytes``, ``meta_bytes``, ``failed``: ``shardio info`` reads nothing else), and
   ``segments``: a list, oldest first, of ``{path, bytes, shards, inputs, removed, samples}`` (``path``
-  ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too).
+  ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too), and
+  ``dataset`` (below).
+- **Identity** (``dataset``; an optional field, so by the field rule below the version stays 3):
+  32 lower-case hex digits, a random UUID4 drawn by the dataset's first commit and copied by every later
+  commit into its root, so every generation names it, and a copy or a move of the directory (which copies
+  the roots) keeps it. A resume state names the identity of the generation it was taken on and is refused
+  by a dataset of another identity, naming both (``shardio.read.resume``); a state of the same dataset
+  resumes wherever the directory now lives. A root without the field (written before it) and a version
+  1/2 manifest have the identity ``config:`` + the first 32 hex digits of ``config_hash``: fixed for the
+  dataset's life (a run refuses another config) and the same in a copy, it tells apart datasets of
+  different configs (the same tars as ``raw`` and as ``jpeg``), not two of one config; the next commit
+  to such a dataset draws a random identity, which its later generations carry (its earlier roots keep
+  theirs, so a state taken on one of them still resumes there). Restoring such an earlier root as the
+  current one (``verify --repair``) and committing again draws a new identity: states taken since the
+  first one are then refused, by the message that names both. Anything but 32 lower-case hex digits is
+  refused at load.
+- **The field rule**: a reader ignores a root field it does not know (every shardio reading version 3
+  does), so a field a reader may ignore, such as ``dataset``, is added without a new ``format_version``;
+  a field or a meaning a reader must not ignore takes the next version, which older readers refuse.
 - **Meaning**: fold the segments in order; a segment's ``removed`` names leave the inputs of the
   segments before it, then each of its inputs replaces any earlier input of that name (a changed tar is
   a new entry, not an edit). The dataset's shards are the live inputs' shards, in **dataset order**:
@@ -223,6 +241,7 @@ import hashlib
 import json
 import posixpath
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -262,6 +281,9 @@ __all__ = [
     "pixel_encoding",
     "parse_json",
     "root_generation",
+    "root_dataset_id",
+    "new_dataset_id",
+    "same_kind_of_identity",
 ]
 
 FORMAT_NAME = "shardio"
@@ -326,6 +348,32 @@ def root_generation(doc: dict[str, Any], path: str) -> int:
         raise ShardFormatError(f"{path}: \"generation\" is {str(value)[:40]!r}, not a whole number >= 0 (the root "
                                "was edited or forged)")
     return value
+
+
+_IDENTITY_DIGITS = 32
+_DERIVED_IDENTITY = "config:"
+
+
+def new_dataset_id() -> str:
+    """A new dataset's identity (spec, "Identity"): a random UUID4 as 32 lower-case hex digits."""
+    return uuid.uuid4().hex
+
+
+def root_dataset_id(doc: dict[str, Any], path: str) -> str:
+    """A root's ``dataset`` (spec, "Identity"): "" where absent; ShardFormatError naming ``path`` for a
+    value that is not 32 lower-case hex digits."""
+    value = doc.get("dataset", "")
+    if value != "" and not (isinstance(value, str) and len(value) == _IDENTITY_DIGITS
+                            and all(c in "0123456789abcdef" for c in value)):
+        raise ShardFormatError(f"{path}: \"dataset\" is {str(value)[:40]!r}, not an identity (32 lower-case hex "
+                               "digits): the root was edited or forged")
+    return value
+
+
+def same_kind_of_identity(first: str, second: str) -> bool:
+    """Whether two identities can be told apart by comparing them: both drawn, or both derived from a
+    config (a dataset that drew its identity at a later commit has both kinds among its roots)."""
+    return first.startswith(_DERIVED_IDENTITY) == second.startswith(_DERIVED_IDENTITY)
 
 
 def parse_json(data: bytes, path: str) -> Any:
@@ -468,10 +516,17 @@ class ConfigDerived:
     reader's ``DatasetIndex``, the writer's ``EditableIndex``)."""
 
     config: dict[str, Any]
+    dataset_id: str  # the root's ``dataset``; "" where it has none (spec, "Identity")
 
     @property
     def config_hash(self) -> str:
         return config_hash(self.config)
+
+    @property
+    def identity(self) -> str:
+        """The dataset's identity as a resume state names it (spec, "Identity"): the root's ``dataset``,
+        else ``config:`` and the first 32 hex digits of the config hash."""
+        return self.dataset_id or f"{_DERIVED_IDENTITY}{self.config_hash[:_IDENTITY_DIGITS]}"
 
     @property
     def encoding(self) -> str:
@@ -498,6 +553,9 @@ class Manifest(ConfigDerived):
     # in memory): the next commit writes everything in one segment (the upgrade).
     segments: list[Any] | None = field(default=None, compare=False, repr=False)
     indexed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Format 3 only: the root's ``dataset`` (spec, "Identity"); "" for a version 1/2 manifest (whose
+    # one-document form, ``to_json``, has no such field) or one built in memory.
+    dataset_id: str = field(default="", compare=False, repr=False)
 
     @property
     def samples(self) -> int:

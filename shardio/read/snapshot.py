@@ -71,6 +71,12 @@ class DatasetSnapshot:
         """The commit this snapshot is (0: a manifest written before generations existed)."""
         return self.manifest.generation
 
+    @property
+    def identity(self) -> str:
+        """The dataset's identity as this generation's root names it (``shardio.format.spec``, "Identity"):
+        what a resume state taken on it names."""
+        return self.manifest.identity
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
