@@ -155,7 +155,7 @@ def _edit_root(directory: str, edit) -> None:
 @pytest.mark.parametrize("edit, words", [
     (lambda data: data.replace(b'"generation": 1,', b'"generation": 1e400,'), r'"generation" is .inf.'),
     (lambda data: data.replace(b'"generation": 1,', b'"generation": 1.7,'), r'"generation" is .1\.7.'),
-    (lambda data: data.replace(b'"shape": [', b'"shape": [1e400, '), r"malformed root \(OverflowError"),
+    (lambda data: data.replace(b'"shape": [', b'"shape": [1e400, '), r"shape \[inf, .* is not \[H, W, 3\]"),
     (lambda data: _DEEP, r"JSON nested too deeply"),
 ])
 def test_a_hostile_root_names_the_file(dataset_dir: str, edit, words) -> None:

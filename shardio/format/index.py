@@ -28,6 +28,7 @@ from shardio.format.spec import (
     check_dataset_path,
     root_dataset_id,
     root_generation,
+    root_shape,
 )
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
@@ -338,7 +339,7 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
         deltas.append(decode_segment(data, ref.path))
     live = fold(deltas)
     try:
-        h, w, c = (int(x) for x in doc["shape"])
+        h, w, c = root_shape(doc, path)
         manifest = Manifest(shape=(h, w, c), config=doc["config"], versions=doc.get("versions", {}),
                             updated=doc.get("updated", ""), generation=root_generation(doc, path),
                             retired=[RetiredFile(**r) for r in doc.get("retired", [])],

@@ -28,6 +28,7 @@ from shardio.format.spec import (
     parse_json,
     root_dataset_id,
     root_generation,
+    root_shape,
 )
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -137,7 +138,7 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
     segments = [open_segment(store, directory, ref) for ref in refs]
     table = fold_segments(segments, path)
     try:
-        h, w, c = (int(x) for x in doc["shape"])
+        h, w, c = root_shape(doc, path)
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
                              root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},

@@ -158,7 +158,8 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    checksums, and kept so when such a dataset's manifest is rewritten, e.g. by ``gc``, so
                    an older reader still reads it): a raw dataset's manifest is the same bytes as before
                    version 3; a reader reads versions 1 to 3, refuses any other and says which it reads
-``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample
+``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample, each side
+                   0..``MAX_SIDE`` (8192, the writer's bound; a reader refuses a root that says more)
 ``samples``        total number of samples (sum over ``shards``)
 ``config``         the resolved config that wrote the pixels; ``config_hash``: sha256 of its canonical JSON
 ``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
@@ -281,6 +282,8 @@ __all__ = [
     "pixel_encoding",
     "parse_json",
     "root_generation",
+    "root_shape",
+    "MAX_SIDE",
     "root_dataset_id",
     "new_dataset_id",
     "same_kind_of_identity",
@@ -299,6 +302,9 @@ RAW, JPEG = "raw", "jpeg"
 ENCODINGS = (RAW, JPEG)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
 HEADER_BYTES = 128
+# The largest height or width a dataset may have: the writer's config refuses more (preprocess.config),
+# and a reader refuses a root that says more before sizing anything by it.
+MAX_SIDE = 8192
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"
@@ -337,6 +343,22 @@ def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
     return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+def root_shape(doc: dict[str, Any], path: str) -> tuple[int, int, int]:
+    """A root's (or manifest's) ``shape``: ``[H, W, 3]``, whole numbers with each side at most
+    ``MAX_SIDE`` (the writer's bound); ShardFormatError naming ``path`` otherwise, before anything is sized
+    by it (a JPEG dataset's shards are small whatever H×W the root claims: a reader would allocate H×W×3
+    per sample to decode them)."""
+    shape = doc["shape"]
+    if (not isinstance(shape, list) or len(shape) != 3 or any(type(x) is not int for x in shape)
+            or shape[2] != 3):
+        raise ShardFormatError(f"{path}: shape {str(shape)[:80]} is not [H, W, 3] (whole numbers)")
+    height, width, _ = shape
+    if not (0 <= height <= MAX_SIDE and 0 <= width <= MAX_SIDE):
+        raise ShardFormatError(f"{path}: shape {shape} has a side outside 0..{MAX_SIDE} (no shardio writes larger "
+                               "images): the root was edited or forged, nothing was read")
+    return height, width, 3
 
 
 def root_generation(doc: dict[str, Any], path: str) -> int:
@@ -605,9 +627,7 @@ class Manifest(ConfigDerived):
         try:
             if doc["layout"] != "NHWC" or doc["dtype"] != "uint8" or len(doc["shape"]) != 3:
                 raise ShardFormatError(f"{path}: unsupported layout {doc['layout']}/{doc['dtype']}")
-            h, w, c = (int(x) for x in doc["shape"])
-            if c != 3:
-                raise ShardFormatError(f"{path}: shape {doc['shape']} is not H×W×3")
+            h, w, c = root_shape(doc, path)
             manifest = cls(
                 shape=(h, w, c),
                 config=doc["config"],

@@ -32,6 +32,7 @@ from shardio.read.order import (
     epoch_runs,
     rank_batches,
 )
+from shardio.read.jpeg_pixels import check_decoded_bytes
 from shardio.read.prefetch import prefetched
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
@@ -182,6 +183,8 @@ class ShardDataset(IterableDataset):
         if decode == "device" and not self.is_jpeg:
             raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg); this one is "
                              f"{self.snapshot.encoding}: its batches need no decoding")
+        if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
+            check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
