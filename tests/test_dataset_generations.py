@@ -3,8 +3,11 @@ after new drops were committed, the next epoch moves to the newest generation (`
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from torch.utils.data import DataLoader
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, retire_input
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
@@ -118,3 +121,18 @@ def test_ddp_ranks_move_to_the_newest_generation_they_all_see(tmp_path, monkeypa
     monkeypatch.setattr("torch.distributed.all_gather_object", all_gather_object)
     ds.begin_pass()
     assert gathered == [older + 1] and ds.snapshot.generation == older
+
+
+def test_spawned_workers_read_the_opened_generation_after_retention_deleted_its_index(tmp_path) -> None:
+    """A trainer opened a generation; retention then deleted its root and index segments (a passing root
+    of the run that committed it). DataLoader workers started with ``spawn`` (as with CUDA) unpickle the
+    dataset after that: they get the index by descriptor, not by path, and read every sample once."""
+    directory = str(tmp_path)
+    make_dataset(directory)
+    dataset = ShardDataset(directory, 5)
+    for folder in ("index", "manifests"):
+        for name in os.listdir(os.path.join(directory, folder)):
+            os.remove(os.path.join(directory, folder, name))
+    os.remove(os.path.join(directory, "manifest.json"))
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert_exactly_once(epoch_of(loader), FIRST)

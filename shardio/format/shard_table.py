@@ -15,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import io
 import mmap
+import multiprocessing.context
+import multiprocessing.reduction
 import os
 import struct
+import weakref
 import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -42,24 +45,50 @@ _SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offs
 
 class SegmentColumns:
     """One segment's arrays, views into its bytes (a read-only memory map of a local file, or the bytes
-    an object store returned): nothing is copied until a column is gathered."""
+    an object store returned): nothing is copied until a column is gathered.
 
-    def __init__(self, buffer: Any, path: str) -> None:
+    A mapped segment keeps a descriptor of its file open (``fd``), so a process it is handed to reads the
+    very file this one checked, even once retention has deleted it: the spec promises a trainer its
+    generation's index for the whole epoch, and DataLoader workers started with ``spawn`` (as with CUDA)
+    unpickle the dataset after the parent opened it, possibly after the run that committed it collected
+    that generation."""
+
+    def __init__(self, buffer: Any, path: str, fd: int | None = None) -> None:
         self._open(buffer, path)
+        self._hold(fd)
+
+    def _hold(self, fd: int | None) -> None:
+        self.fd = fd
+        if fd is not None:
+            weakref.finalize(self, os.close, fd)
 
     def __getstate__(self) -> dict[str, Any]:
-        """To a DataLoader worker: a mapped file by its path (segments are immutable, and this process has
-        checked its digest), bytes as bytes."""
+        """To a DataLoader worker: a mapped file, while a process is being started (``spawn`` or
+        ``forkserver``), as its open descriptor, duplicated into the new process (``multiprocessing``'s
+        ``DupFd``: the same file, no copy, its pages shared through the page cache); otherwise by its path
+        (segments are immutable, and this process has checked its digest). Bytes as bytes."""
         if isinstance(self.buffer, mmap.mmap):
+            if self.fd is not None and multiprocessing.context.get_spawning_popen() is not None:
+                return {"path": self.path, "fd": multiprocessing.reduction.DupFd(self.fd)}
             return {"path": self.path}
         return {"path": self.path, "data": bytes(self.buffer)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        data = state.get("data")
-        if data is None:
-            with open(state["path"], "rb") as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data, fd = state.get("data"), None
+        if "fd" in state:
+            fd = state["fd"].detach()
+            data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        elif data is None:
+            try:
+                with open(state["path"], "rb") as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except FileNotFoundError as e:
+                raise ShardIntegrityError(
+                    f"{state['path']}: index segment deleted since this index was opened (retention collected its "
+                    "generation); a DataLoader worker gets it by descriptor, not by path: reopen the dataset "
+                    "for its current generation") from e
         self._open(data, state["path"])
+        self._hold(fd)
 
     def _open(self, buffer: Any, path: str) -> None:
         self.path = path
@@ -273,8 +302,10 @@ def map_segment(path: str, expected_bytes: int, expected_name: str) -> SegmentCo
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
         _check(path, size, digest.hexdigest(), expected_bytes, expected_name)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    return SegmentColumns(mapped, path)
+        if not size:
+            return SegmentColumns(b"", path)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return SegmentColumns(mapped, path, os.dup(f.fileno()))  # the checked file, for worker processes
 
 
 def segment_from_bytes(data: bytes, path: str, expected_bytes: int, expected_name: str) -> SegmentColumns:

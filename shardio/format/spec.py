@@ -217,8 +217,8 @@ bucket)``), so a run leaves at most one root per bucket, whatever the number of 
 segments only collected roots named go with them (each kept root keeps its own segments: a run's 3,000
 roots and their pre-compaction segments were 8x the index). A run's result (its last generation) and
 a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
-passing generation keeps reading its files (and, locally, its index, memory-mapped) for its whole
-epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
+passing generation keeps reading its files (and, locally, its index, memory-mapped, and handed to
+DataLoader workers, ``spawn`` ones included, as open descriptors, not paths) for its whole epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
 naming the kept ones. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
 index).
 
