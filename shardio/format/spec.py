@@ -219,7 +219,12 @@ roots and their pre-compaction segments were 8x the index). A run's result (its 
 a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
 passing generation keeps reading its files (and, locally, its index, memory-mapped, and handed to
 DataLoader workers, ``spawn`` ones included, as open descriptors, not paths) for its whole epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
-naming the kept ones. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
+naming the kept ones. A reader that read ``manifest.json`` and then found a segment it names gone, while
+``manifest.json`` now names a newer generation (the run's retention collected the root it read: a slow
+link), reads the newest root instead (up to 5 times; then it says the dataset kept moving, not that it is
+damaged); a segment the current root names and lacks is damage (``verify --repair``). A reader whose
+generation retention collected since it opened it (``gc --retain-hours 0`` does at once, by design) is
+told so when a file it needs is gone, not to repair a healthy dataset. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
 index).
 
 Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it

@@ -75,7 +75,11 @@ class _Lines:
 
     def _read(self, begin: int, end: int) -> bytes:
         assert self.local_path is not None
-        fd = os.open(self.local_path, os.O_RDONLY)
+        try:
+            fd = os.open(self.local_path, os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise ShardIntegrityError(f"{self.path}: deleted since its shard was opened (retention collected its "
+                                      "generation, or it was removed): open the dataset again") from e
         try:
             data = os.pread(fd, end - begin, begin)
         finally:
