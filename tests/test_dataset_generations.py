@@ -16,8 +16,8 @@ from preprocess.cli import app as preprocess_app
 from shardio import ShardDataset, ShardFormatError, ShardLoader
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import manifests
-from shardio.format.manifests import generation_path, list_generations, read_root
-from tests.index_steps import run_steps
+from shardio.format.manifests import generation_path, read_root
+from tests.index_steps import compacted_and_collected
 from shardio.format import InputEntry
 from shardio.format.manifests import load_manifest
 from shardio.write.shard_writer import InputShardWriter, write_manifest
@@ -150,23 +150,13 @@ def test_spawned_workers_read_the_opened_generation_after_retention_deleted_its_
 
 @pytest.fixture
 def compacted(tmp_path) -> tuple[str, dict]:
-    """A dataset whose last commits merged every segment into one (compaction), its earlier roots and their
-    segments collected; returns it and generation 7's root (as a reader read it just before the run
-    that followed committed and collected)."""
+    """A dataset a compaction merged into one segment, its earlier roots and their segments collected,
+    and a root that names collected segments (as a reader read it just before)."""
     directory = str(tmp_path / "ds")
-    run_steps(directory, 8)
-    old_root = read_root(directory, 7)
-    named = {ref["path"] for ref in read_root(directory)["segments"]}
-    for generation in list_generations(directory)[:-1]:
-        os.remove(generation_path(directory, generation))
-    for name in os.listdir(os.path.join(directory, "index")):
-        if f"index/{name}" not in named:
-            os.remove(os.path.join(directory, "index", name))
-    assert {ref["path"] for ref in old_root["segments"]} - named, "the old root names collected segments"
-    return directory, old_root
+    return directory, compacted_and_collected(directory)
 
 
-def _stale_reads(monkeypatch, old_root: dict, stale: Callable[[int], bool]) -> None:
+def stale_reads(monkeypatch, old_root: dict, stale: Callable[[int], bool]) -> None:
     """``manifest.json`` read as ``old_root`` on the calls ``stale(n)`` says (n from 0): a reader on a slow
     link that read it before the run that followed committed and collected."""
     real = manifests._read_document
@@ -182,7 +172,7 @@ def _stale_reads(monkeypatch, old_root: dict, stale: Callable[[int], bool]) -> N
 
 def test_a_reader_that_read_a_root_retention_then_collected_reads_the_newest(compacted, monkeypatch) -> None:
     directory, old_root = compacted
-    _stale_reads(monkeypatch, old_root, lambda n: n == 0)
+    stale_reads(monkeypatch, old_root, lambda n: n == 0)
     index = manifests.load_index(directory)
     assert index.generation == read_root(directory)["generation"] > old_root["generation"]
     assert len(index.shards) == read_root(directory)["shard_count"]
@@ -190,7 +180,7 @@ def test_a_reader_that_read_a_root_retention_then_collected_reads_the_newest(com
 
 def test_a_dataset_that_keeps_moving_while_read_says_so_not_repair(compacted, monkeypatch) -> None:
     directory, old_root = compacted
-    _stale_reads(monkeypatch, old_root, lambda n: n % 2 == 0)  # every read of the root, one run behind
+    stale_reads(monkeypatch, old_root, lambda n: n % 2 == 0)  # every read of the root, one run behind
     with pytest.raises(ShardError, match=r"moved on 6 times while this read its index .* nothing is damaged") as e:
         manifests.load_index(directory)
     assert "--repair" not in str(e.value)
