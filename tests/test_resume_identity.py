@@ -64,7 +64,8 @@ def test_a_state_of_another_dataset_is_refused_naming_both(taken, tmp_path, othe
         dataset.load_state_dict(state)
 
 
-def test_a_state_of_another_dataset_is_not_said_to_name_a_collected_generation(tmp_path) -> None:
+@pytest.mark.parametrize("written", ["now", "before identities"])
+def test_a_state_of_another_dataset_is_not_said_to_name_a_collected_generation(tmp_path, written) -> None:
     directory = str(tmp_path / "a")
     make_dataset(directory)
     add_input(directory, "more.tar", 117, 10)
@@ -73,6 +74,8 @@ def test_a_state_of_another_dataset_is_not_said_to_name_a_collected_generation(t
     assert state["generation"] == 3
     elsewhere = str(tmp_path / "b")
     make_dataset(elsewhere)  # generation 1 only
+    if written == "before identities":
+        as_legacy(elsewhere)  # named by its config, the same as the state's dataset's
     with pytest.raises(ValueError, match=r"state was taken on dataset \w+ \(generation 3\)"):
         make(elsewhere).load_state_dict(state)
 

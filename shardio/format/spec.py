@@ -291,7 +291,7 @@ __all__ = [
     "MAX_SIDE",
     "root_dataset_id",
     "new_dataset_id",
-    "same_kind_of_identity",
+    "proves_another_dataset",
 ]
 
 FORMAT_NAME = "shardio"
@@ -397,10 +397,14 @@ def root_dataset_id(doc: dict[str, Any], path: str) -> str:
     return value
 
 
-def same_kind_of_identity(first: str, second: str) -> bool:
-    """Whether two identities can be told apart by comparing them: both drawn, or both derived from a
-    config (a dataset that drew its identity at a later commit has both kinds among its roots)."""
-    return first.startswith(_DERIVED_IDENTITY) == second.startswith(_DERIVED_IDENTITY)
+def proves_another_dataset(earlier: str, current: str) -> bool:
+    """Whether a state naming identity ``earlier`` cannot come from a dataset whose current root names
+    ``current``: they differ and are both drawn, or both derived from a config, or ``earlier`` is drawn
+    and ``current`` derived (a dataset draws its identity once and keeps it). A derived ``earlier`` and a
+    drawn ``current`` may be one dataset that drew its identity since (its older roots tell)."""
+    if earlier == current:
+        return False
+    return not (earlier.startswith(_DERIVED_IDENTITY) and not current.startswith(_DERIVED_IDENTITY))
 
 
 def parse_json(data: bytes, path: str) -> Any:

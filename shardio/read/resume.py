@@ -19,9 +19,10 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
 
 A state is refused by another dataset, with a message naming both identities: first against the
-snapshot open now (when both identities are of one kind: drawn, or derived from a config), so a state of
-another dataset is not mistaken for a collected generation; then against the root of the state's own
-generation here, which must be the state's exactly. A copy or a move of the directory keeps its roots,
+snapshot open now (where the two prove another dataset: ``proves_another_dataset``; a state named by a
+config's hash may come from before this dataset drew its identity), so a state of another dataset is not
+mistaken for a collected generation; then against the root of the state's own generation here, which
+must be the state's exactly. A copy or a move of the directory keeps its roots,
 so it resumes. A state without ``dataset`` (saved by a shardio before identities) is not checked for it:
 the sample count of its generation must still agree.
 
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
-from shardio.format.spec import same_kind_of_identity
+from shardio.format.spec import proves_another_dataset
 from shardio.read.order import consumed_position, rank_batches
 
 __all__ = ["EpochCursor", "EpochPass"]
@@ -220,7 +221,7 @@ class EpochCursor:
                 )
             adopted[key] = theirs  # left at the default: the run goes on with the order it began with
         theirs = state.get("dataset")
-        if theirs is not None and identity and same_kind_of_identity(theirs, identity) and theirs != identity:
+        if theirs is not None and identity and proves_another_dataset(theirs, identity):
             raise ValueError(_foreign(state, identity, where))  # before its generation is looked for here
         samples, here = at(state.get("generation"))
         if theirs is not None and theirs != here:
