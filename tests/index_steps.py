@@ -10,13 +10,15 @@ rerun of a killed run.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+from typing import Any
 
 from shardio.format import ShardEntry
-from shardio.format.manifests import DatasetIndex, load_index
+from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
 from shardio.write import directory as dataset_dir
 
-__all__ = ["entries", "run_steps", "expected_inputs"]
+__all__ = ["entries", "run_steps", "expected_inputs", "compacted_and_collected"]
 
 
 def entries(name: str, version: int = 0, count: int = 3) -> list[ShardEntry]:
@@ -49,6 +51,22 @@ def expected_inputs(count: int) -> dict[str, int]:
         else:
             live.pop(name, None)
     return live
+
+
+def compacted_and_collected(directory: str) -> dict[str, Any]:
+    """Commit steps until a compaction merged every segment into one, then collect every root but the
+    newest and the segments only they named (what a run's end and its retention leave); returns
+    generation 7's root, which names collected segments: what a reader read just before."""
+    run_steps(directory, 8)
+    old_root = read_root(directory, 7)
+    named = {ref["path"] for ref in read_root(directory)["segments"]}
+    for generation in list_generations(directory)[:-1]:
+        os.remove(generation_path(directory, generation))
+    for name in os.listdir(os.path.join(directory, "index")):
+        if f"index/{name}" not in named:
+            os.remove(os.path.join(directory, "index", name))
+    assert {ref["path"] for ref in old_root["segments"]} - named, "the old root names collected segments"
+    return old_root
 
 
 def run_steps(directory: str, count: int) -> DatasetIndex:

@@ -3,11 +3,21 @@ after new drops were committed, the next epoch moves to the newest generation (`
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import numpy as np
 import pytest
+from torch.utils.data import DataLoader
+from typer.testing import CliRunner
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, retire_input
 
+from preprocess.cli import app as preprocess_app
 from shardio import ShardDataset, ShardFormatError, ShardLoader
+from shardio.errors import ShardError, ShardIntegrityError
+from shardio.format import manifests
+from shardio.format.manifests import generation_path, read_root
+from tests.index_steps import compacted_and_collected
 from shardio.format import InputEntry
 from shardio.format.manifests import load_manifest
 from shardio.write.shard_writer import InputShardWriter, write_manifest
@@ -118,3 +128,101 @@ def test_ddp_ranks_move_to_the_newest_generation_they_all_see(tmp_path, monkeypa
     monkeypatch.setattr("torch.distributed.all_gather_object", all_gather_object)
     ds.begin_pass()
     assert gathered == [older + 1] and ds.snapshot.generation == older
+
+
+def test_spawned_workers_read_the_opened_generation_after_retention_deleted_its_index(tmp_path) -> None:
+    """A trainer opened a generation; retention then deleted its root and index segments (a passing root
+    of the run that committed it). DataLoader workers started with ``spawn`` (as with CUDA) unpickle the
+    dataset after that: they get the index by descriptor, not by path, and read every sample once."""
+    directory = str(tmp_path)
+    make_dataset(directory)
+    dataset = ShardDataset(directory, 5)
+    for folder in ("index", "manifests"):
+        for name in os.listdir(os.path.join(directory, folder)):
+            os.remove(os.path.join(directory, folder, name))
+    os.remove(os.path.join(directory, "manifest.json"))
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    assert_exactly_once(epoch_of(loader), FIRST)
+
+
+# --- what a reader says when retention collected what it read ----------------------------------------------
+
+
+@pytest.fixture
+def compacted(tmp_path) -> tuple[str, dict]:
+    """A dataset a compaction merged into one segment, its earlier roots and their segments collected,
+    and a root that names collected segments (as a reader read it just before)."""
+    directory = str(tmp_path / "ds")
+    return directory, compacted_and_collected(directory)
+
+
+def stale_reads(monkeypatch, old_root: dict, stale: Callable[[int], bool]) -> None:
+    """``manifest.json`` read as ``old_root`` on the calls ``stale(n)`` says (n from 0): a reader on a slow
+    link that read it before the run that followed committed and collected."""
+    real = manifests._read_document
+    calls = []
+
+    def read_document(store, path):
+        calls.append(path)
+        if path.endswith("manifest.json") and stale(len(calls) - 1):
+            return old_root, "old-version"
+        return real(store, path)
+    monkeypatch.setattr(manifests, "_read_document", read_document)
+
+
+def test_a_reader_that_read_a_root_retention_then_collected_reads_the_newest(compacted, monkeypatch) -> None:
+    directory, old_root = compacted
+    stale_reads(monkeypatch, old_root, lambda n: n == 0)
+    index = manifests.load_index(directory)
+    assert index.generation == read_root(directory)["generation"] > old_root["generation"]
+    assert len(index.shards) == read_root(directory)["shard_count"]
+
+
+def test_a_dataset_that_keeps_moving_while_read_says_so_not_repair(compacted, monkeypatch) -> None:
+    directory, old_root = compacted
+    stale_reads(monkeypatch, old_root, lambda n: n % 2 == 0)  # every read of the root, one run behind
+    with pytest.raises(ShardError, match=r"moved on 6 times while this read its index .* nothing is damaged") as e:
+        manifests.load_index(directory)
+    assert "--repair" not in str(e.value)
+
+
+def test_a_segment_missing_from_the_current_root_is_damage(compacted) -> None:
+    directory, _ = compacted
+    for ref in read_root(directory)["segments"]:
+        os.remove(os.path.join(directory, ref["path"]))
+    with pytest.raises(ShardIntegrityError, match=r"index segment missing .*--repair"):
+        manifests.load_index(directory)
+
+
+def test_a_generation_collected_while_read_says_so_not_repair(compacted, monkeypatch) -> None:
+    directory, _ = compacted
+    generation = read_root(directory)["generation"]
+    add = manifests.open_segment
+
+    def collected_meanwhile(store, folder, ref):  # retention deletes the root and its segments mid-read
+        os.remove(generation_path(directory, generation))
+        os.remove(os.path.join(directory, ref.path))
+        return add(store, folder, ref)
+    monkeypatch.setattr(manifests, "open_segment", collected_meanwhile)
+    with pytest.raises(ShardError, match=rf"gone: generation {generation} was collected by retention while this "
+                                         "read it") as e:
+        manifests.load_index(directory, generation=generation)
+    assert "--repair" not in str(e.value)
+
+
+def test_gc_deleting_an_open_readers_files_says_so_not_repair(tmp_path) -> None:
+    """``gc --retain-hours 0`` collects what only older generations list, at once, by design: a reader
+    still on one of them is told that, and what to do, not to repair a healthy dataset."""
+    directory = str(tmp_path)
+    make_dataset(directory)
+    reader = ShardDataset(directory, 5, follow_updates=False, cache_shards=1)
+    retire_input(directory, "input-0.tar")
+    collected = CliRunner().invoke(preprocess_app, ["gc", directory, "--retain-hours", "0",
+                                                    "--retain-generations", "1"])
+    assert collected.exit_code == 0, collected.output
+    with pytest.raises(ShardError, match=r"input-0-\d+\.(npy|jsonl): deleted by retention: this reader opened "
+                                         r"generation 1, which is no longer kept") as e:
+        for _ in reader:
+            pass
+    assert "--repair" not in str(e.value)
+    assert sorted(epoch_of(make(directory))) == list(range(40, FIRST))  # the dataset itself is whole

@@ -144,3 +144,39 @@ def test_info_shows_the_encoding_bytes_per_image_and_the_projection(jpeg_dir):
     assert info["raw_bytes_per_image"] == 16 * 16 * 3
     line = next(line for line in format_info(info).splitlines() if line.startswith("encoding"))
     assert "jpeg" in line and "smaller than raw" in line and "1 M images" in line and "this dataset raw" in line
+
+
+# --- a root's shape sizes what a reader allocates: bounded before anything is --------------------------------
+
+
+def _claim_shape(directory: str, height: int, width: int) -> None:
+    path = os.path.join(directory, "manifest.json")
+    with open(path) as f:
+        root = json.load(f)
+    root["shape"] = [height, width, 3]
+    with open(path, "w") as f:
+        json.dump(root, f)
+
+
+def test_a_root_claiming_images_larger_than_any_writer_makes_is_refused_naming_it(jpeg_dir):
+    """20000x20000 over small shards: 1.2 GB per sample decoded. Refused at open, before a byte is
+    allocated, naming the root (the writer never writes a side over 8192)."""
+    _claim_shape(jpeg_dir, 20000, 20000)
+    words = rf"{os.path.join(jpeg_dir, 'manifest.json')}: shape \[20000, 20000, 3\] has a side outside 0\.\.8192"
+    with pytest.raises(ShardFormatError, match=words):
+        shardio.open_dataset(jpeg_dir)
+    with pytest.raises(ShardFormatError, match=words):
+        ShardDataset(jpeg_dir, 4)
+
+
+def test_a_decode_over_the_budget_is_refused_naming_the_dataset_or_the_shard(jpeg_dir, monkeypatch):
+    height, width, _ = shardio.open_dataset(jpeg_dir).shape
+    monkeypatch.setenv("SHARDIO_MAX_DECODED_BYTES", str(3 * height * width * 3))  # three images
+    with pytest.raises(ValueError, match=rf"{jpeg_dir}: decoding 4 JPEG image\(s\) of {height}x{width} takes .* over "
+                                         r"the budget"):
+        ShardDataset(jpeg_dir, 4)
+    assert sum(len(b["__key__"]) for b in ShardDataset(jpeg_dir, 3, drop_last=False)) == len(
+        shardio.open_dataset(jpeg_dir))
+    snapshot = shardio.open_dataset(jpeg_dir)
+    with pytest.raises(ValueError, match=rf"{snapshot.shards[0].path}: decoding \d+ JPEG image\(s\)"):
+        np.asarray(snapshot.pixels(0))  # a whole shard at once

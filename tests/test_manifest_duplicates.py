@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
 from preprocess.cli import app
 from shardio import ShardDataset, ShardFormatError, open_dataset
+from shardio.format import InputEntry
+from shardio.format.index import Delta, decode_segment, encode_segment, fold, segment_path
+from shardio.format.manifests import load_manifest
+from shardio.tools.cli import app as shardio_app
 from tests.dataset_fixtures import make_dataset
 from tests.legacy_format import as_legacy
 
@@ -94,3 +99,88 @@ def test_a_duplicate_in_every_kept_generation_cannot_be_repaired_and_nothing_is_
     said = " ".join(repaired.output.split())
     assert "is listed twice" in said and "no kept generation can replace it" in said
     assert sorted(os.listdir(os.path.join(dataset, "shards"))) == shard_files
+
+
+# --- format 3: the index (segments and the root that names them) --------------------------------------------
+
+
+def _rewrite_index(directory: str, edit) -> None:
+    """Forge the current root: ``edit(deltas)`` changes the list of its segments' deltas (in place); each
+    segment is written again by content name and the root's refs and totals made to agree, as a careful
+    hand edit would."""
+    path = os.path.join(directory, "manifest.json")
+    with open(path) as f:
+        root = json.load(f)
+    deltas = []
+    for ref in root["segments"]:
+        with open(os.path.join(directory, ref["path"]), "rb") as f:
+            deltas.append(decode_segment(f.read(), ref["path"]))
+    edit(deltas)
+    refs = []
+    for delta in deltas:
+        data = encode_segment(delta)
+        rel = segment_path(data)
+        with open(os.path.join(directory, rel), "wb") as f:
+            f.write(data)
+        shards = [e for _, entries, _ in delta.inputs.values() for e in entries]
+        refs.append({"path": rel, "bytes": len(data), "shards": len(shards), "inputs": len(delta.inputs),
+                     "removed": len(delta.removed), "samples": sum(e.samples for e in shards)})
+    root["segments"] = refs
+    live = [e for _, entries, _ in fold(deltas).values() for e in entries]
+    root["samples"], root["shard_count"] = sum(e.samples for e in live), len(live)
+    with open(path, "w") as f:
+        json.dump(root, f)
+
+
+def _under_two_inputs(deltas) -> None:
+    """Input 1 also lists input 0's first shard, in the one segment."""
+    inputs = deltas[0].inputs
+    stolen = inputs["input-0.tar"][1][0]
+    entry, shards, listed = inputs["input-1.tar"]
+    inputs["input-1.tar"] = (entry, [*shards, replace(stolen, input="input-1.tar")], listed)
+
+
+def _in_two_segments(deltas) -> None:
+    """A second segment adds an input whose one shard is input 0's first."""
+    stolen = deltas[0].inputs["input-0.tar"][1][0]
+    extra = InputEntry(1, 0, stolen.samples, 0, [stolen.path])
+    deltas.append(Delta({"extra.tar": (extra, [replace(stolen, input="extra.tar")], True)}, set()))
+
+
+@pytest.mark.parametrize("edit, words", [
+    (_under_two_inputs, r"shard file 'shards/input-0-00000\.npy' is listed by inputs 'input-0\.tar' and "
+                        r"'input-1\.tar' \(in segment \S+/index/\w+\.npz;"),
+    (_in_two_segments, r"shard file 'shards/input-0-00000\.npy' is listed by inputs 'extra\.tar' and "
+                       r"'input-0\.tar' \(in segments \S+/index/\w+\.npz and \S+/index/\w+\.npz;"),
+])
+def test_a_format_3_index_listing_a_shard_twice_is_refused_by_the_reader_verify_and_info(dataset, edit, words):
+    _rewrite_index(dataset, edit)
+    manifest = os.path.join(dataset, "manifest.json")
+    with pytest.raises(ShardFormatError, match=rf"{manifest}: {words}"):
+        open_dataset(dataset)
+    with pytest.raises(ShardFormatError, match=words):
+        ShardDataset(dataset, 10)
+    plain = words.split(r" \(in")[0]  # the objects' load (a commit's) names no segment
+    with pytest.raises(ShardFormatError, match=rf"{manifest}: {plain}"):
+        load_manifest(dataset)
+
+    checked = runner.invoke(app, ["verify", dataset])
+    assert checked.exit_code == 1, checked.output
+    said = " ".join(checked.output.split())
+    assert "'shards/input-0-00000.npy' is listed by inputs" in said and "manifest.json" in said, said
+    assert "all match" not in said
+
+    info = runner.invoke(shardio_app, ["info", dataset], prog_name="shardio")
+    assert info.exit_code == 1, info.output
+    assert "'shards/input-0-00000.npy' is listed by inputs" in " ".join(info.output.split())
+
+
+def test_identical_shards_of_two_inputs_are_not_duplicates(dataset):
+    """Two shard files with the same bytes (two inputs holding the same images) are two files: read both."""
+    def same_digest(deltas) -> None:
+        inputs = deltas[0].inputs
+        first, second = inputs["input-0.tar"][1][0], inputs["input-1.tar"][1][0]
+        entry, shards, listed = inputs["input-1.tar"]
+        inputs["input-1.tar"] = (entry, [replace(second, checksum=first.checksum), *shards[1:]], listed)
+    _rewrite_index(dataset, same_digest)
+    assert sum(len(b["__key__"]) for b in ShardDataset(dataset, 10, drop_last=False)) == 138

@@ -9,9 +9,11 @@ import sys
 import tarfile
 
 import pytest
-from dataset_fixtures import make_dataset
+from dataset_fixtures import make_dataset, write_inputs
 
 from shardio import ShardDataset, ShardFormatError, open_dataset
+from shardio.format.manifests import load_manifest
+from shardio.read.shard_meta import ShardMeta
 
 from shardio.store.base import LOCK_NAME
 from shardio.store.local import lock
@@ -135,3 +137,66 @@ def test_a_lease_names_its_holder_until_it_expires(tmp_path, expires_in) -> None
     expected = r"a run is writing it \(pid 4242 on other-host\)" if expires_in > 0 else "the directory is empty"
     with pytest.raises(ShardFormatError, match=expected):
         open_dataset(directory)
+
+
+# --- hostile values: a ShardFormatError naming the file (and line), never a bare OverflowError / RecursionError ---
+
+_DEEP = b"[" * 200_000 + b"]" * 200_000
+
+
+def _edit_root(directory: str, edit) -> None:
+    path = os.path.join(directory, "manifest.json")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(edit(data))
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda data: data.replace(b'"generation": 1,', b'"generation": 1e400,'), r'"generation" is .inf.'),
+    (lambda data: data.replace(b'"generation": 1,', b'"generation": 1.7,'), r'"generation" is .1\.7.'),
+    (lambda data: data.replace(b'"shape": [', b'"shape": [1e400, '), r"shape \[inf, .* is not \[H, W, 3\]"),
+    (lambda data: _DEEP, r"JSON nested too deeply"),
+])
+def test_a_hostile_root_names_the_file(dataset_dir: str, edit, words) -> None:
+    _edit_root(dataset_dir, edit)
+    manifest = os.path.join(dataset_dir, "manifest.json")
+    with pytest.raises(ShardFormatError, match=rf"{manifest}: {words}"):
+        open_dataset(dataset_dir)
+    with pytest.raises(ShardFormatError, match=rf"{manifest}: {words}"):
+        load_manifest(dataset_dir)
+
+
+def test_a_hostile_root_committed_while_reading_names_the_file(dataset_dir: str) -> None:
+    """A new epoch looks for the newest generation: a forged one is named, not an OverflowError."""
+    dataset = ShardDataset(dataset_dir, 4)
+    _edit_root(dataset_dir, lambda data: data.replace(b'"generation": 1,', b'"generation": 1e400,'))
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: \"generation\" is 'inf'"):
+        next(iter(dataset))
+
+
+def _dataset_with_labels(directory: str, labels: list) -> None:
+    def meta_for(index: int, number: int, name: str) -> dict:
+        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 8, "height": 8,
+                "cls": labels[index], "txt": None, "json": None}
+    write_inputs(directory, (len(labels),), meta_for, height=8, width=8)
+
+
+@pytest.mark.parametrize("label", ["x", [1, 2], 10**30, 1.7, True])
+def test_a_label_that_is_not_an_int64_names_the_shard_and_the_line(tmp_path, label) -> None:
+    directory = str(tmp_path / "labels")
+    _dataset_with_labels(directory, [0, 1, 2, label, 4])
+    with pytest.raises(ShardFormatError, match=r"input-0-00000\.jsonl: line 4 \(sample 3\): cls .* is not an "
+                                               r"integer label"):
+        for _ in ShardDataset(directory, 5):
+            pass
+    assert list(open_dataset(directory).meta(0).rows(0, 3)) == [  # the rows before it read normally
+        (f"s{i:06d}", None, i, None, (0, 0, 8, 8)) for i in range(3)]
+
+
+def test_a_metadata_line_nested_too_deeply_names_the_shard_and_the_line() -> None:
+    data = b'{"key": "a"}\n{"key": "b", "json": ' + _DEEP + b"}\n"
+    meta = ShardMeta.from_bytes("shards/x.jsonl", data, 2, 8, 8)
+    assert meta.rows(0, 1)[0][0] == "a"
+    with pytest.raises(ShardFormatError, match=r"shards/x\.jsonl: line 2 \(sample 1\): JSON nested too deeply"):
+        meta.rows(1, 2)

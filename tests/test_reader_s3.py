@@ -20,8 +20,10 @@ import torch
 
 from shardio.read.dataset import ShardDataset
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format.manifests import load_manifest
+from shardio.format.manifests import load_index, load_manifest, read_root
 from shardio.train.loader import ShardLoader
+from tests.index_steps import compacted_and_collected
+from tests.test_dataset_generations import stale_reads
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, self_identifying_pixels, write_inputs
 
 
@@ -323,3 +325,15 @@ def test_encoded_batches_from_the_bucket_are_the_local_ones_copied_out_of_the_ca
         assert type(buffer) is np.ndarray and buffer.base is None, "the JPEGs still view a cached file"
         assert all(j.base is buffer for j in images.jpegs)
         assert np.array_equal(images.decode(), a["image"].decode())
+
+
+def test_a_reader_that_read_a_root_retention_then_collected_reads_the_newest(s3_server, s3_bucket, tmp_path,
+                                                                              monkeypatch):
+    """On a slow link a reader reads manifest.json, then the run that follows commits, compacts and collects
+    the root it read before it fetched the segments: it reads the newest root, not "verify --repair"."""
+    directory = str(tmp_path / "ds")
+    old_root = compacted_and_collected(directory)
+    url = upload(s3_server, s3_bucket, directory, "moving")
+    stale_reads(monkeypatch, old_root, lambda n: n == 0)
+    index = load_index(url)
+    assert index.generation == read_root(directory)["generation"] > old_root["generation"]

@@ -26,6 +26,9 @@ from shardio.format.spec import (
     RetiredFile,
     ShardEntry,
     check_dataset_path,
+    root_dataset_id,
+    root_generation,
+    root_shape,
 )
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
@@ -291,6 +294,7 @@ def root_json(manifest: Manifest, totals: dict[str, int] | None = None, run: str
         "versions": manifest.versions,
         "updated": manifest.updated,
         "generation": manifest.generation,
+        **({"dataset": manifest.dataset_id} if manifest.dataset_id else {}),
         "segments": [vars(s).copy() for s in manifest.segments],
         "retired": [vars(r).copy() for r in manifest.retired],
         **({"run": run} if run else {}),
@@ -307,6 +311,20 @@ def parse_segment_refs(doc: dict[str, Any], path: str) -> list[SegmentRef]:
     return refs
 
 
+def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]], path: str) -> None:
+    """ShardFormatError naming the root when a live shard file is listed twice (the same words as the
+    reader's columns: ``shardio.format.shard_table.check_listed_once``)."""
+    owner: dict[str, str] = {}
+    for name in sorted(live, key=lambda n: n.encode("utf-8")):
+        for entry in live[name][1]:
+            for rel in (entry.path, entry.meta_path):
+                if rel in owner:
+                    owners = f"twice by input {name!r}" if owner[rel] == name else f"by inputs {owner[rel]!r} and {name!r}"
+                    raise ShardFormatError(f"{path}: shard file {rel!r} is listed {owners} (an index lists each shard "
+                                           "file once: edited or forged?): nothing was read")
+                owner[rel] = name
+
+
 def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Manifest:
     """The dataset a version 3 root at ``path`` describes; ``read_segment(rel)`` gives a segment's bytes.
     Every segment's size and sha256 are checked (a corrupt segment is named, never half-read)."""
@@ -321,17 +339,19 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
         deltas.append(decode_segment(data, ref.path))
     live = fold(deltas)
     try:
-        h, w, c = (int(x) for x in doc["shape"])
+        h, w, c = root_shape(doc, path)
         manifest = Manifest(shape=(h, w, c), config=doc["config"], versions=doc.get("versions", {}),
-                            updated=doc.get("updated", ""), generation=int(doc.get("generation", 0)),
-                            retired=[RetiredFile(**r) for r in doc.get("retired", [])])
-    except (KeyError, TypeError, ValueError) as e:
+                            updated=doc.get("updated", ""), generation=root_generation(doc, path),
+                            retired=[RetiredFile(**r) for r in doc.get("retired", [])],
+                            dataset_id=root_dataset_id(doc, path))
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for name in sorted(live, key=lambda n: n.encode("utf-8")):
         entry, shards, listed = live[name]
         manifest.shards.extend(shards)
         if listed:
             manifest.inputs[name] = entry
+    _check_listed_once(live, path)
     manifest.segments = refs
     manifest.indexed = {name: input_signature(*value) for name, value in live.items()}
     for retired in manifest.retired:

@@ -4,14 +4,13 @@ follow is ``shardio.format.spec``'s). The reader and the write side both load th
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
 from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
 from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
@@ -26,6 +25,10 @@ from shardio.format.spec import (
     Manifest,
     RetiredFile,
     check_dataset_path,
+    parse_json,
+    root_dataset_id,
+    root_generation,
+    root_shape,
 )
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -55,6 +58,7 @@ class DatasetIndex(ConfigDerived):
     source_version: str = ""
     # A format 3 root's segments (``SegmentRef``), oldest first; None for a version 1/2 manifest.
     segments: list[SegmentRef] | None = None
+    dataset_id: str = ""  # the root's ``dataset`` ("" where it has none: spec, "Identity")
 
     @property
     def samples(self) -> int:
@@ -88,28 +92,48 @@ def read_root(directory: str, generation: int | None = None) -> dict:
     on a dataset of millions of shards reads a few KB."""
     store = for_path(directory)
     path = store.join(directory, MANIFEST_NAME) if generation is None else generation_path(directory, generation)
-    try:
-        doc = json.loads(store.read_bytes(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    doc = parse_json(store.read_bytes(path), path)
     if not isinstance(doc, dict):
         raise ShardFormatError(f"{path}: not a shardio manifest (a JSON {type(doc).__name__})")
+    root_generation(doc, path)  # callers read it as a number
     return doc
 
 
 def _read_document(store: Storage, path: str) -> tuple[Any, str]:
     """The JSON at ``path`` and its version (ETag on object storage); ShardFormatError naming it if not JSON."""
     data, version = store.read_versioned(path)
+    return parse_json(data, path), version
+
+
+def _segment_missing(segment: str) -> ShardIntegrityError:
+    """A segment a root names is not there: missing for good (the repair hint), or collected by retention
+    after this process read the root that named it (``_load`` tells which, by ``missing_segment`` and
+    ``root_generation``: whether that root was replaced since)."""
+    error = ShardIntegrityError(f"{segment}: index segment missing (named by the root); HINT: `preprocess verify "
+                                "DIR --repair` restores a kept generation")
+    error.missing_segment = segment  # type: ignore[attr-defined]
+    return error
+
+
+def _segments_of_root(doc: dict[str, Any], path: str, read: Callable[[], _Loaded]) -> _Loaded:
     try:
-        return json.loads(data), version
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+        return read()
+    except ShardIntegrityError as e:
+        e.root_generation = root_generation(doc, path)  # type: ignore[attr-defined]
+        raise
+
+
+def _missing_segment(error: ShardIntegrityError) -> tuple[str, int] | None:
+    """(segment, generation of the root that named it) when ``error`` says a segment is gone."""
+    segment = getattr(error, "missing_segment", None)
+    return None if segment is None else (segment, getattr(error, "root_generation", -1))
 
 
 def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
     doc, version = _read_document(store, path)
     if isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == "shardio":
-        manifest = manifest_from_root(doc, path, lambda rel: _read_segment(store, directory, rel))
+        manifest = _segments_of_root(doc, path, lambda: manifest_from_root(
+            doc, path, lambda rel: _read_segment(store, directory, rel)))
     else:
         manifest = Manifest.from_json(doc, path)
     manifest.source_version = version
@@ -121,8 +145,7 @@ def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
     try:
         return store.read_bytes(path)
     except FileNotFoundError as e:
-        raise ShardIntegrityError(f"{path}: index segment missing (named by the root); HINT: `preprocess verify "
-                                  "DIR --repair` restores a kept generation") from e
+        raise _segment_missing(path) from e
 
 
 def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
@@ -136,15 +159,15 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
                             manifest.generation, ShardTable.from_entries(shards, path), manifest.retired, totals,
                             version)
     refs = parse_segment_refs(doc, path)
-    segments = [open_segment(store, directory, ref) for ref in refs]
+    segments = _segments_of_root(doc, path, lambda: [open_segment(store, directory, ref) for ref in refs])
     table = fold_segments(segments, path)
     try:
-        h, w, c = (int(x) for x in doc["shape"])
+        h, w, c = root_shape(doc, path)
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
-                             int(doc.get("generation", 0)), table, [RetiredFile(**r) for r in doc.get("retired", [])],
+                             root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
-                             version, refs)
-    except (KeyError, TypeError, ValueError) as e:
+                             version, refs, root_dataset_id(doc, path))
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:
         check_dataset_path(retired.path, path)
@@ -164,8 +187,7 @@ def open_segment(store: Storage, directory: str, ref: SegmentRef) -> SegmentColu
             return map_segment(segment_file, ref.bytes, expected)
         return segment_from_bytes(store.read_bytes(segment_file), segment_file, ref.bytes, expected)
     except FileNotFoundError as e:
-        raise ShardIntegrityError(f"{segment_file}: index segment missing (named by the root); HINT: `preprocess "
-                                  "verify DIR --repair` restores a kept generation") from e
+        raise _segment_missing(segment_file) from e
 
 
 def load_manifest(directory: str, generation: int | None = None) -> Manifest:
@@ -193,17 +215,15 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
         )
     if generation is not None:
         path = generation_path(directory, generation)
-        if not store.exists(path):
-            kept = list_generations(directory)
-            raise ShardFormatError(
-                f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
-                "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations "
-                "(a run's passing generations, current for minutes: --retain-passing-minutes 0 keeps each)"
-            )
-        loaded = read(store, path, directory)
-        if loaded.generation != generation:  # type: ignore[attr-defined]
-            raise ShardFormatError(f"{path}: holds generation {loaded.generation}, not {generation}")  # type: ignore[attr-defined]
-        return loaded
+        try:
+            return _read_generation(store, directory, generation, path, read)
+        except ShardIntegrityError as e:
+            gone = _missing_segment(e)
+            if gone is None or store.exists(path):
+                raise
+            raise ShardError(f"{gone[0]}: gone: generation {generation} was collected by retention while this read "
+                             "it (nothing is damaged): open the current generation, or keep generations longer "
+                             "(--retain-hours, --retain-generations)") from e
     path = store.join(directory, MANIFEST_NAME)
     kept = list_generations(directory)
     restore = (f"; kept generations: {_describe(kept)}: `preprocess verify {directory} --repair` restores the "
@@ -211,7 +231,7 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
     if not store.exists(path):
         raise ShardFormatError(f"{path}: missing; {_why_no_manifest(store, directory)}{restore}")
     try:
-        return read(store, path, directory)
+        return _read_current(store, path, directory, read)
     except ShardFormatError as e:
         if not restore and "HINT" in str(e):
             raise
@@ -221,6 +241,51 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
         raise ShardFormatError(f"{e}{restore}") from e
     except ShardIntegrityError as e:
         raise ShardIntegrityError(f"{e}{restore}") from e
+
+
+# A root whose segment is gone is re-read this many times when manifest.json has moved on meanwhile: a
+# run commits every few seconds and its retention collects the passing roots, so a reader on a slow
+# link (3 s a segment GET) may read a root that is collected before it has fetched its segments.
+ROOT_RETRIES = 5
+
+
+def _read_current(store: Storage, path: str, directory: str, read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
+    """``read`` of ``manifest.json``; when a segment its root names is gone and ``manifest.json`` now names
+    another generation (retention collected the one read), the newest root is read instead, up to
+    ``ROOT_RETRIES`` times. A segment missing from the root that is still current is the dataset's damage
+    (the ShardIntegrityError of ``_segment_missing``, with the repair hint)."""
+    attempt = 0
+    while True:
+        try:
+            return read(store, path, directory)
+        except ShardIntegrityError as e:
+            gone = _missing_segment(e)
+            if gone is None:
+                raise
+            newest = root_generation(_read_document(store, path)[0], path) if store.exists(path) else None
+            if newest is None or newest == gone[1]:
+                raise  # the current root names it: the dataset's damage, with the repair hint
+            attempt += 1
+            if attempt > ROOT_RETRIES:
+                raise ShardError(
+                    f"{path}: the dataset moved on {attempt} times while this read its index (generation {gone[1]}'s "
+                    f"segment {gone[0]} was collected before it was read; now generation {newest}): a run is "
+                    "committing and collecting its passing roots; nothing is damaged: open it again") from e
+
+
+def _read_generation(store: Storage, directory: str, generation: int, path: str,
+                     read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
+    if not store.exists(path):
+        kept = list_generations(directory)
+        raise ShardFormatError(
+            f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
+            "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations "
+            "(a run's passing generations, current for minutes: --retain-passing-minutes 0 keeps each)"
+        )
+    loaded = read(store, path, directory)
+    if loaded.generation != generation:  # type: ignore[attr-defined]
+        raise ShardFormatError(f"{path}: holds generation {loaded.generation}, not {generation}")  # type: ignore[attr-defined]
+    return loaded
 
 
 def _describe(generations: list[int]) -> str:

@@ -15,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import io
 import mmap
+import multiprocessing.context
+import multiprocessing.reduction
 import os
 import struct
+import weakref
 import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -27,7 +30,7 @@ from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
-__all__ = ["SegmentColumns", "ShardTable", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
+__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
@@ -42,24 +45,50 @@ _SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offs
 
 class SegmentColumns:
     """One segment's arrays, views into its bytes (a read-only memory map of a local file, or the bytes
-    an object store returned): nothing is copied until a column is gathered."""
+    an object store returned): nothing is copied until a column is gathered.
 
-    def __init__(self, buffer: Any, path: str) -> None:
+    A mapped segment keeps a descriptor of its file open (``fd``), so a process it is handed to reads the
+    very file this one checked, even once retention has deleted it: the spec promises a trainer its
+    generation's index for the whole epoch, and DataLoader workers started with ``spawn`` (as with CUDA)
+    unpickle the dataset after the parent opened it, possibly after the run that committed it collected
+    that generation."""
+
+    def __init__(self, buffer: Any, path: str, fd: int | None = None) -> None:
         self._open(buffer, path)
+        self._hold(fd)
+
+    def _hold(self, fd: int | None) -> None:
+        self.fd = fd
+        if fd is not None:
+            weakref.finalize(self, os.close, fd)
 
     def __getstate__(self) -> dict[str, Any]:
-        """To a DataLoader worker: a mapped file by its path (segments are immutable, and this process has
-        checked its digest), bytes as bytes."""
+        """To a DataLoader worker: a mapped file, while a process is being started (``spawn`` or
+        ``forkserver``), as its open descriptor, duplicated into the new process (``multiprocessing``'s
+        ``DupFd``: the same file, no copy, its pages shared through the page cache); otherwise by its path
+        (segments are immutable, and this process has checked its digest). Bytes as bytes."""
         if isinstance(self.buffer, mmap.mmap):
+            if self.fd is not None and multiprocessing.context.get_spawning_popen() is not None:
+                return {"path": self.path, "fd": multiprocessing.reduction.DupFd(self.fd)}
             return {"path": self.path}
         return {"path": self.path, "data": bytes(self.buffer)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        data = state.get("data")
-        if data is None:
-            with open(state["path"], "rb") as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data, fd = state.get("data"), None
+        if "fd" in state:
+            fd = state["fd"].detach()
+            data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        elif data is None:
+            try:
+                with open(state["path"], "rb") as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except FileNotFoundError as e:
+                raise ShardIntegrityError(
+                    f"{state['path']}: index segment deleted since this index was opened (retention collected its "
+                    "generation); a DataLoader worker gets it by descriptor, not by path: reopen the dataset "
+                    "for its current generation") from e
         self._open(data, state["path"])
+        self._hold(fd)
 
     def _open(self, buffer: Any, path: str) -> None:
         self.path = path
@@ -273,8 +302,10 @@ def map_segment(path: str, expected_bytes: int, expected_name: str) -> SegmentCo
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
         _check(path, size, digest.hexdigest(), expected_bytes, expected_name)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    return SegmentColumns(mapped, path)
+        if not size:
+            return SegmentColumns(b"", path)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return SegmentColumns(mapped, path, os.dup(f.fileno()))  # the checked file, for worker processes
 
 
 def segment_from_bytes(data: bytes, path: str, expected_bytes: int, expected_name: str) -> SegmentColumns:
@@ -432,7 +463,55 @@ def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
 def fold_segments(segments: list[SegmentColumns], where: str) -> ShardTable:
     """The live shards after folding ``segments`` (oldest first) as the spec's "Meaning" says: an input
     lives in the newest segment naming it (as an input or a removal), and not at all if that one removes
-    it; inputs in name order, each one's shards in its segment's order (by path)."""
+    it; inputs in name order, each one's shards in its segment's order (by path). A shard file listed
+    twice (under two live inputs, or twice by one) is a ShardFormatError naming ``where`` and the file."""
+    table = _fold(segments, where)
+    check_listed_once(table)
+    return table
+
+
+def check_listed_once(table: ShardTable) -> None:
+    """ShardFormatError naming the root (``table.where``) when a shard file is listed twice among the live
+    shards (its samples would be read twice, and a repair or prune would act on it twice), as a version
+    1/2 manifest's load refuses it. Each path hashed from its segment's blob (``SegmentColumns.hashes``:
+    no string per shard) and the hashes sorted, so a duplicate is a neighbour; only hashes that repeat
+    are read back as strings, to tell a duplicate from a collision."""
+    if table._entries is not None or len(table) < 2:
+        return  # a table over entries: its manifest's load checked them (``Manifest.from_json``)
+    for column in ("shard_path", "shard_meta_path"):
+        if table.sources is None:
+            hashes = table.segments[0].hashes(column)
+        else:
+            hashes = np.empty(len(table), dtype=np.uint64)
+            for k, segment in enumerate(table.segments):
+                mine = table.sources == k
+                if mine.any():
+                    hashes[mine] = segment.hashes(column, table.rows[mine])
+        ordered = np.sort(hashes)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if not len(repeated):
+            continue
+        seen: dict[str, int] = {}
+        for position in np.flatnonzero(np.isin(hashes, repeated)).tolist():
+            entry = table[position]
+            rel = entry.path if column == "shard_path" else entry.meta_path
+            if rel in seen:
+                first = table[seen[rel]]
+                owners = (f"twice by input {entry.input!r}" if first.input == entry.input
+                          else f"by inputs {first.input!r} and {entry.input!r}")
+                raise ShardFormatError(
+                    f"{table.where}: shard file {rel!r} is listed {owners} (in {_segments_of(table, seen[rel], position)}"
+                    "; an index lists each shard file once: edited or forged?): nothing was read")
+            seen[rel] = position
+
+
+def _segments_of(table: ShardTable, *positions: int) -> str:
+    paths = [table.segments[0 if table.sources is None else int(table.sources[p])].path for p in positions]
+    names = list(dict.fromkeys(paths))
+    return f"segment {names[0]}" if len(names) == 1 else f"segments {' and '.join(names)}"
+
+
+def _fold(segments: list[SegmentColumns], where: str) -> ShardTable:
     if not segments:
         return ShardTable([], None, None, np.zeros(0, np.int64), where)
     if len(segments) == 1:

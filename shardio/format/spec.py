@@ -55,7 +55,8 @@ JPEG error (documented in README, "Compact shards"), not equal. Any other ``enco
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
 the image's member name in that tar), ``width``/``height`` (int, the original image size before any
-resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (int or null, the label),
+resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (an int64 or null, the label: a reader refuses
+any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
 ``json`` (object or null, the sample's ``.json``), and, in datasets written with ``mode: pad`` only, ``box``
 (``[x0, y0, x1, y1]``, ints, end-exclusive, ``0 <= x0 < x1 <= W``, ``0 <= y0 < y1 <= H``: the output pixels
 that hold the picture, the rest being the config's ``fill``; crops drawn inside it never show the
@@ -102,11 +103,33 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   a run: "Retention"), the totals (``samples``, ``shard_count``,
   ``input_count``, ``bytes``, ``meta_bytes``, ``failed``: ``shardio info`` reads nothing else), and
   ``segments``: a list, oldest first, of ``{path, bytes, shards, inputs, removed, samples}`` (``path``
-  ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too).
+  ``index/SHA256.npz``; ``bytes`` its size, checked when read; its name is its sha256, checked too), and
+  ``dataset`` (below).
+- **Identity** (``dataset``; an optional field, so by the field rule below the version stays 3):
+  32 lower-case hex digits, a random UUID4 drawn by the dataset's first commit and copied by every later
+  commit into its root, so every generation names it, and a copy or a move of the directory (which copies
+  the roots) keeps it. A resume state names the identity of the generation it was taken on and is refused
+  by a dataset of another identity, naming both (``shardio.read.resume``); a state of the same dataset
+  resumes wherever the directory now lives. A root without the field (written before it) and a version
+  1/2 manifest have the identity ``config:`` + the first 32 hex digits of ``config_hash``: fixed for the
+  dataset's life (a run refuses another config) and the same in a copy, it tells apart datasets of
+  different configs (the same tars as ``raw`` and as ``jpeg``), not two of one config; the next commit
+  to such a dataset draws a random identity, which its later generations carry (its earlier roots keep
+  theirs, so a state taken on one of them still resumes there). Restoring such an earlier root as the
+  current one (``verify --repair``) and committing again draws a new identity: states taken since the
+  first one are then refused, by the message that names both. Anything but 32 lower-case hex digits is
+  refused at load.
+- **The field rule**: a reader ignores a root field it does not know (every shardio reading version 3
+  does), so a field a reader may ignore, such as ``dataset``, is added without a new ``format_version``;
+  a field or a meaning a reader must not ignore takes the next version, which older readers refuse.
 - **Meaning**: fold the segments in order; a segment's ``removed`` names leave the inputs of the
   segments before it, then each of its inputs replaces any earlier input of that name (a changed tar is
   a new entry, not an edit). The dataset's shards are the live inputs' shards, in **dataset order**:
-  inputs sorted by name, each input's shards by path (version 2's order: ``(input, path)``).
+  inputs sorted by name, each input's shards by path (version 2's order: ``(input, path)``). Each shard
+  file (``.npy`` and ``.jsonl``) belongs to one live input, once: an index whose live inputs list a file
+  twice (under two inputs, in one segment or two, or twice under one) is refused at load, as a version
+  1/2 manifest is (its samples would be read twice); the check hashes the paths from the segments'
+  blobs and sorts the hashes (~0.04 s per 300k shards).
 - **A commit** writes one segment with the inputs it adds or replaces (with their shards) and the names
   it drops, create-only (a content name that exists already holds these bytes), then the root, as
   version 2 published its manifest: ``manifests/GEN.json`` created once, then ``manifest.json`` replaced
@@ -145,7 +168,8 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    checksums, and kept so when such a dataset's manifest is rewritten, e.g. by ``gc``, so
                    an older reader still reads it): a raw dataset's manifest is the same bytes as before
                    version 3; a reader reads versions 1 to 3, refuses any other and says which it reads
-``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample
+``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample, each side
+                   0..``MAX_SIDE`` (8192, the writer's bound; a reader refuses a root that says more)
 ``samples``        total number of samples (sum over ``shards``)
 ``config``         the resolved config that wrote the pixels; ``config_hash``: sha256 of its canonical JSON
 ``versions``       libraries that produced the pixels (shardio, Pillow / Pillow-SIMD, libjpeg-turbo, numpy)
@@ -161,7 +185,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    object: size + etag); a shard belongs to one input and is listed there once
 ``updated``        ISO-8601 time of the last commit
 ``generation``     int, 1 for the first commit, +1 per commit; 0 (or absent) in a manifest written before
-                   generations existed
+                   generations existed; anything but a JSON integer >= 0 is refused (in a root too)
 ``retired``        list of ``{path, generation, since}``: shard files (``.npy`` and ``.jsonl`` each) that
                    generation ``generation`` (committed at ``since``, ISO-8601) stopped listing, kept on
                    disk for the readers of older generations until the retention below collects them
@@ -205,9 +229,14 @@ bucket)``), so a run leaves at most one root per bucket, whatever the number of 
 segments only collected roots named go with them (each kept root keeps its own segments: a run's 3,000
 roots and their pre-compaction segments were 8x the index). A run's result (its last generation) and
 a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
-passing generation keeps reading its files (and, locally, its index, memory-mapped) for its whole
-epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
-naming the kept ones. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
+passing generation keeps reading its files (and, locally, its index, memory-mapped, and handed to
+DataLoader workers, ``spawn`` ones included, as open descriptors, not paths) for its whole epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
+naming the kept ones. A reader that read ``manifest.json`` and then found a segment it names gone, while
+``manifest.json`` now names a newer generation (the run's retention collected the root it read: a slow
+link), reads the newest root instead (up to 5 times; then it says the dataset kept moving, not that it is
+damaged); a segment the current root names and lacks is damage (``verify --repair``). A reader whose
+generation retention collected since it opened it (``gc --retain-hours 0`` does at once, by design) is
+told so when a file it needs is gone, not to repair a healthy dataset. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
 index).
 
 Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it
@@ -236,6 +265,7 @@ import hashlib
 import json
 import posixpath
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -274,6 +304,13 @@ __all__ = [
     "JPEG_FORMAT_VERSION",
     "SUBSAMPLINGS",
     "pixel_encoding",
+    "parse_json",
+    "root_generation",
+    "root_shape",
+    "MAX_SIDE",
+    "root_dataset_id",
+    "new_dataset_id",
+    "proves_another_dataset",
 ]
 
 FORMAT_NAME = "shardio"
@@ -289,6 +326,9 @@ RAW, JPEG = "raw", "jpeg"
 ENCODINGS = (RAW, JPEG)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
 HEADER_BYTES = 128
+# The largest height or width a dataset may have: the writer's config refuses more (preprocess.config),
+# and a reader refuses a root that says more before sizing anything by it.
+MAX_SIDE = 8192
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"
@@ -327,6 +367,74 @@ def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
     return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+def root_shape(doc: dict[str, Any], path: str) -> tuple[int, int, int]:
+    """A root's (or manifest's) ``shape``: ``[H, W, 3]``, whole numbers with each side at most
+    ``MAX_SIDE`` (the writer's bound); ShardFormatError naming ``path`` otherwise, before anything is sized
+    by it (a JPEG dataset's shards are small whatever H×W the root claims: a reader would allocate H×W×3
+    per sample to decode them)."""
+    shape = doc["shape"]
+    if (not isinstance(shape, list) or len(shape) != 3 or any(type(x) is not int for x in shape)
+            or shape[2] != 3):
+        raise ShardFormatError(f"{path}: shape {str(shape)[:80]} is not [H, W, 3] (whole numbers)")
+    height, width, _ = shape
+    if not (0 <= height <= MAX_SIDE and 0 <= width <= MAX_SIDE):
+        raise ShardFormatError(f"{path}: shape {shape} has a side outside 0..{MAX_SIDE} (no shardio writes larger "
+                               "images): the root was edited or forged, nothing was read")
+    return height, width, 3
+
+
+def root_generation(doc: dict[str, Any], path: str) -> int:
+    """A root's (or version 1/2 manifest's) ``generation``: a JSON integer >= 0, 0 where absent (written
+    before generations); ShardFormatError naming ``path`` for anything else (``1e400``, ``1.7``, ``"3"``),
+    never a bare OverflowError or a silently truncated number."""
+    value = doc.get("generation", 0)
+    if type(value) is not int or value < 0:
+        raise ShardFormatError(f"{path}: \"generation\" is {str(value)[:40]!r}, not a whole number >= 0 (the root "
+                               "was edited or forged)")
+    return value
+
+
+_IDENTITY_DIGITS = 32
+_DERIVED_IDENTITY = "config:"
+
+
+def new_dataset_id() -> str:
+    """A new dataset's identity (spec, "Identity"): a random UUID4 as 32 lower-case hex digits."""
+    return uuid.uuid4().hex
+
+
+def root_dataset_id(doc: dict[str, Any], path: str) -> str:
+    """A root's ``dataset`` (spec, "Identity"): "" where absent; ShardFormatError naming ``path`` for a
+    value that is not 32 lower-case hex digits."""
+    value = doc.get("dataset", "")
+    if value != "" and not (isinstance(value, str) and len(value) == _IDENTITY_DIGITS
+                            and all(c in "0123456789abcdef" for c in value)):
+        raise ShardFormatError(f"{path}: \"dataset\" is {str(value)[:40]!r}, not an identity (32 lower-case hex "
+                               "digits): the root was edited or forged")
+    return value
+
+
+def proves_another_dataset(earlier: str, current: str) -> bool:
+    """Whether a state naming identity ``earlier`` cannot come from a dataset whose current root names
+    ``current``: they differ and are both drawn, or both derived from a config, or ``earlier`` is drawn
+    and ``current`` derived (a dataset draws its identity once and keeps it). A derived ``earlier`` and a
+    drawn ``current`` may be one dataset that drew its identity since (its older roots tell)."""
+    if earlier == current:
+        return False
+    return not (earlier.startswith(_DERIVED_IDENTITY) and not current.startswith(_DERIVED_IDENTITY))
+
+
+def parse_json(data: bytes, path: str) -> Any:
+    """``data`` (a root, a manifest) as JSON; ShardFormatError naming ``path`` for bytes that are not
+    UTF-8 JSON, or nest deeper than Python's recursion limit (a forged file; the writer nests 4 levels)."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError as e:
+        raise ShardFormatError(f"{path}: JSON nested too deeply to read (edited or forged)") from e
 
 
 def pixel_encoding(config: Any, path: str = "manifest") -> str:
@@ -469,10 +577,17 @@ class ConfigDerived:
     reader's ``DatasetIndex``, the writer's ``EditableIndex``)."""
 
     config: dict[str, Any]
+    dataset_id: str  # the root's ``dataset``; "" where it has none (spec, "Identity")
 
     @property
     def config_hash(self) -> str:
         return config_hash(self.config)
+
+    @property
+    def identity(self) -> str:
+        """The dataset's identity as a resume state names it (spec, "Identity"): the root's ``dataset``,
+        else ``config:`` and the first 32 hex digits of the config hash."""
+        return self.dataset_id or f"{_DERIVED_IDENTITY}{self.config_hash[:_IDENTITY_DIGITS]}"
 
     @property
     def encoding(self) -> str:
@@ -499,6 +614,9 @@ class Manifest(ConfigDerived):
     # in memory): the next commit writes everything in one segment (the upgrade).
     segments: list[Any] | None = field(default=None, compare=False, repr=False)
     indexed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Format 3 only: the root's ``dataset`` (spec, "Identity"); "" for a version 1/2 manifest (whose
+    # one-document form, ``to_json``, has no such field) or one built in memory.
+    dataset_id: str = field(default="", compare=False, repr=False)
 
     @property
     def samples(self) -> int:
@@ -548,9 +666,7 @@ class Manifest(ConfigDerived):
         try:
             if doc["layout"] != "NHWC" or doc["dtype"] != "uint8" or len(doc["shape"]) != 3:
                 raise ShardFormatError(f"{path}: unsupported layout {doc['layout']}/{doc['dtype']}")
-            h, w, c = (int(x) for x in doc["shape"])
-            if c != 3:
-                raise ShardFormatError(f"{path}: shape {doc['shape']} is not H×W×3")
+            h, w, c = root_shape(doc, path)
             manifest = cls(
                 shape=(h, w, c),
                 config=doc["config"],
@@ -558,10 +674,10 @@ class Manifest(ConfigDerived):
                 shards=[ShardEntry.from_json(s, path) for s in doc["shards"]],
                 inputs={k: InputEntry(**v) for k, v in doc.get("inputs", {}).items()},
                 updated=doc.get("updated", ""),
-                generation=int(doc.get("generation", 0)),
+                generation=root_generation(doc, path),
                 retired=[RetiredFile(**r) for r in doc.get("retired", [])],
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
         if version != JPEG_FORMAT_VERSION and pixel_encoding(manifest.config, path) == JPEG:
             raise ShardFormatError(f"{path}: format_version {version} with encoding jpeg (a JPEG dataset is "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, decode_batch
+from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
@@ -90,6 +90,8 @@ class BatchAssembler:
             image = torch.from_numpy(shards[0][0][start:stop])
         else:
             shape = (count, *self.snapshot.shape)
+            if jpeg:  # the buffer below is the decoded size, whatever the shards' bytes
+                check_decoded_bytes(count, shape[1], shape[2], self.snapshot.directory)
             if shared:  # what default_collate does in a worker: no copy when sent to the main process
                 nbytes = count * int(np.prod(self.snapshot.shape))
                 image = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))

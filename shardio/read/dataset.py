@@ -32,6 +32,7 @@ from shardio.read.order import (
     epoch_runs,
     rank_batches,
 )
+from shardio.read.jpeg_pixels import check_decoded_bytes
 from shardio.read.prefetch import prefetched
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
@@ -182,6 +183,8 @@ class ShardDataset(IterableDataset):
         if decode == "device" and not self.is_jpeg:
             raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg); this one is "
                              f"{self.snapshot.encoding}: its batches need no decoding")
+        if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
+            check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
@@ -295,10 +298,12 @@ class ShardDataset(IterableDataset):
             newest = min(everyone)
         return newest
 
-    def _samples_at(self, generation: int | None) -> int:
+    def _at(self, generation: int | None) -> tuple[int, str]:
+        """(samples, identity) of the dataset at ``generation`` (None: the snapshot open now)."""
         if generation is None or generation == self.snapshot.generation:
-            return self.samples
-        return len(self._select(open_dataset(self.path, generation=generation)))
+            return self.samples, self.snapshot.identity
+        snapshot = open_dataset(self.path, generation=generation)
+        return len(self._select(snapshot)), snapshot.identity
 
     # --- epochs, length, resume -------------------------------------------------------------------
 
@@ -366,12 +371,12 @@ class ShardDataset(IterableDataset):
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         """Where the run is (``shardio.read.resume``): epoch, global position, generation. ``batches_seen``
         overrides the count of batches handed out in this pass (this rank's batch number)."""
-        return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen)
+        return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen, self.snapshot.identity)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iterator yields what is left of the state's epoch, on the state's generation
         and dealt over this world size; later epochs start fresh."""
-        self.cursor.load_state_dict(state, self._samples_at)
+        self.cursor.load_state_dict(state, self._at, self.snapshot.identity, self.path)
 
     def batch_positions(self, batch_number: int) -> range:
         """Epoch positions of this rank's ``batch_number``-th batch of the current epoch (1-based: the
@@ -395,7 +400,7 @@ class ShardDataset(IterableDataset):
             generation = self._newest_generation()
         if generation is not None and generation != self.snapshot.generation:
             self._open(generation)
-        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation)
+        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity)
         if worker is not None and worker.id < _WATCHED_WORKERS:
             if int(self._worker_epochs[worker.id]) == epoch_pass.epoch:
                 warnings.warn(

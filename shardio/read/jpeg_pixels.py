@@ -35,7 +35,8 @@ try:  # the optional compiled extension (setup.py); raw datasets never need it
 except ImportError as e:
     _jpeg_batch, _import_error = None, e
 
-__all__ = ["EncodedImages", "JpegPixels", "map_jpeg_shard", "decode_batch", "decode_threads"]
+__all__ = ["EncodedImages", "JpegPixels", "map_jpeg_shard", "decode_batch", "decode_threads", "check_decoded_bytes",
+           "decoded_bytes_budget"]
 
 
 def _decoder() -> Any:
@@ -47,6 +48,35 @@ def _decoder() -> Any:
             "libjpeg62-turbo-dev; conda: libjpeg-turbo) and reinstall shardio "
             f"(pip install --force-reinstall --no-deps ...); import error: {_import_error}") from _import_error
     return _jpeg_batch
+
+
+def decoded_bytes_budget() -> int:
+    """The most bytes one decode may fill (a batch, or a whole shard asked for at once):
+    ``SHARDIO_MAX_DECODED_BYTES``, else half this machine's memory. A JPEG shard is small whatever
+    H×W its root claims (23 KB an image at 256²): the decoded size is what a reader allocates, so it is
+    checked before allocating, not found as a MemoryError (or the OOM killer) naming nothing."""
+    configured = os.environ.get("SHARDIO_MAX_DECODED_BYTES")
+    if configured:
+        try:
+            return int(configured)
+        except ValueError:
+            raise ValueError(f"SHARDIO_MAX_DECODED_BYTES={configured!r} is not a number of bytes") from None
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (not POSIX): a bound that still stops a forgery
+        return 8 << 30
+
+
+def check_decoded_bytes(count: int, height: int, width: int, where: str) -> None:
+    """ValueError naming ``where`` (the dataset, or the shard) when ``count`` decoded H×W×3 images exceed
+    ``decoded_bytes_budget()``; raised before anything is allocated."""
+    nbytes = count * height * width * 3
+    budget = decoded_bytes_budget()
+    if nbytes > budget:
+        raise ValueError(
+            f"{where}: decoding {count} JPEG image(s) of {height}x{width} takes {nbytes / 1e9:.2f} GB, over the "
+            f"budget of {budget / 1e9:.2f} GB (half this machine's memory, or SHARDIO_MAX_DECODED_BYTES): use a "
+            "smaller batch_size, or raise the budget if the memory is there")
 
 
 def decode_threads() -> int:
@@ -106,6 +136,7 @@ class JpegPixels:
     def decode(self, out: np.ndarray | None = None) -> np.ndarray:
         """Every sample decoded, into ``out`` (N×H×W×3 uint8, C-contiguous) or a new array."""
         if out is None:
+            check_decoded_bytes(len(self), self.height, self.width, self.path)
             out = np.empty(self.shape, np.uint8)
         decode_batch([self], out)
         return out
@@ -182,6 +213,7 @@ class EncodedImages:
     def decode(self, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
         """The batch decoded on the CPU (the extension, as a decoded batch is): uint8 (B, H, W, 3)."""
         if out is None:
+            check_decoded_bytes(len(self), self.height, self.width, self.sources[0][0] if self.sources else "batch")
             out = np.empty(self.shape, np.uint8)
         _decode_into(self, self.jpegs, out, threads)
         return out

@@ -13,9 +13,18 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    consumed (``position``; ranks step in lockstep under DDP, so one rank's count stands for all). It
    does not depend on the world size or the number of workers, so ``load_state_dict`` may come from
    another world size: the next pass deals what is left of that epoch over the new ranks (elastic
-   resume). It also pins the dataset ``generation`` the epoch was taken on. A state whose epoch is
+   resume). It also pins the dataset ``generation`` the epoch was taken on, and names the ``dataset``
+   itself: the identity of that generation's root (``shardio.format.spec``, "Identity"). A state whose epoch is
    finished resumes at the next epoch (unless ``set_epoch`` pins the finished one again); a state taken
    after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
+
+A state is refused by another dataset, with a message naming both identities: first against the
+snapshot open now (where the two prove another dataset: ``proves_another_dataset``; a state named by a
+config's hash may come from before this dataset drew its identity), so a state of another dataset is not
+mistaken for a collected generation; then against the root of the state's own generation here, which
+must be the state's exactly. A copy or a move of the directory keeps its roots,
+so it resumes. A state without ``dataset`` (saved by a shardio before identities) is not checked for it:
+the sample count of its generation must still agree.
 
 Order settings the user left at their defaults (``defaulted``: window, block, order version) take a
 loaded state's values, so a run resumes, and goes on, with the order it began with: a state saved before
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
+from shardio.format.spec import proves_another_dataset
 from shardio.read.order import consumed_position, rank_batches
 
 __all__ = ["EpochCursor", "EpochPass"]
@@ -57,6 +67,7 @@ class EpochPass:
     before: int  # batch number of this rank's first batch of the pass, minus one
     samples: int
     generation: int
+    dataset: str = ""  # the identity of the generation's root (spec, "Identity")
 
 
 @dataclass
@@ -108,13 +119,14 @@ class EpochCursor:
     def _left(self, samples: int, position: int) -> bool:
         return bool(rank_batches(samples, self.batch_size, 0, self.world_size, self.drop_last, position))
 
-    def begin(self, samples: int, generation: int) -> EpochPass:
-        """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation``."""
+    def begin(self, samples: int, generation: int, dataset: str = "") -> EpochPass:
+        """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation`` (whose root's
+        identity is ``dataset``)."""
         epoch, start, _ = self.next_pass()
         start = min(start, samples)
         per_round = self.batch_size * self.world_size
         batches = rank_batches(samples, self.batch_size, self.rank, self.world_size, self.drop_last, start)
-        self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation)
+        self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation, dataset)
         self.epoch, self.handed, self._pinned, self._pending = epoch, 0, False, None
         return self.current
 
@@ -161,35 +173,42 @@ class EpochCursor:
         return consumed_position(self.current.samples, self.batch_size, self.world_size, self.current.start,
                                  self.handed)
 
-    def state_dict(self, samples: int, generation: int, batches_seen: int | None = None) -> dict[str, Any]:
-        """The state; ``batches_seen`` overrides the count handed out (this rank's batch number)."""
+    def state_dict(self, samples: int, generation: int, batches_seen: int | None = None,
+                   dataset: str = "") -> dict[str, Any]:
+        """The state; ``batches_seen`` overrides the count handed out (this rank's batch number);
+        ``samples``, ``generation`` and ``dataset`` (its identity) describe the snapshot open now, named
+        when no pass nor loaded state says otherwise."""
         current = self.current
         if batches_seen is not None and current is not None and self._pending is None:
             handed, self.handed = self.handed, max(0, int(batches_seen) - current.before)
             try:
-                return self.state_dict(samples, generation)
+                return self.state_dict(samples, generation, dataset=dataset)
             finally:
                 self.handed = handed
         if self._pending is None and current is not None and not self._pinned:
-            samples, generation = current.samples, current.generation
+            samples, generation, dataset = current.samples, current.generation, current.dataset or dataset
         elif self._pending is not None:
             samples = self._pending.get("samples", samples)
             generation = self._pending.get("generation", generation)
+            dataset = self._pending.get("dataset") or dataset
         return {
             "format_version": FORMAT_VERSION,
             "epoch": self.epoch if self._pending is None else self._pending["epoch"],
             "position": self.position(),
             "batches_seen": self.batches_seen,
             "generation": generation,
+            **({"dataset": dataset} if dataset else {}),
             "samples": samples,
             "rank": self.rank,
             "world_size": self.world_size,
             **self.settings,
         }
 
-    def load_state_dict(self, state: dict[str, Any], samples_at: Any) -> None:
-        """Resume where ``state`` was: the next pass finishes its epoch. ``samples_at(generation)`` is the
-        dataset's sample count at that generation (the state's own generation, when it has one)."""
+    def load_state_dict(self, state: dict[str, Any], at: Any, identity: str = "",
+                        where: str = "this dataset") -> None:
+        """Resume where ``state`` was: the next pass finishes its epoch. ``at(generation)`` is the dataset's
+        (sample count, identity) at that generation (the state's own generation, when it has one; None:
+        the snapshot open now); ``identity``: the open snapshot's; ``where`` names the dataset in errors."""
         adopted = {}
         for key in ORDER_SETTINGS:
             theirs = state.get(key, _ABSENT_IS.get(key, self.settings[key]))
@@ -201,7 +220,12 @@ class EpochCursor:
                     f"{self.settings[key]!r}; resume with the same settings"
                 )
             adopted[key] = theirs  # left at the default: the run goes on with the order it began with
-        samples = samples_at(state.get("generation"))
+        theirs = state.get("dataset")
+        if theirs is not None and identity and proves_another_dataset(theirs, identity):
+            raise ValueError(_foreign(state, identity, where))  # before its generation is looked for here
+        samples, here = at(state.get("generation"))
+        if theirs is not None and theirs != here:
+            raise ValueError(_foreign(state, here, where))
         if "samples" in state and state["samples"] != samples:
             raise ValueError(
                 f"cannot resume: the state's epoch has {state['samples']} samples, this dataset "
@@ -222,4 +246,11 @@ class EpochCursor:
         self.epoch = int(state["epoch"])
         self._pinned = False
         self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,
-                         "generation": state.get("generation"), "samples": samples}
+                         "generation": state.get("generation"), "samples": samples, "dataset": here}
+
+
+def _foreign(state: dict[str, Any], identity: str, where: str) -> str:
+    return (f"cannot resume: the state was taken on dataset {state['dataset']} (generation "
+            f"{state.get('generation')}), and {where} is dataset {identity}: a state resumes only the dataset it "
+            "was taken on (or a copy or move of its directory); load it into that dataset, or start this one "
+            "without it")

@@ -28,6 +28,7 @@ __all__ = ["Row", "ShardMeta", "rows_columns"]
 Row = tuple[str, "str | None", "int | None", "dict[str, Any] | None", Sequence[int]]
 
 _HINT = "HINT: run `preprocess verify DIR --repair`"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _Lines:
@@ -74,7 +75,11 @@ class _Lines:
 
     def _read(self, begin: int, end: int) -> bytes:
         assert self.local_path is not None
-        fd = os.open(self.local_path, os.O_RDONLY)
+        try:
+            fd = os.open(self.local_path, os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise ShardIntegrityError(f"{self.path}: deleted since its shard was opened (retention collected its "
+                                      "generation, or it was removed): open the dataset again") from e
         try:
             data = os.pread(fd, end - begin, begin)
         finally:
@@ -103,11 +108,18 @@ class _Lines:
             record = json.loads(text)
         except json.JSONDecodeError as e:
             raise self._bad(i, f"invalid JSON ({e.msg})") from e
+        except RecursionError as e:  # a forged line nested deeper than Python's recursion limit
+            raise self._bad(i, "JSON nested too deeply to read") from e
         # A corrupt row otherwise surfaces as a bare KeyError or AttributeError in a batch.
         if not isinstance(record, dict) or not isinstance(record.get("key"), str):
             raise self._bad(i, "not a sample record (a JSON object with a \"key\")")
+        label = record.get("cls")
+        # The batch's ``cls`` is int64: a label that is no int64 (a string, a list, 1.7, 10**30, true) would
+        # fail there without a file, or become another label (int64(1.7) is 1).
+        if label is not None and (type(label) is not int or not _INT64_MIN <= label <= _INT64_MAX):
+            raise self._bad(i, f"cls {str(label)[:40]!r} is not an integer label (int64) or null")
         box = record.get("box")
-        return (record["key"], record.get("txt"), record.get("cls"), record.get("json"),
+        return (record["key"], record.get("txt"), label, record.get("json"),
                 self.whole_image if box is None else self._box(box, i))
 
     def _bad(self, i: int, problem: str) -> ShardFormatError:

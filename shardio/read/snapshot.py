@@ -20,12 +20,14 @@ size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
-from shardio.errors import ShardIntegrityError
+from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import HEADER_BYTES, JPEG, Manifest, expected_shard_size, npy_header, parse_npy_header
-from shardio.format.manifests import DatasetIndex, load_index
+from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
 from shardio.read.cache_setup import cache_for
@@ -71,6 +73,12 @@ class DatasetSnapshot:
         """The commit this snapshot is (0: a manifest written before generations existed)."""
         return self.manifest.generation
 
+    @property
+    def identity(self) -> str:
+        """The dataset's identity as this generation's root names it (``shardio.format.spec``, "Identity"):
+        what a resume state taken on it names."""
+        return self.manifest.identity
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
@@ -91,9 +99,10 @@ class DatasetSnapshot:
         dataset's: ``JpegPixels`` over the mapped shard, which slices alike and decodes when indexed."""
         cache = self._remote_cache()
         if cache is not None:
-            if self.encoding == JPEG:
-                return cache.jpeg_pixels(shard_index)
-            return cache.pixels(shard_index)  # header checked once, at download
+            with self._reading_remote(self.shards[shard_index].path):
+                if self.encoding == JPEG:
+                    return cache.jpeg_pixels(shard_index)
+                return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
         if self.encoding != JPEG:
@@ -103,7 +112,7 @@ class DatasetSnapshot:
         try:
             size = os.path.getsize(local)
         except FileNotFoundError as e:
-            raise _missing(path) from e
+            raise self._missing(path) from e
         _check_size(path, size, entry.bytes)
         return map_jpeg_shard(path, local, entry.samples, *self.shape[:2])
 
@@ -124,7 +133,7 @@ class DatasetSnapshot:
                 header = f.read(HEADER_BYTES)
                 size = os.fstat(f.fileno()).st_size
         except FileNotFoundError as e:
-            raise _missing(path) from e
+            raise self._missing(path) from e
         _check_size(path, size, nbytes)
         if header == npy_header(samples, *self.shape[:2]):  # the writer's own bytes: no parse (~130 µs)
             return local, (samples, *self.shape[:2])
@@ -132,6 +141,41 @@ class DatasetSnapshot:
         if (n, h, w) != (samples, *self.shape[:2]):
             raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *self.shape[:2])}")
         return local, (n, h, w)
+
+    @contextmanager
+    def _reading_remote(self, rel: str) -> Iterator[None]:
+        """Shard file ``rel`` missing from the store, as a local one: retention's doing said as such (the
+        cache raises a ShardError caused by a FileNotFoundError; it may name the pixels or the metadata)."""
+        try:
+            yield
+        except ShardError as e:
+            if isinstance(e.__cause__, FileNotFoundError) and self.collected():
+                raise self._missing(self.store.join(self.directory, rel)) from e
+            raise
+
+    def _missing(self, path: str) -> ShardError:
+        """A listed file that is not there: deleted by retention because this snapshot's generation is no
+        longer kept (``preprocess gc --retain-hours 0`` collects it at once, by design: said so, with what
+        to do), else the dataset's damage (the repair hint)."""
+        if self.collected():
+            return ShardError(
+                f"{path}: deleted by retention: this reader opened generation {self.generation}, which is no longer "
+                "kept (a run's retention or `preprocess gc` collected it, as --retain-hours/--retain-generations "
+                "allow); nothing is damaged: open the dataset again for its current generation (a new epoch does, "
+                "with follow_updates), or keep generations as long as an epoch lasts (--retain-hours)")
+        return _missing(path)
+
+    def collected(self) -> bool:
+        """Whether retention collected this snapshot's generation since it was opened: its root is gone
+        and ``manifest.json`` names another generation."""
+        if not self.generation:
+            return False
+        try:
+            if self.store.exists(generation_path(self.directory, self.generation)):
+                return False
+            return int(read_root(self.directory).get("generation", 0)) != self.generation
+        except (ShardError, OSError):
+            return False
 
     def _remote_cache(self) -> ShardCache | None:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
@@ -147,14 +191,15 @@ class DatasetSnapshot:
         path = self.store.join(self.directory, entry.meta_path)
         cache = self._remote_cache()
         if cache is not None:
-            data = cache.meta_bytes(shard_index)
+            with self._reading_remote(entry.meta_path):
+                data = cache.meta_bytes(shard_index)
         else:
             local = check_local(path)
             try:
                 with open(local, "rb") as f:
                     data = f.read()
             except FileNotFoundError as e:
-                raise _missing(path) from e
+                raise self._missing(path) from e
             _check_size(path, len(data), entry.meta_bytes)
             return ShardMeta.from_file(path, local, data, entry.samples, *self.shape[:2])
         return ShardMeta.from_bytes(path, data, entry.samples, *self.shape[:2])
