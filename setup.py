@@ -12,5 +12,7 @@ setup(
                   extra_compile_args=["-O2"], optional=True),
         Extension("shardio.read._jpeg_batch", ["shardio/read/_jpeg_batch.c"], libraries=["jpeg"],
                   extra_compile_args=["-O2"], extra_link_args=["-pthread"], optional=True),
+        Extension("shardio.read._gather", ["shardio/read/_gather.c"], extra_compile_args=["-O2"],
+                  extra_link_args=["-pthread"], optional=True),
     ],
 )

@@ -1,0 +1,170 @@
+"""The shuffled read against ``np.copyto``, beside sequential and the old default order, in one run:
+``python -m bench.reader --shuffled-gather [--rounds 7] [--quick]`` (or ``python -m bench.gather``; in
+``make bench``).
+
+3,000 random 256×256 images in 12 shards of 250 (590 MB, page cache warm), batches of 256, every batch
+copied once more into a reused buffer (what pinning or ``.cuda()`` does with it), as ``bench.reader``.
+The default order (windows of 256 shards, blocks of 1) makes every batch 256 slices from up to 250
+shards, which is what the native gather (``shardio.read.gather``) is for. Rows:
+
+- ``sequential``; ``old default w=8 b=16`` (windows of 8 shards, blocks of 16: the default before order
+  version 2); ``default w=256 b=1`` as shipped (the extension when built, else numpy);
+- the default order assembled three other ways, in the same run: ``numpy gather`` (the fallback without
+  the extension), ``torch.cat`` (how batches were assembled before the gather), ``no read-ahead``;
+- ``fresh maps``: the shards' memory maps closed before each epoch, so every slice is a first touch, as
+  in a dataset with more shards than the maps a reader keeps open (``cache_shards``).
+
+The machine is shared: each round times ``np.copyto`` of the same bytes and then each row back to back,
+and a row's figure is the median of its rounds' ratios (min-max shown). Mixing is from the epoch order
+alone (``shardio.read.shuffle_quality``): distinct shards per batch, and as a share of a uniform
+permutation's (exact); the assembly never changes the order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.reader import BATCH, _Numpy, build, copy_batches, warm
+from shardio import ShardDataset
+from shardio.read import batches as batch_module
+from shardio.read import gather as gather_module
+from shardio.read.shuffle_quality import permutation_quality, runs_order, shuffle_quality
+
+SHARDS, SAMPLES_PER_SHARD, SIDE = 12, 250, 256
+ROUNDS = 7
+DEFAULT = "default w=256 b=1"
+TARGET = 0.5  # the default shuffled read against np.copyto
+
+
+def _torch_cat(pieces: list[np.ndarray], out: np.ndarray, threads: int = 1) -> None:
+    """How a batch was assembled before ``shardio.read.gather``: one ``torch.cat`` over the slices."""
+    torch.cat([torch.from_numpy(piece) for piece in pieces], out=torch.from_numpy(out))
+
+
+def _numpy_gather(pieces: list[np.ndarray], out: np.ndarray, threads: int = 1) -> None:
+    gather_module._gather_numpy(pieces, out)
+
+
+@contextmanager
+def _assembly(gather: Callable[..., None] | None = None, read_ahead: bool = True) -> Iterator[None]:
+    """Batches assembled with ``gather`` (default: as shipped), with or without the read-ahead."""
+    saved = batch_module.gather, batch_module.BatchAssembler.read_ahead
+    if gather is not None:
+        batch_module.gather = gather
+    if not read_ahead:
+        batch_module.BatchAssembler.read_ahead = lambda self, pieces: None
+    try:
+        yield
+    finally:
+        batch_module.gather, batch_module.BatchAssembler.read_ahead = saved
+
+
+def _seconds(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def mixing(ds: ShardDataset) -> dict[str, float]:
+    counts = ds.snapshot.counts
+    source = np.repeat(np.arange(len(counts)), counts)
+    measured = shuffle_quality(runs_order(ds.runs(0), counts), source, BATCH)
+    return {"shards/batch": measured.sources_per_batch,
+            "of permutation": measured.sources_share(permutation_quality(counts, BATCH))}
+
+
+def measure(directory: str, rounds: int) -> dict[str, Any]:
+    arrays = warm(directory)
+    whole = np.concatenate(arrays)
+    out = np.empty((BATCH, *whole.shape[1:]), np.uint8)
+    in_memory = [{"image": _Numpy(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
+    default = {"shuffle": True}  # the shipped order settings (windows of 256, blocks of 1)
+    rows: dict[str, tuple[dict[str, Any], Callable[..., Any]]] = {
+        "sequential": ({}, _assembly),
+        "old default w=8 b=16": ({"shuffle": True, "shuffle_window": 8, "shuffle_block": 16}, _assembly),
+        DEFAULT: (default, _assembly),
+        "  numpy gather": (default, lambda: _assembly(_numpy_gather)),
+        "  torch.cat (before)": (default, lambda: _assembly(_torch_cat)),
+        "  no read-ahead": (default, lambda: _assembly(read_ahead=False)),
+        "  fresh maps": (default, _assembly),
+    }
+    datasets = {name: ShardDataset(directory, BATCH, **kwargs) for name, (kwargs, _) in rows.items()}
+
+    def epoch(name: str) -> float:
+        _, assembly = rows[name]
+        ds = datasets[name]
+        if name == "  fresh maps":
+            # The shards' maps closed, the batch buffers kept (a new dataset would first-touch new 50 MB
+            # buffers too, which BatchAssembler's BufferPool exists to avoid): every slice is mapped anew.
+            ds._assembler.cache.clear()
+        with assembly():
+            return _seconds(lambda: copy_batches(ds, out))
+
+    for name in rows:
+        epoch(name)  # untimed warm-up: maps opened, buffers made
+    ratios: dict[str, list[float]] = {name: [] for name in rows}
+    fastest: dict[str, float] = {name: float("inf") for name in rows}
+    copies = []
+    for _ in range(rounds):
+        for name in rows:
+            copy = _seconds(lambda: copy_batches(in_memory, out))
+            seconds = epoch(name)
+            copies.append(copy)
+            ratios[name].append(copy / seconds)
+            fastest[name] = min(fastest[name], seconds)
+    samples, total = len(whole), whole.nbytes
+    result_rows = {}
+    for name in rows:
+        result_rows[name.strip()] = {
+            "of copyto": statistics.median(ratios[name]), "min": min(ratios[name]), "max": max(ratios[name]),
+            "samples/s": samples / fastest[name], **(mixing(datasets[name]) if rows[name][0] else {})}
+    return {"dataset": f"{SHARDS} shards x {SAMPLES_PER_SHARD}, {SIDE}x{SIDE}x3 ({total / 1e6:.0f} MB)",
+            "batch": BATCH, "rounds": rounds, "torch_threads": torch.get_num_threads(),
+            "gather_threads": batch_module.gather_threads(), "native_gather": gather_module.native(),
+            "copyto_GB/s": total / statistics.median(copies) / 1e9, "rows": result_rows,
+            "target": TARGET, "default_meets_target": result_rows[DEFAULT]["of copyto"] >= TARGET}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--quick", action="store_true", help="2 rounds")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="shardio-bench-gather-") as tmp:
+        directory = build(args.directory or tmp, SHARDS, SAMPLES_PER_SHARD, SIDE)
+        result = measure(directory, 2 if args.quick else args.rounds)
+    _print(result)
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"\nshuffled read, {result['dataset']}, batches of {result['batch']}, medians of {result['rounds']} "
+          f"rounds; np.copyto {result['copyto_GB/s']:.1f} GB/s; gather: "
+          f"{'native' if result['native_gather'] else 'numpy (extension not built)'}, "
+          f"{result['gather_threads']} thread(s) of torch's {result['torch_threads']}")
+    columns = ["of copyto", "min", "max", "samples/s", "shards/batch", "of permutation"]
+    print(f"{'':24}" + "".join(f"{c:>15}" for c in columns))
+    for name, figures in result["rows"].items():
+        indent = "  " if name in ("numpy gather", "torch.cat (before)", "no read-ahead", "fresh maps") else ""
+        cells = [f"{figures[c]:15.2f}" if c in figures else f"{'':15}" for c in columns]
+        print(f"{indent + name:24}" + "".join(cells))
+    verdict = "meets" if result["default_meets_target"] else "MISSES"
+    print(f"default shuffled / np.copyto {result['rows'][DEFAULT]['of copyto']:.2f}: {verdict} the target "
+          f">= {result['target']}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=1))
