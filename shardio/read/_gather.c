@@ -120,14 +120,13 @@ static void release_views(Py_buffer *views, Py_ssize_t count) {
  * C-contiguous buffer exactly as long as all of them together; their bytes are copied into it one after
  * the other, on up to `threads` threads (the calling one included), the GIL released. */
 static PyObject *gather_into(PyObject *self, PyObject *args) {
-    PyObject *sequence, *seq;
+    PyObject *sequence, *seq, *destination;
     Py_buffer out;
     int threads;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Ow*i", &sequence, &out, &threads)) return NULL;
-    if (!PyBuffer_IsContiguous(&out, 'C')) {
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_TypeError, "gather_into: out must be a C-contiguous buffer");
+    if (!PyArg_ParseTuple(args, "OOi", &sequence, &destination, &threads)) return NULL;
+    if (PyObject_GetBuffer(destination, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_SetString(PyExc_TypeError, "gather_into: out must be a writable C-contiguous buffer");
         return NULL;
     }
     seq = PySequence_Fast(sequence, "gather_into: pieces must be a sequence of buffers");
