@@ -2,7 +2,10 @@
 
 A batch within one run of one shard is a view of the memory map (zero copies; the pin or ``.cuda()``
 copies it once); any other batch is one copy, into a buffer reused once the batch is released, into shared
-memory in a DataLoader worker, or into pinned memory. Measurements behind these choices: docs/reader.md.
+memory in a DataLoader worker, or into pinned memory, made by one native call over all its slices with the
+GIL released (``shardio.read.gather``; numpy where the extension is not built), while the slices of the
+batch after it are read ahead where the page cache lacks them (``read_ahead``). Measurements behind these
+choices: docs/reader.md.
 A JPEG dataset's batch is decoded straight into that same buffer (``shardio.read.jpeg_pixels``: one native
 call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches; or, asked
 for ``encoded``, its ``image`` is the batch's JPEG bytes (``EncodedImages``) for a decoder on the device.
