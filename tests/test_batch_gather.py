@@ -129,9 +129,11 @@ def epoch(directory: str, batch_size: int, prefetch: int, settings: dict) -> lis
 @needs_extension
 @pytest.mark.parametrize("settings", SETTINGS, ids=["sequential", "default-shuffle", "blocks-of-3"])
 @pytest.mark.parametrize("batch_size", [10, 117])
+@pytest.mark.parametrize("threads", [1, 3])
 def test_batches_identical_with_and_without_the_extension(dataset_dir: str, settings: dict, batch_size: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batches, "gather_threads", lambda: 3)  # a batch of 117 (9 MB) splits over 2 threads
+                                                         threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch of 117 (9 MB): streaming stores on one thread, two threads of plain copies when given three.
+    monkeypatch.setattr(batches, "gather_threads", lambda: threads)
     with_extension = epoch(dataset_dir, batch_size, 2, settings)
     monkeypatch.setattr(gather, "_gather", None)
     assert not gather.native()

@@ -5,8 +5,8 @@
  * shards. torch.cat over 256 tensors spread the copy over torch's OpenMP threads, which on a machine whose
  * cores are busy (the training loop's own copy, the step) wait for each other: 0.18 of np.copyto against
  * 0.96 sequential (bench.reader). Here the slices' bytes are split evenly over a few plain threads (the
- * caller says how many), each copying its share with streaming stores where the batch outgrows the
- * cache; nothing spins, and the training loop's thread runs meanwhile.
+ * caller says how many; one copies with streaming stores, see copy_streaming); nothing spins, and the
+ * training loop's thread runs meanwhile.
  *
  * Optional, like the other extensions (setup.py): without it shardio.read.gather copies with numpy, the
  * same bytes in the same places.
@@ -19,15 +19,15 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(_M_X64)
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(SHARDIO_NO_STREAM)
 #include <emmintrin.h>
 #define HAVE_STREAM 1
 #endif
 
 /* Threads never get less than this much to copy: a thread's start costs ~20-50 us, 4 MB ~0.3-0.6 ms. */
 #define MIN_BYTES_PER_THREAD (4 << 20)
-/* Batches from this size on are written with streaming stores (copy_streaming); smaller ones stay in the
- * cache for whoever reads them next (a 64x64 batch of 256 is 3 MB). */
+/* Batches from this size on, copied on one thread, are written with streaming stores (copy_streaming);
+ * smaller ones stay in the cache for whoever reads them next (a 64x64 batch of 256 is 3 MB). */
 #define STREAM_MIN_BYTES (8 << 20)
 #define MAX_THREADS 64
 
@@ -46,9 +46,13 @@ typedef struct {
 
 /* memcpy whose stores bypass the cache (x86-64: SSE2 streaming stores): a batch of 256x256 images (50 MB)
  * is larger than the last-level cache, so a plain store first reads the destination line it overwrites;
- * streaming stores spare that read, a third of the copy's memory traffic (shuffled epochs 0.41 -> 0.46-0.49
- * of np.copyto on the 2-core VM, whose two copies at once share one core's bandwidth). glibc does this
- * itself only for copies larger than about the cache (a whole batch's np.copyto), not per 196 KB slice. */
+ * streaming stores spare that read, a third of the copy's memory traffic. glibc does this itself only for
+ * copies larger than about the cache (a whole batch's np.copyto), not per 196 KB slice.
+ * Used when the batch is copied on one thread (the caller gives one where cores are few): there one core
+ * fills the memory bus (the 2-core dev VM: np.copyto 21 GB/s on one core, 23 on two), and the shuffled
+ * read with the training loop's copy beside it went from 0.44-0.47 to 0.49-0.58 of np.copyto. On a
+ * 16-core GPU host a core copies at ~9 GB/s of a far wider bus, and with 8 threads plain stores were the
+ * faster (pinned batches, 27.5 against 23.7 GB/s shuffled, 36.4 against 32.2 sequential). */
 static void copy_streaming(char *dst, const char *src, size_t n) {
 #ifdef HAVE_STREAM
     size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
@@ -150,11 +154,11 @@ static PyObject *gather_into(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t total = offsets[count];
-    gather_job job = {views, offsets, count, (char *)out.buf, total >= STREAM_MIN_BYTES};
     Py_ssize_t wanted = total / MIN_BYTES_PER_THREAD;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (wanted < threads) threads = wanted < 1 ? 1 : (int)wanted;
+    gather_job job = {views, offsets, count, (char *)out.buf, threads == 1 && total >= STREAM_MIN_BYTES};
     gather_share shares[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started = 0;
