@@ -14,6 +14,10 @@ shards, which is what the native gather (``shardio.read.gather``) is for. Rows:
 - ``fresh maps``: the shards' memory maps closed before each epoch, so every slice is a first touch, as
   in a dataset with more shards than the maps a reader keeps open (``cache_shards``).
 
+Then a cold batch: 256 random samples not in the page cache (the dataset's files dropped from it, as a
+dataset larger than memory reads), gathered as page faults bring them in, or after the read-ahead asked
+for all of them at once (``shardio.read.gather.will_need``).
+
 The machine is shared: each round times ``np.copyto`` of the same bytes and then each row back to back,
 and a row's figure is the median of its rounds' ratios (min-max shown). Mixing is from the epoch order
 alone (``shardio.read.shuffle_quality``): distinct shards per batch, and as a share of a uniform
@@ -23,7 +27,9 @@ permutation's (exact); the assembly never changes the order.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -160,6 +166,37 @@ def measure(directory: str, rounds: int, threads: list[int]) -> dict[str, Any]:
             "target": TARGET, "default_meets_target": table[DEFAULT]["of copyto"] >= TARGET}
 
 
+def cold_batches(directory: str, rounds: int) -> dict[str, Any]:
+    """A batch of 256 random samples whose pages are not in memory (the dataset's files dropped from the
+    page cache with ``posix_fadvise(DONTNEED)``, what a dataset larger than RAM reads), gathered as
+    page faults bring it in, or after ``will_need`` asked for all of it at once (what ``read_ahead`` does
+    a batch ahead); alternated, medians in ms. Only with the extension (the fallback has no read-ahead)."""
+    if not gather_module.native() or not hasattr(os, "posix_fadvise"):
+        return {}
+    paths = sorted(glob.glob(os.path.join(directory, "shards", "*.npy")))
+    shape = (SAMPLES_PER_SHARD, SIDE, SIDE, 3)
+    maps = [np.asarray(np.memmap(p, np.uint8, mode="c", offset=128, shape=shape)) for p in paths]
+    out = np.empty((BATCH, SIDE, SIDE, 3), np.uint8)
+    rng = np.random.default_rng(0)
+    times: dict[str, list[float]] = {"page faults": [], "read-ahead first": []}
+    for number in range(2 * rounds):
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        pieces = [maps[int(shard)][int(i) : int(i) + 1]
+                  for shard, i in zip(rng.integers(0, len(maps), BATCH), rng.integers(0, SAMPLES_PER_SHARD, BATCH))]
+        ahead = number % 2 == 1
+        start = time.perf_counter()
+        if ahead:
+            gather_module.will_need(pieces)
+        gather_module.gather(pieces, out)
+        times["read-ahead first" if ahead else "page faults"].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
@@ -172,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardio-bench-gather-") as tmp:
         directory = build(args.directory or tmp, SHARDS, SAMPLES_PER_SHARD, SIDE)
         result = measure(directory, 2 if args.quick else args.rounds, threads)
+        result["cold_batch_ms"] = cold_batches(directory, 2 if args.quick else args.rounds)
     _print(result)
     return result
 
@@ -187,6 +225,10 @@ def _print(result: dict[str, Any]) -> None:
         indent = "  " if figures["variant"] else ""
         cells = [f"{figures[c]:15.2f}" if c in figures else f"{'':15}" for c in columns]
         print(f"{indent + name:24}" + "".join(cells))
+    cold = result.get("cold_batch_ms")
+    if cold:
+        print(f"a cold batch of {result['batch']} (not in the page cache): {cold['page faults']:.0f} ms by page faults, "
+              f"{cold['read-ahead first']:.0f} ms with the read-ahead first")
     verdict = "meets" if result["default_meets_target"] else "MISSES"
     print(f"default shuffled / np.copyto {result['rows'][DEFAULT]['of copyto']:.2f}: {verdict} the target "
           f">= {result['target']}")
