@@ -99,8 +99,8 @@ class BatchAssembler:
             will_need(self._mapped_slices(pieces))
 
     def _mapped_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
-        """The pieces of shards mapped now, as slices of their maps (none of a JPEG dataset's: it reads
-        a twentieth of the bytes, and its slices are no arrays)."""
+        """The pieces of shards mapped now, as slices of their maps (none of a JPEG dataset's: its slices
+        are no arrays, and it reads a fraction of the bytes)."""
         slices = []
         for shard, start, stop in pieces:
             hit = self.cache.get(shard)

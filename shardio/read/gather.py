@@ -4,7 +4,8 @@ not built), and the kernel asked to read ahead the slices of the batch after it.
 With the default shuffle (windows of 256 shards, blocks of 1) a batch of 256 is 256 slices of 196 KB from
 as many places. ``torch.cat`` over them split the copy over torch's OpenMP threads, which wait for each
 other on cores the training loop keeps busy: a shuffled epoch read at 0.18-0.20 of ``np.copyto``, against
-0.96 sequential (``python -m bench.reader --shuffled-gather``). ``gather`` copies the slices in one call of
+0.96 sequential (``python -m bench.reader``; ``--shuffled-gather`` sets the ways of copying side by side,
+docs/reader.md has the figures). ``gather`` copies the slices in one call of
 the optional extension ``shardio.read._gather`` (its threads each take an even share of the bytes, the
 GIL released, nothing spins); where it is not built (a training image without a C compiler), numpy copies
 them one after the other (the GIL released during each copy): the same bytes in the same places.
