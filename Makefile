@@ -27,7 +27,7 @@ BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 install: $(STAMP)
 	@$(MAKE) --no-print-directory pillow-simd
 
-$(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c shardio/read/_jpeg_batch.c Makefile
+$(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c shardio/read/_jpeg_batch.c shardio/read/_gather.c Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull the multi-GB CUDA build.
@@ -85,6 +85,11 @@ bench: $(STAMP)
 	-$(PIP) install -q opencv-python-headless
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m bench.run
+	# The default shuffled read (windows of 256 shards, blocks of 1) against np.copyto, beside sequential and
+	# the old default (windows of 8, blocks of 16) in one run, each round back to back (goal >= 0.5), and
+	# its batches assembled other ways: numpy (no extension), torch.cat (before the gather), no read-ahead,
+	# fresh maps. Alone: python -m bench.reader --shuffled-gather [--rounds 7] [--threads 1,2,4].
+	$(PY) -m bench.reader --shuffled-gather
 	# Augmentation on the device (here the CPU): samples/s against copying the batch, and resampling error.
 	$(PY) -m bench.augment
 	# JPEG datasets (issue 25): single-core libjpeg-turbo decode, the CPU reader on every core against cores x it

@@ -1,5 +1,9 @@
 """Reader benchmark: ``ShardDataset`` bandwidth against ``np.copyto`` of the same bytes, and shuffle mixing.
 
+``python -m bench.reader --shuffled-gather [--rounds 7] [--threads 1,2,4]``: the default shuffled read
+against sequential and the old default order in one run, and the ways of assembling its batches
+(``bench/gather.py``).
+
 ``python -m bench.reader [DIR] [--quick] [--no-webdataset]`` writes (into DIR, or a temp dir) 8 shards × 256
 random 256×256×3 images (403 MB), warms the page cache, then times, five rounds each, medians reported:
 
@@ -145,6 +149,13 @@ def _load_example() -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args_given = sys.argv[1:] if argv is None else argv
+    if "--shuffled-gather" in args_given:
+        # The default shuffled read beside sequential and the old default (bench/gather.py, which builds
+        # on this module: imported here, when asked for).
+        from bench import gather
+
+        return gather.main([a for a in args_given if a != "--shuffled-gather"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, fewer shuffle settings")

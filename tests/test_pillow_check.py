@@ -117,7 +117,7 @@ def fake_make(tmp_path):
     (work / "shardio" / "read").mkdir(parents=True)
     # The stamp's prerequisites (the Makefile's $(STAMP) rule): the C sources setup.py builds.
     for name in ("Makefile", "pyproject.toml", "setup.py", "preprocess/_jpeg_region.c",
-                 "shardio/read/_jpeg_batch.c"):
+                 "shardio/read/_jpeg_batch.c", "shardio/read/_gather.c"):
         shutil.copy(os.path.join(ROOT, name), work / name)
     python = work / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)

@@ -2,7 +2,10 @@
 
 A batch within one run of one shard is a view of the memory map (zero copies; the pin or ``.cuda()``
 copies it once); any other batch is one copy, into a buffer reused once the batch is released, into shared
-memory in a DataLoader worker, or into pinned memory. Measurements behind these choices: docs/reader.md.
+memory in a DataLoader worker, or into pinned memory, made by one native call over all its slices with the
+GIL released (``shardio.read.gather``; numpy where the extension is not built), while the slices of the
+batch after it are read ahead where the page cache lacks them (``read_ahead``). Measurements behind these
+choices: docs/reader.md.
 A JPEG dataset's batch is decoded straight into that same buffer (``shardio.read.jpeg_pixels``: one native
 call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches; or, asked
 for ``encoded``, its ``image`` is the batch's JPEG bytes (``EncodedImages``) for a decoder on the device.
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardio.read.gather import gather, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
@@ -28,6 +32,19 @@ Batch = dict[str, Any]
 
 # The metadata fields a batch can carry, and what a sample without one holds.
 FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
+
+
+# Slices of a batch to come looked at before the read-ahead asks for all of them (``read_ahead``).
+READ_AHEAD_PROBES = 8
+
+
+def gather_threads() -> int:
+    """Threads one batch's copy takes (``shardio.read.gather``): half of torch's intra-op threads, at
+    least one (in a DataLoader worker, which torch gives one thread: one). The other half is the training
+    loop's. Shuffled epochs against ``np.copyto`` (``python -m bench.reader --shuffled-gather --threads``):
+    on a 16-core H100 host 0.59 with 1 copy thread, 0.86 with 2, 0.89 with 4, 0.83 with 8; on the
+    2-core dev VM a second thread made them slower (0.44 against 0.50)."""
+    return max(1, torch.get_num_threads() // 2)
 
 
 def has_content_box(snapshot: DatasetSnapshot) -> bool:
@@ -69,6 +86,28 @@ class BatchAssembler:
             self.cache.move_to_end(shard)
         return hit
 
+    def read_ahead(self, pieces: list[tuple[int, int, int]]) -> None:
+        """Ask the kernel to read the pixels of a batch still to come into the page cache, in the
+        background (``shardio.read.gather.will_need``): a shuffled batch's 256 slices of a dataset larger
+        than memory arrive together, not one page fault at a time in ``assemble``. Only through the maps
+        already open (a window's shards are, after its first batch or two), which it neither opens nor
+        moves up the cache. A few slices spread over the batch are looked at first: when they are all in
+        memory (a dataset the page cache holds) the rest are not (each look is a system call, ~0.8 us)."""
+        step = max(1, len(pieces) // READ_AHEAD_PROBES)
+        probe = self._mapped_slices(pieces[::step][:READ_AHEAD_PROBES])
+        if probe and will_need(probe):
+            will_need(self._mapped_slices(pieces))
+
+    def _mapped_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """The pieces of shards mapped now, as slices of their maps (none of a JPEG dataset's: its slices
+        are no arrays, and it reads a fraction of the bytes)."""
+        slices = []
+        for shard, start, stop in pieces:
+            hit = self.cache.get(shard)
+            if hit is not None and isinstance(hit[0], np.ndarray):
+                slices.append(hit[0][start:stop])
+        return slices
+
     def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
                  encoded: bool = False) -> Batch:
         """The batch of the ``(shard, start, stop)`` slices, in order. ``shared``: in a DataLoader worker
@@ -104,9 +143,7 @@ class BatchAssembler:
             if jpeg:
                 decode_batch(slices, image.numpy())
             else:
-                # One torch op for the whole batch: it splits the copy over the intra-op threads (12-20
-                # GB/s where a single-threaded np.copyto loop gives 6-10 here and on a 16-core GPU host).
-                torch.cat([torch.from_numpy(piece) for piece in slices], out=image)
+                gather(slices, image.numpy(), gather_threads())
         # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
         rows = [row for (_, meta), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
         keys, txt, cls, js, box = rows_columns(rows)

@@ -456,8 +456,15 @@ class ShardDataset(IterableDataset):
                   pinned: bool, encoded: bool = False) -> Iterator[Batch]:
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
         if not isinstance(assembler, CachedAssembler):
-            for positions in batches:
-                yield assembler.assemble(plan.pieces(positions), shared, pinned, encoded)
+            # The next batch's slices are asked of the kernel before this one is copied: read ahead in the
+            # background where the page cache lacks them (a cached shard comes from the shard cache, below).
+            ahead = plan.pieces(batches[0]) if len(batches) else []
+            for number in range(len(batches)):
+                pieces = ahead
+                if number + 1 < len(batches):
+                    ahead = plan.pieces(batches[number + 1])
+                    assembler.read_ahead(ahead)
+                yield assembler.assemble(pieces, shared, pinned, encoded)
             return
         # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady):
         # this path still lists every piece of the pass up front (one entry a sample with blocks of 1).

@@ -249,8 +249,8 @@ def format_bench(report: dict[str, Any]) -> str:
     if any(r["spread"] > NOISY_SPREAD for r in report["rates"]):
         lines.append(
             f"note: rounds differ by over {NOISY_SPREAD:.0%}: other processes share the cores. torch's "
-            f"{report['torch_threads']} intra-op threads (the batch copy) wait for each other when the cores are "
-            "busy; compare --torch-threads 1"
+            f"{report['torch_threads']} intra-op threads (the batch copy takes half of them) compete for the busy "
+            "cores; compare --torch-threads 1"
         )
     settings = report["suggested"]
     lines.append(f"suggested: {settings['code']}")
