@@ -8,6 +8,7 @@ same calls on tiny sizes, rates meaningless), except where it needs CUDA, which 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -135,12 +136,29 @@ def h2d(raw_dir: str, device: torch.device, batch: int = 256, copies: int = 20) 
             count += item["image"].numel()
         return count
 
+    def copies() -> dict[str, float]:  # the H2D stage alone: each assembled pinned batch's copy, GPU-timed
+        stream = torch.cuda.Stream(device)
+        gpu_ms, nbytes = 0.0, 0
+        for item in ShardDataset(raw_dir, batch, shuffle=True, pin_memory=True):
+            image = item["image"]
+            begin, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                begin.record(stream)
+                image.to(device, non_blocking=True)
+                done.record(stream)
+            done.synchronize()
+            gpu_ms += begin.elapsed_time(done)
+            nbytes += image.numel()
+        return {"GBps": nbytes / (gpu_ms / 1e3) / 1e9}
+
     loader()  # warm: page cache, pinned buffers
     timed = _timed(loader, device)
     host = _timed(assembly, torch.device("cpu"))
+    copy_gbps = copies()["GBps"]
     loader_gbps = timed["samples"] / timed["seconds"] / 1e9
     return {"pinned_GBps": round(pinned_gbps, 2), "device_loader_GBps": round(loader_gbps, 2),
             "ratio": round(loader_gbps / pinned_gbps, 3), "loader_cpu_cores_busy": timed["cpu_cores_busy"],
+            "copy_stage_GBps": round(copy_gbps, 2), "copy_stage_ratio": round(copy_gbps / pinned_gbps, 3),
             "host_assembly_GBps": round(host["samples"] / host["seconds"] / 1e9, 2),
             "host_assembly_cpu_cores_busy": host["cpu_cores_busy"]}
 
@@ -187,20 +205,36 @@ def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: 
         synthetic.append(time.perf_counter() - begin)
     out: dict[str, Any] = {"batch": batch, "size": size, "steps": steps,
                            "synthetic_step_ms": round(1e3 * statistics.median(synthetic), 2)}
-    for name, directory in datasets.items():
-        batches = _batches(directory, device, batch, size)
-        waits, totals = [], []
-        for index in range(warmup + steps):
-            begin = time.perf_counter()
-            item = next(batches)
-            got = time.perf_counter()
-            step(item["image"], item["cls"].to(device) % 1000).item()
-            if index >= warmup:
-                waits.append(got - begin)
-                totals.append(time.perf_counter() - begin)
-        batches.close()
-        out[name] = {"wait_share": round(sum(waits) / sum(totals), 4),
-                     "step_ms": round(1e3 * statistics.median(totals), 2),
-                     "wait_ms_median": round(1e3 * statistics.median(waits), 3),
-                     "samples_per_s": round(batch * len(totals) / sum(totals), 1)}
+    # (row, dataset, interpreter switch interval or None for Python's 5 ms, host sync every N steps)
+    variants = [(name, name, None, 1) for name in datasets]
+    variants += [(f"{name}, switch interval 0.5 ms", name, 0.0005, 1) for name in datasets]
+    variants += [(f"{name}, host sync every 10 steps", name, None, 10) for name in datasets]
+    default_interval = sys.getswitchinterval()
+    for row, name, interval, sync_every in variants:
+        sys.setswitchinterval(interval or default_interval)
+        try:
+            out[row] = _wait_share(_batches(datasets[name], device, batch, size), step, device, warmup, steps,
+                                   batch, sync_every)
+        finally:
+            sys.setswitchinterval(default_interval)
     return out
+
+
+def _wait_share(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                device: torch.device, warmup: int, steps: int, batch: int, sync_every: int) -> dict[str, Any]:
+    waits, totals = [], []
+    for index in range(warmup + steps):
+        begin = time.perf_counter()
+        item = next(batches)
+        got = time.perf_counter()
+        loss = step(item["image"], item["cls"].to(device) % 1000)
+        if (index + 1) % sync_every == 0:
+            loss.item()
+        if index >= warmup:
+            waits.append(got - begin)
+            totals.append(time.perf_counter() - begin)
+    _sync(device)
+    batches.close()  # type: ignore[attr-defined]
+    return {"wait_share": round(sum(waits) / sum(totals), 4), "step_ms": round(1e3 * statistics.median(totals), 2),
+            "wait_ms_median": round(1e3 * statistics.median(waits), 3),
+            "samples_per_s": round(batch * len(totals) / sum(totals), 1)}

@@ -71,6 +71,16 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 DOWNLOAD_THREADS = 8
 
 
+def download_threads() -> int:
+    """Parallel downloads of a cache: ``SHARDIO_DOWNLOAD_THREADS``, else ``DOWNLOAD_THREADS``."""
+    configured = os.environ.get("SHARDIO_DOWNLOAD_THREADS", "").strip()
+    if not configured:
+        return DOWNLOAD_THREADS
+    if not configured.isdigit() or int(configured) < 1:
+        raise ValueError(f"SHARDIO_DOWNLOAD_THREADS={configured!r}: a whole number of threads, at least 1")
+    return int(configured)
+
+
 class ShardCache:
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
     ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``
@@ -81,10 +91,10 @@ class ShardCache:
     state exists only for the shards a pass touches (O(shards touched), not O(shards))."""
 
     def __init__(self, units: Sequence[CachedShard], store: Downloader | None, cache_dir: str, limit: int, *,
-                 shape: tuple[int, int, int], threads: int = DOWNLOAD_THREADS, attempts: int = 3) -> None:
+                 shape: tuple[int, int, int], threads: int | None = None, attempts: int = 3) -> None:
         self.units: Sequence[CachedShard] = units if isinstance(units, ShardUnits) else list(units)
         self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
-        self.shape, self.threads, self.attempts = shape, threads, attempts
+        self.shape, self.threads, self.attempts = shape, threads or download_threads(), attempts
         self.full_limit = self.limit
         self.largest_sizes = _largest_two(unit_sizes(self.units))  # the largest unit sizes, largest first
         self._check_limit()

@@ -200,8 +200,9 @@ class DeviceDecoder:
                 raise images.bad_sample(index, f"decodes to {image.dtype} {tuple(image.shape)} on "
                                         f"{image.device}, not the dataset's uint8 (3, {height}, {width}) on "
                                         f"{self.device}")
-        # One kernel: every CHW image written into its place of one contiguous NHWC batch.
-        return torch.stack([image.permute(1, 2, 0) for image in decoded])
+        # Two kernels whatever the batch size (one stack of the CHW images, one NCHW -> NHWC copy): 256
+        # permuted views stacked at once cost ~1.5 ms of host time a batch, the decode itself ~12 ms.
+        return torch.stack(decoded).permute(0, 2, 3, 1).contiguous()
 
     def _first_failure(self, images: EncodedImages, jpegs: list[torch.Tensor],
                        error: RuntimeError) -> ShardIntegrityError:
