@@ -222,11 +222,37 @@ def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: 
 
 def _wait_share(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 device: torch.device, warmup: int, steps: int, batch: int, sync_every: int) -> dict[str, Any]:
-    waits, totals = [], []
+    from shardio.read import prefetch
+
+    waits, totals, queue_waits = [], [], []
+    real_get = prefetch.Prefetcher.get
+    in_get = [0.0]
+
+    def timed_get(self: Any) -> Any:  # the part of next() spent waiting for the prefetch thread's batch
+        begin = time.perf_counter()
+        try:
+            return real_get(self)
+        finally:
+            in_get[0] += time.perf_counter() - begin
+
+    prefetch.Prefetcher.get = timed_get  # type: ignore[method-assign]
+    try:
+        return _wait_loop(batches, step, device, warmup, steps, batch, sync_every, waits, totals, queue_waits,
+                          in_get)
+    finally:
+        prefetch.Prefetcher.get = real_get  # type: ignore[method-assign]
+
+
+def _wait_loop(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               device: torch.device, warmup: int, steps: int, batch: int, sync_every: int, waits: list,
+               totals: list, queue_waits: list, in_get: list) -> dict[str, Any]:
     for index in range(warmup + steps):
+        in_get[0] = 0.0
         begin = time.perf_counter()
         item = next(batches)
         got = time.perf_counter()
+        if index >= warmup:
+            queue_waits.append(in_get[0])
         loss = step(item["image"], item["cls"].to(device) % 1000)
         if (index + 1) % sync_every == 0:
             loss.item()
@@ -237,4 +263,7 @@ def _wait_share(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor,
     batches.close()  # type: ignore[attr-defined]
     return {"wait_share": round(sum(waits) / sum(totals), 4), "step_ms": round(1e3 * statistics.median(totals), 2),
             "wait_ms_median": round(1e3 * statistics.median(waits), 3),
+            "queue_wait_ms_median": round(1e3 * statistics.median(queue_waits), 3),
+            "queue_wait_share_of_wait": round(sum(queue_waits) / max(sum(waits), 1e-9), 3),
+            "waits_ms": [round(1e3 * w, 2) for w in waits],
             "samples_per_s": round(batch * len(totals) / sum(totals), 1)}
