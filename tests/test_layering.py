@@ -205,7 +205,7 @@ def test_compatibility_bases_are_kept():
 # Function-level imports of a first-party module, each with why it is not at the top. Optional heavy
 # dependencies (obstore, boto3, xxhash, lightning, PIL, ray, typer...) are third-party: not checked here.
 LAZY_FIRST_PARTY = {
-    ("shardio.tools.cli", "shardio.tools.loader_bench"): "imports torch (~1 s): only `shardio bench` pays for it",
+    ("shardio.tools.commands", "shardio.tools.loader_bench"): "imports torch (~1 s): only `shardio bench` pays for it",
 }
 
 
