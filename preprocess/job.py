@@ -133,9 +133,13 @@ def _check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, directo
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
     if stored == wanted:
         return
-    keys = sorted(set(stored) | set(wanted))
-    diffs = [f"{k}: dataset has {stored.get(k)!r}, this run {wanted.get(k)!r}"
-             for k in keys if stored.get(k) != wanted.get(k)]
+    # Said over the full form: a raw dataset stores no encoding keys (JobConfig.to_dict), which a JPEG run
+    # would otherwise read back as "encoding: dataset has None".
+    full = JobConfig().full_output_dict()
+    said_stored, said_wanted = {**full, **stored}, {**full, **wanted}
+    keys = sorted(set(said_stored) | set(said_wanted))
+    diffs = [f"{k}: dataset has {said_stored.get(k)!r}, this run {said_wanted.get(k)!r}"
+             for k in keys if said_stored.get(k) != said_wanted.get(k)]
     raise DatasetIncompatibleError(
         f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
         "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "

@@ -298,3 +298,18 @@ def test_a_url_is_never_turned_into_a_local_path(ray_cluster, s3_bucket, tars, t
         assert result.exit_code == 2, result.output
         assert "gs://bucket/shards" in result.output and "not supported" in result.output
     assert not any(name.startswith(("s3:", "gs:")) for name in os.listdir(tmp_path)), "a local folder for a URL"
+
+
+def test_a_jpeg_run_over_a_raw_dataset_names_both_encodings(tars, tmp_path):
+    """A raw dataset stores no encoding key; the refusal once read "encoding: dataset has None"."""
+    out = str(tmp_path / "out")
+    paths = committed(tars, out, {"a.tar": 3})
+    before = directory_state(out)
+    result = runner.invoke(app, ["run", *paths, "--output", out, "--encoding", "jpeg", "-q"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "encoding: dataset has 'raw', this run 'jpeg'" in message, message
+    assert "None" not in message and "quality" not in message, message
+    after = directory_state(out)
+    after.pop(".lock", None)  # the check is made under the output's lock (an empty file)
+    assert after == before
