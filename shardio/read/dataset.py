@@ -205,7 +205,8 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg); this one is "
                              f"{self.snapshot.encoding}: its batches need no decoding")
         if shuffle and self._cache is not None:
-            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
+            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
+                                            self.path)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
