@@ -25,6 +25,7 @@ from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
+from preprocess.sample_data import on_purpose_notes
 from preprocess import pillow_check
 from preprocess.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
@@ -156,6 +157,8 @@ def _summary(report: RunReport, report_path: str) -> None:
         console.print("nothing new to process", highlight=False)
     for reason, count in list(report.failures_by_reason().items())[:8]:
         console.print(f"  {count:6d} x {reason}", highlight=False)
+    for note in on_purpose_notes(report.failures[:1000]):  # the generated sample's deliberate failures
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     for failed in report.inputs_failed[:10]:
         console.print(f"[red]input failed:[/red] {failed['input']}: {failed['reason']}", highlight=False)
     console.print(f"report: {report_path}", highlight=False)
