@@ -11,6 +11,7 @@
     ├── UsageError                        refused before any work, fix the command and rerun: exit 2
     │   ├── ConfigError                   a bad config key or value (also a ValueError)
     │   ├── NoInputsMatched               a glob / brace range matched no tar, or no INPUT is a usable tar
+    │   ├── UnsupportedInput              an INPUT named explicitly that no input source reads (text, Parquet)
     │   ├── OutputUnusable                --output is a file, or not writable by this user
     │   ├── OutputLocked                  another live run holds the dataset directory
     │   │   └── CommitConflict            another writer committed since this run read the manifest
@@ -47,6 +48,7 @@ __all__ = [
     "UsageError",
     "ConfigError",
     "NoInputsMatched",
+    "UnsupportedInput",
     "OutputUnusable",
     "OutputLocked",
     "PruneRefused",
@@ -115,6 +117,12 @@ class NoInputsMatched(UsageError):
     """A glob or brace range matched no tar, or no INPUT at all names a usable tar (a folder, only missing
     paths): a source mount that is down must not look like "no new data", nor a mistyped command create a
     dataset."""
+
+
+class UnsupportedInput(UsageError):
+    """An INPUT named explicitly is no kind of input a source reads (its name claims none and its first
+    bytes are none: a text file, a Parquet file): refused before Ray starts or the output is touched
+    (``preprocess.input_kinds``)."""
 
 
 class OutputUnusable(UsageError):
