@@ -64,8 +64,8 @@ from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.cluster_access import check_cluster_access, task_env
-from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
-                                   stream_inputs)
+from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
+                                   ray_session, stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
@@ -181,6 +181,9 @@ def run_job(
         reasons = reasons or "no INPUT was given"
         raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
     check_output_apart(directory, resolved)
+    # Every way of failing to join --ray-address (down, token authentication, not a Ray port) is
+    # RayUnavailable here, before the output is touched, even if the run turns out to have nothing to do.
+    check_cluster_address(options.ray_address, (lambda line: emit("ray", line)) if on_event is not None else None)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         looked = _look_at_index(directory, resolved, options)
@@ -254,7 +257,10 @@ def run_job(
                 raise
             disk_full = f"writing the manifest: {e}"
         except (RayUnavailable, NodeBuildMismatch):
-            raise  # refused before any work, like a lock held: no run happened to report
+            # Refused before any input's task, like a lock held: no run happened to report, and no task
+            # can promote a file, so the mark goes too.
+            dataset_dir.unmark_run(directory, report.run_id)
+            raise
         except BaseException as e:
             _save_report_after_error(committer, report, e, started)
             raise
