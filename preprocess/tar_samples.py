@@ -168,9 +168,9 @@ def _check_size(path: str) -> int:
     try:
         size = for_path(path).file_size(path)
     except FileNotFoundError:
-        raise InputError(path, "no such file") from None
+        raise InputError(path, "no such file", lasting=False) from None
     except OSError as e:
-        raise InputError(path, f"cannot stat ({e.strerror})") from e
+        raise InputError(path, f"cannot stat ({e.strerror})", lasting=False) from e
     if size == 0:
         raise InputError(path, "empty file (0 bytes), not a tar")
     return size
@@ -186,7 +186,9 @@ def _not_readable(path: str, e: BaseException, last_member: str, head: bytes | N
     reason = " ".join((str(e) or type(e).__name__).split())
     if reason == "empty file":
         reason = "no tar header"
-    return InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})")
+    # An OSError here is the disk or the network (EIO, a download cut), not the bytes: a retry may cure it.
+    return InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})",
+                      lasting=not isinstance(e, OSError))
 
 
 _READ_ERRORS = (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, OSError)
@@ -240,7 +242,8 @@ def _open_input(path: str) -> BinaryIO:
     try:
         return for_path(path).open_read(path)
     except OSError as e:  # a directory, no permission
-        raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))") from e
+        raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))",
+                         lasting=False) from e
 
 
 def _is_compressed(raw: BinaryIO) -> bool:
@@ -447,7 +450,7 @@ def _read_ranges(
     try:
         yield from _group(path, members, read, image_extensions)
     except OSError as e:
-        raise InputError(path, f"cannot read ({e.strerror or e})") from e
+        raise InputError(path, f"cannot read ({e.strerror or e})", lasting=False) from e
 
 
 def _stream_compressed(

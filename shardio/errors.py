@@ -198,15 +198,19 @@ class InputError(ShardioError):
 
     ``str(e)`` is ``"{input}: {reason}"``; a run report stores ``{input, reason}`` apart, so the reason
     alone (``e.reason``) goes there: the summary once printed the path twice (``PATH: PATH: reason``).
+    ``lasting``: the bytes themselves are at fault (not a tar, truncated, a corrupt header), so the same
+    bytes fail the same way every time and a rerun remembers it (``preprocess.job``); False for what a
+    retry may cure (a read or stat error, a download cut, an object replaced while read).
     """
 
-    def __init__(self, input: str, reason: str) -> None:
+    def __init__(self, input: str, reason: str, lasting: bool = True) -> None:
         super().__init__(f"{input}: {reason}")
         self.input = input
         self.reason = reason
+        self.lasting = lasting
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) rebuilds from both fields
-        return (type(self), (self.input, self.reason))
+    def __reduce__(self) -> tuple[type, tuple[str, str, bool]]:  # pickling (Ray) rebuilds from the fields
+        return (type(self), (self.input, self.reason, self.lasting))
 
 
 # The exit status of a command that ends with one of these: the most specific class listed wins (a
