@@ -50,9 +50,10 @@ from preprocess.versions import build_difference, pixel_build
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import NodeBuildMismatch, RayUnavailable
 
-__all__ = ["RayUnavailable", "ray_session", "check_cluster_address", "GCS_PROBE_TIMEOUT_S", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first", "check_cluster_build", "node_name",
-           "BUILD_CHECK_TIMEOUT_S", "on_every_node", "MAX_STUCK_DECODES", "StuckDecode"]
+__all__ = ["RayUnavailable", "ray_session", "check_cluster_address", "GCS_PROBE_TIMEOUT_S",
+           "stream_inputs", "Progress", "TaskEvent", "AttemptTracker", "TASK_MAX_RETRIES", "TASK_OPTIONS",
+           "largest_first", "check_cluster_build", "node_name", "BUILD_CHECK_TIMEOUT_S", "on_every_node",
+           "MAX_STUCK_DECODES", "StuckDecode"]
 
 TASK_MAX_RETRIES = 3
 # Stuck decodes skipped per input before the input itself fails (each costs one hard bound plus a restart

@@ -22,8 +22,8 @@ from shardio.read.shard_cache import ShardCache
 __all__ = ["CachedAssembler", "fitting_window"]
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str) -> int:
-    """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings name). A shuffled pass reads every batch from about the shards
-    of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
+    """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
+    name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
     across a window's end from two, so two windows must fit on disk at once (which also lets the next
     window download while this one is read), or the pass is refused or downloads shards again and again.
     The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
