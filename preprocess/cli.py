@@ -26,6 +26,7 @@ from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
+from preprocess.sample_data import on_purpose_notes
 from preprocess import pillow_check
 from preprocess.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
@@ -95,8 +96,11 @@ class _Display:
             if not self.quiet:
                 where = payload.get("cluster")
                 on = f" on {where['nodes']} node(s), {where['cpus']} CPUs" if where else ""
-                console.print(f"{payload['todo']} input(s) to process{on}, {payload['skipped']} already committed",
-                              highlight=False)
+                remembered = payload.get("remembered", 0)
+                again = (f", {remembered} failed before and unchanged (not read again; --retry-failed reads them)"
+                         if remembered else "")
+                console.print(f"{payload['todo']} input(s) to process{on}, {payload['skipped']} already committed"
+                              f"{again}", highlight=False)
             if payload["todo"] and self.live:
                 self.progress = Progress(
                     TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("tars"),
@@ -157,16 +161,28 @@ def _summary(report: RunReport, report_path: str) -> None:
         console.print("nothing new to process", highlight=False)
     for reason, count in list(report.failures_by_reason().items())[:8]:
         console.print(f"  {count:6d} x {reason}", highlight=False)
+    for note in on_purpose_notes(report.failures[:1000]):  # the generated sample's deliberate failures
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     for failed in report.inputs_failed[:10]:
-        console.print(f"[red]input failed:[/red] {failed['input']}: {failed['reason']}", highlight=False)
+        console.print(f"[red]input failed:[/red] {escape(failed['input'])}: {escape(_failure_text(failed, report))}",
+                      highlight=False)
     console.print(f"report: {report_path}", highlight=False)
+
+
+def _failure_text(failed: dict[str, Any], report: RunReport) -> str:
+    """A failed input's reason, and, for one remembered from an earlier run, that it was not read again."""
+    earlier = failed.get("failed_in")
+    if not earlier or earlier == report.run_id:
+        return failed["reason"]
+    return (f"{failed['reason']} (found by run {earlier}; unchanged since, so not read again: "
+            "--retry-failed reads it)")
 
 
 def _quiet_failure(report: RunReport, report_path: str) -> None:
     """Why a ``-q`` run exits 1, in a few lines: its failed inputs, or its share of failed samples."""
     for failed in report.inputs_failed[:10]:
-        console.print(f"error: input failed: {failed['input']}: {failed['reason']}", highlight=False, markup=False,
-                      soft_wrap=True)
+        console.print(f"error: input failed: {failed['input']}: {_failure_text(failed, report)}", highlight=False,
+                      markup=False, soft_wrap=True)
     if len(report.inputs_failed) > 10:
         console.print(f"error: ... and {len(report.inputs_failed) - 10} more failed input(s)", highlight=False)
     if not report.inputs_failed:
@@ -223,6 +239,7 @@ def run(
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
     retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
     retain_passing_minutes: Annotated[float, typer.Option(min=0, help="A run's passing generations (current under this long) are kept only as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run and are unchanged since; by default they are reported failed again without being read.")] = False,
     pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
     """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
@@ -249,7 +266,7 @@ def run(
     display = _Display(quiet or (event_log is not None and log_file is None))
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
-                         confirm_large_prune=confirm_large_prune,
+                         confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,
                          retention=Retention(hours=retain_hours, generations=retain_generations, passing_minutes=retain_passing_minutes),
                          pass_credentials=pass_credentials)
     # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.

@@ -147,6 +147,12 @@ class JobConfig:
         d.pop("max_decode_seconds")  # a run policy too: what it fails depends on the machine's load
         return d
 
+    def full_output_dict(self) -> dict[str, Any]:
+        """``output_dict`` with the keys a raw config leaves out (encoding, quality, subsampling): what a
+        message comparing two configs shows for a key one of them does not store."""
+        return {**self.output_dict(), "encoding": self.encoding, "quality": self.quality,
+                "subsampling": self.subsampling}
+
 
 def _check_number(name: str, value: Any, kind: type, minimum: float) -> None:
     # bool is an int in Python: `min_image_size: true` is a mistake, not 1.

@@ -8,8 +8,11 @@ shrink silently nor grow with junk:
   not look like an empty drop (with ``--prune`` it would empty the dataset);
 - a glob takes only tar files (``TAR_SUFFIXES``); anything else it matches (img2dataset's
   ``_stats.json`` and ``.parquet`` beside its tars) is counted as ignored, not a failed input;
-- a path named explicitly is taken as it is: a missing one, or one that is not a tar, is a failed
-  input named in the report (exit 1), as is a missing member of a brace range that matched others.
+- a path named explicitly is taken as it is: a missing one is a failed input named in the report (exit
+  1), as is a missing member of a brace range that matched others; one whose name claims no kind of input
+  (``notes.txt``, ``x.parquet``) is read (its first 512 bytes) and, if no kind takes them, refused
+  before anything is touched (``UnsupportedInput``, exit 2: the table of kinds is
+  ``preprocess.input_kinds``).
 
 Object storage (``s3://bucket/laion/{00000..00999}.tar``, ``s3://bucket/laion/*.tar``, ``**``), mixed
 freely with local paths, by the same rule. A URL stays a URL. Objects are found by LIST, never by a HEAD
@@ -37,17 +40,17 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
+from preprocess.input_kinds import HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, kind_of, looks_like
 from preprocess.local_glob import local_glob
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo
 from shardio.store.paths import check_local
-from shardio.errors import NoInputsMatched
+from shardio.errors import NoInputsMatched, UnsupportedInput
 
-__all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES"]
+__all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES",
+           "UnsupportedInput"]
 
 _GLOB_CHARS = set("*?[")
-# What the tar reader opens (``tarfile`` mode ``r|*``: plain, gzip, bzip2, xz).
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 class InputFingerprint(NamedTuple):
@@ -71,7 +74,7 @@ class ResolvedInputs:
 
 
 def _is_tar(path: str) -> bool:
-    return path.lower().endswith(TAR_SUFFIXES)
+    return claimed_kind(path) is not None
 
 
 def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
@@ -124,7 +127,27 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         failed += pattern_failed
     listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
+    _refuse_unreadable([path for path in found if claimed_kind(path) is None], listed)
     return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links)
+
+
+def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
+    """Read the first bytes of each input whose name claims no kind (only an INPUT named explicitly can
+    be one); raise ``UnsupportedInput`` naming those no kind takes (``preprocess.input_kinds``). A file
+    that cannot be read now is left to the task, which names it as a failed input."""
+    refused = []
+    for path in sorted(unclaimed):
+        size = listed[path].size if path in listed else HEAD_BYTES
+        try:
+            head = for_path(path).read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
+        except OSError:
+            continue
+        if kind_of(head) is None:
+            refused.append(f"{path}: {looks_like(head)}, not an input preprocess reads")
+    if refused:
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        raise UnsupportedInput(f"{'; '.join(refused[:5])}{more}. INPUT takes: {accepted_kinds()}; nothing was "
+                               "read or written")
 
 
 def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str]) -> str:

@@ -39,6 +39,25 @@ readers of older generations, and the retention (``shardio.write.retention``: 24
 by accident (a source mount half down) must not empty a dataset. A ``manifest.json`` that is missing or
 corrupt while kept generations exist is restored from the newest valid one, with a warning.
 
+A permanently broken input (not a tar, truncated, a corrupt header: ``InputError.lasting``) fails the
+same way on every read, so it is read once. The run that finds it records its fingerprint (size, mtime_ns,
+ETag: what the plan compares) with the failure in its report's ``inputs_failed`` (``fingerprint``,
+``failed_in``); the next run reads the newest report (``latest_report``: one listing of ``reports/`` and
+one read, under the lock) and reports an input with the same fingerprint failed again, as it was, without
+reading it: a rerun with nothing else to do answers without starting Ray (1 s, where reading the broken
+tar again took 7 s), and carries the entry into its own report, so the memory lasts while the file is
+unchanged. It still exits 1: the input is still not in the dataset. A changed file (a re-download) is
+read again, as is every remembered one under ``RunOptions.retry_failed`` (``--retry-failed``). The run
+reports are the memory because they already are the run history: no new file in the dataset's format; a
+report lost or unreadable only costs one more read of the input. Failures a retry may cure (a read
+error, a download cut, Ray losing a task) are never remembered.
+
+An input is committed whole or not at all: the samples a broken input gave before its break (a
+``.tar.gz`` cut mid-stream decodes its first members) are dropped, counted in the report
+(``samples_lost``) and said in its reason. Kept, they would commit the input under its fingerprint, and a
+rerun would skip it as committed, hiding that the rest of the tar is missing; re-downloaded whole, it is
+processed whole.
+
 Idempotent under any kill: shard names and bytes depend only on (input path, size, mtime, config), so
 a rerun after SIGKILL rewrites exactly the files the killed run would have, and the manifest lists
 inputs in a fixed order (input path, then shard name): an interrupted-then-rerun dataset is byte for
@@ -64,8 +83,8 @@ from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.cluster_access import check_cluster_access, task_env
-from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_build, ray_session,
-                                   stream_inputs)
+from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
+                                   ray_session, stream_inputs)
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
@@ -78,7 +97,7 @@ from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInput
 from shardio.format import InputEntry, Manifest
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
-from shardio.format.run_report import RunReport, report_json
+from shardio.format.run_report import RunReport, latest_report, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json", "fold_result"]
@@ -103,6 +122,9 @@ class RunOptions:
     # Give the tasks this driver's object-store credentials (kept in their Ray runtime_env: visible in the
     # dashboard); default: each node's own (preprocess.cluster_access).
     pass_credentials: bool = False
+    # Read again the inputs that failed for their bytes in the last run and are unchanged since (default:
+    # they are reported failed again without being read; see "A permanently broken input" above).
+    retry_failed: bool = False
 
 
 def dataset_config(output: str) -> dict[str, Any] | None:
@@ -133,9 +155,13 @@ def _check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, directo
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
     if stored == wanted:
         return
-    keys = sorted(set(stored) | set(wanted))
-    diffs = [f"{k}: dataset has {stored.get(k)!r}, this run {wanted.get(k)!r}"
-             for k in keys if stored.get(k) != wanted.get(k)]
+    # Said over the full form: a raw dataset stores no encoding keys (JobConfig.to_dict), which a JPEG run
+    # would otherwise read back as "encoding: dataset has None".
+    full = JobConfig().full_output_dict()
+    said_stored, said_wanted = {**full, **stored}, {**full, **wanted}
+    keys = sorted(set(said_stored) | set(said_wanted))
+    diffs = [f"{k}: dataset has {said_stored.get(k)!r}, this run {said_wanted.get(k)!r}"
+             for k in keys if said_stored.get(k) != said_wanted.get(k)]
     raise DatasetIncompatibleError(
         f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
         "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "
@@ -171,15 +197,22 @@ def run_job(
     )
     resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+    listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
         reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
         more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
         reasons = reasons or "no INPUT was given"
         raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
     check_output_apart(directory, resolved)
+    # Every way of failing to join --ray-address (down, token authentication, not a Ray port) is
+    # RayUnavailable here, before the output is touched, even if the run turns out to have nothing to do.
+    check_cluster_address(options.ray_address, (lambda line: emit("ray", line)) if on_event is not None else None)
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory, options.wait_for_lock):
         looked = _look_at_index(directory, resolved, options)
+        remembered = {} if options.retry_failed else _remembered_failures(directory)
+        if looked is not None and looked.planned is not None:
+            _set_aside_remembered(looked.planned, remembered, report)
         if looked is not None and looked.planned is not None and not looked.planned.todo:
             _answer_unchanged(directory, looked, options, report, emit, started)
             return report
@@ -204,14 +237,19 @@ def run_job(
             _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
         _note_foreign(directory, dataset_dir.clean_after_runs(directory, existing), report, emit)
         del existing  # a version 1/2 manifest's objects: the index holds what it needs
-        planned = looked.planned if looked is not None and looked.planned is not None else plan_inputs(resolved, committed)
+        if looked is not None and looked.planned is not None:
+            planned = looked.planned  # its remembered failures set aside above
+        else:
+            planned = plan_inputs(resolved, committed)
+            _set_aside_remembered(planned, remembered, report)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:
             committer.drop_input(path)
             report.inputs_pruned.append(path)
-        plan = {"todo": len(todo), "skipped": planned.skipped}
+        plan = {"todo": len(todo), "skipped": planned.skipped,
+                "remembered": len(report.inputs_failed) - listing_failed}
         listing_failures = len(report.inputs_failed)
         events: Counter[str] = Counter()  # a retried task or a stopped decode: a dead attempt's files
 
@@ -250,7 +288,10 @@ def run_job(
                 raise
             disk_full = f"writing the manifest: {e}"
         except (RayUnavailable, NodeBuildMismatch):
-            raise  # refused before any work, like a lock held: no run happened to report
+            # Refused before any input's task, like a lock held: no run happened to report, and no task
+            # can promote a file, so the mark goes too.
+            dataset_dir.unmark_run(directory, report.run_id)
+            raise
         except BaseException as e:
             _save_report_after_error(committer, report, e, started)
             raise
@@ -297,7 +338,8 @@ def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report
     assert planned is not None
     _note_drift(index.versions, directory, options, report, emit)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
-    emit("plan", {"todo": 0, "skipped": planned.skipped})
+    emit("plan", {"todo": 0, "skipped": planned.skipped,
+                  "remembered": sum(1 for failed in report.inputs_failed if "failed_in" in failed)})
     _note_foreign(directory, dataset_dir.clean_after_runs(directory, index), report, emit)
     report.files_collected = collect(directory, index, options.retention).files
     _close_report(directory, report, started, index.samples, index.generation)
@@ -310,6 +352,41 @@ def _note_foreign(directory: str, cleaned: dataset_dir.Cleaned, report: RunRepor
     if warning and warning not in report.warnings:
         report.warnings.append(warning)
         emit("warning", warning)
+
+
+def _remembered_failures(directory: str) -> dict[str, dict[str, Any]]:
+    """The inputs the newest run report says failed for their bytes (``fingerprint`` recorded), by path:
+    what this run reports again without reading, if unchanged. None remembered without a readable report."""
+    latest = latest_report(directory)
+    failed = latest.get("inputs_failed") if latest is not None else None
+    if not isinstance(failed, list):
+        return {}
+    return {entry["input"]: entry for entry in failed
+            if isinstance(entry, dict) and isinstance(entry.get("input"), str)
+            and isinstance(entry.get("fingerprint"), dict)}
+
+
+def _set_aside_remembered(planned: Plan, remembered: dict[str, dict[str, Any]], report: RunReport) -> None:
+    """Take out of ``planned.todo`` every input that failed for its bytes before and is unchanged since (the
+    same size and mtime, or size and ETag: ``plan._same_input``'s rule), and report it failed again, as it
+    was, without reading it; a changed one stays to do."""
+    if not remembered:
+        return
+    todo = []
+    for path, fingerprint in planned.todo:
+        entry = remembered.get(path)
+        if entry is None or not _unchanged_since(entry["fingerprint"], fingerprint):
+            todo.append((path, fingerprint))
+            continue
+        report.inputs_failed.append({key: entry[key] for key in
+                                     ("input", "reason", "fingerprint", "failed_in", "samples_lost") if key in entry})
+    planned.todo = todo
+
+
+def _unchanged_since(recorded: dict[str, Any], fingerprint: InputFingerprint) -> bool:
+    if fingerprint.etag:
+        return recorded.get("size") == fingerprint.size and recorded.get("etag") == fingerprint.etag
+    return recorded.get("size") == fingerprint.size and recorded.get("mtime_ns") == fingerprint.mtime_ns
 
 
 def _note_drift(recorded: dict[str, Any], directory: str, options: RunOptions, report: RunReport,
@@ -456,7 +533,13 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
 
 def _record(report: RunReport, result: InputResult) -> None:
     if result.error is not None:
-        report.inputs_failed.append({"input": result.input, "reason": result.error})
+        failed: dict[str, Any] = {"input": result.input, "reason": result.error}
+        if result.lasting:  # the bytes' own failure: remembered by the next run (_remembered_failures)
+            failed["fingerprint"] = {"size": result.size, "mtime_ns": result.mtime_ns, "etag": result.etag}
+            failed["failed_in"] = report.run_id
+        if result.samples_lost:
+            failed["samples_lost"] = result.samples_lost
+        report.inputs_failed.append(failed)
         return
     report.inputs_processed.append(result.input)
     report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1

@@ -50,9 +50,10 @@ from preprocess.versions import build_difference, pixel_build
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import NodeBuildMismatch, RayUnavailable
 
-__all__ = ["RayUnavailable", "ray_session", "stream_inputs", "Progress", "TaskEvent", "AttemptTracker",
-           "TASK_MAX_RETRIES", "TASK_OPTIONS", "largest_first", "check_cluster_build", "node_name",
-           "BUILD_CHECK_TIMEOUT_S", "on_every_node", "MAX_STUCK_DECODES", "StuckDecode"]
+__all__ = ["RayUnavailable", "ray_session", "check_cluster_address", "GCS_PROBE_TIMEOUT_S",
+           "stream_inputs", "Progress", "TaskEvent", "AttemptTracker", "TASK_MAX_RETRIES", "TASK_OPTIONS",
+           "largest_first", "check_cluster_build", "node_name", "BUILD_CHECK_TIMEOUT_S", "on_every_node",
+           "MAX_STUCK_DECODES", "StuckDecode"]
 
 TASK_MAX_RETRIES = 3
 # Stuck decodes skipped per input before the input itself fails (each costs one hard bound plus a restart
@@ -64,6 +65,9 @@ TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, 
 # How long the driver waits for a task message before checking for a stop request (Ctrl-C reaction time).
 WAIT_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
+# A Ray GCS answers a new client in well under a second (0.4 s here, refusing one for its token included);
+# a port that is something else keeps Ray's client waiting 40 s before it gives up.
+GCS_PROBE_TIMEOUT_S = 10.0
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 # A node's probe is one task on an idle worker (~1-2 s to start one); a node that cannot start one in this
 # long could not run the job's tasks either.
@@ -132,6 +136,88 @@ def _check_reachable(address: str) -> None:
             f"Ray cluster at {address} is unreachable ({e.strerror or e}); check the head node is up and "
             "the address/port (`ray status` on the head), or drop --ray-address to run locally"
         ) from None
+
+
+def check_cluster_address(address: str | None, on_output: Callable[[str], None] | None = None) -> None:
+    """Before a run touches its output: can this process join the Ray cluster at ``address`` (default
+    ``RAY_ADDRESS``)? ``RayUnavailable`` (exit 2) naming the cause and the fix, in about a second, where
+    ``ray.init`` retries for ~20 s and then says only "Failed to connect to Ray cluster".
+
+    Checked: the address parses and accepts a TCP connection (``_check_reachable``); then, for a GCS
+    address (HOST:PORT; not ``ray://``, ``auto``), one Ray ``GcsClient`` asks the cluster's id, which is
+    where a cluster with token authentication (Ray's default for ``ray start --head``) refuses a client
+    that sends no token (``RAY_AUTH_MODE`` unset here) or another token, at once; a port that is not a
+    Ray GCS never answers, so the probe runs on a daemon thread and gives up after
+    ``GCS_PROBE_TIMEOUT_S``. Nothing to check when Ray is already initialised in this process (it is used
+    as found). ``on_output`` receives the lines Ray's C++ client prints meanwhile (``ray_session``'s)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address:
+        return
+    _check_reachable(address)
+    if ray.is_initialized() or address in ("auto", "local") or "://" in address:
+        return
+    output = RayOutput(on_output) if on_output is not None else None
+    try:
+        if output is not None:
+            with output.fd2():
+                answer = _probe_gcs(address)
+        else:
+            answer = _probe_gcs(address)
+    finally:
+        if output is not None:
+            output.release()
+    if answer is None:
+        raise RayUnavailable(
+            f"Ray cluster at {address} accepts connections but no Ray GCS answered in {GCS_PROBE_TIMEOUT_S:g} s: "
+            "is it the head's GCS port (6379 unless `ray start --head --port` said otherwise; `ray status` on "
+            "the head shows the address)? A Ray Client address is ray://HOST:10001; nothing was read or written"
+        )
+    if isinstance(answer, BaseException):
+        raise RayUnavailable(_connect_failure(address, answer))
+
+
+def _probe_gcs(address: str) -> object:
+    """The cluster id the GCS at ``address`` gives this client, the exception it raised, or None if none
+    came in ``GCS_PROBE_TIMEOUT_S`` (the thread is left to end with the process)."""
+    try:  # Ray's own client (private): the same authentication as ray.init's
+        from ray._raylet import GcsClient
+    except ImportError:  # another Ray: ray.init says what it says
+        return True
+    answer: list[object] = []
+
+    def ask() -> None:
+        try:
+            answer.append(GcsClient(address=address).cluster_id)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, who says what it means
+            answer.append(e)
+
+    probe = threading.Thread(target=ask, name="ray-gcs-probe", daemon=True)
+    probe.start()
+    probe.join(GCS_PROBE_TIMEOUT_S)  # GcsClient waits with the GIL released
+    return answer[0] if answer else None
+
+
+def _connect_failure(address: str, error: BaseException) -> str:
+    """What a failure to join ``address`` means and what to do: token authentication (the usual cause on
+    Ray 2.5x, whose ``ray start --head`` enables it) said as such, anything else with Ray's words."""
+    # An AuthenticationError's str() appends Ray's general advice (~600 characters); its message is the cause.
+    said = " ".join(str(getattr(error, "message", "") or error).split()) or type(error).__name__
+    auth = getattr(ray.exceptions, "AuthenticationError", ())
+    if isinstance(error, auth) or "InvalidAuthToken" in said or "Unauthenticated" in said:
+        mode = os.environ.get(RAY_AUTH_MODE_ENV)
+        if (mode or "").lower() != "token":
+            why = (f"{RAY_AUTH_MODE_ENV} is {mode!r} here" if mode else f"{RAY_AUTH_MODE_ENV} is not set here") + \
+                ", so this client sent no token"
+        else:
+            why = ("the token this client sent is missing or not the cluster's (RAY_AUTH_TOKEN, the file "
+                   "RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token)")
+        return (f"Ray cluster at {address} uses token authentication and refused this client: {why} (Ray: "
+                f"{said}). Set {RAY_AUTH_MODE_ENV}=token and give the cluster's token: RAY_AUTH_TOKEN=... or the "
+                "file ~/.ray/auth_token (RAY_AUTH_TOKEN_PATH=FILE for another), as on the head, where "
+                "`ray get-auth-token` prints it; nothing was read or written")
+    return (f"cannot join the Ray cluster at {address} ({type(error).__name__}: {said}); check `ray status` on "
+            "the head, that this machine runs the cluster's Ray and Python versions, or drop --ray-address to "
+            "run locally; nothing was read or written")
 
 
 def _init_deferring_signals(**init_args: Any) -> None:
@@ -218,12 +304,18 @@ def ray_session(
             init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
             _ask_for_token_auth()
         try:
-            if output is not None:
-                with output.fd2():
+            try:
+                if output is not None:
+                    with output.fd2():
+                        _init_deferring_signals(**init_args)
+                    output.take_python_logging()
+                else:
                     _init_deferring_signals(**init_args)
-                output.take_python_logging()
-            else:
-                _init_deferring_signals(**init_args)
+            except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
+                if not address:
+                    raise
+                # Past check_cluster_address (a cluster gone since, another Ray version): said the same way.
+                raise RayUnavailable(_connect_failure(address, e)) from None
             started = True
             local = _local_session() if not address else None
             if local is not None:

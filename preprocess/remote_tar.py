@@ -101,7 +101,7 @@ class SpooledObject:
                 data = self._backend.read_range(self.url, offset, length)
                 if len(data) != length:
                     raise InputError(self.url, f"the object ends at byte {offset + len(data)}, not at {self.size} "
-                                     "as listed: it changed while it was read; rerun")
+                                     "as listed: it changed while it was read; rerun", lasting=False)
                 view = memoryview(data)
                 while view:
                     written = os.pwrite(self._fd, view, offset)
@@ -145,7 +145,8 @@ class SpooledObject:
         reason = f"{type(error).__name__}: {error}".splitlines()[0]
         if isinstance(error, FileNotFoundError):
             reason = "the object is gone (deleted since it was listed)"
-        raise InputError(self.url, f"download failed at byte {self._arrived} of {self.size}: {reason}") from error
+        raise InputError(self.url, f"download failed at byte {self._arrived} of {self.size}: {reason}",
+                         lasting=False) from error
 
     def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer only past the end), once they have arrived."""
@@ -180,7 +181,7 @@ class SpooledObject:
         if self._error is not None:
             self._raise_failure()
         if self._changed:
-            raise InputError(self.url, self._changed)
+            raise InputError(self.url, self._changed, lasting=False)
 
     def close(self) -> None:
         with self._cond:

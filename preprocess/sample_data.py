@@ -9,7 +9,10 @@ arrow, a border coloured by side (top red, right yellow, bottom blue, left green
 centred on the image (a centre crop keeps it whole and centred) and the sample index as text. A few
 samples are the awkward cases real crawls hold: EXIF orientations 2, 3, 6 and 8 (the pixels are stored
 turned or mirrored, so a missing or wrong transpose shows a tilted arrow or mirrored text), grayscale,
-CMYK, PNG with alpha, and one truncated JPEG (counted as a failed sample, not fatal).
+CMYK, PNG with alpha, and one truncated JPEG (counted as a failed sample, not fatal). The folder also gets
+``.sample-dataset.json`` (hidden: a glob skips it) naming the samples that fail on purpose, so that
+``preprocess run`` can say, under its summary, that a newcomer's first run ending "failed 1" is meant
+(``on_purpose_notes``).
 
 No real photos: the registry packages that ship some (scikit-image's ``data``, imageio's standard
 images) require stock ``pillow``, which would replace Pillow-SIMD, and scipy's datasets download at use.
@@ -22,13 +25,14 @@ import json
 import os
 import sys
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 __all__ = ["photo_like", "annotate", "stored_for_orientation", "encode_jpeg", "write_tar",
-           "make_sample_dataset", "SIDE_COLOURS"]
+           "make_sample_dataset", "SIDE_COLOURS", "MARKER_NAME", "on_purpose_notes"]
 
 # Border colour of each side of the upright image: in a preview, red must be at the top.
 SIDE_COLOURS = {"top": (220, 30, 30), "right": (240, 200, 20), "bottom": (30, 60, 220), "left": (30, 170, 60)}
@@ -45,6 +49,12 @@ _STORE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_270,
 }
+
+# The file beside the tars that names the samples failing on purpose: {"on_purpose": {tar: {key: why}}}.
+MARKER_NAME = ".sample-dataset.json"
+# Why each awkward case that cannot be decoded is there (the others decode).
+_ON_PURPOSE = {"truncated": "a JPEG cut in half on purpose, to show that a bad image is counted and skipped, "
+                            "not fatal"}
 
 _WEB_SIZES = [(1600, 1067), (1280, 960), (1024, 1024), (1920, 1080), (1200, 1600), (1440, 1080), (1280, 853)]
 
@@ -168,6 +178,13 @@ def make_sample_dataset(directory: str, tars: int = 4, samples_per_tar: int = 48
     # (tar, sample in tar) -> the awkward case it is
     awkward = {(0, 5): "exif6", (0, 11): "gray", (0, 17): "cmyk", (0, 23): "png_alpha", (0, 29): "truncated",
                (1, 5): "exif3", (1, 11): "exif8", (2, 5): "exif2", (3, 5): "exif6"}
+    on_purpose: dict[str, dict[str, str]] = {}
+    for (t, i), kind in awkward.items():
+        if t < tars and i < samples_per_tar and kind in _ON_PURPOSE:
+            on_purpose.setdefault(f"{t:05d}.tar", {})[f"{t:05d}{i:04d}"] = _ON_PURPOSE[kind]
+    with open(os.path.join(directory, MARKER_NAME), "w", encoding="utf-8") as marker:
+        json.dump({"about": "the sample dataset of preprocess.sample_data", "on_purpose": on_purpose}, marker,
+                  indent=1)
     for t in range(tars):
         path = os.path.join(directory, f"{t:05d}.tar")
         paths.append(path)
@@ -196,6 +213,29 @@ def make_sample_dataset(directory: str, tars: int = 4, samples_per_tar: int = 48
             ]
         write_tar(path, members)
     return paths
+
+
+def on_purpose_notes(failures: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per failed sample (a run report's ``{input, key, ...}``) that the sample dataset holds on
+    purpose, read from the ``MARKER_NAME`` file beside its tar; [] for any other input (a URL is never
+    read: only a local folder can be the generated sample)."""
+    markers: dict[str, dict[str, dict[str, str]]] = {}
+    notes = []
+    for failure in failures:
+        tar = str(failure.get("input", ""))
+        if "://" in tar:
+            continue
+        folder = os.path.dirname(tar)
+        if folder not in markers:
+            try:
+                with open(os.path.join(folder, MARKER_NAME), encoding="utf-8") as marker:
+                    markers[folder] = dict(json.load(marker).get("on_purpose", {}))
+            except (OSError, ValueError, AttributeError):
+                markers[folder] = {}
+        why = markers[folder].get(os.path.basename(tar), {}).get(str(failure.get("key")))
+        if why:
+            notes.append(f"{os.path.basename(tar)} sample {failure.get('key')} fails on purpose: {why}")
+    return notes
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
+from preprocess.input_kinds import HEAD_BYTES, kind_of, looks_like
 from preprocess.remote_tar import SpooledObject
 from shardio.store.backends import for_path
 from shardio.errors import InputError
@@ -167,19 +168,27 @@ def _check_size(path: str) -> int:
     try:
         size = for_path(path).file_size(path)
     except FileNotFoundError:
-        raise InputError(path, "no such file") from None
+        raise InputError(path, "no such file", lasting=False) from None
     except OSError as e:
-        raise InputError(path, f"cannot stat ({e.strerror})") from e
+        raise InputError(path, f"cannot stat ({e.strerror})", lasting=False) from e
     if size == 0:
         raise InputError(path, "empty file (0 bytes), not a tar")
     return size
 
 
-def _not_readable(path: str, e: BaseException, last_member: str) -> InputError:
-    reason = str(e) or type(e).__name__
+def _not_readable(path: str, e: BaseException, last_member: str, head: bytes | None = None) -> InputError:
+    """The input's error for ``e``. ``head`` (the first 512 bytes, when the tar failed at its start): bytes
+    that are no tar at all are said as what they look like, not as tarfile's four attempts ("method gz:
+    ReadError('not a gzip file') ...")."""
+    if head is not None and kind_of(head) is None:
+        return InputError(path, f"not a readable tar: {looks_like(head)}, not a tar archive (plain or compressed "
+                                "with gzip, bzip2 or xz); re-download it, or check that this is the file meant")
+    reason = " ".join((str(e) or type(e).__name__).split())
     if reason == "empty file":
         reason = "no tar header"
-    return InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})")
+    # An OSError here is the disk or the network (EIO, a download cut), not the bytes: a retry may cure it.
+    return InputError(path, f"not a readable tar ({reason}; last good member: {escape_name(last_member)})",
+                      lasting=not isinstance(e, OSError))
 
 
 _READ_ERRORS = (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, OSError)
@@ -222,7 +231,7 @@ def index_tar(path: str) -> TarIndex | None:
                 if _is_compressed(raw):
                     return None
             except _READ_ERRORS as e:
-                raise _not_readable(path, e, "(none)") from e
+                raise _not_readable(path, e, "(none)", spool.pread(HEAD_BYTES, 0)) from e
             return TarIndex(path, list(_walk_members(path, raw, spool.pread, archive_bytes)))
     with _open_input(path) as raw:
         members = _index_open(path, raw, archive_bytes)
@@ -233,7 +242,8 @@ def _open_input(path: str) -> BinaryIO:
     try:
         return for_path(path).open_read(path)
     except OSError as e:  # a directory, no permission
-        raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))") from e
+        raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))",
+                         lasting=False) from e
 
 
 def _is_compressed(raw: BinaryIO) -> bool:
@@ -249,7 +259,7 @@ def _index_open(path: str, raw: BinaryIO, archive_bytes: int) -> list[TarMember]
         if _is_compressed(raw):
             return None
     except _READ_ERRORS as e:
-        raise _not_readable(path, e, "(none)") from e
+        raise _not_readable(path, e, "(none)", os.pread(raw.fileno(), HEAD_BYTES, 0)) from e
     fd = raw.fileno()
     return list(_walk_members(path, raw, lambda length, offset: os.pread(fd, length, offset), archive_bytes))
 
@@ -416,7 +426,7 @@ def _iter_remote(
         try:
             compressed = _is_compressed(raw)
         except _READ_ERRORS as e:
-            raise _not_readable(path, e, "(none)") from e
+            raise _not_readable(path, e, "(none)", spool.pread(HEAD_BYTES, 0)) from e
         if compressed:
             yield from _stream_compressed(path, image_extensions, spool.reader)
         else:
@@ -440,7 +450,7 @@ def _read_ranges(
     try:
         yield from _group(path, members, read, image_extensions)
     except OSError as e:
-        raise InputError(path, f"cannot read ({e.strerror or e})") from e
+        raise InputError(path, f"cannot read ({e.strerror or e})", lasting=False) from e
 
 
 def _stream_compressed(

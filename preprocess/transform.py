@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageFile, UnidentifiedImageError, features
+from PIL import Image, ImageFile, TiffImagePlugin, UnidentifiedImageError, features
 
 from preprocess import jpeg_region
 from preprocess.config import JobConfig
@@ -70,6 +70,13 @@ _TRANSPOSE = {
 # Without libtiff (make install builds Pillow-SIMD without it), Pillow decodes uncompressed TIFF only:
 # deflate, LZW, JPEG... would fail with "decoder libtiff not available". Refused by name instead.
 _TIFF_CODECS = None if features.check("libtiff") else ("raw",)
+# Pillow converts Lab (CIELAB TIFFs, from lab and print workflows) to RGB through ImageCms, which needs
+# littleCMS; a build without it fails with "cannot import name '_imagingcms'". Said as what it is instead.
+_HAS_LITTLECMS = bool(features.check("littlecms2"))
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
+_PHOTOMETRIC = {0: "white-is-zero grey", 1: "grey", 2: "RGB", 3: "palette", 4: "mask", 5: "separated (CMYK)",
+                6: "YCbCr", 8: "CIELab", 9: "ICCLab", 10: "ITULab", 32844: "LogL", 32845: "LogLuv"}
+_EXTRA_SAMPLES = {0: "unspecified", 1: "associated alpha", 2: "unassociated alpha"}
 # Peak bytes a pixel while an image is decoded and converted to RGB by ``_to_rgb``. Pillow keeps 1 byte a
 # pixel for 1/L/P, 2 for I;16*, 4 for every other mode (RGB included); the conversions add their copies:
 # RGBA: rgba copy 4 + alpha 1 + canvas 4; a colour key goes through RGBA first (+4); 16-bit and float
@@ -141,6 +148,11 @@ def _open(data: bytes, cfg: JobConfig) -> Image.Image:
         raise SampleError(FailureCode.UNSUPPORTED_FORMAT,
                           f"TIFF compression not supported ({compression}: this Pillow build has no libtiff,"
                           " only uncompressed TIFF is decoded)")
+    if im.mode == "LAB" and not _HAS_LITTLECMS:
+        raise SampleError(FailureCode.UNSUPPORTED_COLOUR,
+                          f"{im.format} in Lab colour (CIELAB): converting Lab to RGB needs Pillow's littleCMS "
+                          "support (ImageCms), which this Pillow build lacks; convert the image to RGB before "
+                          "packing it, or build Pillow-SIMD with littleCMS (liblcms2-dev)")
     return im
 
 
@@ -218,9 +230,36 @@ def _sniff(data: bytes) -> tuple[FailureCode, str]:
     head = data[:16]
     if head.startswith(b"\xff\xd8"):
         return FailureCode.BAD_JPEG_HEADER, "JPEG signature but unreadable header"
+    if head.startswith(_TIFF_MAGIC):
+        return FailureCode.UNREADABLE_TIFF, f"a TIFF the decoder cannot read: {_tiff_problem(data)}"
     if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
         return FailureCode.NOT_AN_IMAGE, "looks like text"
     return FailureCode.UNKNOWN_FORMAT, "unknown signature " + head[:4].hex()
+
+
+def _tiff_problem(data: bytes) -> str:
+    """Why Pillow's TIFF reader refused ``data`` (its own words), and the layout its first directory
+    declares: what a user needs to convert the file (Pillow reads 1-4 samples of 8 or 16 bits with a known
+    photometric interpretation, and only some extra-sample combinations)."""
+    try:
+        TiffImagePlugin.TiffImageFile(io.BytesIO(data))
+        why = "refused by the decoder"
+    except Exception as e:  # untrusted bytes: any failure of the TIFF reader is described, never raised
+        why = " ".join(str(e).split()) or type(e).__name__
+    try:
+        ifd = TiffImagePlugin.ImageFileDirectory_v2(data[:8])
+        stream = io.BytesIO(data)
+        stream.seek(ifd.next)
+        ifd.load(stream)
+        photometric = ifd.get(262)
+        layout = [f"{_PHOTOMETRIC.get(photometric, f'photometric {photometric}')}",
+                  f"{ifd.get(277, 1)} sample(s) per pixel of {'/'.join(map(str, ifd.get(258, ()))) or '?'} bits"]
+        extra = ifd.get(338)
+        if extra:
+            layout.append("extra samples: " + ", ".join(_EXTRA_SAMPLES.get(e, str(e)) for e in extra))
+        return f"{why} ({'; '.join(layout)}); convert it to RGB or RGBA (8 bits) before packing it"
+    except Exception:  # a directory that does not even parse: the decoder's words are all there is
+        return f"{why}; convert it to RGB or RGBA (8 bits) before packing it"
 
 
 def _decoder_failure_code(error: Exception) -> FailureCode:

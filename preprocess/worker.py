@@ -52,6 +52,10 @@ class InputResult:
     node: str = ""
     versions: dict[str, Any] = field(default_factory=dict)  # library_versions() of the worker that ran it
     etag: str = ""  # an object-storage input's ETag (from the LIST that found it)
+    # ``error`` is the input's bytes' own (InputError.lasting): the same bytes fail again; a rerun
+    # remembers it by the input's fingerprint instead of reading it again (preprocess.job).
+    lasting: bool = False
+    samples_lost: int = 0  # samples decoded before the input failed, not kept (all or nothing per input)
 
 
 def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str:
@@ -173,6 +177,11 @@ def iter_process_input(
     except InputError as e:
         writer.abort()
         result.error = e.reason
+        result.lasting = e.lasting
+        result.samples_lost = done
+        if done:
+            result.error += (f"; the {done} sample(s) decoded before it were not kept: an input is committed "
+                             "whole or not at all")
         result.failures = []
         result.elapsed_s = time.perf_counter() - started
         return result

@@ -11,6 +11,7 @@
     ├── UsageError                        refused before any work, fix the command and rerun: exit 2
     │   ├── ConfigError                   a bad config key or value (also a ValueError)
     │   ├── NoInputsMatched               a glob / brace range matched no tar, or no INPUT is a usable tar
+    │   ├── UnsupportedInput              an INPUT named explicitly that no input source reads (text, Parquet)
     │   ├── OutputUnusable                --output is a file, or not writable by this user
     │   ├── OutputLocked                  another live run holds the dataset directory
     │   │   └── CommitConflict            another writer committed since this run read the manifest
@@ -47,6 +48,7 @@ __all__ = [
     "UsageError",
     "ConfigError",
     "NoInputsMatched",
+    "UnsupportedInput",
     "OutputUnusable",
     "OutputLocked",
     "PruneRefused",
@@ -115,6 +117,12 @@ class NoInputsMatched(UsageError):
     """A glob or brace range matched no tar, or no INPUT at all names a usable tar (a folder, only missing
     paths): a source mount that is down must not look like "no new data", nor a mistyped command create a
     dataset."""
+
+
+class UnsupportedInput(UsageError):
+    """An INPUT named explicitly is no kind of input a source reads (its name claims none and its first
+    bytes are none: a text file, a Parquet file): refused before Ray starts or the output is touched
+    (``preprocess.input_kinds``)."""
 
 
 class OutputUnusable(UsageError):
@@ -190,15 +198,19 @@ class InputError(ShardioError):
 
     ``str(e)`` is ``"{input}: {reason}"``; a run report stores ``{input, reason}`` apart, so the reason
     alone (``e.reason``) goes there: the summary once printed the path twice (``PATH: PATH: reason``).
+    ``lasting``: the bytes themselves are at fault (not a tar, truncated, a corrupt header), so the same
+    bytes fail the same way every time and a rerun remembers it (``preprocess.job``); False for what a
+    retry may cure (a read or stat error, a download cut, an object replaced while read).
     """
 
-    def __init__(self, input: str, reason: str) -> None:
+    def __init__(self, input: str, reason: str, lasting: bool = True) -> None:
         super().__init__(f"{input}: {reason}")
         self.input = input
         self.reason = reason
+        self.lasting = lasting
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) rebuilds from both fields
-        return (type(self), (self.input, self.reason))
+    def __reduce__(self) -> tuple[type, tuple[str, str, bool]]:  # pickling (Ray) rebuilds from the fields
+        return (type(self), (self.input, self.reason, self.lasting))
 
 
 # The exit status of a command that ends with one of these: the most specific class listed wins (a

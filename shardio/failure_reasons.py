@@ -34,6 +34,8 @@ class FailureCode(str, Enum):
     BAD_JPEG_HEADER = "bad_jpeg_header"  # a JPEG signature, but a header no decoder can read
     UNKNOWN_FORMAT = "unknown_format"  # binary data of no allowed format
     UNSUPPORTED_FORMAT = "unsupported_format"  # a TIFF compression this Pillow build cannot decode
+    UNREADABLE_TIFF = "unreadable_tiff"  # a TIFF whose layout the decoder cannot read (e.g. its extra samples)
+    UNSUPPORTED_COLOUR = "unsupported_colour"  # a colour space this Pillow build cannot convert (Lab: no littleCMS)
     TOO_MANY_PIXELS = "too_many_pixels"  # the header's size is over max_image_pixels (a pixel bomb)
     EMPTY_SIZE = "empty_size"  # the header's size is 0 on a side
     TOO_SMALL = "too_small"  # the short side is under min_image_size
@@ -70,6 +72,8 @@ CATEGORIES: dict[FailureCode, str] = {
     FailureCode.BAD_JPEG_HEADER: "not a supported image (JPEG signature but unreadable header)",
     FailureCode.UNKNOWN_FORMAT: "not a supported image (unknown signature)",
     FailureCode.UNSUPPORTED_FORMAT: "TIFF compression not supported",
+    FailureCode.UNREADABLE_TIFF: "TIFF the decoder cannot read (its layout: samples, extra samples, bits)",
+    FailureCode.UNSUPPORTED_COLOUR: "colour space this Pillow build cannot convert to RGB (Lab needs littleCMS)",
     FailureCode.TOO_MANY_PIXELS: "pixel bomb (over max_image_pixels)",
     FailureCode.EMPTY_SIZE: "image with an empty size (0 pixels)",
     FailureCode.TOO_SMALL: "image too small",

@@ -126,3 +126,21 @@ def test_captions_with_unicode_line_separators_survive(tmp_path):
         writer.add(np.full((4, 4, 3), i, np.uint8), {"key": str(i), "txt": caption}, "in.tar")
     write_manifest(str(tmp_path), Manifest(shape=(4, 4, 3), config={}, versions={}, shards=writer.close("in.tar")))
     assert open_dataset(str(tmp_path)).meta(0).txt == captions
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_dataloader_that_batches_the_batches_again_fails_at_once_naming_batch_size_none(
+        dataset_dir: str, num_workers: int, drop_last: bool) -> None:
+    """``DataLoader(ds, batch_size=2)``, the idiom for per-sample datasets, once yielded batches of batches
+    (``image`` [2, 4, H, W, 3]) or, with a partial last batch, failed inside torch.stack."""
+    from torch.utils.data import DataLoader
+
+    ds = ShardDataset(dataset_dir, 4, drop_last=False)  # 20 samples: 5 batches, so 2 + 2 + 1
+    loader = DataLoader(ds, batch_size=2, num_workers=num_workers, drop_last=drop_last)
+    with pytest.raises(ValueError, match=r"batches them again .* pass batch_size=None to the DataLoader"):
+        next(iter(loader))
+    # batch_size=None is the dataset's own batches, unchanged.
+    batches = list(DataLoader(ds, batch_size=None, num_workers=num_workers))
+    assert [len(b["image"]) for b in batches if num_workers == 0] in ([4, 4, 4, 4, 4], [])
+    assert sum(len(b["image"]) for b in batches) == 20

@@ -138,3 +138,63 @@ def test_the_code_reaches_the_failure_records(tars, tmp_path):
     assert [(f["key"], f["code"]) for f in result.failures] == [
         ("000000", "truncated"), ("000001", "aspect_ratio"), ("000002", "too_many_scans")]
     assert result.failures[0]["reason"].startswith("000000.png: cannot decode: OSError: image file is")
+
+
+def _tiff(width: int, height: int, bits: tuple[int, ...], photometric: int, extra: tuple[int, ...]) -> bytes:
+    """An uncompressed little-endian TIFF, one strip, written field by field (Pillow writes only the layouts
+    it reads): ``bits`` per sample, ``extra`` the ExtraSamples tag (338)."""
+    import struct
+
+    samples = len(bits)
+    pixels = bytes(range(256)) * (width * height * samples * max(bits) // 8 // 256 + 1)
+    pixels = pixels[: width * height * samples * max(bits) // 8]
+    bits_at = 8 + len(pixels)
+    bits_field = struct.pack(f"<{samples}H", *bits)
+    extra_at = bits_at + len(bits_field)
+    extra_field = struct.pack(f"<{len(extra)}H", *extra)
+    ifd_at = extra_at + len(extra_field) + (extra_at + len(extra_field)) % 2
+
+    def entry(tag: int, kind: int, count: int, value: int | bytes) -> bytes:
+        inline = value if isinstance(value, bytes) else (struct.pack("<HH", value, 0) if kind == 3 and count == 1
+                                                          else struct.pack("<I", value))
+        return struct.pack("<HHI", tag, kind, count) + inline.ljust(4, b"\0")
+
+    entries = [entry(256, 3, 1, width), entry(257, 3, 1, height),
+               entry(258, 3, samples, bits_at if samples > 2 else b"".join(struct.pack("<H", b) for b in bits)),
+               entry(259, 3, 1, 1), entry(262, 3, 1, photometric), entry(273, 4, 1, 8),
+               entry(277, 3, 1, samples), entry(278, 3, 1, height), entry(279, 4, 1, len(pixels)),
+               entry(284, 3, 1, 1)]
+    if extra:
+        entries.append(entry(338, 3, len(extra), extra_at if len(extra) > 2 else extra_field))
+    body = b"II*\x00" + struct.pack("<I", ifd_at) + pixels + bits_field + extra_field
+    body = body.ljust(ifd_at, b"\0")
+    return body + struct.pack("<H", len(entries)) + b"".join(entries) + struct.pack("<I", 0)
+
+
+@pytest.mark.parametrize("bits, photometric, extra, layout", [
+    ((8, 8), 1, (0,), "grey; 2 sample(s) per pixel of 8/8 bits; extra samples: unspecified"),
+    ((16, 16, 16, 16, 16), 2, (2, 0), "RGB; 5 sample(s) per pixel of 16/16/16/16/16 bits; extra samples: "
+                                      "unassociated alpha, unspecified"),
+])
+def test_a_tiff_the_decoder_cannot_read_is_named_as_one_with_its_layout(bits, photometric, extra, layout):
+    """It was "unknown signature 49492a00": that is the TIFF magic."""
+    assert _tiff(8, 8, (8, 8, 8), 2, ()) and process_image(_tiff(8, 8, (8, 8, 8), 2, ()), CFG)  # one it reads
+    with pytest.raises(SampleError) as caught:
+        process_image(_tiff(8, 8, bits, photometric, extra), CFG)
+    message = str(caught.value)
+    assert caught.value.code is FailureCode.UNREADABLE_TIFF, message
+    assert "a TIFF the decoder cannot read: unknown pixel mode" in message and layout in message, message
+    assert "signature" not in message and "convert it to RGB or RGBA" in message, message
+
+
+@pytest.mark.skipif(features.check("littlecms2"), reason="this Pillow has littleCMS: Lab converts to RGB")
+def test_a_lab_tiff_without_littlecms_says_so():
+    """It was decode_error "ImportError: cannot import name '_imagingcms'"."""
+    out = io.BytesIO()
+    Image.new("LAB", (40, 30), (50, 10, 10)).save(out, "TIFF")
+    with pytest.raises(SampleError) as caught:
+        process_image(out.getvalue(), CFG)
+    message = str(caught.value)
+    assert caught.value.code is FailureCode.UNSUPPORTED_COLOUR, message
+    assert "TIFF in Lab colour (CIELAB)" in message and "littleCMS" in message, message
+    assert "_imagingcms" not in message and "ImportError" not in message, message

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
-from shardio.errors import NoInputsMatched
+from shardio.errors import NoInputsMatched, UnsupportedInput
 from shardio.store.backends import for_path
 from shardio.format import InputEntry, Manifest
 from shardio.format.manifests import load_manifest
@@ -103,8 +103,9 @@ def test_the_glob_rule(tars, tmp_path):
         open(path, "w").write("{}")
     resolved = resolve_inputs([f"{tars.directory}/*"])
     assert resolved.paths == [a, b] and resolved.ignored == [parquet, stats] and resolved.failed == []
-    # Named explicitly, a non-tar is the user's intent: a failed input later, not ignored.
-    assert resolve_inputs([parquet]).paths == [parquet]
+    # Named explicitly, a file no input source reads is refused (test_an_input_no_source_reads_...).
+    with pytest.raises(UnsupportedInput, match="a.parquet: JSON text, not an input preprocess reads"):
+        resolve_inputs([parquet])
     # A brace range with holes: the holes are failed inputs; with nothing at all, a usage error.
     holes = resolve_inputs([f"{tars.directory}/{{a,c}}.tar"])
     assert holes.paths == [a] and [f["reason"] for f in holes.failed] == ["no such file"]
@@ -178,7 +179,7 @@ def test_a_glob_over_an_img2dataset_folder_takes_the_tars_and_counts_the_rest(ra
                                                                     "00001_stats.json"]
     assert "ignored 3 non-tar file(s)" in " ".join(result.output.split())
     named = runner.invoke(app, ["run", tars.path("00000.parquet"), "--output", out, *FLAGS, "-q"])
-    assert named.exit_code == 1, named.output
+    assert named.exit_code == 2 and "not an input preprocess reads" in named.output, named.output
 
 
 def test_output_that_is_a_file_is_a_usage_error(tars, tmp_path):
@@ -298,3 +299,54 @@ def test_a_url_is_never_turned_into_a_local_path(ray_cluster, s3_bucket, tars, t
         assert result.exit_code == 2, result.output
         assert "gs://bucket/shards" in result.output and "not supported" in result.output
     assert not any(name.startswith(("s3:", "gs:")) for name in os.listdir(tmp_path)), "a local folder for a URL"
+
+
+def test_a_jpeg_run_over_a_raw_dataset_names_both_encodings(tars, tmp_path):
+    """A raw dataset stores no encoding key; the refusal once read "encoding: dataset has None"."""
+    out = str(tmp_path / "out")
+    paths = committed(tars, out, {"a.tar": 3})
+    before = directory_state(out)
+    result = runner.invoke(app, ["run", *paths, "--output", out, "--encoding", "jpeg", "-q"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "encoding: dataset has 'raw', this run 'jpeg'" in message, message
+    assert "None" not in message and "quality" not in message, message
+    after = directory_state(out)
+    after.pop(".lock", None)  # the check is made under the output's lock (an empty file)
+    assert after == before
+
+
+@pytest.mark.parametrize("name, content, looks", [
+    ("notes.txt", b"remember to buy milk\n", "text"),
+    ("train.parquet", b"PAR1" + bytes(range(200)) + b"PAR1", "a Parquet file"),
+    ("empty", b"", "an empty file"),
+])
+def test_an_input_no_source_reads_is_refused_before_anything_is_touched(tars, tmp_path, name, content, looks):
+    """It once started Ray, printed tarfile's internals ("method gz: ReadError('not a gzip file')"), exited
+    1 and committed an empty dataset; beside a good tar too, the run is refused: a mistyped INPUT."""
+    good = tars.make("a.tar", range(2))
+    bad = tars.path(name)
+    open(bad, "wb").write(content)
+    out = tmp_path / "out"
+    for args in ([bad], [good, bad]):
+        result = runner.invoke(app, ["run", *args, "--output", str(out), *FLAGS, "-q"])
+        message = " ".join(result.output.split())
+        assert result.exit_code == 2, result.output
+        assert f"{bad}: {looks}, not an input preprocess reads" in message, message
+        assert "INPUT takes: a tar archive of samples" in message and ".tar.gz" in message, message
+        assert "nothing was read or written" in message and "Traceback" not in result.output
+        assert not out.exists(), "the output was created for a run that could not read its input"
+
+
+def test_a_tar_whose_name_says_nothing_is_taken_by_its_content(tars):
+    """A name that claims no kind is read, not refused: a tar named ``shard-000`` (or a .tar.gz without its
+    suffix) is a tar; a ``.tar`` is taken at its name's word (a broken one fails as an input, exit 1)."""
+    tar = tars.make("a.tar", range(2))
+    plain, packed = tars.path("shard-000"), tars.path("shard-001")
+    os.replace(tar, plain)
+    import gzip
+
+    open(packed, "wb").write(gzip.compress(open(plain, "rb").read()))
+    not_a_tar = tars.path("x.tar")
+    open(not_a_tar, "wb").write(b"hello")
+    assert resolve_inputs([plain, packed, not_a_tar]).paths == sorted([plain, packed, not_a_tar])

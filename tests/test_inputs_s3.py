@@ -8,7 +8,7 @@ import os
 import pytest
 
 from preprocess.inputs import InputFingerprint, resolve_inputs
-from shardio.errors import NoInputsMatched, StorageAccessError
+from shardio.errors import NoInputsMatched, StorageAccessError, UnsupportedInput
 from shardio.store.s3 import S3Storage
 
 
@@ -108,3 +108,17 @@ def test_the_cli_refuses_a_url_glob_that_matches_nothing_before_touching_the_out
     said = " ".join(result.output.split())
     assert f"s3://{s3_bucket}/laion/*.tar: matched no tar file" in said and "nothing was read, written" in said
     assert s3_server.list_keys(s3_bucket, "out") == []
+
+
+def test_an_object_no_source_reads_is_refused_after_one_ranged_get(s3_server, s3_bucket, requests, tars):
+    """A named object whose name claims no kind is told by its first 512 bytes (one ranged GET); a tar named
+    ``shard-000`` is taken, ``notes.txt`` refused before anything is touched; a ``.tar`` costs no GET."""
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key="in/shard-000", Body=open(tars.make("a.tar", range(2)), "rb").read())
+    client.put_object(Bucket=s3_bucket, Key="in/b.tar", Body=open(tars.make("b.tar", range(2)), "rb").read())
+    _put(s3_server, s3_bucket, ["in/notes.txt"], b"remember to buy milk\n" * 100)
+    taken = [f"s3://{s3_bucket}/in/shard-000", f"s3://{s3_bucket}/in/b.tar"]
+    assert resolve_inputs(taken).paths == sorted(taken)
+    assert requests["read_range"] == 1 and requests["open_read"] == requests["download"] == 0
+    with pytest.raises(UnsupportedInput, match=rf"s3://{s3_bucket}/in/notes.txt: text, not an input preprocess"):
+        resolve_inputs([*taken, f"s3://{s3_bucket}/in/notes.txt"])

@@ -87,3 +87,17 @@ def test_the_cli_reports_rounds_median_and_spread(capsys, tmp_path, keep_torch_t
     text = format_bench({**report, "target_rate": 1e12, "verdicts": ["x"], "would_wait": True})
     assert "samples/s median" in text and "min-max" in text and "spread" in text
     assert "3 interleaved rounds" in text
+
+
+def test_when_no_setting_keeps_up_the_advice_is_the_best_measured_one():
+    """One thread measured 2,894 samples/s (median) and one worker 1,482: the advice is what measured
+    best, never a worker count that measured slower (it once suggested num_workers=1 here)."""
+    in_process = summarise(_rounds(0, 2700, 2894, 3000))
+    one = summarise(_rounds(1, 1400, 1482, 1500))
+    settings = suggest([in_process, one], 10000)
+    assert settings["num_workers"] == 0
+    assert settings["code"].startswith("DeviceLoader(ShardDataset(path, 256, shuffle=True)")
+    assert "best median measured (2894 samples/s, num_workers=0)" in settings["note"]
+    # Workers that did measure best are the advice even when they fall short of the target too.
+    two = summarise(_rounds(2, 5000, 5200, 5400))
+    assert suggest([in_process, one, two], 10000)["num_workers"] == 2

@@ -84,15 +84,22 @@ assert not loaded, loaded
 
 
 def test_the_shardio_command_without_the_cli_extra_says_what_to_install():
-    """typer is the `cli` extra, not core: on a reader-only install the command names the extra."""
+    """typer is the `cli` extra, not core: on a reader-only install the command names the extra in one
+    line and exits 2, as the console script runs it (its module once failed to import: two tracebacks)."""
     code = _BLOCKER + """
 from shardio.errors import MissingExtra
 try:
-    import shardio.tools.cli
+    import shardio.tools.commands
 except MissingExtra as e:
     assert "pip install 'shardio[cli]'" in str(e), e
 else:
-    raise AssertionError("shardio.tools.cli imported without typer")
+    raise AssertionError("shardio.tools.commands imported without typer")
+from shardio.tools.cli import main  # what the `shardio` console script does
+raise SystemExit(main())
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the `shardio` command needs the cli extra"), lines
+    assert "pip install 'shardio[cli]'" in lines[0]

@@ -253,8 +253,11 @@ def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local,
     two windows of which fit (a batch across a window's end reads both), with a warning saying so; an
     explicit window is kept, with a warning."""
     limit = 6 * max(shard_bytes(local))
-    with pytest.warns(UserWarning, match="using shuffle_window=3"):
+    with pytest.warns(UserWarning, match="using shuffle_window=3") as warned:
         ds = ShardDataset(remote, 8, shuffle=True, cache_dir=str(tmp_path / "cache"), cache_limit=limit)
+    # It names the dataset's URL, not one of its shard files.
+    message = str(warned[0].message)
+    assert message.startswith(f"{remote}: cache_limit") and "/shards/" not in message, message
     assert ds.shuffle_window == 3 and ds.state_dict()["shuffle_window"] == 3
     assert_exactly_once(np.concatenate([indices(b) for b in ds]), 117)
     with pytest.warns(UserWarning, match="downloaded more than once"):

@@ -171,15 +171,17 @@ def test_corrupt_header_mid_tar(tars):
 
 @pytest.mark.parametrize("content, expected", [
     (b"", "empty file (0 bytes)"),
-    (b"just some text, not a tar\n", "not a readable tar"),
-    (jpeg_bytes(index_image(1)), "not a readable tar"),
+    (b"just some text, not a tar\n", "not a readable tar: text, not a tar archive"),
+    (jpeg_bytes(index_image(1)), "not a readable tar: a JPEG image, not a tar archive"),
     (bytes(10240), "holds no sample members"),  # an empty archive: only end-of-archive blocks
 ])
 def test_not_a_tar(tars, content, expected):
     path = tars.path("input.tar")
     with open(path, "wb") as f:
         f.write(content)
-    assert expected in input_error(path)
+    message = input_error(path)
+    assert expected in message, message
+    assert "method gz" not in message, "tarfile's internals instead of what the file is"
 
 
 def test_missing_path_and_a_directory(tars, tmp_path):

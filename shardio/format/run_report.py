@@ -6,7 +6,11 @@ info``; this module is its one definition. A report is a JSON object with the fi
 ``failures_by_reason`` ({category: count}, counted by code: ``shardio.failure_reasons``) and ``exit_code``
 (the command's exit status). ``failures`` are ``{input, key, code, reason}`` per bad sample (``code`` a
 ``FailureCode`` value; reports from before codes have none, and count as ``unknown``); ``inputs_failed``
-``{input, reason}`` per input that could not be processed.
+``{input, reason}`` per input that could not be processed, plus, for an input whose bytes are at fault (not
+a tar, truncated: the same bytes fail again), ``fingerprint`` (``{size, mtime_ns, etag}`` as the input was
+read) and ``failed_in`` (the run that read it), and ``samples_lost`` when samples decoded before the break
+were not kept. The newest report (``latest_report``) is where a rerun finds the failures it remembers:
+an input with the same fingerprint is reported failed again without being read (``preprocess.job``).
 
 Report version 2 (``report_version``; a report without it is version 1): a rerun over a LAION-sized
 dataset skips ~230k committed inputs, and a line per skipped input made its report ~15 MB of names
@@ -27,8 +31,8 @@ from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
 from shardio.format import REPORTS_DIR
 
-__all__ = ["RunReport", "report_dict", "report_json", "run_history", "skipped_count", "NAMED_SKIPPED",
-           "REPORT_VERSION"]
+__all__ = ["RunReport", "report_dict", "report_json", "run_history", "latest_report", "skipped_count",
+           "NAMED_SKIPPED", "REPORT_VERSION"]
 
 REPORT_VERSION = 2
 # Names enough to see which inputs a rerun recognised (a cron's log, a test), never 230k lines.
@@ -133,3 +137,19 @@ def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
         runs.append(doc)
     runs.sort(key=lambda r: (str(r.get("started", "")), str(r.get("run_id", ""))))
     return runs, problems
+
+
+def latest_report(directory: str) -> dict[str, Any] | None:
+    """The newest run report of ``directory`` (the greatest name: a run id starts with its UTC start time),
+    or None if there is none or it cannot be read: one listing of ``reports/`` and one read."""
+    store = for_path(directory)
+    reports_dir = store.join(directory, REPORTS_DIR)
+    try:
+        names = [name for name in store.list_dir(reports_dir) if name.endswith(".json") and not name.startswith(".")]
+        if not names:
+            return None
+        with store.open_read(store.join(reports_dir, max(names))) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

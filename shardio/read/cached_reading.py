@@ -21,9 +21,9 @@ from shardio.read.shard_cache import ShardCache
 
 __all__ = ["CachedAssembler", "fitting_window"]
 
-def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> int:
-    """The shuffle window to use with ``cache``. A shuffled pass reads every batch from about the shards
-    of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
+def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str) -> int:
+    """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
+    name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
     across a window's end from two, so two windows must fit on disk at once (which also lets the next
     window download while this one is read), or the pass is refused or downloads shards again and again.
     The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
@@ -33,7 +33,7 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache) -> i
     need = min(2 * shuffle_window, len(cache.units)) * largest
     if need <= cache.limit:
         return shuffle_window
-    where = f"{cache.units[0].npy_url}'s dataset"
+    where = dataset
     if defaulted:
         warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
                       f"{largest} bytes, not of the default {shuffle_window} ({need} bytes): using "

@@ -8,6 +8,7 @@ background thread (``shardio.read.prefetch``). The design, with its measurements
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+
+try:  # torch's private fetcher: only to recognise a DataLoader that batches our batches again (see below)
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+except ImportError:  # another torch: the check is skipped, nothing else changes
+    _IterableDatasetFetcher = None
 
 from shardio.store.backends import for_path
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
@@ -74,6 +80,22 @@ def _cache_units(snapshot: DatasetSnapshot) -> list[int]:
 
 def _identity(batch: Batch) -> Batch:
     return batch
+
+
+def _batched_again(caller: Any) -> bool:
+    """Whether ``caller`` (the frame that called ``iter(dataset)``) is a DataLoader's fetcher that collates
+    items into batches (``DataLoader(ds, batch_size=N)``, N not None).
+
+    A DataLoader tells an IterableDataset nothing about its ``batch_size``; the one place it shows is the
+    fetcher that calls ``iter()`` on the dataset, in the main process and in each worker alike. Without
+    this check ``DataLoader(ds, batch_size=2)`` (the idiom for per-sample datasets) silently yields batches
+    of batches (``image`` [2, 256, H, W, 3], ``__key__`` as tuples), or with a partial last batch fails
+    deep in ``torch.stack`` ("stack expects each tensor to be equal size"). Batching samples one by one
+    would defeat the reader's point (a batch is a slice of a memory map), so the answer is an error at
+    the first ``iter()``. A torch whose fetcher differs skips the check."""
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    return (_IterableDatasetFetcher is not None and isinstance(fetcher, _IterableDatasetFetcher)
+            and bool(getattr(fetcher, "auto_collation", False)))
 
 
 class ShardDataset(IterableDataset):
@@ -186,7 +208,8 @@ class ShardDataset(IterableDataset):
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
-            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache)
+            shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
+                                            self.path)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
@@ -443,6 +466,13 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read now, when DataLoader (or the
         # caller) creates the iterator, not at the first next().
+        if _batched_again(sys._getframe(1)):
+            raise ValueError(
+                f"{self.path}: ShardDataset yields whole batches ({self.batch_size} samples each), and this "
+                "DataLoader batches them again (DataLoader(ds, batch_size=N)): pass batch_size=None to the "
+                "DataLoader, or use shardio.ShardLoader(ds, num_workers=...); the batch size is "
+                "ShardDataset's own (ShardDataset(path, batch_size))"
+            )
         worker = get_worker_info()
         epoch_pass = self.cursor.take_handover() if worker is not None else None
         if epoch_pass is None:

@@ -34,7 +34,8 @@ import torch
 from shardio.read.dataset import ShardDataset
 from shardio.train.loader import ShardLoader
 
-__all__ = ["LoaderRate", "SettingRate", "measure", "summarise", "suggest", "run_bench", "format_bench"]
+__all__ = ["LoaderRate", "SettingRate", "measure", "summarise", "suggest", "workers_to_measure", "run_bench",
+           "format_bench"]
 
 # A spread above this says the machine was busy while measuring. On the shared 2-core VM, with other
 # jobs running, 2 torch threads gave 1k-16k samples/s (64x64, batches of 256) and 1 thread 45k-150k: the
@@ -135,9 +136,19 @@ def _workers_for(rate: SettingRate, target_rate: float) -> int:
     return max(1, math.ceil(HEADROOM * target_rate / max(rate.samples_per_s_min, 1e-9)))
 
 
+def workers_to_measure(rates: list[SettingRate], target_rate: float | None) -> int:
+    """The worker count worth measuring when no measured setting keeps up with ``target_rate``: enough for
+    the target at one thread's slowest rate, a core left for the training process; 0 when one keeps up."""
+    if not target_rate or any(r.samples_per_s_min >= target_rate for r in rates):
+        return 0
+    return min(_workers_for(rates[0], target_rate), max(1, (os.cpu_count() or 1) - 1))
+
+
 def suggest(rates: list[SettingRate], target_rate: float | None) -> dict[str, Any]:
     """Loader settings for ``target_rate`` samples/s: the fast path (``num_workers=0`` + ``DeviceLoader``)
-    unless even its slowest round falls short and a measured worker count does better."""
+    unless even its slowest round falls short and a measured worker count does better. Only a measured
+    setting is suggested: when none keeps up, the best median measured (a worker count that measured
+    slower than one thread is never the advice), and the note says how many workers the target would need."""
     in_process = rates[0]
     cores = os.cpu_count() or 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -155,14 +166,22 @@ def suggest(rates: list[SettingRate], target_rate: float | None) -> dict[str, An
                             f"below the target; {workers} workers measured at or above it in every round")
     else:
         needed = _workers_for(in_process, target_rate)
-        workers = min(needed, max(1, cores - 1))  # leave a core for the training process
         best = max(rates, key=lambda r: r.samples_per_s)
-        settings["note"] = (f"no setting measured reached {target_rate:g} samples/s in every round (best median "
-                            f"{best.samples_per_s:.0f}, num_workers={best.num_workers}); ~{needed} workers "
-                            f"would be needed" + (f" but this machine has {cores} cores" if needed > workers
-                                                   else "" if any(r.num_workers == workers for r in rates)
-                                                   else f": measure them with --workers {workers}"))
+        workers = best.num_workers
+        untried = workers_to_measure(rates, target_rate)
+        if needed > untried:
+            more = f" but this machine has {cores} cores"
+        elif any(r.num_workers == untried for r in rates):
+            more = ""
+        else:
+            more = f": measure them with --workers {untried}"
+        settings["note"] = (f"no setting measured reached {target_rate:g} samples/s in every round; suggested: "
+                            f"the best median measured ({best.samples_per_s:.0f} samples/s, "
+                            f"num_workers={workers}); ~{needed} workers would be needed{more}")
     settings["num_workers"] = workers
+    if workers == 0:
+        settings["code"] = fast
+        return settings
     settings["code"] = (f"DeviceLoader(ShardLoader(ShardDataset(path, {in_process.batch_size}, shuffle=True), "
                         f"num_workers={workers}, pin_memory={device == 'cuda'}, prefetch_factor=2), {device!r})")
     return settings
@@ -197,14 +216,14 @@ def run_bench(path: str, *, batch_size: int = 256, workers: list[int] | None = N
             rounds[count].append(measure(path, batch_size=batch_size, num_workers=count, shuffle=shuffle,
                                          seconds=seconds))
     rates = [summarise(rounds[c]) for c in counts]
-    settings = suggest(rates, target_rate)
-    if workers is None and settings["num_workers"] and settings["num_workers"] not in counts:
-        # One thread falls short: measure the worker count the advice names, the same way.
-        count = settings["num_workers"]
+    count = workers_to_measure(rates, target_rate)
+    if workers is None and count and count not in counts:
+        # One thread falls short: measure the worker count the target needs, the same way; the advice is
+        # then whichever measured best.
         more = [measure(path, batch_size=batch_size, num_workers=count, shuffle=shuffle, seconds=seconds)
                 for _ in range(repeats)]
         rates.append(summarise(more))
-        settings = suggest(rates, target_rate)
+    settings = suggest(rates, target_rate)
     verdicts = [_verdict(r, target_rate) for r in rates] if target_rate else []
     outcomes = {outcome for outcome, _ in verdicts}
     best = max(rates, key=lambda r: r.samples_per_s)
