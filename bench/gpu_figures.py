@@ -179,11 +179,14 @@ def _step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Te
     return step
 
 
-def _batches(dataset_dir: str, device: torch.device, batch: int, size: int) -> Iterator[dict[str, Any]]:
+def _batches(dataset_dir: str, device: torch.device, batch: int, size: int) -> Iterator[tuple[dict[str, Any], bool]]:
+    """(batch, whether it is its epoch's first) for ever: an epoch's first batch waits for the pipeline to
+    fill (~30 ms on an H100 host), once an epoch, which a bench's 32-batch epochs weigh 30x a real one's."""
     epoch = 0
     while True:
         dataset = ShardDataset(dataset_dir, batch, shuffle=True, seed=epoch)
-        yield from DeviceLoader(dataset, device, transform=TrainAugment(size, seed=epoch))
+        for index, item in enumerate(DeviceLoader(dataset, device, transform=TrainAugment(size, seed=epoch))):
+            yield item, index == 0
         epoch += 1
 
 
@@ -220,7 +223,7 @@ def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: 
     return out
 
 
-def _wait_share(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def _wait_share(batches: Iterator[tuple[dict[str, Any], bool]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 device: torch.device, warmup: int, steps: int, batch: int, sync_every: int) -> dict[str, Any]:
     from shardio.read import prefetch
 
@@ -243,16 +246,18 @@ def _wait_share(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor,
         prefetch.Prefetcher.get = real_get  # type: ignore[method-assign]
 
 
-def _wait_loop(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def _wait_loop(batches: Iterator[tuple[dict[str, Any], bool]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                device: torch.device, warmup: int, steps: int, batch: int, sync_every: int, waits: list,
                totals: list, queue_waits: list, in_get: list) -> dict[str, Any]:
+    firsts = []
     for index in range(warmup + steps):
         in_get[0] = 0.0
         begin = time.perf_counter()
-        item = next(batches)
+        item, first = next(batches)
         got = time.perf_counter()
         if index >= warmup:
             queue_waits.append(in_get[0])
+            firsts.append(first)
         loss = step(item["image"], item["cls"].to(device) % 1000)
         if (index + 1) % sync_every == 0:
             loss.item()
@@ -261,7 +266,10 @@ def _wait_loop(batches: Iterator[dict[str, Any]], step: Callable[[torch.Tensor, 
             totals.append(time.perf_counter() - begin)
     _sync(device)
     batches.close()  # type: ignore[attr-defined]
+    steady = [(wait, total) for wait, total, first in zip(waits, totals, firsts) if not first]
     return {"wait_share": round(sum(waits) / sum(totals), 4), "step_ms": round(1e3 * statistics.median(totals), 2),
+            "steady_wait_share": round(sum(w for w, _ in steady) / sum(t for _, t in steady), 4),
+            "epoch_start_waits_ms": [round(1e3 * w, 2) for w, first in zip(waits, firsts) if first],
             "wait_ms_median": round(1e3 * statistics.median(waits), 3),
             "queue_wait_ms_median": round(1e3 * statistics.median(queue_waits), 3),
             "queue_wait_share_of_wait": round(sum(queue_waits) / max(sum(waits), 1e-9), 3),

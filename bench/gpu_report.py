@@ -70,9 +70,11 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append(("ResNet-50 bf16 step, batch on the device", f"{train['synthetic_step_ms']} ms", ""))
         for name, row in train.items():
             if isinstance(row, dict) and "wait_share" in row:
+                steady = (f"; {100 * row['steady_wait_share']:.2f}% without the epoch's first batch "
+                          f"(waits {row['epoch_start_waits_ms']} ms)" if "steady_wait_share" in row else "")
                 out.append((f"ResNet-50 bf16 step from the {name} dataset: time waiting for data",
                             f"{100 * row['wait_share']:.2f}% (step {row['step_ms']} ms, "
-                            f"{row['samples_per_s']:,.0f} samples/s)", "< 1%"))
+                            f"{row['samples_per_s']:,.0f} samples/s){steady}", "< 1%"))
     store = results.get("object_store")
     if isinstance(store, dict):
         for name in ("raw", "jpeg"):
