@@ -191,7 +191,8 @@ def run_job(
     report = RunReport(
         run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
         output=directory,
-        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # Microseconds: two runs in one second (a no-op rerun takes ~1 s) still order by their start.
+        started=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         config=cfg.to_dict(),
         versions=library_versions(),
     )

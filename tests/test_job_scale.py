@@ -75,8 +75,10 @@ def test_a_noop_rerun_is_answered_from_the_index_columns_without_an_object_per_s
     before = run_job(RunOptions([pattern], dataset, CONFIG))  # the full path's answer, for comparison
     shards = os.path.join(dataset, "shards")
     open(os.path.join(shards, ".tmp-killed-upload"), "wb").close()  # a killed run's temp file
-    stray = os.path.join(shards, "not-listed.npy")
-    open(stray, "wb").close()  # a promoted file no input lists
+    stray = os.path.join(shards, "not-listed-00000.npy")
+    open(stray, "wb").close()  # a promoted file no input lists (a run's name for a shard)
+    foreign = os.path.join(shards, "my_notes.txt")
+    open(foreign, "w").write("mine")  # no run writes such a name: kept and named, never deleted
     open(os.path.join(dataset, ".run-killed.json"), "w").write('{"run": "killed"}')  # the killed run's mark
 
     def no_objects(*args, **kwargs):
@@ -90,6 +92,7 @@ def test_a_noop_rerun_is_answered_from_the_index_columns_without_an_object_per_s
     assert (report.dataset_samples, report.generation) == (before.dataset_samples, before.generation)
     # The killed run's leftovers went (every file compared with the index's columns), and its mark.
     assert not os.path.exists(os.path.join(shards, ".tmp-killed-upload")) and not os.path.exists(stray)
+    assert open(foreign).read() == "mine" and any("my_notes.txt" in w for w in report.warnings), report.warnings
     assert not os.path.exists(os.path.join(dataset, ".run-killed.json"))
     assert os.path.exists(report_path(dataset, report.run_id))
     monkeypatch.undo()

@@ -489,3 +489,16 @@ def test_twins_under_a_tight_limit_read_right_and_stay_under_it(twins, tmp_path)
         assert max(store.sizes) <= limit and cache.stats["peak_bytes"] <= limit
     finally:
         cache.close()
+
+
+def test_the_download_threads_come_from_the_environment_or_the_default(monkeypatch):
+    from shardio.read.shard_cache import DOWNLOAD_THREADS, download_threads
+
+    monkeypatch.delenv("SHARDIO_DOWNLOAD_THREADS", raising=False)
+    assert download_threads() == DOWNLOAD_THREADS
+    monkeypatch.setenv("SHARDIO_DOWNLOAD_THREADS", "16")
+    assert download_threads() == 16
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("SHARDIO_DOWNLOAD_THREADS", bad)
+        with pytest.raises(ValueError, match=rf"SHARDIO_DOWNLOAD_THREADS='{bad}': a whole number of threads"):
+            download_threads()

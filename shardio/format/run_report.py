@@ -140,16 +140,26 @@ def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def latest_report(directory: str) -> dict[str, Any] | None:
-    """The newest run report of ``directory`` (the greatest name: a run id starts with its UTC start time),
-    or None if there is none or it cannot be read: one listing of ``reports/`` and one read."""
+    """The newest run report of ``directory``, or None if there is none or it cannot be read: one listing of
+    ``reports/`` and a read of the reports of the newest second (a run id starts with its UTC start time to
+    the second; among runs started in the same second, the greatest ``started``, written to the
+    microsecond, is the newest)."""
     store = for_path(directory)
     reports_dir = store.join(directory, REPORTS_DIR)
     try:
         names = [name for name in store.list_dir(reports_dir) if name.endswith(".json") and not name.startswith(".")]
-        if not names:
-            return None
-        with store.open_read(store.join(reports_dir, max(names))) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+    except OSError:
         return None
-    return doc if isinstance(doc, dict) else None
+    if not names:
+        return None
+    second = max(name.split("-", 1)[0] for name in names)
+    newest: dict[str, Any] | None = None
+    for name in sorted(name for name in names if name.split("-", 1)[0] == second):
+        try:
+            with store.open_read(store.join(reports_dir, name)) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and (newest is None or str(doc.get("started", "")) > str(newest.get("started", ""))):
+            newest = doc
+    return newest

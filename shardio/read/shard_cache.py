@@ -94,7 +94,8 @@ class ShardCache:
                  shape: tuple[int, int, int], threads: int | None = None, attempts: int = 3) -> None:
         self.units: Sequence[CachedShard] = units if isinstance(units, ShardUnits) else list(units)
         self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
-        self.shape, self.threads, self.attempts = shape, threads or download_threads(), attempts
+        self.shape, self.attempts = shape, attempts
+        self.threads = download_threads() if threads is None else threads
         self.full_limit = self.limit
         self.largest_sizes = _largest_two(unit_sizes(self.units))  # the largest unit sizes, largest first
         self._check_limit()
