@@ -73,8 +73,8 @@ def environment() -> dict[str, Any]:
                                             capture_output=True, text=True, timeout=20).stdout.strip()
         except (OSError, subprocess.TimeoutExpired) as error:
             info["driver"] = f"unknown ({error})"
-    for name, probe in (("torchcodec", device_decode._torchcodec), ("torchvision", device_decode._torchvision)):
-        backend, why = probe()
+    for name in device_decode.LIBRARIES:
+        backend, why = device_decode.library(name)
         info[name] = backend.version if backend else why
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

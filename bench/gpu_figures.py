@@ -54,8 +54,8 @@ def decode_rates(jpeg_dir: str, device: torch.device, batch: int = 256, batches:
     ``DeviceLoader`` end to end on the JPEG dataset, and the CPU reader on every core."""
     images = _encoded_batches(jpeg_dir, batch, min(batches, 16))
     out: dict[str, Any] = {"batch": batch, "batches": batches}
-    for name in ("torchcodec", "torchvision"):
-        backend = {"torchcodec": device_decode._torchcodec, "torchvision": device_decode._torchvision}[name]()[0]
+    for name in device_decode.LIBRARIES:
+        backend = device_decode.library(name)[0]
         if backend is None:
             out[name] = "not available"
             continue

@@ -76,7 +76,7 @@ def _jpeg_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:
 
 
 def _backend(name: str) -> device_decode.JpegBackend | None:
-    return {"torchcodec": device_decode._torchcodec, "torchvision": device_decode._torchvision}[name]()[0]
+    return device_decode.library(name)[0]
 
 
 def _trials(images: list[EncodedImages], device: torch.device, trials: int,

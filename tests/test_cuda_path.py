@@ -51,7 +51,7 @@ def within_bound(decoded: torch.Tensor, reference: np.ndarray) -> None:
 
 @pytest.mark.parametrize("library", ["torchcodec", "torchvision"])
 def test_each_library_decodes_within_the_bound_of_the_cpu_decode(photo_dir, library):
-    backend, why = {"torchcodec": device_decode._torchcodec, "torchvision": device_decode._torchvision}[library]()
+    backend, why = device_decode.library(library)
     if backend is None:
         pytest.skip(why)
     decoder = DeviceDecoder("cuda", decode=backend.decode)
@@ -63,7 +63,7 @@ def test_each_library_decodes_within_the_bound_of_the_cpu_decode(photo_dir, libr
 
 
 def test_the_default_library_is_torchcodec_where_it_loads():
-    backend, why = device_decode._torchcodec()
+    backend, why = device_decode.library("torchcodec")
     if backend is None:
         pytest.skip(why)
     assert DeviceDecoder("cuda").backend.name == "torchcodec"

@@ -418,3 +418,13 @@ def test_cuda_decodes_a_jpeg_dataset_within_the_documented_bound_of_the_cpu(phot
         difference = (image.cpu() - reference).abs()
         assert difference.max() <= 8, f"nvJPEG differs from libjpeg-turbo by {difference.max():.0f} levels"
         assert difference.mean() < 1.0, f"mean difference {difference.mean():.2f} levels"
+
+
+def test_a_library_is_asked_for_by_name(libraries):
+    libraries(torchcodec=fake_torchcodec("0.17.1"), torchvision=None)
+    backend, why = device_decode.library("torchcodec")
+    assert backend is not None and backend.version == "0.17.1" and why == ""
+    backend, why = device_decode.library("torchvision")
+    assert backend is None and "torchvision is not installed" in why
+    with pytest.raises(ValueError, match=r"no device decode library 'nvimagecodec': one of torchcodec, torchvision"):
+        device_decode.library("nvimagecodec")

@@ -44,8 +44,8 @@ import torch
 from shardio.errors import MissingExtra, ShardIntegrityError
 from shardio.read.jpeg_pixels import EncodedImages
 
-__all__ = ["DecodeFn", "DeviceDecoder", "JpegBackend", "MIN_TORCHCODEC", "MIN_TORCHVISION", "available",
-           "choose_backend", "decode_finished", "stream_barrier", "thread_stream", "torchcodec_decode",
+__all__ = ["DecodeFn", "DeviceDecoder", "JpegBackend", "LIBRARIES", "MIN_TORCHCODEC", "MIN_TORCHVISION",
+           "available", "choose_backend", "library", "decode_finished", "stream_barrier", "thread_stream", "torchcodec_decode",
            "torchvision_decode"]
 
 DecodeFn = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
@@ -116,6 +116,19 @@ def _torchvision() -> tuple[JpegBackend | None, str]:
         return None, (f"torchvision {torchvision.__version__} predates batched decode_jpeg "
                       f"({_dotted(MIN_TORCHVISION)})")
     return JpegBackend("torchvision", torchvision.__version__, torchvision_decode), ""
+
+
+LIBRARIES = ("torchcodec", "torchvision")
+"""The decode libraries, in the order ``choose_backend`` prefers them."""
+
+
+def library(name: str) -> tuple[JpegBackend | None, str]:
+    """Library ``name``'s backend if it can decode here, else None and why not (absent, too old, or, for
+    torchcodec, not loadable with this torch)."""
+    probes = {"torchcodec": _torchcodec, "torchvision": _torchvision}
+    if name not in probes:
+        raise ValueError(f"no device decode library {name!r}: one of {', '.join(LIBRARIES)}")
+    return probes[name]()
 
 
 def choose_backend(*, note: bool = True) -> JpegBackend:
