@@ -1,4 +1,4 @@
-"""Turning the CLI's INPUT arguments (paths, URLs, globs, brace ranges) into a sorted list of tar paths.
+"""Turning the CLI's INPUT arguments (paths, URLs, globs, brace ranges) into a sorted list of input paths.
 
 The glob rule. A glob (or brace range) is how a nightly cron names its inputs, so it must neither
 shrink silently nor grow with junk:
@@ -6,11 +6,13 @@ shrink silently nor grow with junk:
 - an argument with a glob or a brace range that matches no tar at all is a usage error
   (``NoInputsMatched``, exit 2) raised before anything is touched: a source mount that is down must
   not look like an empty drop (with ``--prune`` it would empty the dataset);
-- a glob takes only tar files (``TAR_SUFFIXES``); anything else it matches (img2dataset's
-  ``_stats.json`` and ``.parquet`` beside its tars) is counted as ignored, not a failed input;
+- a glob takes tar files (``TAR_SUFFIXES``), and the files of another kind only when the pattern's name
+  says that kind (``data/*.parquet``: ``input_kinds.glob_takes``); anything else it matches
+  (img2dataset's ``_stats.json`` and ``.parquet`` metadata beside its tars, for ``data/*``) is counted as
+  ignored, not a failed input;
 - a path named explicitly is taken as it is: a missing one is a failed input named in the report (exit
   1), as is a missing member of a brace range that matched others; one whose name claims no kind of input
-  (``notes.txt``, ``x.parquet``) is read (its first 512 bytes) and, if no kind takes them, refused
+  (``notes.txt``, ``shard-000``) is read (its first 512 bytes) and, if no kind takes them, refused
   before anything is touched (``UnsupportedInput``, exit 2: the table of kinds is
   ``preprocess.input_kinds``).
 
@@ -40,7 +42,8 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
-from preprocess.input_kinds import HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, kind_of, looks_like
+from preprocess.input_kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_takes, kind_of,
+                                   looks_like)
 from preprocess.local_glob import local_glob
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo
@@ -73,10 +76,6 @@ class ResolvedInputs:
     links: set[str] = field(default_factory=set)  # local inputs whose name is a symlink (the output check)
 
 
-def _is_tar(path: str) -> bool:
-    return claimed_kind(path) is not None
-
-
 def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
     """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
     absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
@@ -102,7 +101,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
                 files = 0
                 for file in local_glob(local):
                     files += 1
-                    if _is_tar(file.path):
+                    if glob_takes(local, file.path):
                         matched.add(file.path)
                         local_found[file.path] = InputFingerprint(file.size, file.mtime_ns)
                         if file.symlink:
@@ -255,8 +254,8 @@ class _RemoteLookup:
         regex = _glob_regex(url)
         files = [info for path, info in self._listing(folder, recursive).items()
                  if regex.match(path) and not _hidden_mismatch(rest, path[len(folder) + 1 :])]
-        matched.update(self._found(info) for info in files if _is_tar(info.path))
-        ignored.update(info.path for info in files if not _is_tar(info.path))
+        matched.update(self._found(info) for info in files if glob_takes(url, info.path))
+        ignored.update(info.path for info in files if not glob_takes(url, info.path))
         if not files:
             failed.append({"input": url, "reason": "glob matched no objects"})
 

@@ -1,4 +1,4 @@
-"""One input tar -> its committed shard files: the unit of work a Ray task runs.
+"""One input (a tar, a Parquet file, ...) -> its committed shard files: the unit of work a Ray task runs.
 
 Pure Python, no Ray: the job wraps it in a task, ``diagnose`` and the tests call it directly. Image bytes
 and pixels never leave the worker: it returns only the shard entries and per-sample failures (and the
@@ -22,7 +22,8 @@ from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
-from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
+from preprocess.input_kinds import samples_of, strip_kind_suffix
+from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
@@ -63,11 +64,7 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str
     changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
     with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
-    base = os.path.basename(input_path)
-    for suffix in (".tar.gz", ".tgz", ".tar"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-            break
+    base = strip_kind_suffix(os.path.basename(input_path))
     stamp = mtime_ns if for_path(input_path).is_local else etag
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}"
@@ -150,8 +147,8 @@ def iter_process_input(
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
-        # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
-        for item in iter_tar_samples(input_path, cfg.image_extensions, size=size, etag=etag):
+        # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
+        for item in samples_of(input_path, cfg, size, etag):
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,
                                         "reason": item.reason})
