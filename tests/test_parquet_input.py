@@ -209,3 +209,55 @@ def test_a_glob_takes_parquet_where_it_says_so_and_a_name_without_suffix_by_its_
     found = list(samples_of(str(nameless), CFG, os.path.getsize(nameless)))
     assert [s.key for s in found] == ["part-0/0", "part-0/1"]
     assert json.loads(found[0].fields["json"]) == {"index": 0}
+
+
+class RecordingObject:
+    """An object store holding one object: records each ranged GET; ``etag`` is what a HEAD answers now."""
+
+    is_local = False
+
+    def __init__(self, data: bytes, etag: str = "etag-1") -> None:
+        self.data, self.etag, self.ranges = data, etag, []
+
+    def file_size(self, url: str) -> int:
+        return len(self.data)
+
+    def read_range(self, url: str, start: int, length: int) -> bytes:
+        self.ranges.append((start, length))
+        return self.data[start:start + length]
+
+    def info(self, url: str):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(path=url, size=len(self.data), mtime_ns=0, version=self.etag)
+
+
+def test_an_object_is_read_by_ranges_and_a_replaced_one_is_not_committed(tmp_path, monkeypatch):
+    from shardio.store import backends
+
+    rows = 48  # ~170 KB in 12 row groups: well over pyarrow's 64 KB read of the footer
+    local = write(tmp_path / "o.parquet", hf_table(range(rows)), row_group_size=4)
+    data = open(local, "rb").read()
+    store = RecordingObject(data)
+    monkeypatch.setitem(backends._OPEN, "s3", store)
+    url = "s3://bucket/in/o.parquet"
+    out = tmp_path / "out"
+    result = process_input(url, str(out), CFG, (len(data), 0, "etag-1"))
+    assert result.error is None and result.samples == rows
+    np.testing.assert_array_equal(read_shards(str(out), result.shards)[0], run(local, str(tmp_path / "l"))[1])
+    assert max(length for _, length in store.ranges) < len(data) // 2, "the object was fetched whole"
+    assert sum(length for _, length in store.ranges) < 2 * len(data)
+    store.etag = "etag-2"  # replaced since the LIST that found it
+    again = process_input(url, str(tmp_path / "out2"), CFG, (len(data), 0, "etag-1"))
+    assert "replaced while it was read" in again.error and again.shards == [] and not again.lasting
+
+
+def test_a_parquet_file_in_a_bucket_gives_the_local_pixels(s3_server, s3_bucket, tmp_path):
+    local = write(tmp_path / "b.parquet", img2dataset_table(range(COUNT), failed={3}))
+    s3_server.client().upload_file(local, s3_bucket, "in/b.parquet")
+    resolved = resolve_inputs([f"s3://{s3_bucket}/in/*.parquet"])
+    [url] = resolved.paths
+    result = process_input(url, str(tmp_path / "remote"), CFG, resolved.listed[url])
+    assert result.error is None and [f["key"] for f in result.failures] == ["000003"]
+    expected = run(local, str(tmp_path / "local"))[1]
+    np.testing.assert_array_equal(read_shards(str(tmp_path / "remote"), result.shards)[0], expected)
