@@ -21,38 +21,11 @@ from preprocess.parquet_samples import iter_parquet_samples
 from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.worker import process_input
 from shardio.store.backends import for_path
+from tests.parquet_factory import hf_table, img2dataset_table, write_parquet as write
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4)
 COUNT = 11  # against row groups of 4 and shards of 4: partial last ones of both
-
-
-def hf_table(indices, image=lambda i: jpeg_bytes(index_image(i))) -> pa.Table:
-    """Hugging Face's layout: the image as a {bytes, path} struct, text, label, one more scalar."""
-    return pa.table({
-        "image": [{"bytes": image(i), "path": f"{i:06d}.jpg"} for i in indices],
-        "text": [f"caption {i}" for i in indices],
-        "label": pa.array(list(indices), pa.int64()),
-        "index": list(indices),
-    })
-
-
-def img2dataset_table(indices, failed=()) -> pa.Table:
-    """img2dataset's layout: key, jpg bytes (null for a failed download), caption, status, error_message."""
-    return pa.table({
-        "key": [f"{i:06d}" for i in indices],
-        "jpg": pa.array([None if i in failed else jpeg_bytes(index_image(i)) for i in indices], pa.binary()),
-        "caption": [f"caption {i}" for i in indices],
-        "status": ["failed_to_download" if i in failed else "success" for i in indices],
-        "error_message": pa.array(["HTTP Error 404: Not Found" if i in failed else None for i in indices],
-                                  pa.string()),
-        "width": [320] * len(indices),
-    })
-
-
-def write(path, table: pa.Table, row_group_size: int = 4) -> str:
-    pq.write_table(table, str(path), row_group_size=row_group_size)
-    return str(path)
 
 
 def run(path: str, out: str, cfg: JobConfig = CFG):
