@@ -1,7 +1,8 @@
 """What an INPUT can be: the table of input kinds, telling one from its name or its first bytes, and reading it.
 
 One row per kind of input (a tar, plain or compressed, as WebDataset and img2dataset write; a Parquet
-file, as Hugging Face ``datasets`` and img2dataset write). A row names the kind for a person, the
+file, as Hugging Face ``datasets`` and img2dataset write; a local folder of image files, named as an INPUT:
+``preprocess.folder_samples``). A row names the kind for a person, the
 file-name suffixes that claim it, a test of the first ``HEAD_BYTES`` bytes, and the reader that yields
 its samples (``RawSample`` / ``SampleProblem``: key, image bytes, ``txt`` / ``json`` / ``cls``). The
 worker asks this table for an input's reader (``samples_of``) and everything after the samples (decode,
@@ -25,18 +26,20 @@ beside them (they hold no images), as it always did.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from preprocess.config import JobConfig
 from preprocess.first_bytes import HEAD_BYTES, looks_like
+from preprocess.folder_samples import iter_folder_samples
 from preprocess.parquet_samples import PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples
 from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "samples_of", "SampleReader", "strip_kind_suffix"]
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "samples_of", "SampleReader", "strip_kind_suffix"]
 
 # An input's samples: (path or URL, config, size and ETag as listed) -> samples in the input's order.
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
@@ -51,6 +54,7 @@ class InputKind:
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
     samples: SampleReader
     any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
+    is_folder: bool = False  # a local directory named as an INPUT (no suffix, no first bytes)
 
 
 def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[RawSample | SampleProblem]:
@@ -63,7 +67,10 @@ INPUT_KINDS: tuple[InputKind, ...] = (
                      "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples, any_glob=True),
     InputKind("parquet", "a Parquet file with an image column (Hugging Face datasets, img2dataset)",
               PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples),
+    InputKind("folder", "a folder of image files with KEY.txt / KEY.json sidecars (a local directory holding "
+                        "images, named as an INPUT)", (), lambda head: False, iter_folder_samples, is_folder=True),
 )
+FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
 
 
 def claimed_kind(name: str) -> InputKind | None:
@@ -96,10 +103,11 @@ def strip_kind_suffix(name: str) -> str:
 def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
     """The samples of the input at ``path``, by the reader of its kind: claimed by its name, else told from
     its first bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
-    kind = claimed_kind(path)
+    backend = for_path(path)
+    kind = FOLDER_KIND if backend.is_local and os.path.isdir(path) else claimed_kind(path)
     if kind is None:
         try:
-            head = for_path(path).read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
+            head = backend.read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
         except OSError:
             head = b""  # the reader itself then says why the input cannot be read
         kind = kind_of(head) or INPUT_KINDS[0]
@@ -108,5 +116,6 @@ def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator
 
 def accepted_kinds() -> str:
     """The kinds of input a run takes, for a message."""
-    return "; ".join(f"{kind.described} ({', '.join(kind.suffixes)}, or any name whose content is one)"
+    return "; ".join(kind.described if kind.is_folder else
+                     f"{kind.described} ({', '.join(kind.suffixes)}, or any name whose content is one)"
                      for kind in INPUT_KINDS)

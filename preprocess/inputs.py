@@ -10,6 +10,8 @@ shrink silently nor grow with junk:
   says that kind (``data/*.parquet``: ``input_kinds.glob_takes``); anything else it matches
   (img2dataset's ``_stats.json`` and ``.parquet`` metadata beside its tars, for ``data/*``) is counted as
   ignored, not a failed input;
+- a local folder named explicitly that holds image files is one input (``preprocess.folder_samples``:
+  its fingerprint is a walk of it); one holding none (a folder of tars) is refused as it always was;
 - a path named explicitly is taken as it is: a missing one is a failed input named in the report (exit
   1), as is a missing member of a brace range that matched others; one whose name claims no kind of input
   (``notes.txt``, ``shard-000``) is read (its first 512 bytes) and, if no kind takes them, refused
@@ -42,6 +44,8 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
+from preprocess.config import JobConfig
+from preprocess.folder_samples import folder_fingerprint
 from preprocess.input_kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_takes, kind_of,
                                    looks_like)
 from preprocess.local_glob import local_glob
@@ -74,9 +78,11 @@ class ResolvedInputs:
     # path or URL -> fingerprint, from the listing (or the one stat of a path named explicitly): every input
     listed: dict[str, InputFingerprint] = field(default_factory=dict)
     links: set[str] = field(default_factory=set)  # local inputs whose name is a symlink (the output check)
+    folders: set[str] = field(default_factory=set)  # inputs that are folders of image files
 
 
-def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
+def resolve_inputs(patterns: list[str],
+                   image_extensions: tuple[str, ...] = JobConfig().image_extensions) -> ResolvedInputs:
     """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
     absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
     changes the dataset. Raises ``NoInputsMatched`` for a glob or brace range that matches no tar."""
@@ -86,6 +92,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
     remote = _RemoteLookup(patterns)
     local_found: dict[str, InputFingerprint] = {}
     links: set[str] = set()
+    folders: set[str] = set()
     for pattern in patterns:
         expansions = list(braceexpand(pattern))
         is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
@@ -111,7 +118,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
                 if not files:
                     pattern_failed.append({"input": expanded, "reason": "glob matched no files"})
             else:
-                problem = _named_local(local, matched, local_found, links)
+                problem = _named_local(local, matched, local_found, links, folders, image_extensions)
                 if problem:
                     pattern_failed.append({"input": expanded, "reason": problem})
         if is_pattern and not matched:
@@ -126,8 +133,8 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         failed += pattern_failed
     listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
-    _refuse_unreadable([path for path in found if claimed_kind(path) is None], listed)
-    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links)
+    _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links, folders)
 
 
 def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
@@ -149,9 +156,10 @@ def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]
                                "read or written")
 
 
-def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str]) -> str:
-    """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more); returns why it is
-    not an input, or ""."""
+def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str],
+                 folders: set[str], image_extensions: tuple[str, ...]) -> str:
+    """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk, a
+    stat per file); returns why it is not an input, or ""."""
     try:
         info = os.lstat(local)
         link = stat.S_ISLNK(info.st_mode)
@@ -161,13 +169,24 @@ def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprin
         return "no such file"
     except OSError as e:
         return f"cannot be read: {e.strerror or e}"
-    if stat.S_ISDIR(info.st_mode):
-        return "is a directory; pass DIR/*.tar"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file"
     path = os.path.abspath(local)
+    if stat.S_ISDIR(info.st_mode):
+        # A folder of image files is one input (preprocess.folder_samples); one without any (a folder of
+        # tars, say) is what it always was: a mistake with its fix.
+        try:
+            size, mtime_ns, images = folder_fingerprint(path, image_extensions)
+        except OSError as e:
+            return f"cannot be read: {e.strerror or e}"
+        if not images:
+            return "is a directory; pass DIR/*.tar"
+        folders.add(path)
+        info_size, info_mtime = size, mtime_ns
+    elif not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    else:
+        info_size, info_mtime = info.st_size, info.st_mtime_ns
     matched.add(path)
-    found[path] = InputFingerprint(info.st_size, info.st_mtime_ns)
+    found[path] = InputFingerprint(info_size, info_mtime)
     if link:
         links.add(path)
     return ""

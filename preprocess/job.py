@@ -195,7 +195,7 @@ def run_job(
         config=cfg.to_dict(),
         versions=library_versions(),
     )
-    resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
+    resolved = resolve_inputs(options.inputs, cfg.image_extensions)  # NoInputsMatched: before the output is touched
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched

@@ -7,13 +7,13 @@ a run killed at any moment then rerun gives the uninterrupted run's dataset byte
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from typer.testing import CliRunner
 
 from preprocess.cli import app
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset
+from tests.folder_factory import flat_folder
 from tests.parquet_factory import hf_table, img2dataset_table, write_parquet
 from tests.test_crash_safety import start_run, wait_for_dead_runs_tasks, watch
 
@@ -72,3 +72,16 @@ def test_a_run_over_parquet_killed_while_writing_then_rerun_gives_the_uninterrup
     assert_same_dataset(out, reference)
     assert_clean(out)
     assert_indices(out, list(range(start)))
+
+
+def test_a_folder_is_one_input_skipped_unchanged_and_processed_again_when_a_file_lands(ray_cluster, tmp_path):
+    folder = flat_folder(tmp_path / "photos", range(5))
+    out, report = str(tmp_path / "out"), str(tmp_path / "r.json")
+    assert run_cli(folder, "--output", out, "--report", report).exit_code == 0
+    assert json.load(open(report))["inputs_processed"] == [folder]
+    assert run_cli(folder, "--output", out, "--report", report).exit_code == 0
+    assert json.load(open(report))["inputs_skipped_count"] == 1
+    flat_folder(folder, range(5, 7))
+    assert run_cli(folder, "--output", out, "--report", report).exit_code == 0
+    assert json.load(open(report))["inputs_processed"] == [folder]
+    assert_indices(out, list(range(7)))
