@@ -22,7 +22,7 @@ from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
-from preprocess.input_kinds import samples_of, strip_kind_suffix
+from preprocess.input_kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
@@ -65,7 +65,8 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
     with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
     base = strip_kind_suffix(os.path.basename(input_path))
-    stamp = mtime_ns if for_path(input_path).is_local else etag
+    # A source's input (preprocess.sources) is a name with a version (held as its ETag), never a file.
+    stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}"
 
@@ -109,10 +110,11 @@ def _reject_constant(name: str) -> None:
 
 
 def process_input(input_path: str, output_dir: str, cfg: JobConfig,
-                  fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = ()) -> InputResult:
+                  fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
+                  reader: SampleReader | None = None) -> InputResult:
     """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
-    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members)
+    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader)
     while True:
         try:
             next(steps)
@@ -122,7 +124,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 
 def iter_process_input(
     input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
-    skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None,
+    skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
 ) -> Generator[tuple[int, int], None, InputResult]:
     """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
     samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
@@ -133,6 +135,8 @@ def iter_process_input(
     ``heartbeat`` is stamped around each decode (``preprocess.decode_watch`` ends a decode that never
     returns); image members in ``skip_members`` (ones whose decode got stuck in an earlier attempt) are
     not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
+    ``reader``: the input's samples from a source written in Python (``preprocess.sources``); by default
+    the reader of the input's kind (``preprocess.input_kinds.samples_of``).
     """
     started = time.perf_counter()
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
@@ -148,7 +152,8 @@ def iter_process_input(
     hang_pattern = hang_pattern_for_tests()
     try:
         # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
-        for item in samples_of(input_path, cfg, size, etag):
+        items = reader(input_path, cfg, size, etag) if reader is not None else samples_of(input_path, cfg, size, etag)
+        for item in items:
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,
                                         "reason": item.reason})

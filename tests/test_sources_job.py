@@ -85,3 +85,76 @@ def test_a_folder_is_one_input_skipped_unchanged_and_processed_again_when_a_file
     assert run_cli(folder, "--output", out, "--report", report).exit_code == 0
     assert json.load(open(report))["inputs_processed"] == [folder]
     assert_indices(out, list(range(7)))
+
+
+def _source(parts: dict[str, tuple[range, str]], as_arrays: bool = False):
+    """A source of ``parts`` (input name -> (sample indices, version)) giving the samples
+    ``TarFactory.samples`` puts in a tar: the same keys, pixels and metadata. The function is a closure over
+    plain data: Ray ships it by value."""
+    import numpy as np
+
+    from preprocess.sources import Sample, Source, SourceInput
+    from tests.tar_factory import index_image, jpeg_bytes
+
+    indices = {name: list(r) for name, (r, _) in parts.items()}
+
+    def samples(item: SourceInput):
+        for i in indices[item.name]:
+            image = jpeg_bytes(index_image(i))
+            if as_arrays:  # the decoded JPEG: the same pixels the tar's bytes decode to
+                from PIL import Image
+                import io
+
+                image = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))
+            yield Sample(f"{i:06d}", image, txt=f"caption {i}", json={"index": i}, cls=i)
+
+    return Source("db", [SourceInput(name, version) for name, (_, version) in parts.items()], samples)
+
+
+def _run_source(source, out: str):
+    from preprocess.config import JobConfig
+    from preprocess.job import RunOptions, run_job
+
+    return run_job(RunOptions(inputs=[], output=out, config=JobConfig(height=32, width=32, samples_per_shard=8),
+                              source=source))
+
+
+@pytest.mark.parametrize("as_arrays", [False, True], ids=["bytes", "arrays"])
+def test_a_python_source_gives_the_tar_datasets_samples_and_reruns_only_new_or_changed_inputs(
+        ray_cluster, tars, tmp_path, as_arrays):
+    import shardio
+
+    tars.make("a.tar", range(0, 9))
+    tars.make("b.tar", range(9, 14))
+    from_tars = str(tmp_path / "from-tars")
+    assert run_cli(f"{tars.directory}/*.tar", "--output", from_tars).exit_code == 0
+    out = str(tmp_path / "source")
+    report = _run_source(_source({"a": (range(0, 9), "v1"), "b": (range(9, 14), "v1")}, as_arrays), out)
+    assert report.exit_code == 0 and sorted(report.inputs_processed) == ["db/a", "db/b"]
+    mine, theirs = shardio.open_dataset(out), shardio.open_dataset(from_tars)
+    for shard in range(len(theirs.shards)):
+        assert (mine.pixels(shard) == theirs.pixels(shard)).all()
+    assert_indices(out, list(range(14)))
+    # A new input and a changed version: only those two are processed.
+    report = _run_source(_source({"a": (range(0, 9), "v1"), "b": (range(9, 12), "v2"), "c": (range(20, 23), "v1")},
+                                 as_arrays), out)
+    assert sorted(report.inputs_processed) == ["db/b", "db/c"] and report.inputs_skipped_count == 1
+    assert_indices(out, [*range(0, 12), *range(20, 23)])
+
+
+def test_a_python_source_whose_function_fails_fails_that_input_only(ray_cluster, tmp_path):
+    from preprocess.sources import Sample, Source, SourceInput
+    from tests.tar_factory import index_image, jpeg_bytes
+
+    def samples(item: SourceInput):
+        yield Sample("k0", jpeg_bytes(index_image(0)))
+        yield Sample("k1", None)
+        if item.name == "bad":
+            raise KeyError("row 7 of the database")
+
+    source = Source("db", [SourceInput("good", "1"), SourceInput("bad", "1")], samples)
+    report = _run_source(source, str(tmp_path / "out"))
+    assert report.inputs_processed == ["db/good"] and report.exit_code == 1
+    [failed] = report.inputs_failed
+    assert failed["input"] == "db/bad" and "the source's samples() raised KeyError: 'row 7 of the database'" in failed["reason"]
+    assert [(f["key"], f["code"]) for f in report.failures] == [("k1", "missing_image")]
