@@ -39,11 +39,12 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "FOLDER_KIND", "samples_of", "SampleReader", "strip_kind_suffix"]
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix"]
 
-# An input's samples: (path or URL, config, size and ETag as listed) -> samples in the input's order.
+# An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
+# reader), -> samples in the input's order.
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
-SampleReader = Callable[[str, JobConfig, int, str], Iterator[RawSample | SampleProblem]]
+SampleReader = Callable[[str, JobConfig, "int | None", str], Iterator[RawSample | SampleProblem]]
 
 
 @dataclass(frozen=True)
@@ -100,18 +101,25 @@ def strip_kind_suffix(name: str) -> str:
     return name
 
 
-def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
-    """The samples of the input at ``path``, by the reader of its kind: claimed by its name, else told from
-    its first bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
+def input_kind(path: str, size: int | None = None) -> InputKind:
+    """The kind of the input at ``path``: a local folder, else claimed by its name, else told from its first
+    bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
     backend = for_path(path)
-    kind = FOLDER_KIND if backend.is_local and os.path.isdir(path) else claimed_kind(path)
+    if backend.is_local and os.path.isdir(path):
+        return FOLDER_KIND
+    kind = claimed_kind(path)
     if kind is None:
         try:
-            head = backend.read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
+            head = backend.read_range(path, 0, HEAD_BYTES if size is None else min(size, HEAD_BYTES)) if size != 0 else b""
         except OSError:
             head = b""  # the reader itself then says why the input cannot be read
         kind = kind_of(head) or INPUT_KINDS[0]
-    return kind.samples(path, cfg, size, etag)
+    return kind
+
+
+def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
+    """The samples of the input at ``path``, by the reader of its kind (``input_kind``)."""
+    return input_kind(path, size).samples(path, cfg, size, etag)
 
 
 def accepted_kinds() -> str:

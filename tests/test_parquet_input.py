@@ -234,3 +234,13 @@ def test_a_parquet_file_in_a_bucket_gives_the_local_pixels(s3_server, s3_bucket,
     assert result.error is None and [f["key"] for f in result.failures] == ["000003"]
     expected = run(local, str(tmp_path / "local"))[1]
     np.testing.assert_array_equal(read_shards(str(tmp_path / "remote"), result.shards)[0], expected)
+
+
+def test_diagnose_times_a_parquet_file_and_a_folder_as_it_times_a_tar(tmp_path):
+    from preprocess.diagnose import diagnose
+    from tests.folder_factory import flat_folder
+
+    parquet = write(tmp_path / "d.parquet", img2dataset_table(range(6), failed={2}))
+    folder = flat_folder(tmp_path / "photos", range(4))
+    result = diagnose([parquet, folder], CFG, limit=100, write_dir=str(tmp_path))
+    assert result["inputs_failed"] == [] and result["samples"] == 9, result["inputs_failed"]
