@@ -102,12 +102,12 @@ def strip_kind_suffix(name: str) -> str:
 
 
 def input_kind(path: str, size: int | None = None) -> InputKind:
-    """The kind of the input at ``path``: a local folder, else claimed by its name, else told from its first
+    """The kind of the input at ``path``: claimed by its name, else a local folder, else told from its first
     bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
     backend = for_path(path)
-    if backend.is_local and os.path.isdir(path):
+    kind = claimed_kind(path)  # a name's word first: a directory named x.tar fails as the tar it claims to be
+    if kind is None and backend.is_local and os.path.isdir(path):
         return FOLDER_KIND
-    kind = claimed_kind(path)
     if kind is None:
         try:
             head = backend.read_range(path, 0, HEAD_BYTES if size is None else min(size, HEAD_BYTES)) if size != 0 else b""

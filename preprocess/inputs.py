@@ -172,7 +172,9 @@ def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprin
     path = os.path.abspath(local)
     if stat.S_ISDIR(info.st_mode):
         # A folder of image files is one input (preprocess.folder_samples); one without any (a folder of
-        # tars, say) is what it always was: a mistake with its fix.
+        # tars, say), or named as a file kind (x.tar), is what it always was: a mistake with its fix.
+        if claimed_kind(path) is not None:
+            return "is a directory; pass DIR/*.tar"
         try:
             size, mtime_ns, images = folder_fingerprint(path, image_extensions)
         except OSError as e:
