@@ -23,7 +23,11 @@ cut, a corrupt footer) or a row group it cannot read fails the whole input, nami
 Memory: the file is never read whole. ``pyarrow.parquet.ParquetFile.iter_batches`` reads one row group's
 columns at a time (only the columns used) and hands them out ``BATCH_ROWS`` rows at a time: a worker holds
 one row group of those columns (Hugging Face writes row groups of ~100 images; img2dataset one per file
-of ``number_sample_per_shard`` images: 10k web images are ~300 MB) plus one batch as Python objects. A
+of ``number_sample_per_shard`` images: 10k web images are ~300 MB) plus one batch as Python objects.
+Measured (``python -m bench.parquet_memory``, 300 KB cells, row groups of 32 MB, a loaded 2-core VM): the
+reader's RSS grows by 168-169 MB over its imports whether the file is 0.5, 2 or 4 GB (+380 MB with row
+groups of 128 MB): pyarrow's buffers for a row group's column chunk and its decoded arrays, and its
+allocator keeping freed pages. A
 file in a bucket is read the same way by ranged GETs through the project's storage (the footer, then each
 row group's column chunks), nothing spooled; its ETag is checked after the last row group as a spooled
 tar's is (``preprocess.remote_tar``).
