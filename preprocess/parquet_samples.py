@@ -100,14 +100,16 @@ class ParquetLayout:
         return list(dict.fromkeys(name for name in named if name is not None))
 
 
+def _is_binary(pa: Any, kind: Any) -> bool:
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+
+
 def _is_image_type(pa: Any, kind: Any) -> bool:
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return True
+    """Binary, or a struct with a binary ``bytes`` field (Hugging Face's ``Image``: ``{bytes, path}``)."""
     if pa.types.is_struct(kind):
         index = kind.get_field_index("bytes")
-        return index >= 0 and _is_image_type(pa, kind.field(index).type) and not pa.types.is_struct(
-            kind.field(index).type)
-    return False
+        return index >= 0 and _is_binary(pa, kind.field(index).type)
+    return _is_binary(pa, kind)
 
 
 def _is_scalar(pa: Any, kind: Any) -> bool:
