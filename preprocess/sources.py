@@ -13,7 +13,8 @@ report = run_job(RunOptions(inputs=[], output="/data/mydb-256", config=JobConfig
 ```
 
 Each ``SourceInput`` is one input of the job, exactly as a tar is: committed whole or not at all, named
-``{source name}/{input name}`` in the dataset (its ``tar`` field, ``inputs=`` selections, the report), and
+``{source name}/{input name}`` in the dataset (its ``tar`` field, ``inputs=`` selections, the report) and
+stored in that name's order as paths are (``shard-0010`` after ``shard-0009``; ``shard-10`` before ``shard-9``),
 recognised on a rerun by its ``version`` (any string that changes when its samples change: an ETag, a
 content hash, a modification time). A rerun processes only inputs that are new or whose version changed;
 a run killed at any moment leaves the previous dataset or a newer one, as for tars. ``samples`` runs in the

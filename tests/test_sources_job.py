@@ -7,6 +7,7 @@ a run killed at any moment then rerun gives the uninterrupted run's dataset byte
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -158,3 +159,59 @@ def test_a_python_source_whose_function_fails_fails_that_input_only(ray_cluster,
     [failed] = report.inputs_failed
     assert failed["input"] == "db/bad" and "the source's samples() raised KeyError: 'row 7 of the database'" in failed["reason"]
     assert [(f["key"], f["code"]) for f in report.failures] == [("k1", "missing_image")]
+
+
+PYTHON_SOURCE_SCRIPT = '''
+import io
+import sys
+
+from PIL import Image
+
+from preprocess.config import JobConfig
+from preprocess.job import RunOptions, run_job
+from preprocess.sources import Sample, Source, SourceInput
+
+
+def samples(item):
+    start, count = map(int, item.name.split("-")[1:])
+    for i in range(start, start + count):
+        colour = tuple(((i >> shift) % 16) * 16 + 8 for shift in (0, 4, 8))  # tar_factory's index_image
+        out = io.BytesIO()
+        Image.new("RGB", (1200, 900), colour).save(out, "JPEG", quality=95, subsampling=0)
+        yield Sample(f"{i:06d}", out.getvalue(), cls=i)
+
+
+SOURCE = Source("db", [SourceInput(f"part-{s:03d}-{c}", "v1") for s, c in ((0, 70), (70, 45), (115, 23))], samples)
+CONFIG = JobConfig(height=32, width=32, samples_per_shard=8)
+
+if __name__ == "__main__":
+    report = run_job(RunOptions(inputs=[], output=sys.argv[1], config=CONFIG, source=SOURCE, ray_address=sys.argv[2]))
+    sys.exit(report.exit_code)
+'''
+
+
+def test_a_python_source_run_killed_while_writing_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tmp_path):
+    import runpy
+    import subprocess
+    import sys
+
+    from preprocess.job import RunOptions, run_job
+
+    script = tmp_path / "my_source.py"
+    script.write_text(PYTHON_SOURCE_SCRIPT)
+    loaded = runpy.run_path(str(script))  # the same functions, by value (not importable by name)
+    source, config = loaded["SOURCE"], loaded["CONFIG"]
+    reference = str(tmp_path / "reference")
+    assert run_job(RunOptions(inputs=[], output=reference, config=config, source=source)).exit_code == 0
+    out = str(tmp_path / "killed")
+    with open(tmp_path / "run.log", "ab") as log:
+        run = subprocess.Popen([sys.executable, str(script), out, ray_cluster], stdout=subprocess.DEVNULL,
+                               stderr=log, cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                   [os.getcwd(), os.environ.get("PYTHONPATH", "")])})
+    watch(run, out, ("write", 0.05))  # SIGKILL once its first shard file is there (or it finished: the same)
+    print("python source run exit:", run.returncode)
+    wait_for_dead_runs_tasks()
+    assert run_job(RunOptions(inputs=[], output=out, config=config, source=source)).exit_code == 0
+    assert_same_dataset(out, reference)
+    assert_clean(out)
+    assert_indices(out, list(range(138)))
