@@ -8,7 +8,9 @@ Which column is what, decided once per file from its schema (``ParquetLayout``):
   several and none of those names: the file fails as an input, naming its columns;
 - ``txt``: the first string column of ``caption``, ``text``, ``txt``;
 - ``cls``: the integer column ``label_column`` names, else one named ``label`` or ``cls`` (a null or
-  negative label, Hugging Face's -1 for "no label", is no ``cls``);
+  negative label, Hugging Face's -1 for "no label", is no ``cls``); where the file's Hugging Face metadata
+  names the classes (a ``ClassLabel``), the sample's ``json`` also carries ``"class": NAME``, as a folder's
+  samples do, so the mapping is in the dataset;
 - the key: a string column ``key`` (img2dataset's), else ``{file name without .parquet}/{row}``, the row
   counted from 0 over the whole file;
 - ``json``: every other column of a scalar type (numbers, strings, booleans; NaN as null), so
@@ -93,6 +95,7 @@ class ParquetLayout:
     status: str | None  # img2dataset's: said in the reason of a row without image bytes
     error_message: str | None
     json: tuple[str, ...]  # the other scalar columns
+    class_names: tuple[str, ...] = ()  # the label's names, where Hugging Face's metadata gives a ClassLabel
 
     @property
     def columns(self) -> list[str]:
@@ -155,7 +158,22 @@ def parquet_layout(path: str, schema: Any, cfg: JobConfig) -> ParquetLayout:
     taken = {image, caption, label, key}
     others = tuple(name for name, kind in types.items() if name not in taken and _is_scalar(pa, kind))
     return ParquetLayout(image, pa.types.is_struct(types[image]), caption, label, key, status, error_message,
-                         others)
+                         others, _class_names(schema, label))
+
+
+def _class_names(schema: Any, label: str | None) -> tuple[str, ...]:
+    """The names of a Hugging Face ``ClassLabel`` column, from the schema's ``huggingface`` metadata (what
+    ``datasets`` writes: ``{"info": {"features": {label: {"_type": "ClassLabel", "names": [...]}}}}``);
+    none where the file has no such metadata or it does not parse."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if label is None or raw is None:
+        return ()
+    try:
+        feature = json.loads(raw)["info"]["features"][label]
+        names = feature["names"] if feature.get("_type") == "ClassLabel" else []
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ()
+    return tuple(str(name) for name in names) if isinstance(names, list) else ()
 
 
 def _is_string(pa: Any, kind: Any) -> bool:
@@ -258,9 +276,11 @@ def _row_sample(layout: ParquetLayout, columns: dict[str, list[Any]], offset: in
     if caption is not None:
         fields["txt"] = caption.encode("utf-8", "surrogatepass")
     label = columns[layout.label][offset] if layout.label else None
+    extra = {name: _json_value(columns[name][offset]) for name in layout.json}
     if label is not None and label >= 0:
         fields["cls"] = str(label).encode()
-    extra = {name: _json_value(columns[name][offset]) for name in layout.json}
+        if label < len(layout.class_names):
+            extra["class"] = layout.class_names[label]
     if extra:
         fields["json"] = json.dumps(extra, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
     return RawSample(key, member, image, fields)

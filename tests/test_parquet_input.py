@@ -244,3 +244,15 @@ def test_diagnose_times_a_parquet_file_and_a_folder_as_it_times_a_tar(tmp_path):
     folder = flat_folder(tmp_path / "photos", range(4))
     result = diagnose([parquet, folder], CFG, limit=100, write_dir=str(tmp_path))
     assert result["inputs_failed"] == [] and result["samples"] == 9, result["inputs_failed"]
+
+
+def test_hugging_face_class_names_travel_in_json(tmp_path):
+    table = hf_table(range(3)).drop_columns(["index"])
+    table = table.set_column(2, "label", pa.array([1, -1, 0], pa.int64()))
+    features = {"image": {"_type": "Image"}, "text": {"_type": "Value"},
+                "label": {"_type": "ClassLabel", "names": ["cat", "dog"]}}
+    table = table.replace_schema_metadata({b"huggingface": json.dumps({"info": {"features": features}}).encode()})
+    found = list(iter_parquet_samples(write(tmp_path / "hf.parquet", table), CFG))
+    assert [s.fields.get("cls") for s in found] == [b"1", None, b"0"]  # -1: no label
+    assert [json.loads(s.fields["json"]) if "json" in s.fields else None for s in found] == [
+        {"class": "dog"}, None, {"class": "cat"}]
