@@ -213,7 +213,7 @@ def _close_log(event_log: EventLogger | None, report: RunReport | None = None, e
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="Tar paths or s3:// URLs, globs ('data/*.tar', 's3://b/laion/*.tar') or brace ranges ('data/{00000..00099}.tar').")],
+    inputs: Annotated[list[str], typer.Argument(help="Tar or Parquet files, local or s3:// URLs, globs ('data/*.tar', 's3://b/hf/*.parquet') or brace ranges ('data/{00000..00099}.tar'), or local folders of images.")],
     # str, not Path: pathlib turns s3://bucket/x into s3:/bucket/x, a local folder (a URL must stay a URL).
     output: Annotated[str, typer.Option("--output", "-o", help="Dataset directory or s3://BUCKET/PREFIX (created, or appended to).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
@@ -407,7 +407,7 @@ def doctor() -> None:
 
 @app.command()
 def diagnose(
-    inputs: Annotated[list[str], typer.Argument(help="Tar paths, globs or brace ranges, as for `run`.")],
+    inputs: Annotated[list[str], typer.Argument(help="Inputs (tars, Parquet files, folders), globs or brace ranges, as for `run`.")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Samples to time (from the first inputs).")] = 500,
     project_images: Annotated[int, typer.Option(min=1, help="Project the job's time for this many images.")] = 1_000_000,

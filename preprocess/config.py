@@ -8,7 +8,7 @@ A rerun into an existing dataset starts from the dataset's stored config (``load
 the nightly command need not repeat a flag; a file or flag may still name a key, and one that disagrees
 with the dataset is refused (``preprocess.job``). What must match is ``output_dict()``: the shape, mode,
 resample, fill, background, draft, samples_per_shard, image_extensions and encoding (with quality and
-subsampling for JPEG: the pixels and layout), and the
+subsampling for JPEG: the pixels and layout), the Parquet columns read (image_column, label_column), folder_classes, and the
 sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
 max_decoded_bytes: which samples the dataset holds, so that every input was filtered by the same rules).
 Run policy may change from run to run: max_failed_fraction and max_decode_seconds (what the latter fails
@@ -83,6 +83,13 @@ class JobConfig:
     encoding: str = RAW
     quality: int = 90
     subsampling: str = "4:4:4"
+    # Which Parquet column holds the image and which the label (preprocess.parquet_samples): None finds them
+    # by type and name. Stored only when set, so a dataset made before these keys keeps its config bytes.
+    image_column: str | None = None
+    label_column: str | None = None
+    # A folder input's first folder level as the class (preprocess.folder_samples): cls = the index of its
+    # name among the sorted sub-folder names, and the name in the sample's json. Stored only when true.
+    folder_classes: bool = False
 
     def __post_init__(self) -> None:
         self.fill = tuple(self.fill)  # YAML gives lists
@@ -126,6 +133,12 @@ class JobConfig:
             raise ConfigError(f"quality must be 1..100, got {self.quality}")
         if self.subsampling not in SUBSAMPLINGS:
             raise ConfigError(f"subsampling must be one of {', '.join(SUBSAMPLINGS)}, got {self.subsampling!r}")
+        if not isinstance(self.folder_classes, bool):
+            raise ConfigError(f"folder_classes must be true or false, got {self.folder_classes!r}")
+        for name in _COLUMN_KEYS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a column name, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form stored in the manifest and hashed (JSON types only)."""
@@ -137,6 +150,9 @@ class JobConfig:
             # A raw dataset's stored config (and so its manifest bytes and config hash) stays what it was
             # before encodings existed: older datasets keep appending, the golden dataset is unchanged.
             for key in ("encoding", "quality", "subsampling"):
+                del d[key]
+        for key in (*_COLUMN_KEYS, "folder_classes"):
+            if d[key] in (None, False):
                 del d[key]
         return d
 
@@ -151,7 +167,11 @@ class JobConfig:
         """``output_dict`` with the keys a raw config leaves out (encoding, quality, subsampling): what a
         message comparing two configs shows for a key one of them does not store."""
         return {**self.output_dict(), "encoding": self.encoding, "quality": self.quality,
-                "subsampling": self.subsampling}
+                "subsampling": self.subsampling, "image_column": self.image_column,
+                "label_column": self.label_column, "folder_classes": self.folder_classes}
+
+
+_COLUMN_KEYS = ("image_column", "label_column")
 
 
 def _check_number(name: str, value: Any, kind: type, minimum: float) -> None:

@@ -39,6 +39,7 @@ from preprocess import jpeg_region
 from preprocess.config import JobConfig
 from preprocess.jpeg_encode import stored_pixels
 from preprocess.pixel_quality import QualityTally, decode_jpeg
+from preprocess.input_kinds import input_kind
 from preprocess.tar_samples import SampleProblem, index_tar, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import pillow_build
@@ -152,10 +153,15 @@ def diagnose(
                 break
             first = len(samples)
             try:
+                kind = input_kind(path)
                 t0 = clock()
-                index = index_tar(path)
-                index_s = clock() - t0
-                items = iter_tar_samples(path, cfg.image_extensions, index=index)
+                if kind.name == "tar":
+                    index = index_tar(path)
+                    index_s = clock() - t0
+                    items = iter_tar_samples(path, cfg.image_extensions, index=index)
+                else:  # a Parquet file, a folder: no index pass; their reads are in "read"
+                    index_s = 0.0
+                    items = kind.samples(path, cfg, None, "")
                 while limit is None or len(samples) < limit:
                     t0 = clock()
                     item = next(items, None)

@@ -1,34 +1,50 @@
-"""What an INPUT can be: the table of input kinds, and telling one from its name or its first bytes.
+"""What an INPUT can be: the table of input kinds, telling one from its name or its first bytes, and reading it.
 
-One row per kind of input a source reads (today one: a tar, plain or compressed, as WebDataset and
-img2dataset write). A row names the kind for a person, the file-name suffixes that claim it, and a test of
-the first ``HEAD_BYTES`` bytes. A source of a new kind (a Parquet file, a folder of images) adds its row
-here, and ``preprocess.inputs`` asks this table only.
+One row per kind of input (a tar, plain or compressed, as WebDataset and img2dataset write; a Parquet
+file, as Hugging Face ``datasets`` and img2dataset write; a local folder of image files, named as an INPUT:
+``preprocess.folder_samples``). A row names the kind for a person, the
+file-name suffixes that claim it, a test of the first ``HEAD_BYTES`` bytes, and the reader that yields
+its samples (``RawSample`` / ``SampleProblem``: key, image bytes, ``txt`` / ``json`` / ``cls``). The
+worker asks this table for an input's reader (``samples_of``) and everything after the samples (decode,
+shards, index, report, failure reasons) is shared, whatever the kind. A new kind adds its row here, and
+``preprocess.inputs`` and ``preprocess.worker`` ask this table only.
 
-When the first bytes are read. A name that claims a kind (``x.tar``, ``x.tar.gz``) is taken at its word:
-a nightly rerun over 10,000 tars makes no read or request per tar (``preprocess.inputs``), and a ``.tar``
-that turns out not to be one fails as an input (exit 1, named in the report), as a corrupt one does. A
-name that claims no kind (``notes.txt``, ``data.parquet``, ``shard-000``: only an INPUT named explicitly
-can be one, a glob takes tar names only) is read: its first 512 bytes, one ``read`` or one ranged GET.
-If no kind takes them the run is refused before Ray starts and before the output is touched
-(``UnsupportedInput``, exit 2), naming the file, what it looks like and the kinds accepted; once that
-started Ray, printed tarfile's internals and committed an empty dataset.
+When the first bytes are read. A name that claims a kind (``x.tar``, ``x.tar.gz``, ``x.parquet``) is
+taken at its word: a nightly rerun over 10,000 tars makes no read or request per tar
+(``preprocess.inputs``), and a ``.tar`` that turns out not to be one fails as an input (exit 1, named in
+the report), as a corrupt one does. A name that claims no kind (``notes.txt``, ``shard-000``: only an
+INPUT named explicitly can be one) is read: its first 512 bytes, one ``read`` or one ranged GET (and once
+more by the worker that reads it). If no kind takes them the run is refused before Ray starts and before
+the output is touched (``UnsupportedInput``, exit 2), naming the file, what it looks like and the kinds
+accepted.
+
+Globs. A glob takes the files whose name claims a kind that the glob may take: tars always, another kind
+only when the pattern's own name ends with one of its suffixes (``data/*.parquet``). So ``data/*`` over
+img2dataset's WebDataset output takes its tars and still ignores the ``.parquet`` metadata files written
+beside them (they hold no images), as it always did.
 """
 
 from __future__ import annotations
 
-import tarfile
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds"]
+from preprocess.config import JobConfig
+from preprocess.first_bytes import HEAD_BYTES, looks_like
+from preprocess.folder_samples import iter_folder_samples
+from preprocess.parquet_samples import PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples
+from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
+from shardio.store.backends import for_path
 
-# A tar's first header is one 512-byte block; every compressed form says so in its first 6 bytes.
-HEAD_BYTES = 512
-# What the tar reader opens (``tarfile`` mode ``r|*``: plain, gzip, bzip2, xz).
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz: what tarfile's r:* detects
+__all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix"]
+
+# An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
+# reader), -> samples in the input's order.
+# Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
+SampleReader = Callable[[str, JobConfig, "int | None", str], Iterator[RawSample | SampleProblem]]
 
 
 @dataclass(frozen=True)
@@ -37,35 +53,25 @@ class InputKind:
     described: str  # for a person: what it is
     suffixes: tuple[str, ...]  # names that claim this kind (lower case)
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
+    samples: SampleReader
+    any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
+    is_folder: bool = False  # a local directory named as an INPUT (no suffix, no first bytes)
 
 
-def _tar_head(head: bytes) -> bool:
-    """A tar's first block: a header whose checksum holds (ustar, GNU, pax and v7 alike: the magic at 257
-    is absent from v7 tars, the checksum never), the zero block of an empty archive, or a compressed
-    stream that ``tarfile`` opens (whether it holds a tar is known only once decompressed: the worker)."""
-    if head.startswith(_COMPRESSED):
-        return True
-    if len(head) < 512:
-        return False
-    try:
-        tarfile.TarInfo.frombuf(head[:512], "utf-8", "surrogateescape")
-    except tarfile.EOFHeaderError:
-        return True  # a zero block: an empty archive
-    except tarfile.HeaderError:
-        return False
-    return True
+def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[RawSample | SampleProblem]:
+    # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
+    return iter_tar_samples(path, cfg.image_extensions, size=size, etag=etag)
 
 
 INPUT_KINDS: tuple[InputKind, ...] = (
     InputKind("tar", "a tar archive of samples (WebDataset, img2dataset), plain or compressed with gzip, bzip2 "
-                     "or xz", TAR_SUFFIXES, _tar_head),
+                     "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples, any_glob=True),
+    InputKind("parquet", "a Parquet file with an image column (Hugging Face datasets, img2dataset)",
+              PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples),
+    InputKind("folder", "a folder of image files with KEY.txt / KEY.json sidecars (a local directory holding "
+                        "images, named as an INPUT)", (), lambda head: False, iter_folder_samples, is_folder=True),
 )
-
-# What a file no kind takes looks like, by its first bytes: said in the refusal so the user sees at once
-# what was passed.
-_LOOKS = ((b"PAR1", "a Parquet file"), (b"PK\x03\x04", "a zip archive"), (b"\x89PNG", "a PNG image"),
-          (b"\xff\xd8", "a JPEG image"), (b"RIFF", "a RIFF file (WebP, WAV)"), (b"%PDF", "a PDF document"),
-          (b"\x93NUMPY", "a numpy .npy file"), (b"7z\xbc\xaf", "a 7-Zip archive"))
+FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
 
 
 def claimed_kind(name: str) -> InputKind | None:
@@ -79,32 +85,45 @@ def kind_of(head: bytes) -> InputKind | None:
     return next((kind for kind in INPUT_KINDS if kind.recognises(head)), None)
 
 
-def looks_like(head: bytes) -> str:
-    """What first bytes no kind took look like, for a message."""
-    if not head:
-        return "an empty file"
-    for magic, what in _LOOKS:
-        if head.startswith(magic):
-            return what
-    if head.lstrip()[:1] in (b"{", b"[") and _is_text(head):
-        return "JSON text"
-    if _is_text(head):
-        return "text"
-    return f"binary data starting {head[:4].hex()}"
+def glob_takes(pattern: str, name: str) -> bool:
+    """Whether a glob ``pattern`` takes the file ``name`` it matched (the module docstring's rule)."""
+    kind = claimed_kind(name)
+    return kind is not None and (kind.any_glob or pattern.lower().endswith(kind.suffixes))
 
 
-def _is_text(head: bytes) -> bool:
-    """UTF-8 of printable characters (the 512 bytes may end inside a character: up to 3 are let go)."""
-    for cut in range(4):
+def strip_kind_suffix(name: str) -> str:
+    """``name`` without the suffix that claims its kind (``a.parquet`` -> ``a``); tars as shard names always
+    had them: ``.tar``, ``.tar.gz``, ``.tgz`` stripped, ``.tar.bz2`` / ``.tar.xz`` kept (names stay stable)."""
+    lowered = name.lower()
+    for suffix in (".tar.gz", ".tgz", ".tar", *PARQUET_SUFFIXES):
+        if lowered.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def input_kind(path: str, size: int | None = None) -> InputKind:
+    """The kind of the input at ``path``: claimed by its name, else a local folder, else told from its first
+    bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
+    backend = for_path(path)
+    kind = claimed_kind(path)  # a name's word first: a directory named x.tar fails as the tar it claims to be
+    if kind is None and backend.is_local and os.path.isdir(path):
+        return FOLDER_KIND
+    if kind is None:
         try:
-            text = head[: len(head) - cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        return bool(text) and all(c.isprintable() or c in "\t\r\n" for c in text)
-    return False
+            head = backend.read_range(path, 0, HEAD_BYTES if size is None else min(size, HEAD_BYTES)) if size != 0 else b""
+        except OSError:
+            head = b""  # the reader itself then says why the input cannot be read
+        kind = kind_of(head) or INPUT_KINDS[0]
+    return kind
+
+
+def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
+    """The samples of the input at ``path``, by the reader of its kind (``input_kind``)."""
+    return input_kind(path, size).samples(path, cfg, size, etag)
 
 
 def accepted_kinds() -> str:
     """The kinds of input a run takes, for a message."""
-    return "; ".join(f"{kind.described} ({', '.join(kind.suffixes)}, or any name whose content is one)"
+    return "; ".join(kind.described if kind.is_folder else
+                     f"{kind.described} ({', '.join(kind.suffixes)}, or any name whose content is one)"
                      for kind in INPUT_KINDS)

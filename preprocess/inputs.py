@@ -1,4 +1,4 @@
-"""Turning the CLI's INPUT arguments (paths, URLs, globs, brace ranges) into a sorted list of tar paths.
+"""Turning the CLI's INPUT arguments (paths, URLs, globs, brace ranges) into a sorted list of input paths.
 
 The glob rule. A glob (or brace range) is how a nightly cron names its inputs, so it must neither
 shrink silently nor grow with junk:
@@ -6,11 +6,15 @@ shrink silently nor grow with junk:
 - an argument with a glob or a brace range that matches no tar at all is a usage error
   (``NoInputsMatched``, exit 2) raised before anything is touched: a source mount that is down must
   not look like an empty drop (with ``--prune`` it would empty the dataset);
-- a glob takes only tar files (``TAR_SUFFIXES``); anything else it matches (img2dataset's
-  ``_stats.json`` and ``.parquet`` beside its tars) is counted as ignored, not a failed input;
+- a glob takes tar files (``TAR_SUFFIXES``), and the files of another kind only when the pattern's name
+  says that kind (``data/*.parquet``: ``input_kinds.glob_takes``); anything else it matches
+  (img2dataset's ``_stats.json`` and ``.parquet`` metadata beside its tars, for ``data/*``) is counted as
+  ignored, not a failed input;
+- a local folder named explicitly that holds image files is one input (``preprocess.folder_samples``:
+  its fingerprint is a walk of it); one holding none (a folder of tars) is refused as it always was;
 - a path named explicitly is taken as it is: a missing one is a failed input named in the report (exit
   1), as is a missing member of a brace range that matched others; one whose name claims no kind of input
-  (``notes.txt``, ``x.parquet``) is read (its first 512 bytes) and, if no kind takes them, refused
+  (``notes.txt``, ``shard-000``) is read (its first 512 bytes) and, if no kind takes them, refused
   before anything is touched (``UnsupportedInput``, exit 2: the table of kinds is
   ``preprocess.input_kinds``).
 
@@ -40,7 +44,10 @@ from typing import NamedTuple
 
 from braceexpand import braceexpand
 
-from preprocess.input_kinds import HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, kind_of, looks_like
+from preprocess.config import JobConfig
+from preprocess.folder_samples import folder_fingerprint
+from preprocess.input_kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_takes, kind_of,
+                                   looks_like)
 from preprocess.local_glob import local_glob
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo
@@ -71,13 +78,11 @@ class ResolvedInputs:
     # path or URL -> fingerprint, from the listing (or the one stat of a path named explicitly): every input
     listed: dict[str, InputFingerprint] = field(default_factory=dict)
     links: set[str] = field(default_factory=set)  # local inputs whose name is a symlink (the output check)
+    folders: set[str] = field(default_factory=set)  # inputs that are folders of image files
 
 
-def _is_tar(path: str) -> bool:
-    return claimed_kind(path) is not None
-
-
-def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
+def resolve_inputs(patterns: list[str],
+                   image_extensions: tuple[str, ...] = JobConfig().image_extensions) -> ResolvedInputs:
     """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
     absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
     changes the dataset. Raises ``NoInputsMatched`` for a glob or brace range that matches no tar."""
@@ -87,6 +92,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
     remote = _RemoteLookup(patterns)
     local_found: dict[str, InputFingerprint] = {}
     links: set[str] = set()
+    folders: set[str] = set()
     for pattern in patterns:
         expansions = list(braceexpand(pattern))
         is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
@@ -102,7 +108,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
                 files = 0
                 for file in local_glob(local):
                     files += 1
-                    if _is_tar(file.path):
+                    if glob_takes(local, file.path):
                         matched.add(file.path)
                         local_found[file.path] = InputFingerprint(file.size, file.mtime_ns)
                         if file.symlink:
@@ -112,7 +118,7 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
                 if not files:
                     pattern_failed.append({"input": expanded, "reason": "glob matched no files"})
             else:
-                problem = _named_local(local, matched, local_found, links)
+                problem = _named_local(local, matched, local_found, links, folders, image_extensions)
                 if problem:
                     pattern_failed.append({"input": expanded, "reason": problem})
         if is_pattern and not matched:
@@ -127,8 +133,8 @@ def resolve_inputs(patterns: list[str]) -> ResolvedInputs:
         failed += pattern_failed
     listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
-    _refuse_unreadable([path for path in found if claimed_kind(path) is None], listed)
-    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links)
+    _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links, folders)
 
 
 def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
@@ -150,9 +156,10 @@ def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]
                                "read or written")
 
 
-def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str]) -> str:
-    """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more); returns why it is
-    not an input, or ""."""
+def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str],
+                 folders: set[str], image_extensions: tuple[str, ...]) -> str:
+    """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk, a
+    stat per file); returns why it is not an input, or ""."""
     try:
         info = os.lstat(local)
         link = stat.S_ISLNK(info.st_mode)
@@ -162,13 +169,26 @@ def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprin
         return "no such file"
     except OSError as e:
         return f"cannot be read: {e.strerror or e}"
-    if stat.S_ISDIR(info.st_mode):
-        return "is a directory; pass DIR/*.tar"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file"
     path = os.path.abspath(local)
+    if stat.S_ISDIR(info.st_mode):
+        # A folder of image files is one input (preprocess.folder_samples); one without any (a folder of
+        # tars, say), or named as a file kind (x.tar), is what it always was: a mistake with its fix.
+        if claimed_kind(path) is not None:
+            return "is a directory; pass DIR/*.tar"
+        try:
+            size, mtime_ns, images = folder_fingerprint(path, image_extensions)
+        except OSError as e:
+            return f"cannot be read: {e.strerror or e}"
+        if not images:
+            return "is a directory; pass DIR/*.tar"
+        folders.add(path)
+        info_size, info_mtime = size, mtime_ns
+    elif not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    else:
+        info_size, info_mtime = info.st_size, info.st_mtime_ns
     matched.add(path)
-    found[path] = InputFingerprint(info.st_size, info.st_mtime_ns)
+    found[path] = InputFingerprint(info_size, info_mtime)
     if link:
         links.add(path)
     return ""
@@ -255,8 +275,8 @@ class _RemoteLookup:
         regex = _glob_regex(url)
         files = [info for path, info in self._listing(folder, recursive).items()
                  if regex.match(path) and not _hidden_mismatch(rest, path[len(folder) + 1 :])]
-        matched.update(self._found(info) for info in files if _is_tar(info.path))
-        ignored.update(info.path for info in files if not _is_tar(info.path))
+        matched.update(self._found(info) for info in files if glob_takes(url, info.path))
+        ignored.update(info.path for info in files if not glob_takes(url, info.path))
         if not files:
             failed.append({"input": url, "reason": "glob matched no objects"})
 

@@ -82,6 +82,7 @@ from typing import Any
 from preprocess.config import JobConfig
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
+from preprocess.sources import Source
 from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
                                    ray_session, stream_inputs)
@@ -125,6 +126,8 @@ class RunOptions:
     # Read again the inputs that failed for their bytes in the last run and are unchanged since (default:
     # they are reported failed again without being read; see "A permanently broken input" above).
     retry_failed: bool = False
+    # Inputs from Python instead of paths (preprocess.sources): its inputs are the run's, ``inputs`` stays empty.
+    source: Source | None = None
 
 
 def dataset_config(output: str) -> dict[str, Any] | None:
@@ -196,7 +199,9 @@ def run_job(
         config=cfg.to_dict(),
         versions=library_versions(),
     )
-    resolved = resolve_inputs(options.inputs)  # NoInputsMatched: before the output is touched
+    # NoInputsMatched: before the output is touched
+    resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
+                                                                                         cfg.image_extensions)
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
@@ -204,7 +209,8 @@ def run_job(
         more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
         reasons = reasons or "no INPUT was given"
         raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
-    check_output_apart(directory, resolved)
+    if options.source is None:  # a source's inputs are names, not files near the output
+        check_output_apart(directory, resolved)
     # Every way of failing to join --ray-address (down, token authentication, not a Ray port) is
     # RayUnavailable here, before the output is touched, even if the run turns out to have nothing to do.
     check_cluster_address(options.ray_address, (lambda line: emit("ray", line)) if on_event is not None else None)
@@ -346,6 +352,17 @@ def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report
     _close_report(directory, report, started, index.samples, index.generation)
 
 
+def source_inputs(options: RunOptions) -> ResolvedInputs:
+    """A Python source's inputs as the job's: ``{source}/{input}`` names, each recognised by its version
+    (held where an object's ETag is: a rerun compares it, as it compares an object's)."""
+    source = options.source
+    assert source is not None
+    if options.inputs:
+        raise NoInputsMatched("give INPUT paths or a source, not both; nothing was read or written")
+    listed = {source.input_path(item): InputFingerprint(0, 0, str(item.version)) for item in source.inputs}
+    return ResolvedInputs(sorted(listed), listed=listed)
+
+
 def _note_foreign(directory: str, cleaned: dataset_dir.Cleaned, report: RunReport,
                   emit: Callable[[str, Any], None]) -> None:
     """Files in ``shards/`` the leftover cleaning left because no run writes them: said, not deleted."""
@@ -468,15 +485,17 @@ def _process(
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
         cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
-        env = task_env([p for p, _ in todo] + [committer.directory], options.pass_credentials)
+        files = [p for p, _ in todo] if options.source is None else []  # a source's inputs are no files
+        env = task_env(files + [committer.directory], options.pass_credentials)
         # NodeAccessError: a node that cannot read the inputs or write the output, before any task.
-        check_cluster_access([p for p, _ in todo], committer.directory, env, options.pass_credentials)
+        check_cluster_access(files, committer.directory, env, options.pass_credentials)
         expected_build = pixel_build()
         emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - started, 3)
         stream = stream_inputs(todo, committer.directory, options.config,
-                               should_stop=lambda: bool(stop_requested()), task_env=env)
+                               should_stop=lambda: bool(stop_requested()), task_env=env,
+                               reader=options.source.reader() if options.source is not None else None)
         try:
             for message in stream:
                 if isinstance(message, Progress):

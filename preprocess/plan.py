@@ -74,6 +74,12 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
     folder): one ``realpath`` per input folder, and one per input that is itself a symlink (the listing
     says which), not one per input (a realpath is an lstat per path component)."""
     inside = _comparable(directory) + "/"
+    for folder in resolved.folders:
+        # The other way round for a folder input: a dataset inside it would change its fingerprint (its
+        # directories' mtimes) at every run, and its files would be walked as the folder's.
+        if inside.startswith(os.path.realpath(folder) + "/"):
+            raise OutputUnusable(f"{directory}: --output lies inside the input folder {folder}; give an --output "
+                                 "outside it; nothing was written")
     folder_inside: dict[str, bool] = {}  # input folder -> whether it lies in the output (a name has no "/")
     for path in resolved.paths:
         folder = path.rpartition("/")[0] or "/"

@@ -42,6 +42,7 @@ import preprocess
 import shardio
 from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, StuckDecode, hard_bound_s, watch_steps
+from preprocess.input_kinds import SampleReader
 from preprocess.inputs import InputFingerprint
 from preprocess.plan import largest_first_key
 from preprocess.ray_output import RayOutput
@@ -404,13 +405,13 @@ def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> di
 
 
 def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
-          skip_members: tuple[str, ...] = ()):
+          skip_members: tuple[str, ...] = (), reader: SampleReader | None = None):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
     cfg = JobConfig(**cfg_dict)
     heartbeat = Heartbeat()
-    steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat),
+    steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat, reader),
                         heartbeat, hard_bound_s(cfg.max_decode_seconds))
     yield Progress(input_path, 0, 0, node, worker)  # "started", with where
     while True:
@@ -454,6 +455,7 @@ def stream_inputs(
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     task_env: dict[str, str] | None = None,
+    reader: SampleReader | None = None,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
@@ -464,8 +466,11 @@ def stream_inputs(
     tasks are cancelled (their inputs are simply not done: a cancelled task removes its partial shards,
     and the job removes whatever a killed one left) and the iteration ends. ``task_env``: environment
     variables every task gets (``preprocess.cluster_access.task_env``), in its Ray ``runtime_env``.
+    ``reader``: a Python source's (``preprocess.sources``), put in the object store once, not pickled
+    into every task.
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
+    reader_ref = ray.put(reader) if reader is not None else None
     if task_env:  # .options replaces a runtime_env: keep TASK_OPTIONS' own variables beside these
         base = TASK_OPTIONS.get("runtime_env") or {}
         env_vars = {**base.get("env_vars", {}), **task_env}
@@ -485,7 +490,8 @@ def stream_inputs(
         # The members to skip only when there are some: a first attempt is called with the 4 arguments it
         # always had (wrappers of _task, as the crash-safety tests use, keep working).
         skip = tuple(stuck_members.get(path, ()))
-        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *([skip] if skip else []))] = path
+        extra = [skip, reader_ref] if reader_ref is not None else [skip] if skip else []
+        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra)] = path
 
     def ended(path: str) -> InputFingerprint:
         stuck_members.pop(path, None)

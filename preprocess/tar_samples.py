@@ -36,7 +36,8 @@ from collections.abc import Callable, Generator, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
-from preprocess.input_kinds import HEAD_BYTES, kind_of, looks_like
+from preprocess.first_bytes import HEAD_BYTES, looks_like
+from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.remote_tar import SpooledObject
 from shardio.store.backends import for_path
 from shardio.errors import InputError
@@ -45,8 +46,30 @@ from shardio.format import escape_name
 
 __all__ = [
     "RawSample", "SampleProblem", "TarMember", "TarIndex", "index_tar", "iter_tar_samples",
-    "MAX_MEMBER_BYTES",
+    "MAX_MEMBER_BYTES", "TAR_SUFFIXES", "is_tar_head",
 ]
+
+# What the tar reader opens (``tarfile`` mode ``r|*``: plain, gzip, bzip2, xz).
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz: what tarfile's r:* detects
+
+
+def is_tar_head(head: bytes) -> bool:
+    """A tar's first block: a header whose checksum holds (ustar, GNU, pax and v7 alike: the magic at 257
+    is absent from v7 tars, the checksum never), the zero block of an empty archive, or a compressed
+    stream that ``tarfile`` opens (whether it holds a tar is known only once decompressed: the worker)."""
+    if head.startswith(_COMPRESSED):
+        return True
+    if len(head) < 512:
+        return False
+    try:
+        tarfile.TarInfo.frombuf(head[:512], "utf-8", "surrogateescape")
+    except tarfile.EOFHeaderError:
+        return True  # a zero block: an empty archive
+    except tarfile.HeaderError:
+        return False
+    return True
+
 
 # webdataset's grouping rule (``webdataset.tariterators.base_plus_ext``), inlined: importing webdataset
 # imports torch, which costs every Ray worker ~190 MB of RSS and 1.5 s of start-up for one regex.
@@ -61,25 +84,6 @@ def base_plus_ext(name: str) -> tuple[str, str] | None:
 # A member this large is not a web image (LAION's are ~300 KB); reading it would only risk memory.
 MAX_MEMBER_BYTES = 256 << 20
 _METADATA_EXTENSIONS = ("txt", "cls", "json")
-
-
-@dataclass
-class RawSample:
-    key: str
-    image_member: str
-    image: bytes
-    fields: dict[str, bytes] = field(default_factory=dict)  # "txt", "cls", "json" when present
-
-
-@dataclass
-class SampleProblem:
-    """A sample the tar itself makes unusable (no image, a key seen twice, an unsafe member): its code
-    (``shardio.failure_reasons``) and the reason, which names the member."""
-
-    key: str
-    code: FailureCode
-    reason: str
-    member: str = ""
 
 
 @dataclass
@@ -180,7 +184,7 @@ def _not_readable(path: str, e: BaseException, last_member: str, head: bytes | N
     """The input's error for ``e``. ``head`` (the first 512 bytes, when the tar failed at its start): bytes
     that are no tar at all are said as what they look like, not as tarfile's four attempts ("method gz:
     ReadError('not a gzip file') ...")."""
-    if head is not None and kind_of(head) is None:
+    if head is not None and not is_tar_head(head):
         return InputError(path, f"not a readable tar: {looks_like(head)}, not a tar archive (plain or compressed "
                                 "with gzip, bzip2 or xz); re-download it, or check that this is the file meant")
     reason = " ".join((str(e) or type(e).__name__).split())

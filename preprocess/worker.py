@@ -1,4 +1,4 @@
-"""One input tar -> its committed shard files: the unit of work a Ray task runs.
+"""One input (a tar, a Parquet file, ...) -> its committed shard files: the unit of work a Ray task runs.
 
 Pure Python, no Ray: the job wraps it in a task, ``diagnose`` and the tests call it directly. Image bytes
 and pixels never leave the worker: it returns only the shard entries and per-sample failures (and the
@@ -22,7 +22,8 @@ from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
-from preprocess.tar_samples import RawSample, SampleProblem, iter_tar_samples
+from preprocess.input_kinds import SampleReader, samples_of, strip_kind_suffix
+from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
@@ -63,12 +64,9 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str
     changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
     with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
-    base = os.path.basename(input_path)
-    for suffix in (".tar.gz", ".tgz", ".tar"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-            break
-    stamp = mtime_ns if for_path(input_path).is_local else etag
+    base = strip_kind_suffix(os.path.basename(input_path))
+    # A source's input (preprocess.sources) is a name with a version (held as its ETag), never a file.
+    stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}"
 
@@ -112,10 +110,11 @@ def _reject_constant(name: str) -> None:
 
 
 def process_input(input_path: str, output_dir: str, cfg: JobConfig,
-                  fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = ()) -> InputResult:
+                  fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
+                  reader: SampleReader | None = None) -> InputResult:
     """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
-    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members)
+    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader)
     while True:
         try:
             next(steps)
@@ -125,7 +124,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 
 def iter_process_input(
     input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
-    skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None,
+    skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
 ) -> Generator[tuple[int, int], None, InputResult]:
     """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
     samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
@@ -136,6 +135,8 @@ def iter_process_input(
     ``heartbeat`` is stamped around each decode (``preprocess.decode_watch`` ends a decode that never
     returns); image members in ``skip_members`` (ones whose decode got stuck in an earlier attempt) are
     not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
+    ``reader``: the input's samples from a source written in Python (``preprocess.sources``); by default
+    the reader of the input's kind (``preprocess.input_kinds.samples_of``).
     """
     started = time.perf_counter()
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
@@ -150,8 +151,9 @@ def iter_process_input(
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
-        # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
-        for item in iter_tar_samples(input_path, cfg.image_extensions, size=size, etag=etag):
+        # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
+        items = reader(input_path, cfg, size, etag) if reader is not None else samples_of(input_path, cfg, size, etag)
+        for item in items:
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,
                                         "reason": item.reason})

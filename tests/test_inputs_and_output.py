@@ -103,14 +103,19 @@ def test_the_glob_rule(tars, tmp_path):
         open(path, "w").write("{}")
     resolved = resolve_inputs([f"{tars.directory}/*"])
     assert resolved.paths == [a, b] and resolved.ignored == [parquet, stats] and resolved.failed == []
-    # Named explicitly, a file no input source reads is refused (test_an_input_no_source_reads_...).
-    with pytest.raises(UnsupportedInput, match="a.parquet: JSON text, not an input preprocess reads"):
-        resolve_inputs([parquet])
+    # Named explicitly, a file no input source reads is refused (test_an_input_no_source_reads_...); a
+    # .parquet is taken at its name's word, as a .tar is (a broken one fails as an input).
+    with pytest.raises(UnsupportedInput, match="a_stats.json: JSON text, not an input preprocess reads"):
+        resolve_inputs([stats])
+    assert resolve_inputs([parquet]).paths == [parquet]
     # A brace range with holes: the holes are failed inputs; with nothing at all, a usage error.
     holes = resolve_inputs([f"{tars.directory}/{{a,c}}.tar"])
     assert holes.paths == [a] and [f["reason"] for f in holes.failed] == ["no such file"]
-    with pytest.raises(NoInputsMatched, match=r"only 2 non-tar file\(s\)"):
-        resolve_inputs([f"{tars.directory}/*.{{json,parquet}}"])
+    with pytest.raises(NoInputsMatched, match=r"only 1 non-tar file\(s\)"):
+        resolve_inputs([f"{tars.directory}/*.json"])
+    # A glob takes another kind than tars only where its own name says that kind.
+    spelled = resolve_inputs([f"{tars.directory}/*.{{json,parquet}}"])
+    assert spelled.paths == [parquet] and spelled.ignored == [stats]
     # A plain missing path stays a failed input (exit 1), as before.
     assert resolve_inputs([str(tmp_path / "missing.tar")]).failed[0]["reason"] == "no such file"
 
@@ -178,8 +183,9 @@ def test_a_glob_over_an_img2dataset_folder_takes_the_tars_and_counts_the_rest(ra
     assert sorted(map(os.path.basename, doc["inputs_ignored"])) == ["00000.parquet", "00000_stats.json",
                                                                     "00001_stats.json"]
     assert "ignored 3 non-tar file(s)" in " ".join(result.output.split())
+    # Named explicitly, the .parquet is read as one, and this one fails as an input (it holds no Parquet).
     named = runner.invoke(app, ["run", tars.path("00000.parquet"), "--output", out, *FLAGS, "-q"])
-    assert named.exit_code == 2 and "not an input preprocess reads" in named.output, named.output
+    assert named.exit_code == 1 and "not a readable Parquet file" in " ".join(named.output.split()), named.output
 
 
 def test_output_that_is_a_file_is_a_usage_error(tars, tmp_path):
@@ -318,7 +324,7 @@ def test_a_jpeg_run_over_a_raw_dataset_names_both_encodings(tars, tmp_path):
 
 @pytest.mark.parametrize("name, content, looks", [
     ("notes.txt", b"remember to buy milk\n", "text"),
-    ("train.parquet", b"PAR1" + bytes(range(200)) + b"PAR1", "a Parquet file"),
+    ("photos.zip", b"PK\x03\x04" + bytes(range(200)), "a zip archive"),
     ("empty", b"", "an empty file"),
 ])
 def test_an_input_no_source_reads_is_refused_before_anything_is_touched(tars, tmp_path, name, content, looks):

@@ -52,6 +52,7 @@ ALLOWED = {
     ("sample_data.py", "os.makedirs"): "... creates the inputs' folder",
     ("sample_data.py", "open"): "... writes .sample-dataset.json beside the tars (its deliberate failures)",
     ("remote_tar.py", "tempfile.TemporaryFile"): "spools an input tar being downloaded: anonymous, in scratch",
+    ("folder_samples.py", "os.open"): "reads a file of an input folder (O_RDONLY)",
 }
 
 

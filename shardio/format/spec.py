@@ -53,8 +53,9 @@ back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or,
 JPEG error (documented in README, "Compact shards"), not equal. Any other ``encoding`` is refused.
 
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
-``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from), ``member`` (str,
-the image's member name in that tar), ``width``/``height`` (int, the original image size before any
+``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from: a tar, or any
+other kind of input, the field's name kept), ``member`` (str, the image's member name in that tar; a
+Parquet input's ``row N``, N counted from 0 over the file), ``width``/``height`` (int, the original image size before any
 resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (an int64 or null, the label: a reader refuses
 any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
 ``json`` (object or null, the sample's ``.json``), and, in datasets written with ``mode: pad`` only, ``box``

@@ -40,6 +40,7 @@ from shardio.read.order import (
 )
 from shardio.read.jpeg_pixels import check_decoded_bytes
 from shardio.read.prefetch import prefetched
+from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
 from shardio.read.selection import SampleSelection, SubsetSnapshot
@@ -105,7 +106,9 @@ class ShardDataset(IterableDataset):
     ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
 
     Each new iteration is the next epoch (order from ``(seed, epoch)``, starting at 0); ``set_epoch(e)``
-    pins the next one. ``len(ds)`` is this rank's batches per epoch. ``state_dict()``/``load_state_dict()``
+    pins the next one. ``len(ds)`` is this rank's batches per epoch; ``ds.num_samples`` the samples, and
+    ``ds.sample(i)`` / ``ds.find(key)`` reach one sample in the stored order (evaluation, debugging).
+    ``state_dict()``/``load_state_dict()``
     resume mid-epoch, also at another world size or number of workers (protocol: ``shardio.read.resume``).
 
     ``verify=True`` reads every shard and checks its checksum at open (slow); without it, open checks the
@@ -251,6 +254,7 @@ class ShardDataset(IterableDataset):
             )
         self.snapshot: DatasetSnapshot = snapshot
         self.samples = len(snapshot)
+        self._finder: tuple[DatasetSnapshot, KeyFinder] | None = None
         # One schema per dataset: the fields the snapshot knows its samples carry (a subset: its shards'),
         # else all of them; a sample without one has -1 (cls) or None.
         recorded = snapshot.fields
@@ -509,6 +513,26 @@ class ShardDataset(IterableDataset):
         for number, batch in enumerate(pieces):
             cache.advance(number)
             yield assembler.assemble(batch, shared, pinned, encoded)
+
+    def sample(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` (0..``num_samples``-1; negative from the end) in the stored order, whatever the
+        epoch's shuffle: ``image`` (uint8 H×W×3), ``__key__``, ``cls`` (-1: none), ``txt``, ``json``,
+        ``shard``, ``row``, ``index`` (``shardio.read.sample_access``: one binary search, no epoch plan)."""
+        return sample_at(self._assembler.shard, self.snapshot.offsets, index)
+
+    def find(self, key: str, input: str | None = None) -> int:
+        """The stored index of the sample with ``key`` (of ``input``, a committed input's name, where keys
+        repeat across inputs); ``KeyError`` if none. ``ds.sample(ds.find(key))`` is that sample."""
+        finder = self._finder
+        if finder is None or finder[0] is not self.snapshot:
+            finder = self._finder = (self.snapshot, KeyFinder(self.snapshot.shards, self.snapshot.offsets,
+                                                              self._assembler.shard))
+        return finder[1].find(key, input)
+
+    @property
+    def num_samples(self) -> int:
+        """The samples of the snapshot (of the selection) being read; ``len(ds)`` is this rank's batches."""
+        return self.samples
 
     def shard(self, shard: int) -> tuple[np.ndarray, Any]:
         """Shard ``shard``'s pixels (a view of its memory map) and metadata, as batches read them."""

@@ -1,0 +1,82 @@
+"""One sample by its stored index (``ds.sample(i)``) and a key's index (``ds.find``), on raw and JPEG
+datasets, over a subset too; the index work per call is a binary search, not a walk of the shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardio import ShardDataset
+from shardio.read import sample_access
+from shardio.read.subset import SubsetDataset
+from tests.dataset_fixtures import AWKWARD_INPUTS, make_dataset, pixel_indices, write_inputs
+
+TOTAL = sum(AWKWARD_INPUTS)  # 117 samples of three inputs in shards of 8
+
+
+@pytest.fixture
+def dataset(tmp_path, encoding) -> str:
+    make_dataset(str(tmp_path / "ds"), json_field=True, encoding=encoding)
+    return str(tmp_path / "ds")
+
+
+def index_of(sample) -> int:
+    return int(pixel_indices(torch.from_numpy(sample["image"][None]))[0])
+
+
+def test_every_sample_by_its_index_in_stored_order(dataset):
+    ds = ShardDataset(dataset, batch_size=16, shuffle=True)
+    assert ds.num_samples == TOTAL and len(ds) == -(-TOTAL // 16)
+    for i in [0, 7, 8, 39, 40, 84, 85, TOTAL - 1, *range(0, TOTAL, 5)]:
+        sample = ds.sample(i)
+        assert index_of(sample) == i == sample["cls"] == sample["index"]
+        assert sample["__key__"] == f"s{i:06d}" and sample["txt"] == f"caption {i}" and sample["json"] == {"i": i}
+        assert sample["image"].dtype == np.uint8 and sample["image"].shape == (8, 8, 3)
+    assert ds.sample(-1)["index"] == TOTAL - 1
+    for bad in (TOTAL, -TOTAL - 1):
+        with pytest.raises(IndexError, match=f"sample {bad} of {TOTAL}"):
+            ds.sample(bad)
+
+
+def test_find_gives_the_index_of_a_key_and_says_which_inputs_share_one(dataset, tmp_path):
+    ds = ShardDataset(dataset, batch_size=16)
+    assert [ds.find(f"s{i:06d}") for i in (0, 50, 116)] == [0, 50, 116]
+    assert ds.find("s000050", input="input-1.tar") == 50
+    assert ds.sample(ds.find("s000090"))["cls"] == 90
+    with pytest.raises(KeyError, match="no key 's999999'"):
+        ds.find("s999999")
+    with pytest.raises(KeyError, match="no key 's000050' in input 'input-0.tar'"):
+        ds.find("s000050", input="input-0.tar")
+    # Keys are unique per input, not per dataset: a key two inputs hold (k0: samples 0 and 3) needs input=.
+    repeated = str(tmp_path / "repeated")
+    def meta(i, n, name):
+        key = f"k{i}" if n == 0 else "k0" if i == 3 else f"x{i}"
+        return {"key": key, "tar": name, "member": "m", "width": 8, "height": 8, "cls": i, "txt": None, "json": None}
+
+    write_inputs(repeated, (3, 4), meta, height=8, width=8)
+    other = ShardDataset(repeated, batch_size=2)
+    with pytest.raises(KeyError, match=r"key 'k0' is in several inputs \(input-0.tar, input-1.tar\): pass input="):
+        other.find("k0")
+    assert other.find("k0", input="input-1.tar") == 3 and other.find("k2") == 2 and other.find("x5") == 5
+
+
+def test_a_subset_is_indexed_over_its_own_samples(dataset):
+    ds = SubsetDataset(dataset, batch_size=4, inputs=["input-1.tar"])
+    assert ds.num_samples == AWKWARD_INPUTS[1]
+    assert [index_of(ds.sample(i)) for i in range(ds.num_samples)] == list(range(40, 85))
+
+
+def test_a_sample_opens_its_own_shard_and_no_other(dataset, monkeypatch):
+    """No walk over shards or samples per call: only the shard that holds the sample is asked for (its
+    entry, map and metadata), found by a search over the counts summed once at open."""
+    ds = ShardDataset(dataset, batch_size=16)
+    table = type(ds.snapshot.shards)
+    asked = []
+    real = table.__getitem__
+    monkeypatch.setattr(table, "__getitem__", lambda self, i: asked.append(i) or real(self, i))
+    monkeypatch.setattr(np, "cumsum", lambda *a, **k: pytest.fail("counts summed per call"))
+    assert ds.sample(100)["index"] == 100
+    # Inputs of 40, 45, 32 in shards of 8: shards 0-4, 5-10 (the last of 5), 11-14; sample 100 is the
+    # 16th of the third input: shard 12, row 7.
+    assert set(asked) == {12} and sample_access.locate(ds.snapshot.offsets, 100) == (12, 7)
