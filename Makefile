@@ -109,6 +109,12 @@ bench: $(STAMP)
 	# The lazy epoch plan at 300 / 30k / 300k / 2.3M shards of 1,000 (synthetic counts, rank 0 of 64), and
 	# ShardDataset opened + first shuffled batch at 100k vs 1M samples (issue 24; ~1 minute).
 	$(PY) -m bench.scale_plan
+	# Sources beyond tars: a worker's images/s over the same images as a tar, a Parquet file and a folder;
+	# a 2 GB Parquet file read in 32 MB row groups (peak RSS over the process, against the file); a no-op
+	# rerun over 1,000 committed Parquet files against 1,000 committed tars (seconds, ratio).
+	$(PY) -m bench.sources
+	$(PY) -m bench.parquet_memory --gb 2
+	$(PY) -m bench.sources_rerun --inputs 1000
 	# Object storage (issue 12), on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no
 	# dependency of shardio), the S3 reader and job against local, LitData and Mosaic Streaming in their
 	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.

@@ -69,20 +69,32 @@ def _digest(data: bytes) -> str:
     return hasher.hexdigest()
 
 
-def make_committed_inputs(root: str, count: int, shards_per_input: int = 1) -> tuple[str, str]:
-    """``count`` tiny tars in ``root/tars`` and a dataset ``root/dataset`` that lists every one of them as
-    committed (as the job would have: same size and mtime_ns, ``shards_per_input`` 1-sample shards each).
-    Returns (glob, dataset)."""
+def _tiny_parquet() -> bytes:
+    """A valid Parquet file of one row (img2dataset's columns: key, jpg, caption)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pa.table({"key": ["000000"], "jpg": [b"x"], "caption": ["c"]}), out)
+    return out.getvalue()
+
+
+def make_committed_inputs(root: str, count: int, shards_per_input: int = 1, kind: str = "tar") -> tuple[str, str]:
+    """``count`` tiny inputs (``kind``: tars, or Parquet files) in ``root/tars`` and a dataset
+    ``root/dataset`` that lists every one of them as committed (as the job would have: same size and
+    mtime_ns, ``shards_per_input`` 1-sample shards each). Returns (glob, dataset)."""
     tars, dataset = os.path.join(root, "tars"), os.path.join(root, "dataset")
     os.makedirs(tars, exist_ok=True)
     os.makedirs(os.path.join(dataset, "shards"), exist_ok=True)
-    tar_bytes = _tiny_tar()
+    tar_bytes = _tiny_tar() if kind == "tar" else _tiny_parquet()
     pixels = npy_header(1, CONFIG.height, CONFIG.width) + bytes(CONFIG.height * CONFIG.width * 3)
     pixels_digest = _digest(pixels)
     manifest = Manifest(shape=(CONFIG.height, CONFIG.width, 3), config=CONFIG.output_dict(),
                         versions=library_versions())
     for number in range(count):
-        path = os.path.join(tars, f"{number:06d}.tar")
+        path = os.path.join(tars, f"{number:06d}.{kind}")
         with open(path, "wb") as f:
             f.write(tar_bytes)
         info = os.stat(path)
@@ -103,7 +115,7 @@ def make_committed_inputs(root: str, count: int, shards_per_input: int = 1) -> t
         manifest.inputs[path] = InputEntry(info.st_size, info.st_mtime_ns, samples=shards_per_input, failed=0,
                                            shards=names)
     write_manifest(dataset, manifest)
-    return os.path.join(tars, "*.tar"), dataset
+    return os.path.join(tars, f"*.{kind}"), dataset
 
 
 def make_synthetic_committed(root: str, count: int, shards_per_input: int) -> tuple[str, str]:
