@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from shardio.errors import StorageAccessError, StorageUnavailable
 
-__all__ = ["RequestFailure", "StoreSettings", "explain", "parse"]
+__all__ = ["RequestFailure", "StoreSettings", "explain", "parse", "refused_access"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,11 @@ _REGION_CODES = ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLo
 _CREDENTIAL_CODES = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "InvalidToken",
                      "ExpiredToken", "AuthenticationFailed", "AuthorizationFailure")
 _MISSING_BUCKET_CODES = ("NoSuchBucket", "ContainerNotFound")
+
+
+def refused_access(failure: RequestFailure) -> bool:
+    """Whether the server refused the credentials or named a missing bucket (not the request's form)."""
+    return (failure.code or "") in (*_CREDENTIAL_CODES, *_MISSING_BUCKET_CODES) or failure.status in (401, 403)
 
 
 def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
