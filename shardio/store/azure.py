@@ -35,6 +35,26 @@ def _endpoint() -> str | None:
     return None
 
 
+# Any of these names a credential obstore uses without asking a metadata service.
+_CREDENTIAL_SOURCES = ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_KEY",
+                       "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_SAS_KEY", "AZURE_STORAGE_TOKEN",
+                       "AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_SKIP_SIGNATURE",
+                       "AZURE_STORAGE_USE_EMULATOR", "AZURE_USE_AZURE_CLI")
+_IMDS = ("169.254.169.254", 80)  # the instance metadata service of an Azure machine (its managed identity)
+
+
+def _finds_no_credentials() -> bool:
+    """No key, SAS, token, secret or federated token in the environment, and no metadata service to ask
+    for a managed identity: said at once rather than after obstore retries the metadata service."""
+    if any(os.environ.get(name) for name in _CREDENTIAL_SOURCES):
+        return False
+    try:
+        with socket.create_connection(_IMDS, timeout=1):
+            return False
+    except OSError:
+        return True
+
+
 class AzureStorage(ObjectStorage):
     """``Storage`` for ``az://`` URLs. One instance serves every container of the account."""
 
@@ -52,6 +72,13 @@ class AzureStorage(ObjectStorage):
                 "HINT: set AZURE_STORAGE_ACCOUNT_NAME and its credentials (AZURE_STORAGE_ACCOUNT_KEY, "
                 "AZURE_STORAGE_SAS_TOKEN, or AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID; on Azure "
                 "machines the managed identity needs none)")
+        if _finds_no_credentials():
+            raise StorageAccessError(
+                f"az://{bucket}: no Azure credentials on this machine ({socket.gethostname()}): no "
+                "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, AZURE_CLIENT_SECRET or "
+                "AZURE_FEDERATED_TOKEN_FILE, and no managed identity (no metadata service); HINT: set one (on a "
+                "Ray cluster, on every node, or pass the driver's with `preprocess run --pass-credentials`); "
+                "a public container reads with AZURE_SKIP_SIGNATURE=true")
         client_options = dict(CLIENT_OPTIONS)
         endpoint = _endpoint()
         if endpoint and endpoint.startswith("http://"):

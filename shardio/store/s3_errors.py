@@ -119,7 +119,9 @@ def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
     region; ``StorageUnavailable`` for the rest (network, 5xx: obstore retried them already)."""
     failure = parse(error)
     endpoint = failure.endpoint or settings.endpoint or settings.name
-    if settings.endpoint:
+    if settings.endpoint and failure.endpoint and not settings.endpoint.startswith(failure.endpoint):
+        where = f"{endpoint} (not the store: a credential service)"  # a token request failed (IMDS, OAuth)
+    elif settings.endpoint:
         where = f"{endpoint} ({settings.endpoint_variable})"
     else:
         where = f"{endpoint} ({settings.name} itself: no {settings.endpoint_variable} is set)"
