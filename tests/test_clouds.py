@@ -80,7 +80,7 @@ def test_the_gcs_emulator_does_not_enforce_its_upload_precondition_and_a_commit_
     message = str(caught.value)
     assert message.startswith(f"gs://{bucket}/ds: {gcs_server.endpoint} does not take Google Cloud Storage's "
                               "object upload")
-    assert "HTTP 400" in message and "nothing was written" in message
+    assert "HTTP 400 Bad Request)" in message and "nothing was written" in message
     assert gcs_server.list_keys(bucket, "ds/") == ["ds/x"]
 
 

@@ -65,7 +65,8 @@ class RequestFailure:
 _PERFORMING = re.compile(r"Error performing ([A-Z]+) (\w+://[^\s,]+)")
 _STATUS = re.compile(r"status code: (\d{3})([A-Za-z ]*)")
 _DEBUG_STATUS = re.compile(r"status: (\d{3}),")
-_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z0-9_.]+)'))
+# A JSON answer's "code" only when it is a name (GCS's JSON errors carry the HTTP status there as a number).
+_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z][A-Za-z0-9_.]*)'))
 _CONNECT = re.compile(r'ConnectError\(\s*"([^"]+)"')
 _DETAILS = (re.compile(r'message: "([^"]+)"'), re.compile(r'error: "([^"]+)"'))
 _HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
