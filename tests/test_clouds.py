@@ -113,7 +113,7 @@ def test_gcs_errors_name_the_url_the_endpoint_and_a_fix(gcs_server, tmp_path, mo
     key.write_text('{"gcs_base_url": "http://127.0.0.1:9", "disable_oauth": true, "client_email": "", '
                    '"private_key": "", "private_key_id": ""}')
     monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_PATH", str(key))
-    monkeypatch.setattr("shardio.store.gcs.RETRY_CONFIG", {"max_retries": 0})
+    monkeypatch.setattr("shardio.store.gcs.retry_config", lambda: {"max_retries": 0})
     with pytest.raises(errors.StorageUnavailable) as caught:
         GCSStorage().info("gs://bkt/ds/manifest.json")
     message = str(caught.value)

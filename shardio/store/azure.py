@@ -20,7 +20,7 @@ import socket
 from typing import Any
 
 from shardio.errors import StorageAccessError
-from shardio.store.object_store import CLIENT_OPTIONS, RETRY_CONFIG, ObjectStorage
+from shardio.store.object_store import CLIENT_OPTIONS, ObjectStorage, retry_config
 from shardio.store.s3_errors import StoreSettings
 
 __all__ = ["AzureStorage"]
@@ -83,7 +83,7 @@ class AzureStorage(ObjectStorage):
         endpoint = _endpoint()
         if endpoint and endpoint.startswith("http://"):
             client_options["allow_http"] = True
-        return AzureStore(bucket, client_options=client_options, retry_config=RETRY_CONFIG)
+        return AzureStore(bucket, client_options=client_options, retry_config=retry_config())
 
     def where(self) -> str:
         account = os.environ.get("AZURE_STORAGE_ACCOUNT_NAME", "ACCOUNT")

@@ -19,7 +19,7 @@ import socket
 from typing import Any
 
 from shardio.errors import StorageAccessError
-from shardio.store.object_store import CLIENT_OPTIONS, RETRY_CONFIG, ObjectStorage
+from shardio.store.object_store import CLIENT_OPTIONS, ObjectStorage, retry_config
 from shardio.store.s3_errors import StoreSettings
 
 __all__ = ["GCSStorage"]
@@ -88,7 +88,7 @@ class GCSStorage(ObjectStorage):
         endpoint = _endpoint()
         if endpoint and endpoint.startswith("http://"):
             client_options["allow_http"] = True
-        return GCSStore(bucket, client_options=client_options, retry_config=RETRY_CONFIG)
+        return GCSStore(bucket, client_options=client_options, retry_config=retry_config())
 
     def where(self) -> str:
         return _endpoint() or "Google Cloud Storage"

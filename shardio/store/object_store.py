@@ -45,18 +45,20 @@ from shardio.store.lease import lease
 from shardio.store.s3_errors import StoreSettings, explain, parse, refused_access
 from shardio.store.scratch import scratch_dir
 
-__all__ = ["ObjectStorage", "RETRY_CONFIG", "obstore_module", "split_url"]
+__all__ = ["CLIENT_OPTIONS", "ObjectStorage", "obstore_module", "retry_config", "split_url"]
 
 # Above this a shard is uploaded in parts, 4 at a time (S3 wants parts of 5 MB or more).
 _PART_BYTES = 16 << 20
 _DOWNLOAD_CHUNK = 8 << 20
 
-# obstore's retries, the same on every cloud: up to ~60 s in all, so a server restart is ridden out.
-RETRY_CONFIG: dict[str, Any] = {
-    "max_retries": 8,
-    "retry_timeout": timedelta(seconds=60),
-    "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=8), "base": 2},
-}
+def retry_config() -> dict[str, Any]:
+    """obstore's retries, the same on every cloud: up to ~60 s in all, so a server restart is ridden out
+    (a new dict each time: a caller may change its copy)."""
+    return {
+        "max_retries": 8,
+        "retry_timeout": timedelta(seconds=60),
+        "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=8), "base": 2},
+    }
 CLIENT_OPTIONS: dict[str, Any] = {"connect_timeout": "5s", "timeout": "300s"}
 
 
@@ -427,6 +429,8 @@ class ObjectStorage:
                     pass
                 except ex.NotSupportedError:
                     ignored.append("create-if-absent")
+                if not ignored and not self._version(first):
+                    ignored.append("replace-if-unchanged: a write returned no version to name")
                 if not ignored:
                     old = self._version(first)
                     self._ob.put(store, key, b"3", mode=self._replace_mode(old), use_multipart=False)
