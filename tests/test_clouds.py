@@ -173,3 +173,30 @@ def test_tars_in_any_cloud_give_the_same_shard_bytes_as_on_disk(ray_cluster, clo
         assert (disk["xxh3_128"], disk["samples"]) == (cloud["xxh3_128"], cloud["samples"])  # the same bytes
     entry = from_cloud["inputs"][cloud_bucket.url("in/00001.tar")]
     assert entry["etag"] and entry["samples"] == 9  # the version it was read at, for the next run
+
+
+def test_verify_streams_the_listing_and_names_a_truncated_and_a_missing_shard(cloud_bucket, tmp_path,
+                                                                                monkeypatch):
+    """``preprocess verify`` on a bucket: the shards' sizes come from the listing a page at a time (here 4
+    objects), never from one list of every file, and every problem is still found."""
+    import shardio.store.object_store as object_store
+    from preprocess.verify import verify_dataset
+
+    local = str(tmp_path / "local")
+    manifest = make_dataset(local, inputs=(40, 45, 32), samples_per_shard=8)
+    cut, gone = manifest.shards[3], manifest.shards[11]
+    with open(os.path.join(local, cut.path), "r+b") as f:
+        f.truncate(cut.bytes - 5)
+    os.remove(os.path.join(local, gone.meta_path))
+    url = cloud_bucket.upload_dir(local)
+    monkeypatch.setattr(object_store, "_LIST_PAGE", 4)
+
+    def whole_listing(*args, **kwargs):
+        raise AssertionError("the whole folder listed at once")
+
+    monkeypatch.setattr(object_store.ObjectStorage, "list_files", whole_listing)
+    result = verify_dataset(url)
+    problems = sorted(bad.problem for bad in result.bad)
+    assert problems == sorted([f"{url}/{cut.path}: {cut.bytes - 5} bytes, the manifest says {cut.bytes} "
+                               "(truncated or overwritten)",
+                               f"{url}/{gone.meta_path}: listed in the manifest but missing"])
