@@ -165,7 +165,7 @@ class ShardDataset(IterableDataset):
         # asked of its backend once, here.
         self.is_local = for_path(path).is_local
         if self.is_local and (cache_dir is not None or cache_limit is not None):
-            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
+            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://, gs://, az://); "
                              "a local dataset is memory-mapped in place: leave them out")
         # Order settings left out take the defaults, and a loaded state's values (``shardio.read.resume``).
         defaulted = frozenset(name for name, value in (("shuffle_window", shuffle_window),
