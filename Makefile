@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 PILLOW_SIMD_VERSION ?= 12.1.1.post0
+AZURITE_VERSION ?= 3.35.0
 STAMP := $(VENV)/.installed
 
 # make shards INPUT=... OUTPUT=... CONFIG=...; with no INPUT it generates the sample dataset first.
@@ -20,7 +21,7 @@ SAMPLE_DIR ?= data/sample
 # Written by `python -m bench.run` (cached): 6 tars of 200 LAION-like JPEGs.
 BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 
-.PHONY: install pillow-simd pillow-simd-rebuild shards sample test bench gpu-check lint doctor clean
+.PHONY: install pillow-simd pillow-simd-rebuild shards sample test azurite bench gpu-check lint doctor clean
 
 # `install` checks Pillow-SIMD every time, not only when the stamp is stale: anything that requires
 # `pillow` (pip install torchvision, matplotlib) writes stock Pillow over it without touching the stamp.
@@ -78,7 +79,14 @@ test: $(STAMP)
 	@if ! command -v cjpeg >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		(apt-get install -y -q libjpeg-turbo-progs || (apt-get update -q && apt-get install -y -q libjpeg-turbo-progs)) \
 			>/dev/null 2>&1 || echo "warning: no libjpeg-turbo-progs: the tests that need cjpeg will fail" >&2; fi
+	@$(MAKE) --no-print-directory azurite
 	$(PY) -m pytest -q
+
+# The Azure Blob emulator the tests start on loopback, from npm into the project's own .node/ (gitignored);
+# without it the Azure tests fail, naming it.
+azurite:
+	@test -x .node/node_modules/.bin/azurite-blob || npm install --prefix .node --no-audit --no-fund --silent \
+		azurite@$(AZURITE_VERSION) || echo "warning: npm could not install azurite: the Azure tests will fail" >&2
 
 bench: $(STAMP)
 	# OpenCV for the img2dataset-style baseline (it needs no Pillow; the bench skips it if this fails).

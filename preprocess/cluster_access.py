@@ -1,7 +1,7 @@
 """What the tasks of a run need to reach its storage, and a check, before any task, that every node can.
 
 **Settings** (``task_env``): the driver's non-secret object-store settings (endpoint, region, addressing
-style, plain http: ``shardio.store.s3.carried_settings``) go to every task as environment variables
+style, plain http, an Azure account: each backend's ``carried_settings``) go to every task as environment variables
 in its Ray ``runtime_env``, so a node started by ``ray start`` without them reaches the same server in the
 same region. They override the node's own. Credentials do not travel: each node uses its own environment,
 profile or instance role, unless ``pass_credentials`` (``--pass-credentials``), which adds the driver's key,
@@ -27,7 +27,6 @@ import ray
 
 from preprocess.ray_runner import BUILD_CHECK_TIMEOUT_S, on_every_node
 from shardio.write import directory as dataset_dir
-from shardio.store import s3 as object_storage
 from shardio.store.backends import for_path
 from shardio.errors import NodeAccessError, ShardioError
 
@@ -37,11 +36,12 @@ __all__ = ["task_env", "check_cluster_access", "probe_access"]
 def task_env(paths: list[str], pass_credentials: bool = False) -> dict[str, str]:
     """Environment variables every task of a run over ``paths`` (inputs and output) gets: the driver's
     non-secret object-store settings, plus its credentials if ``pass_credentials``. Empty for local paths."""
-    if all(for_path(path).is_local for path in paths):
-        return {}
-    env = object_storage.carried_settings()
-    if pass_credentials:
-        env.update(object_storage.driver_credentials())
+    env: dict[str, str] = {}
+    remote = {id(backend): backend for backend in map(for_path, paths) if not backend.is_local}
+    for backend in remote.values():  # one per cloud the run touches
+        env.update(backend.carried_settings())  # type: ignore[attr-defined]
+        if pass_credentials:
+            env.update(backend.driver_credentials())  # type: ignore[attr-defined]
     return env
 
 
@@ -93,7 +93,8 @@ def check_cluster_access(inputs: list[str], output: str, env: dict[str, str],
     lines = "; ".join(f"node {node}: {' | '.join(problems)}" for node, problems in sorted(failing.items()))
     hint = ""
     if env or not all(for_path(p).is_local for p in [*inputs, output]):
-        carried = ", ".join(sorted(k for k in env if "SECRET" not in k and "TOKEN" not in k
+        secret = ("SECRET", "TOKEN", "_KEY")  # AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, SAS tokens
+        carried = ", ".join(sorted(k for k in env if not any(part in k for part in secret)
                                    and k != "AWS_ACCESS_KEY_ID")) or "none set on this driver"
         hint = f" The tasks get this driver's object-store settings ({carried})"
         if credentials_passed:

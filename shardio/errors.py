@@ -161,7 +161,8 @@ class StorageAccessError(UsageError):
 
 
 class UnsupportedStore(UsageError):
-    """The object store ignores conditional writes, so two writers could overwrite each other's commit."""
+    """The object store ignores conditional writes (or does not take the upload they ride on), so two writers
+    could overwrite each other's commit: refused before anything is written."""
 
 
 class MissingExtra(UsageError, ImportError):

@@ -1,4 +1,5 @@
-"""Shared fixtures: one 2-node local Ray cluster and one S3 server per test session, and generated tars.
+"""Shared fixtures: one 2-node local Ray cluster, one server per object store (S3, GCS, Azure emulators) per
+test session, and generated tars.
 
 Ray starts once (~4 s a node) and every Ray test shares it; the job reuses an initialised Ray instead of
 starting its own, and subprocess runs join it with ``--ray-address``. Two nodes (1 CPU each) make every
@@ -13,28 +14,64 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.azure_server import AzureServer
+from tests.gcs_server import GCSServer
+from tests.object_stores import CloudBucket
 from tests.s3_server import S3Server
 from tests.tar_factory import TarFactory
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory) -> Iterator[S3Server]:
-    """One SeaweedFS server for the session (tests/s3_server.py). Its AWS variables go into this process's
-    environment (and so into every subprocess and every Ray worker started after it): the product reads
-    credentials and endpoint from the standard AWS environment, as it would on a real cluster."""
-    server = S3Server(str(tmp_path_factory.mktemp("s3-server")))
+def _serve(server) -> Iterator:
+    """Start ``server``; its variables go into this process's environment (and so into every subprocess and
+    every Ray worker started after it): the product reads credentials and endpoint from each cloud's
+    standard environment, as it would on a real cluster. A server that cannot start fails its tests (never
+    a skip: ``make test`` installs every emulator)."""
     server.start()
-    saved = {key: os.environ.get(key) for key in server.env()}
-    os.environ.update(server.env())
+    env = server.env()
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         yield server
     finally:
-        server.stop(crash=True)  # its data is a temp dir: no graceful 5 s stop at the end of every session
+        server.stop(crash=True)  # its data is a temp dir: no graceful stop at the end of every session
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator[S3Server]:
+    """One SeaweedFS server for the session (tests/s3_server.py), with the AWS variables."""
+    yield from _serve(S3Server(str(tmp_path_factory.mktemp("s3-server"))))
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory) -> Iterator[GCSServer]:
+    """One fake-gcs-server for the session (tests/gcs_server.py), with a key file naming it."""
+    yield from _serve(GCSServer(str(tmp_path_factory.mktemp("gcs-server"))))
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory) -> Iterator[AzureServer]:
+    """One Azurite for the session (tests/azure_server.py), with the AZURE_* variables."""
+    yield from _serve(AzureServer(str(tmp_path_factory.mktemp("azure-server"))))
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def cloud_bucket(request) -> CloudBucket:
+    """A new, empty bucket (GCS) or container (Azure) on each cloud's emulator in turn."""
+    server = request.getfixturevalue(f"{request.param}_server")
+    return CloudBucket(server, server.new_bucket())
+
+
+@pytest.fixture(params=["s3", "azure"])
+def writable_cloud_bucket(request) -> CloudBucket:
+    """As ``cloud_bucket``, on the emulators that take the product's writes: fake-gcs-server does not serve
+    GCS's XML upload, so a commit there is refused (tests/test_clouds.py proves it)."""
+    server = request.getfixturevalue(f"{request.param}_server")
+    return CloudBucket(server, server.new_bucket())
 
 
 @pytest.fixture
@@ -44,8 +81,8 @@ def s3_bucket(s3_server) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(s3_server) -> Iterator[str]:
-    # After s3_server: the raylets (and so every Ray worker) inherit the AWS variables, as the nodes of a
+def ray_cluster(s3_server, gcs_server, azure_server) -> Iterator[str]:
+    # After the servers: the raylets (and so every Ray worker) inherit their variables, as the nodes of a
     # real cluster read their own credentials.
     import ray
     from ray.cluster_utils import Cluster

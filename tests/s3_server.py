@@ -44,6 +44,7 @@ class S3Server:
     root: str
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    scheme = "s3"
 
     @property
     def endpoint(self) -> str:
@@ -135,6 +136,12 @@ class S3Server:
     def client(self):
         """A boto3 client for test set-up and inspection (the product itself uses obstore)."""
         return self._client()
+
+    def put_file(self, bucket: str, key: str, path: str) -> None:
+        self._client().upload_file(path, bucket, key)
+
+    def get_bytes(self, bucket: str, key: str) -> bytes:
+        return self._client().get_object(Bucket=bucket, Key=key)["Body"].read()
 
     def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         client = self._client()

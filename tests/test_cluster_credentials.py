@@ -101,3 +101,28 @@ def test_pass_credentials_gives_the_node_the_drivers(bare_cluster, s3_server, s3
         done = run(bare_cluster, inputs, out, "--pass-credentials")
     assert done.returncode == 0, done.stderr
     assert s3_server.list_keys(s3_bucket, "out/manifest.json") == ["out/manifest.json"]
+
+
+AZURE_SETTINGS = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_ENDPOINT")
+AZURE_CREDENTIALS = ("AZURE_STORAGE_ACCOUNT_KEY",)
+
+
+def test_an_azure_node_without_credentials_is_named_and_pass_credentials_gives_it_the_drivers(
+        bare_cluster, azure_server, tars):
+    container = azure_server.new_bucket()
+    for i, count in enumerate((5, 7)):
+        azure_server.put_file(container, f"in/{i:05d}.tar", tars.make(f"{i:05d}.tar", range(i * 10, i * 10 + count)))
+    inputs, out = f"az://{container}/in/*.tar", f"az://{container}/out"
+    with worker_without(bare_cluster, AZURE_SETTINGS + AZURE_CREDENTIALS) as node:
+        refused = run(bare_cluster, inputs, out)
+        passed = run(bare_cluster, inputs, out, "--pass-credentials")
+    assert refused.returncode == 2, refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert f"1 of 1 Ray node(s) cannot reach what this run reads or writes: node {node}: " in message
+    # Said at once, or (where a metadata service answers at 169.254.169.254) its refusal, naming the fix.
+    assert ("no Azure credentials on this machine" in message
+            or "(not the store: a credential service): HTTP 403" in message), message
+    assert "AZURE_STORAGE_ACCOUNT_KEY" in message and "--pass-credentials" in message
+    assert "AZURE_ENDPOINT" in message and "AZURE_STORAGE_ACCOUNT_KEY" not in message.split("The tasks get")[1]
+    assert passed.returncode == 0, passed.stderr  # the account and endpoint travelled; the key with the flag
+    assert azure_server.list_keys(container, "out/manifest.json") == ["out/manifest.json"]

@@ -199,10 +199,10 @@ def test_a_generation_collected_while_read_says_so_not_repair(compacted, monkeyp
     generation = read_root(directory)["generation"]
     add = manifests.open_segment
 
-    def collected_meanwhile(store, folder, ref):  # retention deletes the root and its segments mid-read
+    def collected_meanwhile(store, folder, ref, *cache):  # retention deletes the root and its segments mid-read
         os.remove(generation_path(directory, generation))
         os.remove(os.path.join(directory, ref.path))
-        return add(store, folder, ref)
+        return add(store, folder, ref, *cache)
     monkeypatch.setattr(manifests, "open_segment", collected_meanwhile)
     with pytest.raises(ShardError, match=rf"gone: generation {generation} was collected by retention while this "
                                          "read it") as e:

@@ -299,12 +299,12 @@ def test_a_url_is_never_turned_into_a_local_path(ray_cluster, s3_bucket, tars, t
                  ["gc", url]):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, (args, result.output)
-    for args in (["run", tars.made[0], "--output", "gs://bucket/shards"], ["verify", "gs://bucket/shards"],
-                 ["gc", "gs://bucket/shards"]):
+    for args in (["run", tars.made[0], "--output", "hdfs://bucket/shards"], ["verify", "hdfs://bucket/shards"],
+                 ["gc", "hdfs://bucket/shards"]):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, result.output
-        assert "gs://bucket/shards" in result.output and "not supported" in result.output
-    assert not any(name.startswith(("s3:", "gs:")) for name in os.listdir(tmp_path)), "a local folder for a URL"
+        assert "hdfs://bucket/shards" in result.output and "not supported" in result.output
+    assert not any(name.startswith(("s3:", "hdfs:")) for name in os.listdir(tmp_path)), "a local folder for a URL"
 
 
 def test_a_jpeg_run_over_a_raw_dataset_names_both_encodings(tars, tmp_path):

@@ -1,6 +1,8 @@
 """The job with its output in a bucket: the commit protocol on a store with no rename, no flock, no fsync.
 
-Against the session's real S3 server: the same tars give the same bytes in a bucket as on local disk;
+Against the session's S3 server and Azure emulator (``writable_cloud_bucket``: the job, two writers and
+kill -9 run on both; the GCS emulator takes no writes, tests/test_clouds.py), and S3 alone for the fault
+injection: the same tars give the same bytes in a bucket as on local disk;
 kill -9 at random moments, then a rerun, gives the uninterrupted result with no orphan object; a burst
 of 503s and a server restart mid-run are ridden out; two concurrent runs never both commit; refused
 credentials and a missing bucket are usage errors within seconds.
@@ -26,6 +28,7 @@ from tests.dataset_compare import assert_clean, assert_indices, assert_same_data
 from tests.fault_proxy import FaultProxy
 from tests.test_crash_safety import FLAGS, wait_for_dead_runs_tasks
 from tests.legacy_format import legacy_doc
+from tests.object_stores import CloudBucket
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -44,25 +47,20 @@ def start_run(pattern: str, out: str, log: str, ray: str | None, env: dict[str, 
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
 
 
-def keys(server, bucket: str, prefix: str) -> list[str]:
-    return [key[len(prefix) + 1:] for key in server.list_keys(bucket, prefix + "/")]
+def keys(bucket: CloudBucket, prefix: str) -> list[str]:
+    return bucket.keys(prefix)
 
 
-def fetch(server, bucket: str, prefix: str, local: str) -> str:
+def fetch(bucket: CloudBucket, prefix: str, local: str) -> str:
     """Copy a dataset from the bucket to a local folder, to compare it with the local tools."""
-    client = server.client()
-    for rel in keys(server, bucket, prefix):
-        path = os.path.join(local, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        client.download_file(bucket, f"{prefix}/{rel}", path)
-    return local
+    return bucket.fetch(prefix, local)
 
 
-def assert_no_orphans(server, bucket: str, prefix: str) -> None:
+def assert_no_orphans(bucket: CloudBucket, prefix: str) -> None:
     """Only what a committed dataset holds: the manifest, generations, reports and listed shards; no lease,
     no probe object."""
-    found = keys(server, bucket, prefix)
-    manifest = legacy_doc(f"s3://{bucket}/{prefix}")
+    found = keys(bucket, prefix)
+    manifest = legacy_doc(bucket.url(prefix))
     listed = {p for s in manifest["shards"] for p in (s["path"], s["meta_path"])}
     retired = {r["path"] for r in manifest.get("retired", [])}
     shards = {k for k in found if k.startswith("shards/")}
@@ -80,20 +78,21 @@ def make_inputs(tars, sizes=(30, 12, 25, 9)) -> tuple[str, int]:
 
 
 def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
-        ray_cluster, s3_server, s3_bucket, tars, tmp_path, capsys, monkeypatch):
+        ray_cluster, writable_cloud_bucket, tars, tmp_path, capsys, monkeypatch):
+    bucket = writable_cloud_bucket
     pattern, total = make_inputs(tars)
     local = str(tmp_path / "local")
     assert run_cli(pattern, "--output", local, ray=ray_cluster).exit_code == 0
-    url = f"s3://{s3_bucket}/ds"
+    url = bucket.url("ds")
     assert run_cli(pattern, "--output", url, ray=ray_cluster).exit_code == 0
-    copy = fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy"))
+    copy = fetch(bucket, "ds", str(tmp_path / "copy"))
     assert_same_dataset(copy, local)
-    assert_no_orphans(s3_server, s3_bucket, "ds")
-    before = keys(s3_server, s3_bucket, "ds/shards")
+    assert_no_orphans(bucket, "ds")
+    before = keys(bucket, "ds/shards")
     result = run_cli(pattern, "--output", url, ray=ray_cluster)
     assert result.exit_code == 0
-    assert keys(s3_server, s3_bucket, "ds/shards") == before
-    assert_indices(fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy2")), list(range(total)))
+    assert keys(bucket, "ds/shards") == before
+    assert_indices(fetch(bucket, "ds", str(tmp_path / "copy2")), list(range(total)))
     # The training-side CLI on the URL: info reads the manifest and reports by LIST; preview reads pixels
     # through the default cache.
     from shardio.tools.cli import main as shardio_main
@@ -108,8 +107,8 @@ def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_two_writers_from_the_same_manifest_never_both_commit(s3_bucket):
-    url = f"s3://{s3_bucket}/ds"
+def test_two_writers_from_the_same_manifest_never_both_commit(writable_cloud_bucket):
+    url = writable_cloud_bucket.url("ds")
     first = Manifest(shape=(8, 8, 3), config={}, versions={})
     dataset_dir.commit(url, first)  # a new dataset: created if absent
     a = dataset_dir.load_current(url)
@@ -124,7 +123,8 @@ def test_two_writers_from_the_same_manifest_never_both_commit(s3_bucket):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result_and_no_orphans(
-        ray_cluster, s3_server, s3_bucket, tars, tmp_path):
+        ray_cluster, writable_cloud_bucket, tars, tmp_path):
+    bucket = writable_cloud_bucket
     pattern, total = make_inputs(tars, (40, 22, 35, 9, 30))
     log = str(tmp_path / "runs.log")
     reference = str(tmp_path / "reference")
@@ -133,12 +133,12 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result_and
     outcomes = []
     for attempt in range(3):
         prefix = f"k{attempt}"
-        url = f"s3://{s3_bucket}/{prefix}"
+        url = bucket.url(prefix)
         run = start_run(pattern, url, log, ray_cluster)
         began, first_upload = time.monotonic(), None
         delay = rng.uniform(0.0, 2.5)
         while run.poll() is None:
-            if first_upload is None and keys(s3_server, s3_bucket, f"{prefix}/shards"):
+            if first_upload is None and keys(bucket, f"{prefix}/shards"):
                 first_upload = time.monotonic()
             if first_upload is not None and time.monotonic() >= first_upload + delay:
                 run.send_signal(signal.SIGKILL)  # mid-upload, mid-commit or just after
@@ -150,10 +150,10 @@ def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_result_and
         outcomes.append((round(delay, 2), run.returncode))
         wait_for_dead_runs_tasks()
         assert run_cli(pattern, "--output", url, ray=ray_cluster).exit_code == 0, open(log).read()[-2000:]
-        copy = fetch(s3_server, s3_bucket, prefix, str(tmp_path / f"copy{attempt}"))
+        copy = fetch(bucket, prefix, str(tmp_path / f"copy{attempt}"))
         assert_same_dataset(copy, reference)
         assert_clean(copy)
-        assert_no_orphans(s3_server, s3_bucket, prefix)
+        assert_no_orphans(bucket, prefix)
     print("kills (delay after first upload, exit):", outcomes)
 
 
@@ -182,8 +182,8 @@ def test_a_burst_of_503_slowdown_is_retried_and_the_result_is_exact(s3_server, s
         assert proxy.failed >= 5
     finally:
         proxy.close()
-    assert_indices(fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy")), list(range(total)))
-    assert_no_orphans(s3_server, s3_bucket, "ds")
+    assert_indices(fetch(CloudBucket(s3_server, s3_bucket), "ds", str(tmp_path / "copy")), list(range(total)))
+    assert_no_orphans(CloudBucket(s3_server, s3_bucket), "ds")
 
 
 def test_the_store_going_away_mid_run_is_ridden_out(s3_server, s3_bucket, tars, tmp_path):
@@ -202,23 +202,24 @@ def test_the_store_going_away_mid_run_is_ridden_out(s3_server, s3_bucket, tars, 
         assert run.wait(300) == 0, open(log).read()[-3000:]
     finally:
         proxy.close()
-    assert_indices(fetch(s3_server, s3_bucket, "ds", str(tmp_path / "copy")), list(range(total)))
-    assert_no_orphans(s3_server, s3_bucket, "ds")
+    assert_indices(fetch(CloudBucket(s3_server, s3_bucket), "ds", str(tmp_path / "copy")), list(range(total)))
+    assert_no_orphans(CloudBucket(s3_server, s3_bucket), "ds")
 
 
-def test_a_second_run_on_a_busy_output_exits_2_and_the_first_commits(ray_cluster, s3_server, s3_bucket, tars,
+def test_a_second_run_on_a_busy_output_exits_2_and_the_first_commits(ray_cluster, writable_cloud_bucket, tars,
                                                                      tmp_path):
     from tests.interrupt_helpers import config_file, slow_inputs
 
+    bucket = writable_cloud_bucket
     slow_inputs(tars, 6)
-    url = f"s3://{s3_bucket}/ds"
+    url = bucket.url("ds")
     log = str(tmp_path / "first.log")
     with open(log, "ab") as stderr:
         first = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "run", f"{tars.directory}/*.tar",
                                   "--output", url, "--config", config_file(str(tmp_path)), "-q", "--ray-address",
                                   ray_cluster], stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + 120
-    while ".lock" not in keys(s3_server, s3_bucket, "ds"):
+    while ".lock" not in keys(bucket, "ds"):
         assert first.poll() is None and time.monotonic() < deadline, open(log).read()
         time.sleep(0.01)
     second = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", url, "--config",
@@ -226,7 +227,7 @@ def test_a_second_run_on_a_busy_output_exits_2_and_the_first_commits(ray_cluster
     assert second.exit_code == 2, second.output
     assert "another run is writing this output" in " ".join(second.output.split())
     assert first.wait(300) == 0, open(log).read()
-    assert_no_orphans(s3_server, s3_bucket, "ds")
+    assert_no_orphans(bucket, "ds")
 
 
 @pytest.mark.parametrize("problem", ["credentials", "bucket"])

@@ -16,17 +16,20 @@ from shardio.store.base import Storage
 from shardio.store.paths import check_local, normalize
 
 
-def test_both_backends_provide_the_interface_and_other_schemes_are_refused():
+def test_every_backend_provides_the_interface_and_other_schemes_are_refused():
+    from shardio.store.azure import AzureStorage
+    from shardio.store.gcs import GCSStorage
     from shardio.store.s3 import S3Storage
 
     required = {name for name in Storage.__dict__ if not name.startswith("_")}
     assert required
-    for backend in (for_path("/tmp"), S3Storage()):
+    for backend in (for_path("/tmp"), S3Storage(), GCSStorage(), AzureStorage()):
         missing = [name for name in required if not callable(getattr(backend, name, None))]
         assert not missing, f"{type(backend).__name__} lacks {missing}"
-    assert for_path("/tmp").is_local and not S3Storage.is_local
-    with pytest.raises(errors.UnsupportedPath, match="gs://"):
-        for_path("gs://bucket/ds")
+    assert for_path("/tmp").is_local and not any(b.is_local for b in (S3Storage, GCSStorage, AzureStorage))
+    assert isinstance(for_path("gs://bucket/ds"), GCSStorage) and isinstance(for_path("az://c/ds"), AzureStorage)
+    with pytest.raises(errors.UnsupportedPath, match="hdfs://"):
+        for_path("hdfs://bucket/ds")
     with pytest.raises(errors.UnsupportedPath, match="needs a local path"):
         check_local("s3://bucket/ds")
 
@@ -53,16 +56,16 @@ def test_conditional_create_without_hard_links_still_refuses_an_existing_name(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000001.json"]
 
 
-@pytest.mark.parametrize("url,store", [("gs://bucket/ds", "Google Cloud Storage"),
-                                       ("az://container/ds", "Azure Blob Storage"),
-                                       ("abfs://container/ds", "Azure Blob Storage")])
-def test_gcs_and_azure_urls_say_they_are_not_supported_yet_and_why(url, store):
+@pytest.mark.parametrize("url,taken", [("gcs://bucket/ds", "gs://BUCKET/PATH"),
+                                       ("abfs://container/ds", "az://CONTAINER/PATH"),
+                                       ("azure://container/ds", "az://CONTAINER/PATH")])
+def test_other_spellings_of_gcs_and_azure_urls_name_the_one_taken(url, taken):
     with pytest.raises(errors.UnsupportedPath) as caught:
         normalize(url)
     message = str(caught.value)
-    assert message.startswith(f"{url}: {store} URLs are not supported yet")
-    assert "conditional writes" in message and "copy the data to an s3:// bucket" in message
+    assert message.startswith(f"{url}: ") and f"write it as {taken}" in message
     assert errors.exit_code(caught.value) == 2
+    assert normalize("gs://bucket/ds/") == "gs://bucket/ds" and normalize("az://c/ds/") == "az://c/ds"
 
 
 def test_every_scheme_is_served_from_the_one_table_and_a_backend_is_made_once():
@@ -79,5 +82,5 @@ def test_every_scheme_is_served_from_the_one_table_and_a_backend_is_made_once():
         assert for_path("s3://other/b") is first and made == [first]  # created once, then held
     finally:
         register_backend("s3", previous)
-    with pytest.raises(ValueError, match="gs"):
-        register_backend("gs", Recording)
+    with pytest.raises(ValueError, match="hdfs"):
+        register_backend("hdfs", Recording)

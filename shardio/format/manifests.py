@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
 from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
+from shardio.format.segment_cache import cached_segment
 from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
 from shardio.format.spec import (
     ConfigDerived,
@@ -148,7 +149,7 @@ def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
         raise _segment_missing(path) from e
 
 
-def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
+def _read_index(store: Storage, path: str, directory: str, segment_cache: str | None = None) -> DatasetIndex:
     doc, version = _read_document(store, path)
     if not (isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == FORMAT_NAME):
         manifest = Manifest.from_json(doc, path)
@@ -159,7 +160,8 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
                             manifest.generation, ShardTable.from_entries(shards, path), manifest.retired, totals,
                             version)
     refs = parse_segment_refs(doc, path)
-    segments = _segments_of_root(doc, path, lambda: [open_segment(store, directory, ref) for ref in refs])
+    segments = _segments_of_root(doc, path, lambda: [open_segment(store, directory, ref, segment_cache)
+                                                     for ref in refs])
     table = fold_segments(segments, path)
     try:
         h, w, c = root_shape(doc, path)
@@ -177,14 +179,17 @@ def _read_index(store: Storage, path: str, directory: str) -> DatasetIndex:
     return index
 
 
-def open_segment(store: Storage, directory: str, ref: SegmentRef) -> SegmentColumns:
-    """Segment ``ref`` of the dataset at ``directory`` as columns: memory-mapped where local, read whole
-    from an object store; its size and sha256 checked against the root's ``ref`` first."""
+def open_segment(store: Storage, directory: str, ref: SegmentRef, segment_cache: str | None = None) -> SegmentColumns:
+    """Segment ``ref`` of the dataset at ``directory`` as columns: memory-mapped where local; from an object
+    store, read whole, or with ``segment_cache`` (a local directory) through the node's shared copy
+    (``shardio.format.segment_cache``); its size and sha256 checked against the root's ``ref`` first."""
     segment_file = store.join(directory, ref.path)
     expected = ref.path.rsplit("/", 1)[1].removesuffix(".npz")
     try:
         if store.is_local:
             return map_segment(segment_file, ref.bytes, expected)
+        if segment_cache is not None:
+            return cached_segment(store, segment_file, ref.bytes, expected, segment_cache)
         return segment_from_bytes(store.read_bytes(segment_file), segment_file, ref.bytes, expected)
     except FileNotFoundError as e:
         raise _segment_missing(segment_file) from e
@@ -197,10 +202,15 @@ def load_manifest(directory: str, generation: int | None = None) -> Manifest:
     return _load(directory, generation, _read_manifest)
 
 
-def load_index(directory: str, generation: int | None = None) -> DatasetIndex:
+def load_index(directory: str, generation: int | None = None, segment_cache: str | None = None) -> DatasetIndex:
     """``load_manifest`` for a reader: the same checks and errors, the shards as columns (a format 3 index's
-    segments memory-mapped where local), so opening 2.3M shards costs ~30 bytes a shard, not an object."""
-    return _load(directory, generation, _read_index)
+    segments memory-mapped where local), so opening 2.3M shards costs ~30 bytes a shard, not an object.
+    ``segment_cache``: a local directory where an object-store dataset's segments are kept for every process
+    of the node (``shardio.format.segment_cache``); None reads them whole each time."""
+    if segment_cache is None:
+        return _load(directory, generation, _read_index)
+    return _load(directory, generation,
+                 lambda store, path, folder: _read_index(store, path, folder, segment_cache))
 
 
 def _load(directory: str, generation: int | None, read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:

@@ -30,7 +30,7 @@ from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
-__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
+__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "check_segment", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
@@ -312,6 +312,11 @@ def segment_from_bytes(data: bytes, path: str, expected_bytes: int, expected_nam
     """A segment read whole (object storage), after the same checks."""
     _check(path, len(data), hashlib.sha256(data).hexdigest(), expected_bytes, expected_name)
     return SegmentColumns(data, path)
+
+
+def check_segment(path: str, size: int, digest: str, expected_bytes: int, expected_name: str) -> None:
+    """``ShardIntegrityError`` unless the segment's size and sha256 are the root's."""
+    _check(path, size, digest, expected_bytes, expected_name)
 
 
 def _check(path: str, size: int, digest: str, expected_bytes: int, expected_name: str) -> None:

@@ -245,11 +245,11 @@ is renamed into place, so a reader always sees a consistent snapshot and a kille
 half-visible. Every file is created with mode ``0o666`` less the umask (``0644`` under umask 022), so a
 trainer running as another user than the job can read the dataset.
 
-On object storage (``s3://BUCKET/PREFIX`` is the directory: the same keys under the prefix, no folder
-objects) the layout and every file are the same bytes; the commit protocol maps onto conditional
-writes (``shardio.store.s3``): a shard is an object uploaded whole at its final key, invisible
+On object storage (``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX`` or ``az://CONTAINER/PREFIX`` is the
+directory: the same keys under the prefix, no folder objects) the layout and every file are the same bytes;
+the commit protocol maps onto conditional writes (``shardio.store.object_store``): a shard is an object uploaded whole at its final key, invisible
 until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
-replaced only if its ETag is still the one the run read (created only if absent for a new dataset), so
+replaced only if its version (ETag; GCS: generation) is still the one the run read (created only if absent for a new dataset), so
 two writers can never overwrite each other's commit. The one-writer lock is a lease (``.lock``,
 ``shardio.store.lease``); whatever happens to it (its holder paused past its expiry, cut off from the
 store, its clock jumping), no committed generation names a file that is not there: a holder commits or

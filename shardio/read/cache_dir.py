@@ -10,6 +10,8 @@ stale file can never stand for another shard)::
     KEY.jsonl             its metadata
     .tmp-KEY.RANDOM       a download in progress (or killed); never read
     locks/KEY.lock        the unit's lock file (empty; never removed)
+    index/                the dataset indexes' segments, shared by the node's processes
+                          (``shardio.format.segment_cache``; not counted in ``cache_limit``)
 
 Why the pair: a unit is two files, and a name must stand for both. Two shards with the same pixels but
 different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar) are two

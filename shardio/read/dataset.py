@@ -24,7 +24,7 @@ except ImportError:  # another torch: the check is skipped, nothing else changes
 
 from shardio.store.backends import for_path
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cache_setup import cache_for
+from shardio.read.cache_setup import cache_for, default_cache_dir
 from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
 from shardio.format import JPEG, MANIFEST_NAME
@@ -168,7 +168,7 @@ class ShardDataset(IterableDataset):
         # asked of its backend once, here.
         self.is_local = for_path(path).is_local
         if self.is_local and (cache_dir is not None or cache_limit is not None):
-            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://...); "
+            raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://, gs://, az://); "
                              "a local dataset is memory-mapped in place: leave them out")
         # Order settings left out take the defaults, and a loaded state's values (``shardio.read.resume``).
         defaulted = frozenset(name for name, value in (("shuffle_window", shuffle_window),
@@ -223,11 +223,16 @@ class ShardDataset(IterableDataset):
 
     # --- opening a snapshot ------------------------------------------------------------------------
 
+    def _segment_cache(self) -> str | None:
+        """Where this node keeps a remote dataset's index segments: the shard cache's directory."""
+        return None if self.is_local else (self.cache_dir or default_cache_dir())
+
     def _open(self, generation: int | None, check_ranks: bool = False) -> None:
         manifest_path = for_path(self.path).join(self.path, MANIFEST_NAME)
         error: ShardError | None = None
         try:
-            snapshot = open_dataset(self.path, verify=self.verify, generation=generation)
+            snapshot = open_dataset(self.path, verify=self.verify, generation=generation,
+                                    segment_cache=self._segment_cache())
             if len(snapshot) == 0:
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
             if not self.is_local:
@@ -329,7 +334,7 @@ class ShardDataset(IterableDataset):
         """(samples, identity) of the dataset at ``generation`` (None: the snapshot open now)."""
         if generation is None or generation == self.snapshot.generation:
             return self.samples, self.snapshot.identity
-        snapshot = open_dataset(self.path, generation=generation)
+        snapshot = open_dataset(self.path, generation=generation, segment_cache=self._segment_cache())
         return len(self._select(snapshot)), snapshot.identity
 
     # --- epochs, length, resume -------------------------------------------------------------------

@@ -219,16 +219,19 @@ def _check_size(path: str, size: int, expected: int) -> None:
                                   f"{_REBUILD}")
 
 
-def open_dataset(directory: str, *, verify: bool = False, generation: int | None = None) -> DatasetSnapshot:
+def open_dataset(directory: str, *, verify: bool = False, generation: int | None = None,
+                 segment_cache: str | None = None) -> DatasetSnapshot:
     """Open the dataset at ``directory``: manifest checked, every shard's size checked (O(1) each).
 
     ``generation``: open that kept generation instead of the current one (``snapshot.generation`` of an
     earlier open). ``verify=True`` also reads every byte and compares its checksum with the manifest's (slow).
-    A URL: the sizes from a LIST of the shards' folders; ``verify`` is moot (every download is checked).
+    A URL: the sizes from a LIST of the shards' folders; ``verify`` is moot (every download is checked);
+    ``segment_cache`` (a local directory: the shard cache's) keeps the index's segments for every process of
+    the node, so each is fetched once per node (``shardio.format.segment_cache``).
     """
     store = for_path(directory)
     if not store.is_local:
-        manifest = load_index(directory, generation)
+        manifest = load_index(directory, generation, segment_cache)
         problem = _remote_size_problem(store, directory, manifest) if len(manifest.shards) <= EAGER_CHECK_SHARDS else None
         if problem:
             raise ShardIntegrityError(f"{problem}; HINT: run `preprocess verify {directory} --repair` to rebuild "

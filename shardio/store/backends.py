@@ -3,10 +3,10 @@
 opened (``for_path``), and holds it; nothing below the opening looks at the path's scheme again. The backends
 never import this table.
 
-A backend is created on first use and shared (one S3 client per process: its connections and per-bucket
-regions are reused); without the ``s3`` extra, the first ``s3://`` path says what to install
-(``MissingExtra``), and ``import shardio`` still needs numpy and torch alone (the S3 backend imports obstore
-only when it is created)."""
+A backend is created on first use and shared (one client per cloud and process: its connections and
+per-bucket stores are reused); without the ``s3`` extra, the first ``s3://``, ``gs://`` or ``az://`` path
+says what to install (``MissingExtra``), and ``import shardio`` still needs numpy and torch alone (the
+object-store backends import obstore only when they are created)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,20 @@ from collections.abc import Callable
 from shardio.store.base import Storage
 from shardio.store.local import LocalStorage
 from shardio.store.paths import REMOTE_SCHEMES, check_local, scheme
+from shardio.store.azure import AzureStorage
+from shardio.store.gcs import GCSStorage
 from shardio.store.s3 import S3Storage
 
 __all__ = ["for_path", "register_backend"]
 
 # URL scheme -> the backend's factory; "" is a local path. Every scheme of ``paths.REMOTE_SCHEMES`` is here.
-_BACKENDS: dict[str, Callable[[], Storage]] = {"": LocalStorage, "s3": S3Storage}
+_BACKENDS: dict[str, Callable[[], Storage]] = {"": LocalStorage, "s3": S3Storage, "gs": GCSStorage,
+                                               "az": AzureStorage}
 _OPEN: dict[str, Storage] = {}
 
 
 def register_backend(url_scheme: str, factory: Callable[[], Storage]) -> Callable[[], Storage] | None:
-    """Serve ``url_scheme`` ("s3", or "" for local paths) with ``factory``'s backend from now on (the one
+    """Serve ``url_scheme`` ("s3", "gs", "az", or "" for local paths) with ``factory``'s backend from now on (the one
     created before is dropped); returns the factory it replaces, to put back."""
     if url_scheme and url_scheme not in REMOTE_SCHEMES:
         raise ValueError(f"{url_scheme!r} is not a scheme shardio's paths take (shardio.store.paths)")
@@ -36,9 +39,9 @@ def register_backend(url_scheme: str, factory: Callable[[], Storage]) -> Callabl
 
 
 def for_path(path: str) -> Storage:
-    """The backend serving ``path``: the S3 one for ``s3://`` (``MissingExtra`` without the ``s3`` extra),
-    the local one for a local path, ``UnsupportedPath`` for any other
-    scheme."""
+    """The backend serving ``path``: S3 for ``s3://``, Google Cloud Storage for ``gs://``, Azure Blob for
+    ``az://`` (``MissingExtra`` without the ``s3`` extra), the local one for a local path,
+    ``UnsupportedPath`` for any other scheme."""
     name = scheme(path)
     if name not in REMOTE_SCHEMES:
         check_local(path)  # refuses an unknown scheme, naming it

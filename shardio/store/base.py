@@ -1,6 +1,6 @@
-"""The storage interface every file access of shardio and preprocess goes through: ``Storage``, with two
-backends, the local filesystem (``shardio.store.local.LocalStorage``) and S3-compatible object storage
-(``shardio.store.s3.S3Storage``), chosen by URL scheme once, where a dataset or an input is opened
+"""The storage interface every file access of shardio and preprocess goes through: ``Storage``, with the
+local filesystem (``shardio.store.local.LocalStorage``) and object storage (``shardio.store.object_store``:
+S3, Google Cloud Storage, Azure Blob) as backends, chosen by URL scheme once, where a dataset or an input is opened
 (``shardio.store.backends.for_path``); the caller then holds its ``Storage`` and asks it (``is_local``)
 instead of looking at the path again. The dataset-directory protocol (``shardio.write.directory``) uses
 only this interface, so object storage is a second backend, not a change to the protocol.

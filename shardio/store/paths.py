@@ -9,15 +9,14 @@ from shardio.errors import UnsupportedPath
 __all__ = ["REMOTE_SCHEMES", "scheme", "check_local", "normalize"]
 
 # Schemes with a backend in ``shardio.store.backends``; any other "scheme://" is refused by name.
-REMOTE_SCHEMES = ("s3",)
-# Stores obstore serves that shardio does not use yet (issue 22 item 7: no emulator with conditional
-# writes was tested here), refused with why.
-_NOT_YET = {"gs": "Google Cloud Storage", "gcs": "Google Cloud Storage", "az": "Azure Blob Storage",
-            "azure": "Azure Blob Storage", "abfs": "Azure Blob Storage", "abfss": "Azure Blob Storage"}
+REMOTE_SCHEMES = ("s3", "gs", "az")
+# Other spellings of those stores, refused with the one shardio takes.
+_SPELLED_OTHERWISE = {"gcs": "gs://BUCKET/PATH", "azure": "az://CONTAINER/PATH", "abfs": "az://CONTAINER/PATH",
+                      "abfss": "az://CONTAINER/PATH"}
 
 
 def scheme(path: str) -> str:
-    """``path``'s URL scheme ("s3"), "" for a local path (``file://`` included)."""
+    """``path``'s URL scheme ("s3", "gs", "az"), "" for a local path (``file://`` included)."""
     head, sep, _ = path.partition("://")
     return "" if not sep or head == "file" else head
 
@@ -29,15 +28,13 @@ def check_local(path: str) -> str:
         name = path.split("://", 1)[0]
         if name in REMOTE_SCHEMES:
             raise UnsupportedPath(f"{path}: this needs a local path, not an {name}:// URL")
-        if name in _NOT_YET:
+        if name in _SPELLED_OTHERWISE:
             raise UnsupportedPath(
-                f"{path}: {_NOT_YET[name]} URLs are not supported yet: obstore speaks {_NOT_YET[name]}, but the "
-                "dataset commit depends on conditional writes (create-if-absent, replace-if-unchanged) and a "
-                "lease whose behaviour is so far tested only on S3-compatible servers; copy the data to an "
-                "s3:// bucket (AWS, MinIO, R2, SeaweedFS) or to local disk")
+                f"{path}: {name}:// URLs are not taken; write it as {_SPELLED_OTHERWISE[name]} (an Azure "
+                "account comes from AZURE_STORAGE_ACCOUNT_NAME)")
         raise UnsupportedPath(
-            f"{path}: {name}:// paths are not supported (only local paths and s3:// URLs); copy the data "
-            "locally or mount it"
+            f"{path}: {name}:// paths are not supported (only local paths and s3://, gs:// and az:// URLs); "
+            "copy the data locally or mount it"
         )
     return path[len("file://") :] if path.startswith("file://") else path
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from shardio.errors import StorageAccessError, StorageUnavailable
 
-__all__ = ["RequestFailure", "StoreSettings", "explain", "parse"]
+__all__ = ["RequestFailure", "StoreSettings", "explain", "parse", "refused_access"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class RequestFailure:
 _PERFORMING = re.compile(r"Error performing ([A-Z]+) (\w+://[^\s,]+)")
 _STATUS = re.compile(r"status code: (\d{3})([A-Za-z ]*)")
 _DEBUG_STATUS = re.compile(r"status: (\d{3}),")
-_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z0-9_.]+)'))
+# A JSON answer's "code" only when it is a name (GCS's JSON errors carry the HTTP status there as a number).
+_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z][A-Za-z0-9_.]*)'))
 _CONNECT = re.compile(r'ConnectError\(\s*"([^"]+)"')
 _DETAILS = (re.compile(r'message: "([^"]+)"'), re.compile(r'error: "([^"]+)"'))
 _HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
@@ -107,6 +108,11 @@ _CREDENTIAL_CODES = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenie
 _MISSING_BUCKET_CODES = ("NoSuchBucket", "ContainerNotFound")
 
 
+def refused_access(failure: RequestFailure) -> bool:
+    """Whether the server refused the credentials or named a missing bucket (not the request's form)."""
+    return (failure.code or "") in (*_CREDENTIAL_CODES, *_MISSING_BUCKET_CODES) or failure.status in (401, 403)
+
+
 def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
             bucket: str) -> StorageAccessError | StorageUnavailable:
     """The exception to raise for ``error`` (obstore's), met while ``doing`` (``"HEAD"``) on ``url``:
@@ -114,7 +120,9 @@ def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
     region; ``StorageUnavailable`` for the rest (network, 5xx: obstore retried them already)."""
     failure = parse(error)
     endpoint = failure.endpoint or settings.endpoint or settings.name
-    if settings.endpoint:
+    if settings.endpoint and failure.endpoint and not settings.endpoint.startswith(failure.endpoint):
+        where = f"{endpoint} (not the store: a credential service)"  # a token request failed (IMDS, OAuth)
+    elif settings.endpoint:
         where = f"{endpoint} ({settings.endpoint_variable})"
     else:
         where = f"{endpoint} ({settings.name} itself: no {settings.endpoint_variable} is set)"
