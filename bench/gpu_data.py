@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardio import ShardDataset
 from shardio.format import InputEntry, Manifest
+from shardio.read.jpeg_pixels import EncodedImages
 from shardio.write.shard_writer import InputShardWriter, write_manifest
 
 QUALITY, SUBSAMPLING = 90, "4:4:4"
@@ -73,3 +75,14 @@ def build(root: str, samples: int, distinct: int, side: int = 256, samples_per_s
             pixels = list(pool.map(_pixels, jpegs, chunksize=16))
             _write(raw, side, samples, samples_per_shard, pixels, "raw")
     return GpuDatasets(raw, jpeg, samples, side, float(np.mean([len(j) for j in jpegs])))
+
+
+def encoded_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:
+    """``count`` shuffled batches of the JPEG dataset, still encoded (as a device decoder gets them)."""
+    out: list[EncodedImages] = []
+    while len(out) < count:
+        for item in ShardDataset(jpeg_dir, batch, shuffle=True, seed=len(out), decode="device"):
+            out.append(item["image"])
+            if len(out) == count:
+                break
+    return out

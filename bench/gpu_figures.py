@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from bench.gpu_data import encoded_batches
 from shardio import DeviceLoader, ShardDataset
 from shardio.errors import MissingExtra
-from shardio.read.jpeg_pixels import EncodedImages, decode_threads
+from shardio.read.jpeg_pixels import decode_threads
 from shardio.train import device_decode
 from shardio.train.augment import TrainAugment
 from shardio.train.device_decode import DeviceDecoder
@@ -39,20 +40,10 @@ def _timed(run: Callable[[], int], device: torch.device) -> dict[str, float]:
             "cpu_cores_busy": round(cpu / wall, 2)}
 
 
-def _encoded_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:
-    out: list[EncodedImages] = []
-    while len(out) < count:
-        for item in ShardDataset(jpeg_dir, batch, shuffle=True, seed=len(out), decode="device"):
-            out.append(item["image"])
-            if len(out) == count:
-                break
-    return out
-
-
 def decode_rates(jpeg_dir: str, device: torch.device, batch: int = 256, batches: int = 40) -> dict[str, Any]:
     """Batched decode samples/s per library (through ``DeviceDecoder``, barrier on, and the library raw),
     ``DeviceLoader`` end to end on the JPEG dataset, and the CPU reader on every core."""
-    images = _encoded_batches(jpeg_dir, batch, min(batches, 16))
+    images = encoded_batches(jpeg_dir, batch, min(batches, 16))
     out: dict[str, Any] = {"batch": batch, "batches": batches}
     for name in device_decode.LIBRARIES:
         backend = device_decode.library(name)[0]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.gpu_data import encoded_batches
 from shardio import DeviceLoader, ShardDataset
 from shardio.errors import MissingExtra
 from shardio.read.jpeg_pixels import EncodedImages
@@ -63,16 +64,6 @@ class Trial:
         out = decode()
         self.after()
         return out
-
-
-def _jpeg_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:
-    out: list[EncodedImages] = []
-    while len(out) < count:
-        for item in ShardDataset(jpeg_dir, batch, shuffle=True, seed=len(out), decode="device"):
-            out.append(item["image"])
-            if len(out) == count:
-                break
-    return out
 
 
 def _backend(name: str) -> device_decode.JpegBackend | None:
@@ -169,7 +160,7 @@ def subsampled_batches(batch: int, count: int, side: int = 256) -> list[EncodedI
 
 
 def run(jpeg_dir: str, device: torch.device, trials: int = 200, batch: int = 64) -> dict[str, Any]:
-    layouts = {"4:4:4 (the dataset)": _jpeg_batches(jpeg_dir, batch, 16),
+    layouts = {"4:4:4 (the dataset)": encoded_batches(jpeg_dir, batch, 16),
                "4:2:0": subsampled_batches(batch, 4)}
     rows = [{**under_device_loader(jpeg_dir, device, batch, trials), "jpeg": "4:4:4 (the dataset)"}]
     for layout, images in layouts.items():

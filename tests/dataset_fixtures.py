@@ -194,3 +194,14 @@ def photo_like(index: int, side: int = 64) -> np.ndarray:
     image = np.stack([128 + 100 * np.sin(x / (5 + index % 7)), 128 + 90 * np.cos(y / 9 + index),
                       (x + y) * (255 / (2 * side))], axis=-1)
     return np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8)
+
+
+def make_photo_dataset(directory: str, inputs: tuple[int, ...], side: int, samples_per_shard: int) -> Manifest:
+    """A JPEG dataset of ``photo_like`` images (every IDCT coefficient in use: a GPU decode shows its
+    errors), key ``s{index:06d}`` and label ``index`` each."""
+    def meta_for(index: int, number: int, name: str) -> dict[str, Any]:
+        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": side, "height": side,
+                "cls": index}
+
+    return write_inputs(directory, inputs, meta_for, height=side, width=side, samples_per_shard=samples_per_shard,
+                        pixels_for=lambda index: photo_like(index, side), encoding="jpeg")

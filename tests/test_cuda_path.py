@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from dataset_fixtures import assert_exactly_once, photo_like, write_inputs
+from dataset_fixtures import assert_exactly_once, make_photo_dataset
 
 from shardio import DeviceLoader, ShardDataset
 from shardio.errors import ShardIntegrityError
@@ -32,13 +32,7 @@ SAMPLES = 100
 @pytest.fixture(scope="module")
 def photo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     directory = str(tmp_path_factory.mktemp("cuda-photos"))
-
-    def meta_for(index, number, name):
-        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 48, "height": 48,
-                "cls": index}
-
-    write_inputs(directory, (60, 40), meta_for, height=48, width=48, samples_per_shard=16,
-                 pixels_for=lambda index: photo_like(index, 48), encoding="jpeg")
+    make_photo_dataset(directory, (60, 40), side=48, samples_per_shard=16)
     return directory
 
 

@@ -17,7 +17,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from dataset_fixtures import make_dataset, photo_like, write_inputs
+from dataset_fixtures import make_dataset, make_photo_dataset
 from PIL import Image
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
@@ -40,14 +40,7 @@ def jpeg_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def photo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     directory = str(tmp_path_factory.mktemp("device-decode-photos"))
-
-    def meta_for(index, number, name):
-        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 32, "height": 32,
-                "cls": index}
-
-    write_inputs(directory, (40, 24), meta_for, height=32, width=32, samples_per_shard=8,
-                 pixels_for=lambda index: photo_like(index, 32),
-                 encoding="jpeg")
+    make_photo_dataset(directory, (40, 24), side=32, samples_per_shard=8)
     return directory
 
 

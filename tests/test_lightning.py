@@ -174,16 +174,10 @@ class ImageRecorder(KeyRecorder):
 
 @pytest.fixture(scope="module")
 def jpeg_dataset(tmp_path_factory) -> str:
-    from tests.dataset_fixtures import photo_like, write_inputs
+    from tests.dataset_fixtures import make_photo_dataset
 
     path = str(tmp_path_factory.mktemp("lightning-jpeg") / "ds")
-
-    def meta_for(index, number, name):
-        return {"key": f"s{index:06d}", "tar": name, "member": f"{index}.jpg", "width": 16, "height": 16,
-                "cls": index}
-
-    write_inputs(path, (SAMPLES,), meta_for, height=16, width=16, samples_per_shard=BATCH,
-                 pixels_for=lambda index: photo_like(index, 16), encoding="jpeg")
+    make_photo_dataset(path, (SAMPLES,), side=16, samples_per_shard=BATCH)
     return path
 
 
