@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from shardio.errors import ConfigError
-from shardio.format import ENCODINGS, JPEG, RAW, SUBSAMPLINGS
+from shardio.format import ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS"]
 
@@ -104,8 +104,8 @@ class JobConfig:
         self.validate()
 
     def validate(self) -> None:
-        if not (1 <= self.height <= 8192 and 1 <= self.width <= 8192):
-            raise ConfigError(f"height/width must be 1..8192, got {self.height}x{self.width}")
+        if not (1 <= self.height <= MAX_SIDE and 1 <= self.width <= MAX_SIDE):
+            raise ConfigError(f"height/width must be 1..{MAX_SIDE}, got {self.height}x{self.width}")
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"mode must be one of {', '.join(RESIZE_MODES)}, got {self.mode!r}")
         if self.resample not in RESAMPLE_FILTERS:
