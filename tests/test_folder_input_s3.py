@@ -145,3 +145,20 @@ def test_an_object_replaced_while_the_folder_is_read_fails_the_input_naming_it(p
     result = process_input(name, str(tmp_path / "out"), CFG, fingerprint)
     assert "'zebra/deep/er/000004.jpg' was replaced while the folder was read" in result.error
     assert result.input == name and result.shards == [] and not result.lasting
+
+
+def test_every_cloud_reads_a_prefix_as_the_local_folder(cloud_bucket, tmp_path):
+    """Each object is read at the ETag its listing gave, on every cloud (GCS's conditional-write version is
+    a generation, not the ETag: the reader compares ETags, ``Storage.read_tagged``)."""
+    root = tmp_path / "flat"
+    for index in range(3):
+        write_file(root / f"{index:06d}.jpg", jpeg_bytes(index_image(index)))
+        write_file(root / f"{index:06d}.txt", f"caption {index}".encode())
+    url = cloud_bucket.upload_dir(str(root), "flat")
+    resolved = resolve_inputs([url])
+    assert resolved.paths == [url + "/"], resolved.failed
+    remote = process_input(url + "/", str(tmp_path / "r"), CFG, resolved.listed[url + "/"])
+    here = process_input(str(root), str(tmp_path / "l"), CFG, resolve_inputs([str(root)]).listed[str(root)])
+    assert remote.error is None and remote.samples == 3, remote.error
+    np.testing.assert_array_equal(read_shards(str(tmp_path / "r"), remote.shards)[0],
+                                  read_shards(str(tmp_path / "l"), here.shards)[0])
