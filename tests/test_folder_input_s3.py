@@ -15,6 +15,7 @@ from preprocess.plan import check_output_apart, plan_inputs
 from preprocess.worker import process_input
 from shardio.errors import OutputUnusable
 from shardio.format import InputEntry
+from shardio.format.manifests import read_root
 from shardio.store.s3 import S3Storage
 from tests.folder_factory import write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
@@ -162,3 +163,20 @@ def test_every_cloud_reads_a_prefix_as_the_local_folder(cloud_bucket, tmp_path):
     assert remote.error is None and remote.samples == 3, remote.error
     np.testing.assert_array_equal(read_shards(str(tmp_path / "r"), remote.shards)[0],
                                   read_shards(str(tmp_path / "l"), here.shards)[0])
+
+
+@pytest.mark.ray
+def test_the_job_commits_a_prefix_skips_it_unchanged_and_replaces_it_when_an_object_is_added(
+        ray_cluster, photos, tmp_path, s3_server, s3_bucket):
+    from preprocess.job import RunOptions, run_job
+
+    _, url = photos
+    out = str(tmp_path / "out")
+    first = run_job(RunOptions(inputs=[url], output=out, config=CFG))
+    assert first.exit_code == 0 and first.inputs_processed == [url + "/"] and first.samples_written == 6
+    again = run_job(RunOptions(inputs=[url + "/"], output=out, config=CFG))
+    assert again.exit_code == 0 and again.inputs_skipped == [url + "/"] and again.inputs_processed == []
+    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/cat/000006.jpg", Body=jpeg_bytes(index_image(6)))
+    third = run_job(RunOptions(inputs=[url], output=out, config=CFG))
+    assert third.exit_code == 0 and third.inputs_processed == [url + "/"] and third.samples_written == 7
+    assert read_root(out)["samples"] == 7, "the folder is replaced whole, as a tar is"
