@@ -180,3 +180,19 @@ def test_the_job_commits_a_prefix_skips_it_unchanged_and_replaces_it_when_an_obj
     third = run_job(RunOptions(inputs=[url], output=out, config=CFG))
     assert third.exit_code == 0 and third.inputs_processed == [url + "/"] and third.samples_written == 7
     assert read_root(out)["samples"] == 7, "the folder is replaced whole, as a tar is"
+
+
+def test_an_object_over_the_member_limit_is_a_counted_failure_and_is_never_fetched(
+        photos, tmp_path, reads, monkeypatch, s3_server, s3_bucket):
+    from preprocess import folder_samples
+
+    _, url = photos
+    name = url + "/"
+    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/big/000007.jpg", Body=b"\xff" * 30_000)
+    fingerprint = resolve_inputs([url]).listed[name]
+    monkeypatch.setattr(folder_samples, "MAX_MEMBER_BYTES", 20_000)  # every other file is a few KB
+    result = process_input(name, str(tmp_path / "out"), CFG, fingerprint)
+    assert result.error is None and result.samples == 6
+    assert [(f["key"], f["code"]) for f in result.failures] == [("big/000007", "member_too_large"),
+                                                               ("dog/orphan", "missing_image")]
+    assert not any(path.endswith("big/000007.jpg") for path in reads)
