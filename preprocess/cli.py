@@ -213,7 +213,7 @@ def _close_log(event_log: EventLogger | None, report: RunReport | None = None, e
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="Tar or Parquet files, local or s3:// / gs:// / az:// URLs, globs ('data/*.tar', 's3://b/hf/*.parquet') or brace ranges ('data/{00000..00099}.tar'), or local folders of images.")],
+    inputs: Annotated[list[str], typer.Argument(help="Tar or Parquet files, local or s3:// / gs:// / az:// URLs, globs ('data/*.tar', 's3://b/hf/*.parquet') or brace ranges ('data/{00000..00099}.tar'), or folders of images (local, or a bucket prefix: 's3://b/photos/').")],
     # str, not Path: pathlib turns s3://bucket/x into s3:/bucket/x, a local folder (a URL must stay a URL).
     output: Annotated[str, typer.Option("--output", "-o", help="Dataset directory, or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX (created, or appended to).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,

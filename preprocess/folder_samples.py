@@ -13,10 +13,23 @@ rule: the sorted names of the folder's first-level sub-folders are classes 0, 1,
 keys), so the mapping is stored in the dataset itself, sample by sample (a ``.cls`` sidecar is then
 ignored). An image directly in the folder has no class.
 
-A folder is ONE input for incremental runs, not one per sub-folder: its fingerprint is the total size of
-its files and the newest modification time of its files and directories (adding, removing or renaming a
-file changes a directory's mtime), taken by one walk per run (``folder_fingerprint``: a stat per file).
-Why one: the class indices depend on the whole tree (a new class folder renumbers the ones after it),
+A folder on object storage (``s3://bucket/photos/``, a prefix, named with or without its trailing
+slash) is read by the same rules over its object keys: the keys under the prefix are its files (a key
+ending in ``/``, a console's folder marker, names a folder and is no file), found by one paged LIST
+(``Storage.list_files(recursive=True)``), each read by one GET (``Storage.read_tagged``). Only the two
+backends of ``FolderSource`` differ ("list the files", "read a file"); grouping, sidecars, classes and the
+size limit are this module's, once.
+
+A folder is ONE input for incremental runs, not one per sub-folder. A local folder's fingerprint is the
+total size of its files and the newest modification time of its files and directories (adding,
+removing or renaming a file changes a directory's mtime), taken by one walk per run (a stat per file).
+A prefix's is taken from its one listing: the total size of its objects and a digest of every object's
+(key, size, ETag), carried where an object input's ETag is (``preprocess.plan`` compares size + ETag), so
+any object added, removed or replaced makes it a changed input, and a rerun with nothing changed reads
+no object. The task lists the prefix again and reads it only if that listing still has the digest the
+plan saw, and each object only at the ETag listed: an object replaced meanwhile fails the input (not
+lasting: the next run reads the new one), so what is committed is exactly what the fingerprint names.
+Why one input: the class indices depend on the whole tree (a new class folder renumbers the ones after it),
 so part of a folder processed again could disagree with the rest; and a folder is committed all or
 nothing, like a tar. For drops that grow, name each drop's folder as its own INPUT
 (``'drops/{0001..0009}'``): each is then an input, processed once.
@@ -24,9 +37,12 @@ nothing, like a tar. For drops that grow, name each drop's folder as its own INP
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from preprocess.config import JobConfig
 from preprocess.raw_sample import RawSample, SampleProblem
@@ -34,40 +50,49 @@ from preprocess.tar_samples import MAX_MEMBER_BYTES
 from shardio.errors import InputError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
+from shardio.store.backends import for_path
+from shardio.store.base import FileInfo, Storage
 
-__all__ = ["folder_fingerprint", "iter_folder_samples", "folder_classes"]
+__all__ = ["FolderFile", "FolderFingerprint", "FolderSource", "folder_source", "iter_folder_samples"]
 
 _SIDECARS = ("txt", "json", "cls")
 
 
-def _walk(folder: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """(path relative to ``folder``, entry) of every regular file under it, hidden names and directory links
-    skipped; directories are yielded too (their mtime counts in the fingerprint), as (relative path + "/")."""
-    stack = [""]
-    while stack:
-        relative = stack.pop()
-        with os.scandir(os.path.join(folder, relative) if relative else folder) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                path = f"{relative}{entry.name}"
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(path + "/")
-                    yield path + "/", entry
-                elif entry.is_file():
-                    yield path, entry
+@dataclass(frozen=True)
+class FolderFile:
+    """One file of a folder: its path relative to the folder (``/``-separated), and, on object storage,
+    the size and ETag its listing gave (locally None and "": the read finds the size)."""
+
+    relative: str
+    size: int | None = None
+    version: str = ""
 
 
-def folder_fingerprint(folder: str, image_extensions: tuple[str, ...]) -> tuple[int, int, int]:
-    """(total bytes of its files, newest mtime_ns of the folder, its files and directories, image files)."""
-    size, newest, images = 0, os.stat(folder).st_mtime_ns, 0
-    for relative, entry in _walk(folder):
-        info = entry.stat()
-        newest = max(newest, info.st_mtime_ns)
-        if not relative.endswith("/"):
-            size += info.st_size
-            images += _extension(relative) in image_extensions
-    return size, newest, images
+class FolderFingerprint(NamedTuple):
+    """(total bytes of its files, newest mtime_ns, a digest of its listing ("" locally), image files)."""
+
+    size: int
+    mtime_ns: int
+    etag: str
+    images: int
+
+
+class FolderSource(Protocol):
+    """Where a folder's files come from: what differs between a local folder and a prefix of objects."""
+
+    folder: str
+
+    def files(self) -> list[FolderFile]: ...  # every file under it, hidden names skipped, sorted
+    def classes(self) -> list[str]: ...  # the first-level sub-folders' names, sorted
+    def read(self, file: FolderFile) -> bytes: ...  # at most MAX_MEMBER_BYTES + 1 bytes
+    def fingerprint(self, image_extensions: tuple[str, ...]) -> FolderFingerprint: ...
+    def check_listed(self, etag: str) -> None: ...  # InputError if it changed since the plan's listing
+
+
+def folder_source(path: str) -> FolderSource:
+    """The folder at ``path`` (a local directory, or a prefix URL ending in ``/``), its backend chosen once."""
+    storage = for_path(path)
+    return _LocalFolder(path) if storage.is_local else _ObjectFolder(path, storage)
 
 
 def _extension(relative: str) -> str:
@@ -75,71 +100,174 @@ def _extension(relative: str) -> str:
     return name.rsplit(".", 1)[1].lower() if "." in name[1:] else ""
 
 
-def folder_classes(folder: str) -> list[str]:
-    """The class names: the sorted names of the first-level sub-folders (hidden ones skipped)."""
-    with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+class _LocalFolder:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def _walk(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """(path relative to the folder, entry) of every regular file under it, hidden names and directory
+        links skipped; directories are yielded too (their mtime counts in the fingerprint), as
+        (relative path + "/")."""
+        stack = [""]
+        while stack:
+            relative = stack.pop()
+            with os.scandir(os.path.join(self.folder, relative) if relative else self.folder) as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue
+                    path = f"{relative}{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(path + "/")
+                        yield path + "/", entry
+                    elif entry.is_file():
+                        yield path, entry
+
+    def files(self) -> list[FolderFile]:
+        return [FolderFile(relative) for relative in sorted(r for r, _ in self._walk() if not r.endswith("/"))]
+
+    def classes(self) -> list[str]:
+        with os.scandir(self.folder) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+
+    def fingerprint(self, image_extensions: tuple[str, ...]) -> FolderFingerprint:
+        size, newest, images = 0, os.stat(self.folder).st_mtime_ns, 0
+        for relative, entry in self._walk():
+            info = entry.stat()
+            newest = max(newest, info.st_mtime_ns)
+            if not relative.endswith("/"):
+                size += info.st_size
+                images += _extension(relative) in image_extensions
+        return FolderFingerprint(size, newest, "", images)
+
+    def check_listed(self, etag: str) -> None:
+        """Nothing to check: a local folder's files are read as they are (a vanished one fails the input)."""
+
+    def read(self, file: FolderFile) -> bytes:
+        """One ``open``, ``fstat`` and ``read`` of exactly its size. A buffered ``open().read(limit)`` sized
+        its buffer by the 256 MB limit: 229 µs a sample of three files against 39 µs now (the tar reader: 65)."""
+        relative = file.relative
+        try:
+            fd = os.open(os.path.join(self.folder, relative), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise InputError(self.folder, f"{relative!r} vanished while the folder was read: rerun",
+                             lasting=False) from None
+        except OSError as e:
+            raise InputError(self.folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
+        try:
+            wanted = min(os.fstat(fd).st_size, MAX_MEMBER_BYTES + 1)
+            parts, got = [], 0
+            while got < wanted:
+                part = os.read(fd, wanted - got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for an empty file
+        except OSError as e:
+            raise InputError(self.folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
+        finally:
+            os.close(fd)
+
+
+class _ObjectFolder:
+    """A prefix of objects; its listing taken once (``files``, ``classes`` and ``fingerprint`` share it)."""
+
+    def __init__(self, folder: str, storage: Storage) -> None:
+        self.folder = folder
+        self._prefix = folder.rstrip("/")
+        self._storage = storage
+        self._listing: list[tuple[str, FileInfo]] | None = None
+
+    def _listed(self) -> list[tuple[str, FileInfo]]:
+        """(relative key, info) of every object under the prefix whose key has no hidden part, sorted;
+        folder markers (keys ending in "/") included: they name folders."""
+        if self._listing is None:
+            start = len(self._prefix) + 1
+            found = []
+            for info in self._storage.list_files(self._prefix, recursive=True):
+                relative = info.path[start:]
+                if relative and not any(part.startswith(".") for part in relative.split("/")):
+                    found.append((relative, info))
+            self._listing = sorted(found, key=lambda item: item[0])
+        return self._listing
+
+    def files(self) -> list[FolderFile]:
+        return [FolderFile(relative, info.size, info.version) for relative, info in self._listed()
+                if not relative.endswith("/")]
+
+    def classes(self) -> list[str]:
+        return sorted({relative.split("/", 1)[0] for relative, _ in self._listed() if "/" in relative})
+
+    def fingerprint(self, image_extensions: tuple[str, ...]) -> FolderFingerprint:
+        digest = hashlib.sha256()
+        size, newest, images = 0, 0, 0
+        for relative, info in self._listed():
+            digest.update(f"{relative}\0{info.size}\0{info.version}\n".encode("utf-8", "surrogateescape"))
+            size += info.size
+            newest = max(newest, info.mtime_ns)
+            images += not relative.endswith("/") and _extension(relative) in image_extensions
+        return FolderFingerprint(size, newest, f"listing-sha256:{digest.hexdigest()[:32]}", images)
+
+    def check_listed(self, etag: str) -> None:
+        now = self.fingerprint(()).etag
+        if etag and now != etag:
+            raise InputError(self.folder, "objects were added, removed or replaced under it since it was listed: "
+                                          "not committed; the next run reads it as it is then", lasting=False)
+
+    def read(self, file: FolderFile) -> bytes:
+        url = f"{self._prefix}/{file.relative}"
+        try:
+            if file.size is not None and file.size > MAX_MEMBER_BYTES:  # refused unread past the limit
+                return self._storage.read_range(url, 0, MAX_MEMBER_BYTES + 1)
+            data, version = self._storage.read_tagged(url)
+        except FileNotFoundError:
+            raise InputError(self.folder, f"{file.relative!r} vanished while the folder was read: rerun",
+                             lasting=False) from None
+        if file.version and version and version != file.version:
+            raise InputError(self.folder, f"{file.relative!r} was replaced while the folder was read (ETag "
+                                          f"{version}, listed as {file.version}): not committed; the next run "
+                                          "reads the new one", lasting=False)
+        return data
 
 
 def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
                         etag: str = "") -> Iterator[RawSample | SampleProblem]:
-    """Yield each image file under the folder ``path`` as a sample (the module docstring's rules)."""
+    """Yield each image file under the folder ``path`` as a sample (the module docstring's rules); ``etag``:
+    a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``)."""
+    source = folder_source(path)
     try:
-        files = sorted(relative for relative, _ in _walk(path) if not relative.endswith("/"))
-        classes = {name: index for index, name in enumerate(folder_classes(path))} if cfg.folder_classes else {}
+        files = source.files()
+        source.check_listed(etag)
+        classes = {name: index for index, name in enumerate(source.classes())} if cfg.folder_classes else {}
     except OSError as e:
         raise InputError(path, f"cannot list the folder ({e.strerror or e})", lasting=False) from e
-    groups: dict[str, dict[str, str]] = {}  # key -> extension -> relative path, in sorted key order
-    for relative in files:
-        extension = _extension(relative)
+    groups: dict[str, dict[str, FolderFile]] = {}  # key -> extension -> file, in sorted key order
+    for file in files:
+        extension = _extension(file.relative)
         if extension in cfg.image_extensions or extension in _SIDECARS:
-            key = relative[: -len(extension) - 1]
-            groups.setdefault(key, {}).setdefault(extension, relative)
+            key = file.relative[: -len(extension) - 1]
+            groups.setdefault(key, {}).setdefault(extension, file)
     if not groups:
         raise InputError(path, f"holds no image file ({', '.join(cfg.image_extensions)}) nor sidecar")
     for key, members in groups.items():
-        yield _sample(path, key, members, cfg, classes)
+        yield _sample(source, key, members, cfg, classes)
 
 
-def _read(folder: str, relative: str) -> bytes:
-    """The file's bytes (at most ``MAX_MEMBER_BYTES + 1``: a larger one is refused unread past that): one
-    ``open``, ``fstat`` and ``read`` of exactly its size. A buffered ``open().read(limit)`` sized its
-    buffer by the 256 MB limit: 229 µs a sample of three files against 39 µs now (the tar reader: 65)."""
-    try:
-        fd = os.open(os.path.join(folder, relative), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise InputError(folder, f"{relative!r} vanished while the folder was read: rerun", lasting=False) from None
-    except OSError as e:
-        raise InputError(folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
-    try:
-        wanted = min(os.fstat(fd).st_size, MAX_MEMBER_BYTES + 1)
-        parts, got = [], 0
-        while got < wanted:
-            part = os.read(fd, wanted - got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for an empty file
-    except OSError as e:
-        raise InputError(folder, f"cannot read {relative!r} ({e.strerror or e})", lasting=False) from e
-    finally:
-        os.close(fd)
-
-
-def _sample(folder: str, key: str, members: dict[str, str], cfg: JobConfig,
+def _sample(source: FolderSource, key: str, members: dict[str, FolderFile], cfg: JobConfig,
             classes: dict[str, int]) -> RawSample | SampleProblem:
     escaped = escape_name(key)
     image_extension = next((e for e in cfg.image_extensions if e in members), None)
     if image_extension is None:
         present = ", ".join(sorted(members))
         return SampleProblem(escaped, FailureCode.MISSING_IMAGE, f"no image file (has: {present})")
-    member = escape_name(members[image_extension])
-    image = _read(folder, members[image_extension])
-    if len(image) > MAX_MEMBER_BYTES:
+    file = members[image_extension]
+    member = escape_name(file.relative)
+    too_large = file.size is not None and file.size > MAX_MEMBER_BYTES  # listed: refused without a GET
+    image = b"" if too_large else source.read(file)
+    if too_large or len(image) > MAX_MEMBER_BYTES:
         return SampleProblem(escaped, FailureCode.MEMBER_TOO_LARGE,
                              f"file {member!r} is over {MAX_MEMBER_BYTES} bytes: skipped", member)
-    fields = {e: _read(folder, members[e]) for e in _SIDECARS if e in members}
+    fields = {e: source.read(members[e]) for e in _SIDECARS if e in members}
     if classes:
         fields.pop("cls", None)
         top = key.split("/", 1)[0] if "/" in key else None

@@ -1,8 +1,8 @@
 """What an INPUT can be: the table of input kinds, telling one from its name or its first bytes, and reading it.
 
 One row per kind of input (a tar, plain or compressed, as WebDataset and img2dataset write; a Parquet
-file, as Hugging Face ``datasets`` and img2dataset write; a local folder of image files, named as an INPUT:
-``preprocess.folder_samples``). A row names the kind for a person, the
+file, as Hugging Face ``datasets`` and img2dataset write; a folder of image files, local or a prefix of
+objects, named as an INPUT: ``preprocess.folder_samples``). A row names the kind for a person, the
 file-name suffixes that claim it, a test of the first ``HEAD_BYTES`` bytes, and the reader that yields
 its samples (``RawSample`` / ``SampleProblem``: key, image bytes, ``txt`` / ``json`` / ``cls``). The
 worker asks this table for an input's reader (``samples_of``) and everything after the samples (decode,
@@ -55,7 +55,7 @@ class InputKind:
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
     samples: SampleReader
     any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
-    is_folder: bool = False  # a local directory named as an INPUT (no suffix, no first bytes)
+    is_folder: bool = False  # a directory or prefix named as an INPUT (no suffix, no first bytes)
 
 
 def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[RawSample | SampleProblem]:
@@ -68,8 +68,8 @@ INPUT_KINDS: tuple[InputKind, ...] = (
                      "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples, any_glob=True),
     InputKind("parquet", "a Parquet file with an image column (Hugging Face datasets, img2dataset)",
               PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples),
-    InputKind("folder", "a folder of image files with KEY.txt / KEY.json sidecars (a local directory holding "
-                        "images, named as an INPUT)", (), lambda head: False, iter_folder_samples, is_folder=True),
+    InputKind("folder", "a folder of image files with KEY.txt / KEY.json sidecars (a local directory or a "
+                        "bucket prefix holding images, named as an INPUT)", (), lambda head: False, iter_folder_samples, is_folder=True),
 )
 FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
 
@@ -102,11 +102,12 @@ def strip_kind_suffix(name: str) -> str:
 
 
 def input_kind(path: str, size: int | None = None) -> InputKind:
-    """The kind of the input at ``path``: claimed by its name, else a local folder, else told from its first
-    bytes (one read); bytes no kind takes go to the tar reader, which says what they look like."""
+    """The kind of the input at ``path``: claimed by its name, else a folder (a local directory, or a URL
+    ending in ``/``: a prefix, as ``preprocess.inputs`` names one), else told from its first bytes (one
+    read); bytes no kind takes go to the tar reader, which says what they look like."""
     backend = for_path(path)
     kind = claimed_kind(path)  # a name's word first: a directory named x.tar fails as the tar it claims to be
-    if kind is None and backend.is_local and os.path.isdir(path):
+    if kind is None and (path.endswith("/") or backend.is_local and os.path.isdir(path)):
         return FOLDER_KIND
     if kind is None:
         try:

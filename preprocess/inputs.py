@@ -10,8 +10,10 @@ shrink silently nor grow with junk:
   says that kind (``data/*.parquet``: ``input_kinds.glob_takes``); anything else it matches
   (img2dataset's ``_stats.json`` and ``.parquet`` metadata beside its tars, for ``data/*``) is counted as
   ignored, not a failed input;
-- a local folder named explicitly that holds image files is one input (``preprocess.folder_samples``:
-  its fingerprint is a walk of it); one holding none (a folder of tars) is refused as it always was;
+- a folder named explicitly that holds image files is one input (``preprocess.folder_samples``: a local
+  one's fingerprint is a walk of it; a prefix URL's, named with or without its ``/``, one paged listing of
+  it, and it is named with its ``/``, ``s3://bucket/photos/``); one holding none (a folder of tars) is
+  refused as it always was;
 - a path named explicitly is taken as it is: a missing one is a failed input named in the report (exit
   1), as is a missing member of a brace range that matched others; one whose name claims no kind of input
   (``notes.txt``, ``shard-000``) is read (its first 512 bytes) and, if no kind takes them, refused
@@ -45,7 +47,7 @@ from typing import NamedTuple
 from braceexpand import braceexpand
 
 from preprocess.config import JobConfig
-from preprocess.folder_samples import folder_fingerprint
+from preprocess.folder_samples import folder_source
 from preprocess.input_kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_takes, kind_of,
                                    looks_like)
 from preprocess.local_glob import local_glob
@@ -89,7 +91,7 @@ def resolve_inputs(patterns: list[str],
     found: set[str] = set()
     ignored: set[str] = set()
     failed: list[dict[str, str]] = []
-    remote = _RemoteLookup(patterns)
+    remote = _RemoteLookup(patterns, image_extensions)
     local_found: dict[str, InputFingerprint] = {}
     links: set[str] = set()
     folders: set[str] = set()
@@ -130,6 +132,7 @@ def resolve_inputs(patterns: list[str],
             )
         found |= matched
         ignored |= pattern_ignored
+        folders |= remote.folders & matched
         failed += pattern_failed
     listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
@@ -176,7 +179,7 @@ def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprin
         if claimed_kind(path) is not None:
             return "is a directory; pass DIR/*.tar"
         try:
-            size, mtime_ns, images = folder_fingerprint(path, image_extensions)
+            size, mtime_ns, _, images = folder_source(path).fingerprint(image_extensions)
         except OSError as e:
             return f"cannot be read: {e.strerror or e}"
         if not images:
@@ -237,8 +240,10 @@ def _hidden_mismatch(pattern_rest: str, path_rest: str) -> bool:
 class _RemoteLookup:
     """URLs resolved by listing, each folder listed at most once per ``resolve_inputs`` call."""
 
-    def __init__(self, patterns: list[str]) -> None:
+    def __init__(self, patterns: list[str], image_extensions: tuple[str, ...]) -> None:
         self.listed: dict[str, InputFingerprint] = {}
+        self.folders: set[str] = set()  # prefixes named as INPUTs that hold images, each named "URL/"
+        self._image_extensions = image_extensions
         self._listings: dict[tuple[str, bool], dict[str, FileInfo]] = {}
         # Explicit URLs (no glob) per folder: a folder named more than once is listed, not HEADed per name.
         self._named: dict[str, set[str]] = {}
@@ -281,17 +286,33 @@ class _RemoteLookup:
             failed.append({"input": url, "reason": "glob matched no objects"})
 
     def _resolve_named(self, url: str, matched: set[str], failed: list[dict[str, str]]) -> None:
+        if url.endswith("/"):
+            self._resolve_folder(url, matched, failed)
+            return
         folder = url.rsplit("/", 1)[0]
         if len(self._named.get(folder, ())) > 1 or (folder, False) in self._listings:
             info = self._listing(folder, False).get(url)
             if info is not None:
                 matched.add(self._found(info))
             else:
-                failed.append({"input": url, "reason": "no such object"})
+                self._resolve_folder(url, matched, failed)
             return
-        backend = for_path(url)
         try:
-            matched.add(self._found(backend.info(url)))
+            matched.add(self._found(for_path(url).info(url)))
         except FileNotFoundError:
-            is_folder = backend.is_dir(url)
-            failed.append({"input": url, "reason": "is a folder; pass FOLDER/*.tar" if is_folder else "no such object"})
+            self._resolve_folder(url, matched, failed)
+
+    def _resolve_folder(self, url: str, matched: set[str], failed: list[dict[str, str]]) -> None:
+        """A URL that names no object: a prefix holding images is one folder input, named ``URL/``, its
+        fingerprint from one paged listing (``preprocess.folder_samples``); a name claiming a file kind
+        (``x.tar``) is never taken as a folder, as locally."""
+        name = url.rstrip("/") + "/"
+        source = folder_source(name)
+        fingerprint = source.fingerprint(self._image_extensions)
+        if fingerprint.images and claimed_kind(url.rstrip("/")) is None:
+            self.listed[name] = InputFingerprint(fingerprint.size, fingerprint.mtime_ns, fingerprint.etag)
+            self.folders.add(name)
+            matched.add(name)
+        else:
+            failed.append({"input": url, "reason": "is a folder; pass FOLDER/*.tar" if source.files()
+                           else "no such object"})

@@ -76,8 +76,8 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
     inside = _comparable(directory) + "/"
     for folder in resolved.folders:
         # The other way round for a folder input: a dataset inside it would change its fingerprint (its
-        # directories' mtimes) at every run, and its files would be walked as the folder's.
-        if inside.startswith(os.path.realpath(folder) + "/"):
+        # directories' mtimes, a prefix's listing) at every run, and its files would be read as the folder's.
+        if inside.startswith(_comparable(folder) + "/"):
             raise OutputUnusable(f"{directory}: --output lies inside the input folder {folder}; give an --output "
                                  "outside it; nothing was written")
     folder_inside: dict[str, bool] = {}  # input folder -> whether it lies in the output (a name has no "/")

@@ -64,7 +64,7 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str
     changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
     with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
-    base = strip_kind_suffix(os.path.basename(input_path))
+    base = strip_kind_suffix(os.path.basename(input_path.rstrip("/")))  # a prefix's name ends in "/"
     # A source's input (preprocess.sources) is a name with a version (held as its ETag), never a file.
     stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]

@@ -114,6 +114,10 @@ class LocalStorage:
             st = os.fstat(f.fileno())
             return f.read(), f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
 
+    def read_tagged(self, path: str) -> tuple[bytes, str]:
+        """The file's bytes and its ``FileInfo.version`` ("" locally: size and mtime recognise a file)."""
+        return self.read_bytes(path), ""
+
     def read_range(self, path: str, start: int, length: int) -> bytes:
         with open(check_local(path), "rb") as f:
             return os.pread(f.fileno(), length, start)
