@@ -306,3 +306,23 @@ def test_a_machine_without_credentials_is_told_so_at_once(monkeypatch, s3_server
                        match=rf"s3://{s3_bucket}: no S3 credentials on this machine .*--pass-credentials"):
         S3Storage().info(f"s3://{s3_bucket}/ds/manifest.json")
     assert time.monotonic() - started < 10
+
+
+def test_a_create_refused_by_an_object_deleted_before_it_is_read_is_an_exists_the_caller_retries(store, s3_bucket,
+                                                                                                 monkeypatch):
+    """The lease's waiter: its create is refused, the holder releases, then the read of the refusing object
+    finds nothing. That is 'exists' (try again), never a FileNotFoundError that kills the waiter."""
+    path = f"s3://{s3_bucket}/ds/.lock"
+    store.publish_new(path, b"holder")
+    real_read = store.read_versioned
+
+    def released_meanwhile(target):
+        store.remove(target)
+        return real_read(target)
+
+    monkeypatch.setattr(store, "read_versioned", released_meanwhile)
+    with pytest.raises(FileExistsError):
+        store.publish_new(path, b"waiter")
+    monkeypatch.undo()
+    with lease.lease(store, path, wait=True, poll_s=0.05):  # and the next try takes it
+        assert json.loads(store.read_versioned(path)[0])["pid"] == os.getpid()

@@ -414,7 +414,10 @@ class ObjectStorage:
                 result = self._ob.put(store, key, data, mode="create", use_multipart=False)
             except (self._ob.exceptions.AlreadyExistsError, self._ob.exceptions.PreconditionError):
                 # A create retried after its first attempt landed finds its own bytes: that is success.
-                existing, etag = self.read_versioned(path)
+                try:
+                    existing, etag = self.read_versioned(path)
+                except FileNotFoundError:  # deleted since (a lease released): the caller tries again
+                    raise FileExistsError(17, "object existed, then was deleted", path) from None
                 if existing == data:
                     return etag
                 raise FileExistsError(17, "object exists", path) from None
