@@ -20,7 +20,7 @@ import socket
 from typing import Any
 
 from shardio.errors import StorageAccessError
-from shardio.store.object_store import CLIENT_OPTIONS, ObjectStorage, retry_config
+from shardio.store.object_store import ObjectStorage, client_options, retry_config
 from shardio.store.s3_errors import StoreSettings
 
 __all__ = ["AzureStorage"]
@@ -79,11 +79,7 @@ class AzureStorage(ObjectStorage):
                 "AZURE_FEDERATED_TOKEN_FILE, and no managed identity (no metadata service); HINT: set one (on a "
                 "Ray cluster, on every node, or pass the driver's with `preprocess run --pass-credentials`); "
                 "a public container reads with AZURE_SKIP_SIGNATURE=true")
-        client_options = dict(CLIENT_OPTIONS)
-        endpoint = _endpoint()
-        if endpoint and endpoint.startswith("http://"):
-            client_options["allow_http"] = True
-        return AzureStore(bucket, client_options=client_options, retry_config=retry_config())
+        return AzureStore(bucket, client_options=client_options(_endpoint()), retry_config=retry_config())
 
     def where(self) -> str:
         account = os.environ.get("AZURE_STORAGE_ACCOUNT_NAME", "ACCOUNT")

@@ -19,7 +19,7 @@ import socket
 from typing import Any
 
 from shardio.errors import StorageAccessError
-from shardio.store.object_store import CLIENT_OPTIONS, ObjectStorage, retry_config
+from shardio.store.object_store import ObjectStorage, client_options, retry_config
 from shardio.store.s3_errors import StoreSettings
 
 __all__ = ["GCSStorage"]
@@ -84,11 +84,7 @@ class GCSStorage(ObjectStorage):
                 "GOOGLE_SERVICE_ACCOUNT_KEY, no application default credentials, no metadata server; HINT: run "
                 "`gcloud auth application-default login` or point GOOGLE_APPLICATION_CREDENTIALS at a service "
                 "account key file (on a Ray cluster, on every node)")
-        client_options = dict(CLIENT_OPTIONS)
-        endpoint = _endpoint()
-        if endpoint and endpoint.startswith("http://"):
-            client_options["allow_http"] = True
-        return GCSStore(bucket, client_options=client_options, retry_config=retry_config())
+        return GCSStore(bucket, client_options=client_options(_endpoint()), retry_config=retry_config())
 
     def where(self) -> str:
         return _endpoint() or "Google Cloud Storage"

@@ -45,7 +45,7 @@ from shardio.store.lease import lease
 from shardio.store.s3_errors import StoreSettings, explain, parse, refused_access
 from shardio.store.scratch import scratch_dir
 
-__all__ = ["CLIENT_OPTIONS", "ObjectStorage", "obstore_module", "retry_config", "split_url"]
+__all__ = ["CLIENT_OPTIONS", "ObjectStorage", "client_options", "obstore_module", "retry_config", "split_url"]
 
 # Above this a shard is uploaded in parts, 4 at a time (S3 wants parts of 5 MB or more).
 _PART_BYTES = 16 << 20
@@ -61,6 +61,15 @@ def retry_config() -> dict[str, Any]:
         "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=8), "base": 2},
     }
 CLIENT_OPTIONS: dict[str, Any] = {"connect_timeout": "5s", "timeout": "300s"}
+
+
+def client_options(endpoint: str | None) -> dict[str, Any]:
+    """obstore's client options for a store at ``endpoint`` (None: the cloud's own): plain HTTP allowed only
+    for an ``http://`` endpoint (a loopback emulator, a server on a private network). A new dict each time."""
+    options = dict(CLIENT_OPTIONS)
+    if endpoint and endpoint.startswith("http://"):
+        options["allow_http"] = True
+    return options
 
 
 def split_url(url: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import socket
 from typing import Any
 
 from shardio.errors import StorageAccessError
-from shardio.store.object_store import CLIENT_OPTIONS, ObjectStorage, retry_config, split_url
+from shardio.store.object_store import ObjectStorage, client_options, retry_config, split_url
 from shardio.store.s3_errors import StoreSettings
 
 __all__ = ["CARRIED_VARIABLES", "CREDENTIAL_VARIABLES", "S3Storage", "carried_settings", "driver_credentials",
@@ -39,7 +39,7 @@ def _endpoint() -> str | None:
 
 def _store_options() -> dict[str, Any]:
     """obstore's S3Store keyword arguments from the standard AWS environment and config files."""
-    options: dict[str, Any] = {"client_options": dict(CLIENT_OPTIONS), "retry_config": retry_config()}
+    options: dict[str, Any] = {"retry_config": retry_config()}
     endpoint = _endpoint()
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if not os.environ.get("AWS_ACCESS_KEY_ID"):
@@ -57,10 +57,9 @@ def _store_options() -> dict[str, Any]:
             region = region or session.region_name
             scoped = session._session.get_scoped_config()  # the profile's section of ~/.aws/config
             endpoint = endpoint or (scoped.get("s3") or {}).get("endpoint_url") or scoped.get("endpoint_url")
+    options["client_options"] = client_options(endpoint)
     if endpoint:
         options["endpoint"] = endpoint
-        if endpoint.startswith("http://"):
-            options["client_options"]["allow_http"] = True
         # Non-AWS servers (MinIO, SeaweedFS, R2) address buckets by path, not by virtual host.
         options["virtual_hosted_style_request"] = False
     if region:
