@@ -1,0 +1,118 @@
+"""A bucketed dataset through ShardDataset: one bucket per batch, the same bucket on every rank at each step,
+every sample once an epoch, len on every rank, buffers reused, workers, sample access."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from bucket_fixtures import make_bucketed_dataset
+
+from shardio import ShardDataset, ShardLoader
+
+BUCKETS = [(8, 12), (12, 8), (10, 10)]
+SIZES = [23, 41, 9]
+BATCH = 4
+
+
+@pytest.fixture(scope="module", params=["raw", "jpeg"])
+def bucketed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> str:
+    directory = str(tmp_path_factory.mktemp(f"buckets-{request.param}"))
+    return make_bucketed_dataset(directory, buckets=BUCKETS, samples=SIZES, samples_per_shard=6,
+                                 encoding=request.param)
+
+
+def all_keys(ds: ShardDataset) -> Counter:
+    return Counter(ds.sample(i)["__key__"] for i in range(ds.num_samples))
+
+
+def check_batch(ds: ShardDataset, batch: dict) -> int:
+    """The batch is one bucket: its image has that bucket's shape, and each sample is the stored one."""
+    bucket = batch["bucket"]
+    image = batch["image"]
+    assert image.dtype == torch.uint8 and tuple(image.shape[1:]) == (*ds.buckets[bucket], 3)
+    assert len(batch["__key__"]) == image.shape[0]
+    for row in (0, image.shape[0] - 1):
+        stored = ds.sample(ds.find(batch["__key__"][row]))
+        assert stored["image"].shape == image[row].shape
+        assert np.array_equal(np.asarray(stored["image"]), image[row].numpy())
+    return bucket
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_epoch_is_every_key_once_one_bucket_a_batch(bucketed: str, shuffle: bool) -> None:
+    ds = ShardDataset(bucketed, BATCH, shuffle=shuffle, seed=5)
+    assert ds.buckets == BUCKETS and ds.bucket_sizes == SIZES
+    batches = list(ds)
+    assert len(batches) == len(ds) == sum(-(-n // BATCH) for n in SIZES)
+    keys = Counter()
+    per_bucket = Counter()
+    for batch in batches:
+        bucket = check_batch(ds, batch)
+        per_bucket[bucket] += len(batch["__key__"])
+        keys.update(batch["__key__"])
+    assert keys == all_keys(ds)
+    assert [per_bucket[b] for b in range(3)] == SIZES
+
+
+def test_sample_access_is_at_the_samples_own_shape(bucketed: str) -> None:
+    ds = ShardDataset(bucketed, BATCH)
+    shapes = Counter(tuple(ds.sample(i)["image"].shape[:2]) for i in range(ds.num_samples))
+    assert shapes == Counter({shape: n for shape, n in zip(BUCKETS, SIZES)})
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_take_the_same_bucket_at_each_step(bucketed: str, world_size: int, drop_last: bool) -> None:
+    ranks = [ShardDataset(bucketed, BATCH, shuffle=True, seed=1, rank=r, world_size=world_size,
+                          drop_last=drop_last) for r in range(world_size)]
+    for ds in ranks:
+        ds.set_epoch(2)
+    epochs = [list(ds) for ds in ranks]
+    assert len({len(e) for e in epochs}) == 1 and len(epochs[0]) == len(ranks[0])
+    seen = Counter()
+    for step in range(len(epochs[0])):
+        buckets = {check_batch(ranks[r], epochs[r][step]) for r in range(world_size)}
+        assert len(buckets) == 1, f"step {step}: ranks read buckets {buckets}"
+        for r in range(world_size):
+            seen.update(epochs[r][step]["__key__"])
+    every = all_keys(ranks[0])
+    per_round = BATCH * world_size
+    if drop_last:  # each bucket's rest is dropped: exactly those samples are missing, the others once
+        assert set(seen.values()) == {1} and set(seen) <= set(every)
+        assert len(every) - len(seen) == sum(n % per_round for n in SIZES)
+    else:  # every sample; a rank left with nothing in a bucket's short round repeats one of its samples
+        assert set(seen) == set(every)
+        repeats = sum(seen.values()) - len(every)
+        assert repeats == sum(max(0, world_size - n % per_round) for n in SIZES if n % per_round)
+
+
+def test_buffers_are_reused_across_buckets(bucketed: str) -> None:
+    ds = ShardDataset(bucketed, BATCH, shuffle=True, prefetch=0)
+    for _ in range(2):
+        for batch in ds:
+            del batch
+    pool = ds._assembler.buffers
+    assert pool.allocations <= pool.size  # made once, then reused whatever the bucket
+
+
+def test_workers_keep_order_and_counts(bucketed: str) -> None:
+    direct = [b["__key__"] for b in ShardDataset(bucketed, BATCH, shuffle=True, seed=3)]
+    ds = ShardDataset(bucketed, BATCH, shuffle=True, seed=3)
+    loader = ShardLoader(ds, num_workers=2)
+    through = []
+    for batch in loader:
+        through.append(batch["__key__"])
+        assert tuple(batch["image"].shape[1:3]) == ds.buckets[batch["bucket"]]
+    assert through == direct
+    assert ds.batches_seen == len(ds)
+
+
+def test_a_single_shape_batch_has_no_bucket_key(tmp_path) -> None:
+    from dataset_fixtures import make_dataset
+    make_dataset(str(tmp_path))
+    ds = ShardDataset(str(tmp_path), BATCH)
+    assert ds.buckets == [(8, 8)] and ds.bucket_sizes == [ds.num_samples]
+    assert "bucket" not in next(iter(ds)) and "bucket_positions" not in ds.state_dict()
