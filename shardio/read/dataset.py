@@ -136,6 +136,10 @@ class ShardDataset(IterableDataset):
     ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
 
+    A bucketed dataset (``mode: bucket``; ``ds.buckets``, ``ds.bucket_sizes``) yields batches of one
+    bucket each, ``image`` uint8 [B, h, w, 3] of that bucket plus ``"bucket"`` (its index), the same bucket
+    on every rank at each step; ``drop_last`` drops each bucket's rest (``shardio.read.bucket_order``).
+
     ``decode`` (JPEG datasets, ``encoding: jpeg``): ``"cpu"`` (default) decodes each batch here into the
     uint8 ``image``; ``"device"`` leaves it encoded: ``image`` is a ``shardio.read.jpeg_pixels.EncodedImages``
     (each sample's JPEG bytes, views of the shard maps) for a decoder on the GPU
