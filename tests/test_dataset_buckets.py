@@ -116,3 +116,33 @@ def test_a_single_shape_batch_has_no_bucket_key(tmp_path) -> None:
     ds = ShardDataset(str(tmp_path), BATCH)
     assert ds.buckets == [(8, 8)] and ds.bucket_sizes == [ds.num_samples]
     assert "bucket" not in next(iter(ds)) and "bucket_positions" not in ds.state_dict()
+
+
+def test_a_subset_keeps_each_samples_bucket(bucketed: str) -> None:
+    from shardio.read.selection import SampleSelection
+    whole = ShardDataset(bucketed, BATCH)
+    keys = sorted(all_keys(whole))[::3]
+    ds = ShardDataset(bucketed, BATCH, shuffle=True, selection=SampleSelection(keys=tuple(keys)))
+    seen = Counter()
+    for batch in ds:
+        bucket = check_batch(ds, batch)
+        for key in batch["__key__"]:
+            assert whole.sample(whole.find(key))["image"].shape[:2] == ds.buckets[bucket]
+        seen.update(batch["__key__"])
+    assert seen == Counter(keys)
+
+
+def test_mixing_bucketed_datasets_gives_one_bucket_a_batch(bucketed: str, tmp_path) -> None:
+    from shardio.errors import DatasetIncompatibleError
+    from shardio.read.mixing import MixedDataset
+    other = make_bucketed_dataset(str(tmp_path / "other"), buckets=BUCKETS, samples=[5, 7, 11],
+                                  samples_per_shard=4)
+    a, b = ShardDataset(bucketed, BATCH, shuffle=True), ShardDataset(other, BATCH, shuffle=True)
+    mixed = MixedDataset([a, b], [1, 1], seed=2)
+    for batch in mixed:
+        source = (a, b)[batch["__source__"]]
+        check_batch(source, batch)
+    different = make_bucketed_dataset(str(tmp_path / "different"), buckets=[(8, 12), (12, 8)], samples=[5, 7],
+                                      samples_per_shard=4)
+    with pytest.raises(DatasetIncompatibleError, match="bucket"):
+        MixedDataset([a, ShardDataset(different, BATCH)], [1, 1])
