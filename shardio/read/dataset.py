@@ -216,6 +216,7 @@ class ShardDataset(IterableDataset):
         self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
         # Per-sample order draws every batch from about the whole window: keep its maps (and metadata) open.
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
+        self._kept_per_bucket = cache_shards is None  # a bucketed dataset keeps a window's maps per bucket
         self.cache_dir = cache_dir
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
@@ -283,13 +284,18 @@ class ShardDataset(IterableDataset):
         # else all of them; a sample without one has -1 (cls) or None.
         recorded = snapshot.fields
         self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
+        # Each bucket's batches draw from a window of that bucket's shards, and the buckets take turns: keep
+        # the maps of every bucket's window, not just the last bucket's.
+        kept = self.cache_shards
+        if sizes is not None and self._kept_per_bucket:
+            kept *= max(1, sum(1 for n in sizes if n))
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
         if self._cache is not None:
-            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, self.cache_shards,
+            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
                                                               buffers=self.prefetch + 4, fields=self.fields,
                                                               batch_size=self.batch_size)
         else:
-            self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
+            self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
                                              fields=self.fields, batch_size=self.batch_size)
 
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
