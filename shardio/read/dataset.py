@@ -232,7 +232,8 @@ class ShardDataset(IterableDataset):
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
-            "batch_size": batch_size}, defaulted=defaulted)
+            "batch_size": batch_size}, defaulted=defaulted,
+            buckets=None if self._bucket_sizes is None else len(self._bucket_sizes))
         # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
         # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
         self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()

@@ -93,6 +93,7 @@ class EpochCursor:
     drop_last: bool
     settings: dict[str, Any]  # the ORDER_SETTINGS values, checked against a loaded state
     defaulted: frozenset[str] = frozenset()  # settings the user left out: a loaded state's values win
+    buckets: int | None = None  # a bucketed dataset's number of buckets (its states have bucket keys)
     epoch: int = 0
     current: EpochPass | None = None
     handed: int = 0
@@ -254,7 +255,10 @@ class EpochCursor:
             return {"bucket_positions": list(pending["bucket_positions"]),
                     "bucket_start": list(pending["bucket_start"]), "bucket_round": pending.get("bucket_round")}
         if current is None or current.bucket_sizes is None:
-            return {}
+            if self.buckets is None:
+                return {}
+            zeros = [0] * self.buckets  # before the first pass: the start of the epoch
+            return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
         assert isinstance(current.batches, BucketRankBatches)
         if self._pinned:
             zeros = [0] * len(current.bucket_sizes)
