@@ -145,3 +145,18 @@ def test_mixing_bucketed_datasets_gives_one_bucket_a_batch(bucketed: str, tmp_pa
                                       samples_per_shard=4)
     with pytest.raises(DatasetIncompatibleError, match="bucket"):
         MixedDataset([a, ShardDataset(different, BATCH)], [1, 1])
+
+
+def test_a_bucketed_dataset_on_object_storage_reads_as_the_local_copy(s3_server, s3_bucket, tmp_path) -> None:
+    from object_stores import CloudBucket
+    local = make_bucketed_dataset(str(tmp_path / "local"), buckets=BUCKETS, samples=SIZES, samples_per_shard=6)
+    remote = CloudBucket(s3_server, s3_bucket).upload_dir(local)
+    here = list(ShardDataset(local, BATCH, shuffle=True, seed=4, shuffle_window=3))
+    there_ds = ShardDataset(remote, BATCH, shuffle=True, seed=4, shuffle_window=3, cache_dir=str(tmp_path / "cache"),
+                            cache_limit=10**6)
+    there = list(there_ds)
+    assert len(there) == len(here)
+    for a, b in zip(here, there):
+        assert a["bucket"] == b["bucket"] and a["__key__"] == b["__key__"]
+        assert torch.equal(a["image"], b["image"])
+        check_batch(there_ds, b)
