@@ -160,3 +160,14 @@ def test_a_bucketed_dataset_on_object_storage_reads_as_the_local_copy(s3_server,
         assert a["bucket"] == b["bucket"] and a["__key__"] == b["__key__"]
         assert torch.equal(a["image"], b["image"])
         check_batch(there_ds, b)
+
+
+def test_encoded_batches_carry_their_buckets_shape(tmp_path) -> None:
+    directory = make_bucketed_dataset(str(tmp_path), buckets=BUCKETS, samples=SIZES, samples_per_shard=6,
+                                      encoding="jpeg")
+    encoded = list(ShardDataset(directory, BATCH, shuffle=True, seed=6, decode="device"))
+    decoded = list(ShardDataset(directory, BATCH, shuffle=True, seed=6))
+    assert len(encoded) == len(decoded)
+    for a, b in zip(encoded, decoded):
+        assert a["bucket"] == b["bucket"] and a["__key__"] == b["__key__"]
+        assert a["image"].shape == tuple(b["image"].shape) == (len(b["__key__"]), *BUCKETS[b["bucket"]], 3)
