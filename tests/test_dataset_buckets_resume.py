@@ -128,3 +128,34 @@ def test_a_state_before_the_first_batch_resumes_at_the_start(bucketed: str) -> N
     for ds, state in zip(resumed, states):
         ds.load_state_dict(state)
     assert lockstep(resumed) == whole
+
+
+@pytest.mark.parametrize("epoch, stop", [(0, 7), (2, 3)])
+def test_a_mix_of_bucketed_datasets_resumes_at_exactly_the_next_batch(bucketed: str, tmp_path, epoch: int,
+                                                                      stop: int) -> None:
+    from shardio.read.mixing import MixedDataset
+    other = make_bucketed_dataset(str(tmp_path / "other"), buckets=BUCKETS, samples=[5, 7, 11], samples_per_shard=4)
+
+    def mixed() -> MixedDataset:
+        return MixedDataset([ShardDataset(bucketed, BATCH, shuffle=True), ShardDataset(other, BATCH, shuffle=True)],
+                            [1, 3], seed=2)
+
+    def keys(source) -> list[list[str]]:
+        return [b["__key__"] for b in source]
+
+    reference = mixed()
+    for e in range(epoch):  # epochs before: each dataset is placed in its own epochs by seek
+        reference.set_epoch(e)
+        keys(reference)
+    reference.set_epoch(epoch)
+    iterator = iter(reference)
+    head = [next(iterator)["__key__"] for _ in range(stop)]
+    state = reference.state_dict()
+    rest = keys(iterator)
+    resumed = mixed()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(epoch)
+    assert keys(resumed) == rest and len(head) + len(rest) == len(reference)
+    placed = mixed()  # a fresh mix asked for this epoch places each dataset by seek, as the reference ran
+    placed.set_epoch(epoch)
+    assert keys(placed) == head + rest
