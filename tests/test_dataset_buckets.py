@@ -171,3 +171,17 @@ def test_encoded_batches_carry_their_buckets_shape(tmp_path) -> None:
     for a, b in zip(encoded, decoded):
         assert a["bucket"] == b["bucket"] and a["__key__"] == b["__key__"]
         assert a["image"].shape == tuple(b["image"].shape) == (len(b["__key__"]), *BUCKETS[b["bucket"]], 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pinned_batches_of_every_bucket_reuse_a_few_blocks(bucketed: str) -> None:
+    ds = ShardDataset(bucketed, BATCH, shuffle=True, pin_memory=True, prefetch=0)
+    blocks = set()
+    buckets = set()
+    for _ in range(3):
+        for batch in ds:
+            assert batch["image"].is_pinned()
+            blocks.add(batch["image"].untyped_storage().data_ptr())
+            buckets.add(batch["bucket"])
+            del batch
+    assert len(buckets) == len(BUCKETS) and len(blocks) <= 4  # not one block per bucket shape, nor per step

@@ -25,7 +25,7 @@ from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_by
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
-__all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
+__all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box", "pinned_batch"]
 
 Batch = dict[str, Any]
 
@@ -143,7 +143,7 @@ class BatchAssembler:
                 image = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
                 image = image.view(shape)
             elif pinned:  # the one copy lands where the GPU copies from; torch caches pinned blocks
-                image = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+                image = pinned_batch(shape, self.buffer_bytes)
             else:
                 image = torch.from_numpy(self.buffers.take(shape))
             slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
@@ -172,6 +172,18 @@ class BatchAssembler:
         state["cache"] = OrderedDict()  # each process maps its own shards
         state["buffers"] = BufferPool(self.buffer_count, self.buffer_bytes)
         return state
+
+
+def pinned_batch(shape: tuple[int, ...], min_bytes: int = 0) -> torch.Tensor:
+    """A pinned uint8 tensor of ``shape`` from torch's caching host allocator, which keeps freed blocks by
+    size and hands one out again once the copies recorded on it are done (safe with ``non_blocking``
+    copies, which a pool of our own would not know about). A bucketed dataset asks for ``min_bytes`` (a
+    batch of its largest bucket) whatever the batch's bucket, so every batch takes a block of one size
+    and the allocator's blocks serve every bucket: none is pinned anew once the first few are made."""
+    nbytes = int(np.prod(shape))
+    if min_bytes <= nbytes:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+    return torch.empty(min_bytes, dtype=torch.uint8, pin_memory=True)[:nbytes].view(shape)
 
 
 class BufferPool:
