@@ -185,3 +185,14 @@ def test_pinned_batches_of_every_bucket_reuse_a_few_blocks(bucketed: str) -> Non
             buckets.add(batch["bucket"])
             del batch
     assert len(buckets) == len(BUCKETS) and len(blocks) <= 4  # not one block per bucket shape, nor per step
+
+
+def test_an_empty_bucket_takes_no_round(tmp_path) -> None:
+    directory = make_bucketed_dataset(str(tmp_path), buckets=BUCKETS, samples=[9, 0, 6], samples_per_shard=4)
+    for drop_last in (False, True):
+        ranks = [ShardDataset(directory, 2, shuffle=True, rank=r, world_size=2, drop_last=drop_last) for r in range(2)]
+        assert ranks[0].bucket_sizes == [9, 0, 6]
+        epochs = [list(ds) for ds in ranks]
+        assert len(epochs[0]) == len(epochs[1]) == len(ranks[0]) == (2 + 1 if drop_last else 3 + 2)
+        for a, b in zip(*epochs):
+            assert a["bucket"] == b["bucket"] != 1
