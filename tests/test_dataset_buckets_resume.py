@@ -159,3 +159,19 @@ def test_a_mix_of_bucketed_datasets_resumes_at_exactly_the_next_batch(bucketed: 
     placed = mixed()  # a fresh mix asked for this epoch places each dataset by seek, as the reference ran
     placed.set_epoch(epoch)
     assert keys(placed) == head + rest
+
+
+def test_a_state_taken_through_workers_resumes_exactly(bucketed: str) -> None:
+    whole = [b["__key__"] for b in ShardDataset(bucketed, BATCH, shuffle=True, seed=9)]
+    ds = ShardDataset(bucketed, BATCH, shuffle=True, seed=9)
+    loader = ShardLoader(ds, num_workers=2)
+    head = []
+    for batch in loader:
+        head.append(batch["__key__"])
+        if len(head) == 5:
+            state = loader.state_dict()
+            break
+    resumed = ShardDataset(bucketed, BATCH, shuffle=True, seed=9)
+    resumed.load_state_dict(state)
+    rest = [b["__key__"] for b in ShardLoader(resumed, num_workers=2)]
+    assert head + rest == whole
