@@ -20,8 +20,9 @@ bucket's shape. Its epoch keeps each bucket's order on its own, free of the worl
   of the rounds' buckets from ``default_rng([seed, epoch, INTERLEAVE_TAG, *start])`` (``start``: each
   bucket's consumed samples where the pass began, zeros for a fresh epoch), so buckets come in proportion
   to their sizes and a run of one bucket is as short as chance makes it; unshuffled, a smooth
-  proportional interleave (round ``j`` of bucket ``b`` at ``(j + 1/2) / rounds_b``). A uint16 per round:
-  O(rounds), computed by every rank and worker from a few ints.
+  proportional interleave (round ``j`` of bucket ``b`` at ``(j + 1/2) / rounds_b``). A uint16 per round
+  and its number within its bucket (int32): O(rounds), never O(samples), computed by every rank and
+  worker from a few ints.
 - **Resume**: rounds take each bucket from its front, so where a run is, is each bucket's consumed count
   (a prefix of its order). A pass is fixed by ``start`` (consumed per bucket when it began) and ``skip``
   (its rounds already taken): a state at the same world size resumes the same pass after its rounds
@@ -77,11 +78,11 @@ def interleave(rounds: np.ndarray, *, shuffle: bool, seed: int, epoch: int, star
 
 
 def _occurrences(sequence: np.ndarray, buckets: int) -> np.ndarray:
-    """For each round, how many rounds of its bucket come before it (int64)."""
+    """For each round, how many rounds of its bucket come before it (int32: 4 bytes a round)."""
     order = np.argsort(sequence, kind="stable")
     counts = np.bincount(sequence, minlength=buckets)
     first = np.cumsum(counts) - counts
-    occurrence = np.empty(len(sequence), np.int64)
+    occurrence = np.empty(len(sequence), np.int32)
     occurrence[order] = np.arange(len(sequence)) - np.repeat(first, counts)
     return occurrence
 
@@ -98,7 +99,7 @@ def consumed(sizes: Sequence[int], start: Sequence[int], sequence: np.ndarray, r
 class BucketRankBatches(Sequence[range]):
     """This rank's batches of a pass over a bucketed epoch, each a range of epoch positions inside one
     bucket (module docstring). Holds the round sequence (2 bytes a round) and each round's number within
-    its bucket; a batch is computed on demand. Slices are views (a DataLoader worker's share)."""
+    its bucket (4 bytes); a batch is computed on demand. Slices are views (a DataLoader worker's share)."""
 
     def __init__(self, sizes: Sequence[int], batch_size: int, rank: int, world_size: int, drop_last: bool, *,
                  shuffle: bool, seed: int, epoch: int, start: Sequence[int] | None = None, skip: int = 0,
