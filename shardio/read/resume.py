@@ -179,10 +179,13 @@ class EpochCursor:
             return EpochPass(epoch, 0, batches, 0, samples, generation, dataset, sizes, (0,) * len(sizes))
         assert pending is not None
         positions, before = list(pending["bucket_positions"]), int(pending["batches_seen"])
-        batches = None
+        batches: BucketRankBatches | None = None
         if pending.get("bucket_round") is not None and pending.get("world_size") == self.world_size:
-            same = self._bucket_batches(sizes, epoch, pending["bucket_start"], int(pending["bucket_round"]))
-            if same.consumed_after(0) == positions:  # the state's pass, after the rounds it took
+            try:
+                same = self._bucket_batches(sizes, epoch, pending["bucket_start"], int(pending["bucket_round"]))
+            except ValueError:  # rounds past that pass's: not its state; what is left is still exact
+                same = None
+            if same is not None and same.consumed_after(0) == positions:  # the state's pass, after its rounds
                 batches = same
         if batches is None:  # another world size: what is left of each bucket, in rounds of this one
             batches = self._bucket_batches(sizes, epoch, positions)
