@@ -196,3 +196,17 @@ def test_an_empty_bucket_takes_no_round(tmp_path) -> None:
         assert len(epochs[0]) == len(epochs[1]) == len(ranks[0]) == (2 + 1 if drop_last else 3 + 2)
         for a, b in zip(*epochs):
             assert a["bucket"] == b["bucket"] != 1
+
+
+def test_the_cache_fits_a_window_of_every_bucket(s3_server, s3_bucket, tmp_path) -> None:
+    from object_stores import CloudBucket
+    local = make_bucketed_dataset(str(tmp_path / "local"), buckets=BUCKETS, samples=SIZES, samples_per_shard=6)
+    remote = CloudBucket(s3_server, s3_bucket).upload_dir(local)
+    shards = ShardDataset(local, BATCH).snapshot.shards
+    largest = max(e.bytes + e.meta_bytes for e in shards)
+    # Room for two windows of 4 shards of one bucket, not of all three: the default window is cut to 1.
+    with pytest.warns(UserWarning, match="for each of 3 buckets"):
+        ds = ShardDataset(remote, BATCH, shuffle=True, cache_dir=str(tmp_path / "cache"), cache_limit=8 * largest)
+    assert ds.shuffle_window == 8 // (2 * 3)
+    keys = Counter(k for batch in ds for k in batch["__key__"])
+    assert keys == all_keys(ShardDataset(local, BATCH))

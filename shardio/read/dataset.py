@@ -227,8 +227,9 @@ class ShardDataset(IterableDataset):
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
+            turns = 1 if self._bucket_sizes is None else max(1, sum(1 for n in self._bucket_sizes if n))
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
-                                            self.path)
+                                            self.path, turns)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
