@@ -98,3 +98,5 @@ def test_info_of_a_single_shape_dataset_has_no_buckets(tmp_path):
     make_dataset(out, (5,))
     result = CliRunner().invoke(app, ["info", out, "--json"], prog_name="shardio")
     assert result.exit_code == 0 and "buckets" not in json.loads(result.stdout)
+
+
