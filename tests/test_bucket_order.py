@@ -153,3 +153,13 @@ def test_shuffle_within_a_bucket_is_todays() -> None:
         reference = permutation_quality(sub_counts, 64)
         assert quality.sources_share(reference) > 0.98  # as mixed as a permutation, like a single shape
         assert quality.neighbour_rate < 3 * reference.neighbour_rate
+
+
+def test_a_pass_pickles_small_and_the_same() -> None:
+    import pickle
+    sizes = [256 * 1000, 256 * 3000 + 7]
+    batches = BucketRankBatches(sizes, 256, 1, 2, False, shuffle=True, seed=1, epoch=2, skip=3)
+    data = pickle.dumps(batches[1::2])
+    assert len(data) < 2000  # a few ints, not the 2,000 rounds' arrays
+    again = pickle.loads(data)
+    assert list(again) == list(batches[1::2])

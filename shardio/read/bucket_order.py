@@ -112,15 +112,28 @@ class BucketRankBatches(Sequence[range]):
         self.shuffle, self.seed, self.epoch = shuffle, int(seed), int(epoch)
         self.per_round = batch_size * world_size
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        left = np.asarray(self.sizes, np.int64) - np.asarray(self.start, np.int64)
-        self.rounds = bucket_rounds(left, self.per_round, drop_last)
-        self.sequence = interleave(self.rounds, shuffle=shuffle, seed=seed, epoch=epoch, start=self.start)
+        self._make_rounds()
         if not 0 <= skip <= len(self.sequence):
             raise ValueError(f"skip={skip} rounds is outside the pass's 0..{len(self.sequence)}")
         self.skip = int(skip)
-        self._occurrence = _occurrences(self.sequence, len(self.sizes))
         self._indices = range(self.skip, len(self.sequence)) if indices is None else indices
+
+    def _make_rounds(self) -> None:
+        """The round sequence and each round's number in its bucket, from the few ints above."""
+        left = np.asarray(self.sizes, np.int64) - np.asarray(self.start, np.int64)
+        self.rounds = bucket_rounds(left, self.per_round, self.drop_last)
+        self.sequence = interleave(self.rounds, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch,
+                                   start=self.start)
+        self._occurrence = _occurrences(self.sequence, len(self.sizes))
         self._tails: dict[int, RankBatches] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        # A pass goes to each DataLoader worker: a few ints, the worker makes the rounds again.
+        return {k: v for k, v in self.__dict__.items() if k not in ("rounds", "sequence", "_occurrence", "_tails")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._make_rounds()
 
     def _bucket_batches(self, bucket: int) -> RankBatches:
         rank_batches = self._tails.get(bucket)
