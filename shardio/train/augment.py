@@ -6,6 +6,8 @@ crop (and flip) becomes its row and column sample coordinates, and one ``F.grid_
 each crop's outer pixel centres, so a sample is exactly ``interpolate(crop, size, mode="bilinear")`` of
 its own crop (edges replicated, as a resize of the cropped image does) and never reads a pixel outside it.
 Output: ``(x - mean) / std`` float32 or bfloat16 N×3×H×W in channels_last memory, like ``to_device``.
+The output keeps each batch's own (H, W) unless a size is given (``TrainAugment(size=None)``, the
+default: a bucketed dataset's batches keep their bucket's shape), or is that size for every batch.
 
 Crop parameters follow torchvision's ``RandomResizedCrop.get_params``: up to 10 tries of an area fraction
 uniform in ``scale`` and an aspect ratio log-uniform in ``ratio``, rounded to whole pixels, the first that

@@ -170,6 +170,12 @@ class DeviceLoader:
     loop's stream waits for a batch's event on the GPU, so the loop's thread never waits on the host for
     work it could have queued.
 
+    Batches may change shape from step to step (a bucketed dataset's: each batch one bucket's
+    [B, h, w, 3]); each keeps its own. On CUDA with ``pin_memory``, a batch that is not pinned already (a
+    memory-map view, a worker's shared memory, a JPEG batch decoded on the CPU) is staged in a pinned
+    buffer from a pool kept per sample shape (``shardio.train.staging``), reused once the copy that read it
+    has run: no pinned allocation per step, at most ``prefetch + 2`` buffers per shape.
+
     Given a ``ShardDataset`` or ``ShardLoader``, this is the layer that hands batches out, so it counts
     them on the dataset's cursor (``shardio.read.resume``): ``state_dict()`` counts the batches this yielded,
     not those prefetched, so resuming repeats nothing and skips nothing. Any other iterable of batches is
