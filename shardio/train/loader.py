@@ -273,13 +273,19 @@ class DeviceLoader:
             return to_device(batch, self.device, **self.to_device_kwargs), number, None
         batch, staged = self._staged(batch)
         stream = device_decode.thread_stream(self.device)
-        with torch.cuda.stream(stream):
-            if self.transform is not None:
-                batch = self._transform(batch, number)
-            else:
-                batch = to_device(batch, self.device, **self.to_device_kwargs)
-            ready = torch.cuda.Event()
-            ready.record(stream)
+        try:
+            with torch.cuda.stream(stream):
+                if self.transform is not None:
+                    batch = self._transform(batch, number)
+                else:
+                    batch = to_device(batch, self.device, **self.to_device_kwargs)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        except BaseException:
+            if staged is not None:  # a copy may have been queued: free the buffer once it has run
+                stream.synchronize()
+                self.staging.release(staged, None)  # type: ignore[union-attr]
+            raise
         if staged is not None:  # its copy to the device is queued before ``ready``: reusable after it
             self.staging.release(staged, ready)  # type: ignore[union-attr]
         return batch, number, ready
