@@ -280,3 +280,90 @@ def test_device_loader_decodes_encoded_batches_of_varying_shape():
     assert [b["bucket"] for b in out] == list(range(len(SHAPES)))
     for got, reference in zip(out, expected):
         assert torch.equal(got["image"], torch.from_numpy(reference).permute(0, 3, 1, 2).float())
+
+
+# --- the CUDA path's staging, by injection ---------------------------------------------------------------------
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.synchronized = 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+
+def cuda_path(monkeypatch, events: list, copies: list, fail_at: int | None = None) -> DeviceLoader:
+    """A DeviceLoader whose ``_prepare`` takes its CUDA branch here: the stream, its events and the copy to
+    the device (``to_device``) are stand-ins; each copy records the staging buffer it read."""
+    import contextlib
+
+    from shardio.train import loader as loader_module
+
+    stream = FakeStream()
+
+    class Event(FakeEvent):
+        def __init__(self) -> None:
+            super().__init__()
+            events.append(self)
+
+        def record(self, stream) -> None:
+            pass
+
+    def to_device(batch, device, **kwargs):
+        if fail_at is not None and len(copies) == fail_at:
+            copies.append(None)
+            raise RuntimeError("the step's device work failed")
+        copies.append(batch["image"])
+        return {**batch, "image": batch["image"].clone()}
+
+    monkeypatch.setattr(loader_module.device_decode, "thread_stream", lambda device: stream)
+    monkeypatch.setattr(loader_module.torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(loader_module.torch.cuda, "Event", Event)
+    monkeypatch.setattr(loader_module, "to_device", to_device)
+    loader = DeviceLoader([], "cpu", prefetch=0)
+    loader.device, loader.staging, loader.stream = torch.device("cuda"), plain_pools(depth=2), stream
+    return loader
+
+
+def test_the_cuda_path_stages_each_shape_in_its_pool_and_reuses_after_the_event(monkeypatch):
+    events: list[FakeEvent] = []
+    copies: list[torch.Tensor] = []
+    loader = cuda_path(monkeypatch, events, copies)
+    batches = mixed_batches()
+    out = []
+    for number, batch in enumerate(batches * 2, 1):
+        out.append(loader._prepare((batch, number)))
+        events[-1].done = True  # the GPU ran the step's copy before the next batch was staged
+    assert [torch.equal(got[0]["image"], batch["image"]) for got, batch in zip(out, batches * 2)] == [True] * 16
+    assert [ready for _, _, ready in out] == events
+    assert loader.staging.allocations == 4, "one pinned buffer per shape for 16 steps"
+    # the copies read staging buffers: the same one for a shape every time
+    by_shape: dict = {}
+    for copy in copies:
+        by_shape.setdefault(tuple(copy.shape), set()).add(copy.untyped_storage().data_ptr())
+    assert all(len(pointers) == 1 for pointers in by_shape.values()) and len(by_shape) == 4
+
+
+def test_the_cuda_path_waits_for_the_oldest_copy_rather_than_allocating(monkeypatch):
+    events: list[FakeEvent] = []
+    loader = cuda_path(monkeypatch, events, [])
+    batch = mixed_batches()[0]
+    for number in range(1, 6):  # the GPU never catches up on its own: depth 2 is the bound
+        loader._prepare((batch, number))
+    assert loader.staging.allocations == 2
+    assert [event.waited for event in events] == [1, 1, 1, 0, 0]
+
+
+def test_a_failed_step_gives_its_staging_buffer_back_after_the_stream(monkeypatch):
+    events: list[FakeEvent] = []
+    loader = cuda_path(monkeypatch, events, [], fail_at=1)
+    batch = mixed_batches()[0]
+    loader._prepare((batch, 1))
+    with pytest.raises(RuntimeError, match="device work failed"):
+        loader._prepare((batch, 2))
+    assert loader.stream.synchronized == 1
+    (pool,) = loader.staging.pools.values()
+    assert [slot.taken for slot in pool] == [False, False], "the failed step's buffer is not leaked"
+    assert pool[1].event is None, "reusable at once: its stream has run"
+    loader._prepare((batch, 3))
+    assert loader.staging.allocations == 2 and events[0].waited == 0
