@@ -8,6 +8,9 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
+from bucket_fixtures import BUCKETS, key_bucket, key_index, make_bucketed_dataset
+from dataset_fixtures import jpeg_identifying_pixels, self_identifying_pixels
 from PIL import Image
 
 from shardio.tools import preview
@@ -90,3 +93,38 @@ def test_write_preview_draws_buckets_and_lists_them(tmp_path, monkeypatch):
     assert image.shape == result.shape
     again = write_preview("ds", str(tmp_path / "again.png"), n=4, seed=1)
     assert again.table == result.table
+
+
+# --- on a real bucketed dataset, through the command ----------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_shardio_preview_of_a_bucketed_dataset_has_a_row_per_bucket(tmp_path, encoding):
+    from typer.testing import CliRunner
+
+    from shardio.tools.cli import app
+
+    directory = make_bucketed_dataset(str(tmp_path / "ds"), encoding=encoding)  # buckets (20,12) (16,16) (12,20)
+    out = str(tmp_path / "grid.png")
+    result = CliRunner().invoke(app, ["preview", directory, "--out", out, "--n", "6", "--seed", "2"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "bucket 0: 20x12, 2 of 20 samples shown" in result.stdout
+    assert "bucket 2: 12x20, 2 of 13 samples shown" in result.stdout
+    described = json.load(open(out + ".json"))
+    tiles = described["tiles"]
+    assert [t["bucket"] for t in tiles] == [0, 0, 1, 1, 2, 2]
+    assert all(key_bucket(t["key"]) == t["bucket"] and t["shape"] == list(BUCKETS[t["bucket"]]) for t in tiles)
+    sheet = np.asarray(Image.open(out).convert("RGB"))
+    label_w = (4 * len("20x12") + 1) + GAP
+    top = GAP
+    for bucket, (h, w) in enumerate(BUCKETS):
+        left = GAP + label_w
+        for tile in tiles[2 * bucket: 2 * bucket + 2]:
+            drawn = sheet[top : top + h, left : left + w]
+            g = key_index(tile["key"])
+            expected = (jpeg_identifying_pixels if encoding == "jpeg" else self_identifying_pixels)(g, h, w)
+            if encoding == "jpeg":
+                assert np.abs(drawn.astype(int) - expected).max() <= 8, tile
+            else:
+                assert (drawn == expected).all(), tile
+            left += w + GAP
+        top += h + 7 + GAP

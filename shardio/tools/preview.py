@@ -221,7 +221,7 @@ def write_preview(
         raise ShardError(f"{directory}: the manifest lists no samples; nothing to preview")
     rng = np.random.default_rng(seed)
     buckets: list[dict[str, Any]] = []
-    if getattr(snapshot, "is_bucketed", False):  # TODO(merge bk-format): snapshot.is_bucketed
+    if snapshot.is_bucketed:
         filled = len(set(np.asarray(snapshot.shard_buckets)[np.diff(snapshot.offsets) > 0].tolist()))
         rows = bucket_samples(snapshot, math.ceil(n / filled), rng)
         sheet, table = bucket_sheet(snapshot, rows, tile_height)
