@@ -128,3 +128,14 @@ def test_shardio_preview_of_a_bucketed_dataset_has_a_row_per_bucket(tmp_path, en
                 assert (drawn == expected).all(), tile
             left += w + GAP
         top += h + 7 + GAP
+
+
+def test_shardio_bench_reads_a_bucketed_dataset_and_counts_its_bytes(tmp_path):
+    from shardio.tools.loader_bench import measure
+
+    directory = make_bucketed_dataset(str(tmp_path / "ds"), samples=(16, 16, 16))  # all shapes 240 or 256 px
+    rate = measure(directory, batch_size=8, shuffle=True, seconds=0.05, warmup_batches=1)
+    assert rate.batches > 0 and rate.samples > 0
+    # bytes per sample between the smallest and largest bucket's, not the budget's for every sample
+    per_sample = rate.mb_per_s / rate.samples_per_s * 1e6
+    assert min(h * w * 3 for h, w in BUCKETS) * 0.99 <= per_sample <= max(h * w * 3 for h, w in BUCKETS) * 1.01
