@@ -210,3 +210,8 @@ def test_the_cache_fits_a_window_of_every_bucket(s3_server, s3_bucket, tmp_path)
     assert ds.shuffle_window == 8 // (2 * 3)
     keys = Counter(k for batch in ds for k in batch["__key__"])
     assert keys == all_keys(ShardDataset(local, BATCH))
+
+
+def test_drop_last_with_no_full_round_in_any_bucket_is_refused(bucketed: str) -> None:
+    with pytest.raises(ValueError, match="in any bucket"):
+        ShardDataset(bucketed, 16, world_size=3, rank=0, drop_last=True)  # 48 a round, buckets of 23, 41, 9
