@@ -367,3 +367,15 @@ def test_a_failed_step_gives_its_staging_buffer_back_after_the_stream(monkeypatc
     assert pool[1].event is None, "reusable at once: its stream has run"
     loader._prepare((batch, 3))
     assert loader.staging.allocations == 2 and events[0].waited == 0
+
+
+def test_a_corrupt_jpeg_batch_decoded_into_staging_gives_its_buffer_back():
+    loader = DeviceLoader([], "cpu", prefetch=0)
+    loader.staging = plain_pools(depth=1)
+    images, _ = jpeg_batch(16, 24, 3)
+    bad = EncodedImages(images.jpegs[:2] + [np.frombuffer(b"\xff\xd8not a jpeg" + bytes(64), np.uint8).copy()],
+                        16, 24, images.sources)
+    with pytest.raises(Exception, match=r"b-16x24\.jpg\.npy"):
+        loader._staged({"image": bad})
+    staged_batch, staged = loader._staged({"image": images})  # depth 1: only if the buffer came back
+    assert np.array_equal(staged_batch["image"].numpy(), images.decode())

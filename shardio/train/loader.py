@@ -299,7 +299,11 @@ class DeviceLoader:
             return self._decoded(batch), None
         if isinstance(images, EncodedImages) and self.decoder is None:
             staged = self.staging.take(images.shape, torch.uint8)
-            images.decode(out=staged.tensor.numpy())  # type: ignore[union-attr]
+            try:
+                images.decode(out=staged.tensor.numpy())  # type: ignore[union-attr]
+            except BaseException:  # a corrupt sample: the buffer was only written on the host
+                self.staging.release(staged, None)
+                raise
             return {**batch, "image": staged.tensor}, staged
         batch = self._decoded(batch)
         image = batch["image"]
