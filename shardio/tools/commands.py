@@ -95,7 +95,8 @@ def preview(
     typer.echo(f"wrote {result.out} ({w}x{h}, {len(result.table)} samples) and {result.table_path}")
     for row in result.buckets:  # a bucketed dataset: a row of the sheet per bucket, top to bottom
         height, width = row["shape"]
-        typer.echo(f"bucket {row['bucket']}: {height}x{width}, {row['tiles']} of {row['samples']} samples shown")
+        typer.echo(f"bucket {row['bucket']}: {height}x{width}, "
+                   f"{row['tiles']} of {row['samples']} samples shown")
     for row in result.table:
         caption = f"  {row['caption']}" if row["caption"] else ""
         typer.echo(f"{row['number']:4d}  {row['key']}{caption}")

@@ -225,8 +225,8 @@ def write_preview(
         filled = len(set(np.asarray(snapshot.shard_buckets)[np.diff(snapshot.offsets) > 0].tolist()))
         rows = bucket_samples(snapshot, math.ceil(n / filled), rng)
         sheet, table = bucket_sheet(snapshot, rows, tile_height)
-        sizes = np.bincount(np.asarray(snapshot.shard_buckets, dtype=np.int64), weights=np.diff(snapshot.offsets),
-                            minlength=len(snapshot.buckets))
+        sizes = np.bincount(np.asarray(snapshot.shard_buckets, dtype=np.int64),
+                            weights=np.diff(snapshot.offsets), minlength=len(snapshot.buckets))
         buckets = [{"bucket": b, "shape": list(snapshot.buckets[b]), "samples": int(sizes[b]),
                     "tiles": len(indices)} for b, indices in rows]
     else:
