@@ -21,7 +21,7 @@ SAMPLE_DIR ?= data/sample
 # Written by `python -m bench.run` (cached): 6 tars of 200 LAION-like JPEGs.
 BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 
-.PHONY: install pillow-simd pillow-simd-rebuild shards sample test azurite bench gpu-check lint doctor clean
+.PHONY: install pillow-simd pillow-simd-rebuild shards sample test azurite bench gpu-check lint doctor clean docs docs-gen
 
 # `install` checks Pillow-SIMD every time, not only when the stamp is stale: anything that requires
 # `pillow` (pip install torchvision, matplotlib) writes stock Pillow over it without touching the stamp.
@@ -138,10 +138,30 @@ gpu-check:
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
-	$(VENV)/bin/ruff check shardio preprocess tests bench examples
+	$(VENV)/bin/ruff check shardio preprocess tests bench examples docsgen
+
+# The documentation site (mkdocs.yml; docs/about.md): the generated pages first (config, CLI, API, format,
+# figures, the README's figures table: docsgen, run by the project's Python, which imports the code), then a
+# strict build into site/ (a broken link, anchor or API reference fails it) with the site's tools from their
+# own venv, .docs-venv/ (pinned in docs/requirements.txt), so nothing they pull replaces Pillow-SIMD in .venv.
+DOCS_VENV := .docs-venv
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): docs/requirements.txt
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs-gen: $(STAMP)
+	$(PY) -m docsgen.generate
+
+docs: docs-gen $(DOCS_STAMP)
+	rm -rf site
+	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	@echo "site/: $$(find site -name index.html | wc -l) pages"
 
 doctor: $(STAMP)
 	$(PY) -m preprocess.cli doctor
 
 clean:
-	rm -rf $(VENV) out data bench/out
+	rm -rf $(VENV) $(DOCS_VENV) site out data bench/out
