@@ -204,6 +204,22 @@ def public_names() -> list[str]:
     raise DocsError("shardio/__init__.py has no __all__")
 
 
+def public_modules() -> dict[str, str]:
+    """``{name: defining module}`` for ``shardio.__all__``: its imports and its lazy table (``_LAZY``), read from
+    the source, so mkdocstrings documents each name where it is defined."""
+    tree = ast.parse((ROOT / "shardio" / "__init__.py").read_text(encoding="utf-8"))
+    where: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            where.update({alias.asname or alias.name: node.module for alias in node.names})
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
+            where.update(ast.literal_eval(node.value))
+    missing = [name for name in public_names() if name not in where]
+    if missing:
+        raise DocsError(f"shardio.__all__ names without an import or _LAZY entry in shardio/__init__.py: {missing}")
+    return {name: where[name] for name in public_names()}
+
+
 API_GROUPS = (
     ("Reading", ("open_dataset", "DatasetSnapshot", "ShardDataset", "SubsetDataset", "MixedDataset")),
     ("Feeding a model", ("ShardLoader", "DeviceLoader", "to_device", "PositionedBatches")),
@@ -215,6 +231,7 @@ API_GROUPS = (
 
 def api_page() -> str:
     names = public_names()
+    modules = public_modules()
     out = [GENERATED, "# Python API", "",
            "Everything `import shardio` exports (`shardio.__all__`), rendered from the docstrings. `import shardio` "
            "needs numpy and torch only. The Lightning data module is `shardio.train.lightning.ShardDataModule` "
@@ -229,10 +246,8 @@ def api_page() -> str:
             continue
         out += [f"## {title}", ""]
         for name in group:
-            if name.isupper():
-                out += [f"### `{name}`", "", f"::: shardio.{name}", "    options:", "      show_root_heading: false", ""]
-            else:
-                out += [f"::: shardio.{name}", ""]
+            target = f"{modules[name]}.{name}"
+            out += [f"::: {target}", ""]
     out += ["## The Lightning data module", "", "::: shardio.train.lightning.ShardDataModule", ""]
     return "\n".join(out)
 
