@@ -157,7 +157,7 @@ docs-gen: $(STAMP)
 
 docs: docs-gen $(DOCS_STAMP)
 	rm -rf site
-	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
 	@echo "site/: $$(find site -name index.html | wc -l) pages"
 
 doctor: $(STAMP)
