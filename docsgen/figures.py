@@ -10,6 +10,7 @@ from typing import Any
 from docsgen.reference import GENERATED, ROOT, DocsError
 
 RESULTS = ROOT / "bench" / "results.json"
+GPU_RESULTS = ROOT / "bench" / "gpu_check.json"
 
 # The README's summary: (figure name in results.json, what it says to a newcomer). A name that no longer
 # exists in the results fails the generator.
@@ -102,12 +103,15 @@ Machine and corpus: {_machine(results)}.
 
 {_table(results['figures'])}
 {shuffle_note}{store_part}
+{gpu_section()}
 ## Measuring on your machine
 
 - `preprocess diagnose 'data/*.tar' --limit 500`: where the job's time goes on your images, per stage, and a
   projection for a million images ([Troubleshooting](../guides/troubleshooting.md)).
 - `shardio bench DIR --target-rate 3000`: would a GPU consuming 3,000 samples/s wait for data?
 - `make gpu-check` on a GPU machine: the GPU decode path (`bench/gpu_check.md` holds the last run).
+- The index and the epoch plan at 300 to 2.3M shards: `python -m bench.scale` and `python -m bench.scale_plan`
+  (both run by `make bench`; they print their tables rather than adding to `bench/results.json`).
 """
 
 
@@ -124,3 +128,39 @@ def readme_summary(results: dict[str, Any] | None = None) -> str:
     m = results["machine"]
     return (f"On {m['cores']} cores of a shared {m['cpu']} (`make bench`; ratios of two rates in one run):\n\n"
             + "\n".join(rows) + "\n")
+
+
+def gpu_section(path: Path = GPU_RESULTS) -> str:
+    """The GPU path from ``bench/gpu_check.json`` (``make gpu-check`` on a GPU machine), if there is a run."""
+    if not path.exists():
+        return ""
+    g = json.loads(path.read_text(encoding="utf-8"))
+    env = g.get("env", {})
+    rows = ["| figure | measured |", "|---|---|"]
+    counts = g.get("cuda_tests", {}).get("counts", {})
+    if counts:
+        rows.append(f"| CUDA tests (`pytest -m cuda`) | {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed |")
+    for row in g.get("stream_safety", {}).get("rows", []):
+        rows.append(f"| stream safety, {row['decoder']}, JPEG {row['jpeg']} | {row['corrupted']} of {row['trials']} "
+                    "trials corrupted |")
+    for library in ("torchcodec", "torchvision"):
+        decoded = g.get("decode", {}).get(library, {}).get("device_decoder")
+        if decoded:
+            rows.append(f"| batched {g['datasets']['side']}² decode through `DeviceDecoder`, {library} | "
+                        f"{decoded['samples_per_s']:,.0f} samples/s |")
+    h2d = g.get("h2d", {})
+    if h2d:
+        rows.append(f"| host to device: the loader's pinned batches / a pinned copy | {h2d['copy_stage_ratio']:.2f} |")
+        rows.append(f"| host to device end to end, `DeviceLoader` raw batches / a pinned copy | {h2d['ratio']:.2f} |")
+    step = g.get("train_step", {})
+    for name in ("raw", "jpeg"):
+        if name in step:
+            rows.append(f"| ResNet-50 step ({step['batch']} at {step['size']}²), share of step time waiting for "
+                        f"data, {name} | {step[name]['wait_share']:.1%} |")
+    return f"""
+## The GPU path
+
+`make gpu-check` on a GPU machine (`bench/gpu_check.py`; full tables in `bench/gpu_check.md`). Run of
+{env.get('date', 'n/a')} on {env.get('card', 'n/a')} with {env.get('cpu_count', 'n/a')} cores, torch {env.get('torch', 'n/a')}:
+
+""" + "\n".join(rows) + "\n"
