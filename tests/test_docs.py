@@ -252,3 +252,19 @@ def test_error_messages_point_to_documentation_that_exists():
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: points to the README, which holds no detail: "
                              f"name a page under docs/")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_checks_see_an_unmarked_block_a_missing_option_and_a_missing_command(tmp_path):
+    """The checks above can fail: a block without its marker, an option or command the CLI lacks."""
+    page = tmp_path / "p.md"
+    page.write_text("<!-- runs -->\n```bash\nshardio info d\n```\n\n```python\nimport shardio\n```\n\n"
+                    "<!-- illustrative -->\n```bash\nRAY_AUTH_MODE=token .venv/bin/preprocess run 'a/*.tar' \\\n"
+                    "    --output o --no-such-option 3\n```\n", encoding="utf-8")
+    found = snippets.blocks(page)
+    assert [(b.kind, b.marker) for b in found] == [("shell", "runs"), ("python", None), ("shell", "illustrative")]
+    (call,) = [snippets.program_call(w) for w in snippets.commands(found[2].code)]
+    assert call == ("preprocess", "run", ["--output", "--no-such-option"])
+    assert "--no-such-option" not in OPTIONS["preprocess run"] and "--output" in OPTIONS["preprocess run"]
+    assert "preprocess frobnicate" not in OPTIONS
+    assert snippets.program_call(["python", "-m", "preprocess.cli", "gc", "d", "--retain-hours=0"]) == \
+        ("preprocess", "gc", ["--retain-hours"])
