@@ -171,7 +171,9 @@ def cli_page() -> str:
            "`shardio` looks at them from the training side (the `cli` extra). Every command takes `-h` / `--help`; "
            "exit codes are in [Troubleshooting](../guides/troubleshooting.md#exit-codes).", ""]
     for program, group in cli_commands().items():
-        out += [f"## {program}", "", _clean_help(group.help), ""]
+        globals_ = ", ".join(f"`{program} {opt}`" for p in group.params for opt in p.opts)
+        out += [f"## {program}", "", _clean_help(group.help), "",
+                f"Options of the command itself: {globals_}, `{program} --help`." if globals_ else "", ""]
         for name, command in group.commands.items():
             out += [f"### {program} {name}", "", _clean_help(command.help), "", "| argument or option | default | meaning |",
                     "|---|---|---|"]
@@ -181,8 +183,8 @@ def cli_page() -> str:
                     default = ""
                 else:
                     label = ", ".join(f"`{opt}`" for opt in (*param.opts, *param.secondary_opts))
-                    default = "" if param.default in (None, False) or param.is_flag and not param.default \
-                        else f"`{param.default}`"
+                    default = "" if param.default is None or param.default is False or (
+                        param.is_flag and not param.default) else f"`{param.default}`"
                 help_text = (getattr(param, "help", None) or "").replace("|", "\\|").replace("\n", " ")
                 out.append(f"| {label} | {default} | {help_text} |")
             out.append("")
