@@ -55,7 +55,8 @@ KEY_DOCS: dict[str, str] = {
                       "sub-folder names; the name goes to `json`)",
     "buckets": "`mode: bucket` only: the bucket shapes `[[h, w], ...]`, or `null` to derive them from the "
                "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list",
-    "bucket_step": "`mode: bucket` only: derived bucket sides are multiples of this",
+    "bucket_step": "`mode: bucket` only: derived bucket sides are multiples of this; each short side takes the "
+                   "longest side whose area stays within the budget",
     "bucket_max_ratio": "`mode: bucket` only: the largest long side / short side of a derived bucket",
 }
 # Keys described ahead of the code that adds them: absent from JobConfig only while `bucket` is no mode.

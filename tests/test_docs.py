@@ -75,7 +75,8 @@ def test_every_option_named_alone_in_prose_is_an_option_of_some_command():
     """`--retain-hours` in a sentence is an option of `preprocess` or `shardio` (the design pages name the
     benchmarks' options too: they are not checked)."""
     every = set().union(*OPTIONS.values())
-    other = {"--endpoint-url", "--nproc-per-node", "--checkpoint", "--resume", "--strict"}  # aws, torchrun, examples, mkdocs
+    other = {"--endpoint-url", "--nproc-per-node", "--checkpoint", "--resume", "--shards", "--demo",
+             "--strict"}  # aws, torchrun, examples, mkdocs
     wrong = []
     for page in PAGES:
         if page.name in ("reader.md", "CODE_MAP.md", "format.md"):
