@@ -21,7 +21,7 @@ SAMPLE_DIR ?= data/sample
 # Written by `python -m bench.run` (cached): 6 tars of 200 LAION-like JPEGs.
 BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 
-.PHONY: install pillow-simd pillow-simd-rebuild shards sample test azurite bench gpu-check lint doctor clean
+.PHONY: install pillow-simd pillow-simd-rebuild shards sample test azurite bench gpu-check lint doctor clean docs docs-gen
 
 # `install` checks Pillow-SIMD every time, not only when the stamp is stale: anything that requires
 # `pillow` (pip install torchvision, matplotlib) writes stock Pillow over it without touching the stamp.
@@ -94,20 +94,20 @@ bench: $(STAMP)
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m bench.run
 	# The default shuffled read (windows of 256 shards, blocks of 1) against np.copyto, beside sequential and
-	# the old default (windows of 8, blocks of 16) in one run, each round back to back (goal >= 0.5), and
-	# its batches assembled other ways: numpy (no extension), torch.cat (before the gather), no read-ahead,
+	# order version 1's default (windows of 8, blocks of 16) in one run, each round back to back (goal >= 0.5),
+	# and its batches assembled other ways: numpy (no extension), one torch.cat over the slices, no read-ahead,
 	# fresh maps. Alone: python -m bench.reader --shuffled-gather [--rounds 7] [--threads 1,2,4].
 	$(PY) -m bench.reader --shuffled-gather
 	# Augmentation on the device (here the CPU): samples/s against copying the batch, and resampling error.
 	$(PY) -m bench.augment
-	# JPEG datasets (issue 25): single-core libjpeg-turbo decode, the CPU reader on every core against cores x it
+	# JPEG datasets: single-core libjpeg-turbo decode, the CPU reader on every core against cores x it
 	# (goal >= 0.85) and against the raw reader on the same images; --device cuda: the GPU decode, on a GPU host.
 	$(PY) -m bench.jpeg_reader
-	# The job at LAION size (issue 24): a no-op rerun and a run with work (10 new tars) over 300 / 3k / 30k
+	# The job at LAION size: a no-op rerun and a run with work (10 new tars) over 300 / 3k / 30k
 	# committed local inputs (wall, RSS), the same with 3k inputs of 1 / 10 / 100 shards and on LAION-2B-en's
 	# 230k tars x 10 shards (synthetic index), the job's share of one finished input, the plan alone.
 	$(PY) -m bench.scale_job --shard-curve 3000:1,10,100 --synthetic 230000:10
-	# The index at scale (issue 24): append bytes / wall, metadata on disk, open cost at 300 / 30k / 300k shards.
+	# The index at scale: append bytes / wall, metadata on disk, open cost at 300 / 30k / 300k shards.
 	$(PY) -m bench.scale --sizes 300,3000,30000,300000
 	# Lightning's SimpleProfiler: share of the epoch in train_dataloader_next, on shards of the bench corpus
 	# (1,200 LAION-like images: 18 batches an epoch; the 191-image sample set has 3, and each epoch's first
@@ -115,7 +115,7 @@ bench: $(STAMP)
 	$(PY) -m preprocess.cli run '$(BENCH_CORPUS)/*.tar' --output bench/out/lightning-shards -q
 	$(PY) -m bench.lightning --shards bench/out/lightning-shards --tars '$(BENCH_CORPUS)/*.tar'
 	# The lazy epoch plan at 300 / 30k / 300k / 2.3M shards of 1,000 (synthetic counts, rank 0 of 64), and
-	# ShardDataset opened + first shuffled batch at 100k vs 1M samples (issue 24; ~1 minute).
+	# ShardDataset opened + first shuffled batch at 100k vs 1M samples (~1 minute).
 	$(PY) -m bench.scale_plan
 	# Sources beyond tars: a worker's images/s over the same images as a tar, a Parquet file and a folder;
 	# a 2 GB Parquet file read in 32 MB row groups (peak RSS over the process, against the file); a no-op
@@ -123,7 +123,7 @@ bench: $(STAMP)
 	$(PY) -m bench.sources
 	$(PY) -m bench.parquet_memory --gb 2
 	$(PY) -m bench.sources_rerun --inputs 1000
-	# Object storage (issue 12), on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no
+	# Object storage, on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no
 	# dependency of shardio), the S3 reader and job against local, LitData and Mosaic Streaming in their
 	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.
 	-$(PIP) install -q s3fs
@@ -138,10 +138,30 @@ gpu-check:
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
-	$(VENV)/bin/ruff check shardio preprocess tests bench examples
+	$(VENV)/bin/ruff check shardio preprocess tests bench examples docsgen
+
+# The documentation site (mkdocs.yml; docs/about.md): the generated pages first (config, CLI, API, format,
+# figures, the README's figures table: docsgen, run by the project's Python, which imports the code), then a
+# strict build into site/ (a broken link, anchor or API reference fails it) with the site's tools from their
+# own venv, .docs-venv/ (pinned in docs/requirements.txt), so nothing they pull replaces Pillow-SIMD in .venv.
+DOCS_VENV := .docs-venv
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): docs/requirements.txt
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -r docs/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs-gen: $(STAMP)
+	$(PY) -m docsgen.generate
+
+docs: docs-gen $(DOCS_STAMP)
+	rm -rf site
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	@echo "site/: $$(find site -name index.html | wc -l) pages"
 
 doctor: $(STAMP)
 	$(PY) -m preprocess.cli doctor
 
 clean:
-	rm -rf $(VENV) out data bench/out
+	rm -rf $(VENV) $(DOCS_VENV) site out data bench/out

@@ -1,5 +1,5 @@
-"""``make gpu-check``: the GPU path measured in one call on a GPU machine (one H100 with 16 cores: ~3 minutes of
-the 8 it is given), writing ``gpu_check.json`` and ``gpu_check.md`` (a table) into ``--out``.
+"""``make gpu-check``: the GPU path measured in one call on a GPU machine (~3 minutes on one H100 with 16
+cores), writing ``gpu_check.json`` and ``gpu_check.md`` (a table) into ``--out``.
 
 Parts, each timed and recorded on its own (a part that fails is recorded with its error; the rest run):
   env            the card, driver, torch / CUDA, the decode library chosen (torchcodec or torchvision)
@@ -123,7 +123,7 @@ def _save(results: dict[str, Any], out: str) -> None:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The figures as a markdown table (what the README's GPU rows are copied from)."""
+    """The figures as a markdown table (``gpu_check.md``)."""
     from bench.gpu_report import rows
 
     lines = ["| figure | value | goal |", "|---|---|---|"]

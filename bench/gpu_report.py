@@ -1,5 +1,5 @@
 """The GPU check's results as table rows (figure, value, goal): one reading of ``gpu_check.json`` for the
-check's own table and for whoever copies its figures (the README's GPU rows)."""
+check's own table (``gpu_check.md``); the figures page (docs/reference/figures.md) reads the same JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job with ``encoding: jpeg`` against ``encoding: raw`` (issue 25): images/s, bytes and quality, one run.
+"""The job with ``encoding: jpeg`` against ``encoding: raw``: images/s, bytes and quality, one run.
 
 Every image goes through the same tar read, decode and resize either way; a JPEG dataset adds one encode of
 the 256² result (~0.25 ms against ~4 ms of decode + resize: ``python -m bench.jpeg_quality``) and writes an
@@ -49,7 +49,7 @@ from shardio.format import JPEG, RAW
 
 __all__ = ["jpeg_raw_rounds", "worker_cpu_rounds", "dataset_quality", "summary_line", "TARGET"]
 
-TARGET = 0.85  # issue 25: the job with encoding: jpeg >= 0.85 x the raw job's images/s
+TARGET = 0.85  # the goal: the job with encoding: jpeg >= 0.85 x the raw job's images/s
 
 # Untimed runs of each encoding over every tar first: the job's workers run ~8% slower over their first
 # few tars (bench.job_floor's WARMUP_RUNS).

@@ -1,4 +1,4 @@
-"""Compact shards (issue 25), measured in one run on the bench corpus's kind of image.
+"""Compact shards (`encoding: jpeg`), measured in one run on the bench corpus's kind of image.
 
 ``python -m bench.jpeg_quality [--images N]`` makes N LAION-like originals (``preprocess.sample_data.photo_like``,
 1.05-2.46 MP, JPEG q80-95 as the corpus), runs each through the job's transform exactly as a run does (256²,

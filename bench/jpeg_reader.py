@@ -1,4 +1,4 @@
-"""JPEG reader benchmark (issue 25, reader side): how close the CPU reader of a JPEG dataset comes to what
+"""JPEG reader benchmark (reader side): how close the CPU reader of a JPEG dataset comes to what
 the cores can decode, what it costs against a raw dataset, and (``--device cuda``) the GPU decode.
 
 ``python -m bench.jpeg_reader [--images N] [--copies K] [--rounds R] [--device cpu|cuda]`` makes N LAION-like

@@ -1,4 +1,4 @@
-"""``make bench``'s object-storage figures (issue 12), each a ratio of two rates taken in this one run.
+"""``make bench``'s object-storage figures, each a ratio of two rates taken in this one run.
 
 ``python -m bench.object_store [--quick] [--results DIR] [--no-peers] [--no-job]`` starts one SeaweedFS
 S3 server on loopback (``tests.s3_server.S3Server``, the test suite's), writes a dataset of random
@@ -301,7 +301,7 @@ def markdown(r: dict[str, Any]) -> str:
     d, load = r["dataset"], r["foreign_load"]
     lines = [
         SECTION,
-        "## Object storage (issue 12)",
+        "## Object storage",
         "",
         f"`python -m bench.object_store`, {r['date']}: one SeaweedFS server on loopback; {d['samples']} random "
         f"256x256 uint8 images in {d['shards']} shards ({d['bytes'] / 1e6:.0f} MB). Other processes used "

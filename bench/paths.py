@@ -16,7 +16,7 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
   ``convert("RGB")``, resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
   ``naive_stock`` is the baseline: stock Pillow, as torchvision installs it, run by ``bench.stock_pillow``
   in a child interpreter with its own pool (this venv only has Pillow-SIMD); ``naive_simd`` is the same
-  code on this venv's Pillow-SIMD, whose resize is 6-8x faster.
+  code on this venv's Pillow-SIMD (stock / SIMD naive time: 1.7-2.0x in `make bench`, mostly the resize).
 - ``floor_stock``: the floor on stock Pillow (same child): what libjpeg-turbo 3.1.3, bundled in the stock
   wheel, would change against the 2.1.5 Pillow-SIMD links here (the draft + load code is Pillow's, alike).
 - ``worker``: ``preprocess.worker.process_input`` over whole tars (read the tar, transform, write and

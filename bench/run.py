@@ -331,7 +331,7 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
         _figure(
             "reader shuffled / np.copyto",
             reader["shuffled"]["of copyto"],
-            0.5,  # issue 22: the default shuffle keeps the reader at >= 0.5 x np.copyto
+            0.5,  # a shuffled read keeps the reader at >= 0.5 x np.copyto
             detail=f"{reader['shuffled_setting']}: {reader['shuffled']['GB/s']:.2f} GB/s",
         ),
     ]

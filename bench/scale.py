@@ -1,4 +1,4 @@
-"""Scale of the index (issue 24): synthetic datasets of many tiny shards, written through the real commit
+"""Scale of the index: synthetic datasets of many tiny shards, written through the real commit
 (``shardio.write.directory.Committer``) with shard entries only (no pixels: the commit and the index never
 read them), at several sizes so the curve shows.
 

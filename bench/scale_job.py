@@ -1,5 +1,5 @@
 """The job at LAION size: a no-op rerun over many committed inputs, and what one finished input costs the
-driver, at 300 / 3k / 30k committed local inputs (issue 24).
+driver, at 300 / 3k / 30k committed local inputs.
 
 Synthetic and made in seconds: N tiny tars (2 KB: one member) and a dataset whose index lists each of
 them as committed with its (size, mtime_ns) and one 1-sample 8x8 shard, written through the writer API

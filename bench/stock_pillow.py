@@ -1,7 +1,8 @@
 """The naive baseline with stock Pillow, which is what a training DataLoader decodes with.
 
-torchvision (and most training stacks) pull stock ``pillow``; this venv has Pillow-SIMD instead, whose
-resize is 6-8x faster, so the naive path measured in-process understates what the job saves. Stock Pillow
+torchvision (and most training stacks) pull stock ``pillow``; this venv has Pillow-SIMD instead, on which
+the naive path takes 1.7-2.0x less time (mostly its resize), so measured in-process it understates what the
+job saves. Stock Pillow
 goes into its own ``--target`` directory (``bench/out/stock-pillow``, installed on first use, never into the
 venv), and a child interpreter with that directory first on ``PYTHONPATH`` runs the same ``bench.paths``
 pool (one process per core, same images, same 256x256 centre crop) and answers one rate per request, so

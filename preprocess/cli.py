@@ -223,7 +223,7 @@ def run(
     mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch.")] = None,
     resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
     samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
-    encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~23 KB, decoded by the reader).")] = None,
+    encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~24 KB, decoded by the reader).")] = None,
     quality: Annotated[Optional[int], typer.Option(help="JPEG quality 1-100 (encoding jpeg; default 90).")] = None,
     subsampling: Annotated[Optional[str], typer.Option(help="JPEG chroma subsampling 4:4:4 | 4:2:0 (encoding jpeg; default 4:4:4).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs (default: all cores). Ignored with --ray-address.")] = None,

@@ -77,9 +77,8 @@ class JobConfig:
     max_failed_fraction: float = 1.0
     # How the shards hold the pixels (shardio.format, "Pixel encodings"): raw H×W×3 bytes (196 KB an image
     # at 256², no decode to read) or each image once as a JPEG. quality and subsampling apply to jpeg only;
-    # the defaults were measured at 256² (python -m bench.jpeg_quality, bench-corpus-like photos: q90 4:4:4
-    # 24.2 KB, median PSNR 42.0 dB, p5 39.4 dB against raw; PERF_NOTES' LAION-like crops: 22.7 KB / 39.8 dB),
-    # inside the issue's 30 KB / 39 dB on both; q90 4:2:0 is smaller (20.3 / 18.2 KB) but 37.5 dB on LAION.
+    # the defaults were chosen at 256² from the curve python -m bench.jpeg_quality prints (photo-like images:
+    # q90 4:4:4 about 24 KB, median PSNR about 42 dB against raw; q90 4:2:0 is smaller and loses more).
     encoding: str = RAW
     quality: int = 90
     subsampling: str = "4:4:4"

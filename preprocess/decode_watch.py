@@ -1,7 +1,7 @@
 """Bounding every decode: one image that never finishes must not stop the job.
 
 ``max_decode_seconds`` is checked after a decode returns (``preprocess.transform``); a decode stuck
-inside one C call (a libjpeg bug: issue 22 B, a progressive 2x4-sampled JPEG that never returned) never
+inside one C call (a libjpeg bug: a progressive 2x4-sampled JPEG that never returned) never
 returns, cannot be interrupted in-process, and would hang the job, and every rerun, on the same member.
 
 So the Ray task runs its tar on one decode thread (``watch_steps``) and its own main thread watches a

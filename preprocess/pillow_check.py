@@ -30,11 +30,12 @@ __all__ = ["PillowState", "pillow_problems", "current_state", "SLOWDOWN", "main"
 # Written by `make install` next to the venv's bin/ after building with CC="cc -mavx2".
 AVX2_MARKER = ".pillow-simd-avx2"
 
-# What `make bench` measures (bench/README.md): the naive full decode + resize takes 1.7-2.0x as long
-# per image on stock Pillow as on Pillow-SIMD (1.76x in the committed run, 22.95 vs 13.06 ms), mostly the
-# resize. The job's own path (draft decode, then a small resize) was not measured on stock Pillow.
+# What `make bench` measures (bench/paths.py): the naive full decode + resize takes 1.7-2.0x as long per
+# image on stock Pillow as on Pillow-SIMD (docs/reference/figures.md: "stock / SIMD naive time" in the
+# detail of "job / naive path (Pillow-SIMD)"), mostly the resize. The job's own path (draft decode, then a
+# small resize) is not measured on stock Pillow.
 SLOWDOWN = ("`make bench` measured a full decode + resize 1.7-2.0x slower per image on stock Pillow than on "
-            "Pillow-SIMD (bench/README.md), and pixels differ from a Pillow-SIMD dataset's; "
+            "Pillow-SIMD (docs/reference/figures.md), and pixels differ from a Pillow-SIMD dataset's; "
             "run `make install` to rebuild Pillow-SIMD")
 
 

@@ -58,7 +58,7 @@ __all__ = ["RayUnavailable", "ray_session", "check_cluster_address", "GCS_PROBE_
 
 TASK_MAX_RETRIES = 3
 # Stuck decodes skipped per input before the input itself fails (each costs one hard bound plus a restart
-# of the tar; issue 22 saw 3 of 504 runs of unusual JPEG layouts hang, never two in one tar).
+# of the tar; unusual JPEG layouts hung in 3 of 504 test runs, never two in one tar).
 MAX_STUCK_DECODES = 3
 # SPREAD: see the module docstring. The options are a constant so the tests can check them.
 TASK_OPTIONS: dict[str, Any] = {"num_cpus": 1, "max_retries": TASK_MAX_RETRIES, "retry_exceptions": False,

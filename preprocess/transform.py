@@ -1,6 +1,6 @@
 """One encoded image (bytes) -> one H×W×3 uint8 array, as fast as the JPEG decoder allows.
 
-The order of work is chosen for speed (figures in shared/PERF_NOTES.md, one core, 1.7 MP JPEG -> 256²):
+The order of work is chosen for speed (one core, 1.7 MP JPEG -> 256²; ``python -m bench.run`` measures the paths):
 full decode 5.7 ms, but ``draft`` (libjpeg-turbo DCT scaling) decodes at 1/2, 1/4 or 1/8 size for
 ~3.5 ms, and resizing only the kept region with ``resize(box=...)`` skips a separate crop. EXIF
 orientation is folded in: the draft/resize target is swapped for orientations 5-8 and the small output is

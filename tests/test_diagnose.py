@@ -148,3 +148,15 @@ def test_cli_exit_codes_for_bad_inputs_and_bad_config(tars, tmp_path):
     bad_config.write_text("hieght: 32\n")
     result = runner.invoke(app, ["diagnose", good, "--config", str(bad_config)])
     assert result.exit_code == 2 and "unknown key" in result.output
+
+
+def test_resize_verdict_on_stock_pillow_quotes_what_the_bench_measures():
+    # make bench measures a full decode + resize 1.7-2.0x slower on stock Pillow (bench/paths.py); the
+    # verdict must not promise more, and says how to get Pillow-SIMD back.
+    from preprocess.diagnose import _verdict
+
+    report = {"bottleneck": "resize", "stages": {"resize": {"share": 0.4}}}
+    stock = _verdict(report, [], JobConfig(), {"pillow_simd": False})
+    assert "1.7-2.0x" in stock and "6-8x" not in stock and "make install" in stock
+    simd = _verdict(report, [], JobConfig(), {"pillow_simd": True})
+    assert "with Pillow-SIMD" in simd and "1.7-2.0x" not in simd

@@ -47,11 +47,11 @@ before version 3: a config without the key is raw) stores the pixels as above. `
 image once as a baseline JPEG, by libjpeg-turbo with the config's ``quality`` (1-100) and ``subsampling``
 (``"4:4:4"`` or ``"4:2:0"``), in the layout of ``shardio.format.jpeg_shard``: same shape, samples per
 shard, ``.jsonl``, manifest entry (``bytes`` and the checksum are the whole ``.jpg.npy``'s), generations
-and commit protocol; ~23-24 KB an image at 256² and the defaults (quality 90, 4:4:4) against 196 KB raw,
-with a median PSNR of 40-42 dB against the raw pixels (``python -m bench.jpeg_quality``; PERF_NOTES). A reader decodes a batch
+and commit protocol; about 24 KB an image at 256² and the defaults (quality 90, 4:4:4) against 196 KB raw,
+with a median PSNR of about 42 dB against the raw pixels on photos (``python -m bench.jpeg_quality``). A reader decodes a batch
 back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or, on CUDA, on the GPU
 (``shardio.train.device_decode``; docs/reader.md, "JPEG datasets"); the pixels are the raw ones within the
-JPEG error (documented in README, "Compact shards"), not equal. Any other ``encoding`` is refused.
+JPEG error (docs/guides/compact-shards.md), not equal. Any other ``encoding`` is refused.
 
 Buckets (format version 4; a dataset whose config says ``mode: bucket``). Each image keeps its aspect
 ratio: it is resized to the bucket (an ``h×w`` shape near the pixel budget ``height × width``) nearest its

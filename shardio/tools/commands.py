@@ -24,7 +24,7 @@ try:  # optional heavy dependency: the `cli` extra (a training image installs nu
 except ImportError as e:
     raise MissingExtra(
         "the `shardio` command needs the cli extra (typer, rich): pip install 'shardio[cli]' "
-        "(from the repository or a clone, as the README's install section shows); `import shardio` "
+        "(from the repository or a clone: docs/quickstart.md, \"The reader alone\"); `import shardio` "
         "and the reader need neither"
     ) from e
 

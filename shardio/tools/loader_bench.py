@@ -13,7 +13,7 @@ round 2, ...) so that a slow spell hits all settings alike, after one discarded 
 report gives the median, the min-max range and the spread, and a verdict is only "keeps up" or "waits"
 when the whole range is on one side of the target ("uncertain" otherwise).
 
-Whether a consumer waits: the README's fast path is ``num_workers=0`` with ``DeviceLoader``, whose
+Whether a consumer waits: the fast path (docs/guides/training.md) is ``num_workers=0`` with ``DeviceLoader``, whose
 prefetch thread assembles (and pins) the next batches while the step runs, so the consumer waits only if
 that one thread makes fewer samples per second than it consumes. A bare ``for batch in dataset`` loop
 assembles between steps instead and waits for every batch. Workers (``ShardLoader``) help only when one
