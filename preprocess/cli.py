@@ -220,7 +220,9 @@ def run(
     size: Annotated[Optional[int], typer.Option(help="Square output: height = width = SIZE.")] = None,
     height: Annotated[Optional[int], typer.Option(help="Output height.")] = None,
     width: Annotated[Optional[int], typer.Option(help="Output width.")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch | bucket (aspect-ratio buckets near the height x width budget).")] = None,
+    bucket_step: Annotated[Optional[int], typer.Option(help="mode bucket: sides of the derived buckets are multiples of this (default 16).")] = None,
+    bucket_max_ratio: Annotated[Optional[float], typer.Option(help="mode bucket: largest long/short side of a derived bucket (default 3.0).")] = None,
     resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
     samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
     encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~23 KB, decoded by the reader).")] = None,
@@ -250,7 +252,8 @@ def run(
         _fail_usage("--workers must be >= 1")
     overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
                  "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard,
-                 "encoding": encoding, "quality": quality, "subsampling": subsampling}
+                 "encoding": encoding, "quality": quality, "subsampling": subsampling,
+                 "bucket_step": bucket_step, "bucket_max_ratio": bucket_max_ratio}
     try:
         # A rerun starts from the dataset's stored config; a flag or file that disagrees is refused (run_job).
         cfg = load_config(str(config) if config else None, overrides, base=dataset_config(output))
