@@ -61,10 +61,22 @@ def test_other_format_version(dataset_dir: str) -> None:
     path = os.path.join(dataset_dir, "manifest.json")
     with open(path) as f:
         doc = json.load(f)
+    doc["format_version"] = 5
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 5.*reads versions 1, 2, 3, 4"):
+        ShardDataset(dataset_dir, 4)
+
+
+def test_a_single_shape_root_claiming_version_4_is_refused(dataset_dir: str) -> None:
+    """Version 4 is a bucketed dataset's: a root that says 4 without buckets is forged, and said so."""
+    path = os.path.join(dataset_dir, "manifest.json")
+    with open(path) as f:
+        doc = json.load(f)
     doc["format_version"] = 4
     with open(path, "w") as f:
         json.dump(doc, f)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 4.*reads versions 1, 2, 3"):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: format_version 4 without \"buckets\""):
         ShardDataset(dataset_dir, 4)
 
 

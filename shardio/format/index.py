@@ -19,13 +19,13 @@ from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.spec import (
     FORMAT_NAME,
-    FORMAT_VERSION,
     INDEX_DIR,
     InputEntry,
     Manifest,
     RetiredFile,
     ShardEntry,
     check_dataset_path,
+    root_buckets,
     root_dataset_id,
     root_generation,
     root_shape,
@@ -33,7 +33,8 @@ from shardio.format.spec import (
 
 __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
            "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
-           "merge_segments", "input_signature", "totals_of", "segment_bytes"]
+           "merge_segments", "input_signature", "totals_of", "segment_bytes", "check_shard_buckets",
+           "BUCKET_COLUMN"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
@@ -41,6 +42,8 @@ __all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_se
 COMPACT_FANOUT = 8
 # Fixed so that the same content gives the same bytes, hence the same name (zip's earliest date).
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+# The member a bucketed dataset's segments have (spec, "Buckets"): each shard's bucket id, uint16.
+BUCKET_COLUMN = "shard_bucket"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Delta:
 
     inputs: dict[str, tuple[InputEntry, list[ShardEntry], bool]]
     removed: set[str]
+    # Whether the segment has the ``shard_bucket`` member (a bucketed dataset's: spec, "Buckets").
+    bucketed: bool = False
 
     @property
     def empty(self) -> bool:
@@ -140,6 +145,10 @@ def encode_segment(delta: Delta) -> bytes:
     arrays["shard_meta_bytes"] = np.array([e.meta_bytes for e in shards], dtype="<i8")
     arrays["shard_algorithm"] = np.array([ALGORITHM_CODES[e.checksum_algorithm] for e in shards], dtype=np.uint8)
     arrays["shard_digest"], arrays["shard_meta_digest"] = digest, meta_digest
+    if delta.bucketed:
+        arrays[BUCKET_COLUMN] = np.array([e.bucket for e in shards], dtype="<u2")
+    elif any(e.bucket for e in shards):
+        raise ValueError("a shard of a bucket other than 0 in a segment of a single-shape dataset")
     return segment_bytes(arrays)
 
 
@@ -167,6 +176,8 @@ def decode_segment(data: bytes, path: str) -> Delta:
                                          "input_listed", "input_first_shard", "shard_samples", "shard_bytes",
                                          "shard_meta_bytes", "shard_algorithm", "shard_digest",
                                          "shard_meta_digest")}
+            bucketed = BUCKET_COLUMN in z.files
+            buckets = z[BUCKET_COLUMN] if bucketed else np.zeros(len(paths), np.uint16)
     except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise ShardFormatError(f"{path}: not a readable index segment ({type(e).__name__}: {e})") from e
     first = columns["input_first_shard"]
@@ -183,6 +194,9 @@ def decode_segment(data: bytes, path: str) -> Delta:
     for key in ("shard_digest", "shard_meta_digest"):
         if columns[key].ndim != 2 or len(columns[key]) != len(paths) or columns[key].shape[1] not in (16, 32):
             raise ShardFormatError(f"{path}: {key} is {columns[key].shape}, not ({len(paths)}, 16 or 32)")
+    if buckets.shape != (len(paths),) or buckets.dtype.kind not in "iu":
+        raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {buckets.dtype} {buckets.shape}, not ({len(paths)},) integers")
+    bucket_ids = buckets.tolist()
     width = columns["shard_digest"].shape[1]
     digests, meta_digests = columns["shard_digest"].tobytes().hex(), columns["shard_meta_digest"].tobytes().hex()
     samples, sizes = columns["shard_samples"].tolist(), columns["shard_bytes"].tolist()
@@ -195,7 +209,8 @@ def decode_segment(data: bytes, path: str) -> Delta:
         stop = start + 2 * DIGEST_BYTES[algorithm]
         shards.append(ShardEntry(
             check_dataset_path(rel, path), check_dataset_path(meta, path), samples[row], sizes[row],
-            digests[start:stop], meta_sizes[row], meta_digests[start:stop], names[owners[row]], algorithm))
+            digests[start:stop], meta_sizes[row], meta_digests[start:stop], names[owners[row]], algorithm,
+            bucket_ids[row]))
     inputs: dict[str, tuple[InputEntry, list[ShardEntry], bool]] = {}
     for i, name in enumerate(names):
         own = shards[first[i]:first[i + 1]]
@@ -203,7 +218,7 @@ def decode_segment(data: bytes, path: str) -> Delta:
                            samples=int(columns["input_samples"][i]), failed=int(columns["input_failed"][i]),
                            shards=[e.path for e in own], etag=etags[i])
         inputs[name] = (entry, own, bool(columns["input_listed"][i]))
-    return Delta(inputs, removed)
+    return Delta(inputs, removed, bucketed)
 
 
 def fold(deltas: Iterable[Delta]) -> dict[str, tuple[InputEntry, list[ShardEntry], bool]]:
@@ -224,7 +239,7 @@ def merge_segments(deltas: list[Delta], from_start: bool) -> Delta:
     removed: set[str] = set()
     if not from_start:
         removed = set().union(*(d.removed for d in deltas)) - set(live)
-    return Delta(live, removed)
+    return Delta(live, removed, any(d.bucketed for d in deltas))
 
 
 def plan_compaction(segments: list[SegmentRef]) -> int:
@@ -239,7 +254,7 @@ def input_signature(entry: InputEntry, shards: list[ShardEntry], listed: bool) -
     """What makes an input's index entry: equal signatures, equal segment rows (a commit skips it)."""
     return (entry.size, entry.mtime_ns, entry.samples, entry.failed, entry.etag, listed,
             tuple(sorted((e.path, e.meta_path, e.samples, e.bytes, e.checksum, e.meta_bytes, e.meta_checksum,
-                          e.checksum_algorithm) for e in shards)))
+                          e.checksum_algorithm, e.bucket) for e in shards)))
 
 
 def current_inputs(manifest: Manifest, only: set[str] | None = None,
@@ -279,10 +294,11 @@ def root_json(manifest: Manifest, totals: dict[str, int] | None = None, run: str
     totals = totals or totals_of(manifest)
     return {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": manifest.format_version,
         "layout": "NHWC",
         "dtype": "uint8",
         "shape": list(manifest.shape),
+        **({"buckets": [list(b) for b in manifest.buckets]} if manifest.is_bucketed else {}),
         "samples": totals["samples"],
         "shard_count": totals["shard_count"],
         "input_count": totals["input_count"],
@@ -325,10 +341,32 @@ def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]
                 owner[rel] = name
 
 
+def check_shard_buckets(column: np.ndarray | None, shards: int, buckets: tuple[tuple[int, int], ...] | None,
+                        path: str) -> None:
+    """ShardFormatError naming segment ``path`` unless its ``shard_bucket`` member (``column``; None: the
+    segment has none) is what the root's version says (spec, "Buckets"): present with one id per shard,
+    each below ``len(buckets)``, in a bucketed dataset (``buckets`` its list); absent in any other."""
+    if buckets is None:
+        if column is not None:
+            raise ShardFormatError(f"{path}: has a {BUCKET_COLUMN} member but its root is not a bucketed dataset's "
+                                   "(format_version 4): edited or forged, nothing was read")
+        return
+    if column is None:
+        raise ShardFormatError(f"{path}: no {BUCKET_COLUMN} member in a bucketed dataset's segment (spec, "
+                               '"Buckets"): edited or forged, nothing was read')
+    if column.shape != (shards,) or column.dtype.kind not in "iu":
+        raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {column.dtype} {column.shape}, not ({shards},) integers")
+    if shards and int(column.max()) >= len(buckets):
+        row = int(np.argmax(column >= len(buckets)))
+        raise ShardFormatError(f"{path}: shard row {row} is in bucket {int(column[row])}, the root lists "
+                               f"{len(buckets)} buckets: edited or forged, nothing was read")
+
+
 def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Manifest:
-    """The dataset a version 3 root at ``path`` describes; ``read_segment(rel)`` gives a segment's bytes.
-    Every segment's size and sha256 are checked (a corrupt segment is named, never half-read)."""
+    """The dataset a version 3 or 4 root at ``path`` describes; ``read_segment(rel)`` gives a segment's
+    bytes. Every segment's size and sha256 are checked (a corrupt segment is named, never half-read)."""
     refs = parse_segment_refs(doc, path)
+    buckets = root_buckets(doc, path)
     deltas = []
     for ref in refs:
         data = read_segment(ref.path)
@@ -336,7 +374,11 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
             raise ShardIntegrityError(f"{path}: segment {ref.path} is {len(data)} bytes and hashes to "
                                       f"{segment_path(data)}; the root says {ref.bytes} bytes (corrupt or "
                                       "truncated): HINT: `preprocess verify DIR --repair` restores a kept generation")
-        deltas.append(decode_segment(data, ref.path))
+        delta = decode_segment(data, ref.path)
+        shards = [e for value in delta.inputs.values() for e in value[1]]
+        check_shard_buckets(np.array([e.bucket for e in shards], np.int64) if delta.bucketed else None, len(shards),
+                            buckets, ref.path)
+        deltas.append(delta)
     live = fold(deltas)
     try:
         h, w, c = root_shape(doc, path)

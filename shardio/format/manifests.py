@@ -12,14 +12,20 @@ from typing import Any, TypeVar
 
 from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import SHA256, XXH3_128
-from shardio.format.index import SegmentRef, manifest_from_root, parse_segment_refs
+from shardio.format.index import (
+    BUCKET_COLUMN,
+    SegmentRef,
+    check_shard_buckets,
+    manifest_from_root,
+    parse_segment_refs,
+)
 from shardio.format.segment_cache import cached_segment
 from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
 from shardio.format.spec import (
     ConfigDerived,
     FORMAT_NAME,
+    INDEX_VERSIONS,
     InputEntry,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     MANIFESTS_DIR,
     SHARDS_DIR,
@@ -27,6 +33,7 @@ from shardio.format.spec import (
     RetiredFile,
     check_dataset_path,
     parse_json,
+    root_buckets,
     root_dataset_id,
     root_generation,
     root_shape,
@@ -132,13 +139,18 @@ def _missing_segment(error: ShardIntegrityError) -> tuple[str, int] | None:
 
 def _read_manifest(store: Storage, path: str, directory: str) -> Manifest:
     doc, version = _read_document(store, path)
-    if isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == "shardio":
+    if _is_index_root(doc):
         manifest = _segments_of_root(doc, path, lambda: manifest_from_root(
             doc, path, lambda rel: _read_segment(store, directory, rel)))
     else:
         manifest = Manifest.from_json(doc, path)
     manifest.source_version = version
     return manifest
+
+
+def _is_index_root(doc: Any) -> bool:
+    """Whether ``doc`` is a root that names index segments (format 3 or 4), not a version 1/2 manifest."""
+    return isinstance(doc, dict) and doc.get("format") == FORMAT_NAME and doc.get("format_version") in INDEX_VERSIONS
 
 
 def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
@@ -151,7 +163,7 @@ def _read_segment(store: Storage, directory: str, rel: str) -> bytes:
 
 def _read_index(store: Storage, path: str, directory: str, segment_cache: str | None = None) -> DatasetIndex:
     doc, version = _read_document(store, path)
-    if not (isinstance(doc, dict) and doc.get("format_version") == FORMAT_VERSION and doc.get("format") == FORMAT_NAME):
+    if not _is_index_root(doc):
         manifest = Manifest.from_json(doc, path)
         shards = manifest.shards
         totals = {"input_count": len(manifest.inputs), "failed": sum(i.failed for i in manifest.inputs.values()),
@@ -160,8 +172,12 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
                             manifest.generation, ShardTable.from_entries(shards, path), manifest.retired, totals,
                             version)
     refs = parse_segment_refs(doc, path)
+    buckets = root_buckets(doc, path)
     segments = _segments_of_root(doc, path, lambda: [open_segment(store, directory, ref, segment_cache)
                                                      for ref in refs])
+    for segment in segments:
+        check_shard_buckets(segment.arrays.get(BUCKET_COLUMN), len(segment.arrays["shard_samples"]), buckets,
+                            segment.path)
     table = fold_segments(segments, path)
     try:
         h, w, c = root_shape(doc, path)

@@ -63,7 +63,8 @@ def _file_problem(store: Storage, path: str, size: int, algorithm: str, checksum
 def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | ListedSizes | None = None,
                   encoding: str = RAW) -> str | None:
-    """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies and
+    """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies (at
+    ``shape``, the shard's own: its bucket's in a bucketed dataset) and
     each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte). ``listed``
     (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
     manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped)."""
@@ -93,8 +94,8 @@ def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: It
     ``DatasetIndex`` makes each when it is reached), so memory holds a chunk, not the dataset."""
     store = for_path(directory)
     listed: ListedSizes | None = None
-    check = lambda entry: shard_problem(directory, entry, manifest.shape, checksums, listed,  # noqa: E731
-                                        manifest.encoding)
+    check = lambda entry: shard_problem(directory, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731
+                                        checksums, listed, manifest.encoding)
     found: list[tuple[ShardEntry, str]] = []
     entries = iter(manifest.shards if shards is None else shards)
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:

@@ -38,6 +38,7 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)  # 64-bit FNV-1a
 _FNV_PRIME = np.uint64(0x100000001B3)
 _HASH_ROWS = 1 << 16  # strings hashed at a time: bounds the temporaries, keeps them in cache
 _INPUT_COLUMNS = ("input_name_offsets", "input_name_blob", "input_first_shard", "removed_offsets", "removed_blob")
+_BUCKET_COLUMN = "shard_bucket"  # a bucketed dataset's segments only (spec, "Buckets")
 _SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offsets", "shard_meta_path_blob",
                   "shard_samples", "shard_bytes", "shard_meta_bytes", "shard_algorithm", "shard_digest",
                   "shard_meta_digest")
@@ -112,6 +113,9 @@ class SegmentColumns:
         for name in _SHARD_COLUMNS:
             if not name.endswith(("_offsets", "_blob")) and len(self.arrays[name]) != shards:
                 raise ShardFormatError(f"{path}: {name} has {len(self.arrays[name])} rows, not {shards}")
+        bucket = self.arrays.get(_BUCKET_COLUMN)
+        if bucket is not None and (bucket.shape != (shards,) or bucket.dtype.kind not in "iu"):
+            raise ShardFormatError(f"{path}: {_BUCKET_COLUMN} is {bucket.dtype} {bucket.shape}, not ({shards},) integers")
         for name in ("shard_digest", "shard_meta_digest"):
             if self.arrays[name].ndim != 2 or self.arrays[name].shape[1] not in (16, 32):
                 raise ShardFormatError(f"{path}: {name} is {self.arrays[name].shape}, not ({shards}, 16 or 32)")
@@ -411,6 +415,22 @@ class ShardTable(Sequence[ShardEntry]):
             return np.array([getattr(e, name) for e in self._entries], dtype=np.int64)
         return self._gather(f"shard_{name}")
 
+    def bucket_ids(self) -> np.ndarray:
+        """Each shard's bucket id (int64, dataset order) from the segments' ``shard_bucket`` columns: zeros
+        for a single-shape dataset, whose segments have none (spec, "Buckets"); no object per shard."""
+        if self._entries is not None:
+            return np.array([e.bucket for e in self._entries], dtype=np.int64)
+        if not any(_BUCKET_COLUMN in s.arrays for s in self.segments):
+            return np.zeros(len(self), dtype=np.int64)
+        if self.sources is None:
+            return np.asarray(self.segments[0].arrays[_BUCKET_COLUMN], dtype=np.int64)
+        out = np.zeros(len(self), dtype=np.int64)
+        for k, segment in enumerate(self.segments):
+            if _BUCKET_COLUMN in segment.arrays:
+                mine = self.sources == k
+                out[mine] = segment.arrays[_BUCKET_COLUMN][self.rows[mine]]
+        return out
+
     def checksum_algorithms(self) -> set[str]:
         """The checksum algorithms the shards name, by a count over the codes (no entry made); a code this
         shardio does not know is left out here and refused when its shard's entry is made."""
@@ -459,10 +479,11 @@ def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
     meta = check_dataset_path(segment.string("shard_meta_path", row), segment.path)
     first = arrays["input_first_shard"]
     owner = int(np.searchsorted(first, row, side="right")) - 1
+    bucket = int(arrays[_BUCKET_COLUMN][row]) if _BUCKET_COLUMN in arrays else 0
     return ShardEntry(path, meta, int(arrays["shard_samples"][row]), int(arrays["shard_bytes"][row]),
                       arrays["shard_digest"][row, :size].tobytes().hex(), int(arrays["shard_meta_bytes"][row]),
                       arrays["shard_meta_digest"][row, :size].tobytes().hex(), segment.string("input_name", owner),
-                      algorithm)
+                      algorithm, bucket)
 
 
 def fold_segments(segments: list[SegmentColumns], where: str) -> ShardTable:

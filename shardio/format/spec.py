@@ -1,4 +1,4 @@
-"""The shardio dataset format, version 3: the spec, and the code that encodes and checks it.
+"""The shardio dataset format, versions 3 and 4: the spec, and the code that encodes and checks it.
 
 A dataset is a directory::
 
@@ -52,6 +52,32 @@ back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or,
 (``shardio.train.device_decode``; docs/reader.md, "JPEG datasets"); the pixels are the raw ones within the
 JPEG error (documented in README, "Compact shards"), not equal. Any other ``encoding`` is refused.
 
+Buckets (format version 4; a dataset whose config says ``mode: bucket``). Each image keeps its aspect
+ratio: it is resized to the bucket (an ``h×w`` shape near the pixel budget ``height × width``) nearest its
+own aspect ratio, and every shard holds one bucket's shape, so a batch read from one shard is still a
+slice of one memory map. What changes against version 3:
+
+- The root (below) has ``buckets``: the resolved list ``[[h, w], ...]`` (each side a whole number
+  1..``MAX_SIDE``, at most ``MAX_BUCKETS`` entries), the same list as the config's ``buckets`` (so
+  ``config_hash`` fixes it: a rerun cannot change it). A bucket's id is its index in that list.
+  ``shape`` stays ``[H, W, 3]``: the pixel budget, not the shape of any sample.
+- Every index segment of the dataset has the member ``shard_bucket`` (uint16, one per shard row): the
+  bucket of each shard. A segment of a single-shape dataset has no such member (every shard is of
+  ``shape``: bucket 0 of the one-entry list ``[[H, W]]``).
+- A shard holds ``N`` images of its bucket's ``h×w``: a raw ``.npy`` is ``N×h×w×3`` (its header says so;
+  exact size ``128 + N*h*w*3``); a JPEG shard's images are ``h×w`` JPEGs. ``.jsonl`` lines are as in
+  version 3 (``width``/``height``: the source image's size). Shard files are named as in version 3,
+  ``STEM-NNNNN``, the number counting an input's shards across all its buckets.
+- Both encodings (``raw``, ``jpeg``) take buckets.
+
+**The version rule**: a root is ``format_version`` 4 exactly when its config says ``mode: bucket``; then
+``buckets`` is present, equal to the config's, and each of its segments has ``shard_bucket``, every value
+below ``len(buckets)``. A version 3 root has no ``buckets`` and its segments no ``shard_bucket``. A root
+breaking the rule, or a ``shard_bucket`` out of range, is refused naming the file (edited or forged).
+A single-shape dataset (raw or JPEG) stays version 3, byte for byte what it was before buckets, so
+older readers keep reading it; they refuse version 4 (a reader of version 3 would map each shard at the
+root's one shape). Buckets are never written in a version 1/2 one-document manifest.
+
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from: a tar, or any
 other kind of input, the field's name kept), ``member`` (str, the image's member name in that tar; a
@@ -95,11 +121,13 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   ``shard_digest``        uint8 (n, W): the ``.npy``'s digest bytes (hex = ``bytes.hex()``); W is 16 when
                           every row is xxh3_128, else 32 (an xxh3_128 row then uses the first 16)
   ``shard_meta_digest``   uint8 (n, W): the ``.jsonl``'s, likewise
+  ``shard_bucket``        uint16 (n): the bucket id of each shard (format version 4 only: "Buckets")
   ``removed``             string table (r): inputs this segment removes from the segments before it
   ======================  ===================================================================================
 
 - The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
-  ``format_version`` 3, ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
+  ``format_version`` 3 (4 for a bucketed dataset, which adds ``buckets`` after ``shape``: "Buckets"),
+  ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
   ``updated``, ``generation``, ``retired`` as in version 2, ``run`` (the committing run's id; absent outside
   a run: "Retention"), the totals (``samples``, ``shard_count``,
   ``input_count``, ``bytes``, ``meta_bytes``, ``failed``: ``shardio info`` reads nothing else), and
@@ -168,7 +196,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    ``xxh3_128``; ``1`` when every entry is ``sha256`` (as written before xxh3_128
                    checksums, and kept so when such a dataset's manifest is rewritten, e.g. by ``gc``, so
                    an older reader still reads it): a raw dataset's manifest is the same bytes as before
-                   version 3; a reader reads versions 1 to 3, refuses any other and says which it reads
+                   version 3; a reader reads versions 1 to 4, refuses any other and says which it reads
 ``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample, each side
                    0..``MAX_SIDE`` (8192, the writer's bound; a reader refuses a root that says more)
 ``samples``        total number of samples (sum over ``shards``)
@@ -268,6 +296,7 @@ import posixpath
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shardio.format.checksum import ALGORITHMS, SHA256
@@ -312,14 +341,30 @@ __all__ = [
     "root_dataset_id",
     "new_dataset_id",
     "proves_another_dataset",
+    "BUCKET_FORMAT_VERSION",
+    "INDEX_VERSIONS",
+    "BUCKET_MODE",
+    "MAX_BUCKETS",
+    "config_buckets",
+    "root_buckets",
+    "root_format_version",
 ]
 
 FORMAT_NAME = "shardio"
+# The version a single-shape dataset (raw or JPEG) is written as: its root is the same bytes as before
+# buckets existed, so older readers keep reading it.
 FORMAT_VERSION = 3
+# A bucketed dataset (config ``mode: bucket``): its shards have several shapes, which a reader of version 3
+# would map at the root's one shape, so it must refuse them (spec, "Buckets").
+BUCKET_FORMAT_VERSION = 4
 # Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only;
 # version 2 is the one-document manifest before the index (both upgraded to 3 by the next commit).
-READ_VERSIONS = (1, 2, 3)
+READ_VERSIONS = (1, 2, 3, 4)
 LEGACY_VERSIONS = (1, 2)
+# The versions whose root names index segments (``shardio.format.index``).
+INDEX_VERSIONS = (3, 4)
+# The config ``mode`` of a bucketed dataset; its ``buckets`` is the resolved list of [h, w].
+BUCKET_MODE = "bucket"
 # A JPEG dataset (config ``encoding: jpeg``) exists only from version 3 on: a reader of versions 1 and 2
 # would map its shards as raw pixels, so a one-document (1/2) manifest that says jpeg is refused.
 JPEG_FORMAT_VERSION = 3
@@ -330,6 +375,8 @@ HEADER_BYTES = 128
 # The largest height or width a dataset may have: the writer's config refuses more (preprocess.config),
 # and a reader refuses a root that says more before sizing anything by it.
 MAX_SIDE = 8192
+# The most buckets a dataset may have: ids are stored as uint16 (``shard_bucket``).
+MAX_BUCKETS = 65536
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 REPORTS_DIR = "reports"
@@ -384,6 +431,62 @@ def root_shape(doc: dict[str, Any], path: str) -> tuple[int, int, int]:
         raise ShardFormatError(f"{path}: shape {shape} has a side outside 0..{MAX_SIDE} (no shardio writes larger "
                                "images): the root was edited or forged, nothing was read")
     return height, width, 3
+
+
+def _bucket_list(value: Any, path: str, where: str) -> tuple[tuple[int, int], ...]:
+    """``value`` as a bucket list (spec, "Buckets"): ``[[h, w], ...]``, 1..``MAX_BUCKETS`` entries of whole
+    numbers 1..``MAX_SIDE``; ShardFormatError naming ``path`` and ``where`` otherwise."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BUCKETS:
+        raise ShardFormatError(f"{path}: {where} is {str(value)[:80]}, not a list of 1..{MAX_BUCKETS} [h, w] "
+                               "(edited or forged): nothing was read")
+    out = []
+    for number, bucket in enumerate(value):
+        if (not isinstance(bucket, list) or len(bucket) != 2 or any(type(x) is not int for x in bucket)
+                or not all(1 <= x <= MAX_SIDE for x in bucket)):
+            raise ShardFormatError(f"{path}: {where}[{number}] is {str(bucket)[:40]}, not [h, w] with each side a "
+                                   f"whole number 1..{MAX_SIDE} (edited or forged): nothing was read")
+        out.append((bucket[0], bucket[1]))
+    return tuple(out)
+
+
+def config_buckets(config: Any, path: str = "manifest") -> tuple[tuple[int, int], ...] | None:
+    """The bucket list a stored config resolves (``mode: bucket``: its ``buckets``), else None (one shape);
+    ShardFormatError naming ``path`` for a bucketed config without a valid list."""
+    if not isinstance(config, dict) or config.get("mode") != BUCKET_MODE:
+        return None
+    return _bucket_list(config.get("buckets"), path, "config \"buckets\"")
+
+
+def root_buckets(doc: dict[str, Any], path: str) -> tuple[tuple[int, int], ...] | None:
+    """A root's (or version 1/2 manifest's) ``buckets`` under the version rule (spec, "Buckets"): the list
+    for a version 4 root (present, valid, the config's own), None for any other; ShardFormatError naming
+    ``path`` for a root that breaks the rule."""
+    version = doc.get("format_version")
+    in_config = config_buckets(doc.get("config"), path)
+    if version == BUCKET_FORMAT_VERSION:
+        if "buckets" not in doc:
+            raise ShardFormatError(f"{path}: format_version {version} without \"buckets\" (a bucketed dataset's "
+                                   "root lists them): edited or forged, nothing was read")
+        buckets = _bucket_list(doc["buckets"], path, '"buckets"')
+        if in_config is None:
+            raise ShardFormatError(f"{path}: format_version {version} with a config whose mode is not "
+                                   f"{BUCKET_MODE!r}: edited or forged, nothing was read")
+        if in_config != buckets:
+            raise ShardFormatError(f"{path}: \"buckets\" {str(doc['buckets'])[:80]} differ from the config's "
+                                   f"{str(doc['config'].get('buckets'))[:80]}: edited or forged, nothing was read")
+        return buckets
+    if "buckets" in doc:
+        raise ShardFormatError(f"{path}: \"buckets\" in a format_version {version!r} root (a bucketed dataset is "
+                               f"version {BUCKET_FORMAT_VERSION}): edited or forged, nothing was read")
+    if in_config is not None:
+        raise ShardFormatError(f"{path}: format_version {version!r} with config mode {BUCKET_MODE!r} (a bucketed "
+                               f"dataset is version {BUCKET_FORMAT_VERSION}): edited or forged, nothing was read")
+    return None
+
+
+def root_format_version(bucketed: bool) -> int:
+    """The ``format_version`` a commit writes (spec, "Buckets"): 4 for a bucketed dataset, else 3."""
+    return BUCKET_FORMAT_VERSION if bucketed else FORMAT_VERSION
 
 
 def root_generation(doc: dict[str, Any], path: str) -> int:
@@ -472,6 +575,9 @@ class ShardEntry:
     meta_checksum: str
     input: str
     checksum_algorithm: str
+    # The shard's bucket (spec, "Buckets"): an index into the dataset's bucket list; 0 in a single-shape
+    # dataset (its one shape). Not part of a version 1/2 entry (``to_json``), which never has buckets.
+    bucket: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's entry: an old ``sha256`` entry comes back with the same keys in the same order."""
@@ -595,6 +701,33 @@ class ConfigDerived:
         """``raw`` or ``jpeg``: how the shards hold the pixels (the config's ``encoding``)."""
         return pixel_encoding(self.config)
 
+    @property
+    def is_bucketed(self) -> bool:
+        """Whether the config says ``mode: bucket`` (format version 4: spec, "Buckets")."""
+        return isinstance(self.config, dict) and self.config.get("mode") == BUCKET_MODE
+
+    @cached_property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        """(h, w) of each bucket, by id: a bucketed dataset's resolved list, else its one shape ``((H, W),)``
+        (computed once: a size check asks it per shard)."""
+        found = config_buckets(self.config)
+        return found if found is not None else ((self.shape[0], self.shape[1]),)  # type: ignore[attr-defined]
+
+    def bucket_shape(self, bucket: int) -> tuple[int, int, int]:
+        """``(h, w, 3)`` of bucket ``bucket``: what a shard of that bucket holds per sample; ShardFormatError
+        for an id outside the list."""
+        buckets = self.buckets
+        if not 0 <= bucket < len(buckets):
+            raise ShardFormatError(f"bucket {bucket} is not one of the dataset's {len(buckets)} buckets "
+                                   "(edited or forged)")
+        height, width = buckets[bucket]
+        return height, width, 3
+
+    @property
+    def format_version(self) -> int:
+        """The ``format_version`` this dataset's root is written with (spec, "Buckets")."""
+        return root_format_version(self.is_bucketed)
+
 
 @dataclass
 class Manifest(ConfigDerived):
@@ -680,6 +813,7 @@ class Manifest(ConfigDerived):
             )
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ShardFormatError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        root_buckets(doc, path)  # a version 1/2 manifest is never bucketed: refused if it says so
         if version != JPEG_FORMAT_VERSION and pixel_encoding(manifest.config, path) == JPEG:
             raise ShardFormatError(f"{path}: format_version {version} with encoding jpeg (a JPEG dataset is "
                                    f"version {JPEG_FORMAT_VERSION}): the manifest was edited or forged")

@@ -36,7 +36,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,6 +69,7 @@ class CachedShard:
     meta_checksum: str
     samples: int
     algorithm: str
+    bucket: int = 0  # the shard's bucket (its images' shape: a bucketed dataset's ``buckets[bucket]``)
 
     @property
     def key(self) -> str:
@@ -82,7 +83,7 @@ class CachedShard:
     @classmethod
     def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
         return cls(entry.checksum, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
-                   entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm)
+                   entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm, entry.bucket)
 
 
 def cache_key(entry: ShardEntry) -> str:
@@ -99,9 +100,10 @@ class CacheDir:
     the counters ``downloads``, ``bytes_downloaded``, ``adopted``, ``retries``; ``stop`` ends a wait."""
 
     def __init__(self, root: str, shape: tuple[int, int, int], store: Callable[[], Downloader],
-                 count: Callable[[str, int], None], stop: threading.Event, attempts: int = 3) -> None:
+                 count: Callable[[str, int], None], stop: threading.Event, attempts: int = 3,
+                 buckets: Sequence[tuple[int, int]] | None = None) -> None:
         self.root, self.shape, self.store, self.count, self.stop = root, shape, store, count, stop
-        self.attempts = attempts
+        self.attempts, self.buckets = attempts, buckets
         os.makedirs(os.path.join(root, "locks"), exist_ok=True)
 
     def path(self, key: str) -> str:
@@ -184,7 +186,7 @@ class CacheDir:
                         temp = os.path.join(self.root, f"{TEMP_PREFIX}{unit.key}.{secrets.token_hex(4)}")
                         temps.append((temp, final))
                         digest = self.store().download(url, temp, unit.algorithm)
-                        self._check(url, temp, size, unit.algorithm, expected, digest)
+                        self._check(url, temp, size, unit.algorithm, expected, digest, self.unit_shape(unit))
                         self.count("bytes_downloaded", size)
                     for temp, final in temps:
                         os.replace(temp, final)
@@ -212,7 +214,17 @@ class CacheDir:
         assert last is not None
         raise ShardError(f"{last} (after {self.attempts} attempts)") from last
 
-    def _check(self, url: str, path: str, size: int, algorithm: str, expected: str, digest: str) -> None:
+    def unit_shape(self, unit: CachedShard) -> tuple[int, int]:
+        """(h, w) of the unit's images: its bucket's in a bucketed dataset (``buckets``), else the dataset's."""
+        if self.buckets is None:
+            return self.shape[0], self.shape[1]
+        if not 0 <= unit.bucket < len(self.buckets):
+            raise ShardIntegrityError(f"{unit.npy_url}: bucket {unit.bucket}, the dataset has {len(self.buckets)}")
+        height, width = self.buckets[unit.bucket]
+        return height, width
+
+    def _check(self, url: str, path: str, size: int, algorithm: str, expected: str, digest: str,
+               shape: tuple[int, int]) -> None:
         actual = _size(path)
         if actual != size:
             raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
@@ -222,9 +234,8 @@ class CacheDir:
         elif url.endswith(".npy"):
             with open(path, "rb") as f:
                 n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
-            if (h, w) != self.shape[:2]:
-                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the dataset's images are "
-                                          f"{self.shape[:2]}")
+            if (h, w) != shape:
+                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the shard's images are {shape}")
         if digest != expected:
             raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
                                       "store, or changed after the commit); HINT: run `preprocess verify DIR "

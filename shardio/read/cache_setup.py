@@ -51,13 +51,15 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
 
 
 def cache_for(directory: str, shards: Sequence[ShardEntry], shape: tuple[int, int, int], cache_dir: str | None,
-              cache_limit: int | str | None, store: Downloader | None = None) -> ShardCache:
+              cache_limit: int | str | None, store: Downloader | None = None,
+              buckets: Sequence[tuple[int, int]] | None = None) -> ShardCache:
     """The cache of a remote snapshot's ``shards`` (a ``ShardTable`` or a list of entries), defaults
-    resolved (``default_cache_dir``, ``default_cache_limit``); no shard's unit is made until it is used."""
+    resolved (``default_cache_dir``, ``default_cache_limit``); no shard's unit is made until it is used.
+    ``buckets``: a bucketed dataset's (h, w) by bucket id (each shard mapped at its bucket's shape)."""
     cache_dir = cache_dir or default_cache_dir()
     units = ShardUnits(directory, shards)
     if cache_limit is None:
         limit = default_cache_limit(int(units.sizes().sum()), cache_dir)
     else:
         limit = parse_size(cache_limit)
-    return ShardCache(units, store, cache_dir, limit, shape=shape)
+    return ShardCache(units, store, cache_dir, limit, shape=shape, buckets=buckets)

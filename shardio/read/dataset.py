@@ -275,7 +275,8 @@ class ShardDataset(IterableDataset):
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
         of shards a new generation keeps are content addressed, found again, not downloaded again)."""
-        cache = cache_for(snapshot.directory, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit)
+        cache = cache_for(snapshot.directory, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit,
+                          buckets=snapshot.buckets if snapshot.is_bucketed else None)
         self.cache_limit = cache.limit  # the default, resolved once
         snapshot.cache = cache
         if self._cache is not None:

@@ -89,7 +89,7 @@ def decode_threads() -> int:
 
 class JpegPixels:
     """Samples ``first .. first + len`` of a JPEG shard (``path``): offsets into ``data``, decoded to
-    (H, W, 3) uint8 on demand."""
+    (H, W, 3) uint8 on demand, H×W being the shard's own shape (its bucket's in a bucketed dataset)."""
 
     def __init__(self, path: str, offsets: np.ndarray, data: np.ndarray, height: int, width: int,
                  first: int = 0) -> None:
@@ -183,6 +183,7 @@ class EncodedImages:
     @classmethod
     def of(cls, pieces: Sequence[JpegPixels]) -> EncodedImages:
         """The samples of ``pieces`` (slices of JPEG shards), in order; their bytes are not copied."""
+        _one_shape(pieces)
         jpegs: list[np.ndarray] = []
         for piece in pieces:
             jpegs.extend(piece.arrays())
@@ -228,9 +229,18 @@ def decode_batch(pieces: Sequence[JpegPixels], out: np.ndarray, threads: int | N
     if not pieces:
         _decoder()  # without the extension a JPEG dataset says what to install, even on an empty batch
         return
+    _one_shape(pieces)
     names = EncodedImages([], pieces[0].height, pieces[0].width,
                           [(piece.path, piece.first, len(piece)) for piece in pieces])
     _decode_into(names, jpegs, out, threads)
+
+
+def _one_shape(pieces: Sequence[JpegPixels]) -> None:
+    """ValueError when ``pieces`` are not all of one shape: a batch is one bucket (one H×W)."""
+    shapes = {(piece.height, piece.width) for piece in pieces}
+    if len(shapes) > 1:
+        raise ValueError(f"a batch holds images of one shape; these pieces have {sorted(shapes)} (shards of "
+                         f"different buckets: {pieces[0].path} and others)")
 
 
 def _decode_into(batch: EncodedImages, jpegs: Sequence[Any], out: np.ndarray, threads: int | None) -> None:

@@ -91,10 +91,12 @@ class ShardCache:
     state exists only for the shards a pass touches (O(shards touched), not O(shards))."""
 
     def __init__(self, units: Sequence[CachedShard], store: Downloader | None, cache_dir: str, limit: int, *,
-                 shape: tuple[int, int, int], threads: int | None = None, attempts: int = 3) -> None:
+                 shape: tuple[int, int, int], threads: int | None = None, attempts: int = 3,
+                 buckets: Sequence[tuple[int, int]] | None = None) -> None:
         self.units: Sequence[CachedShard] = units if isinstance(units, ShardUnits) else list(units)
         self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
-        self.shape, self.attempts = shape, attempts
+        # ``buckets``: a bucketed dataset's (h, w) by bucket id, each unit mapped at its own (None: ``shape``)
+        self.shape, self.attempts, self.buckets = shape, attempts, buckets
         self.threads = download_threads() if threads is None else threads
         self.full_limit = self.limit
         self.largest_sizes = _largest_two(unit_sizes(self.units))  # the largest unit sizes, largest first
@@ -113,7 +115,8 @@ class ShardCache:
 
     def _setup(self) -> None:
         self._stop = threading.Event()
-        self.files = CacheDir(self.cache_dir, self.shape, self._store, self._count, self._stop, self.attempts)
+        self.files = CacheDir(self.cache_dir, self.shape, self._store, self._count, self._stop, self.attempts,
+                              self.buckets)
         self._cond = threading.Condition(threading.RLock())
         self._units: dict[int, CachedShard] = {}  # shard index -> unit, for the shards used (``unit``)
         self._by_key: dict[str, CachedShard] = {}
@@ -152,7 +155,7 @@ class ShardCache:
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("units", "store", "cache_dir", "limit", "full_limit", "largest_sizes", "shape", "threads",
-                "attempts")
+                "attempts", "buckets")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -226,7 +229,7 @@ class ShardCache:
     def pixels(self, shard: int) -> np.ndarray:
         """Shard ``shard``'s N×H×W×3 pixels: a copy-on-write map of the cached file (waits for it)."""
         unit = self.unit(shard)
-        height, width = self.shape[:2]
+        height, width = self.files.unit_shape(unit)
         with self._cond:  # held from the check to the map: no eviction in between
             self._acquire(unit)
             if unit.samples == 0:
@@ -241,7 +244,7 @@ class ShardCache:
         """Shard ``shard`` of a JPEG dataset: ``JpegPixels`` over a map of the cached file (waits for it);
         held, like ``pixels``' maps, until the last view of it is gone."""
         unit = self.unit(shard)
-        height, width = self.shape[:2]
+        height, width = self.files.unit_shape(unit)
         with self._cond:  # held from the check to the map: no eviction in between
             self._acquire(unit)
             mapped = map_jpeg_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)

@@ -11,6 +11,11 @@ inputs leaves the snapshot's files on disk for the retention (``shardio.format``
 3 generations by default). ``snapshot.generation`` names the snapshot; ``open_dataset(DIR, generation=G)``
 reopens it (to resume a run on exactly the data it started with) while it is kept.
 
+A bucketed dataset (format version 4: ``shardio.format``, "Buckets") has shards of several shapes, one
+per shard: ``buckets`` lists them, ``shard_buckets`` says each shard's (a column of the index, no object
+per shard), ``shard_shape(i)`` is shard ``i``'s (h, w); every map, header check and JPEG decode here is
+at the shard's own shape. A single-shape dataset is the one bucket ``((H, W),)``.
+
 On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
 1,000 objects; the bytes are read through a ``shardio.read.shard_cache.ShardCache`` that ``ShardDataset``
 attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
@@ -26,7 +31,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import HEADER_BYTES, JPEG, Manifest, expected_shard_size, npy_header, parse_npy_header
+from shardio.format import HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_shard_size, npy_header, parse_npy_header
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
@@ -58,6 +63,7 @@ class DatasetSnapshot:
         self.counts = self.shards.samples
         self.offsets = np.zeros(len(self.counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.offsets[1:])
+        self._shard_buckets: np.ndarray | None = None
 
     @property
     def store(self) -> Storage:
@@ -67,6 +73,29 @@ class DatasetSnapshot:
     @property
     def shape(self) -> tuple[int, int, int]:
         return self.manifest.shape
+
+    @property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        """(h, w) of each bucket, by id: a bucketed dataset's list, else its one shape ``((H, W),)``."""
+        return self.manifest.buckets
+
+    @property
+    def is_bucketed(self) -> bool:
+        """Whether this is a bucketed dataset (format version 4: shards of several shapes)."""
+        return self.manifest.is_bucketed
+
+    @property
+    def shard_buckets(self) -> np.ndarray:
+        """Each shard's bucket id (int64, dataset order; zeros for a single-shape dataset), from the index's
+        column, read once."""
+        if self._shard_buckets is None:
+            self._shard_buckets = self.shards.bucket_ids()
+        return self._shard_buckets
+
+    def shard_shape(self, shard: int) -> tuple[int, int]:
+        """(h, w) of shard ``shard``'s images: its bucket's."""
+        height, width = self.buckets[int(self.shard_buckets[shard])]
+        return height, width
 
     @property
     def generation(self) -> int:
@@ -105,8 +134,9 @@ class DatasetSnapshot:
                 return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
+        shape = self._entry_shape(entry)
         if self.encoding != JPEG:
-            local, (n, h, w) = self._raw_header(path, entry.bytes, entry.samples)
+            local, (n, h, w) = self._raw_header(path, entry.bytes, entry.samples, shape)
             return np.memmap(local, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(n, h, w, 3))
         local = check_local(path)
         try:
@@ -114,7 +144,12 @@ class DatasetSnapshot:
         except FileNotFoundError as e:
             raise self._missing(path) from e
         _check_size(path, size, entry.bytes)
-        return map_jpeg_shard(path, local, entry.samples, *self.shape[:2])
+        return map_jpeg_shard(path, local, entry.samples, *shape)
+
+    def _entry_shape(self, entry: ShardEntry) -> tuple[int, int]:
+        """(h, w) of a listed shard's images, from its entry's bucket."""
+        height, width, _ = self.manifest.bucket_shape(entry.bucket)
+        return height, width
 
     def check(self, shard_index: int) -> None:
         """What ``pixels`` checks of a local shard (size, header; a JPEG shard's offsets), without mapping
@@ -124,9 +159,10 @@ class DatasetSnapshot:
         if self.encoding == JPEG:
             self.pixels(shard_index)
         else:
-            self._raw_header(path, entry.bytes, entry.samples)
+            self._raw_header(path, entry.bytes, entry.samples, self._entry_shape(entry))
 
-    def _raw_header(self, path: str, nbytes: int, samples: int) -> tuple[str, tuple[int, int, int]]:
+    def _raw_header(self, path: str, nbytes: int, samples: int,
+                    shape: tuple[int, int]) -> tuple[str, tuple[int, int, int]]:
         local = check_local(path)
         try:
             with open(local, "rb") as f:
@@ -135,11 +171,11 @@ class DatasetSnapshot:
         except FileNotFoundError as e:
             raise self._missing(path) from e
         _check_size(path, size, nbytes)
-        if header == npy_header(samples, *self.shape[:2]):  # the writer's own bytes: no parse (~130 µs)
-            return local, (samples, *self.shape[:2])
+        if header == npy_header(samples, *shape):  # the writer's own bytes: no parse (~130 µs)
+            return local, (samples, *shape)
         n, h, w = parse_npy_header(header, path)
-        if (n, h, w) != (samples, *self.shape[:2]):
-            raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *self.shape[:2])}")
+        if (n, h, w) != (samples, *shape):
+            raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *shape)}")
         return local, (n, h, w)
 
     @contextmanager
@@ -181,7 +217,8 @@ class DatasetSnapshot:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
         script) one with the defaults (``shardio.read.cache_setup.cache_for``), made at the first read."""
         if self.cache is None and not self.store.is_local:
-            self.cache = cache_for(self.directory, self.shards, self.shape, None, None)
+            self.cache = cache_for(self.directory, self.shards, self.shape, None, None,
+                                   buckets=self.buckets if self.is_bucketed else None)
         return self.cache
 
     def meta(self, shard_index: int) -> ShardMeta:
@@ -201,8 +238,8 @@ class DatasetSnapshot:
             except FileNotFoundError as e:
                 raise self._missing(path) from e
             _check_size(path, len(data), entry.meta_bytes)
-            return ShardMeta.from_file(path, local, data, entry.samples, *self.shape[:2])
-        return ShardMeta.from_bytes(path, data, entry.samples, *self.shape[:2])
+            return ShardMeta.from_file(path, local, data, entry.samples, *self._entry_shape(entry))
+        return ShardMeta.from_bytes(path, data, entry.samples, *self._entry_shape(entry))
 
 
 _REBUILD = "HINT: run `preprocess verify DIR --repair` to rebuild it from its input"
@@ -256,7 +293,7 @@ def _remote_size_problem(store: Storage, directory: str, manifest: DatasetIndex)
     (1,000 objects a request), not a HEAD per file."""
     wanted = {}
     for entry in manifest.shards:
-        expected = expected_shard_size(entry, manifest.shape, manifest.encoding)
+        expected = expected_shard_size(entry, manifest.bucket_shape(entry.bucket), manifest.encoding)
         if entry.bytes != expected:
             return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
                     f"{entry.samples} samples imply {expected} (inconsistent)")

@@ -699,6 +699,10 @@ class Committer:
         """List ``input_path``'s (promoted) shards, replacing the input's older ones, which are retired."""
         new_entries = sorted((s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in shards),
                              key=lambda e: e.path)
+        buckets = len(self.index.buckets)
+        for e in new_entries:
+            if not 0 <= e.bucket < buckets:
+                raise ValueError(f"{e.path}: bucket {e.bucket}, the dataset has {buckets} (spec, \"Buckets\")")
         entry = InputEntry(size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries),
                            failed=failed, shards=[e.path for e in new_entries], etag=etag)
         old = self.index.put(input_path, (entry, new_entries, True))

@@ -233,7 +233,7 @@ class EditableIndex(ConfigDerived):
         ``touched`` names, those whose content differs from what the segments say, and those removed.
         Before the first commit of a version 1/2 manifest or a new dataset (no segments): everything."""
         if self.segments is None:
-            return Delta(dict(self.changed), set())
+            return Delta(dict(self.changed), set(), self.is_bucketed)
         changed: dict[str, Group] = {}
         removed: set[str] = set()
         for name in touched:
@@ -244,7 +244,7 @@ class EditableIndex(ConfigDerived):
                     removed.add(name)
             elif was != input_signature(*now):
                 changed[name] = now
-        return Delta(changed, removed)
+        return Delta(changed, removed, self.is_bucketed)
 
     def _indexed_signature(self, name: str) -> tuple[Any, ...] | None:
         if self._stack is None:
