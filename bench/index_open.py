@@ -3,7 +3,9 @@ its segments (``shardio.format.segment_cache``): bytes fetched in all against th
 process's open time. The index is synthetic (``bench.synthetic_index``: one compacted segment, no shard
 files), on the tests' S3 server (SeaweedFS) on loopback.
 
-    python -m bench.index_open [--shards 2300000] [--processes 8]
+    python -m bench.index_open [--shards 2300000] [--processes 8] [--buckets 0]
+
+``--buckets N``: a bucketed dataset's index (format version 4: N buckets, the ``shard_bucket`` column).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=2_300_000)
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--buckets", type=int, default=0)
     args = parser.parse_args(argv)
     root = tempfile.mkdtemp(prefix="shardio-index-open-")
     server = S3Server(os.path.join(root, "s3"))
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(server.env())
     try:
         local = os.path.join(root, "ds")
-        write_index(local, args.shards)
+        write_index(local, args.shards, buckets=args.buckets)
         index_bytes = sum(os.path.getsize(os.path.join(local, "index", n)) for n in os.listdir(os.path.join(local, "index")))
         url = CloudBucket(server, server.new_bucket()).upload_dir(local)
         cache = os.path.join(root, "cache")

@@ -4,7 +4,10 @@ not read them) and, every fifth step, drops input ``i - 3`` and replaces input `
 Replaying the steps over a dataset that already holds some of them converges to the same content: the
 rerun of a killed run.
 
-``python -m tests.index_steps DIR STEPS``
+With ``buckets`` (``--buckets``) the dataset is a bucketed one (format version 4: ``STEP_BUCKETS``) and
+shard ``k`` of an input's version ``v`` is in bucket ``(k + v) % 3``: a replaced input changes buckets.
+
+``python -m tests.index_steps DIR STEPS [--buckets]``
 """
 
 from __future__ import annotations
@@ -21,14 +24,23 @@ from shardio.write import directory as dataset_dir
 __all__ = ["entries", "run_steps", "expected_inputs", "compacted_and_collected"]
 
 
-def entries(name: str, version: int = 0, count: int = 3) -> list[ShardEntry]:
+STEP_BUCKETS = [[2, 2], [1, 4], [4, 1]]
+
+
+def step_config(buckets: bool) -> dict[str, Any]:
+    if buckets:
+        return {"height": 2, "width": 2, "mode": "bucket", "buckets": STEP_BUCKETS}
+    return {"height": 2, "width": 2}
+
+
+def entries(name: str, version: int = 0, count: int = 3, buckets: bool = False) -> list[ShardEntry]:
     """``count`` shard entries of input ``name``, digests derived from the name (the same every run)."""
     out = []
     for k in range(count):
         stem = f"{name.removesuffix('.tar')}-v{version}-{k:05d}"
         digest = hashlib.sha256(stem.encode()).hexdigest()
         out.append(ShardEntry(f"shards/{stem}.npy", f"shards/{stem}.jsonl", k + 1, 128 + (k + 1) * 12, digest[:32],
-                              40 * (k + 1), digest[32:], name, "xxh3_128"))
+                              40 * (k + 1), digest[32:], name, "xxh3_128", (k + version) % 3 if buckets else 0))
     return out
 
 
@@ -69,20 +81,20 @@ def compacted_and_collected(directory: str) -> dict[str, Any]:
     return old_root
 
 
-def run_steps(directory: str, count: int) -> DatasetIndex:
+def run_steps(directory: str, count: int, buckets: bool = False) -> DatasetIndex:
     """Commit the steps one by one (each its own commit, so compactions happen along the way)."""
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory):
         existing, _ = dataset_dir.load_committed(directory)
         dataset_dir.clean_leftovers(directory, existing)
         committer = dataset_dir.Committer(directory, existing, run=f"steps-{count}", shape=(2, 2, 3),
-                                          config={"height": 2, "width": 2}, versions={})
+                                          config=step_config(buckets), versions={})
         for action, name, version in _steps(count):
             if action == "add":
                 committed = committer.index.input(name)
                 if committed is not None and committed.size == 100 + version:
                     continue  # committed unchanged: skipped, as the job skips it
-                shards = entries(name, version)
+                shards = entries(name, version, buckets=buckets)
                 committer.add_input(name, size=100 + version, mtime_ns=7, shards=shards)
             elif committer.index.input(name) is not None:
                 committer.drop_input(name)
@@ -95,4 +107,4 @@ def run_steps(directory: str, count: int) -> DatasetIndex:
 
 
 if __name__ == "__main__":
-    run_steps(sys.argv[1], int(sys.argv[2]))
+    run_steps(sys.argv[1], int(sys.argv[2]), buckets="--buckets" in sys.argv[3:])

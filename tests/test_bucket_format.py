@@ -217,3 +217,65 @@ def test_a_bucketed_shard_entry_round_trips_through_a_task_result(tmp_path):
                        "xxh3_128", 2)
     assert ShardEntry(**asdict(entry)) == entry and asdict(entry)["bucket"] == 2
     assert "bucket" not in entry.to_json()  # a version 1/2 entry never has one
+
+
+def test_a_single_shape_index_is_the_bytes_it_was_before_buckets(tmp_path):
+    """Segments are named by their sha256: the same names as shardio wrote before version 4 (pinned from
+    it) prove the same bytes, for a dataset written by the writer and for a history of commits,
+    replacements, drops and compactions."""
+    from tests.index_steps import run_steps
+
+    written = str(tmp_path / "written")
+    make_dataset(written)  # raw, 117 samples in three inputs
+    assert [s["path"] for s in root(written)["segments"]] == [
+        "index/f43ea0ef8d565f014f8e6034c10d7f8c93d741afa115af556216447404ffdd33.npz"]
+    steps = str(tmp_path / "steps")
+    run_steps(steps, 20)
+    assert [s["path"][6:18] for s in root(steps)["segments"]] == [
+        "fdfa2ab551a4", "cae3de638c90", "5ce2f86e147b", "77476ce63d74", "544802605d59", "7f7295df5cac",
+        "3d8b3ac9b714"]
+    for directory in (written, steps):
+        doc = root(directory)
+        assert doc["format_version"] == 3 and "buckets" not in doc
+        for name in os.listdir(os.path.join(directory, "index")):
+            assert "shard_bucket" not in segment_arrays(directory, f"index/{name}")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_dataset_upgraded_by_a_commit_stays_single_shape_version_3(tmp_path, version):
+    from shardio.write import directory as dataset_dir
+    from tests.legacy_format import as_legacy, write_legacy
+
+    out = str(tmp_path / "ds")
+    make_dataset(out, (9, 7))
+    doc = as_legacy(out)
+    if version == 1:  # sha256 entries only
+        import hashlib
+
+        for entry in doc["shards"]:
+            for rel_key, old, new in (("path", "xxh3_128", "sha256"), ("meta_path", "meta_xxh3_128", "meta_sha256")):
+                del entry[old]
+                entry[new] = hashlib.sha256(open(os.path.join(out, entry[rel_key]), "rb").read()).hexdigest()
+        doc["format_version"] = 1
+        write_legacy(out, doc)
+    assert root(out)["format_version"] == version
+    snapshot = open_dataset(out, verify=True)
+    assert not snapshot.is_bucketed and snapshot.buckets == ((8, 8),) and len(snapshot) == 16
+    assert snapshot.shard_buckets.tolist() == [0] * len(snapshot.shards)
+    dataset_dir.drop_inputs(out, ["input-1.tar"])  # a commit: the upgrade
+    doc = root(out)
+    assert doc["format_version"] == 3 and "buckets" not in doc
+    assert "shard_bucket" not in segment_arrays(out, doc["segments"][0]["path"])
+    assert len(open_dataset(out, verify=True)) == 9
+
+
+def test_an_old_manifest_that_says_bucket_is_refused(tmp_path):
+    from tests.legacy_format import as_legacy, write_legacy
+
+    out = str(tmp_path / "ds")
+    make_dataset(out, (4,))
+    doc = as_legacy(out)
+    doc["config"] = {**doc["config"], "mode": "bucket", "buckets": [[8, 8]]}
+    write_legacy(out, doc)
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: format_version 2 with config mode 'bucket'"):
+        load_index(out)

@@ -115,18 +115,19 @@ def test_compaction_keeps_segments_few_and_rewrites_each_entry_a_few_times(tmp_p
     assert max(copies.values()) <= tiers + 1, (max(copies.values()), tiers)
 
 
-def _kill_loop(directory: str, steps: int, kills: int, seed: int) -> None:
+def _kill_loop(directory: str, steps: int, kills: int, seed: int, buckets: bool = False) -> None:
     """Run the steps as subprocesses SIGKILLed at random moments; between kills the dataset is always
     loadable and a prefix of the run's states; the last run finishes."""
     rng = random.Random(seed)
+    extra = ["--buckets"] if buckets else []
     for _ in range(kills):
-        run = subprocess.Popen([sys.executable, "-m", "tests.index_steps", directory, str(steps)], cwd=REPO)
+        run = subprocess.Popen([sys.executable, "-m", "tests.index_steps", directory, str(steps), *extra], cwd=REPO)
         time.sleep(rng.uniform(0.3, 2.5))
         run.kill()
         run.wait()
         if for_path(directory).exists(for_path(directory).join(directory, "manifest.json")):
             load_manifest(directory)  # never half-visible
-    subprocess.run([sys.executable, "-m", "tests.index_steps", directory, str(steps)], cwd=REPO, check=True)
+    subprocess.run([sys.executable, "-m", "tests.index_steps", directory, str(steps), *extra], cwd=REPO, check=True)
 
 
 def test_kill_9_during_commits_and_compactions_then_rerun_is_the_uninterrupted_result(tmp_path):

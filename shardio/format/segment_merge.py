@@ -19,7 +19,7 @@ import numpy as np
 
 from shardio.errors import ShardFormatError
 from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
-from shardio.format.index import segment_bytes
+from shardio.format.index import BUCKET_COLUMN, segment_bytes
 from shardio.format.shard_table import SegmentColumns
 from shardio.format.spec import SHARDS_DIR, check_dataset_path
 
@@ -126,6 +126,13 @@ def merge_columns(segments: list[SegmentColumns], from_start: bool) -> MergedSeg
     digest_width = 16 if bool(np.all(codes == _XXH3)) else 32
     for name in ("shard_digest", "shard_meta_digest"):
         arrays[name] = _digests(segments, name, shard_parts, codes, digest_width)
+    if any(BUCKET_COLUMN in s.arrays for s in segments):  # a bucketed dataset's: carried (spec, "Buckets")
+        buckets = np.zeros(shards, dtype="<u2")
+        for k, position, rows in shard_parts:
+            column = segments[k].arrays.get(BUCKET_COLUMN)
+            if column is not None:
+                buckets[position] = column[rows]
+        arrays[BUCKET_COLUMN] = buckets
 
     for table, parts, count in (("input_name", input_parts, inputs), ("input_etag", input_parts, inputs),
                                 ("shard_path", shard_parts, shards), ("shard_meta_path", shard_parts, shards),

@@ -3,12 +3,17 @@
 The run history is ``DIR/reports/*.json`` (one per ``preprocess run``; its format: ``shardio.format.run_report``).
 Failures by reason are counted for the inputs the manifest lists now, each from the last run that
 processed it, so an input reprocessed after a fix is not counted twice.
+
+A bucketed dataset (``shardio.format``, "Buckets") also gets its bucket histogram: per bucket its shape,
+samples, shards and pixel bytes, from the index's columns (one ``bincount`` each, no object per shard).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+import numpy as np
 
 from shardio.format import INDEX_DIR, MANIFESTS_DIR, REPORTS_DIR, SHARDS_DIR
 from shardio.format.manifests import DatasetIndex
@@ -17,7 +22,22 @@ from shardio.failure_reasons import count_by_category
 from shardio.read.snapshot import open_dataset
 from shardio.format.run_report import run_history, skipped_count
 
-__all__ = ["dataset_info", "run_history", "format_info"]  # run_history: shardio.format.run_report
+__all__ = ["dataset_info", "run_history", "format_info", "bucket_histogram"]  # run_history: shardio.format.run_report
+
+_BAR = 30  # characters of the largest bucket's bar in ``shardio info``
+
+
+def bucket_histogram(index: DatasetIndex) -> list[dict[str, Any]]:
+    """Per bucket, by id: ``bucket``, ``shape`` [h, w], ``samples``, ``shards``, ``bytes`` (the pixel files'),
+    counted over the index's columns."""
+    table = index.shards
+    ids = table.bucket_ids()
+    count = len(index.buckets)
+    samples = np.bincount(ids, weights=table.samples, minlength=count)
+    shards = np.bincount(ids, minlength=count)
+    nbytes = np.bincount(ids, weights=table.column("bytes"), minlength=count)
+    return [{"bucket": b, "shape": [h, w], "samples": int(samples[b]), "shards": int(shards[b]),
+             "bytes": int(nbytes[b])} for b, (h, w) in enumerate(index.buckets)]
 
 
 def _directory_bytes(directory: str, index: DatasetIndex) -> int:
@@ -64,6 +84,13 @@ def dataset_info(directory: str) -> dict[str, Any]:
     names = manifest.shards.input_names() if failures_of_input else []
     reasons = count_by_category(f for path in names for f in failures_of_input.get(path, []))
     pixel_bytes, meta_bytes = manifest.totals["bytes"], manifest.totals["meta_bytes"]
+    raw_per_image = manifest.shape[0] * manifest.shape[1] * 3
+    bucketed: dict[str, Any] = {}
+    if manifest.is_bucketed:
+        histogram = bucket_histogram(manifest)
+        bucketed = {"buckets": histogram}
+        if manifest.samples:  # what the samples' own shapes take raw (the budget is an upper bound)
+            raw_per_image = sum(b["samples"] * b["shape"][0] * b["shape"][1] * 3 for b in histogram) / manifest.samples
     return {
         "directory": snapshot.directory,
         "samples": manifest.samples,
@@ -76,7 +103,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
         # Per image, the pixel file bytes (header and offsets included) over the samples: what a JPEG
         # dataset costs against raw's H×W×3, and what the whole dataset grows by per million images.
         "bytes_per_image": pixel_bytes / manifest.samples if manifest.samples else 0.0,
-        "raw_bytes_per_image": manifest.shape[0] * manifest.shape[1] * 3,
+        "raw_bytes_per_image": raw_per_image,
         "pixel_bytes": pixel_bytes,
         "meta_bytes": meta_bytes,
         "directory_bytes": _directory_bytes(snapshot.directory, manifest),
@@ -98,6 +125,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
             for r in runs
         ],
         "report_problems": problems,
+        **bucketed,
     }
 
 
@@ -114,7 +142,21 @@ def _encoding_line(info: dict[str, Any]) -> str:
     ratio = f", {raw / per_image:.1f}x smaller than raw" if info["encoding"] != "raw" and per_image else ""
     projected = f"this dataset raw: {_size(int(raw * info['samples']))}" if info["encoding"] != "raw" else ""
     return (f"encoding     {info['encoding']}: {_size(int(per_image))} per image{ratio}; 1 M images "
-            f"{_size(int(per_image * 1e6))}" + (f" (raw {_size(raw * 10**6)}); {projected}" if projected else ""))
+            f"{_size(int(per_image * 1e6))}" + (f" (raw {_size(int(raw * 10**6))}); {projected}" if projected else ""))
+
+
+def _bucket_lines(info: dict[str, Any]) -> list[str]:
+    """The bucket histogram: one line per bucket (shape, aspect w/h, samples and share, shards, bytes, a bar)."""
+    buckets = info["buckets"]
+    total = max(1, info["samples"])
+    most = max([1] + [b["samples"] for b in buckets])
+    lines = [f"buckets      {len(buckets)} shapes (h x w), {info['shape'][0]}x{info['shape'][1]} pixel budget:"]
+    for b in buckets:
+        h, w = b["shape"]
+        bar = "#" * round(_BAR * b["samples"] / most)
+        lines.append(f"  {b['bucket']:3d}  {h:4d}x{w:<4d} w/h {w / h:4.2f}  {b['samples']:8d} samples "
+                     f"{100 * b['samples'] / total:5.1f}%  {b['shards']:6d} shards  {_size(b['bytes']):>9}  {bar}")
+    return lines
 
 
 def format_info(info: dict[str, Any]) -> str:
@@ -123,11 +165,14 @@ def format_info(info: dict[str, Any]) -> str:
     versions = info["versions"]
     lines = [
         f"dataset      {info['directory']}",
-        f"samples      {info['samples']}  ({h}x{w}x{c} {info['layout']}, {info['shards']} shards from "
+        f"samples      {info['samples']}  ("
+        + (f"{len(info['buckets'])} bucket shapes, budget {h}x{w}" if "buckets" in info else f"{h}x{w}x{c}")
+        + f" {info['layout']}, {info['shards']} shards from "
         f"{info['inputs']} inputs; {info['failed_samples']} samples failed)",
         f"on disk      {_size(info['pixel_bytes'])} pixels + {_size(info['meta_bytes'])} metadata; "
         f"directory {_size(info['directory_bytes'])}",
         _encoding_line(info),
+        *(_bucket_lines(info) if "buckets" in info else []),
         f"updated      {info['updated']}",
         "config       " + ", ".join(f"{k}={v}" for k, v in info["config"].items()),
         f"config hash  {info['config_hash'][:16]}",

@@ -1,0 +1,122 @@
+"""The tools on a bucketed dataset: ``preprocess verify`` checks each shard at its bucket's size (and the
+steps of ``--repair`` that are the format's: dropping the bad inputs, restoring a corrupt root), and
+``shardio info`` shows the bucket histogram, as text and as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from bucket_fixtures import BUCKETS, make_bucketed_dataset
+from preprocess.verify import verify_dataset
+from shardio.format.manifests import load_index, load_manifest
+from shardio.read.snapshot import open_dataset
+from shardio.tools.cli import app
+from shardio.write import directory as dataset_dir
+
+SAMPLES = (20, 27, 13)
+
+
+@pytest.fixture(params=["raw", "jpeg"])
+def bucketed(tmp_path, request) -> str:
+    return make_bucketed_dataset(str(tmp_path / "ds"), BUCKETS, SAMPLES, encoding=request.param)
+
+
+def test_verify_finds_a_damaged_shard_in_each_bucket_and_nothing_in_a_whole_dataset(bucketed):
+    assert verify_dataset(bucketed).bad == []
+    manifest = load_manifest(bucketed)
+    truncated = next(e for e in manifest.shards if e.bucket == 0)
+    corrupt = next(e for e in manifest.shards if e.bucket == 2)
+    os.truncate(os.path.join(bucketed, truncated.path), truncated.bytes - 5)
+    with open(os.path.join(bucketed, corrupt.path), "r+b") as f:
+        f.seek(corrupt.bytes - 10)
+        f.write(b"\x00\xff\x00")
+    result = verify_dataset(bucketed)
+    assert {b.shard: b.input for b in result.bad} == {truncated.path: truncated.input, corrupt.path: corrupt.input}
+    problems = {b.shard: b.problem for b in result.bad}
+    assert f"{truncated.bytes - 5} bytes, the manifest says {truncated.bytes}" in problems[truncated.path]
+    assert "differs from the manifest (corrupt)" in problems[corrupt.path]
+
+
+def test_a_listed_size_that_is_not_the_buckets_is_inconsistent(tmp_path):
+    """A raw shard's size follows from its samples and its bucket's shape: a root edited to move a shard
+    to another bucket of another size is caught by the size check alone."""
+    out = make_bucketed_dataset(str(tmp_path / "ds"), ((8, 8), (4, 4)), (8, 8), inputs=1)
+
+    def forge(arrays):
+        arrays["shard_bucket"] = 1 - arrays["shard_bucket"]
+
+    from tests.test_bucket_format import rewrite_segment
+
+    rewrite_segment(out, forge)
+    problems = [b.problem for b in verify_dataset(out).bad]
+    assert problems and all("samples imply" in p and "(inconsistent)" in p for p in problems)
+
+
+def test_dropping_inputs_and_restoring_a_root_keep_a_bucketed_dataset(bucketed):
+    dataset_dir.drop_inputs(bucketed, ["input-1.tar"])
+    index = load_index(bucketed)
+    assert index.format_version == 4 and {e.input for e in index.shards} == {"input-0.tar"}
+    assert index.shards.bucket_ids().tolist() == [e.bucket for e in index.shards]
+    with open(os.path.join(bucketed, "manifest.json"), "w") as f:
+        f.write("{not json")
+    restored = dataset_dir.restore_manifest(bucketed)
+    assert restored is not None and restored.buckets == BUCKETS
+    snapshot = open_dataset(bucketed, verify=True)
+    assert snapshot.is_bucketed and len(snapshot) == sum(e.samples for e in index.shards)
+    assert json.load(open(os.path.join(bucketed, "manifest.json")))["format_version"] == 4
+
+
+def test_info_shows_the_bucket_histogram_as_text_and_json(bucketed):
+    manifest = load_manifest(bucketed)
+    result = CliRunner().invoke(app, ["info", bucketed, "--json"], prog_name="shardio")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert [b["shape"] for b in info["buckets"]] == [list(b) for b in BUCKETS]
+    assert [b["samples"] for b in info["buckets"]] == list(SAMPLES)
+    for b in info["buckets"]:
+        mine = [e for e in manifest.shards if e.bucket == b["bucket"]]
+        assert b["shards"] == len(mine) and b["bytes"] == sum(e.bytes for e in mine)
+    if info["encoding"] == "raw":
+        assert info["raw_bytes_per_image"] == pytest.approx(info["bytes_per_image"], rel=0.2)
+    result = CliRunner().invoke(app, ["info", bucketed], prog_name="shardio")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("buckets"))
+    assert lines[at].startswith("buckets      3 shapes")
+    for (h, w), count, line in zip(BUCKETS, SAMPLES, lines[at + 1:at + 4]):
+        assert f"{h}x{w}" in line.replace(" ", "") and f" {count} samples" in line
+
+
+def test_info_of_a_single_shape_dataset_has_no_buckets(tmp_path):
+    from dataset_fixtures import make_dataset
+
+    out = str(tmp_path / "plain")
+    make_dataset(out, (5,))
+    result = CliRunner().invoke(app, ["info", out, "--json"], prog_name="shardio")
+    assert result.exit_code == 0 and "buckets" not in json.loads(result.stdout)
+
+
+
+def test_preview_draws_every_bucket_at_its_own_shape(tmp_path, bucketed):
+    from bucket_fixtures import key_bucket
+    from shardio.tools.preview import contact_sheet, write_preview
+
+    result = write_preview(bucketed, str(tmp_path / "sheet.png"), n=6, seed=1)
+    assert sorted(row["bucket"] for row in result.table) == [0, 0, 1, 1, 2, 2]  # drawn from each bucket alike
+    assert all(key_bucket(row["key"]) == row["bucket"] for row in result.table)
+    snapshot = open_dataset(bucketed)
+    sheet, table = contact_sheet(snapshot, [row["index"] for row in result.table])
+    cell_h = max(h for h, _ in BUCKETS) + 7  # the tallest bucket, then the number strip
+    cell_w = max(w for _, w in BUCKETS)
+    for number, row in enumerate(table):
+        h, w = BUCKETS[row["bucket"]]
+        top, left = 4 + (number // 3) * (cell_h + 4), 4 + (number % 3) * (cell_w + 4)
+        shard = [e.path for e in snapshot.shards].index(row["shard"])
+        offset = row["index"] - int(snapshot.offsets[shard])
+        assert (sheet[top:top + h, left:left + w] == np.asarray(snapshot.pixels(shard)[offset])).all()
+        assert (sheet[top:top + h, left + w:left + cell_w] == 48).all()  # the gap's grey beside a narrow one
