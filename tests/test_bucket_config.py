@@ -82,3 +82,11 @@ def test_per_bucket_configs_are_centre_crops_of_each_shape() -> None:
     assert cfg.bucket_config(1) is one  # made once
     assert cfg.bucket_of(1600, 1000) == 1 and cfg.bucket_of(1000, 1000) == 0
     assert cfg.max_side == 320
+
+
+def test_configs_buckets_yaml_over_its_own_dataset_is_the_same_config() -> None:
+    # The nightly rerun names the file again: its `buckets: null` derives the list the dataset stores.
+    first = load_config("configs/buckets.yaml")
+    assert first.buckets == derive_buckets(256, 256) and len(first.buckets) == 15
+    again = load_config("configs/buckets.yaml", base=first.to_dict())
+    assert again.output_dict() == first.output_dict()

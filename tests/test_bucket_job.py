@@ -110,8 +110,16 @@ def test_an_incremental_run_processes_only_the_new_input(ray_cluster, tars, tmp_
     before = dataset_state(out)
     tars.write("02.tar", [Member(f"{i:06d}.jpg", jpeg_bytes(index_image(i, *SIZES[i % len(SIZES)])))
                           for i in range(samples, samples + 7)])
-    result = run_cli(pattern, "--output", out, "--report", report)
+    result = runner.invoke(app, ["run", pattern, "--output", out, *FLAGS, "--report", report],
+                           catch_exceptions=False)
     assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    counts: dict[str, int] = {}
+    for index in range(samples, samples + 7):
+        h, w = BUCKETS[nearest_bucket(*SIZES[index % len(SIZES)], BUCKETS)]
+        counts[f"{w}x{h}"] = counts.get(f"{w}x{h}", 0) + 1
+    expected = ", ".join(f"{w}x{h} {counts[f'{w}x{h}']}" for h, w in BUCKETS if f"{w}x{h}" in counts)
+    assert f"samples written per bucket (w x h): {expected}" in said
     with open(report, encoding="utf-8") as f:
         doc = json.load(f)
     assert doc["inputs_skipped_count"] == 2 and len(doc["inputs_processed"]) == 1
