@@ -146,6 +146,7 @@ def _start(pattern: str, out: str, address: str, log: str, encoding: str) -> sub
                                 stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_kill_9_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tmp_path, encoding) -> None:
     pattern, samples = make_tars(tars, [40, 25, 33, 9])
