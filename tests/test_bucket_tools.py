@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -101,22 +100,3 @@ def test_info_of_a_single_shape_dataset_has_no_buckets(tmp_path):
     assert result.exit_code == 0 and "buckets" not in json.loads(result.stdout)
 
 
-
-def test_preview_draws_every_bucket_at_its_own_shape(tmp_path, bucketed):
-    from bucket_fixtures import key_bucket
-    from shardio.tools.preview import contact_sheet, write_preview
-
-    result = write_preview(bucketed, str(tmp_path / "sheet.png"), n=6, seed=1)
-    assert sorted(row["bucket"] for row in result.table) == [0, 0, 1, 1, 2, 2]  # drawn from each bucket alike
-    assert all(key_bucket(row["key"]) == row["bucket"] for row in result.table)
-    snapshot = open_dataset(bucketed)
-    sheet, table = contact_sheet(snapshot, [row["index"] for row in result.table])
-    cell_h = max(h for h, _ in BUCKETS) + 7  # the tallest bucket, then the number strip
-    cell_w = max(w for _, w in BUCKETS)
-    for number, row in enumerate(table):
-        h, w = BUCKETS[row["bucket"]]
-        top, left = 4 + (number // 3) * (cell_h + 4), 4 + (number % 3) * (cell_w + 4)
-        shard = [e.path for e in snapshot.shards].index(row["shard"])
-        offset = row["index"] - int(snapshot.offsets[shard])
-        assert (sheet[top:top + h, left:left + w] == np.asarray(snapshot.pixels(shard)[offset])).all()
-        assert (sheet[top:top + h, left + w:left + cell_w] == 48).all()  # the gap's grey beside a narrow one

@@ -10,7 +10,8 @@ One file per shard, ``shards/NAME.jpg.npy``, beside the same ``.jsonl`` as a raw
 
 So ``np.load(path, mmap_mode="r")`` gives the offsets with numpy alone (numpy reads the array and ignores
 what follows), ``np.memmap(path, np.uint8, "r", offset=128 + 8 * (N + 1))`` the data, and each sample is a
-standard baseline JFIF of exactly H×W pixels, 3 components (``PIL.Image.open`` or ``djpeg`` read it). The
+standard baseline JFIF of exactly H×W pixels (its bucket's h×w in a bucketed dataset: ``shardio.format``,
+"Buckets"), 3 components (``PIL.Image.open`` or ``djpeg`` read it). The
 header gives N, the last offset the data's size: a truncated shard is caught by one ``stat`` plus one
 8-byte read, and the manifest's ``bytes`` is the whole file's size as for a raw shard. The JPEGs' quality
 and chroma subsampling are the dataset's config (``quality``, ``subsampling``), stored in the manifest.

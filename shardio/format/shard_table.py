@@ -408,9 +408,11 @@ class ShardTable(Sequence[ShardEntry]):
         return (self[i] for i in range(len(self)))
 
     def column(self, name: str) -> np.ndarray:
-        """Column ``name`` (``bytes``, ``meta_bytes``, ``samples``) of every shard, in dataset order."""
+        """Column ``name`` (``bytes``, ``meta_bytes``, ``samples``, ``bucket``) of every shard, in dataset order."""
         if name == "samples":
             return self.samples
+        if name == "bucket":
+            return self.bucket_ids()
         if self._entries is not None:
             return np.array([getattr(e, name) for e in self._entries], dtype=np.int64)
         return self._gather(f"shard_{name}")

@@ -5,10 +5,11 @@ A dataset is a directory::
     DIR/
       manifest.json            the root of the current generation (replaced last, atomically: the commit)
       manifests/GEN.json       the root of every kept generation, immutable, GEN zero-padded to 10 digits
-      index/SHA256.npz         index segments (format version 3): immutable, create-only, named by the
+      index/SHA256.npz         index segments (format versions 3 and 4): immutable, create-only, named by the
                                sha256 of their bytes; a root names the ones it is made of, in order
       shards/NAME.npy          pixels: N×H×W×3 uint8, C order, a .npy v1.0 file with a 128-byte header
-                               (``encoding: raw``, the default)
+                               (``encoding: raw``, the default; H×W: its bucket's h×w in a bucketed
+                               dataset, "Buckets")
       shards/NAME.jpg.npy      or, in a dataset whose config says ``encoding: jpeg``: the N images as JPEGs,
                                an offsets array and their bytes (``shardio.format.jpeg_shard``)
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order

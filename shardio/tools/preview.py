@@ -6,10 +6,6 @@ below it, in a 3×5 pixel digit font; drawing the keys themselves would need a w
 -> key (and caption) table is printed and written next to the image as ``OUT.json``.
 The PNG is written by a minimal encoder: 8-bit RGB, one IDAT, every row with the "Up" filter (a numpy
 subtraction, and photos compress ~20% better than unfiltered).
-
-A bucketed dataset (``shardio.format``, "Buckets"): the samples are drawn from every bucket alike (about
-``n / buckets`` each, so a rare shape shows), each cell is as large as the tallest and widest bucket, and
-each sample sits at its own shape in the cell's top-left corner, grey around it; the table says its bucket.
 """
 
 from __future__ import annotations
@@ -84,11 +80,14 @@ def contact_sheet(
     snapshot: DatasetSnapshot, indices: list[int], tile_height: int | None = None
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """The grid image of ``indices`` (dataset order positions) and one row of metadata per tile."""
-    shapes = snapshot.buckets if snapshot.is_bucketed else (tuple(snapshot.shape[:2]),)
-    height, width = max(h for h, _ in shapes), max(w for _, w in shapes)
-    scaled = bool(tile_height and tile_height < height)
-    tile = {shape: _sampling(shape, tile_height if scaled else None, height) for shape in shapes}
-    th, tw = _cell(height, width, tile_height if scaled else None)
+    height, width, _ = snapshot.shape
+    if tile_height and tile_height < height:
+        rows_at = (np.arange(tile_height) * height // tile_height).astype(np.int64)
+        tile_width = max(1, round(width * tile_height / height))
+        cols_at = (np.arange(tile_width) * width // tile_width).astype(np.int64)
+    else:
+        rows_at, cols_at = np.arange(height), np.arange(width)
+    th, tw = len(rows_at), len(cols_at)
     scale = max(1, min(th, tw) // 64)  # digits 5 px tall up to 127 px tiles, 10 px at 128-191 ...
     cell_h = th + 7 * scale  # the tile, then its number's strip
     columns = max(1, math.ceil(math.sqrt(len(indices))))
@@ -102,67 +101,14 @@ def contact_sheet(
             metas[shard] = snapshot.meta(shard)
         top = _GAP + (number // columns) * (cell_h + _GAP)
         left = _GAP + (number % columns) * (tw + _GAP)
-        shape = snapshot.shard_shape(shard) if snapshot.is_bucketed else shapes[0]
-        rows_at, cols_at = tile[shape]
-        sheet[top : top + len(rows_at), left : left + len(cols_at)] = (
-            snapshot.pixels(shard)[offset][np.ix_(rows_at, cols_at)])
+        sheet[top : top + th, left : left + tw] = snapshot.pixels(shard)[offset][np.ix_(rows_at, cols_at)]
         sheet[top + th : top + cell_h, left : left + tw] = _caption_strip(tw, number, scale)
         key, caption = metas[shard].rows(offset, offset + 1)[0][:2]  # that line parsed, not the shard's
         if caption is not None and len(caption) > CAPTION_CHARS:
             caption = caption[: CAPTION_CHARS - 1] + "…"
-        row = {"number": number, "index": index, "key": key, "caption": caption, "shard": snapshot.shards[shard].path}
-        if snapshot.is_bucketed:
-            row["bucket"] = int(snapshot.shard_buckets[shard])
-        table.append(row)
+        table.append({"number": number, "index": index, "key": key, "caption": caption,
+                      "shard": snapshot.shards[shard].path})
     return sheet, table
-
-
-def _cell(height: int, width: int, tile_height: int | None) -> tuple[int, int]:
-    """A cell's (h, w): the stored size, or scaled to ``tile_height`` (the aspect kept)."""
-    if tile_height is None:
-        return height, width
-    return tile_height, max(1, round(width * tile_height / height))
-
-
-def _sampling(shape: tuple[int, int], tile_height: int | None, cell_height: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows and columns (nearest neighbour) a sample of ``shape`` takes in a cell of ``cell_height``
-    rows scaled to ``tile_height`` (None: unscaled)."""
-    height, width = shape
-    if tile_height is None:
-        return np.arange(height), np.arange(width)
-    th, tw = max(1, round(height * tile_height / cell_height)), max(1, round(width * tile_height / cell_height))
-    return ((np.arange(th) * height // th).astype(np.int64), (np.arange(tw) * width // tw).astype(np.int64))
-
-
-def _pick(snapshot: DatasetSnapshot, n: int, rng: np.random.Generator) -> list[int]:
-    """``n`` random sample positions (fewer if the dataset is smaller), sorted; a bucketed dataset's drawn
-    from each bucket alike (a bucket with fewer samples gives what it has, the rest go to the others)."""
-    total = len(snapshot)
-    if not snapshot.is_bucketed:
-        return sorted(int(i) for i in rng.choice(total, size=min(n, total), replace=False))
-    per_shard = snapshot.shard_buckets
-    pools = []
-    for bucket in range(len(snapshot.buckets)):
-        shards = np.flatnonzero(per_shard == bucket)
-        starts, counts = snapshot.offsets[shards], snapshot.counts[shards]
-        pools.append(np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-                     + np.arange(int(counts.sum())))
-    picked: list[int] = []
-    left = min(n, total)
-    open_pools = [p for p in pools if len(p)]
-    while left and open_pools:
-        share = max(1, left // len(open_pools))
-        still = []
-        for pool in open_pools:
-            take = min(share, len(pool), left)
-            chosen = rng.choice(len(pool), size=take, replace=False)
-            picked += pool[chosen].tolist()
-            left -= take
-            rest = np.delete(pool, chosen)
-            if len(rest):
-                still.append(rest)
-        open_pools = still
-    return sorted(picked)
 
 
 @dataclass
@@ -185,7 +131,7 @@ def write_preview(
         raise ShardError(f"{directory}: the manifest lists no samples; nothing to preview")
     rng = np.random.default_rng(seed)
     # Sorted: one pass over the shards, and the numbers read in dataset order.
-    indices = _pick(snapshot, n, rng)
+    indices = sorted(int(i) for i in rng.choice(total, size=min(n, total), replace=False))
     sheet, table = contact_sheet(snapshot, indices, tile_height)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
