@@ -495,6 +495,7 @@ def _process(
         report.startup_s = round(processing_started - started, 3)
         stream = stream_inputs(todo, committer.directory, options.config,
                                should_stop=lambda: bool(stop_requested()), task_env=env,
+                               name_fence=dataset_dir.shard_name_fence(committer.directory, committer.index),
                                reader=options.source.reader() if options.source is not None else None)
         try:
             for message in stream:

@@ -405,13 +405,14 @@ def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> di
 
 
 def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
-          skip_members: tuple[str, ...] = (), reader: SampleReader | None = None):
+          skip_members: tuple[str, ...] = (), reader: SampleReader | None = None, name_fence: str = ""):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
     cfg = JobConfig(**cfg_dict)
     heartbeat = Heartbeat()
-    steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat, reader),
+    steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat, reader,
+                                           name_fence),
                         heartbeat, hard_bound_s(cfg.max_decode_seconds))
     yield Progress(input_path, 0, 0, node, worker)  # "started", with where
     while True:
@@ -456,6 +457,7 @@ def stream_inputs(
     should_stop: Callable[[], bool] = lambda: False,
     task_env: dict[str, str] | None = None,
     reader: SampleReader | None = None,
+    name_fence: str = "",
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
     starts or is retried, and each InputResult as it ends.
@@ -467,7 +469,8 @@ def stream_inputs(
     and the job removes whatever a killed one left) and the iteration ends. ``task_env``: environment
     variables every task gets (``preprocess.cluster_access.task_env``), in its Ray ``runtime_env``.
     ``reader``: a Python source's (``preprocess.sources``), put in the object store once, not pickled
-    into every task.
+    into every task. ``name_fence``: what the names of the shard files carry (``shardio.format.spec``,
+    "Fencing names"; ``shardio.write.directory.shard_name_fence``).
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
     reader_ref = ray.put(reader) if reader is not None else None
@@ -491,7 +494,8 @@ def stream_inputs(
         # always had (wrappers of _task, as the crash-safety tests use, keep working).
         skip = tuple(stuck_members.get(path, ()))
         extra = [skip, reader_ref] if reader_ref is not None else [skip] if skip else []
-        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra)] = path
+        fence = {"name_fence": name_fence} if name_fence else {}
+        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra, **fence)] = path
 
     def ended(path: str) -> InputFingerprint:
         stuck_members.pop(path, None)

@@ -59,16 +59,17 @@ class InputResult:
     samples_lost: int = 0  # samples decoded before the input failed, not kept (all or nothing per input)
 
 
-def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "") -> str:
+def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "", name_fence: str = "") -> str:
     """``{tar name}-{fingerprint}``: deterministic for the same input, new when the input changes, so a
     changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
-    with the same bytes gets a new LastModified but keeps its ETag, and its shards."""
+    with the same bytes gets a new LastModified but keeps its ETag, and its shards. ``-{name_fence}``
+    follows where the dataset has one (``shardio.format.spec``, "Fencing names")."""
     base = strip_kind_suffix(os.path.basename(input_path.rstrip("/")))  # a prefix's name ends in "/"
     # A source's input (preprocess.sources) is a name with a version (held as its ETag), never a file.
     stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
-    return f"{base}-{fingerprint}"
+    return f"{base}-{fingerprint}" + (f"-{name_fence}" if name_fence else "")
 
 
 def parse_fields(fields: dict[str, bytes]) -> dict[str, Any]:
@@ -111,10 +112,11 @@ def _reject_constant(name: str) -> None:
 
 def process_input(input_path: str, output_dir: str, cfg: JobConfig,
                   fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
-                  reader: SampleReader | None = None) -> InputResult:
+                  reader: SampleReader | None = None, name_fence: str = "") -> InputResult:
     """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
-    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader)
+    steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader,
+                               name_fence=name_fence)
     while True:
         try:
             next(steps)
@@ -125,6 +127,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 def iter_process_input(
     input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
     skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
+    name_fence: str = "",
 ) -> Generator[tuple[int, int], None, InputResult]:
     """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
     samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
@@ -136,7 +139,8 @@ def iter_process_input(
     returns); image members in ``skip_members`` (ones whose decode got stuck in an earlier attempt) are
     not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
     ``reader``: the input's samples from a source written in Python (``preprocess.sources``); by default
-    the reader of the input's kind (``preprocess.input_kinds.samples_of``).
+    the reader of the input's kind (``preprocess.input_kinds.samples_of``). ``name_fence``: what the shards'
+    names carry (``shard_stem``).
     """
     started = time.perf_counter()
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
@@ -144,8 +148,8 @@ def iter_process_input(
                          versions=library_versions(), etag=etag)
     # mode: bucket: one open shard a bucket, each sample routed to its bucket's (shardio.write.shard_writer).
     writer = InputShardWriter(
-        output_dir, shard_stem(input_path, size, mtime_ns, etag), cfg.height, cfg.width, cfg.samples_per_shard,
-        cfg.encoding, buckets=cfg.buckets if cfg.mode == BUCKET else None,
+        output_dir, shard_stem(input_path, size, mtime_ns, etag, name_fence), cfg.height, cfg.width,
+        cfg.samples_per_shard, cfg.encoding, buckets=cfg.buckets if cfg.mode == BUCKET else None,
     )
     done = failed = 0
     heartbeat = heartbeat or Heartbeat()

@@ -16,6 +16,7 @@ import numpy as np
 import shardio.store.s3 as s3_backend
 from shardio.errors import OutputLocked
 from shardio.write import directory as dataset_dir
+from preprocess.worker import shard_stem
 from shardio.write.shard_writer import InputShardWriter
 
 SIDE, PER_SHARD = 2, 3
@@ -29,19 +30,20 @@ def _one_retry() -> dict:
 
 
 _store_options = s3_backend._store_options
-s3_backend._store_options = _one_retry
 
 
-def write_input(directory: str, number: int, samples: int) -> list:
-    """Promote the shard files of ``input-N.tar`` (sample i's pixels all equal i); their entries."""
+def write_input(directory: str, number: int, samples: int, name_fence: str = "") -> list:
+    """Promote the shard files of ``input-N.tar`` (sample i's pixels all equal i), named as the job names
+    them; their entries."""
     name = f"input-{number}.tar"
-    writer = InputShardWriter(directory, f"input-{number}", SIDE, SIDE, PER_SHARD)
+    writer = InputShardWriter(directory, shard_stem(name, 1, 1, "", name_fence), SIDE, SIDE, PER_SHARD)
     for i in range(samples):
         writer.add(np.full((SIDE, SIDE, 3), i, np.uint8), {"key": f"{number}-{i}"}, name)
     return writer.close(name)
 
 
 def main(directory: str) -> int:
+    s3_backend._store_options = _one_retry
     dataset_dir.ensure_output_dir(directory)
     with dataset_dir.writing(directory):
         existing, _ = dataset_dir.load_committed(directory)

@@ -172,3 +172,27 @@ def test_bucket_to_bucket_on_two_nodes_writes_nothing_locally(ray_cluster, s3_se
     assert os.listdir(tmp_path) == ["tars"]  # only the test's own input tars: no local dataset folder
     keys = s3_server.list_keys(s3_bucket, "laion-16/")
     assert "laion-16/manifest.json" in keys and sum(k.endswith(".npy") for k in keys) == 6
+
+
+def test_a_run_that_takes_over_an_expired_lease_names_its_shards_with_its_fence(ray_cluster, s3_server,
+                                                                                 s3_bucket, tars):
+    """The previous holder (another host, its lease expired) may live and delete its staged files by name
+    late: the run writes none of those names (spec, "Fencing names"), and later runs keep its fence."""
+    local = [tars.make(f"{i:05d}.tar", range(i * 10, i * 10 + 5)) for i in range(2)]
+    inputs = _upload(s3_server, s3_bucket, "in", local)
+    out = f"s3://{s3_bucket}/out"
+    bucket_key = "out/.lock"
+    s3_server.client().put_object(Bucket=s3_bucket, Key=bucket_key, Body=json.dumps(
+        {"holder": "run-elsewhere", "host": "another-host", "pid": 1, "expires": 0, "token": "0" * 16}).encode())
+    report = run_job(RunOptions(inputs=inputs[:1], output=out, config=CFG))
+    assert report.exit_code == 0, report.inputs_failed
+    fence = _manifest(s3_server, out).get("fence") or json.loads(_object(s3_server, f"{out}/manifest.json"))["fence"]
+    assert len(fence) == 16
+    shards = [s["path"] for s in _manifest(s3_server, out)["shards"]]
+    assert shards and all(p.rsplit("-", 1)[0].endswith(f"-{fence}") for p in shards), shards
+    report = run_job(RunOptions(inputs=inputs, output=out, config=CFG))  # a later run, a lease of its own
+    assert report.exit_code == 0 and report.samples_written == 5, report.inputs_failed
+    assert json.loads(_object(s3_server, f"{out}/manifest.json"))["fence"] == fence
+    shards = [s["path"] for s in _manifest(s3_server, out)["shards"]]
+    assert len(shards) == 4 and all(p.rsplit("-", 1)[0].endswith(f"-{fence}") for p in shards), shards
+    assert sorted(_samples_of(s3_server, out)) == list(range(5)) + list(range(10, 15))

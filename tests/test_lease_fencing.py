@@ -25,6 +25,7 @@ from shardio.format.shard_check import shard_problems
 from shardio.store import lease
 from shardio.store.backends import for_path
 from shardio.write import directory as dataset_dir
+from tests import lease_writer
 from tests.fault_proxy import FaultProxy
 
 LEASE_SECONDS = "2"  # A renews every 0.67 s; B takes over once 2 s pass without a renewal
@@ -221,3 +222,72 @@ def store(s3_server):
     from shardio.store.s3 import S3Storage
 
     return S3Storage()
+
+
+@pytest.mark.parametrize("fault", ["paused", "lease-requests-failing"])
+def test_a_late_deletion_by_the_previous_holder_removes_none_of_the_new_holders_files(s3_server, s3_bucket, fault):
+    """The store cannot fence a deletion: A's DELETE of a file it staged may land after B took the lease
+    over and wrote that input again (A paused between its lease check and its request, or the request held
+    back). B, having taken over from a holder that may live, names its files with its fence, so A's late
+    deletions (made here by the test, by A's names, after B's commit) remove nothing B's generations name."""
+    out = f"s3://{s3_bucket}/ds"
+    proxy = FaultProxy(s3_server.ports["s3"])
+    writer = None
+    try:
+        writer = start_writer(out, {"AWS_ENDPOINT_URL": proxy.endpoint})
+        staged_by_a = input_files(out, 1)
+        if fault == "paused":
+            os.kill(writer.pid, signal.SIGSTOP)
+        else:
+            proxy.fail_matching("/.lock")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with dataset_dir.writing(out):
+                    existing, _ = dataset_dir.load_committed(out)
+                    dataset_dir.clean_after_runs(out, existing)
+                    fence = dataset_dir.shard_name_fence(out, existing)
+                    committer = dataset_dir.Committer(out, existing, run="writer-b")
+                    committer.add_input("input-1.tar", size=1, mtime_ns=1,
+                                        shards=lease_writer.write_input(out, 1, 8, fence))
+                    committer.commit()
+                break
+            except OutputLocked:
+                assert time.monotonic() < deadline, "A's lease never expired"
+                time.sleep(0.1)
+        written_by_b = input_files(out, 1)
+        store = for_path(out)
+        for name in staged_by_a:  # A's deletions, landing late
+            store.remove(store.join(out, "shards", name))
+    finally:
+        if writer is not None:
+            if fault == "paused":
+                os.kill(writer.pid, signal.SIGCONT)
+            writer.kill()
+            writer.wait()
+        proxy.close()
+    assert_every_generation_whole(out)
+    assert load_index(out).committed_inputs().keys() == {"input-0.tar", "input-1.tar"}
+    assert len(fence) == 16 and load_index(out).name_fence == fence, "B's root carries its fence"
+    assert written_by_b.isdisjoint(staged_by_a), "B wrote none of the names A staged"
+    with dataset_dir.writing(out):  # a later run, holding a lease of its own, keeps the dataset's fence
+        existing, _ = dataset_dir.load_committed(out)
+        assert dataset_dir.shard_name_fence(out, existing) == fence
+
+
+def test_a_holder_proven_dead_on_this_host_leaves_no_fence_so_a_rerun_writes_the_same_names(s3_bucket):
+    out = f"s3://{s3_bucket}/ds"
+    writer = start_writer(out, {})
+    staged_by_a = input_files(out, 1)
+    writer.kill()
+    writer.wait()
+    with dataset_dir.writing(out):  # taken over at once: the holder's pid is gone on this host
+        existing, _ = dataset_dir.load_committed(out)
+        dataset_dir.clean_after_runs(out, existing)
+        assert dataset_dir.shard_name_fence(out, existing) == ""
+        committer = dataset_dir.Committer(out, existing, run="writer-b")
+        committer.add_input("input-1.tar", size=1, mtime_ns=1, shards=lease_writer.write_input(out, 1, 8))
+        committer.commit()
+    assert input_files(out, 1) == staged_by_a
+    assert load_index(out).name_fence == ""
+    assert_every_generation_whole(out)

@@ -35,6 +35,7 @@ from shardio.format.spec import (
     parse_json,
     root_buckets,
     root_dataset_id,
+    root_name_fence,
     root_generation,
     root_shape,
 )
@@ -67,6 +68,7 @@ class DatasetIndex(ConfigDerived):
     # A format 3 root's segments (``SegmentRef``), oldest first; None for a version 1/2 manifest.
     segments: list[SegmentRef] | None = None
     dataset_id: str = ""  # the root's ``dataset`` ("" where it has none: spec, "Identity")
+    name_fence: str = ""  # the root's ``fence`` ("" where it has none: spec, "Fencing names")
 
     @property
     def samples(self) -> int:
@@ -184,7 +186,7 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
                              root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
-                             version, refs, root_dataset_id(doc, path))
+                             version, refs, root_dataset_id(doc, path), root_name_fence(doc, path))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:

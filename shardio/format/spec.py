@@ -286,6 +286,20 @@ deletes only while it can prove its lease on a monotonic clock, and a run that t
 publishes the committed root again as the next generation (over the ETag it read) before it deletes
 anything, so the previous holder's commit is refused by the store however late it comes
 (``shardio.write.directory.writing``, "Fencing").
+
+Fencing names (``fence``, an optional root field: the version stays 3). A previous holder's *deletions*
+cannot be fenced by the store (S3 has no conditional DELETE): a holder paused between the check of its
+lease and its request, or whose request the network held back, may delete a file by name after another
+run took the lease over. A shard's name is deterministic (its input's fingerprint and its number), so a
+rerun of an input the previous holder had staged would write the very names that holder may still delete.
+So a run that takes a lease over by its expiry (its holder may live; a holder proven dead on this host,
+as after a ``kill -9``, sends nothing more) writes ``fence``, its lease token (16 lower-case hex digits),
+into its fencing root (or its first commit, where nothing was committed), every later commit copies it,
+and every shard file written from then on carries it: ``STEM`` is ``NAME-FINGERPRINT-FENCE`` instead of
+``NAME-FINGERPRINT``. No name the previous holder knew is written again, so its late deletions remove only
+its own uncommitted files; a later takeover draws a new fence. A root without ``fence`` (none was ever
+needed) names shards as before, so a rerun after a ``kill -9`` writes the same bytes under the same names.
+Anything but 16 lower-case hex digits is refused at load.
 """
 
 from __future__ import annotations
@@ -340,6 +354,7 @@ __all__ = [
     "root_shape",
     "MAX_SIDE",
     "root_dataset_id",
+    "root_name_fence",
     "new_dataset_id",
     "proves_another_dataset",
     "BUCKET_FORMAT_VERSION",
@@ -503,6 +518,7 @@ def root_generation(doc: dict[str, Any], path: str) -> int:
 
 _IDENTITY_DIGITS = 32
 _DERIVED_IDENTITY = "config:"
+_FENCE_DIGITS = 16
 
 
 def new_dataset_id() -> str:
@@ -517,6 +533,17 @@ def root_dataset_id(doc: dict[str, Any], path: str) -> str:
     if value != "" and not (isinstance(value, str) and len(value) == _IDENTITY_DIGITS
                             and all(c in "0123456789abcdef" for c in value)):
         raise ShardFormatError(f"{path}: \"dataset\" is {str(value)[:40]!r}, not an identity (32 lower-case hex "
+                               "digits): the root was edited or forged")
+    return value
+
+
+def root_name_fence(doc: dict[str, Any], path: str) -> str:
+    """A root's ``fence`` (spec, "Fencing names"): "" where absent; ShardFormatError naming ``path`` for a
+    value that is not 16 lower-case hex digits."""
+    value = doc.get("fence", "")
+    if value != "" and not (isinstance(value, str) and len(value) == _FENCE_DIGITS
+                            and all(c in "0123456789abcdef" for c in value)):
+        raise ShardFormatError(f"{path}: \"fence\" is {str(value)[:40]!r}, not a fence (16 lower-case hex "
                                "digits): the root was edited or forged")
     return value
 
@@ -752,6 +779,8 @@ class Manifest(ConfigDerived):
     # Format 3 only: the root's ``dataset`` (spec, "Identity"); "" for a version 1/2 manifest (whose
     # one-document form, ``to_json``, has no such field) or one built in memory.
     dataset_id: str = field(default="", compare=False, repr=False)
+    # Format 3 only: the root's ``fence`` (spec, "Fencing names"), "" where it has none.
+    name_fence: str = field(default="", compare=False, repr=False)
 
     @property
     def samples(self) -> int:

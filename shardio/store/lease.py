@@ -26,8 +26,10 @@ A check is not a fence on its own: a holder paused between its check and its req
 late. The commit is fenced by the store itself: a run that takes a lease over (``taken_over``) first
 publishes a new generation over the ``manifest.json`` it read (``shardio.write.directory``, "fencing"),
 so the previous holder's ``If-Match`` on its own last version can never succeed again, and only then
-deletes anything. What is left to timing is a previous holder's own deletions: each is checked as above
-and must reach the store within the margin of its check.
+deletes anything. A previous holder's own deletions cannot be fenced by the store (no conditional DELETE
+on S3): a run that took the lease over from a holder that may live (``holder_may_live``) writes its
+shards under names that holder never knew (``shardio.format.spec``, "Fencing names"), so whatever it
+deletes late is its own.
 """
 
 from __future__ import annotations
@@ -59,13 +61,16 @@ def lease_seconds() -> float:
 class LeaseHandle:
     """The held lease: renewed on a daemon thread until released. ``taken_over``: it was taken from
     another holder (expired, or dead on this host), who may still be about to commit: the directory
-    protocol fences it out before deleting anything. ``sent_at``: the monotonic time the request that
-    wrote the lease was sent."""
+    protocol fences it out before deleting anything. ``holder_may_live``: taken over because it expired,
+    so its holder may be alive (paused, cut off) and send requests later, deletions included (a holder
+    proven dead on this host sends nothing). ``sent_at``: the monotonic time the request that wrote the
+    lease was sent."""
 
     def __init__(self, store: Any, path: str, etag: str, ttl_s: float, token: str, sent_at: float,
-                 taken_over: bool = False) -> None:
+                 taken_over: bool = False, holder_may_live: bool = False) -> None:
         self.store, self.path, self.etag, self.ttl_s, self.token = store, path, etag, ttl_s, token
         self.taken_over = taken_over
+        self.holder_may_live = holder_may_live
         self.lost: str | None = None
         self.valid_until = sent_at + ttl_s * (1 - SAFETY_FRACTION)
         self.last_failure = ""
@@ -169,8 +174,11 @@ def _body(ttl_s: float, token: str) -> bytes:
 
 
 def _stale(doc: dict[str, Any]) -> bool:
-    if float(doc.get("expires", 0)) < time.time():
-        return True
+    return _dead_here(doc) or float(doc.get("expires", 0)) < time.time()
+
+
+def _dead_here(doc: dict[str, Any]) -> bool:
+    """The holder is a process of this host that no longer runs: it sends nothing more, ever."""
     pid = doc.get("pid")
     return doc.get("host") == socket.gethostname() and isinstance(pid, int) and pid != os.getpid() \
         and not pid_alive(pid)
@@ -198,7 +206,8 @@ def _acquire(store: Any, path: str, wait: bool, ttl_s: float, poll_s: float) -> 
                 etag = store.publish(path, _body(ttl_s, token), if_version=etag)
             except CommitConflict:
                 continue  # another waiter took it first
-            return LeaseHandle(store, path, etag, ttl_s, token, sent_at, taken_over=True)
+            return LeaseHandle(store, path, etag, ttl_s, token, sent_at, taken_over=True,
+                               holder_may_live=not (isinstance(doc, dict) and _dead_here(doc)))
         if not wait:
             left = max(0.0, float(doc.get("expires", 0)) - time.time())
             raise OutputLocked(

@@ -93,7 +93,7 @@ __all__ = [
     "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
     "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
-    "unfinished_runs", "forget_runs", "check_held", "may_delete", "listed_hashes", "save_report",
+    "unfinished_runs", "forget_runs", "check_held", "may_delete", "shard_name_fence", "listed_hashes", "save_report",
     "report_path",
 ]
 
@@ -128,6 +128,7 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
             retired.append(entry)
     before = index.generation, index.updated, index.retired
     index.generation, index.updated, index.retired = generation, now, retired
+    index.name_fence = _takeover_fence(directory) or index.name_fence
     try:
         data = json.dumps(root_json(index, index.totals, run), indent=1, ensure_ascii=False).encode("utf-8")
         store.makedirs(store.join(directory, MANIFESTS_DIR))
@@ -464,6 +465,20 @@ def check_held(directory: str) -> None:
         handle.check()
 
 
+def _takeover_fence(directory: str) -> str:
+    """This holder's lease token where it took the lease over from a holder that may live, else ""."""
+    handle = _held.get(directory)
+    return handle.token if getattr(handle, "holder_may_live", False) else ""
+
+
+def shard_name_fence(directory: str, committed: Any) -> str:
+    """The fence the names of the shard files this run writes carry (spec, "Fencing names"): this holder's
+    own where it took the lease over from a holder that may live (that holder may still delete the files
+    it staged, by name, however late: none of its names is ever written again), else the committed
+    root's (``committed``: what ``load_committed`` gave), "" for a dataset that never needed one."""
+    return _takeover_fence(directory) or getattr(committed, "name_fence", "")
+
+
 def may_delete(directory: str) -> bool:
     """Whether this holder may delete what no generation needs: not while it took the lease over from
     another holder it could not fence out yet (``writing``): that holder may still commit what it wrote."""
@@ -521,6 +536,8 @@ def _fence(directory: str) -> bool:
             return False
         root.update(generation=generation, updated=_now().isoformat(timespec="seconds"))
         root.pop("run", None)  # a commit outside a run (spec, "Retention")
+        if _takeover_fence(directory):
+            root["fence"] = _takeover_fence(directory)
         fenced = json.dumps(root, indent=1, ensure_ascii=False).encode("utf-8")
         check_held(directory)
         try:

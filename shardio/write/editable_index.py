@@ -107,11 +107,15 @@ class EditableIndex(ConfigDerived):
     def __init__(self, shape: tuple[int, int, int], config: dict[str, Any], versions: dict[str, Any], *,
                  stack: _SegmentStack | None = None, updated: str = "", generation: int = 0,
                  retired: list[RetiredFile] | None = None, segments: list[SegmentRef] | None = None,
-                 source_version: str = "", totals: dict[str, int] | None = None, dataset_id: str = "") -> None:
+                 source_version: str = "", totals: dict[str, int] | None = None, dataset_id: str = "",
+                 name_fence: str = "") -> None:
         self.shape, self.config, self.versions = shape, config, versions
         # The dataset's identity (spec, "Identity"): the committed root's, or drawn now for a new dataset
         # (or one whose roots predate identities): its first commit writes it, every later one copies it.
         self.dataset_id = dataset_id or new_dataset_id()
+        # The names' fence (spec, "Fencing names"): copied by every commit; set by a run that took the
+        # lease over from a holder that may live (``shardio.write.directory``).
+        self.name_fence = name_fence
         self.updated, self.generation, self.source_version = updated, generation, source_version
         self.retired: list[RetiredFile] = list(retired or [])
         self._retired_paths = {r.path for r in self.retired}
@@ -141,7 +145,8 @@ class EditableIndex(ConfigDerived):
         return cls(committed.shape, dict(committed.config), dict(committed.versions),
                    stack=_SegmentStack(list(committed.shards.segments)), updated=committed.updated,
                    generation=committed.generation, retired=committed.retired, segments=list(committed.segments),
-                   source_version=committed.source_version, totals=totals, dataset_id=committed.dataset_id)
+                   source_version=committed.source_version, totals=totals, dataset_id=committed.dataset_id,
+                   name_fence=committed.name_fence)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> EditableIndex:
@@ -150,7 +155,8 @@ class EditableIndex(ConfigDerived):
         index = cls(manifest.shape, manifest.config, manifest.versions, updated=manifest.updated,
                     generation=manifest.generation, retired=manifest.retired,
                     segments=None if manifest.segments is None else list(manifest.segments),
-                    source_version=manifest.source_version, totals=totals_of(manifest), dataset_id=manifest.dataset_id)
+                    source_version=manifest.source_version, totals=totals_of(manifest), dataset_id=manifest.dataset_id,
+                    name_fence=manifest.name_fence)
         index.changed = current_inputs(manifest)
         index._indexed = dict(manifest.indexed) if manifest.segments is not None else {}
         index.gone = set(index._indexed) - set(index.changed)
@@ -268,7 +274,8 @@ class EditableIndex(ConfigDerived):
         table = fold_segments(self._stack.segments, path)
         totals = {k: self.totals[k] for k in ("input_count", "failed", "bytes", "meta_bytes")}
         return DatasetIndex(path, self.shape, self.config, self.versions, self.updated, self.generation, table,
-                            list(self.retired), totals, self.source_version, list(self.segments), self.dataset_id)
+                            list(self.retired), totals, self.source_version, list(self.segments), self.dataset_id,
+                            self.name_fence)
 
     def opened_segments(self) -> dict[str, SegmentColumns]:
         """The segments already open, by path (a commit reopens only the ones it wrote)."""
@@ -279,6 +286,6 @@ class EditableIndex(ConfigDerived):
         ``Manifest`` keeps using it: its generation, version and segments are the new ones)."""
         manifest.generation, manifest.updated, manifest.source_version = (
             self.generation, self.updated, self.source_version)
-        manifest.dataset_id = self.dataset_id
+        manifest.dataset_id, manifest.name_fence = self.dataset_id, self.name_fence
         manifest.retired, manifest.segments = list(self.retired), list(self.segments or [])
         manifest.indexed = {name: input_signature(*group) for name, group in current_inputs(manifest).items()}
