@@ -18,6 +18,7 @@ from preprocess.buckets import nearest_bucket
 from preprocess.cli import app
 from preprocess.config import JobConfig
 from tests.dataset_compare import assert_clean, assert_same_dataset, dataset_state
+from tests.dataset_fixtures import flip_bits
 from tests.test_crash_safety import wait_for_dead_runs_tasks, watch
 from tests.tar_factory import Member, decode_index, index_image, jpeg_bytes
 
@@ -139,6 +140,29 @@ def test_another_bucket_list_is_refused(ray_cluster, tars, tmp_path) -> None:
     assert "buckets: dataset has" in " ".join(result.output.split())
 
 
+def test_verify_names_a_damaged_bucket_shard_and_repair_rebuilds_it(ray_cluster, tars, tmp_path) -> None:
+    pattern, samples = make_tars(tars, [13, 8])
+    out = str(tmp_path / "out")
+    assert run_cli(pattern, "--output", out).exit_code == 0
+    before = dataset_state(out)
+    # A shard of a bucket whose shape is not the budget's.
+    ds = shardio.open_dataset(out)
+    shard = next(i for i in range(len(ds.shards)) if ds.shard_shape(i) != (32, 32))
+    bad, (h, w) = before["shards"][shard], ds.shard_shape(shard)
+    assert bad["path"] == ds.shards[shard].path
+    path = os.path.join(out, bad["path"])
+    assert os.path.getsize(path) == 128 + bad["samples"] * h * w * 3  # the header's shape is the bucket's
+    flip_bits(path, 128 + h * w * 3 // 2, 0x10)
+    result = runner.invoke(app, ["verify", out])
+    assert result.exit_code == 1 and bad["path"] in result.output, result.output
+    repaired = runner.invoke(app, ["verify", out, "--repair"])
+    assert repaired.exit_code == 0, repaired.output
+    after = dataset_state(out)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
+    assert_clean(out)
+    check_buckets(out, samples)
+
+
 def _start(pattern: str, out: str, address: str, log: str, encoding: str) -> subprocess.Popen:
     with open(log, "ab") as stderr:
         return subprocess.Popen([sys.executable, "-m", "preprocess.cli", "run", pattern, "--output", out, *FLAGS,
@@ -167,3 +191,4 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tm
         assert result.exit_code == 0, result.output
         assert_same_dataset(out, reference)
         assert_clean(out)
+        assert list(shardio.open_dataset(out).shard_buckets) == list(shardio.open_dataset(reference).shard_buckets)
