@@ -4,6 +4,9 @@
 against sequential and the old default order in one run, and the ways of assembling its batches
 (``bench/gather.py``).
 
+``python -m bench.reader --buckets [DIR] [--samples N]``: shuffled samples/s of a bucketed dataset against
+the centre-crop dataset of the same budget (``bench/reader_buckets.py``).
+
 ``python -m bench.reader [DIR] [--quick] [--no-webdataset]`` writes (into DIR, or a temp dir) 8 shards × 256
 random 256×256×3 images (403 MB), warms the page cache, then times, five rounds each, medians reported:
 
@@ -150,6 +153,11 @@ def _load_example() -> Any:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args_given = sys.argv[1:] if argv is None else argv
+    if "--buckets" in args_given:
+        # A bucketed dataset against the centre-crop one of the same budget (bench/reader_buckets.py).
+        from bench import reader_buckets
+
+        return reader_buckets.main([a for a in args_given if a != "--buckets"])
     if "--shuffled-gather" in args_given:
         # The default shuffled read beside sequential and the old default (bench/gather.py, which builds
         # on this module: imported here, when asked for).

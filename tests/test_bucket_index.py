@@ -153,3 +153,19 @@ def test_the_editable_index_refuses_a_bucket_the_dataset_does_not_have(tmp_path)
         with pytest.raises(ValueError, match=r"bucket 1, the dataset has 1"):
             committer.add_input("y.tar", size=1, mtime_ns=1, shards=[dataclasses.replace(entries("y.tar")[0], bucket=1)])
 
+
+
+def test_the_benchs_synthetic_bucketed_index_is_a_valid_version_4_index(tmp_path):
+    """``bench.synthetic_index --buckets``, what ``bench.bucket_index`` measures: it loads, checked, with
+    shard ``i`` in bucket ``7 i % buckets``; without buckets it is a version 3 index."""
+    from bench.bucket_index import child
+    from bench.synthetic_index import write_index
+
+    bucketed, plain = str(tmp_path / "b"), str(tmp_path / "p")
+    write_index(bucketed, 1000, buckets=20)
+    write_index(plain, 1000)
+    index = load_index(bucketed)
+    assert index.format_version == 4 and len(index.buckets) == 20 == len(set(index.buckets))
+    assert index.shards.bucket_ids().tolist() == [(7 * i) % 20 for i in range(1000)]
+    assert load_index(plain).format_version == 3 and not load_index(plain).is_bucketed
+    assert child(bucketed)["buckets"] == 20 and child(plain)["buckets"] == 1

@@ -94,3 +94,27 @@ def test_train_py_checkpoint_counts_only_the_batches_the_loop_took(tmp_path):
     resumed.load_state_dict(interrupted.state_dict())
     again = example.batches_forever(resumed)
     assert [next(again)["__key__"] for _ in range(7)] == everything[18:]
+
+
+@pytest.mark.slow
+def test_train_buckets_py_trains_on_a_bucketed_dataset_and_resumes(tmp_path):
+    """``examples/train_buckets.py``: each batch one bucket's shape through ``TrainAugment()`` and a net with
+    global pooling; ``--size`` fixes the shape; a checkpoint resumes at the next batch."""
+    from bucket_fixtures import BUCKETS, make_bucketed_dataset
+
+    directory = make_bucketed_dataset(str(tmp_path / "ds"), samples=(40, 54, 26))
+    checkpoint = str(tmp_path / "ckpt.pt")
+    done = run_example("train_buckets.py", "--shards", directory, "--steps", "8", "--batch-size", "4",
+                       "--device", "cpu", "--checkpoint", checkpoint)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "3 buckets (20x12: 40, 16x16: 54, 12x20: 26)" in done.stdout
+    shapes = next(line for line in done.stdout.splitlines() if line.startswith("batch shapes:"))
+    counts = {tuple(map(int, part.split(":")[0].split("x"))): int(part.split(": ")[1])
+              for part in shapes.removeprefix("batch shapes: ").split(", ")}
+    assert set(counts) <= set(BUCKETS) and len(counts) >= 2 and sum(counts.values()) == 8
+    assert "trained 8 steps, 32 samples; objective: 32 with labels" in done.stdout
+    resumed = run_example("train_buckets.py", "--shards", directory, "--steps", "2", "--batch-size", "4",
+                          "--device", "cpu", "--checkpoint", checkpoint, "--resume", "--size", "8")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "resumed at epoch 0, batch 8" in resumed.stdout
+    assert "batch shapes: 8x8: 2" in resumed.stdout

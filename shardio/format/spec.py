@@ -70,6 +70,9 @@ slice of one memory map. What changes against version 3:
   version 3 (``width``/``height``: the source image's size). Shard files are named as in version 3,
   ``STEM-NNNNN``, the number counting an input's shards across all its buckets.
 - Both encodings (``raw``, ``jpeg``) take buckets.
+- Everything else is version 3's: commits, compaction (which carries ``shard_bucket`` row for row),
+  generations, retention, object storage, verify. An input replaced by a rerun is a new entry, its shards
+  in whatever buckets its samples now fall.
 
 **The version rule**: a root is ``format_version`` 4 exactly when its config says ``mode: bucket``; then
 ``buckets`` is present, equal to the config's, and each of its segments has ``shard_bucket``, every value

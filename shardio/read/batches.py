@@ -25,7 +25,7 @@ from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_by
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
-__all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box"]
+__all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box", "pinned_batch"]
 
 Batch = dict[str, Any]
 
@@ -61,7 +61,7 @@ class BatchAssembler:
     ``has_content_box``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS) -> None:
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
@@ -69,7 +69,12 @@ class BatchAssembler:
         self.fields = fields
         self.content_box = has_content_box(snapshot)
         self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta]] = OrderedDict()
-        self.buffers = BufferPool(buffers)
+        # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
+        # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
+        self.bucketed = bool(snapshot.is_bucketed)
+        largest = max(h * w for h, w in snapshot.buckets) * 3 if self.bucketed else 0
+        self.buffer_bytes = batch_size * largest
+        self.buffers = BufferPool(buffers, self.buffer_bytes)
 
     def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels, ShardMeta]:
         hit = self.cache.get(shard)
@@ -128,15 +133,17 @@ class BatchAssembler:
             _, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
         else:
-            shape = (count, *self.snapshot.shape)
+            # A bucketed dataset's batch is one bucket (``shardio.read.bucket_order``): its first shard's shape.
+            height, width = self.snapshot.shard_shape(pieces[0][0]) if self.bucketed else self.snapshot.shape[:2]
+            shape = (count, height, width, 3)
             if jpeg:  # the buffer below is the decoded size, whatever the shards' bytes
                 check_decoded_bytes(count, shape[1], shape[2], self.snapshot.directory)
             if shared:  # what default_collate does in a worker: no copy when sent to the main process
-                nbytes = count * int(np.prod(self.snapshot.shape))
+                nbytes = count * height * width * 3
                 image = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
                 image = image.view(shape)
             elif pinned:  # the one copy lands where the GPU copies from; torch caches pinned blocks
-                image = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+                image = pinned_batch(shape, self.buffer_bytes)
             else:
                 image = torch.from_numpy(self.buffers.take(shape))
             slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
@@ -156,13 +163,27 @@ class BatchAssembler:
             batch["json"] = js
         if self.content_box:
             batch["content_box"] = torch.from_numpy(box)
+        if self.bucketed:
+            batch["bucket"] = int(self.snapshot.shard_buckets[pieces[0][0]])
         return batch
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["cache"] = OrderedDict()  # each process maps its own shards
-        state["buffers"] = BufferPool(self.buffer_count)
+        state["buffers"] = BufferPool(self.buffer_count, self.buffer_bytes)
         return state
+
+
+def pinned_batch(shape: tuple[int, ...], min_bytes: int = 0) -> torch.Tensor:
+    """A pinned uint8 tensor of ``shape`` from torch's caching host allocator, which keeps freed blocks by
+    size and hands one out again once the copies recorded on it are done (safe with ``non_blocking``
+    copies, which a pool of our own would not know about). A bucketed dataset asks for ``min_bytes`` (a
+    batch of its largest bucket) whatever the batch's bucket, so every batch takes a block of one size
+    and the allocator's blocks serve every bucket: none is pinned anew once the first few are made."""
+    nbytes = int(np.prod(shape))
+    if min_bytes <= nbytes:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+    return torch.empty(min_bytes, dtype=torch.uint8, pin_memory=True)[:nbytes].view(shape)
 
 
 class BufferPool:
@@ -173,10 +194,13 @@ class BufferPool:
     at about 0.5 with reuse (``bench.reader``). A buffer is free again when the array handed to
     ``torch.from_numpy`` is gone, i.e. when the tensor's storage is freed (usually right after pinning or
     the step): a weak reference tells. At most ``size`` buffers are kept; past that, batches get new ones.
+    Each buffer has at least ``min_bytes`` (a bucketed dataset's largest batch), so a buffer made for one
+    bucket's batch fits the next bucket's; ``allocations`` counts the buffers made.
     """
 
-    def __init__(self, size: int = 4) -> None:
-        self.size = size
+    def __init__(self, size: int = 4, min_bytes: int = 0) -> None:
+        self.size, self.min_bytes = size, min_bytes
+        self.allocations = 0
         self.buffers: list[tuple[np.ndarray, weakref.ref | None]] = []
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -185,9 +209,10 @@ class BufferPool:
             if buffer.nbytes >= nbytes and (lent is None or lent() is None):
                 break
         else:
-            buffer = np.empty(nbytes, np.uint8)
+            buffer = np.empty(max(nbytes, self.min_bytes), np.uint8)
+            self.allocations += 1
             if len(self.buffers) >= self.size:
-                return buffer.reshape(shape)
+                return buffer[:nbytes].reshape(shape)
             self.buffers.append((buffer, None))
             i = len(self.buffers) - 1
         array = buffer[:nbytes].reshape(shape)

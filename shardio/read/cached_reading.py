@@ -21,27 +21,30 @@ from shardio.read.shard_cache import ShardCache
 
 __all__ = ["CachedAssembler", "fitting_window"]
 
-def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str) -> int:
+def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
     """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
     name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
     across a window's end from two, so two windows must fit on disk at once (which also lets the next
     window download while this one is read), or the pass is refused or downloads shards again and again.
     The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
-    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.)"""
+    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.) A bucketed
+    dataset's ``buckets`` (those with samples) take turns, each reading its own window: two windows of
+    each must fit."""
     largest = cache.largest_sizes[0]
-    fits = max(1, cache.limit // (2 * largest))
-    need = min(2 * shuffle_window, len(cache.units)) * largest
+    fits = max(1, cache.limit // (2 * largest * buckets))
+    need = min(2 * shuffle_window * buckets, len(cache.units)) * largest
     if need <= cache.limit:
         return shuffle_window
     where = dataset
+    each = f" for each of {buckets} buckets" if buckets > 1 else ""
     if defaulted:
         warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
-                      f"{largest} bytes, not of the default {shuffle_window} ({need} bytes): using "
+                      f"{largest} bytes{each}, not of the default {shuffle_window} ({need} bytes): using "
                       f"shuffle_window={fits}, so batches mix fewer shards (docs/reader.md); raise cache_limit "
                       f"to {need} or pass shuffle_window={fits} to silence this", stacklevel=3)
         return fits
     warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (two windows of "
-                  f"shards of up to {largest} bytes), cache_limit is {cache.limit}: shards will be downloaded "
+                  f"shards of up to {largest} bytes{each}), cache_limit is {cache.limit}: shards will be downloaded "
                   f"more than once an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
     return shuffle_window
 
@@ -57,8 +60,8 @@ class CachedAssembler(BatchAssembler):
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields)
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size)
         self.shard_cache = cache
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed

@@ -29,6 +29,7 @@ from shardio.read.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
 from shardio.format import JPEG, MANIFEST_NAME
 from shardio.format.manifests import read_root
+from shardio.read.bucket_order import BucketPlan, BucketRankBatches, bucket_rounds
 from shardio.read.epoch_plan import EpochPlan
 from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
@@ -79,6 +80,16 @@ def _cache_units(snapshot: DatasetSnapshot) -> list[int]:
     return list(range(len(snapshot.shards)))
 
 
+def _bucket_sizes(snapshot: DatasetSnapshot) -> tuple[int, ...] | None:
+    """Samples per bucket of a bucketed snapshot (``mode: bucket``); None for a single-shape one, whose
+    order and states stay those of one shape (``shardio.read.order``)."""
+    if not snapshot.is_bucketed:
+        return None
+    sizes = np.bincount(np.asarray(snapshot.shard_buckets, np.int64), weights=snapshot.counts,
+                        minlength=len(snapshot.buckets))
+    return tuple(int(n) for n in sizes)
+
+
 def _identity(batch: Batch) -> Batch:
     return batch
 
@@ -124,6 +135,10 @@ class ShardDataset(IterableDataset):
     are assembled ahead on a background thread when iterated in the main process (0: none).
     ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
+
+    A bucketed dataset (``mode: bucket``; ``ds.buckets``, ``ds.bucket_sizes``) yields batches of one
+    bucket each, ``image`` uint8 [B, h, w, 3] of that bucket plus ``"bucket"`` (its index), the same bucket
+    on every rank at each step; ``drop_last`` drops each bucket's rest (``shardio.read.bucket_order``).
 
     ``decode`` (JPEG datasets, ``encoding: jpeg``): ``"cpu"`` (default) decodes each batch here into the
     uint8 ``image``; ``"device"`` leaves it encoded: ``image`` is a ``shardio.read.jpeg_pixels.EncodedImages``
@@ -201,6 +216,7 @@ class ShardDataset(IterableDataset):
         self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
         # Per-sample order draws every batch from about the whole window: keep its maps (and metadata) open.
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
+        self._kept_per_bucket = cache_shards is None  # a bucketed dataset keeps a window's maps per bucket
         self.cache_dir = cache_dir
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
@@ -211,12 +227,14 @@ class ShardDataset(IterableDataset):
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
+            turns = 1 if self._bucket_sizes is None else max(1, sum(1 for n in self._bucket_sizes if n))
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
-                                            self.path)
+                                            self.path, turns)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
-            "batch_size": batch_size}, defaulted=defaulted)
+            "batch_size": batch_size}, defaulted=defaulted,
+            buckets=None if self._bucket_sizes is None else len(self._bucket_sizes))
         # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
         # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
         self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()
@@ -252,25 +270,35 @@ class ShardDataset(IterableDataset):
             # A subset keeps maps of the shards its fields read: they give way to the cache (the
             # assembler's own hook takes over below).
             cache.on_wait = lambda: snapshot.forget(cache.doomed())
-        if self.drop_last and len(snapshot) < self.batch_size * self.world_size:
+        sizes = _bucket_sizes(snapshot)
+        largest = len(snapshot) if sizes is None else max(sizes)
+        if self.drop_last and largest < self.batch_size * self.world_size:
+            where = "" if sizes is None else " in any bucket (drop_last drops each bucket's rest)"
             raise ValueError(
-                f"{self.path}: {len(snapshot)} samples make no full batch of {self.batch_size} on each of "
-                f"{self.world_size} ranks, and drop_last=True would yield nothing"
+                f"{self.path}: {largest} samples make no full batch of {self.batch_size} on each of "
+                f"{self.world_size} ranks{where}, and drop_last=True would yield nothing"
             )
         self.snapshot: DatasetSnapshot = snapshot
         self.samples = len(snapshot)
+        self._bucket_sizes = sizes
         self._finder: tuple[DatasetSnapshot, KeyFinder] | None = None
         # One schema per dataset: the fields the snapshot knows its samples carry (a subset: its shards'),
         # else all of them; a sample without one has -1 (cls) or None.
         recorded = snapshot.fields
         self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
+        # Each bucket's batches draw from a window of that bucket's shards, and the buckets take turns: keep
+        # the maps of every bucket's window, not just the last bucket's.
+        kept = self.cache_shards
+        if sizes is not None and self._kept_per_bucket:
+            kept *= max(1, sum(1 for n in sizes if n))
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
         if self._cache is not None:
-            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, self.cache_shards,
-                                                              buffers=self.prefetch + 4, fields=self.fields)
+            self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
+                                                              buffers=self.prefetch + 4, fields=self.fields,
+                                                              batch_size=self.batch_size)
         else:
-            self._assembler = BatchAssembler(snapshot, self.cache_shards, buffers=self.prefetch + 4,
-                                             fields=self.fields)
+            self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
+                                             fields=self.fields, batch_size=self.batch_size)
 
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
@@ -331,12 +359,26 @@ class ShardDataset(IterableDataset):
             newest = min(everyone)
         return newest
 
-    def _at(self, generation: int | None) -> tuple[int, str]:
-        """(samples, identity) of the dataset at ``generation`` (None: the snapshot open now)."""
+    def _at(self, generation: int | None) -> tuple[int, str, tuple[int, ...] | None]:
+        """(samples, identity, samples per bucket or None) of the dataset at ``generation`` (None: the
+        snapshot open now)."""
         if generation is None or generation == self.snapshot.generation:
-            return self.samples, self.snapshot.identity
+            return self.samples, self.snapshot.identity, self._bucket_sizes
         snapshot = open_dataset(self.path, generation=generation, segment_cache=self._segment_cache())
-        return len(self._select(snapshot)), snapshot.identity
+        selected = self._select(snapshot)
+        return len(selected), snapshot.identity, _bucket_sizes(selected)
+
+    # --- buckets -----------------------------------------------------------------------------------
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The (height, width) of each bucket (``mode: bucket``); one shape: ``[(H, W)]``."""
+        return [(int(h), int(w)) for h, w in self.snapshot.buckets]
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Samples per bucket (of the selection); one shape: ``[num_samples]``."""
+        return [self.samples] if self._bucket_sizes is None else list(self._bucket_sizes)
 
     # --- epochs, length, resume -------------------------------------------------------------------
 
@@ -355,7 +397,7 @@ class ShardDataset(IterableDataset):
         if not 0 <= batches <= len(self):
             raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an "
                              "epoch")
-        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation)
+        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation, self._bucket_sizes)
 
     @property
     def batches_seen(self) -> int:
@@ -363,6 +405,8 @@ class ShardDataset(IterableDataset):
         return self.cursor.batches_seen
 
     def __len__(self) -> int:
+        if self._bucket_sizes is not None:  # a round of one bucket a step: the same count on every rank
+            return int(bucket_rounds(self._bucket_sizes, self.batch_size * self.world_size, self.drop_last).sum())
         return len(rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last))
 
     @property
@@ -379,14 +423,21 @@ class ShardDataset(IterableDataset):
         """The order's algorithm (``shardio.read.order``): the newest, or a loaded state's."""
         return int(self.cursor.settings["order_version"])
 
-    def plan(self, epoch: int | None = None) -> EpochPlan:
+    def plan(self, epoch: int | None = None) -> EpochPlan | BucketPlan:
         """The epoch order, computed window by window as batches reach it (``shardio.read.epoch_plan``):
-        O(shards) memory, however many samples."""
+        O(shards) memory, however many samples. A bucketed dataset's: each bucket's own order, its
+        positions laid end to end (``shardio.read.bucket_order.BucketPlan``)."""
+        if self._bucket_sizes is not None:
+            return BucketPlan(self.snapshot.counts, self.snapshot.shard_buckets, len(self._bucket_sizes),
+                              **self._order_settings(epoch))
         return EpochPlan(self.snapshot.counts, **self._order_settings(epoch))
 
     def runs(self, epoch: int | None = None) -> np.ndarray:
         """The whole epoch order as runs ``(shard, start, stop)``: one per sample with blocks of 1, for
-        tests and measurements (iteration uses ``plan``)."""
+        tests and measurements (iteration uses ``plan``). A bucketed dataset's are its epoch positions'
+        runs, bucket after bucket (batches take them round by round, ``BucketRankBatches``)."""
+        if self._bucket_sizes is not None:
+            return self.plan(epoch).runs()
         return epoch_runs(self.snapshot.counts, **self._order_settings(epoch))
 
     def _order_settings(self, epoch: int | None) -> dict[str, Any]:
@@ -416,12 +467,18 @@ class ShardDataset(IterableDataset):
         ``batches_seen`` count right after it was handed out)."""
         current = self.cursor.current
         index = batch_number - 1 - (current.before if current is not None else 0)
-        batches = current.batches if current is not None else rank_batches(
-            self.samples, self.batch_size, self.rank, self.world_size, self.drop_last)
+        batches = current.batches if current is not None else self._fresh_batches()
         if not 0 <= index < len(batches):
             raise ValueError(f"batch {batch_number} is not one of this rank's batches of the current pass "
                              f"over {self.path}")
         return batches[index]
+
+    def _fresh_batches(self) -> Sequence[range]:
+        """This rank's batches of a whole epoch (the current one's order)."""
+        if self._bucket_sizes is not None:
+            return BucketRankBatches(self._bucket_sizes, self.batch_size, self.rank, self.world_size,
+                                     self.drop_last, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+        return rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last)
 
     # --- iteration: the protocol of shardio.read.resume --------------------------------------------------
 
@@ -433,7 +490,8 @@ class ShardDataset(IterableDataset):
             generation = self._newest_generation()
         if generation is not None and generation != self.snapshot.generation:
             self._open(generation)
-        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity)
+        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity,
+                                       self._bucket_sizes)
         if worker is not None and worker.id < _WATCHED_WORKERS:
             if int(self._worker_epochs[worker.id]) == epoch_pass.epoch:
                 warnings.warn(
@@ -492,7 +550,7 @@ class ShardDataset(IterableDataset):
             return batches  # a copy of the dataset: the main process counts (ShardLoader)
         return self.cursor.handed_out(epoch_pass, batches)
 
-    def _generate(self, plan: EpochPlan, batches: Sequence[range], shared: bool,
+    def _generate(self, plan: EpochPlan | BucketPlan, batches: Sequence[range], shared: bool,
                   pinned: bool, encoded: bool = False) -> Iterator[Batch]:
         assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
         if not isinstance(assembler, CachedAssembler):

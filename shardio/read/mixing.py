@@ -1,6 +1,8 @@
 """``MixedDataset``: batches drawn from several shardio datasets with weights, resumable and DDP-equal.
 
-Mixing is per batch: each batch comes whole from one dataset, the dataset drawn with probability
+Mixing is per batch: each batch comes whole from one dataset (so a batch of bucketed datasets is one
+bucket of one dataset: the datasets must have the same bucket list, and every rank draws the same
+dataset, whose own order gives every rank the same bucket), the dataset drawn with probability
 ``weight / sum(weights)``. A batch stays one slice (or a few) of memory maps, with no per-sample work;
 across a few batches the model sees the mixture (a batch of 256 drawn per sample would mix within the
 batch, at the cost of one copy per sample, ~0.4 of copy speed at 256×256 in ``bench.reader``).
@@ -50,7 +52,7 @@ Batch = dict[str, Any]
 
 
 class MixedDataset(IterableDataset):
-    """Batches from ``datasets`` (``ShardDataset``s of one image shape, batch size and world) drawn with
+    """Batches from ``datasets`` (``ShardDataset``s of one image shape or bucket list, batch size and world) drawn with
     ``weights``; ``len`` is ``batches_per_epoch`` on every rank (see the module docstring)."""
 
     def __init__(self, datasets: Sequence[ShardDataset], weights: Sequence[float], *,
@@ -68,11 +70,17 @@ class MixedDataset(IterableDataset):
                              f"got {list(weights)}")
         first = datasets[0]
         for other in datasets[1:]:
-            if other.snapshot.shape != first.snapshot.shape:
+            single = not (first.snapshot.is_bucketed or other.snapshot.is_bucketed)
+            if single and other.snapshot.shape != first.snapshot.shape:
                 raise DatasetIncompatibleError(
                     f"cannot mix {first.path} (images {first.snapshot.shape}) with {other.path} (images "
                     f"{other.snapshot.shape}): a batch has one shape; preprocess both with the same "
                     "height and width")
+            if other.buckets != first.buckets:
+                raise DatasetIncompatibleError(
+                    f"cannot mix {first.path} (buckets {first.buckets}) with {other.path} (buckets "
+                    f"{other.buckets}): a batch's bucket id names one shape in every dataset; preprocess "
+                    "both with the same bucket list")
             for name in ("batch_size", "rank", "world_size"):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
@@ -83,6 +91,7 @@ class MixedDataset(IterableDataset):
         # dataset fills a sample without it (cls -1, txt/json None, content_box the whole image).
         self.fields = tuple(f for f in FIELDS if any(f in d.fields for d in datasets))
         self.content_box = any(has_content_box(d.snapshot) for d in datasets)
+        self.bucketed = any(d.snapshot.is_bucketed for d in datasets)  # then every batch has "bucket"
         self.weights = weight_array / weight_array.sum()
         self.batches_per_epoch = (sum(len(d) for d in datasets) if batches_per_epoch is None
                                   else int(batches_per_epoch))
@@ -198,6 +207,8 @@ class MixedDataset(IterableDataset):
 
     def _fill_schema(self, batch: Batch) -> None:
         count = len(batch["__key__"])
+        if self.bucketed:
+            batch.setdefault("bucket", 0)  # a single-shape dataset's one shape is the list's only bucket
         for name in self.fields:
             if name not in batch:
                 batch[name] = torch.full((count,), -1, dtype=torch.int64) if name == "cls" else [None] * count

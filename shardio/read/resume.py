@@ -18,6 +18,14 @@ The protocol (``ShardDataset.cursor`` is an ``EpochCursor``; loaders call it, no
    finished resumes at the next epoch (unless ``set_epoch`` pins the finished one again); a state taken
    after ``set_epoch(e)`` and before the next iteration is the start of ``e``.
 
+A bucketed dataset (``shardio.read.bucket_order``) keeps each bucket's order world-size-free, so its
+state adds, per bucket, the samples consumed (``bucket_positions``: a prefix of each bucket's order), and
+the pass they belong to (``bucket_start``: consumed per bucket when the pass began; ``bucket_round``: the
+pass's rounds taken). ``position`` is then their sum (informative). At the same world size the next pass
+is that pass after its rounds (the batches of an uninterrupted run); at another, what is left of each
+bucket is cut into rounds of the new size and interleaved again. A single-shape dataset's state is
+unchanged.
+
 A state is refused by another dataset, with a message naming both identities: first against the
 snapshot open now (where the two prove another dataset: ``proves_another_dataset``; a state named by a
 config's hash may come from before this dataset drew its identity), so a state of another dataset is not
@@ -43,6 +51,7 @@ from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
 from shardio.format.spec import proves_another_dataset
+from shardio.read.bucket_order import BucketRankBatches, bucket_rounds
 from shardio.read.order import consumed_position, rank_batches
 
 __all__ = ["EpochCursor", "EpochPass"]
@@ -68,6 +77,10 @@ class EpochPass:
     samples: int
     generation: int
     dataset: str = ""  # the identity of the generation's root (spec, "Identity")
+    # A bucketed dataset (``shardio.read.bucket_order``): samples per bucket, and each bucket's samples
+    # consumed when the pass began; ``batches`` is then a ``BucketRankBatches``. None for a single shape.
+    bucket_sizes: tuple[int, ...] | None = None
+    bucket_start: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -80,6 +93,7 @@ class EpochCursor:
     drop_last: bool
     settings: dict[str, Any]  # the ORDER_SETTINGS values, checked against a loaded state
     defaulted: frozenset[str] = frozenset()  # settings the user left out: a loaded state's values win
+    buckets: int | None = None  # a bucketed dataset's number of buckets (its states have bucket keys)
     epoch: int = 0
     current: EpochPass | None = None
     handed: int = 0
@@ -94,16 +108,31 @@ class EpochCursor:
         if self._pending is not None and self._pending["epoch"] != self.epoch:
             self._pending = None
 
-    def seek(self, epoch: int, batches: int, samples: int, generation: int) -> None:
+    def seek(self, epoch: int, batches: int, samples: int, generation: int,
+             bucket_sizes: tuple[int, ...] | None = None) -> None:
         """The next pass is ``epoch`` after this rank's first ``batches`` of it (which the ranks consumed
         in lockstep), as if a state taken there were loaded; ``batches=0`` is ``set_epoch(epoch)``. For a
-        caller that places the dataset in its epochs itself (``shardio.read.mixing`` interleaves datasets)."""
+        caller that places the dataset in its epochs itself (``shardio.read.mixing`` interleaves datasets).
+        ``bucket_sizes``: samples per bucket of a bucketed dataset (None: one shape)."""
         self.set_epoch(epoch)
         self._pending = None
-        if batches:
+        if batches and bucket_sizes is not None:
+            fresh = self._bucket_batches(bucket_sizes, self.epoch, None)
+            positions = fresh.consumed_after(int(batches))
+            self._pending = {"epoch": self.epoch, "position": sum(positions), "batches_seen": int(batches),
+                             "generation": generation, "samples": samples, "bucket_sizes": tuple(bucket_sizes),
+                             "bucket_positions": positions, "bucket_start": [0] * len(bucket_sizes),
+                             "bucket_round": int(batches), "world_size": self.world_size}
+        elif batches:
             position = consumed_position(samples, self.batch_size, self.world_size, 0, int(batches))
             self._pending = {"epoch": self.epoch, "position": position, "batches_seen": int(batches),
                              "generation": generation, "samples": samples}
+
+    def _bucket_batches(self, sizes: tuple[int, ...], epoch: int, start: list[int] | tuple[int, ...] | None,
+                        skip: int = 0) -> BucketRankBatches:
+        return BucketRankBatches(sizes, self.batch_size, self.rank, self.world_size, self.drop_last,
+                                 shuffle=bool(self.settings["shuffle"]), seed=int(self.settings["seed"]),
+                                 epoch=epoch, start=start, skip=skip)
 
     def next_pass(self) -> tuple[int, int, int | None]:
         """(epoch, start position, generation or None) of the pass about to begin; no state changes."""
@@ -117,18 +146,51 @@ class EpochCursor:
         return self.epoch + 1, 0, None
 
     def _left(self, samples: int, position: int) -> bool:
+        pending = self._pending
+        if pending is not None and "bucket_positions" in pending:
+            left = [n - p for n, p in zip(pending["bucket_sizes"], pending["bucket_positions"])]
+            return bool(bucket_rounds(left, self.batch_size * self.world_size, self.drop_last).sum())
         return bool(rank_batches(samples, self.batch_size, 0, self.world_size, self.drop_last, position))
 
-    def begin(self, samples: int, generation: int, dataset: str = "") -> EpochPass:
+    def begin(self, samples: int, generation: int, dataset: str = "",
+              bucket_sizes: tuple[int, ...] | None = None) -> EpochPass:
         """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation`` (whose root's
-        identity is ``dataset``)."""
+        identity is ``dataset``; ``bucket_sizes``: samples per bucket of a bucketed one, else None)."""
         epoch, start, _ = self.next_pass()
-        start = min(start, samples)
-        per_round = self.batch_size * self.world_size
-        batches = rank_batches(samples, self.batch_size, self.rank, self.world_size, self.drop_last, start)
-        self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation, dataset)
+        if bucket_sizes is not None:
+            self.current = self._begin_buckets(epoch, samples, generation, dataset, tuple(bucket_sizes))
+        else:
+            start = min(start, samples)
+            per_round = self.batch_size * self.world_size
+            batches = rank_batches(samples, self.batch_size, self.rank, self.world_size, self.drop_last, start)
+            self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation, dataset)
         self.epoch, self.handed, self._pinned, self._pending = epoch, 0, False, None
         return self.current
+
+    def _begin_buckets(self, epoch: int, samples: int, generation: int, dataset: str,
+                       sizes: tuple[int, ...]) -> EpochPass:
+        """A bucketed pass: a loaded state's own pass after its rounds (same world size), else its rest
+        cut into rounds again, else a fresh epoch (``shardio.read.bucket_order``)."""
+        pending = self._pending
+        resumes = (pending is not None and pending["epoch"] == epoch and "bucket_positions" in pending
+                   and tuple(pending["bucket_sizes"]) == sizes)
+        if not resumes:
+            batches = self._bucket_batches(sizes, epoch, None)
+            return EpochPass(epoch, 0, batches, 0, samples, generation, dataset, sizes, (0,) * len(sizes))
+        assert pending is not None
+        positions, before = list(pending["bucket_positions"]), int(pending["batches_seen"])
+        batches: BucketRankBatches | None = None
+        if pending.get("bucket_round") is not None and pending.get("world_size") == self.world_size:
+            try:
+                same = self._bucket_batches(sizes, epoch, pending["bucket_start"], int(pending["bucket_round"]))
+            except ValueError:  # rounds past that pass's: not its state; what is left is still exact
+                same = None
+            if same is not None and same.consumed_after(0) == positions:  # the state's pass, after its rounds
+                batches = same
+        if batches is None:  # another world size: what is left of each bucket, in rounds of this one
+            batches = self._bucket_batches(sizes, epoch, positions)
+        return EpochPass(epoch, sum(positions), batches, before, samples, generation, dataset, sizes,
+                         tuple(batches.start))
 
     def hand_over(self, epoch_pass: EpochPass | None) -> None:
         """Make ``epoch_pass`` the one the next ``iter()`` of a copy of this cursor uses (DataLoader workers
@@ -170,8 +232,42 @@ class EpochCursor:
             return int(self._pending["position"])
         if self.current is None or self._pinned:
             return 0
+        if isinstance(self.current.batches, BucketRankBatches):
+            return sum(self.bucket_positions() or ())
         return consumed_position(self.current.samples, self.batch_size, self.world_size, self.current.start,
                                  self.handed)
+
+    def bucket_positions(self) -> list[int] | None:
+        """Each bucket's consumed samples (a bucketed dataset; None for one shape or before any pass)."""
+        if self._pending is not None:
+            return self._pending.get("bucket_positions")
+        current = self.current
+        if current is None or current.bucket_sizes is None:
+            return None
+        if self._pinned:
+            return [0] * len(current.bucket_sizes)
+        assert isinstance(current.batches, BucketRankBatches)
+        return current.batches.consumed_after(self.handed)
+
+    def _bucket_state(self) -> dict[str, Any]:
+        """The state's bucket keys (none for a single shape)."""
+        pending, current = self._pending, self.current
+        if pending is not None:
+            if "bucket_positions" not in pending:
+                return {}
+            return {"bucket_positions": list(pending["bucket_positions"]),
+                    "bucket_start": list(pending["bucket_start"]), "bucket_round": pending.get("bucket_round")}
+        if current is None or current.bucket_sizes is None:
+            if self.buckets is None:
+                return {}
+            zeros = [0] * self.buckets  # before the first pass: the start of the epoch
+            return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
+        assert isinstance(current.batches, BucketRankBatches)
+        if self._pinned:
+            zeros = [0] * len(current.bucket_sizes)
+            return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
+        return {"bucket_positions": current.batches.consumed_after(self.handed),
+                "bucket_start": list(current.batches.start), "bucket_round": current.batches.skip + self.handed}
 
     def state_dict(self, samples: int, generation: int, batches_seen: int | None = None,
                    dataset: str = "") -> dict[str, Any]:
@@ -201,6 +297,7 @@ class EpochCursor:
             "samples": samples,
             "rank": self.rank,
             "world_size": self.world_size,
+            **self._bucket_state(),
             **self.settings,
         }
 
@@ -208,7 +305,8 @@ class EpochCursor:
                         where: str = "this dataset") -> None:
         """Resume where ``state`` was: the next pass finishes its epoch. ``at(generation)`` is the dataset's
         (sample count, identity) at that generation (the state's own generation, when it has one; None:
-        the snapshot open now); ``identity``: the open snapshot's; ``where`` names the dataset in errors."""
+        the snapshot open now; a bucketed dataset adds its samples per bucket as a third value);
+        ``identity``: the open snapshot's; ``where`` names the dataset in errors."""
         adopted = {}
         for key in ORDER_SETTINGS:
             theirs = state.get(key, _ABSENT_IS.get(key, self.settings[key]))
@@ -223,7 +321,9 @@ class EpochCursor:
         theirs = state.get("dataset")
         if theirs is not None and identity and proves_another_dataset(theirs, identity):
             raise ValueError(_foreign(state, identity, where))  # before its generation is looked for here
-        samples, here = at(state.get("generation"))
+        found = at(state.get("generation"))
+        samples, here = found[0], found[1]
+        sizes = tuple(found[2]) if len(found) > 2 and found[2] is not None else None
         if theirs is not None and theirs != here:
             raise ValueError(_foreign(state, here, where))
         if "samples" in state and state["samples"] != samples:
@@ -233,10 +333,17 @@ class EpochCursor:
             )
         world_size = int(state.get("world_size", self.world_size))
         batches_seen = int(state["batches_seen"])
-        full = len(rank_batches(samples, self.batch_size, 0, world_size, self.drop_last))
+        buckets = _bucket_pending(state, sizes, where)
+        if buckets:
+            left = bucket_rounds(sizes, self.batch_size * world_size, self.drop_last)  # type: ignore[arg-type]
+            full = int(left.sum())
+        else:
+            full = len(rank_batches(samples, self.batch_size, 0, world_size, self.drop_last))
         if not 0 <= batches_seen <= full:
             raise ValueError(f"batches_seen={batches_seen} is outside a rank's 0..{full} of that epoch")
-        if "position" in state:
+        if buckets:
+            position = sum(buckets["bucket_positions"])
+        elif "position" in state:
             position = int(state["position"])
         else:  # a state from before positions: batches_seen of a fresh epoch at the state's world size
             position = consumed_position(samples, self.batch_size, world_size, 0, batches_seen)
@@ -246,7 +353,28 @@ class EpochCursor:
         self.epoch = int(state["epoch"])
         self._pinned = False
         self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,
-                         "generation": state.get("generation"), "samples": samples, "dataset": here}
+                         "generation": state.get("generation"), "samples": samples, "dataset": here,
+                         "world_size": world_size, **buckets}
+
+
+def _bucket_pending(state: dict[str, Any], sizes: tuple[int, ...] | None, where: str) -> dict[str, Any]:
+    """A state's bucket keys, checked against the bucket sizes of its generation here (None: one shape)."""
+    has = "bucket_positions" in state
+    if sizes is None and not has:
+        return {}
+    if sizes is None or not has:
+        mine, its = ("bucketed", "a single-shape") if sizes is not None else ("single-shape", "a bucketed")
+        raise ValueError(f"cannot resume: {where} is {mine}, the state is of {its} dataset; resume the "
+                         "dataset the state was taken on")
+    positions = [int(p) for p in state["bucket_positions"]]
+    start = [int(p) for p in state.get("bucket_start", positions)]
+    for name, values in (("bucket_positions", positions), ("bucket_start", start)):
+        if len(values) != len(sizes) or any(not 0 <= p <= n for p, n in zip(values, sizes)):
+            raise ValueError(f"cannot resume: the state's {name} {values} do not fit {where}'s buckets of "
+                             f"{list(sizes)} samples")
+    round_taken = state.get("bucket_round")
+    return {"bucket_sizes": sizes, "bucket_positions": positions, "bucket_start": start,
+            "bucket_round": None if round_taken is None else int(round_taken)}
 
 
 def _foreign(state: dict[str, Any], identity: str, where: str) -> str:

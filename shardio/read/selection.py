@@ -130,6 +130,8 @@ class SubsetSnapshot(DatasetSnapshot):
         self.shards = [parent.shards[int(s)] for s in self.segments[:, 0]]
         self.counts = (self.segments[:, 2] - self.segments[:, 1]).astype(np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        # A segment is in its parent shard's bucket (a bucketed dataset's batches stay one bucket).
+        self._shard_buckets = np.asarray(parent.shard_buckets, np.int64)[self.segments[:, 0]]
         self.cache_shards = cache_shards
         self._maps: OrderedDict[int, tuple[np.ndarray, ShardMeta | None]] = OrderedDict()
         self._fields: tuple[str, ...] | None = None

@@ -93,6 +93,10 @@ def preview(
         result = write_preview(directory, out, n=n, seed=seed, tile_height=tile)
     h, w, _ = result.shape
     typer.echo(f"wrote {result.out} ({w}x{h}, {len(result.table)} samples) and {result.table_path}")
+    for row in result.buckets:  # a bucketed dataset: a row of the sheet per bucket, top to bottom
+        height, width = row["shape"]
+        typer.echo(f"bucket {row['bucket']}: {height}x{width}, "
+                   f"{row['tiles']} of {row['samples']} samples shown")
     for row in result.table:
         caption = f"  {row['caption']}" if row["caption"] else ""
         typer.echo(f"{row['number']:4d}  {row['key']}{caption}")

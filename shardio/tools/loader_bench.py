@@ -66,16 +66,18 @@ def measure(path: str, *, batch_size: int = 256, num_workers: int = 0, shuffle: 
     """Iterate epochs of ``ShardDataset(path, batch_size, shuffle=shuffle)`` for ``seconds``."""
     dataset = ShardDataset(path, batch_size, shuffle=shuffle)
     loader: Any = dataset if num_workers == 0 else ShardLoader(dataset, num_workers=num_workers)
-    sink = torch.empty((batch_size, *dataset.snapshot.shape), dtype=torch.uint8)
-    sample_bytes = math.prod(dataset.snapshot.shape)
-    batches = samples = 0
+    # Flat, viewed as each batch's shape: a bucketed dataset's batches differ in (h, w) from step to step.
+    sink = torch.empty(batch_size * math.prod(dataset.snapshot.shape), dtype=torch.uint8)
+    batches = samples = nbytes = 0
     started: float | None = None
     epoch = 0
     while True:
         dataset.set_epoch(epoch)
         for batch in loader:
             image = batch["image"]
-            sink[: len(image)].copy_(image)
+            if image.numel() > sink.numel():  # not while buckets stay within the pixel budget (`shape`)
+                sink = torch.empty(image.numel(), dtype=torch.uint8)
+            sink[: image.numel()].view(image.shape).copy_(image)
             if started is None:
                 warmup_batches -= 1
                 if warmup_batches <= 0:
@@ -83,6 +85,7 @@ def measure(path: str, *, batch_size: int = 256, num_workers: int = 0, shuffle: 
                 continue
             batches += 1
             samples += len(image)
+            nbytes += image.numel()
             if time.perf_counter() - started >= seconds:
                 break
         else:
@@ -95,7 +98,7 @@ def measure(path: str, *, batch_size: int = 256, num_workers: int = 0, shuffle: 
     return LoaderRate(
         batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, batches=batches, samples=samples,
         seconds=round(elapsed, 3), batches_per_s=round(batches / elapsed, 2),
-        samples_per_s=round(samples / elapsed, 1), mb_per_s=round(samples * sample_bytes / elapsed / 1e6, 1),
+        samples_per_s=round(samples / elapsed, 1), mb_per_s=round(nbytes / elapsed / 1e6, 1),
         epochs=epoch + 1,
     )
 

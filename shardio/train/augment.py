@@ -6,6 +6,8 @@ crop (and flip) becomes its row and column sample coordinates, and one ``F.grid_
 each crop's outer pixel centres, so a sample is exactly ``interpolate(crop, size, mode="bilinear")`` of
 its own crop (edges replicated, as a resize of the cropped image does) and never reads a pixel outside it.
 Output: ``(x - mean) / std`` float32 or bfloat16 N×3×H×W in channels_last memory, like ``to_device``.
+The output keeps each batch's own (H, W) unless a size is given (``TrainAugment(size=None)``, the
+default: a bucketed dataset's batches keep their bucket's shape), or is that size for every batch.
 
 Crop parameters follow torchvision's ``RandomResizedCrop.get_params``: up to 10 tries of an area fraction
 uniform in ``scale`` and an aspect ratio log-uniform in ``ratio``, rounded to whole pixels, the first that
@@ -224,18 +226,39 @@ def _affine(mean: tuple[float, ...], std: tuple[float, ...],
     return scale, shift
 
 
-def _size(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+def _size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    out = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    if min(out) < 1:
+        raise ValueError(f"size must be positive (height, width), got {size}")
+    return out
+
+
+def _image_size(image: torch.Tensor) -> tuple[int, int]:
+    """(height, width) of a batch of NHWC (``[B, H, W, 3]``) or NCHW (``[B, 3, H, W]``) images."""
+    if image.ndim != 4 or 3 not in (image.shape[1], image.shape[-1]):
+        raise ValueError(f"expected images [B, H, W, 3] or [B, 3, H, W], got {list(image.shape)}")
+    return (image.shape[1], image.shape[2]) if image.shape[-1] == 3 else (image.shape[2], image.shape[3])
 
 
 class TrainAugment:
     """RandomResizedCrop (torchvision's ``scale``/``ratio``) + horizontal flip + normalise, batched.
 
-    ``augment(image, epoch=e, positions=p)`` → float N×3×size (channels_last); ``positions`` are the
+    ``augment(image, epoch=e, positions=p)`` → float N×3×H×W (channels_last); ``positions`` are the
     samples' places in the epoch order (int64 [B]); ``content_box`` [B, 4] keeps crops off letterboxing.
+
+    **Output size.** ``size=None`` (the default) keeps each batch's own (H, W): the shape a batch came in,
+    so a bucketed dataset's batches (``mode: bucket``, each one bucket's shape) keep their bucket's shape
+    and aspect ratio, and a single-shape dataset's keep the stored shape. ``ratio`` is then relative to the
+    batch's aspect ratio (the crop's width/height is the image's times a draw in ``ratio``), so a crop is
+    stretched by at most ``ratio`` when resized back, as torchvision's is on a square output. An explicit
+    ``size`` (an int for a square, or (height, width)) resizes every batch to that one shape (the fixed
+    input a model with a flatten or a fixed positional embedding needs); ``ratio`` is then torchvision's,
+    the crop's own width/height.
     """
 
-    def __init__(self, size: int | tuple[int, int] = 224, *, scale: tuple[float, float] = (0.08, 1.0),
+    def __init__(self, size: int | tuple[int, int] | None = None, *, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5, seed: int = 0,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -247,8 +270,13 @@ class TrainAugment:
 
     def params(self, image_size: tuple[int, int], *, epoch: int, positions: torch.Tensor,
                content_box: torch.Tensor | None = None) -> CropParams:
+        """The crops of a batch of ``image_size`` (height, width) images (see the class docstring)."""
+        ratio = self.ratio
+        if self.size is None:  # the batch's shape kept: the crop's aspect relative to the batch's
+            aspect = image_size[1] / image_size[0]
+            ratio = (self.ratio[0] * aspect, self.ratio[1] * aspect)
         return crop_params(image_size, seed=self.seed, epoch=epoch, positions=positions, scale=self.scale,
-                           ratio=self.ratio, flip_p=self.flip_p, content_box=content_box)
+                           ratio=ratio, flip_p=self.flip_p, content_box=content_box)
 
     def __call__(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
                  content_box: torch.Tensor | None = None) -> torch.Tensor:
@@ -256,9 +284,10 @@ class TrainAugment:
         if positions.shape != (image.shape[0],):
             raise ValueError(f"positions must be [{image.shape[0]}] (one per image), "
                              f"got {list(positions.shape)}")
-        height, width = image.shape[1:3] if image.shape[-1] == 3 else image.shape[2:4]
+        height, width = _image_size(image)
         crops = self.params((height, width), epoch=epoch, positions=positions, content_box=content_box)
-        return resized_crop(image, crops, self.size, mean=self.mean, std=self.std, dtype=self.dtype)
+        out_size = (height, width) if self.size is None else self.size
+        return resized_crop(image, crops, out_size, mean=self.mean, std=self.std, dtype=self.dtype)
 
 
 class EvalTransform:
@@ -266,9 +295,12 @@ class EvalTransform:
 
     ``crop_fraction=0.875`` is "resize to 256, centre-crop 224" of the original: from 256² shards the crop
     is 224 pixels (no resampling: bilinear at exact pixel centres), from 288² shards 252 resized to 224.
+    ``size=None`` (the default) keeps each batch's own (H, W), as ``TrainAugment``'s does: the centre
+    ``crop_fraction`` of the image, of its aspect ratio, resized back to its shape (``crop_fraction=1.0``:
+    the whole image, only normalised); an explicit ``size`` resizes every batch to that shape.
     """
 
-    def __init__(self, size: int | tuple[int, int] = 224, *, crop_fraction: float = 0.875,
+    def __init__(self, size: int | tuple[int, int] | None = None, *, crop_fraction: float = 0.875,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  dtype: torch.dtype = torch.float32) -> None:
         if not 0 < crop_fraction <= 1:
@@ -278,18 +310,18 @@ class EvalTransform:
 
     def __call__(self, image: torch.Tensor, *, epoch: int = 0, positions: torch.Tensor | None = None,
                  content_box: torch.Tensor | None = None) -> torch.Tensor:
-        height, width = image.shape[1:3] if image.shape[-1] == 3 else image.shape[2:4]
+        height, width = _image_size(image)
         real = _float64(image.device)
         box = _boxes(content_box, image.shape[0], height, width, image.device, real)
         box_w, box_h = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
-        out_h, out_w = self.size
+        out_h, out_w = (height, width) if self.size is None else self.size
         # The largest box of the output's aspect ratio in the content, times crop_fraction, centred.
         h = torch.round(self.crop_fraction * torch.minimum(box_h, box_w * out_h / out_w)).clamp_(min=1)
         w = torch.round(h * out_w / out_h).clamp_(1, None).minimum(box_w)
         x0 = box[:, 0] + torch.div(box_w - w, 2, rounding_mode="floor")
         y0 = box[:, 1] + torch.div(box_h - h, 2, rounding_mode="floor")
         crops = CropParams(x0, y0, w, h, torch.zeros_like(w, dtype=torch.bool))
-        return resized_crop(image, crops, self.size, mean=self.mean, std=self.std, dtype=self.dtype)
+        return resized_crop(image, crops, (out_h, out_w), mean=self.mean, std=self.std, dtype=self.dtype)
 
 
 # --- where positions come from ---------------------------------------------------------------------

@@ -31,6 +31,11 @@ What Lightning does with it, as read in Lightning 2.6 (``loops/fit_loop.py``, ``
   ``transfer_batch_to_device`` then finds the images on the device already; ``on_after_batch_transfer``
   records their use on the step's stream before the transform. ``decode_on_device`` chooses (default: on
   when the Trainer's device is CUDA and torchcodec or torchvision is installed).
+- **Bucketed datasets** (``mode: bucket``). Each batch is one bucket's shape (``image`` [B, h, w, 3] and
+  its ``"bucket"`` id), and reaches ``training_step`` in that shape: ``TrainAugment()`` (no size) crops
+  and flips it back to its own shape, ``TrainAugment(224)`` resizes every batch to one shape. The model
+  must take any shape (e.g. convolutions, then global pooling); under DDP every rank gets the same bucket
+  at each step.
 - **DDP.** The datasets are built in ``setup()``, after the strategy has initialised
   ``torch.distributed``: each rank takes its rank and world size from there, every rank yields the same
   number of batches, and Lightning adds no sampler to a loader that is not a ``DataLoader``.

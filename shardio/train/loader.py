@@ -32,6 +32,7 @@ from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import BatchTransform, transform_batch
 from shardio.train import device_decode
+from shardio.train.staging import Staged, StagingPools
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
 
@@ -169,6 +170,12 @@ class DeviceLoader:
     loop's stream waits for a batch's event on the GPU, so the loop's thread never waits on the host for
     work it could have queued.
 
+    Batches may change shape from step to step (a bucketed dataset's: each batch one bucket's
+    [B, h, w, 3]); each keeps its own. On CUDA with ``pin_memory``, a batch that is not pinned already (a
+    memory-map view, a worker's shared memory, a JPEG batch decoded on the CPU) is staged in a pinned
+    buffer from a pool kept per sample shape (``shardio.train.staging``), reused once the copy that read it
+    has run: no pinned allocation per step, at most ``prefetch + 2`` buffers per shape.
+
     Given a ``ShardDataset`` or ``ShardLoader``, this is the layer that hands batches out, so it counts
     them on the dataset's cursor (``shardio.read.resume``): ``state_dict()`` counts the batches this yielded,
     not those prefetched, so resuming repeats nothing and skips nothing. Any other iterable of batches is
@@ -207,6 +214,10 @@ class DeviceLoader:
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
         self.decoder = self._device_decoder(decode_on_device, device_decoder)
+        # Batches not pinned yet are staged in pinned buffers, one pool per sample shape (a bucketed
+        # dataset's batches change shape from step to step); a buffer is reused once its copy has run.
+        cuda_pinned = self.pin_memory and self.device.type == "cuda"
+        self.staging: StagingPools | None = StagingPools(depth=prefetch + 2) if cuda_pinned else None
 
     def _device_decoder(self, decode_on_device: bool | None,
                         decoder: Callable[[EncodedImages], torch.Tensor] | None
@@ -255,22 +266,51 @@ class DeviceLoader:
         takes a ready batch: no host work of the batch's (the decode's parsing, nvJPEG's host phase, the
         stream barrier, the transform's kernel launches) delays its next kernel launches."""
         batch, number = item
-        batch = self._decoded(batch)
         if self.device.type != "cuda":
+            batch = self._decoded(batch)
             if self.transform is not None:
                 return batch, number, None  # transformed in the consumer's thread, with its positions
             return to_device(batch, self.device, **self.to_device_kwargs), number, None
-        if self.pin_memory and not batch["image"].is_cuda and not batch["image"].is_pinned():
-            batch = {**batch, "image": batch["image"].pin_memory()}
+        batch, staged = self._staged(batch)
         stream = device_decode.thread_stream(self.device)
-        with torch.cuda.stream(stream):
-            if self.transform is not None:
-                batch = self._transform(batch, number)
-            else:
-                batch = to_device(batch, self.device, **self.to_device_kwargs)
-            ready = torch.cuda.Event()
-            ready.record(stream)
+        try:
+            with torch.cuda.stream(stream):
+                if self.transform is not None:
+                    batch = self._transform(batch, number)
+                else:
+                    batch = to_device(batch, self.device, **self.to_device_kwargs)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        except BaseException:
+            if staged is not None:  # a copy may have been queued: free the buffer once it has run
+                stream.synchronize()
+                self.staging.release(staged, None)  # type: ignore[union-attr]
+            raise
+        if staged is not None:  # its copy to the device is queued before ``ready``: reusable after it
+            self.staging.release(staged, ready)  # type: ignore[union-attr]
         return batch, number, ready
+
+    def _staged(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Staged | None]:
+        """The batch decoded (``_decoded``) with a host ``image`` in pinned memory: one not pinned yet is
+        copied (a JPEG batch decoded on the CPU: decoded straight) into a buffer of its shape's pool
+        (``shardio.train.staging``), returned too, to release once its copy to the device is queued."""
+        images = batch.get("image")
+        if self.staging is None:
+            return self._decoded(batch), None
+        if isinstance(images, EncodedImages) and self.decoder is None:
+            staged = self.staging.take(images.shape, torch.uint8)
+            try:
+                images.decode(out=staged.tensor.numpy())  # type: ignore[union-attr]
+            except BaseException:  # a corrupt sample: the buffer was only written on the host
+                self.staging.release(staged, None)
+                raise
+            return {**batch, "image": staged.tensor}, staged
+        batch = self._decoded(batch)
+        image = batch["image"]
+        if image.is_cuda or image.is_pinned():
+            return batch, None
+        staged = self.staging.stage(image)
+        return {**batch, "image": staged.tensor}, staged
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # A generator: the pass begins at the first next(), not when the iterator is made.
