@@ -363,8 +363,8 @@ def _bucket_figures(b: dict[str, Any]) -> list[dict[str, Any]]:
         _figure("aspect error p95, mode bucket", aspect["bucket"]["p95"], TARGET_P95, op="<=", unit="",
                 detail=lines[1]),
         _figure("bucket stored area / budget, min", aspect["area_min"], AREA_RANGE[0], unit="",
-                detail=f"range {aspect['area_min']}-{aspect['area_max']} (<= {AREA_RANGE[1]}); buckets "
-                + " ".join(f"{w}x{h}" for h, w in b["buckets"])),
+                detail=f"range {aspect['area_min']}-{aspect['area_max']} (<= {AREA_RANGE[1]}); buckets (h x w) "
+                + " ".join(f"{h}x{w}" for h, w in b["buckets"])),
     ]
     if "job" in b:
         out.append(_figure("job bucket / job center_crop (images/s)", b["job"]["ratio_median"], TARGET_RATE,

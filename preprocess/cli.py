@@ -161,8 +161,8 @@ def _summary(report: RunReport, report_path: str, per_bucket: dict[int, int], cf
     console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
                   f"{report.dataset_samples} samples in {report.output}", highlight=False)
     if cfg.mode == BUCKET and per_bucket:
-        console.print("samples written per bucket (w x h): " + ", ".join(
-            f"{cfg.shapes[b][1]}x{cfg.shapes[b][0]} {n}" for b, n in sorted(per_bucket.items())), highlight=False)
+        console.print("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
+            f"{cfg.shapes[b][0]}x{cfg.shapes[b][1]} {n}" for b, n in sorted(per_bucket.items())), highlight=False)
     if not report.inputs_processed and not report.inputs_failed:
         console.print("nothing new to process", highlight=False)
     for reason, count in list(report.failures_by_reason().items())[:8]:

@@ -240,7 +240,7 @@ def _aspect_report(cfg: JobConfig, samples: list[_Sample]) -> dict[str, Any]:
     return {"bucket": spread(np.abs(stored - source)),
             "center_crop": spread(np.abs(np.log(cfg.width / cfg.height) - source)),
             "budget": f"{cfg.width}x{cfg.height}", "buckets": len(cfg.shapes),
-            "samples_per_bucket": {f"{w}x{h}": int(n) for (h, w), n in zip(cfg.shapes, counts) if n}}
+            "samples_per_bucket": {f"{h}x{w}": int(n) for (h, w), n in zip(cfg.shapes, counts) if n}}
 
 
 def _pixels_report(cfg: JobConfig, samples: list[_Sample], quality: QualityTally,
@@ -389,7 +389,7 @@ def _aspect_line(aspect: dict[str, Any]) -> str:
     taken = ", ".join(f"{shape}: {n}" for shape, n in aspect["samples_per_bucket"].items())
     return (f"aspect ratio |log(w/h)| changed by: buckets median {b['median']:.3f}, p95 {b['p95']:.3f}, max "
             f"{b['max']:.3f}; a centre crop to {aspect['budget']} would: median {c['median']:.3f}, p95 "
-            f"{c['p95']:.3f}, max {c['max']:.3f}; samples per bucket (w x h, of {aspect['buckets']}): {taken}")
+            f"{c['p95']:.3f}, max {c['max']:.3f}; samples per bucket (h x w, of {aspect['buckets']}): {taken}")
 
 
 def render_text(report: dict[str, Any]) -> list[Any]:

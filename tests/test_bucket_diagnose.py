@@ -41,7 +41,7 @@ def test_the_aspect_report_against_the_source_and_a_centre_crop(tars) -> None:
     expected: dict[str, int] = {}
     for w, h in SIZES * 3:
         bh, bw = cfg.buckets[nearest_bucket(w, h, cfg.buckets)]
-        expected[f"{bw}x{bh}"] = expected.get(f"{bw}x{bh}", 0) + 1
+        expected[f"{bh}x{bw}"] = expected.get(f"{bh}x{bw}", 0) + 1
     assert aspect["samples_per_bucket"] == expected and expected["64x64"] == 3 and len(expected) == 4
     # A raw image's bytes are its bucket's: the mean over the samples.
     assert report["pixels"]["bytes_per_image"] < 64 * 64 * 3

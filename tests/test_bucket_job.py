@@ -118,9 +118,9 @@ def test_an_incremental_run_processes_only_the_new_input(ray_cluster, tars, tmp_
     counts: dict[str, int] = {}
     for index in range(samples, samples + 7):
         h, w = BUCKETS[nearest_bucket(*SIZES[index % len(SIZES)], BUCKETS)]
-        counts[f"{w}x{h}"] = counts.get(f"{w}x{h}", 0) + 1
-    expected = ", ".join(f"{w}x{h} {counts[f'{w}x{h}']}" for h, w in BUCKETS if f"{w}x{h}" in counts)
-    assert f"samples written per bucket (w x h): {expected}" in said
+        counts[f"{h}x{w}"] = counts.get(f"{h}x{w}", 0) + 1
+    expected = ", ".join(f"{h}x{w} {counts[f'{h}x{w}']}" for h, w in BUCKETS if f"{h}x{w}" in counts)
+    assert f"samples written per bucket (h x w, as `shardio info`): {expected}" in said
     with open(report, encoding="utf-8") as f:
         doc = json.load(f)
     assert doc["inputs_skipped_count"] == 2 and len(doc["inputs_processed"]) == 1
