@@ -173,6 +173,7 @@ def test_encoded_batches_carry_their_buckets_shape(tmp_path) -> None:
         assert a["image"].shape == tuple(b["image"].shape) == (len(b["__key__"]), *BUCKETS[b["bucket"]], 3)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_pinned_batches_of_every_bucket_reuse_a_few_blocks(bucketed: str) -> None:
     ds = ShardDataset(bucketed, BATCH, shuffle=True, pin_memory=True, prefetch=0)
