@@ -22,6 +22,9 @@ from typing import Any
 
 import psutil
 
+from bench.buckets import AREA_RANGE, TARGET_MEDIAN, TARGET_P95, TARGET_RATE
+from bench.buckets import measure as bucket_figures
+from bench.buckets import summary_lines as bucket_lines
 from bench.chart import draw_chart
 from bench.corpus import CorpusSpec, build_corpus, combined_tar, read_images
 from bench.job_bench import ForeignLoad, cold_run, local_ray, memory_run, two_node_cluster, warm_rates
@@ -108,6 +111,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             _log("job, warm: encoding jpeg vs raw, interleaved rounds (bench.job_jpeg)")
             jpeg_vs_raw = jpeg_raw_rounds(large, runs, cfg, args.rounds, log=_log)
             jpeg_vs_raw["worker_cpu"] = worker_cpu_rounds(large[0], runs, cfg, max(1, args.rounds // 2))
+            _log("mode: bucket vs center_crop: aspect kept, then the job in interleaved rounds (bench.buckets)")
+            results["buckets"] = bucket_figures(large, runs, cfg, args.rounds, log=_log)
         _log("job, warm, 1 CPU")
         with local_ray(1) as session:
             one = warm_rates(small, large, runs, cfg, reps)
@@ -275,6 +280,8 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "jpeg_vs_raw" in job:
         out.append(_figure("job jpeg / job raw (images/s)", job["jpeg_vs_raw"]["ratio_median"], JPEG_JOB_TARGET,
                            detail=summary_line(job["jpeg_vs_raw"])))
+    if "buckets" in r:
+        out += _bucket_figures(r["buckets"])
     out += [
         _figure(
             "scaling efficiency 1 -> all cores",
@@ -344,6 +351,24 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
             detail=f"{reader['sequential']['samples/s']:.0f} vs {wds or 0:.1f} samples/s",
         )
     )
+    return out
+
+
+def _bucket_figures(b: dict[str, Any]) -> list[dict[str, Any]]:
+    """mode: bucket's rows (bench.buckets): aspect kept on the corpus at the 256² budget, stored area, job cost."""
+    aspect, lines = b["aspect"], bucket_lines(b)
+    out = [
+        _figure("aspect error median, mode bucket (|log w/h| vs source)", aspect["bucket"]["median"], TARGET_MEDIAN,
+                op="<=", unit="", detail=lines[0]),
+        _figure("aspect error p95, mode bucket", aspect["bucket"]["p95"], TARGET_P95, op="<=", unit="",
+                detail=lines[1]),
+        _figure("bucket stored area / budget, min", aspect["area_min"], AREA_RANGE[0], unit="",
+                detail=f"range {aspect['area_min']}-{aspect['area_max']} (<= {AREA_RANGE[1]}); buckets (h x w) "
+                + " ".join(f"{h}x{w}" for h, w in b["buckets"])),
+    ]
+    if "job" in b:
+        out.append(_figure("job bucket / job center_crop (images/s)", b["job"]["ratio_median"], TARGET_RATE,
+                           detail=lines[2]))
     return out
 
 

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import shardio
 from preprocess import jpeg_region
-from preprocess.config import load_config
+from preprocess.config import BUCKET, JobConfig, load_config
 from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
@@ -83,6 +83,7 @@ class _Display:
         # costs O(1), not a sum over every input the run has seen (230k at LAION-2B size).
         self.per_input: dict[str, int] = {}
         self.images_done = 0
+        self.per_bucket: dict[int, int] = {}  # samples written this run by bucket id (mode: bucket)
         self.failed: dict[str, int] = {}
         self.progress: Progress | None = None
         self.task: Any = None
@@ -123,6 +124,8 @@ class _Display:
         elif kind == "input":
             self.per_input.pop(payload.input, None)
             self.images_done += payload.samples
+            for shard in payload.shards:
+                self.per_bucket[shard.get("bucket", 0)] = self.per_bucket.get(shard.get("bucket", 0), 0) + shard["samples"]
             if not self.live and not self.quiet:
                 status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
                 console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False)
@@ -144,7 +147,7 @@ def _warn_about_pillow() -> None:
         console.print(f"[yellow]warning:[/yellow] {'; '.join(problems)}: {pillow_check.SLOWDOWN}", highlight=False)
 
 
-def _summary(report: RunReport, report_path: str) -> None:
+def _summary(report: RunReport, report_path: str, per_bucket: dict[int, int], cfg: JobConfig) -> None:
     console.rule("[bold]preprocess summary")
     console.print(
         f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
@@ -157,6 +160,9 @@ def _summary(report: RunReport, report_path: str) -> None:
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
     console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
                   f"{report.dataset_samples} samples in {report.output}", highlight=False)
+    if cfg.mode == BUCKET and per_bucket:
+        console.print("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
+            f"{cfg.shapes[b][0]}x{cfg.shapes[b][1]} {n}" for b, n in sorted(per_bucket.items())), highlight=False)
     if not report.inputs_processed and not report.inputs_failed:
         console.print("nothing new to process", highlight=False)
     for reason, count in list(report.failures_by_reason().items())[:8]:
@@ -220,7 +226,9 @@ def run(
     size: Annotated[Optional[int], typer.Option(help="Square output: height = width = SIZE.")] = None,
     height: Annotated[Optional[int], typer.Option(help="Output height.")] = None,
     width: Annotated[Optional[int], typer.Option(help="Output width.")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch | bucket (aspect-ratio buckets near the height x width budget).")] = None,
+    bucket_step: Annotated[Optional[int], typer.Option(help="mode bucket: sides of the derived buckets are multiples of this (default 16).")] = None,
+    bucket_max_ratio: Annotated[Optional[float], typer.Option(help="mode bucket: largest long/short side of a derived bucket (default 3.0).")] = None,
     resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
     samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
     encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~24 KB, decoded by the reader).")] = None,
@@ -250,7 +258,8 @@ def run(
         _fail_usage("--workers must be >= 1")
     overrides = {"height": size if size is not None else height, "width": size if size is not None else width,
                  "mode": mode, "resample": resample, "samples_per_shard": samples_per_shard,
-                 "encoding": encoding, "quality": quality, "subsampling": subsampling}
+                 "encoding": encoding, "quality": quality, "subsampling": subsampling,
+                 "bucket_step": bucket_step, "bucket_max_ratio": bucket_max_ratio}
     try:
         # A rerun starts from the dataset's stored config; a flag or file that disagrees is refused (run_job).
         cfg = load_config(str(config) if config else None, overrides, base=dataset_config(output))
@@ -290,7 +299,7 @@ def run(
         report.write_bytes(report_json(result))
         saved_at = str(report)
     if not quiet and not json_stderr:
-        _summary(result, saved_at)
+        _summary(result, saved_at, display.per_bucket, cfg)
     elif result.interrupted and not json_stderr:
         # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
         console.print(f"{result.warnings[-1]}; report: {saved_at}", highlight=False, markup=False,

@@ -8,7 +8,8 @@ A rerun into an existing dataset starts from the dataset's stored config (``load
 the nightly command need not repeat a flag; a file or flag may still name a key, and one that disagrees
 with the dataset is refused (``preprocess.job``). What must match is ``output_dict()``: the shape, mode,
 resample, fill, background, draft, samples_per_shard, image_extensions and encoding (with quality and
-subsampling for JPEG: the pixels and layout), the Parquet columns read (image_column, label_column), folder_classes, and the
+subsampling for JPEG: the pixels and layout; the resolved ``buckets`` list with ``bucket_step`` and
+``bucket_max_ratio`` for ``mode: bucket``), the Parquet columns read (image_column, label_column), folder_classes, and the
 sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
 max_decoded_bytes: which samples the dataset holds, so that every input was filtered by the same rules).
 Run policy may change from run to run: max_failed_fraction and max_decode_seconds (what the latter fails
@@ -25,11 +26,13 @@ from typing import Any
 import yaml
 
 from shardio.errors import ConfigError
+from preprocess.buckets import DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets, nearest_bucket
 from shardio.format import ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
 
-__all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS"]
+__all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS", "BUCKET"]
 
-RESIZE_MODES = ("center_crop", "pad", "stretch")
+RESIZE_MODES = ("center_crop", "pad", "stretch", "bucket")
+BUCKET = "bucket"
 # Pillow's filter names; "box" and "bilinear" are cheaper, "lanczos" sharper; bicubic is what
 # torchvision and timm use for ImageNet-style training.
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
@@ -89,6 +92,14 @@ class JobConfig:
     # A folder input's first folder level as the class (preprocess.folder_samples): cls = the index of its
     # name among the sorted sub-folder names, and the name in the sample's json. Stored only when true.
     folder_classes: bool = False
+    # mode: bucket (preprocess.buckets): height x width is the pixel budget; each image goes to the bucket
+    # nearest its aspect ratio. ``buckets`` lists them as [height, width] pairs, or None to derive them from
+    # the budget with sides multiples of ``bucket_step`` and long/short side up to ``bucket_max_ratio``.
+    # Resolved at load (``buckets`` is then always the list, in the order that gives the bucket ids); stored
+    # only in bucket mode, so other datasets keep their config bytes.
+    buckets: list[Bucket] | None = None
+    bucket_step: int = DEFAULT_STEP
+    bucket_max_ratio: float = DEFAULT_MAX_RATIO
 
     def __post_init__(self) -> None:
         self.fill = tuple(self.fill)  # YAML gives lists
@@ -96,11 +107,50 @@ class JobConfig:
         self.image_extensions = tuple(e.lower().lstrip(".") for e in self.image_extensions)
         if isinstance(self.max_aspect_ratio, (int, float)) and math.isinf(self.max_aspect_ratio):
             self.max_aspect_ratio = None  # YAML's .inf: no limit, stored as null (JSON has no infinity)
-        for name in ("max_aspect_ratio", "max_decode_seconds"):  # YAML's 30 is stored as 30.0, as the default
+        for name in ("max_aspect_ratio", "max_decode_seconds", "bucket_max_ratio"):  # YAML's 30 is stored as 30.0, as the default
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, name, float(value))
         self.validate()
+        if self.mode == BUCKET:
+            self.buckets = (check_buckets(self.buckets) if self.buckets is not None
+                            else derive_buckets(self.height, self.width, self.bucket_step, self.bucket_max_ratio))
+        elif self.buckets is not None:
+            raise ConfigError(f"buckets is for mode: bucket only (mode is {self.mode!r})")
+        # Per-image lookups of bucket mode, kept off the dataclass's fields (never stored or compared).
+        self._bucket_configs: dict[int, JobConfig] = {}
+        self._nearest: dict[tuple[int, int], int] = {}
+        self._max_side = max(max(shape) for shape in self.shapes)
+
+    @property
+    def shapes(self) -> list[Bucket]:
+        """Every (height, width) a sample may be stored at: the buckets, or the one target shape."""
+        return list(self.buckets) if self.mode == BUCKET and self.buckets else [(self.height, self.width)]
+
+    @property
+    def max_side(self) -> int:
+        """The longest side any sample is stored at (a resize's intermediate size is bounded by it)."""
+        return self._max_side
+
+    def bucket_of(self, width: int, height: int) -> int:
+        """The bucket id of an upright ``width`` x ``height`` image (``preprocess.buckets.nearest_bucket``)."""
+        found = self._nearest.get((width, height))
+        if found is None:
+            if len(self._nearest) >= 4096:  # web images repeat a few hundred sizes: bounded all the same
+                self._nearest.clear()
+            found = self._nearest[(width, height)] = nearest_bucket(width, height, self.buckets or ())
+        return found
+
+    def bucket_config(self, bucket: int) -> JobConfig:
+        """This config as ``center_crop`` to bucket ``bucket``'s shape: what the transform does to an image
+        of that bucket (the same draft, region decode and resampling as a centre crop)."""
+        found = self._bucket_configs.get(bucket)
+        if found is None:
+            assert self.buckets is not None
+            height, width = self.buckets[bucket]
+            found = self._bucket_configs[bucket] = dataclasses.replace(
+                self, mode="center_crop", height=height, width=width, buckets=None)
+        return found
 
     def validate(self) -> None:
         if not (1 <= self.height <= MAX_SIDE and 1 <= self.width <= MAX_SIDE):
@@ -134,6 +184,8 @@ class JobConfig:
             raise ConfigError(f"subsampling must be one of {', '.join(SUBSAMPLINGS)}, got {self.subsampling!r}")
         if not isinstance(self.folder_classes, bool):
             raise ConfigError(f"folder_classes must be true or false, got {self.folder_classes!r}")
+        _check_number("bucket_step", self.bucket_step, int, 1)
+        _check_number("bucket_max_ratio", self.bucket_max_ratio, float, 1.0)
         for name in _COLUMN_KEYS:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -153,6 +205,11 @@ class JobConfig:
         for key in (*_COLUMN_KEYS, "folder_classes"):
             if d[key] in (None, False):
                 del d[key]
+        if self.mode == BUCKET:
+            d["buckets"] = [list(b) for b in self.shapes]
+        else:
+            for key in _BUCKET_KEYS:
+                del d[key]
         return d
 
     def output_dict(self) -> dict[str, Any]:
@@ -167,10 +224,13 @@ class JobConfig:
         message comparing two configs shows for a key one of them does not store."""
         return {**self.output_dict(), "encoding": self.encoding, "quality": self.quality,
                 "subsampling": self.subsampling, "image_column": self.image_column,
-                "label_column": self.label_column, "folder_classes": self.folder_classes}
+                "label_column": self.label_column, "folder_classes": self.folder_classes,
+                "buckets": [list(b) for b in self.buckets] if self.buckets else None,
+                "bucket_step": self.bucket_step, "bucket_max_ratio": self.bucket_max_ratio}
 
 
 _COLUMN_KEYS = ("image_column", "label_column")
+_BUCKET_KEYS = ("buckets", "bucket_step", "bucket_max_ratio")
 
 
 def _check_number(name: str, value: Any, kind: type, minimum: float) -> None:
@@ -209,6 +269,10 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"{path}: a config file is a mapping of keys to values")
         values.update(_from_mapping(doc, path))
     values.update(_from_mapping({k: v for k, v in (overrides or {}).items() if v is not None}, "flags"))
+    if values.get("mode", "center_crop") != BUCKET and (base or {}).get("buckets") == values.get("buckets"):
+        # A bucketed dataset's list under a file or flag that names another mode: the run is refused for its
+        # mode (preprocess.job names the keys that differ), not for holding the dataset's own list.
+        values.pop("buckets", None)
     try:
         return JobConfig(**values)
     except TypeError as e:

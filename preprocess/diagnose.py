@@ -22,6 +22,9 @@ What the shards will hold is measured too (``pixels`` in the report): bytes per 
 size of the pixel files; for ``encoding: jpeg`` each sample's JPEG decoded again and scored against its raw
 pixels (``preprocess.pixel_quality``: PSNR median, 5th percentile and minimum, max abs error), outside the
 timings: the quality of this dataset's images at this config, not a number from a different corpus.
+In ``mode: bucket`` the report's ``aspect`` says how much of each picture's shape is kept: the aspect error
+|log(stored w/h) - log(source w/h)| (median, p95, max) beside what a centre crop to the budget's
+``width`` x ``height`` would have changed, and the samples each bucket took.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from preprocess import jpeg_region
-from preprocess.config import JobConfig
+from preprocess.config import BUCKET, JobConfig
 from preprocess.jpeg_encode import stored_pixels
 from preprocess.pixel_quality import QualityTally, decode_jpeg
 from preprocess.input_kinds import input_kind
@@ -70,6 +73,8 @@ class _Sample:
     format: str
     mode: str
     draft_scale: int
+    stored: tuple[int, int]  # (height, width) of the stored pixels: the bucket's in mode: bucket
+    bucket: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -79,47 +84,53 @@ class _Sample:
 
 class _ScratchWriter:
     """Shards of ``samples_per_shard`` in a scratch directory: each committed (timed) and deleted at once,
-    so diagnosing 10,000 images needs the disk space of one shard."""
+    so diagnosing 10,000 images needs the disk space of one shard (one a bucket in ``mode: bucket``, as the
+    job keeps one open shard a bucket)."""
 
     def __init__(self, directory: str, cfg: JobConfig) -> None:
         self.directory, self.cfg = directory, cfg
-        self.writer: ShardWriter | None = None
-        self.pending: list[_Sample] = []
+        self.writers: dict[int, ShardWriter] = {}
+        self.pending: dict[int, list[_Sample]] = {}
         self.shards = 0
 
     def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], sample: _Sample) -> None:
         started = time.perf_counter()
-        if self.writer is None:
+        writer = self.writers.get(sample.bucket)
+        if writer is None:
             name = f"diagnose-{self.shards:05d}"
+            self.shards += 1
             shard_class = JpegShardWriter if self.cfg.encoding == JPEG else ShardWriter
-            self.writer = shard_class(self.directory, name, self.cfg.height, self.cfg.width)
-        self.writer.add(pixels, meta)  # type: ignore[arg-type]  # bytes for a JpegShardWriter
+            writer = self.writers[sample.bucket] = shard_class(self.directory, name, *sample.stored)
+            self.pending[sample.bucket] = []
+        writer.add(pixels, meta)  # type: ignore[arg-type]  # bytes for a JpegShardWriter
         sample.seconds["write"] = time.perf_counter() - started
-        self.pending.append(sample)
+        self.pending[sample.bucket].append(sample)
 
-    def flush_if_full(self) -> None:
+    def flush_if_full(self, bucket: int) -> None:
         """Commit a full shard; called after the sample's own wall time is taken, so none of the commit
         lands in that sample's ``other``."""
-        if self.writer is not None and self.writer.count >= self.cfg.samples_per_shard:
-            self.flush()
+        writer = self.writers.get(bucket)
+        if writer is not None and writer.count >= self.cfg.samples_per_shard:
+            self._flush(bucket)
 
     def flush(self) -> None:
-        if self.writer is None:
-            return
+        for bucket in sorted(self.writers):
+            self._flush(bucket)
+
+    def _flush(self, bucket: int) -> None:
+        writer, pending = self.writers.pop(bucket), self.pending.pop(bucket)
         started = time.perf_counter()
-        entry = self.writer.commit("diagnose")
-        share = (time.perf_counter() - started) / len(self.pending)
-        for sample in self.pending:
+        entry = writer.commit("diagnose")
+        share = (time.perf_counter() - started) / len(pending)
+        for sample in pending:
             sample.seconds["commit"] = share
         for rel in (entry.path, entry.meta_path):
             os.remove(os.path.join(self.directory, rel))
-        self.writer, self.pending = None, []
-        self.shards += 1
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
-            self.writer = None
+        for writer in self.writers.values():
+            writer.abort()
+        self.writers, self.pending = {}, {}
 
 
 def diagnose(
@@ -184,7 +195,7 @@ def diagnose(
                     sample = _Sample(
                         key=item.key, tar=path, member=item.image_member, nbytes=len(item.image),
                         width=image.width, height=image.height, format=image.format, mode=image.mode,
-                        draft_scale=image.draft_scale,
+                        draft_scale=image.draft_scale, stored=image.pixels.shape[:2], bucket=image.bucket,
                         seconds={"read": t1 - t0, "decode": timings["open"] + timings["decode"],
                                  "convert": timings["convert"], "resize": timings["resize"]},
                     )
@@ -195,7 +206,7 @@ def diagnose(
                     scratch.add(stored, meta, sample)
                     sample.seconds["other"] = max(0.0, clock() - t0 - sample.total)
                     samples.append(sample)
-                    scratch.flush_if_full()
+                    scratch.flush_if_full(sample.bucket)
                     if isinstance(stored, bytes):  # after the sample's wall time: the job does not decode
                         quality.add(image.pixels, decode_jpeg(stored), len(stored))
                 for sample in samples[first:]:
@@ -210,13 +221,33 @@ def diagnose(
     report = _report(samples, count_by_category(failures), inputs_read, inputs_failed, cfg,
                      project_images, cores, slowest)
     if samples:
-        report["pixels"] = _pixels_report(cfg, quality, project_images)
+        report["pixels"] = _pixels_report(cfg, samples, quality, project_images)
+        if cfg.mode == BUCKET:
+            report["aspect"] = _aspect_report(cfg, samples)
     return report
 
 
-def _pixels_report(cfg: JobConfig, quality: QualityTally, project_images: int) -> dict[str, Any]:
-    """What the shards hold per image and in all; for JPEG, measured on the samples diagnosed."""
-    raw_bytes = cfg.height * cfg.width * 3
+def _aspect_report(cfg: JobConfig, samples: list[_Sample]) -> dict[str, Any]:
+    """How much of the pictures' shape bucket mode keeps, beside a centre crop to the budget's shape."""
+    source = np.log(np.array([x.width / x.height for x in samples]))
+    stored = np.log(np.array([x.stored[1] / x.stored[0] for x in samples]))
+    counts = np.bincount([x.bucket for x in samples], minlength=len(cfg.shapes))
+
+    def spread(errors: np.ndarray) -> dict[str, float]:
+        return {"median": round(float(np.median(errors)), 4), "p95": round(float(np.percentile(errors, 95)), 4),
+                "max": round(float(errors.max()), 4)}
+
+    return {"bucket": spread(np.abs(stored - source)),
+            "center_crop": spread(np.abs(np.log(cfg.width / cfg.height) - source)),
+            "budget": f"{cfg.width}x{cfg.height}", "buckets": len(cfg.shapes),
+            "samples_per_bucket": {f"{h}x{w}": int(n) for (h, w), n in zip(cfg.shapes, counts) if n}}
+
+
+def _pixels_report(cfg: JobConfig, samples: list[_Sample], quality: QualityTally,
+                   project_images: int) -> dict[str, Any]:
+    """What the shards hold per image and in all; for JPEG, measured on the samples diagnosed. In bucket
+    mode a raw image's bytes are its bucket's, so the mean over the samples diagnosed."""
+    raw_bytes = round(sum(x.stored[0] * x.stored[1] * 3 for x in samples) / len(samples))
     pixels: dict[str, Any] = {"encoding": cfg.encoding, "raw_bytes_per_image": raw_bytes}
     if cfg.encoding == JPEG:
         pixels.update(quality=cfg.quality, subsampling=cfg.subsampling, **quality.summary().to_json())
@@ -354,6 +385,14 @@ def _pixels_line(pixels: dict[str, Any]) -> str:
             f"max abs error {pixels['max_abs_error']}; {total}")
 
 
+def _aspect_line(aspect: dict[str, Any]) -> str:
+    b, c = aspect["bucket"], aspect["center_crop"]
+    taken = ", ".join(f"{shape}: {n}" for shape, n in aspect["samples_per_bucket"].items())
+    return (f"aspect ratio |log(w/h)| changed by: buckets median {b['median']:.3f}, p95 {b['p95']:.3f}, max "
+            f"{b['max']:.3f}; a centre crop to {aspect['budget']} would: median {c['median']:.3f}, p95 "
+            f"{c['p95']:.3f}, max {c['max']:.3f}; samples per bucket (h x w, of {aspect['buckets']}): {taken}")
+
+
 def render_text(report: dict[str, Any]) -> list[Any]:
     """The report as rich renderables (a stage table, then lines), for the CLI to print."""
     from rich import box
@@ -380,6 +419,8 @@ def render_text(report: dict[str, Any]) -> list[Any]:
                    + "; formats: " + ", ".join(f"{k}: {v}" for k, v in report["formats"].items()))
         out.append(f"JPEG decoder: {report['jpeg_decoder']}")
         out.append(_pixels_line(report["pixels"]))
+        if "aspect" in report:
+            out.append(_aspect_line(report["aspect"]))
         slow = Table(title="slowest samples", title_justify="left", box=box.SIMPLE_HEAD)
         for name in ("key", "tar", "bytes", "size", "format", "mode", "draft", "ms", "most in"):
             slow.add_column(name, justify="right" if name in ("bytes", "ms") else "left")

@@ -44,7 +44,7 @@ import numpy as np
 from PIL import Image, ImageFile, TiffImagePlugin, UnidentifiedImageError, features
 
 from preprocess import jpeg_region
-from preprocess.config import JobConfig
+from preprocess.config import BUCKET, JobConfig
 from preprocess.jpeg_markers import JpegLayout, ScanDataEnded, jpeg_layout, use_strict_decoder
 from shardio.errors import SampleError
 from shardio.failure_reasons import FailureCode
@@ -111,6 +111,8 @@ class ProcessedImage:
     # ``mode: pad`` only: (x0, y0, x1, y1), end-exclusive, of the output pixels that hold the picture (the
     # rest is ``fill``); stored as the ``.jsonl`` line's ``box`` (shardio.format). None in other modes.
     content_box: tuple[int, int, int, int] | None = None
+    # ``mode: bucket``: the id (index into ``cfg.buckets``) of the bucket whose shape ``pixels`` has; 0 else.
+    bucket: int = 0
 
 
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
@@ -215,7 +217,7 @@ def _check_decoded_size(width: int, height: int, mode: str, keyed: bool, coeffic
     conversion = _KEYED_EXTRA_BYTES if keyed else _CONVERSION_BYTES.get(mode, 4)
     per_pixel = _DECODED_BYTES.get(mode, 4) + conversion
     # Pillow resizes in two passes: the first keeps one full source side at the target's other size.
-    needed = width * height * per_pixel + 4 * max(cfg.width, cfg.height) * max(width, height) + coefficients
+    needed = width * height * per_pixel + 4 * cfg.max_side * max(width, height) + coefficients
     if needed > cfg.max_decoded_bytes:
         kept = (f", + {coefficients / 2**20:.0f} MiB of DCT coefficients a multi-scan JPEG keeps"
                 if coefficients else "")
@@ -428,7 +430,9 @@ def _transposed_box(box: tuple[int, int, int, int], canvas: tuple[int, int],
 
 
 def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None = None) -> ProcessedImage:
-    """Decode, orient, convert and resize one image to (cfg.height, cfg.width, 3) uint8.
+    """Decode, orient, convert and resize one image to (cfg.height, cfg.width, 3) uint8; in ``mode: bucket``
+    to its bucket's (height, width, 3) (``ProcessedImage.bucket`` says which), the bucket chosen by the
+    upright size before decoding for a JPEG (so the draft and region decode serve that shape).
 
     ``timings``, when given, receives seconds per stage (open, decode, convert, resize) for ``diagnose``.
     Raises ``SampleError`` for anything wrong with the image itself.
@@ -436,12 +440,14 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     clock = time.perf_counter
     t0 = clock()
     layout: JpegLayout | None = None
+    bucket = 0
     try:
         if data.startswith(b"\xff\xd8") and jpeg_region.available():
             layout = jpeg_layout(data)
         if jpeg_region.plain(layout):
             assert layout is not None
-            im, (stored_w, stored_h), orientation, content, t1 = _decode_plain_jpeg(data, layout, cfg, clock)
+            im, (stored_w, stored_h), orientation, content, t1, cfg, bucket = _decode_plain_jpeg(
+                data, layout, cfg, clock)
             is_jpeg, source_format, source_mode = True, "JPEG", _JPEG_MODES[layout.components]
             decoded = True
         else:
@@ -453,6 +459,8 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             # A JPEG's EXIF came with its header, and draft needs the upright target before decoding; other
             # formats are asked after the one load (see the module docstring).
             orientation = _orientation(im) if is_jpeg else 1
+            if is_jpeg:  # the bucket before the draft, from the header's size (others: after their one load)
+                cfg, bucket = _image_config(cfg, stored_w, stored_h, orientation)
             t1 = clock()
             content: tuple[float, float] = (stored_w, stored_h)
             if cfg.draft and is_jpeg:
@@ -480,6 +488,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             im.load()
         if not is_jpeg:
             orientation = _orientation(im)
+            cfg, bucket = _image_config(cfg, stored_w, stored_h, orientation)
         rotated = orientation >= 5
         t2 = clock()
         im = _to_rgb(im, cfg.background)
@@ -525,16 +534,18 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         draft_scale=max(1, round(stored_w / content[0])),
         upscaled=_upscales(width, height, cfg),
         content_box=content_box,
+        bucket=bucket,
     )
 
 
 def _decode_plain_jpeg(
     data: bytes, layout: JpegLayout, cfg: JobConfig, clock: Callable[[], float]
-) -> tuple[Image.Image, tuple[int, int], int, tuple[float, float], float]:
+) -> tuple[Image.Image, tuple[int, int], int, tuple[float, float], float, JobConfig, int]:
     """A JPEG with a plain header (``jpeg_region.plain``) from its marker layout, without Pillow's header
     parse (~2% of an image's time): the same limits, orientation, draft scale and pixels as the path that
     opens it with Pillow (``tests/test_jpeg_region.py`` compares them). Returns the RGBX region image, the
-    stored size, the orientation, the decoded picture's extent and the clock after the header checks."""
+    stored size, the orientation, the decoded picture's extent, the clock after the header checks, and the
+    image's config and bucket (``_image_config``)."""
     width, height = layout.width, layout.height
     if width * height > cfg.max_image_pixels:  # Pillow's bomb check, in its words (see ``_open``)
         raise SampleError(FailureCode.TOO_MANY_PIXELS,
@@ -542,6 +553,7 @@ def _decode_plain_jpeg(
     _check_shape(width, height, cfg)
     _check_jpeg(layout, cfg)
     orientation = _exif_orientation(layout.exif)
+    cfg, bucket = _image_config(cfg, width, height, orientation)
     t1 = clock()
     target = _target(cfg, orientation >= 5)
     scale = jpeg_region.draft_scale((width, height), _draft_request(cfg.mode, (width, height), target)) \
@@ -552,7 +564,17 @@ def _decode_plain_jpeg(
     _check_decoded_size(size[0], size[1], mode, False, _coefficient_bytes(layout), cfg)
     im = jpeg_region.decode(data, layout, scale, size, _kept_box(cfg, target, content), target,
                             _RESAMPLE[cfg.resample])
-    return im, (width, height), orientation, content, t1
+    return im, (width, height), orientation, content, t1, cfg, bucket
+
+
+def _image_config(cfg: JobConfig, stored_w: int, stored_h: int, orientation: int) -> tuple[JobConfig, int]:
+    """The config one image is resized by, and its bucket id: in ``mode: bucket`` a centre crop to the
+    bucket nearest its upright aspect ratio (``JobConfig.bucket_config``), else ``cfg`` itself and 0."""
+    if cfg.mode != BUCKET:
+        return cfg, 0
+    upright = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
+    bucket = cfg.bucket_of(*upright)
+    return cfg.bucket_config(bucket), bucket
 
 
 def _upscales(width: int, height: int, cfg: JobConfig) -> bool:

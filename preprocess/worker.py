@@ -18,7 +18,7 @@ from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from preprocess.config import JobConfig
+from preprocess.config import BUCKET, JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
@@ -146,9 +146,10 @@ def iter_process_input(
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
     result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename,
                          versions=library_versions(), etag=etag)
+    # mode: bucket: one open shard a bucket, each sample routed to its bucket's (shardio.write.shard_writer).
     writer = InputShardWriter(
-        output_dir, shard_stem(input_path, size, mtime_ns, etag, name_fence), cfg.height, cfg.width, cfg.samples_per_shard,
-        cfg.encoding,
+        output_dir, shard_stem(input_path, size, mtime_ns, etag, name_fence), cfg.height, cfg.width,
+        cfg.samples_per_shard, cfg.encoding, buckets=cfg.buckets if cfg.mode == BUCKET else None,
     )
     done = failed = 0
     heartbeat = heartbeat or Heartbeat()
@@ -175,7 +176,8 @@ def iter_process_input(
                 if meta is None:
                     failed += 1
                 else:
-                    writer.add(meta.pop("__pixels__"), meta, input_path)
+                    pixels, bucket = meta.pop("__pixels__"), meta.pop("__bucket__")
+                    writer.add(pixels, meta, input_path, bucket)
                     done += 1
             if (done + failed) % PROGRESS_EVERY == 0:
                 yield done, failed
@@ -212,6 +214,7 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
     meta = {
         # encoding: jpeg: each image encoded once, here, from exactly the pixels a raw dataset would store.
         "__pixels__": stored_pixels(image.pixels, cfg),
+        "__bucket__": image.bucket,  # 0 but in mode: bucket
         "key": sample.key,
         "tar": input_path,
         "member": sample.image_member,
