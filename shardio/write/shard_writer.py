@@ -195,6 +195,10 @@ class JpegShardWriter(ShardWriter):
         return jpeg_data_start(self.count) + int(offsets[-1])
 
 
+# Partial shards an input's close commits at once (fsyncs or uploads in flight together).
+_CLOSE_THREADS = 8
+
+
 class InputShardWriter:
     """All shards of one input, ``samples_per_shard`` each (the last one partial), named deterministically.
 
@@ -261,14 +265,24 @@ class InputShardWriter:
             self._committer = None
 
     def close(self, input_name: str) -> list[ShardEntry]:
+        """Commit the partial shards (one per bucket that has one) and return every shard's entry. A
+        bucketed input's partial shards are committed together, on threads: each commit's fsync (or upload)
+        waits on the storage, and an input of a few hundred images leaves one per bucket."""
         try:
             self._wait_pending()
+            partial = []
             for bucket in sorted(self._open):
                 current = self._open.pop(bucket)
                 if current.count:
-                    self.entries.append(current.commit(input_name))
+                    partial.append(current)
                 else:
                     current.abort()
+            if len(partial) > 1:
+                with ThreadPoolExecutor(max_workers=min(len(partial), _CLOSE_THREADS),
+                                        thread_name_prefix="shard-close") as pool:
+                    self.entries.extend(pool.map(lambda shard: shard.commit(input_name), partial))
+            else:
+                self.entries.extend(shard.commit(input_name) for shard in partial)
         finally:
             self._stop_committer()
         return self.entries
