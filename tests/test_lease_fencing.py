@@ -11,15 +11,18 @@ Locally the lock is a flock, which a paused process keeps: B is refused and noth
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from shardio.errors import OutputLocked
+from shardio.format.index import FENCE_MEMBER, Delta, encode_segment, segment_path
 from shardio.format.manifests import list_generations, load_index
 from shardio.format.shard_check import shard_problems
 from shardio.store import lease
@@ -291,3 +294,42 @@ def test_a_holder_proven_dead_on_this_host_leaves_no_fence_so_a_rerun_writes_the
     assert input_files(out, 1) == staged_by_a
     assert load_index(out).name_fence == ""
     assert_every_generation_whole(out)
+
+
+def test_a_late_deletion_of_a_segment_the_previous_holder_wrote_spares_the_new_holders_segments(s3_server,
+                                                                                                s3_bucket):
+    """Segments are named by their content: a drop of the same input by A (refused, its segment left
+    behind, then deleted late by A's cleaning) and by B would be the same bytes, the same name. B's
+    segments carry its fence (spec, "Fencing names"), so A's late deletion of its own segment's name leaves
+    B's index whole."""
+    out = f"s3://{s3_bucket}/ds"
+    writer = start_writer(out, {})
+    os.kill(writer.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with dataset_dir.writing(out):
+                    existing, _ = dataset_dir.load_committed(out)
+                    committer = dataset_dir.Committer(out, existing, run="writer-b")
+                    committer.drop_input("input-0.tar")
+                    committer.commit()
+                    fence = dataset_dir.shard_name_fence(out, existing)
+                break
+            except OutputLocked:
+                assert time.monotonic() < deadline, "A's lease never expired"
+                time.sleep(0.1)
+        a_would_write = segment_path(encode_segment(Delta(inputs={}, removed={"input-0.tar"})))
+        store = for_path(out)
+        store.remove(store.join(out, a_would_write))  # A's deletion of the segment of its own drop, late
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+        writer.kill()
+        writer.wait()
+    index = load_index(out)
+    assert index.committed_inputs() == {}
+    assert a_would_write not in [ref.path for ref in index.segments]
+    for ref in index.segments:
+        with np.load(io.BytesIO(store.read_bytes(store.join(out, ref.path))), allow_pickle=False) as z:
+            if "removed_blob" in z and z["removed_blob"].tobytes() == b"input-0.tar":
+                assert z[FENCE_MEMBER].tobytes().decode() == fence

@@ -13,7 +13,8 @@ import pytest
 
 from shardio.errors import ShardFormatError
 from shardio.format import spec
-from shardio.format.index import Delta, decode_segment, encode_segment, merge_segments, segment_bytes, segment_path
+from shardio.format.index import (FENCE_MEMBER, Delta, decode_segment, encode_segment, merge_segments, segment_bytes,
+                                  segment_path)
 from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
 from shardio.format.shard_table import SegmentColumns
@@ -208,14 +209,14 @@ def test_a_malformed_segment_is_named_by_the_columns_merge(damage, message):
     assert message in str(raised.value)
 
 
-def _old_compact(directory, segments, opened=None):
+def _old_compact(directory, segments, opened=None, fence=""):
     """``_compact`` as it was (decode every row to objects, merge, encode; ``opened`` unused)."""
     store = dataset_dir.for_path(directory)
     while count := dataset_dir.plan_compaction(segments):
         run = segments[-count:]
         deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
         merged = merge_segments(deltas, from_start=count == len(segments))
-        segments = segments[:-count] + ([] if merged.empty else [dataset_dir._write_segment(directory, merged)])
+        segments = segments[:-count] + ([] if merged.empty else [dataset_dir._write_segment(directory, merged, None, fence)])
     return segments
 
 
@@ -237,10 +238,10 @@ def test_a_commit_sequence_compacts_without_an_entry_object_and_as_the_object_pa
             real(self, *args, **kwargs)
         return init
 
-    def merge(segments, from_start):
+    def merge(segments, from_start, fence=""):
         merges.append("running")
         try:
-            return real_merge(segments, from_start)
+            return real_merge(segments, from_start, fence)
         finally:
             merges[-1] = "done"
 
@@ -277,3 +278,17 @@ def test_a_corrupt_segment_stops_the_compaction_and_is_named(tmp_path):
     segments = manifest.segments + [manifest.segments[-1]] * 7  # eight of one tier: a merge is due
     with pytest.raises(Exception, match=victim.split("/")[1].removesuffix(".npz")):
         dataset_dir._compact(out, segments)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fenced_datasets_merge_carries_its_fence_and_stays_the_objects_bytes(seed):
+    """Spec, "Fencing names": every segment a fenced dataset writes, merged ones included, holds the member
+    ``fence``, so its bytes and name are its fence's own; the columns and the objects still agree."""
+    fence = f"{seed:016x}"
+    blobs = [encode_segment(d, fence) for d in random_history(300 + seed)]
+    merged = merge_columns([SegmentColumns(b, segment_path(b)) for b in blobs], True, fence)
+    objects = merge_segments([decode_segment(b, segment_path(b)) for b in blobs], True)
+    assert merged is not None and merged.data == encode_segment(objects, fence)
+    assert merged.data != encode_segment(objects)
+    with np.load(io.BytesIO(merged.data), allow_pickle=False) as z:
+        assert z[FENCE_MEMBER].tobytes() == fence.encode()

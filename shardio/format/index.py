@@ -32,7 +32,9 @@ from shardio.format.spec import (
     root_shape,
 )
 
-__all__ = ["SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
+FENCE_MEMBER = "fence"
+
+__all__ = ["FENCE_MEMBER", "with_fence", "SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
            "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
            "merge_segments", "input_signature", "totals_of", "segment_bytes", "check_shard_buckets",
            "BUCKET_COLUMN"]
@@ -114,9 +116,10 @@ def _read_strings(z: Any, name: str) -> list[str]:
     return [blob[offsets[i]:offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
 
 
-def encode_segment(delta: Delta) -> bytes:
+def encode_segment(delta: Delta, fence: str = "") -> bytes:
     """The segment's bytes: inputs sorted by name, each one's shards by path (so the same delta always
-    gives the same bytes)."""
+    gives the same bytes). ``fence``: the dataset's (spec, "Fencing names"), written as the member
+    ``fence`` where it has one."""
     names = sorted(delta.inputs, key=lambda n: n.encode("utf-8"))
     shards: list[ShardEntry] = []
     first = [0]
@@ -150,7 +153,15 @@ def encode_segment(delta: Delta) -> bytes:
         arrays[BUCKET_COLUMN] = np.array([e.bucket for e in shards], dtype="<u2")
     elif any(e.bucket for e in shards):
         raise ValueError("a shard of a bucket other than 0 in a segment of a single-shape dataset")
-    return segment_bytes(arrays)
+    return segment_bytes(with_fence(arrays, fence))
+
+
+def with_fence(arrays: dict[str, np.ndarray], fence: str) -> dict[str, np.ndarray]:
+    """``arrays`` with the member ``fence`` (its ASCII bytes, uint8) where ``fence`` is set: the segment's
+    bytes, hence its name, are then its fence's own (spec, "Fencing names"); readers ignore the member."""
+    if fence:
+        arrays[FENCE_MEMBER] = np.frombuffer(fence.encode("ascii"), dtype=np.uint8)
+    return arrays
 
 
 def segment_bytes(arrays: dict[str, np.ndarray]) -> bytes:

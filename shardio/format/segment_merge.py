@@ -19,7 +19,7 @@ import numpy as np
 
 from shardio.errors import ShardFormatError
 from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
-from shardio.format.index import BUCKET_COLUMN, segment_bytes
+from shardio.format.index import BUCKET_COLUMN, segment_bytes, with_fence
 from shardio.format.shard_table import SegmentColumns
 from shardio.format.spec import SHARDS_DIR, check_dataset_path
 
@@ -47,11 +47,11 @@ class MergedSegment:
 _Parts = list[tuple[int, np.ndarray, np.ndarray]]
 
 
-def merge_columns(segments: list[SegmentColumns], from_start: bool) -> MergedSegment | None:
+def merge_columns(segments: list[SegmentColumns], from_start: bool, fence: str = "") -> MergedSegment | None:
     """``segments`` (consecutive, oldest first) as one segment; None when the merge says nothing (no live
     input, no removal still needed). Later inputs win and removals apply as ``fold`` says; a removal is
     kept only when segments before the run may hold the name (``from_start`` False) and no merged input
-    replaces it (``merge_segments``'s rule)."""
+    replaces it (``merge_segments``'s rule). ``fence``: as ``encode_segment``'s."""
     for segment in segments:
         _check_columns(segment)
     width = max([1] + [_widest(s, t) for s in segments for t in ("input_name", "removed")])
@@ -143,7 +143,7 @@ def merge_columns(segments: list[SegmentColumns], from_start: bool) -> MergedSeg
             _check_shard_paths(segments, table, parts, offsets, blob)
         arrays[f"{table}_offsets"], arrays[f"{table}_blob"] = offsets, blob
     samples = int(arrays["shard_samples"].sum())
-    return MergedSegment(segment_bytes(arrays), shards, inputs, removed_count, samples)
+    return MergedSegment(segment_bytes(with_fence(arrays, fence)), shards, inputs, removed_count, samples)
 
 
 def _check_columns(segment: SegmentColumns) -> None:

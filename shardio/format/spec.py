@@ -127,6 +127,8 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   ``shard_meta_digest``   uint8 (n, W): the ``.jsonl``'s, likewise
   ``shard_bucket``        uint16 (n): the bucket id of each shard (format version 4 only: "Buckets")
   ``removed``             string table (r): inputs this segment removes from the segments before it
+  ``fence``               uint8 (16), optional: the dataset's fence as ASCII ("Fencing names"), in every
+                          segment of a dataset whose root has one; a reader ignores it
   ======================  ===================================================================================
 
 - The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
@@ -299,8 +301,11 @@ So a run that takes a lease over by its expiry (its holder may live; a holder pr
 as after a ``kill -9``, sends nothing more) writes ``fence``, its lease token (16 lower-case hex digits),
 into its fencing root (or its first commit, where nothing was committed), every later commit copies it,
 and every shard file written from then on carries it: ``STEM`` is ``NAME-FINGERPRINT-FENCE`` instead of
-``NAME-FINGERPRINT``. No name the previous holder knew is written again, so its late deletions remove only
-its own uncommitted files; a later takeover draws a new fence. A root without ``fence`` (none was ever
+``NAME-FINGERPRINT``. Every index segment written from then on, merged ones included, holds the member
+``fence`` (its 16 ASCII bytes), so its bytes, hence its content name, are the fence's own: a segment the
+previous holder wrote (a drop of the same input, say) and deletes late is never one the new holder's
+roots name. No name the previous holder knew is written again, so its late deletions remove only its own
+files; a later takeover draws a new fence. A root without ``fence`` (none was ever
 needed) names shards as before, so a rerun after a ``kill -9`` writes the same bytes under the same names.
 Anything but 16 lower-case hex digits is refused at load.
 """

@@ -615,9 +615,10 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     delta = index.delta(index.pending() if touched is None else set(touched))
     segments = list(index.segments or [])
     opened = index.opened_segments()  # by full path: compaction reads these, never fetches them again
+    fence = _takeover_fence(directory) or index.name_fence  # spec, "Fencing names": segments too
     if not delta.empty:
-        segments.append(_write_segment(directory, delta, opened))
-    segments = _compact(directory, segments, opened)
+        segments.append(_write_segment(directory, delta, opened, fence))
+    segments = _compact(directory, segments, opened, fence)
     before = index.segments
     index.segments = segments
     try:
@@ -632,11 +633,12 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     return generation
 
 
-def _write_segment(directory: str, delta: Delta, opened: dict[str, SegmentColumns] | None = None) -> SegmentRef:
+def _write_segment(directory: str, delta: Delta, opened: dict[str, SegmentColumns] | None = None,
+                   fence: str = "") -> SegmentRef:
     """Create the segment of ``delta`` (create-only: a name that exists already holds these bytes, its
     name being their sha256); named by no root until the commit publishes one."""
     store = for_path(directory)
-    data = encode_segment(delta)
+    data = encode_segment(delta, fence)
     rel = segment_path(data)
     store.makedirs(store.join(directory, INDEX_DIR))
     check_held(directory)
@@ -660,7 +662,7 @@ def _keep_written(store: Storage, directory: str, rel: str, data: bytes,
 
 
 def _compact(directory: str, segments: list[SegmentRef],
-             opened: dict[str, SegmentColumns] | None = None) -> list[SegmentRef]:
+             opened: dict[str, SegmentColumns] | None = None, fence: str = "") -> list[SegmentRef]:
     """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
     is written before the root that names it, so a killed compaction is a killed commit. ``opened``:
     segments this run holds as columns already (by full path), read from there."""
@@ -669,7 +671,7 @@ def _compact(directory: str, segments: list[SegmentRef],
     while count := plan_compaction(segments):
         run = [opened.get(store.join(directory, ref.path)) or open_segment(store, directory, ref)
                for ref in segments[-count:]]
-        merged = merge_columns(run, from_start=count == len(segments))  # columns: no object per shard
+        merged = merge_columns(run, from_start=count == len(segments), fence=fence)  # columns: no object per shard
         if merged is not None:
             ref = _write_merged(directory, merged)
             _keep_written(store, directory, ref.path, merged.data, opened)
