@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import shardio
 from preprocess import jpeg_region
-from preprocess.config import BUCKET, JobConfig, load_config
+from preprocess.config import load_config
 from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
@@ -83,7 +83,6 @@ class _Display:
         # costs O(1), not a sum over every input the run has seen (230k at LAION-2B size).
         self.per_input: dict[str, int] = {}
         self.images_done = 0
-        self.per_bucket: dict[int, int] = {}  # samples written this run by bucket id (mode: bucket)
         self.failed: dict[str, int] = {}
         self.progress: Progress | None = None
         self.task: Any = None
@@ -124,8 +123,6 @@ class _Display:
         elif kind == "input":
             self.per_input.pop(payload.input, None)
             self.images_done += payload.samples
-            for shard in payload.shards:
-                self.per_bucket[shard.get("bucket", 0)] = self.per_bucket.get(shard.get("bucket", 0), 0) + shard["samples"]
             if not self.live and not self.quiet:
                 status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
                 console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False)
@@ -147,7 +144,7 @@ def _warn_about_pillow() -> None:
         console.print(f"[yellow]warning:[/yellow] {'; '.join(problems)}: {pillow_check.SLOWDOWN}", highlight=False)
 
 
-def _summary(report: RunReport, report_path: str, per_bucket: dict[int, int], cfg: JobConfig) -> None:
+def _summary(report: RunReport, report_path: str) -> None:
     console.rule("[bold]preprocess summary")
     console.print(
         f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
@@ -160,9 +157,9 @@ def _summary(report: RunReport, report_path: str, per_bucket: dict[int, int], cf
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
     console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
                   f"{report.dataset_samples} samples in {report.output}", highlight=False)
-    if cfg.mode == BUCKET and per_bucket:
+    if report.samples_per_bucket:  # the order of the dataset's bucket list, as `shardio info` shows it
         console.print("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
-            f"{cfg.shapes[b][0]}x{cfg.shapes[b][1]} {n}" for b, n in sorted(per_bucket.items())), highlight=False)
+            f"{shape} {n}" for shape, n in report.samples_per_bucket.items()), highlight=False)
     if not report.inputs_processed and not report.inputs_failed:
         console.print("nothing new to process", highlight=False)
     for reason, count in list(report.failures_by_reason().items())[:8]:
@@ -299,7 +296,7 @@ def run(
         report.write_bytes(report_json(result))
         saved_at = str(report)
     if not quiet and not json_stderr:
-        _summary(result, saved_at, display.per_bucket, cfg)
+        _summary(result, saved_at)
     elif result.interrupted and not json_stderr:
         # Even under -q: the run did not do what was asked (the JSON log says so in its own records).
         console.print(f"{result.warnings[-1]}; report: {saved_at}", highlight=False, markup=False,

@@ -565,6 +565,13 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.inputs_processed.append(result.input)
     report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1
     report.samples_written += result.samples
+    shapes = report.config.get("buckets") if report.config.get("mode") == "bucket" else None
+    if shapes and result.shards:  # kept in the bucket list's order, as `shardio info` lists them
+        names = [f"{h}x{w}" for h, w in shapes]
+        counts = [report.samples_per_bucket.get(name, 0) for name in names]
+        for shard in result.shards:
+            counts[shard.get("bucket", 0)] += shard["samples"]
+        report.samples_per_bucket = {name: n for name, n in zip(names, counts) if n}
     report.samples_failed += len(result.failures)
     report.samples_upscaled += result.upscaled
     report.failures.extend(result.failures)

@@ -124,6 +124,7 @@ def test_an_incremental_run_processes_only_the_new_input(ray_cluster, tars, tmp_
     with open(report, encoding="utf-8") as f:
         doc = json.load(f)
     assert doc["inputs_skipped_count"] == 2 and len(doc["inputs_processed"]) == 1
+    assert doc["samples_per_bucket"] == {f"{h}x{w}": counts[f"{h}x{w}"] for h, w in BUCKETS if f"{h}x{w}" in counts}
     check_buckets(out, samples + 7)
     after = dataset_state(out)
     assert {k: v for k, v in after["files"].items() if k in before["files"]} == before["files"]

@@ -71,6 +71,9 @@ class RunReport:
     # inputs it left undone (not committed; the next run processes them).
     interrupted: str = ""
     inputs_unfinished: list[str] = field(default_factory=list)
+    # A bucketed dataset's (``mode: bucket``): samples this run wrote per bucket, keyed "HxW" as ``shardio
+    # info`` shows the shape; empty for a single-shape dataset (and in reports written before the key).
+    samples_per_bucket: dict[str, int] = field(default_factory=dict)
     report_version: int = REPORT_VERSION
 
     @property
