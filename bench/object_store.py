@@ -41,6 +41,7 @@ from bench.reader import build
 from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_get
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows
+from shardio.format.manifests import load_manifest
 from tests.s3_server import S3Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,10 +59,9 @@ def _dataset(quick: bool) -> tuple[str, dict[str, int], dict[str, int]]:
     """(local dataset dir, {shard key in the bucket: bytes}, {"samples", "bytes"}); written once, reused."""
     shards, per_shard = (4, 64) if quick else (16, 160)
     directory = build(os.path.join(WORK, f"dataset-{shards}x{per_shard}"), shards, per_shard)
-    with open(os.path.join(directory, "manifest.json")) as f:
-        manifest = json.load(f)
-    objects = {f"ds/{entry['path']}": entry["bytes"] for entry in manifest["shards"]}
-    return directory, objects, {"samples": manifest["samples"], "bytes": sum(objects.values())}
+    manifest = load_manifest(directory)  # any format version (a version 3 root lists no shards itself)
+    objects = {f"ds/{entry.path}": entry.bytes for entry in manifest.shards}
+    return directory, objects, {"samples": manifest.samples, "bytes": sum(objects.values())}
 
 
 def _upload_dataset(store: Any, directory: str) -> dict[str, Any]:
