@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from preprocess.config import JobConfig
+from preprocess.config import BUCKET, JobConfig
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.sources import Source
@@ -95,7 +95,7 @@ from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import InputEntry, Manifest
+from shardio.format import BUCKET_FORMAT_VERSION, InputEntry, Manifest
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, latest_report, report_json
@@ -197,7 +197,9 @@ def run_job(
         # Microseconds: two runs in one second (a no-op rerun takes ~1 s) still order by their start.
         started=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         config=cfg.to_dict(),
-        versions=library_versions(),
+        # The format version this run writes: a bucketed dataset's is 4 (spec, "Buckets"), else the library's.
+        versions={**library_versions(),
+                  **({"format_version": BUCKET_FORMAT_VERSION} if cfg.mode == BUCKET else {})},
     )
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
@@ -441,7 +443,8 @@ def fold_result(report: RunReport, committer: Committer, result: InputResult) ->
     the commit itself is ``shardio.write.directory``'s."""
     _record(report, result)
     if result.error is None:
-        committer.index.versions = result.versions  # what the workers used, not the driver
+        # What the workers used, not the driver; the format version is the one this run writes.
+        committer.index.versions = {**result.versions, "format_version": report.versions["format_version"]}
         _commit_input(committer, result)
         committer.maybe_commit()
 

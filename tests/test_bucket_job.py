@@ -55,6 +55,7 @@ def check_buckets(out: str, samples: int) -> dict[int, int]:
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         root = json.load(f)
     assert root["format_version"] == 4 and root["buckets"] == [list(b) for b in BUCKETS]
+    assert root["versions"]["format_version"] == 4  # what the run wrote, as `shardio info` shows it
     assert root["config"]["buckets"] == root["buckets"] and root["shape"] == [32, 32, 3]
     seen: list[int] = []
     per_bucket: dict[int, int] = {}
