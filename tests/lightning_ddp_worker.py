@@ -1,5 +1,7 @@
-"""One rank of ``tests/test_lightning.py``'s DDP test, run under torchrun: trains one epoch with
-``ShardDataModule`` on CPU (gloo) and writes the sample indices this rank trained on to OUT/rank{R}.json."""
+"""One rank of the DDP tests (``tests/test_lightning.py``, ``tests/test_bucket_ddp.py``), run under torchrun:
+trains one epoch with ``ShardDataModule`` on CPU (gloo) and writes what this rank trained on to
+OUT/rank{R}.json: the sample indices, or with ``buckets`` as third argument each step's bucket, image shape
+and keys (a bucketed dataset's)."""
 
 from __future__ import annotations
 
@@ -14,21 +16,25 @@ from shardio.train.lightning import ShardDataModule
 
 
 class Recorder(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, buckets: bool = False) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)
-        self.seen: list[int] = []
+        self.buckets = buckets
+        self.seen: list = []
 
     def training_step(self, batch, batch_idx):
-        self.seen.extend(int(k[1:]) for k in batch["__key__"])
+        if self.buckets:  # one entry a step: (bucket, [h, w], keys)
+            self.seen.append((int(batch["bucket"]), list(batch["image"].shape[2:]), list(batch["__key__"])))
+        else:
+            self.seen.extend(int(k[1:]) for k in batch["__key__"])
         return self.layer(batch["image"].mean(dim=(2, 3))).pow(2).mean()
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main(path: str, out: str) -> None:
-    model = Recorder()
+def main(path: str, out: str, mode: str = "") -> None:
+    model = Recorder(buckets=mode == "buckets")
     trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp",
                          max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False)
@@ -44,4 +50,4 @@ def main(path: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
