@@ -34,11 +34,10 @@ from typing import Any
 import numpy as np
 
 from bench.corpus import WEB_SIZES, CorpusSpec, build_corpus, read_images
-from bench.job_bench import ForeignLoad, _fresh, _run, local_ray
+from bench.job_bench import ForeignLoad, _run, interleaved_rounds, local_ray, worker_cpu_ms
 from preprocess.buckets import aspect_error, nearest_bucket
 from preprocess.config import BUCKET, JobConfig
 from preprocess.transform import process_image
-from preprocess.worker import process_input
 
 __all__ = ["aspect_figures", "crop_spread", "bucket_crop_rounds", "bucket_worker_cpu", "summary_lines",
            "TARGET_RATE", "TARGET_MEDIAN", "TARGET_P95", "AREA_RANGE"]
@@ -91,24 +90,10 @@ def crop_spread(cfg: JobConfig, images: int = 20_000, seed: int = 0) -> dict[str
 def bucket_crop_rounds(tars: list[str], root: str, cfg: JobConfig, rounds: int,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """``rounds`` interleaved rounds of the centre-crop and the bucket job over ``tars``, Ray already
-    initialised; per-round rates and bucket / centre crop, and samples per bucket of the last bucket run."""
-    configs = {CENTRE: dataclasses.replace(cfg, mode=CENTRE, buckets=None),
-               BUCKET: dataclasses.replace(cfg, mode=BUCKET, buckets=None)}
-    for _ in range(WARMUP_RUNS):
-        for mode, config in configs.items():
-            _run(tars, _fresh(root, f"warmup-{mode}"), config)
-            shutil.rmtree(os.path.join(root, f"warmup-{mode}"), ignore_errors=True)
-    rows: list[dict[str, Any]] = []
-    for index in range(rounds):
-        rates: dict[str, float] = {}
-        for mode in (CENTRE, BUCKET) if index % 2 == 0 else (BUCKET, CENTRE):
-            seconds, report = _run(tars, _fresh(root, mode), configs[mode])
-            rates[mode] = report.samples_written / seconds
-            shutil.rmtree(os.path.join(root, mode), ignore_errors=True)
-        rows.append({"center_crop_images_per_s": round(rates[CENTRE], 2),
-                     "bucket_images_per_s": round(rates[BUCKET], 2), "ratio": round(rates[BUCKET] / rates[CENTRE], 4)})
-        log(f"round {index + 1}/{rounds}: center_crop {rates[CENTRE]:.0f} img/s, bucket {rates[BUCKET]:.0f} img/s, "
-            f"bucket / center_crop {rates[BUCKET] / rates[CENTRE]:.3f}")
+    initialised; per-round rates and bucket / centre crop."""
+    per_round = interleaved_rounds(tars, root, _mode_configs(cfg), rounds, log, warmup=WARMUP_RUNS, run=_run)
+    rows = [{"center_crop_images_per_s": round(rates[CENTRE], 2), "bucket_images_per_s": round(rates[BUCKET], 2),
+             "ratio": round(rates[BUCKET] / rates[CENTRE], 4)} for rates in per_round]
     ratios = [row["ratio"] for row in rows]
     return {"rounds": rows, "ratio_median": round(statistics.median(ratios), 4), "ratio_min": min(ratios),
             "ratio_max": max(ratios),
@@ -119,24 +104,16 @@ def bucket_crop_rounds(tars: list[str], root: str, cfg: JobConfig, rounds: int,
 def bucket_worker_cpu(tar: str, root: str, cfg: JobConfig, rounds: int) -> dict[str, Any]:
     """CPU seconds per image of ``process_input`` over ``tar`` (this process and its commit thread), centre
     crop and bucket alternating after one untimed pass of each; medians and centre / bucket time."""
-    stat = os.stat(tar)
-    configs = {CENTRE: dataclasses.replace(cfg, mode=CENTRE, buckets=None),
-               BUCKET: dataclasses.replace(cfg, mode=BUCKET, buckets=None)}
-    cpu_ms: dict[str, list[float]] = {CENTRE: [], BUCKET: []}
-    for index in range(rounds + 1):
-        for mode in (CENTRE, BUCKET) if index % 2 == 0 else (BUCKET, CENTRE):
-            output = _fresh(root, f"worker-{mode}")
-            started = time.process_time()
-            result = process_input(tar, output, configs[mode], (stat.st_size, stat.st_mtime_ns))
-            spent = time.process_time() - started
-            shutil.rmtree(output, ignore_errors=True)
-            if result.error or not result.samples:
-                raise RuntimeError(f"{tar}: the worker wrote nothing ({result.error})")
-            if index:  # round 0 warms the caches and imports
-                cpu_ms[mode].append(spent * 1e3 / result.samples)
+    cpu_ms = worker_cpu_ms(tar, root, _mode_configs(cfg), rounds)
     centre_ms, bucket_ms = statistics.median(cpu_ms[CENTRE]), statistics.median(cpu_ms[BUCKET])
     return {"center_crop_cpu_ms_per_image": round(centre_ms, 4), "bucket_cpu_ms_per_image": round(bucket_ms, 4),
             "ratio": round(centre_ms / bucket_ms, 4), "rounds": rounds}
+
+
+def _mode_configs(cfg: JobConfig) -> dict[str, JobConfig]:
+    """``cfg`` in centre-crop mode, then in bucket mode (buckets derived from its budget)."""
+    return {CENTRE: dataclasses.replace(cfg, mode=CENTRE, buckets=None),
+            BUCKET: dataclasses.replace(cfg, mode=BUCKET, buckets=None)}
 
 
 def summary_lines(r: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 import psutil
@@ -26,6 +27,7 @@ import ray
 
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
+from preprocess.worker import process_input
 
 __all__ = [
     "ForeignLoad",
@@ -58,6 +60,52 @@ def _run(tars: list[str], output: str, cfg: JobConfig, workers: int | None = Non
     if report.exit_code != 0 or report.samples_failed:
         raise RuntimeError(f"benchmark job failed: {report.inputs_failed or report.failures[:3]}")
     return seconds, report
+
+
+def interleaved_rounds(tars: list[str], root: str, configs: dict[str, JobConfig], rounds: int,
+                       log: Callable[[str], None], *, warmup: int = 1, keep_last: bool = False,
+                       run: Callable[..., tuple[float, RunReport]] = _run) -> list[dict[str, float]]:
+    """The job over ``tars`` under two ``configs`` (a base, then the one compared), Ray already initialised:
+    ``warmup`` untimed runs of each (a job's workers run slower over their first few tars), then ``rounds``
+    rounds of one run each, in alternating order; images/s of each config, per round. With ``keep_last``
+    the last round's outputs stay under ``root/NAME`` (to compare them)."""
+    base, other = configs
+    for _ in range(warmup):
+        for name, config in configs.items():
+            run(tars, _fresh(root, f"warmup-{name}"), config)
+            shutil.rmtree(os.path.join(root, f"warmup-{name}"), ignore_errors=True)
+    per_round: list[dict[str, float]] = []
+    for index in range(rounds):
+        rates: dict[str, float] = {}
+        for name in (base, other) if index % 2 == 0 else (other, base):
+            seconds, report = run(tars, _fresh(root, name), configs[name])
+            rates[name] = report.samples_written / seconds
+            if not (keep_last and index == rounds - 1):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        log(f"round {index + 1}/{rounds}: {base} {rates[base]:.0f} img/s, {other} {rates[other]:.0f} img/s, "
+            f"{other} / {base} {rates[other] / rates[base]:.3f}")
+        per_round.append(rates)
+    return per_round
+
+
+def worker_cpu_ms(tar: str, root: str, configs: dict[str, JobConfig], rounds: int) -> dict[str, list[float]]:
+    """CPU ms per image of ``process_input`` over ``tar`` (this process and its commit thread) under each of
+    ``configs``, alternating, after one untimed pass of each (caches, imports): one value a round each."""
+    stat = os.stat(tar)
+    names = list(configs)
+    cpu_ms: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds + 1):
+        for name in names if index % 2 == 0 else names[::-1]:
+            output = _fresh(root, f"worker-{name}")
+            started = time.process_time()
+            result = process_input(tar, output, configs[name], (stat.st_size, stat.st_mtime_ns))
+            spent = time.process_time() - started
+            shutil.rmtree(output, ignore_errors=True)
+            if result.error or not result.samples:
+                raise RuntimeError(f"{tar}: the worker wrote nothing ({result.error})")
+            if index:
+                cpu_ms[name].append(spent * 1e3 / result.samples)
+    return cpu_ms
 
 
 # A bare ray.init() joins a cluster another process started on this machine (a concurrent test's

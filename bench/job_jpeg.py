@@ -41,10 +41,9 @@ import numpy as np
 
 import shardio
 from bench.corpus import CorpusSpec, build_corpus
-from bench.job_bench import ForeignLoad, _fresh, _run, local_ray
+from bench.job_bench import ForeignLoad, _run, interleaved_rounds, local_ray, worker_cpu_ms
 from preprocess.config import JobConfig
 from preprocess.pixel_quality import QualityTally
-from preprocess.worker import process_input
 from shardio.format import JPEG, RAW
 
 __all__ = ["jpeg_raw_rounds", "worker_cpu_rounds", "dataset_quality", "summary_line", "TARGET"]
@@ -61,23 +60,10 @@ def jpeg_raw_rounds(tars: list[str], root: str, cfg: JobConfig, rounds: int,
     """``rounds`` interleaved rounds of the raw and the jpeg job over ``tars`` (``cfg`` with each encoding),
     Ray already initialised; per-round rates and ratios, then the quality of the last round's JPEG output."""
     configs = {RAW: dataclasses.replace(cfg, encoding=RAW), JPEG: dataclasses.replace(cfg, encoding=JPEG)}
-    for _ in range(WARMUP_RUNS):
-        for encoding, config in configs.items():
-            _run(tars, _fresh(root, f"warmup-{encoding}"), config)
-            shutil.rmtree(os.path.join(root, f"warmup-{encoding}"), ignore_errors=True)
-    rows: list[dict[str, Any]] = []
-    for index in range(rounds):
-        rates: dict[str, float] = {}
-        encodings = (RAW, JPEG) if index % 2 == 0 else (JPEG, RAW)
-        for encoding in encodings:
-            seconds, report = _run(tars, _fresh(root, encoding), configs[encoding])
-            rates[encoding] = report.samples_written / seconds
-            if index < rounds - 1:  # the last round's outputs are compared
-                shutil.rmtree(os.path.join(root, encoding), ignore_errors=True)
-        rows.append({"raw_images_per_s": round(rates[RAW], 2), "jpeg_images_per_s": round(rates[JPEG], 2),
-                     "first": encodings[0], "ratio": round(rates[JPEG] / rates[RAW], 4)})
-        log(f"round {index + 1}/{rounds}: raw {rates[RAW]:.0f} img/s, jpeg {rates[JPEG]:.0f} img/s, "
-            f"jpeg / raw {rates[JPEG] / rates[RAW]:.3f}")
+    per_round = interleaved_rounds(tars, root, configs, rounds, log, warmup=WARMUP_RUNS, keep_last=True, run=_run)
+    rows = [{"raw_images_per_s": round(rates[RAW], 2), "jpeg_images_per_s": round(rates[JPEG], 2),
+             "first": RAW if index % 2 == 0 else JPEG, "ratio": round(rates[JPEG] / rates[RAW], 4)}
+            for index, rates in enumerate(per_round)]
     ratios = [row["ratio"] for row in rows]
     quality = dataset_quality(os.path.join(root, JPEG), os.path.join(root, RAW))
     for encoding in configs:
@@ -97,20 +83,8 @@ def jpeg_raw_rounds(tars: list[str], root: str, cfg: JobConfig, rounds: int,
 def worker_cpu_rounds(tar: str, root: str, cfg: JobConfig, rounds: int) -> dict[str, Any]:
     """CPU seconds per image of ``process_input`` over ``tar`` (this process and its commit thread), raw
     and jpeg alternating, after one untimed pass of each; medians, and raw / jpeg (the images/s ratio)."""
-    stat = os.stat(tar)
-    cpu_ms: dict[str, list[float]] = {RAW: [], JPEG: []}
-    for index in range(rounds + 1):
-        for encoding in (RAW, JPEG) if index % 2 == 0 else (JPEG, RAW):
-            output = _fresh(root, f"worker-{encoding}")
-            started = time.process_time()
-            result = process_input(tar, output, dataclasses.replace(cfg, encoding=encoding),
-                                   (stat.st_size, stat.st_mtime_ns))
-            spent = time.process_time() - started
-            shutil.rmtree(output, ignore_errors=True)
-            if result.error or not result.samples:
-                raise RuntimeError(f"{tar}: the worker wrote nothing ({result.error})")
-            if index:  # round 0 warms the caches and imports
-                cpu_ms[encoding].append(spent * 1e3 / result.samples)
+    cpu_ms = worker_cpu_ms(tar, root, {encoding: dataclasses.replace(cfg, encoding=encoding)
+                                       for encoding in (RAW, JPEG)}, rounds)
     raw_ms, jpeg_ms = statistics.median(cpu_ms[RAW]), statistics.median(cpu_ms[JPEG])
     # Significant digits, not decimals: a 32x32 test image's ~0.05 ms rounded to 0.001 ms moved its ratio by 1%.
     return {"raw_cpu_ms_per_image": _digits(raw_ms), "jpeg_cpu_ms_per_image": _digits(jpeg_ms),
