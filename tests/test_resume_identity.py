@@ -133,6 +133,20 @@ def test_a_forged_identity_is_refused_at_load(taken) -> None:
         open_dataset(directory)
 
 
+@pytest.mark.parametrize("fence", ["ABCDEF0123456789", "0123", 12345])
+def test_a_forged_names_fence_is_refused_at_load(taken, fence) -> None:
+    """Spec, "Fencing names": a root's ``fence`` is 16 lower-case hex digits or absent."""
+    directory = taken[0]
+    path = os.path.join(directory, "manifest.json")
+    with open(path) as f:
+        root = json.load(f)
+    root["fence"] = fence
+    with open(path, "w") as f:
+        json.dump(root, f)
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: \"fence\" is .*, not a fence \(16 lower-case hex"):
+        open_dataset(directory)
+
+
 def test_the_state_names_the_generation_it_pins_not_the_newest(taken) -> None:
     directory, state, _ = taken
     add_input(directory, "more.tar", 117, 10)

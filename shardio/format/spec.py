@@ -537,21 +537,21 @@ def new_dataset_id() -> str:
 def root_dataset_id(doc: dict[str, Any], path: str) -> str:
     """A root's ``dataset`` (spec, "Identity"): "" where absent; ShardFormatError naming ``path`` for a
     value that is not 32 lower-case hex digits."""
-    value = doc.get("dataset", "")
-    if value != "" and not (isinstance(value, str) and len(value) == _IDENTITY_DIGITS
-                            and all(c in "0123456789abcdef" for c in value)):
-        raise ShardFormatError(f"{path}: \"dataset\" is {str(value)[:40]!r}, not an identity (32 lower-case hex "
-                               "digits): the root was edited or forged")
-    return value
+    return _root_hex(doc, path, "dataset", _IDENTITY_DIGITS, "an identity")
 
 
 def root_name_fence(doc: dict[str, Any], path: str) -> str:
     """A root's ``fence`` (spec, "Fencing names"): "" where absent; ShardFormatError naming ``path`` for a
     value that is not 16 lower-case hex digits."""
-    value = doc.get("fence", "")
-    if value != "" and not (isinstance(value, str) and len(value) == _FENCE_DIGITS
+    return _root_hex(doc, path, "fence", _FENCE_DIGITS, "a fence")
+
+
+def _root_hex(doc: dict[str, Any], path: str, key: str, digits: int, what: str) -> str:
+    """An optional root field of exactly ``digits`` lower-case hex digits: "" where absent, else checked."""
+    value = doc.get(key, "")
+    if value != "" and not (isinstance(value, str) and len(value) == digits
                             and all(c in "0123456789abcdef" for c in value)):
-        raise ShardFormatError(f"{path}: \"fence\" is {str(value)[:40]!r}, not a fence (16 lower-case hex "
+        raise ShardFormatError(f"{path}: \"{key}\" is {str(value)[:40]!r}, not {what} ({digits} lower-case hex "
                                "digits): the root was edited or forged")
     return value
 
