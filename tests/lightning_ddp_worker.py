@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 
 import lightning.pytorch as pl
@@ -47,6 +49,28 @@ def main(path: str, out: str, mode: str = "") -> None:
     # sometimes aborted there ("terminate called without an active exception") after a good epoch.
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def run_ranks(dataset: str, out: str, *args: str, world: int = 2) -> list[dict]:
+    """Run this file under torchrun with ``world`` CPU ranks (a session of its own: on a timeout the ranks
+    are killed with torchrun, not left behind); each rank's record, in rank order."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--standalone",
+               os.path.abspath(__file__), dataset, out, *args]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    ranks = []
+    for rank in range(world):
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
 
 
 if __name__ == "__main__":

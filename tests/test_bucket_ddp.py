@@ -4,14 +4,11 @@ disjoint samples that together are the epoch less each bucket's rest (``drop_las
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 from bucket_fixtures import key_bucket, make_bucketed_dataset
+
+from tests.lightning_ddp_worker import run_ranks
 
 BUCKETS = [(8, 12), (12, 8), (10, 10)]
 SIZES = [37, 29, 21]
@@ -25,19 +22,7 @@ def bucketed(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_torchrun_ranks_train_the_same_bucket_at_every_step_on_disjoint_samples(bucketed: str, tmp_path) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
-               os.path.join(root, "tests", "lightning_ddp_worker.py"), bucketed, str(tmp_path), "buckets"]
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    assert process.returncode == 0, stdout[-2000:] + stderr[-3000:]
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(WORLD)]
+    ranks = run_ranks(bucketed, str(tmp_path), "buckets", world=WORLD)
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, WORLD), (1, WORLD)]
     steps = [r["seen"] for r in ranks]
     rounds = [n // (BATCH * WORLD) for n in SIZES]  # drop_last: each bucket's full rounds only

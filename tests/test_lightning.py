@@ -8,9 +8,6 @@ the keys each training step gets, so one comparison catches missing, repeated an
 from __future__ import annotations
 
 import glob
-import json
-import os
-import signal
 import subprocess
 import sys
 
@@ -26,6 +23,7 @@ from shardio.read.dataset import ShardDataset  # noqa: E402
 from shardio.train.lightning import ShardDataModule  # noqa: E402
 from shardio.read.mixing import MixedDataset  # noqa: E402
 from tests.dataset_fixtures import assert_exactly_once  # noqa: E402
+from tests.lightning_ddp_worker import run_ranks  # noqa: E402
 from tests.training_helpers import make_mixed_dataset  # noqa: E402
 
 SAMPLES, BATCH = 117, 8
@@ -242,20 +240,7 @@ def test_device_decode_is_refused_for_a_raw_dataset_and_a_contradiction(dataset)
 def test_torchrun_ddp_ranks_split_the_epoch(dataset, tmp_path):
     """Two CPU processes under torchrun: each rank opens the dataset in setup() with its rank from
     torch.distributed; the ranks train on disjoint samples, as many batches each."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-               os.path.join(root, "tests", "lightning_ddp_worker.py"), dataset, str(tmp_path)]
-    # A session of its own: on a timeout the ranks are killed with torchrun, not left behind.
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    assert process.returncode == 0, stdout[-2000:] + stderr[-3000:]
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    ranks = run_ranks(dataset, str(tmp_path))
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
     per_rank = SAMPLES // (BATCH * 2) * BATCH  # drop_last: 7 batches of 8 each
     assert [len(r["seen"]) for r in ranks] == [per_rank, per_rank]
