@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -31,6 +33,7 @@ from shardio.write import directory as dataset_dir
 from tests import lease_writer
 from tests.fault_proxy import FaultProxy
 
+T = TypeVar("T")
 LEASE_SECONDS = "2"  # A renews every 0.67 s; B takes over once 2 s pass without a renewal
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,13 +57,17 @@ def finish(writer: subprocess.Popen) -> tuple[int, str]:
 def take_over_and_clean(out: str) -> None:
     """Writer B, as a run starts: the lock (polling until A's lease expired), what is committed, the
     leftover cleaning."""
+    take_over(out, lambda existing: dataset_dir.clean_after_runs(out, existing))
+
+
+def take_over(out: str, work: Callable[[Any], T]) -> T:
+    """Writer B: the lock (polling until A's lease expired), then ``work(what is committed)`` under it."""
     deadline = time.monotonic() + 60
     while True:
         try:
             with dataset_dir.writing(out):
                 existing, _ = dataset_dir.load_committed(out)
-                dataset_dir.clean_after_runs(out, existing)
-                return
+                return work(existing)
         except OutputLocked:
             assert time.monotonic() < deadline, "A's lease never expired: its renewals got through"
             time.sleep(0.1)
@@ -243,21 +250,16 @@ def test_a_late_deletion_by_the_previous_holder_removes_none_of_the_new_holders_
             os.kill(writer.pid, signal.SIGSTOP)
         else:
             proxy.fail_matching("/.lock")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with dataset_dir.writing(out):
-                    existing, _ = dataset_dir.load_committed(out)
-                    dataset_dir.clean_after_runs(out, existing)
-                    fence = dataset_dir.shard_name_fence(out, existing)
-                    committer = dataset_dir.Committer(out, existing, run="writer-b")
-                    committer.add_input("input-1.tar", size=1, mtime_ns=1,
-                                        shards=lease_writer.write_input(out, 1, 8, fence))
-                    committer.commit()
-                break
-            except OutputLocked:
-                assert time.monotonic() < deadline, "A's lease never expired"
-                time.sleep(0.1)
+
+        def clean_and_write_input_1_again(existing) -> str:
+            dataset_dir.clean_after_runs(out, existing)
+            fence = dataset_dir.shard_name_fence(out, existing)
+            committer = dataset_dir.Committer(out, existing, run="writer-b")
+            committer.add_input("input-1.tar", size=1, mtime_ns=1, shards=lease_writer.write_input(out, 1, 8, fence))
+            committer.commit()
+            return fence
+
+        fence = take_over(out, clean_and_write_input_1_again)
         written_by_b = input_files(out, 1)
         store = for_path(out)
         for name in staged_by_a:  # A's deletions, landing late
@@ -306,19 +308,14 @@ def test_a_late_deletion_of_a_segment_the_previous_holder_wrote_spares_the_new_h
     writer = start_writer(out, {})
     os.kill(writer.pid, signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with dataset_dir.writing(out):
-                    existing, _ = dataset_dir.load_committed(out)
-                    committer = dataset_dir.Committer(out, existing, run="writer-b")
-                    committer.drop_input("input-0.tar")
-                    committer.commit()
-                    fence = dataset_dir.shard_name_fence(out, existing)
-                break
-            except OutputLocked:
-                assert time.monotonic() < deadline, "A's lease never expired"
-                time.sleep(0.1)
+
+        def drop_input_0(existing) -> str:
+            committer = dataset_dir.Committer(out, existing, run="writer-b")
+            committer.drop_input("input-0.tar")
+            committer.commit()
+            return dataset_dir.shard_name_fence(out, existing)
+
+        fence = take_over(out, drop_input_0)
         a_would_write = segment_path(encode_segment(Delta(inputs={}, removed={"input-0.tar"})))
         store = for_path(out)
         store.remove(store.join(out, a_would_write))  # A's deletion of the segment of its own drop, late
