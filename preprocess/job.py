@@ -568,7 +568,7 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.inputs_processed.append(result.input)
     report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1
     report.samples_written += result.samples
-    shapes = report.config.get("buckets") if report.config.get("mode") == "bucket" else None
+    shapes = report.config.get("buckets") if report.config.get("mode") == BUCKET else None
     if shapes and result.shards:  # kept in the bucket list's order, as `shardio info` lists them
         names = [f"{h}x{w}" for h, w in shapes]
         counts = [report.samples_per_bucket.get(name, 0) for name in names]

@@ -128,7 +128,6 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
             retired.append(entry)
     before = index.generation, index.updated, index.retired
     index.generation, index.updated, index.retired = generation, now, retired
-    index.name_fence = _takeover_fence(directory) or index.name_fence
     try:
         data = json.dumps(root_json(index, index.totals, run), indent=1, ensure_ascii=False).encode("utf-8")
         store.makedirs(store.join(directory, MANIFESTS_DIR))
@@ -536,8 +535,8 @@ def _fence(directory: str) -> bool:
             return False
         root.update(generation=generation, updated=_now().isoformat(timespec="seconds"))
         root.pop("run", None)  # a commit outside a run (spec, "Retention")
-        if _takeover_fence(directory):
-            root["fence"] = _takeover_fence(directory)
+        if fence := _takeover_fence(directory):
+            root["fence"] = fence
         fenced = json.dumps(root, indent=1, ensure_ascii=False).encode("utf-8")
         check_held(directory)
         try:
@@ -615,10 +614,11 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     delta = index.delta(index.pending() if touched is None else set(touched))
     segments = list(index.segments or [])
     opened = index.opened_segments()  # by full path: compaction reads these, never fetches them again
-    fence = _takeover_fence(directory) or index.name_fence  # spec, "Fencing names": segments too
+    # Spec, "Fencing names": the root names it, and its segments hold it.
+    index.name_fence = shard_name_fence(directory, index)
     if not delta.empty:
-        segments.append(_write_segment(directory, delta, opened, fence))
-    segments = _compact(directory, segments, opened, fence)
+        segments.append(_write_segment(directory, delta, opened, index.name_fence))
+    segments = _compact(directory, segments, opened, index.name_fence)
     before = index.segments
     index.segments = segments
     try:
