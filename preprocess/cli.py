@@ -10,6 +10,7 @@ with its report's ``exit_code``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -43,7 +44,7 @@ from shardio.write.retention import gc as collect_garbage
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
 # The same look as `shardio` (shardio.tools.cli_style): help layout, -h/--help, --version, error lines.
-app = new_app("WebDataset tars -> fixed-shape uint8 shards.")
+app = new_app("Images (WebDataset tars, Parquet files, folders) -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
 
 
@@ -70,7 +71,7 @@ def _describe_versions() -> str:
 
 @app.callback()
 def _main(version: Annotated[bool, version_option(_describe_versions)] = False) -> None:
-    """Preprocess WebDataset image tars once, offline, into shards that training reads with no CPU work."""
+    """Preprocess images (tars, Parquet files, folders) once, offline, into shards read with no CPU work."""
 
 
 class _Display:
@@ -134,6 +135,23 @@ class _Display:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+# What click reads as a boolean value: words a flag's value would be spelled with (``--quiet true``).
+_FLAG_VALUE_WORDS = frozenset({"1", "0", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"})
+
+
+def _refuse_flag_values(inputs: list[str], flags_given: list[str]) -> None:
+    """A flag takes no value: in ``--quiet true`` the ``true`` is an INPUT. Such an INPUT that names no
+    existing path is refused as a usage error (exit 2) before anything is read or written, rather than
+    counted as a missing input, which would record a failed run in the dataset's history. Any other
+    missing path stays a counted failed input (docs/guides/your-data.md); a file really named ``true``
+    is an input like any other."""
+    for name in inputs:
+        if name.lower() in _FLAG_VALUE_WORDS and not os.path.lexists(name):
+            flag = flags_given[0] if flags_given else "--quiet"
+            _fail_usage(f"INPUT {name!r} is no file: a flag takes no value (write `{flag}`, not "
+                        f"`{flag} {name}`); nothing was read or written")
 
 
 def _warn_about_pillow() -> None:
@@ -247,7 +265,11 @@ def run(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run and are unchanged since; by default they are reported failed again without being read.")] = False,
     pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
-    """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
+    """Preprocess INPUTS (tars, Parquet files, folders, prefixes) into OUTPUT; a rerun does only what changed."""
+    flags = {"--wait": wait, "--prune": prune, "--quiet": quiet, "--strict-versions": strict_versions,
+             "--confirm-large-prune": confirm_large_prune, "--retry-failed": retry_failed,
+             "--pass-credentials": pass_credentials}
+    _refuse_flag_values(inputs, [flag for flag, given in flags.items() if given])
     _warn_about_pillow()
     if size is not None and (height is not None or width is not None):
         _fail_usage("give --size or --height/--width, not both")
@@ -309,7 +331,7 @@ def run(
 @app.command()
 def verify(
     directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
-    repair: Annotated[bool, typer.Option("--repair", help="Rebuild the inputs behind bad shards from their tars.")] = False,
+    repair: Annotated[bool, typer.Option("--repair", help="Rebuild bad shards from the inputs they came from.")] = False,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs for --repair (default: all cores).")] = None,
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
@@ -351,7 +373,7 @@ def verify(
         _fail(e)
     for path in fixed.missing:
         typer.echo(f"CANNOT REPAIR {path}: the input is gone; its shards stay listed and bad "
-                   "(restore the tar and rerun --repair, or `preprocess run ... --prune` without it)")
+                   "(restore the input and rerun --repair, or `preprocess run ... --prune` without it)")
     if fixed.run is not None:
         for failed in fixed.run.inputs_failed:
             typer.echo(f"REBUILD FAILED {failed['input']}: {failed['reason']}")
@@ -421,7 +443,7 @@ def diagnose(
     write_dir: Annotated[Optional[Path], typer.Option(help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Where the time goes, per stage, on a sample of your tars; the bottleneck.
+    """Where the time goes, per stage, on a sample of your inputs; the bottleneck.
 
     Per stage (read, decode, convert, resize, write) mean/p50/p95 per image,
     the per-core rate, a projection, the slowest samples and the bottleneck.

@@ -67,3 +67,29 @@ def test_a_dataset_error_is_one_error_line_with_exit_1(app, prog, command, tmp_p
     result = invoke(app, prog, command, missing)
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: ") and f"{missing}: no such dataset directory" in result.stderr
+
+
+ARGUMENT = {"preprocess": "DIRECTORY", "shardio": "DIR"}
+
+
+def usage_line(text: str) -> str:
+    return next(line.strip() for line in text.splitlines() if line.strip().startswith("Usage:"))
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_flags_show_no_value_and_arguments_read_as_in_the_docs(app, prog, command):
+    """A flag takes no value, so its help shows none (a ``<bool>`` invites ``--quiet true``); an argument
+    reads as the reference page names it (``DIRECTORY``), not typer's ``{directory}``."""
+    for args in ([], [command]):
+        help_text = invoke(app, prog, *args, "--help").stdout
+        assert "<bool>" not in help_text, help_text
+    assert usage_line(invoke(app, prog, command, "--help").stdout) == \
+        f"Usage: {prog} {command} [OPTIONS] {ARGUMENT[prog]}"
+
+
+def test_the_run_usage_names_its_inputs_as_the_docs_do():
+    result = invoke(preprocess_app, "preprocess", "run", "--help")
+    assert usage_line(result.stdout) == "Usage: preprocess run [OPTIONS] INPUTS..."
+    described = " ".join(result.stdout.split("╭─")[0].split())
+    assert "<bool>" not in result.stdout
+    assert "INPUT tars" not in described and "Parquet files, folders" in described
