@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -14,11 +15,14 @@ from preprocess.config import JobConfig
 from preprocess.job import RunReport
 from preprocess.logging_events import EventLogger
 from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
+from preprocess.inputs import resolve_inputs
 from preprocess.versions import library_versions
-from preprocess.worker import InputResult
+from preprocess.worker import PROGRESS_EVERY, InputResult, iter_process_input
 from shardio.store.backends import for_path
 from shardio.format import InputEntry, Manifest
 from shardio.write.shard_writer import write_manifest
+from tests.folder_factory import flat_folder
+from tests.parquet_factory import hf_table, write_parquet
 
 runner = CliRunner()
 
@@ -71,6 +75,97 @@ def test_human_lines_name_the_event_input_duration_and_counts():
     assert "samples=7" in line and "node=host/n1" in line
     with pytest.raises(ValueError):
         EventLogger(out, "xml")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_inside_inputs_is_logged_at_most_once_per_interval():
+    """A big Parquet file or folder is not silent between input_started and input_finished: a progress
+    record says the run's and each running input's samples, share and ETA, once per interval."""
+    out, clock = io.StringIO(), FakeClock()
+    log = EventLogger(out, "json", progress_interval_s=30.0, clock=clock)
+    log("plan", {"todo": 2, "skipped": 0, "todo_bytes": 4000})
+    reports = [(10, Progress("big.parquet", 0, 0, "h/n1", "w1", None, None, 3000)),
+               (20, Progress("big.parquet", 32, 0, "h/n1", "w1", 0.32, 100, 3000)),
+               (29, Progress("small.tar", 0, 0, "h/n2", "w2", None, None, 1000)),
+               (31, Progress("big.parquet", 64, 1, "h/n1", "w1", 0.65, 100, 3000)),
+               (45, Progress("small.tar", 32, 0, "h/n2", "w2", 0.5, None, 1000)),
+               (62, Progress("big.parquet", 96, 1, "h/n1", "w1", 0.97, 100, 3000))]
+    for at, progress in reports:
+        clock.now = 1000.0 + at
+        log("progress", progress)
+    said = [r for r in records(out.getvalue()) if r["event"] == "progress"]
+    assert len(said) == 2, "one record per 30 s, whatever the number of worker reports"
+    first = said[0]
+    assert (first["inputs_done"], first["inputs_todo"], first["inputs_running"]) == (0, 2, 2)
+    assert first["samples_total"] == 64 and first["images_per_s"] == round(64 / 31, 1)
+    assert first["fraction"] == round(0.65 * 3000 / 4000, 3)
+    big, small = first["running"]
+    assert big == {"input": "big.parquet", "samples": 64, "expected": 100, "fraction": 0.65,
+                   "eta_s": round(21 * 0.35 / 0.65, 1)}  # started at +10 s, 65% read at +31 s
+    assert small == {"input": "small.tar", "samples": 0}  # no share read yet: no ETA
+    assert said[1]["running"][1]["fraction"] == 0.5 and said[1]["eta_s"] > 0
+    log("input", InputResult("big.parquet", 3000, 1, samples=99, elapsed_s=50.0))
+    clock.now += 30
+    log("progress", Progress("small.tar", 40, 0, "h/n2", "w2", 0.9, None, 1000))
+    last = records(out.getvalue())[-1]
+    assert last["event"] == "progress" and last["inputs_done"] == 1 and last["samples_total"] == 139
+    assert [r["input"] for r in last["running"]] == ["small.tar"]
+
+
+def test_a_zero_interval_logs_every_report_and_human_lines_name_the_running_inputs():
+    out, clock = io.StringIO(), FakeClock()
+    log = EventLogger(out, "human", progress_interval_s=0.0, clock=clock)
+    log("plan", {"todo": 1, "skipped": 0, "todo_bytes": 100})
+    for done in (0, 32, 64):
+        clock.now += 10
+        log("progress", Progress("/data/big.parquet", done, 0, "h/n1", "w1", done / 128, 128, 100))
+    lines = [line for line in out.getvalue().splitlines() if " progress " in line]
+    assert len(lines) == 3
+    assert "[0/1]" in lines[-1] and "samples_total=64" in lines[-1]
+    assert "running: /data/big.parquet 64/128 samples (50.0%, ETA 20 s)" in lines[-1]
+
+
+@pytest.mark.parametrize("kind", ["tar", "tar.gz", "parquet", "folder"])
+def test_every_input_kind_reports_how_far_it_is(kind, tars, tmp_path):
+    """The worker's reports within one input carry the share read (and the count where the reader knows
+    it first), whatever the kind: rows of a Parquet file, images of a folder, bytes of a tar."""
+    samples = 2 * PROGRESS_EVERY + 6
+    if kind == "parquet":
+        path = write_parquet(str(tmp_path / "big.parquet"), hf_table(range(samples)), row_group_size=16)
+    elif kind == "folder":
+        path = flat_folder(tmp_path / "photos", range(samples))
+    else:
+        path = tars.make("big.tar", range(samples))
+        if kind == "tar.gz":
+            path = tars.derive("big.tar.gz", path, gzip.compress)
+    cfg = JobConfig(height=16, width=16, samples_per_shard=16)
+    resolved = resolve_inputs([path], cfg.image_extensions)
+    steps = iter_process_input(resolved.paths[0], str(tmp_path / "out"), cfg, resolved.listed[resolved.paths[0]])
+    reports = []
+    while True:
+        try:
+            reports.append(next(steps))
+        except StopIteration as stop:
+            assert stop.value.error is None and stop.value.samples == samples
+            break
+    assert [r.done for r in reports] == [PROGRESS_EVERY, 2 * PROGRESS_EVERY]
+    fractions = [r.fraction for r in reports]
+    if kind in ("parquet", "folder"):
+        assert [r.expected for r in reports] == [samples, samples]
+        assert fractions == [PROGRESS_EVERY / samples, 2 * PROGRESS_EVERY / samples]
+    elif kind == "tar":  # by the bytes of the members read
+        assert all(r.expected is None for r in reports)
+        assert 0 < fractions[0] < fractions[1] < 1
+    else:  # by the compressed bytes consumed, read ahead in chunks (this small file: in one)
+        assert all(r.expected is None for r in reports)
+        assert 0 < fractions[0] <= fractions[1] <= 1
 
 
 @pytest.mark.ray
