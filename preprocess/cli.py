@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import shardio
 from preprocess import jpeg_region
@@ -27,6 +29,7 @@ from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
+from preprocess.run_progress import PROGRESS_INTERVAL_S, RunProgress, describe, duration_text
 from preprocess.sample_data import on_purpose_notes
 from preprocess import pillow_check
 from preprocess.stop_signals import StopOnSignal
@@ -75,25 +78,22 @@ def _main(version: Annotated[bool, version_option(_describe_versions)] = False) 
 
 
 class _Display:
-    """Progress bar over inputs with live images/s (stderr; plain lines when not a terminal)."""
+    """Progress on stderr: a live bar over inputs with images/s and an ETA on a terminal; off one (a pipe,
+    a log file, cron), a line per input and a ``progress:`` line at most once per ``progress_interval_s``
+    (``preprocess.run_progress``: samples, images/s, the share done and ETA, the running inputs')."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, progress_interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet = quiet
         self.live = console.is_terminal and not quiet
-        # Samples of the inputs still running; finished ones are folded into ``images_done``, so an event
-        # costs O(1), not a sum over every input the run has seen (230k at LAION-2B size).
-        self.per_input: dict[str, int] = {}
-        self.images_done = 0
-        self.failed: dict[str, int] = {}
+        self.run = RunProgress(progress_interval_s, clock)
         self.progress: Progress | None = None
         self.task: Any = None
-        self.started = 0.0
 
     def __call__(self, kind: str, payload: Any) -> None:
-        import time
-
+        if kind in ("plan", "progress", "input"):
+            self.run.see(kind, payload)
         if kind == "plan":
-            self.started = time.perf_counter()
             if not self.quiet:
                 where = payload.get("cluster")
                 on = f" on {where['nodes']} node(s), {where['cpus']} CPUs" if where else ""
@@ -101,15 +101,15 @@ class _Display:
                 again = (f", {remembered} failed before and unchanged (not read again; --retry-failed reads them)"
                          if remembered else "")
                 console.print(f"{payload['todo']} input(s) to process{on}, {payload['skipped']} already committed"
-                              f"{again}", highlight=False)
+                              f"{again}", highlight=False, soft_wrap=not console.is_terminal)
             if payload["todo"] and self.live:
                 self.progress = Progress(
-                    TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("tars"),
+                    TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("inputs"),
                     TextColumn("{task.fields[images]} images, {task.fields[rate]} img/s"),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                    TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), console=console,
                 )
                 self.progress.start()
-                self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
+                self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-", eta="-")
             return
         if kind == "ray":  # a line Ray printed: quiet means quiet
             if not self.quiet:
@@ -119,18 +119,16 @@ class _Display:
             if not self.quiet:
                 console.print(f"[yellow]warning:[/yellow] {payload}", highlight=False)
             return
-        if kind == "progress":
-            self.per_input[payload.input] = max(self.per_input.get(payload.input, 0), payload.done)
-        elif kind == "input":
-            self.per_input.pop(payload.input, None)
-            self.images_done += payload.samples
-            if not self.live and not self.quiet:
-                status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
-                console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False)
-        images = self.images_done + sum(self.per_input.values())  # at most 2 per CPU running
-        rate = images / max(1e-9, time.perf_counter() - self.started)
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1 if kind == "input" else 0, images=images, rate=f"{rate:.0f}")
+        if kind == "input" and not self.live and not self.quiet:
+            status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
+            console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False, markup=False,
+                          soft_wrap=True)
+        if kind == "progress" and not self.live and not self.quiet and self.run.due():
+            console.print(f"progress: {describe(self.run.snapshot())}", highlight=False, markup=False, soft_wrap=True)
+        if self.progress is not None and kind in ("progress", "input"):
+            eta = self.run.eta_s()
+            self.progress.update(self.task, advance=1 if kind == "input" else 0, images=self.run.samples,
+                                 rate=f"{self.run.images_per_s():.0f}", eta=duration_text(eta) if eta is not None else "-")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -163,31 +161,34 @@ def _warn_about_pillow() -> None:
 
 
 def _summary(report: RunReport, report_path: str) -> None:
+    # Off a terminal (a log file, cron's mail) a line is never wrapped: `grep "failed 0"` finds it whole.
+    unwrapped = not console.is_terminal
+
+    def say(text: str, markup: bool = False) -> None:
+        console.print(text, highlight=False, markup=markup, soft_wrap=unwrapped)
+
     console.rule("[bold]preprocess summary")
-    console.print(
-        f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
+    say(f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
         f"failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {report.inputs_skipped_count}, "
         f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
-        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""),
-        highlight=False,
-    )
+        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""))
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
-    console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
-                  f"{report.dataset_samples} samples in {report.output}", highlight=False)
+    say(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
+        f"{report.dataset_samples} samples in {report.output}")
     if report.samples_per_bucket:  # the order of the dataset's bucket list, as `shardio info` shows it
-        console.print("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
-            f"{shape} {n}" for shape, n in report.samples_per_bucket.items()), highlight=False)
+        say("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
+            f"{shape} {n}" for shape, n in report.samples_per_bucket.items()))
     if not report.inputs_processed and not report.inputs_failed:
-        console.print("nothing new to process", highlight=False)
+        say("nothing new to process")
     for reason, count in list(report.failures_by_reason().items())[:8]:
-        console.print(f"  {count:6d} x {reason}", highlight=False)
+        say(f"  {count:6d} x {reason}")
     for note in on_purpose_notes(report.failures[:1000]):  # the generated sample's deliberate failures
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     for failed in report.inputs_failed[:10]:
-        console.print(f"[red]input failed:[/red] {escape(failed['input'])}: {escape(_failure_text(failed, report))}",
-                      highlight=False)
-    console.print(f"report: {report_path}", highlight=False)
+        say(f"[red]input failed:[/red] {escape(failed['input'])}: {escape(_failure_text(failed, report))}",
+            markup=True)
+    say(f"report: {report_path}")
 
 
 def _failure_text(failed: dict[str, Any], report: RunReport) -> str:
@@ -257,6 +258,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     log_format: Annotated[Optional[str], typer.Option(help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
     log_file: Annotated[Optional[Path], typer.Option(help="Append the structured log to this file (format: --log-format, default human).")] = None,
+    progress_interval: Annotated[float, typer.Option(min=0, help="Seconds between progress records in the log, and progress lines when stderr is not a terminal (samples, images/s, ETA, the running inputs).")] = PROGRESS_INTERVAL_S,
     strict_versions: Annotated[bool, typer.Option("--strict-versions", help="Refuse (exit 2) to append with a Pillow / libjpeg-turbo other than the dataset's; default: warn.")] = False,
     confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
@@ -289,9 +291,9 @@ def run(
     event_log = None
     if log_format is not None or log_file is not None:
         log_stream = open(log_file, "a", encoding="utf-8") if log_file is not None else sys.stderr
-        event_log = EventLogger(log_stream, log_format or "human")
+        event_log = EventLogger(log_stream, log_format or "human", progress_interval_s=progress_interval)
     # Log lines on stderr and a live progress bar would garble each other: the log wins.
-    display = _Display(quiet or (event_log is not None and log_file is None))
+    display = _Display(quiet or (event_log is not None and log_file is None), progress_interval_s=progress_interval)
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,

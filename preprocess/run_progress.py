@@ -96,6 +96,10 @@ class RunProgress:
         read = self.bytes_done + sum(r.size * (r.fraction or 0.0) for r in self.running.values())
         return min(1.0, read / self.todo_bytes)
 
+    def eta_s(self) -> float | None:
+        """Seconds the run has left at its rate so far, by the inputs' bytes; None when not known."""
+        return _eta(self.clock() - self.started, self.fraction())
+
     def snapshot(self) -> dict[str, Any]:
         """The ``progress`` record's fields (the log's, the display's)."""
         now = self.clock()
@@ -109,7 +113,7 @@ class RunProgress:
         return {"inputs_done": self.inputs_done, "inputs_todo": self.todo, "inputs_running": len(self.running),
                 "samples_total": self.samples, "images_per_s": self.images_per_s(),
                 "fraction": None if fraction is None else round(fraction, 3),
-                "eta_s": _eta(now - self.started, fraction), "running": running}
+                "eta_s": self.eta_s(), "running": running}
 
 
 def duration_text(seconds: float) -> str:

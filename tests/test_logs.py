@@ -132,6 +132,34 @@ def test_a_zero_interval_logs_every_report_and_human_lines_name_the_running_inpu
     assert "running: /data/big.parquet 64/128 samples (50.0%, ETA 20 s)" in lines[-1]
 
 
+def test_off_a_terminal_the_display_prints_progress_lines_and_the_bar_counts_inputs(monkeypatch):
+    from rich.console import Console
+    from rich.progress import TextColumn
+
+    import preprocess.cli as cli
+
+    stream, clock = io.StringIO(), FakeClock()
+    monkeypatch.setattr(cli, "console", Console(file=stream, width=80))  # a pipe: plain lines
+    display = cli._Display(False, progress_interval_s=30.0, clock=clock)
+    display("plan", {"todo": 2, "skipped": 0, "todo_bytes": 200})
+    for at, done in ((10, 0), (20, 32), (35, 64)):
+        clock.now = 1000.0 + at
+        display("progress", Progress("/data/photos/", done, 0, "h/n1", "w1", done / 128, 128, 100))
+    display("input", InputResult("/data/photos/", 100, 1, samples=128, elapsed_s=30.0))
+    lines = stream.getvalue().splitlines()
+    said = [line for line in lines if line.startswith("progress: ")]
+    assert said == ["progress: 0/2 inputs, 64 samples, 2 images/s, 25.0%, ETA 1 min 45 s; running: /data/photos/ "
+                    "64/128 samples (50.0%, ETA 25 s)"]
+    assert lines[-1] == "/data/photos/: 128 samples (30.0 s)"
+
+    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), force_terminal=True))
+    live = cli._Display(False)
+    live("plan", {"todo": 2, "skipped": 0})
+    words = [column.text_format for column in live.progress.columns if isinstance(column, TextColumn)]
+    live.close()
+    assert "inputs" in words and "tars" not in words
+
+
 @pytest.mark.parametrize("kind", ["tar", "tar.gz", "parquet", "folder"])
 def test_every_input_kind_reports_how_far_it_is(kind, tars, tmp_path):
     """The worker's reports within one input carry the share read (and the count where the reader knows
@@ -190,6 +218,28 @@ def test_run_writes_json_lines_for_each_input(ray_cluster, tars, tmp_path):
     failed = {os.path.basename(r["input"]): r["reason"] for r in lines if r["event"] == "input_failed"}
     assert set(failed) == {"c.tar", "missing.tar"} and "no such file" in failed["missing.tar"]
     assert lines[-1]["samples_written"] == 9 and lines[-1]["exit_code"] == 1
+
+
+@pytest.mark.ray
+def test_a_run_logs_progress_inside_a_folder_and_a_parquet_file(ray_cluster, tmp_path):
+    """Off a terminal (a log file here) a folder and a Parquet file each say how far they are while they
+    run: with an interval of 0, one progress record per worker report (every PROGRESS_EVERY samples)."""
+    samples = 2 * PROGRESS_EVERY + 6
+    folder = flat_folder(tmp_path / "photos", range(samples))
+    parquet = write_parquet(str(tmp_path / "rows.parquet"), hf_table(range(samples, 2 * samples)), row_group_size=16)
+    log_file, out = tmp_path / "run.log", str(tmp_path / "out")
+    result = runner.invoke(app, ["run", folder, parquet, "--output", out, "--size", "16", "--log-format", "json",
+                                 "--log-file", str(log_file), "--progress-interval", "0"])
+    assert result.exit_code == 0, result.output
+    said = [r for r in records(log_file.read_text()) if r["event"] == "progress"]
+    for name in (folder, parquet):
+        seen = {entry["samples"]: entry for r in said for entry in r["running"] if entry["input"].rstrip("/") == name}
+        assert seen[PROGRESS_EVERY]["expected"] == samples, said
+        assert seen[PROGRESS_EVERY]["fraction"] == round(PROGRESS_EVERY / samples, 3)
+        assert seen[2 * PROGRESS_EVERY]["fraction"] == round(2 * PROGRESS_EVERY / samples, 3)
+    assert said[-1]["samples_total"] >= samples and said[-1]["inputs_todo"] == 2
+    # stderr is no terminal here either: the display says progress as plain lines, and never wraps them
+    assert any(line.startswith("progress: ") and "inputs," in line for line in result.output.splitlines())
 
 
 def _dataset_written_with(directory: str, committed_tar: str, versions: dict) -> None:
