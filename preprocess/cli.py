@@ -121,14 +121,16 @@ class _Display:
             return
         if kind == "input" and not self.live and not self.quiet:
             status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
-            console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False, markup=False,
-                          soft_wrap=True)
+            console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False,
+                          markup=False, soft_wrap=True)
         if kind == "progress" and not self.live and not self.quiet and self.run.due():
-            console.print(f"progress: {describe(self.run.snapshot())}", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"progress: {describe(self.run.snapshot())}", highlight=False, markup=False,
+                          soft_wrap=True)
         if self.progress is not None and kind in ("progress", "input"):
             eta = self.run.eta_s()
             self.progress.update(self.task, advance=1 if kind == "input" else 0, images=self.run.samples,
-                                 rate=f"{self.run.images_per_s():.0f}", eta=duration_text(eta) if eta is not None else "-")
+                                 rate=f"{self.run.images_per_s():.0f}",
+                                 eta=duration_text(eta) if eta is not None else "-")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -267,7 +269,7 @@ def run(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run and are unchanged since; by default they are reported failed again without being read.")] = False,
     pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
-    """Preprocess INPUTS (tars, Parquet files, folders, prefixes) into OUTPUT; a rerun does only what changed."""
+    """Preprocess INPUTS (tars, Parquet files, folders) into OUTPUT; a rerun does only what changed."""
     flags = {"--wait": wait, "--prune": prune, "--quiet": quiet, "--strict-versions": strict_versions,
              "--confirm-large-prune": confirm_large_prune, "--retry-failed": retry_failed,
              "--pass-credentials": pass_credentials}
@@ -293,7 +295,8 @@ def run(
         log_stream = open(log_file, "a", encoding="utf-8") if log_file is not None else sys.stderr
         event_log = EventLogger(log_stream, log_format or "human", progress_interval_s=progress_interval)
     # Log lines on stderr and a live progress bar would garble each other: the log wins.
-    display = _Display(quiet or (event_log is not None and log_file is None), progress_interval_s=progress_interval)
+    display = _Display(quiet or (event_log is not None and log_file is None),
+                       progress_interval_s=progress_interval)
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,

@@ -230,8 +230,8 @@ class _ObjectFolder:
         return data
 
 
-def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
-                        etag: str = "", extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+                        extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     """Yield each image file under the folder ``path`` as a sample (the module docstring's rules); ``etag``:
     a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``)."""
     source = folder_source(path)

@@ -46,7 +46,8 @@ __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_ki
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
 SampleReader = Callable[[str, JobConfig, "int | None", str], Iterator[RawSample | SampleProblem]]
 # A kind's reader also takes the ``InputExtent`` it reports how far it is through the input in (or None).
-KindReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"], Iterator[RawSample | SampleProblem]]
+KindReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
+                      Iterator[RawSample | SampleProblem]]
 
 
 @dataclass(frozen=True)

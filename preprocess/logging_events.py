@@ -25,7 +25,7 @@ bytes)::
     {"time": "...", "event": "progress", "inputs_done": 2, "inputs_todo": 10, "inputs_running": 2,
      "samples_total": 61230, "images_per_s": 811.7, "fraction": 0.31, "eta_s": 167.4,
      "running": [{"input": "/data/big.parquet", "samples": 41000, "expected": 100000, "fraction": 0.41,
-                  "eta_s": 72.0}, {"input": "/data/00007.tar", "samples": 230, "fraction": 0.23, "eta_s": 40.1}]}
+                  "eta_s": 72.0}, {"input": "/data/07.tar", "samples": 230, "fraction": 0.23, "eta_s": 40.1}]}
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def _now() -> str:
 class EventLogger:
     """Writes one record per job event to ``stream`` (flushed, so ``tail -f`` follows a run)."""
 
-    def __init__(self, stream: TextIO, log_format: str = "human", progress_interval_s: float = PROGRESS_INTERVAL_S,
+    def __init__(self, stream: TextIO, log_format: str = "human",
+                 progress_interval_s: float = PROGRESS_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if log_format not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")

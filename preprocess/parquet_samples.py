@@ -208,8 +208,8 @@ def _is_io_error(error: OSError) -> bool:
     return error.errno is not None
 
 
-def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None,
-                         etag: str = "", extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+                         extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     """Yield each row of the Parquet file at ``path`` as a sample, in file order, or why it is unusable;
     raise ``InputError`` naming the file (and the rows) if the file or a row group cannot be read."""
     pa, pq = _pyarrow(path)

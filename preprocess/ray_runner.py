@@ -436,7 +436,8 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
             yield message
             # The driver now ends this process (ray.cancel, force): nothing here can stop the stuck call.
             threading.Event().wait()
-        yield Progress(input_path, message.done, message.failed, node, worker, message.fraction, message.expected, size)
+        yield Progress(input_path, message.done, message.failed, node, worker, message.fraction,
+                       message.expected, size)
 
 
 def _failure_reason(error: Exception) -> str:

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunProgress", "PROGRESS_INTERVAL_S", "RUNNING_SHOWN", "describe", "describe_input", "duration_text"]
+__all__ = ["RunProgress", "PROGRESS_INTERVAL_S", "RUNNING_SHOWN", "describe", "describe_input",
+           "duration_text"]
 
 PROGRESS_INTERVAL_S = 30.0
 # Running inputs named in one record, oldest first (largest first scheduling: the longest to go); a cluster
@@ -46,7 +47,8 @@ def _eta(elapsed: float, fraction: float | None) -> float | None:
 class RunProgress:
     """One run's progress from the job's events; ``snapshot()`` says it, ``due()`` says when to."""
 
-    def __init__(self, interval_s: float = PROGRESS_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s, self.clock = interval_s, clock
         self.started = self.last_said = clock()
         self.todo = 0
@@ -110,8 +112,9 @@ class RunProgress:
                      "fraction": None if input_.fraction is None else round(input_.fraction, 3),
                      "eta_s": _eta(now - input_.started, input_.fraction)}
             running.append({key: value for key, value in entry.items() if value is not None})
-        return {"inputs_done": self.inputs_done, "inputs_todo": self.todo, "inputs_running": len(self.running),
-                "samples_total": self.samples, "images_per_s": self.images_per_s(),
+        return {"inputs_done": self.inputs_done, "inputs_todo": self.todo,
+                "inputs_running": len(self.running), "samples_total": self.samples,
+                "images_per_s": self.images_per_s(),
                 "fraction": None if fraction is None else round(fraction, 3),
                 "eta_s": self.eta_s(), "running": running}
 
@@ -127,7 +130,9 @@ def duration_text(seconds: float) -> str:
 
 def describe_input(entry: dict[str, Any]) -> str:
     """``big.parquet 5000/100000 samples (5.0%, ETA 1 min 57 s)``: one running input, for a person."""
-    samples = f"{entry['samples']}/{entry['expected']}" if entry.get("expected") is not None else str(entry["samples"])
+    samples = str(entry["samples"])
+    if entry.get("expected") is not None:
+        samples += f"/{entry['expected']}"
     share = [f"{entry['fraction']:.1%}"] if entry.get("fraction") is not None else []
     share += [f"ETA {duration_text(entry['eta_s'])}"] if entry.get("eta_s") is not None else []
     return f"{entry['input']} {samples} samples" + (f" ({', '.join(share)})" if share else "")
@@ -135,8 +140,8 @@ def describe_input(entry: dict[str, Any]) -> str:
 
 def describe(snapshot: dict[str, Any]) -> str:
     """The snapshot as one line for a person (the display off a terminal)."""
-    line = (f"{snapshot['inputs_done']}/{snapshot['inputs_todo']} inputs, {snapshot['samples_total']} samples, "
-            f"{snapshot['images_per_s']:.0f} images/s")
+    line = (f"{snapshot['inputs_done']}/{snapshot['inputs_todo']} inputs, "
+            f"{snapshot['samples_total']} samples, {snapshot['images_per_s']:.0f} images/s")
     if snapshot.get("fraction") is not None:
         line += f", {snapshot['fraction']:.1%}"
     if snapshot.get("eta_s") is not None:

@@ -446,8 +446,8 @@ def _iter_remote(
 
 
 def _read_ranges(
-    path: str, pread: Callable[[int, int], bytes], members: Iterator[TarMember], image_extensions: tuple[str, ...],
-    extent: InputExtent,
+    path: str, pread: Callable[[int, int], bytes], members: Iterator[TarMember],
+    image_extensions: tuple[str, ...], extent: InputExtent,
 ) -> Iterator[RawSample | SampleProblem]:
     def read(member: TarMember) -> bytes:
         # One syscall copying page cache -> a fresh bytes object (bytes, so io.BytesIO in the decoder

@@ -32,8 +32,8 @@ from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
-__all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input", "parse_fields",
-           "PROGRESS_EVERY"]
+__all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
+           "parse_fields", "PROGRESS_EVERY"]
 
 # Samples between progress reports from a worker: often enough for a live images/s, rare enough to cost
 # nothing (one small message per ~0.1 s of decode at ~4 ms per image).

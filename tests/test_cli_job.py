@@ -137,7 +137,8 @@ def test_a_missing_input_named_like_a_flag_value_is_taken_when_it_exists(tars, t
     monkeypatch.chdir(tmp_path)
     (tmp_path / "true").write_bytes(b"")
     result = runner.invoke(app, ["run", "true", "--output", str(tmp_path / "o"), "--mode", "zoom"])
-    assert result.exit_code == 2 and "mode must be one of" in result.output  # past the check: the config's error
+    # Past the check: the config's own error.
+    assert result.exit_code == 2 and "mode must be one of" in result.output
 
 
 def test_unknown_config_key_exits_2(tmp_path):

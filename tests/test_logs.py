@@ -148,8 +148,8 @@ def test_off_a_terminal_the_display_prints_progress_lines_and_the_bar_counts_inp
     display("input", InputResult("/data/photos/", 100, 1, samples=128, elapsed_s=30.0))
     lines = stream.getvalue().splitlines()
     said = [line for line in lines if line.startswith("progress: ")]
-    assert said == ["progress: 0/2 inputs, 64 samples, 2 images/s, 25.0%, ETA 1 min 45 s; running: /data/photos/ "
-                    "64/128 samples (50.0%, ETA 25 s)"]
+    assert said == ["progress: 0/2 inputs, 64 samples, 2 images/s, 25.0%, ETA 1 min 45 s; "
+                    "running: /data/photos/ 64/128 samples (50.0%, ETA 25 s)"]
     assert lines[-1] == "/data/photos/: 128 samples (30.0 s)"
 
     monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), force_terminal=True))
@@ -175,7 +175,8 @@ def test_every_input_kind_reports_how_far_it_is(kind, tars, tmp_path):
             path = tars.derive("big.tar.gz", path, gzip.compress)
     cfg = JobConfig(height=16, width=16, samples_per_shard=16)
     resolved = resolve_inputs([path], cfg.image_extensions)
-    steps = iter_process_input(resolved.paths[0], str(tmp_path / "out"), cfg, resolved.listed[resolved.paths[0]])
+    path = resolved.paths[0]
+    steps = iter_process_input(path, str(tmp_path / "out"), cfg, resolved.listed[path])
     reports = []
     while True:
         try:
@@ -226,14 +227,16 @@ def test_a_run_logs_progress_inside_a_folder_and_a_parquet_file(ray_cluster, tmp
     run: with an interval of 0, one progress record per worker report (every PROGRESS_EVERY samples)."""
     samples = 2 * PROGRESS_EVERY + 6
     folder = flat_folder(tmp_path / "photos", range(samples))
-    parquet = write_parquet(str(tmp_path / "rows.parquet"), hf_table(range(samples, 2 * samples)), row_group_size=16)
+    parquet = write_parquet(str(tmp_path / "rows.parquet"), hf_table(range(samples, 2 * samples)),
+                            row_group_size=16)
     log_file, out = tmp_path / "run.log", str(tmp_path / "out")
-    result = runner.invoke(app, ["run", folder, parquet, "--output", out, "--size", "16", "--log-format", "json",
-                                 "--log-file", str(log_file), "--progress-interval", "0"])
+    result = runner.invoke(app, ["run", folder, parquet, "--output", out, "--size", "16", "--log-format",
+                                 "json", "--log-file", str(log_file), "--progress-interval", "0"])
     assert result.exit_code == 0, result.output
     said = [r for r in records(log_file.read_text()) if r["event"] == "progress"]
     for name in (folder, parquet):
-        seen = {entry["samples"]: entry for r in said for entry in r["running"] if entry["input"].rstrip("/") == name}
+        seen = {entry["samples"]: entry for r in said for entry in r["running"]
+                if entry["input"].rstrip("/") == name}
         assert seen[PROGRESS_EVERY]["expected"] == samples, said
         assert seen[PROGRESS_EVERY]["fraction"] == round(PROGRESS_EVERY / samples, 3)
         assert seen[2 * PROGRESS_EVERY]["fraction"] == round(2 * PROGRESS_EVERY / samples, 3)
