@@ -117,7 +117,8 @@ class _Display:
             return
         if kind == "warning":
             if not self.quiet:
-                console.print(f"[yellow]warning:[/yellow] {payload}", highlight=False)
+                console.print(f"[yellow]warning:[/yellow] {escape(str(payload))}", highlight=False,
+                              soft_wrap=not console.is_terminal)
             return
         if kind == "input" and not self.live and not self.quiet:
             status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
