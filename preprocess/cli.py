@@ -10,14 +10,17 @@ with its report's ``exit_code``.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import shardio
 from preprocess import jpeg_region
@@ -26,6 +29,7 @@ from preprocess.diagnose import diagnose as time_stages, render_text
 from preprocess.inputs import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
+from preprocess.run_progress import PROGRESS_INTERVAL_S, RunProgress, describe, duration_text
 from preprocess.sample_data import on_purpose_notes
 from preprocess import pillow_check
 from preprocess.stop_signals import StopOnSignal
@@ -43,7 +47,7 @@ from shardio.write.retention import gc as collect_garbage
 from shardio.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ShardioError, exit_code
 
 # The same look as `shardio` (shardio.tools.cli_style): help layout, -h/--help, --version, error lines.
-app = new_app("WebDataset tars -> fixed-shape uint8 shards.")
+app = new_app("Images (WebDataset tars, Parquet files, folders) -> fixed-shape uint8 shards.")
 console = Console(stderr=True)
 
 
@@ -70,29 +74,26 @@ def _describe_versions() -> str:
 
 @app.callback()
 def _main(version: Annotated[bool, version_option(_describe_versions)] = False) -> None:
-    """Preprocess WebDataset image tars once, offline, into shards that training reads with no CPU work."""
+    """Preprocess images (tars, Parquet files, folders) once, offline, into shards read with no CPU work."""
 
 
 class _Display:
-    """Progress bar over inputs with live images/s (stderr; plain lines when not a terminal)."""
+    """Progress on stderr: a live bar over inputs with images/s and an ETA on a terminal; off one (a pipe,
+    a log file, cron), a line per input and a ``progress:`` line at most once per ``progress_interval_s``
+    (``preprocess.run_progress``: samples, images/s, the share done and ETA, the running inputs')."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, progress_interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet = quiet
         self.live = console.is_terminal and not quiet
-        # Samples of the inputs still running; finished ones are folded into ``images_done``, so an event
-        # costs O(1), not a sum over every input the run has seen (230k at LAION-2B size).
-        self.per_input: dict[str, int] = {}
-        self.images_done = 0
-        self.failed: dict[str, int] = {}
+        self.run = RunProgress(progress_interval_s, clock)
         self.progress: Progress | None = None
         self.task: Any = None
-        self.started = 0.0
 
     def __call__(self, kind: str, payload: Any) -> None:
-        import time
-
+        if kind in ("plan", "progress", "input"):
+            self.run.see(kind, payload)
         if kind == "plan":
-            self.started = time.perf_counter()
             if not self.quiet:
                 where = payload.get("cluster")
                 on = f" on {where['nodes']} node(s), {where['cpus']} CPUs" if where else ""
@@ -100,15 +101,15 @@ class _Display:
                 again = (f", {remembered} failed before and unchanged (not read again; --retry-failed reads them)"
                          if remembered else "")
                 console.print(f"{payload['todo']} input(s) to process{on}, {payload['skipped']} already committed"
-                              f"{again}", highlight=False)
+                              f"{again}", highlight=False, soft_wrap=not console.is_terminal)
             if payload["todo"] and self.live:
                 self.progress = Progress(
-                    TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("tars"),
+                    TextColumn("[bold]preprocess"), BarColumn(), MofNCompleteColumn(), TextColumn("inputs"),
                     TextColumn("{task.fields[images]} images, {task.fields[rate]} img/s"),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                    TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), console=console,
                 )
                 self.progress.start()
-                self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-")
+                self.task = self.progress.add_task("run", total=payload["todo"], images=0, rate="-", eta="-")
             return
         if kind == "ray":  # a line Ray printed: quiet means quiet
             if not self.quiet:
@@ -116,24 +117,42 @@ class _Display:
             return
         if kind == "warning":
             if not self.quiet:
-                console.print(f"[yellow]warning:[/yellow] {payload}", highlight=False)
+                console.print(f"[yellow]warning:[/yellow] {escape(str(payload))}", highlight=False,
+                              soft_wrap=not console.is_terminal)
             return
-        if kind == "progress":
-            self.per_input[payload.input] = max(self.per_input.get(payload.input, 0), payload.done)
-        elif kind == "input":
-            self.per_input.pop(payload.input, None)
-            self.images_done += payload.samples
-            if not self.live and not self.quiet:
-                status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
-                console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False)
-        images = self.images_done + sum(self.per_input.values())  # at most 2 per CPU running
-        rate = images / max(1e-9, time.perf_counter() - self.started)
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1 if kind == "input" else 0, images=images, rate=f"{rate:.0f}")
+        if kind == "input" and not self.live and not self.quiet:
+            status = f"FAILED: {payload.error}" if payload.error else f"{payload.samples} samples"
+            console.print(f"{payload.input}: {status} ({payload.elapsed_s:.1f} s)", highlight=False,
+                          markup=False, soft_wrap=True)
+        if kind == "progress" and not self.live and not self.quiet and self.run.due():
+            console.print(f"progress: {describe(self.run.snapshot())}", highlight=False, markup=False,
+                          soft_wrap=True)
+        if self.progress is not None and kind in ("progress", "input"):
+            eta = self.run.eta_s()
+            self.progress.update(self.task, advance=1 if kind == "input" else 0, images=self.run.samples,
+                                 rate=f"{self.run.images_per_s():.0f}",
+                                 eta=duration_text(eta) if eta is not None else "-")
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+# What click reads as a boolean value: words a flag's value would be spelled with (``--quiet true``).
+_FLAG_VALUE_WORDS = frozenset({"1", "0", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"})
+
+
+def _refuse_flag_values(inputs: list[str], flags_given: list[str]) -> None:
+    """A flag takes no value: in ``--quiet true`` the ``true`` is an INPUT. Such an INPUT that names no
+    existing path is refused as a usage error (exit 2) before anything is read or written, rather than
+    counted as a missing input, which would record a failed run in the dataset's history. Any other
+    missing path stays a counted failed input (docs/guides/your-data.md); a file really named ``true``
+    is an input like any other."""
+    for name in inputs:
+        if name.lower() in _FLAG_VALUE_WORDS and not os.path.lexists(name):
+            flag = flags_given[0] if flags_given else "--quiet"
+            _fail_usage(f"INPUT {name!r} is no file: a flag takes no value (write `{flag}`, not "
+                        f"`{flag} {name}`); nothing was read or written")
 
 
 def _warn_about_pillow() -> None:
@@ -145,31 +164,34 @@ def _warn_about_pillow() -> None:
 
 
 def _summary(report: RunReport, report_path: str) -> None:
+    # Off a terminal (a log file, cron's mail) a line is never wrapped: `grep "failed 0"` finds it whole.
+    unwrapped = not console.is_terminal
+
+    def say(text: str, markup: bool = False) -> None:
+        console.print(text, highlight=False, markup=markup, soft_wrap=unwrapped)
+
     console.rule("[bold]preprocess summary")
-    console.print(
-        f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
+    say(f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
         f"failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {report.inputs_skipped_count}, "
         f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
-        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""),
-        highlight=False,
-    )
+        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""))
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
-    console.print(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
-                  f"{report.dataset_samples} samples in {report.output}", highlight=False)
+    say(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
+        f"{report.dataset_samples} samples in {report.output}")
     if report.samples_per_bucket:  # the order of the dataset's bucket list, as `shardio info` shows it
-        console.print("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
-            f"{shape} {n}" for shape, n in report.samples_per_bucket.items()), highlight=False)
+        say("samples written per bucket (h x w, as `shardio info`): " + ", ".join(
+            f"{shape} {n}" for shape, n in report.samples_per_bucket.items()))
     if not report.inputs_processed and not report.inputs_failed:
-        console.print("nothing new to process", highlight=False)
+        say("nothing new to process")
     for reason, count in list(report.failures_by_reason().items())[:8]:
-        console.print(f"  {count:6d} x {reason}", highlight=False)
+        say(f"  {count:6d} x {reason}")
     for note in on_purpose_notes(report.failures[:1000]):  # the generated sample's deliberate failures
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     for failed in report.inputs_failed[:10]:
-        console.print(f"[red]input failed:[/red] {escape(failed['input'])}: {escape(_failure_text(failed, report))}",
-                      highlight=False)
-    console.print(f"report: {report_path}", highlight=False)
+        say(f"[red]input failed:[/red] {escape(failed['input'])}: {escape(_failure_text(failed, report))}",
+            markup=True)
+    say(f"report: {report_path}")
 
 
 def _failure_text(failed: dict[str, Any], report: RunReport) -> str:
@@ -239,6 +261,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     log_format: Annotated[Optional[str], typer.Option(help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
     log_file: Annotated[Optional[Path], typer.Option(help="Append the structured log to this file (format: --log-format, default human).")] = None,
+    progress_interval: Annotated[float, typer.Option(min=0, help="Seconds between progress records in the log, and progress lines when stderr is not a terminal (samples, images/s, ETA, the running inputs).")] = PROGRESS_INTERVAL_S,
     strict_versions: Annotated[bool, typer.Option("--strict-versions", help="Refuse (exit 2) to append with a Pillow / libjpeg-turbo other than the dataset's; default: warn.")] = False,
     confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
     retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
@@ -247,7 +270,11 @@ def run(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run and are unchanged since; by default they are reported failed again without being read.")] = False,
     pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
-    """Preprocess INPUT tars into OUTPUT; a rerun processes only what is new or changed."""
+    """Preprocess INPUTS (tars, Parquet files, folders) into OUTPUT; a rerun does only what changed."""
+    flags = {"--wait": wait, "--prune": prune, "--quiet": quiet, "--strict-versions": strict_versions,
+             "--confirm-large-prune": confirm_large_prune, "--retry-failed": retry_failed,
+             "--pass-credentials": pass_credentials}
+    _refuse_flag_values(inputs, [flag for flag, given in flags.items() if given])
     _warn_about_pillow()
     if size is not None and (height is not None or width is not None):
         _fail_usage("give --size or --height/--width, not both")
@@ -267,9 +294,10 @@ def run(
     event_log = None
     if log_format is not None or log_file is not None:
         log_stream = open(log_file, "a", encoding="utf-8") if log_file is not None else sys.stderr
-        event_log = EventLogger(log_stream, log_format or "human")
+        event_log = EventLogger(log_stream, log_format or "human", progress_interval_s=progress_interval)
     # Log lines on stderr and a live progress bar would garble each other: the log wins.
-    display = _Display(quiet or (event_log is not None and log_file is None))
+    display = _Display(quiet or (event_log is not None and log_file is None),
+                       progress_interval_s=progress_interval)
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,
@@ -309,7 +337,7 @@ def run(
 @app.command()
 def verify(
     directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
-    repair: Annotated[bool, typer.Option("--repair", help="Rebuild the inputs behind bad shards from their tars.")] = False,
+    repair: Annotated[bool, typer.Option("--repair", help="Rebuild bad shards from the inputs they came from.")] = False,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs for --repair (default: all cores).")] = None,
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
@@ -351,7 +379,7 @@ def verify(
         _fail(e)
     for path in fixed.missing:
         typer.echo(f"CANNOT REPAIR {path}: the input is gone; its shards stay listed and bad "
-                   "(restore the tar and rerun --repair, or `preprocess run ... --prune` without it)")
+                   "(restore the input and rerun --repair, or `preprocess run ... --prune` without it)")
     if fixed.run is not None:
         for failed in fixed.run.inputs_failed:
             typer.echo(f"REBUILD FAILED {failed['input']}: {failed['reason']}")
@@ -421,7 +449,7 @@ def diagnose(
     write_dir: Annotated[Optional[Path], typer.Option(help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Where the time goes, per stage, on a sample of your tars; the bottleneck.
+    """Where the time goes, per stage, on a sample of your inputs; the bottleneck.
 
     Per stage (read, decode, convert, resize, write) mean/p50/p95 per image,
     the per-core rate, a projection, the slowest samples and the bottleneck.

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from preprocess.config import JobConfig
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.raw_sample import SAMPLES, InputExtent, RawSample, SampleProblem
 from preprocess.tar_samples import MAX_MEMBER_BYTES
 from shardio.errors import InputError
 from shardio.failure_reasons import FailureCode
@@ -230,8 +230,8 @@ class _ObjectFolder:
         return data
 
 
-def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
-                        etag: str = "") -> Iterator[RawSample | SampleProblem]:
+def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+                        extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     """Yield each image file under the folder ``path`` as a sample (the module docstring's rules); ``etag``:
     a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``)."""
     source = folder_source(path)
@@ -249,6 +249,8 @@ def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
             groups.setdefault(key, {}).setdefault(extension, file)
     if not groups:
         raise InputError(path, f"holds no image file ({', '.join(cfg.image_extensions)}) nor sidecar")
+    if extent is not None:  # one item per key: known once listed
+        extent.expect(len(groups), SAMPLES)
     for key, members in groups.items():
         yield _sample(source, key, members, cfg, classes)
 

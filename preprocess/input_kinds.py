@@ -34,7 +34,7 @@ from preprocess.config import JobConfig
 from preprocess.first_bytes import HEAD_BYTES, looks_like
 from preprocess.folder_samples import iter_folder_samples
 from preprocess.parquet_samples import PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.raw_sample import InputExtent, RawSample, SampleProblem
 from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
@@ -45,6 +45,9 @@ __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_ki
 # reader), -> samples in the input's order.
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
 SampleReader = Callable[[str, JobConfig, "int | None", str], Iterator[RawSample | SampleProblem]]
+# A kind's reader also takes the ``InputExtent`` it reports how far it is through the input in (or None).
+KindReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
+                      Iterator[RawSample | SampleProblem]]
 
 
 @dataclass(frozen=True)
@@ -53,14 +56,15 @@ class InputKind:
     described: str  # for a person: what it is
     suffixes: tuple[str, ...]  # names that claim this kind (lower case)
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
-    samples: SampleReader
+    samples: KindReader
     any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
     is_folder: bool = False  # a directory or prefix named as an INPUT (no suffix, no first bytes)
 
 
-def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[RawSample | SampleProblem]:
+def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str,
+                 extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
-    return iter_tar_samples(path, cfg.image_extensions, size=size, etag=etag)
+    return iter_tar_samples(path, cfg.image_extensions, size=size, etag=etag, extent=extent)
 
 
 INPUT_KINDS: tuple[InputKind, ...] = (
@@ -118,9 +122,11 @@ def input_kind(path: str, size: int | None = None) -> InputKind:
     return kind
 
 
-def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
-    """The samples of the input at ``path``, by the reader of its kind (``input_kind``)."""
-    return input_kind(path, size).samples(path, cfg, size, etag)
+def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "",
+               extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+    """The samples of the input at ``path``, by the reader of its kind (``input_kind``); ``extent``, when
+    given, is told how far the reader is through the input (progress)."""
+    return input_kind(path, size).samples(path, cfg, size, etag, extent)
 
 
 def accepted_kinds() -> str:

@@ -257,7 +257,8 @@ def run_job(
         for path in to_prune:
             committer.drop_input(path)
             report.inputs_pruned.append(path)
-        plan = {"todo": len(todo), "skipped": planned.skipped,
+        # todo_bytes: the run's size, what the progress's ETA weighs each input by (preprocess.run_progress).
+        plan = {"todo": len(todo), "skipped": planned.skipped, "todo_bytes": sum(fp.size for _, fp in todo),
                 "remembered": len(report.inputs_failed) - listing_failed}
         listing_failures = len(report.inputs_failed)
         events: Counter[str] = Counter()  # a retried task or a stopped decode: a dead attempt's files

@@ -15,7 +15,17 @@ run refused to start: incompatible dataset, version drift under ``--strict-versi
 ``ray`` (``line``: what a Ray instance this run started printed, so that in JSON mode every line of the
 stream is JSON) and ``signal`` (``message``: Ctrl-C / SIGTERM received, written by
 ``preprocess.stop_signals``). ``run_finished`` carries ``interrupted`` (the signal) when one stopped the run.
-Progress counts within an input are not logged (one message per 32 samples would drown the rest).
+``progress`` (at most once per ``--progress-interval`` seconds, 30 by default: ``preprocess.run_progress``)
+says how far the run is inside its inputs too: ``inputs_done`` / ``inputs_todo`` / ``inputs_running``,
+``samples_total``, ``images_per_s``, and where the inputs' sizes are known ``fraction`` and ``eta_s``; then
+``running``, the oldest running inputs (at most 5), each with its ``samples`` and, where its reader can
+tell, ``expected`` (a Parquet file's rows, a folder's images), ``fraction`` and ``eta_s`` (a tar's by its
+bytes)::
+
+    {"time": "...", "event": "progress", "inputs_done": 2, "inputs_todo": 10, "inputs_running": 2,
+     "samples_total": 61230, "images_per_s": 811.7, "fraction": 0.31, "eta_s": 167.4,
+     "running": [{"input": "/data/big.parquet", "samples": 41000, "expected": 100000, "fraction": 0.41,
+                  "eta_s": 72.0}, {"input": "/data/07.tar", "samples": 230, "fraction": 0.23, "eta_s": 40.1}]}
 """
 
 from __future__ import annotations
@@ -23,8 +33,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
+
+from preprocess.run_progress import PROGRESS_INTERVAL_S, RunProgress, describe_input
 
 __all__ = ["EventLogger", "LOG_FORMATS"]
 
@@ -38,7 +51,9 @@ def _now() -> str:
 class EventLogger:
     """Writes one record per job event to ``stream`` (flushed, so ``tail -f`` follows a run)."""
 
-    def __init__(self, stream: TextIO, log_format: str = "human") -> None:
+    def __init__(self, stream: TextIO, log_format: str = "human",
+                 progress_interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if log_format not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
         self.stream, self.log_format = stream, log_format
@@ -48,9 +63,15 @@ class EventLogger:
         self.started_at: dict[str, float] = {}  # input -> monotonic time its task started
         self.logged_failures: set[str] = set()
         self.lock = threading.Lock()  # Ray's output arrives from a reader thread
+        self.progress = RunProgress(progress_interval_s, clock)
 
     def __call__(self, kind: str, payload: Any) -> None:
-        if kind == "plan":
+        if kind in ("plan", "progress", "input"):
+            self.progress.see(kind, payload)
+        if kind == "progress":
+            if self.progress.due():
+                self._write("progress", **self.progress.snapshot())
+        elif kind == "plan":
             cluster = payload.get("cluster") or {}
             self.todo = payload["todo"]
             self._write("run_planned", inputs_todo=payload["todo"], inputs_skipped=payload["skipped"],
@@ -115,5 +136,8 @@ def _human(record: dict[str, Any]) -> str:
         parts.append(f"{r.pop('duration_s'):.2f} s")
     if "inputs_done" in r and "inputs_todo" in r:
         parts.append(f"[{r.pop('inputs_done')}/{r.pop('inputs_todo')}]")
+    running = r.pop("running", None)
     parts += [f"{k}={v}" for k, v in r.items()]
+    if running:
+        parts.append("running: " + "; ".join(describe_input(entry) for entry in running))
     return "  ".join(str(p) for p in parts)

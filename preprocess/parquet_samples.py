@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preprocess.config import JobConfig
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.raw_sample import SAMPLES, InputExtent, RawSample, SampleProblem
 from shardio.errors import InputError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
@@ -208,8 +208,8 @@ def _is_io_error(error: OSError) -> bool:
     return error.errno is not None
 
 
-def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None,
-                         etag: str = "") -> Iterator[RawSample | SampleProblem]:
+def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+                         extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     """Yield each row of the Parquet file at ``path`` as a sample, in file order, or why it is unusable;
     raise ``InputError`` naming the file (and the rows) if the file or a row group cannot be read."""
     pa, pq = _pyarrow(path)
@@ -225,6 +225,8 @@ def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None,
     parquet, handle = _open(path, size, pa, pq)
     try:
         layout = parquet_layout(path, parquet.schema_arrow, cfg)
+        if extent is not None:  # one item per row: the footer's count is the input's
+            extent.expect(parquet.metadata.num_rows, SAMPLES)
         stem = _stem(path)
         seen: set[str] = set()
         row = 0

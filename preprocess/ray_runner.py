@@ -82,6 +82,9 @@ class Progress:
     failed: int
     node: str = ""  # host/Ray node id of the worker running this attempt
     worker: str = ""  # Ray worker id (8 hex): a new one for the same input means Ray retried the task
+    fraction: float | None = None  # share of the input read, where its reader can tell (worker.InputProgress)
+    expected: int | None = None  # the input's sample count, where its reader counts it first (rows, images)
+    size: int = 0  # the input's size in bytes, as listed (its fingerprint's): the weight of its fraction
 
 
 @dataclass
@@ -414,7 +417,8 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
     steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat, reader,
                                            name_fence),
                         heartbeat, hard_bound_s(cfg.max_decode_seconds))
-    yield Progress(input_path, 0, 0, node, worker)  # "started", with where
+    size = fingerprint[0]
+    yield Progress(input_path, 0, 0, node, worker, size=size)  # "started", with where
     while True:
         try:
             message = next(steps)
@@ -423,7 +427,8 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
             result.node = f"{result.node}/{context.get_node_id()[:8]}"
             # Ray drops a retried generator's messages up to the index the driver already has, so a retry
             # shows only in later ones: this last one always comes after, and names the worker.
-            yield Progress(input_path, result.samples, len(result.failures), node, worker)
+            yield Progress(input_path, result.samples, len(result.failures), node, worker,
+                           fraction=1.0 if result.error is None else None, size=size)
             yield result
             return
         if isinstance(message, StuckDecode):
@@ -431,8 +436,8 @@ def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprin
             yield message
             # The driver now ends this process (ray.cancel, force): nothing here can stop the stuck call.
             threading.Event().wait()
-        done, failed = message
-        yield Progress(input_path, done, failed, node, worker)
+        yield Progress(input_path, message.done, message.failed, node, worker, message.fraction,
+                       message.expected, size)
 
 
 def _failure_reason(error: Exception) -> str:

@@ -37,7 +37,7 @@ from typing import BinaryIO
 from dataclasses import dataclass, field
 
 from preprocess.first_bytes import HEAD_BYTES, looks_like
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.raw_sample import BYTES, InputExtent, RawSample, SampleProblem
 from preprocess.remote_tar import SpooledObject
 from shardio.store.backends import for_path
 from shardio.errors import InputError
@@ -389,7 +389,7 @@ def _group(
 
 def iter_tar_samples(
     path: str, image_extensions: tuple[str, ...], index: TarIndex | None = None, size: int | None = None,
-    etag: str = "",
+    etag: str = "", extent: InputExtent | None = None,
 ) -> Iterator[RawSample | SampleProblem]:
     """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
 
@@ -402,11 +402,16 @@ def iter_tar_samples(
     ``etag`` its LIST found (a HEAD when ``size`` is not given): its members are indexed as they arrive,
     so a broken one fails when the reading gets there (the job's all-or-nothing per input still holds);
     a compressed one streams from the same download.
+
+    ``extent``, when given, follows the reading in bytes of the file: the end of each member read (of the
+    compressed bytes consumed, for a compressed tar), out of the file's size.
     """
+    extent = extent or InputExtent()
     if not for_path(path).is_local:
-        yield from _iter_remote(path, image_extensions, size, etag)
+        yield from _iter_remote(path, image_extensions, size, etag, extent)
         return
     archive_bytes = _check_size(path)
+    extent.expect(archive_bytes, BYTES)
     with _open_input(path) as raw:
         # Indexed and read through one open file: a tar replaced under the same path in between cannot
         # mix two archives' offsets and bytes.
@@ -414,17 +419,18 @@ def iter_tar_samples(
         if members is not None:
             fd = raw.fileno()
             yield from _read_ranges(path, lambda length, offset: os.pread(fd, length, offset), iter(members),
-                                    image_extensions)
+                                    image_extensions, extent)
             return
-    yield from _stream_compressed(path, image_extensions, lambda: for_path(path).open_read(path))
+    yield from _stream_compressed(path, image_extensions, lambda: for_path(path).open_read(path), extent)
 
 
 def _iter_remote(
-    path: str, image_extensions: tuple[str, ...], size: int | None, etag: str
+    path: str, image_extensions: tuple[str, ...], size: int | None, etag: str, extent: InputExtent
 ) -> Iterator[RawSample | SampleProblem]:
     archive_bytes = _check_size(path) if size is None else size
     if archive_bytes == 0:
         raise InputError(path, "empty object (0 bytes), not a tar")
+    extent.expect(archive_bytes, BYTES)
     with SpooledObject(path, archive_bytes, etag) as spool:
         raw = spool.reader()
         try:
@@ -432,15 +438,16 @@ def _iter_remote(
         except _READ_ERRORS as e:
             raise _not_readable(path, e, "(none)", spool.pread(HEAD_BYTES, 0)) from e
         if compressed:
-            yield from _stream_compressed(path, image_extensions, spool.reader)
+            yield from _stream_compressed(path, image_extensions, spool.reader, extent)
         else:
             members = _walk_members(path, raw, spool.pread, archive_bytes)
-            yield from _read_ranges(path, spool.pread, members, image_extensions)
+            yield from _read_ranges(path, spool.pread, members, image_extensions, extent)
         spool.finish()  # the download's own end: a replaced object fails the input here
 
 
 def _read_ranges(
-    path: str, pread: Callable[[int, int], bytes], members: Iterator[TarMember], image_extensions: tuple[str, ...]
+    path: str, pread: Callable[[int, int], bytes], members: Iterator[TarMember],
+    image_extensions: tuple[str, ...], extent: InputExtent,
 ) -> Iterator[RawSample | SampleProblem]:
     def read(member: TarMember) -> bytes:
         # One syscall copying page cache -> a fresh bytes object (bytes, so io.BytesIO in the decoder
@@ -449,6 +456,7 @@ def _read_ranges(
         if len(data) != member.size:
             raise InputError(path, f"member {escape_name(member.name)!r} ends after {len(data)} of "
                              f"{member.size} bytes: the tar changed while it was read; rerun")
+        extent.position = member.offset + member.size
         return data
 
     try:
@@ -458,7 +466,7 @@ def _read_ranges(
 
 
 def _stream_compressed(
-    path: str, image_extensions: tuple[str, ...], open_raw: Callable[[], BinaryIO]
+    path: str, image_extensions: tuple[str, ...], open_raw: Callable[[], BinaryIO], extent: InputExtent
 ) -> Iterator[RawSample | SampleProblem]:
     """A compressed tar in one pass: each member's data is read as the stream passes it."""
     stops: list[tarfile.HeaderError] = []
@@ -480,6 +488,7 @@ def _stream_compressed(
                 data = handle.read() if handle is not None else b""
                 if len(data) != member.size:
                     raise tarfile.ReadError(f"member {member.name!r}: {len(data)} of {member.size} bytes")
+                extent.position = raw.tell()  # compressed bytes consumed (read ahead by a buffer: roughly)
                 return data
 
             yield from _group(path, members(), read, image_extensions)

@@ -16,14 +16,14 @@ import re
 import time
 from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from preprocess.config import BUCKET, JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
 from preprocess.input_kinds import SampleReader, samples_of, strip_kind_suffix
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.raw_sample import InputExtent, RawSample, SampleProblem
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
@@ -32,11 +32,22 @@ from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
-__all__ = ["InputResult", "shard_stem", "process_input", "iter_process_input", "parse_fields", "PROGRESS_EVERY"]
+__all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
+           "parse_fields", "PROGRESS_EVERY"]
 
 # Samples between progress reports from a worker: often enough for a live images/s, rare enough to cost
 # nothing (one small message per ~0.1 s of decode at ~4 ms per image).
 PROGRESS_EVERY = 32
+
+
+class InputProgress(NamedTuple):
+    """How far one input is: samples written and failed so far, the share of the input read (0..1) and
+    its sample count, each where its reader can tell (``preprocess.raw_sample.InputExtent``), else None."""
+
+    done: int
+    failed: int
+    fraction: float | None = None
+    expected: int | None = None
 
 
 @dataclass
@@ -128,9 +139,9 @@ def iter_process_input(
     input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
     skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
     name_fence: str = "",
-) -> Generator[tuple[int, int], None, InputResult]:
-    """``process_input`` as a generator: yields (samples done, samples failed) every ``PROGRESS_EVERY``
-    samples and returns the ``InputResult``; the Ray task streams these to the driver's progress bar.
+) -> Generator[InputProgress, None, InputResult]:
+    """``process_input`` as a generator: yields an ``InputProgress`` every ``PROGRESS_EVERY`` samples and
+    returns the ``InputResult``; the Ray task streams these to the driver (its progress bar and log).
 
     All or nothing per input: if the tar itself turns out unreadable (truncated, not a tar), the shards
     already written for it are removed and ``error`` says why, so a rerun retries the whole input.
@@ -152,12 +163,14 @@ def iter_process_input(
         cfg.samples_per_shard, cfg.encoding, buckets=cfg.buckets if cfg.mode == BUCKET else None,
     )
     done = failed = 0
+    extent = InputExtent()  # a kind's reader says how far it is; a Python source's leaves it unset
     heartbeat = heartbeat or Heartbeat()
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
         # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
-        items = reader(input_path, cfg, size, etag) if reader is not None else samples_of(input_path, cfg, size, etag)
+        items = (reader(input_path, cfg, size, etag) if reader is not None
+                 else samples_of(input_path, cfg, size, etag, extent))
         for item in items:
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,
@@ -180,7 +193,7 @@ def iter_process_input(
                     writer.add(pixels, meta, input_path, bucket)
                     done += 1
             if (done + failed) % PROGRESS_EVERY == 0:
-                yield done, failed
+                yield InputProgress(done, failed, extent.fraction(done + failed), extent.expected_samples())
         entries: list[ShardEntry] = writer.close(input_path)
     except InputError as e:
         writer.abort()

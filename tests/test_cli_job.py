@@ -119,6 +119,28 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert message in result.output
 
 
+@pytest.mark.parametrize("flag, word", [("--quiet", "true"), ("-q", "False"), ("--prune", "yes")])
+def test_a_value_after_a_flag_is_a_usage_error_that_writes_nothing(tars, tmp_path, flag, word):
+    """``--quiet true``: a flag takes no value, so ``true`` would be an INPUT, missing, and the run a failed
+    one in the dataset's history. A missing INPUT spelled as a flag's value is refused before anything."""
+    good = tars.make("a.tar", range(2))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", good, flag, word, "--output", str(out), "--size", "16"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"INPUT {word!r}" in said and "takes no value" in said and "nothing was read or written" in said
+    assert not out.exists()
+
+
+def test_a_missing_input_named_like_a_flag_value_is_taken_when_it_exists(tars, tmp_path, monkeypatch):
+    """Only a missing path is refused: a file really named ``true`` is an input like any other."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "true").write_bytes(b"")
+    result = runner.invoke(app, ["run", "true", "--output", str(tmp_path / "o"), "--mode", "zoom"])
+    # Past the check: the config's own error.
+    assert result.exit_code == 2 and "mode must be one of" in result.output
+
+
 def test_unknown_config_key_exits_2(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("height: 64\nwidht: 64\n")

@@ -67,3 +67,52 @@ def test_a_dataset_error_is_one_error_line_with_exit_1(app, prog, command, tmp_p
     result = invoke(app, prog, command, missing)
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: ") and f"{missing}: no such dataset directory" in result.stderr
+
+
+ARGUMENT = {"preprocess": "DIRECTORY", "shardio": "DIR"}
+
+
+def usage_line(text: str) -> str:
+    return next(line.strip() for line in text.splitlines() if line.strip().startswith("Usage:"))
+
+
+@pytest.mark.parametrize("app, prog, command", COMMAND_LINES)
+def test_flags_show_no_value_and_arguments_read_as_in_the_docs(app, prog, command):
+    """A flag takes no value, so its help shows none (a ``<bool>`` invites ``--quiet true``); an argument
+    reads as the reference page names it (``DIRECTORY``), not typer's ``{directory}``."""
+    for args in ([], [command]):
+        help_text = invoke(app, prog, *args, "--help").stdout
+        assert "<bool>" not in help_text, help_text
+    assert usage_line(invoke(app, prog, command, "--help").stdout) == \
+        f"Usage: {prog} {command} [OPTIONS] {ARGUMENT[prog]}"
+
+
+def test_the_run_usage_names_its_inputs_as_the_docs_do():
+    result = invoke(preprocess_app, "preprocess", "run", "--help")
+    assert usage_line(result.stdout) == "Usage: preprocess run [OPTIONS] INPUTS..."
+    described = " ".join(result.stdout.split("╭─")[0].split())
+    assert "<bool>" not in result.stdout
+    assert "INPUT tars" not in described and "Parquet files, folders" in described
+
+
+def test_a_summary_off_a_terminal_is_never_wrapped(monkeypatch, tmp_path):
+    """A log file or a cron mail is read with grep: each summary line stays whole, whatever its length."""
+    import io
+
+    from rich.console import Console
+
+    import preprocess.cli as cli
+    from shardio.format.run_report import RunReport
+
+    stream = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=stream, width=80))  # a file: not a terminal
+    output = str(tmp_path / ("a-dataset-directory-with-a-long-name" * 2))
+    report = RunReport(run_id="r1", output=output, started="", config={}, samples_written=123456,
+                       samples_failed=0, inputs_processed=["a"] * 12, inputs_skipped_count=3456,
+                       dataset_samples=7654321, elapsed_s=12.5, images_per_s=9876.5)
+    cli._summary(report, f"{output}/reports/r1.json")
+    lines = stream.getvalue().splitlines()
+    assert any("samples written 123456 (0 upscaled), failed 0; inputs processed 12, skipped 3456, failed 0"
+               in line for line in lines), lines
+    assert any(f"dataset now holds 7654321 samples in {output}" in line for line in lines), lines
+    assert f"report: {output}/reports/r1.json" in lines
