@@ -10,8 +10,10 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from bucket_fixtures import BUCKETS, make_bucketed_dataset
+from bucket_fixtures import BUCKETS, make_bucketed_dataset, swap_shard_buckets
+from preprocess.cli import app as preprocess_app
 from preprocess.verify import verify_dataset
+from shardio.errors import ShardIntegrityError
 from shardio.format.manifests import load_index, load_manifest
 from shardio.read.snapshot import open_dataset
 from shardio.tools.cli import app
@@ -54,6 +56,35 @@ def test_a_listed_size_that_is_not_the_buckets_is_inconsistent(tmp_path):
     rewrite_segment(out, forge)
     problems = [b.problem for b in verify_dataset(out).bad]
     assert problems and all("samples imply" in p and "(inconsistent)" in p for p in problems)
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_verify_names_a_shard_whose_bucket_id_was_swapped_to_one_of_the_same_size(tmp_path, encoding):
+    """8x16 and 16x8 shards have the same sizes (raw) and any size passes (JPEG): only each shard's header (a
+    raw .npy's shape, a JPEG's frame size) tells that the index lists it in the other bucket."""
+    shapes = ((8, 16), (16, 8))
+    out = make_bucketed_dataset(str(tmp_path / "ds"), shapes, (9, 7), inputs=1, encoding=encoding)
+    true_bucket = {e.path: e.bucket for e in load_index(out).shards}
+    swap_shard_buckets(out, 0, 1)
+    problems = {b.shard: b.problem for b in verify_dataset(out).bad}
+    assert set(problems) == set(true_bucket), problems
+    for path, bucket in true_bucket.items():
+        (h, w), (forged_h, forged_w) = shapes[bucket], shapes[1 - bucket]
+        said = problems[path]
+        assert path in said and f"{h}x{w}" in said, said
+        assert f"bucket {1 - bucket} ({forged_h}x{forged_w})" in said, said
+    result = CliRunner().invoke(preprocess_app, ["verify", out])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert said.count("BAD ") == len(true_bucket) and "--repair" in said, result.output
+
+    snapshot = open_dataset(out)  # sizes agree: the reader finds it at the first read of the shard
+    for shard, entry in enumerate(snapshot.shards):
+        with pytest.raises(ShardIntegrityError) as refused:
+            snapshot.check(shard)
+            snapshot.pixels(shard)[0]
+        said = str(refused.value)
+        assert entry.path in said and "`preprocess verify DIR --repair` to rebuild it from its input" in said
 
 
 def test_dropping_inputs_and_restoring_a_root_keep_a_bucketed_dataset(bucketed):
