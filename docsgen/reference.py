@@ -54,7 +54,8 @@ KEY_DOCS: dict[str, str] = {
     "folder_classes": "a folder input's first folder level is the class (`cls` = the index among the sorted "
                       "sub-folder names; the name goes to `json`)",
     "buckets": "`mode: bucket` only: the bucket shapes `[[h, w], ...]`, or `null` to derive them from the "
-               "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list",
+               "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list. At most "
+               "65,536 buckets (a shard's bucket id is stored as a uint16)",
     "bucket_step": "`mode: bucket` only: derived bucket sides are multiples of this; each short side takes the "
                    "longest side whose area stays within the budget",
     "bucket_max_ratio": "`mode: bucket` only: the largest long side / short side of a derived bucket",

@@ -122,6 +122,20 @@ def test_info_shows_the_bucket_histogram_as_text_and_json(bucketed):
         assert f"{h}x{w}" in line.replace(" ", "") and f" {count} samples" in line
 
 
+def test_info_shows_every_bucket_aspect_even_the_extreme_ones(tmp_path):
+    """8192x1 and 8192x8 are valid buckets (sides 1..8192): their aspect must not print as 0."""
+    shapes = ((8192, 1), (8192, 8), (16, 16), (12, 20), (1, 8192))
+    out = make_bucketed_dataset(str(tmp_path / "ds"), shapes, (1, 1, 1, 1, 1), inputs=1)
+    result = CliRunner().invoke(app, ["info", out], prog_name="shardio")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("buckets"))
+    assert "w:h" in lines[at]
+    rows = [" ".join(line.split()) for line in lines[at + 1:at + 1 + len(shapes)]]
+    for (h, w), ratio, row in zip(shapes, ("1:8192", "1:1024", "1:1", "1.67:1", "8192:1"), rows):
+        assert row.split()[1:3] == [f"{h}x{w}", ratio], row
+
+
 def test_info_of_a_single_shape_dataset_has_no_buckets(tmp_path):
     from dataset_fixtures import make_dataset
 
