@@ -40,10 +40,10 @@ KEY_DOCS: dict[str, str] = {
                          "and their RGB conversions, plus a progressive JPEG's DCT coefficients); above it, "
                          "a failed sample",
     "max_decode_seconds": "one image's wall time, decode to resized pixels (normally a few ms): longer is a "
-                          "failed sample; run policy (a rerun may change it). A decode that never returns "
-                          "is ended at 2 × this + 1 s",
+                          "failed sample (what it fails depends on the machine's load). A decode that never "
+                          "returns is ended at 2 × this + 1 s",
     "image_extensions": "members taken as the image, in priority order (the content decides the decoder)",
-    "max_failed_fraction": "exit 1 when more than this fraction of samples failed; run policy",
+    "max_failed_fraction": "exit 1 when more than this fraction of samples failed",
     "encoding": "how shards hold the pixels: `raw` (H×W×3 bytes) or `jpeg` (each image once as a JPEG, "
                 "decoded by the reader: [Compact shards](../guides/compact-shards.md))",
     "quality": "JPEG quality 1-100 (`encoding: jpeg` only)",
@@ -54,15 +54,18 @@ KEY_DOCS: dict[str, str] = {
     "folder_classes": "a folder input's first folder level is the class (`cls` = the index among the sorted "
                       "sub-folder names; the name goes to `json`)",
     "buckets": "`mode: bucket` only: the bucket shapes `[[h, w], ...]`, or `null` to derive them from the "
-               "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list",
+               "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list. At most "
+               "65,536 buckets (a shard's bucket id is stored as a uint16)",
     "bucket_step": "`mode: bucket` only: derived bucket sides are multiples of this; each short side takes the "
                    "longest side whose area stays within the budget",
     "bucket_max_ratio": "`mode: bucket` only: the largest long side / short side of a derived bucket",
 }
 # Keys described ahead of the code that adds them: absent from JobConfig only while `bucket` is no mode.
 BUCKET_KEYS = ("buckets", "bucket_step", "bucket_max_ratio")
-# Run policy: free to differ between runs (preprocess/config.py's docstring).
+# Run policy: free to differ between runs (preprocess/config.py's docstring). The page marks these keys
+# itself, so their lines above do not say it again.
 RUN_POLICY = ("max_failed_fraction", "max_decode_seconds")
+_POLICY_MARK = " (*run policy*: a rerun may change it)"
 
 
 class DocsError(Exception):
@@ -111,7 +114,7 @@ def config_page() -> str:
     if undocumented:
         raise DocsError(f"JobConfig keys without a line in docsgen/reference.py KEY_DOCS: {undocumented}")
     rows = "\n".join(
-        f"| `{key}` | `{yaml_value(default)}` | {KEY_DOCS[key]}{' (run policy)' if key in RUN_POLICY else ''} |"
+        f"| `{key}` | `{yaml_value(default)}` | {KEY_DOCS[key]}{_POLICY_MARK if key in RUN_POLICY else ''} |"
         for key, default in keys.items())
     configs = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
     files = "\n".join(f"- `configs/{name}`: {_first_comment(ROOT / 'configs' / name)}" for name in configs)
@@ -136,11 +139,16 @@ The configs shipped in `configs/`:
 
 
 def _first_comment(path: Path) -> str:
-    """A config file's first comment line (what it is for), or the keys it sets."""
+    """A config file's leading comment (what it is for: every comment line before the first key, joined, so
+    a sentence that runs over several lines is never cut), or the keys it sets."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    comments = [line.lstrip("# ").strip() for line in lines if line.startswith("#")]
-    if comments:
-        return comments[0]
+    comments = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        comments.append(line.lstrip("#").strip())
+    if any(comments):
+        return " ".join(c for c in comments if c)
     keys = [line.split(":", 1)[0] for line in lines if line and not line.startswith((" ", "#"))]
     return "sets " + ", ".join(f"`{k}`" for k in keys)
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from shardio.errors import ConfigError
-from shardio.format import MAX_SIDE
+from shardio.format import MAX_BUCKETS, MAX_SIDE
 
 __all__ = ["Bucket", "derive_buckets", "check_buckets", "nearest_bucket", "aspect_error",
            "DEFAULT_STEP", "DEFAULT_MAX_RATIO", "MIN_AREA_FRACTION"]
@@ -72,9 +72,13 @@ def derive_buckets(height: int, width: int, step: int = DEFAULT_STEP,
 
 def check_buckets(buckets: object, key: str = "buckets") -> list[Bucket]:
     """An explicit list (``[[h, w], ...]``, as YAML or the stored config give it) as sorted-free tuples,
-    in the order given: every side an integer 1..MAX_SIDE, no bucket twice. ``ConfigError`` names ``key``."""
+    in the order given: at most MAX_BUCKETS, every side an integer 1..MAX_SIDE, no bucket twice.
+    ``ConfigError`` names ``key``."""
     if not isinstance(buckets, (list, tuple)) or not buckets:
         raise ConfigError(f"{key} must be a non-empty list of [height, width] pairs, got {buckets!r}")
+    if len(buckets) > MAX_BUCKETS:
+        raise ConfigError(f"{key} lists {len(buckets):,} buckets, more than the {MAX_BUCKETS:,} a dataset can "
+                          "hold (each shard's bucket id is stored as a uint16)")
     out: list[Bucket] = []
     seen: set[Bucket] = set()
     for i, item in enumerate(buckets):

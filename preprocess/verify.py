@@ -1,7 +1,11 @@
-"""``preprocess verify DIR``: every shard's size and checksum against the manifest; ``--repair`` rebuilds
-only the inputs behind bad shards.
+"""``preprocess verify DIR``: every shard's size, checksum and header against the manifest; ``--repair``
+rebuilds only the inputs behind bad shards.
 
-Checking reads every byte, with the one shard checker (``shardio.format.shard_check.shard_problems``). Repair is
+Checking reads every byte, with the one shard checker (``shardio.format.shard_check.shard_problems``); the
+header check finds a shard whose index row lists another shape than its file holds (a bucket id edited to
+another bucket of the same byte size). Repair rebuilds such a shard's input like any other's: the job
+chooses each image's bucket again from the image, so it does not matter whether the index or the file was
+the wrong side. Repair is
 three steps, each safe to kill: drop the bad inputs from the manifest in one commit (their files are
 retired, not deleted), then an ordinary ``run_job`` over just those inputs, which writes the same shard
 names and bytes an original run did (over the bad files), then verify again. An input whose tar is gone

@@ -14,6 +14,7 @@ an input's shards hold several buckets and its partial shards are several.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from shardio.format import InputEntry, Manifest
+from shardio.format.index import segment_bytes, segment_path
 from shardio.write.shard_writer import InputShardWriter, write_manifest
 from dataset_fixtures import encode_jpeg, jpeg_identifying_pixels, self_identifying_pixels
 
-__all__ = ["make_bucketed_dataset", "bucket_config", "bucket_order", "key_bucket", "key_index", "BUCKETS"]
+__all__ = ["make_bucketed_dataset", "bucket_config", "bucket_order", "key_bucket", "key_index",
+           "swap_shard_buckets", "BUCKETS"]
 
 # Three shapes within a 16x16 budget (tall, square, wide): small enough for fast tests.
 BUCKETS = ((20, 12), (16, 16), (12, 20))
@@ -101,3 +104,25 @@ def make_bucketed_dataset(path: str, buckets: Sequence[tuple[int, int]] = BUCKET
                                            shards=[e.path for e in entries])
     write_manifest(path, manifest)
     return path
+
+
+def swap_shard_buckets(directory: str, first: int, second: int) -> None:
+    """Forge the current root's index as an editor would: every segment's ``shard_bucket`` with ids ``first``
+    and ``second`` exchanged (each segment renamed by its new sha256, ``manifest.json`` naming them), the
+    shard files and every other column untouched. Two buckets of the same byte size (h x w and w x h) keep
+    every listed size consistent: only the shards' headers tell."""
+    manifest_path = os.path.join(directory, "manifest.json")
+    with open(manifest_path, encoding="utf-8") as f:
+        root = json.load(f)
+    for segment in root["segments"]:
+        with np.load(os.path.join(directory, segment["path"]), allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+        ids = arrays["shard_bucket"]
+        swapped = np.where(ids == first, second, np.where(ids == second, first, ids))
+        arrays["shard_bucket"] = swapped.astype(ids.dtype)
+        data = segment_bytes(arrays)
+        segment.update(path=segment_path(data), bytes=len(data))
+        with open(os.path.join(directory, segment["path"]), "wb") as f:
+            f.write(data)
+    with open(manifest_path, "w", encoding="utf-8") as f:
+        json.dump(root, f)

@@ -90,3 +90,26 @@ def test_configs_buckets_yaml_over_its_own_dataset_is_the_same_config() -> None:
     assert first.buckets == derive_buckets(256, 256) and len(first.buckets) == 15
     again = load_config("configs/buckets.yaml", base=first.to_dict())
     assert again.output_dict() == first.output_dict()
+
+
+def test_a_config_listing_more_buckets_than_a_dataset_holds_is_refused_at_load(tmp_path) -> None:
+    """Bucket ids are stored as uint16 (``shard_bucket``): 65,537 buckets can never be committed, so the run
+    is refused before it reads an input or writes a file, naming the config file and the limit."""
+    from typer.testing import CliRunner
+
+    from preprocess.cli import app
+    from shardio.format import MAX_BUCKETS
+
+    too_many = [(h, w) for h in range(1, 10) for w in range(1, 8193)][:MAX_BUCKETS + 1]
+    config = tmp_path / "many.yaml"
+    config.write_text("mode: bucket\nbuckets: [" + ", ".join(f"[{h}, {w}]" for h, w in too_many) + "]\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "nothing-*.tar"), "--output", str(out),
+                                      "--config", str(config), "-q"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert str(config) in said and "65,537 buckets" in said and "65,536" in said and "uint16" in said, said
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="65,537 buckets"):
+        JobConfig(mode="bucket", buckets=too_many)
+    assert len(JobConfig(mode="bucket", buckets=too_many[:MAX_BUCKETS]).buckets) == MAX_BUCKETS

@@ -17,6 +17,7 @@ import shardio
 from preprocess.buckets import nearest_bucket
 from preprocess.cli import app
 from preprocess.config import JobConfig
+from tests.bucket_fixtures import swap_shard_buckets
 from tests.dataset_compare import assert_clean, assert_same_dataset, dataset_state
 from tests.dataset_fixtures import flip_bits
 from tests.test_crash_safety import wait_for_dead_runs_tasks, watch
@@ -159,6 +160,33 @@ def test_verify_names_a_damaged_bucket_shard_and_repair_rebuilds_it(ray_cluster,
     assert result.exit_code == 1 and bad["path"] in result.output, result.output
     repaired = runner.invoke(app, ["verify", out, "--repair"])
     assert repaired.exit_code == 0, repaired.output
+    after = dataset_state(out)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
+    assert_clean(out)
+    check_buckets(out, samples)
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_verify_names_shards_listed_in_a_swapped_bucket_and_repair_rebuilds_their_inputs(
+        ray_cluster, tars, tmp_path, encoding) -> None:
+    """16x48 and 48x16 shards have the same sizes: an index whose ids of the two were exchanged passes every
+    size and checksum. verify reads each shard's header; --repair rebuilds the inputs behind them, whose
+    images are given their buckets again (the shard files were right, the index wrong)."""
+    pattern, samples = make_tars(tars, [13, 8])
+    out = str(tmp_path / "out")
+    assert run_cli(pattern, "--output", out, "--encoding", encoding).exit_code == 0
+    before = dataset_state(out)
+    wide, tall = BUCKETS.index((16, 48)), BUCKETS.index((48, 16))
+    swapped = [e.path for e in shardio.open_dataset(out).shards if e.bucket in (wide, tall)]
+    assert swapped and len(swapped) < len(before["shards"])
+    swap_shard_buckets(out, wide, tall)
+    result = runner.invoke(app, ["verify", out])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and said.count("BAD ") == len(swapped), result.output
+    assert all(path in said for path in swapped) and "16x48" in said and "48x16" in said
+    assert "--repair" in said
+    repaired = runner.invoke(app, ["verify", out, "--repair"])
+    assert repaired.exit_code == 0 and "repaired" in repaired.output, repaired.output
     after = dataset_state(out)
     assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
     assert_clean(out)

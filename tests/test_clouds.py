@@ -108,6 +108,19 @@ def test_azure_errors_name_the_url_the_endpoint_and_a_fix(azure_server, monkeypa
         AzureStorage().info(url)
 
 
+def test_a_missing_buckets_error_and_its_create_command_name_the_endpoint_they_were_given(writable_cloud_bucket):
+    """The endpoint as configured (Azurite's names the account: http://HOST:PORT/devstoreaccount1) in the
+    message and in the command that creates the bucket: without it the command targets the cloud itself."""
+    server = writable_cloud_bucket.server
+    url = f"{server.scheme}://no-such-bucket-here/ds/manifest.json"
+    with pytest.raises(errors.StorageAccessError) as caught:
+        for_path(url).info(url)
+    message = str(caught.value)
+    assert f"failed at {server.endpoint} (" in message and "does not exist there" in message, message
+    hint = message.split("HINT:", 1)[1]
+    assert "no-such-bucket-here" in hint and server.endpoint in hint, message
+
+
 def test_gcs_errors_name_the_url_the_endpoint_and_a_fix(gcs_server, tmp_path, monkeypatch):
     from shardio.store.gcs import GCSStorage
 

@@ -5,6 +5,7 @@ anchor resolves, the generated pages match the code, and error messages point to
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib
 import importlib.util
 import re
@@ -75,8 +76,8 @@ def test_every_option_named_alone_in_prose_is_an_option_of_some_command():
     """`--retain-hours` in a sentence is an option of `preprocess` or `shardio` (the design pages name the
     benchmarks' options too: they are not checked)."""
     every = set().union(*OPTIONS.values())
-    other = {"--endpoint-url", "--nproc-per-node", "--checkpoint", "--resume", "--shards", "--demo",
-             "--strict"}  # aws, torchrun, examples, mkdocs
+    other = {"--endpoint-url", "--blob-endpoint", "--nproc-per-node", "--checkpoint", "--resume", "--shards",
+             "--demo", "--strict"}  # aws, az, torchrun, examples, mkdocs
     wrong = []
     for page in PAGES:
         if page.name in ("reader.md", "CODE_MAP.md", "format.md"):
@@ -269,3 +270,120 @@ def test_the_checks_see_an_unmarked_block_a_missing_option_and_a_missing_command
     assert "preprocess frobnicate" not in OPTIONS
     assert snippets.program_call(["python", "-m", "preprocess.cli", "gc", "d", "--retain-hours=0"]) == \
         ("preprocess", "gc", ["--retain-hours"])
+
+
+# --- what a reader trips over: cut sentences, doubled words, a heading no message says, the wrong python ---
+
+def _sentences_end(text: str) -> bool:
+    """Whether ``text`` ends a sentence (``.``, ``!`` or ``?``, perhaps inside a closing bracket or quote)."""
+    return re.search(r"[.!?][)\]'\"`]*$", text.strip()) is not None
+
+
+def test_each_shipped_configs_description_is_whole_sentences():
+    """The config reference describes each file in configs/ by its leading comment, never cut mid-sentence."""
+    lines = [line for line in reference.config_page().splitlines() if line.startswith("- `configs/")]
+    assert len(lines) == len(list((ROOT / "configs").glob("*.yaml")))
+    cut = [line for line in lines if not _sentences_end(line)]
+    assert not cut, f"descriptions cut mid-sentence: {cut}"
+
+
+def _doubled(text: str) -> list[str]:
+    """Phrases followed by themselves in parentheses (``run policy (run policy)``), as ``X (X)``."""
+    found = []
+    for m in re.finditer(r"\(([^()\n]{2,80})\)", text):
+        inner = m.group(1).strip(" *_`")
+        before = text[:m.start()].rstrip().rstrip("*_`;:,").rstrip()
+        if inner and before.lower().endswith(inner.lower()):
+            found.append(f"{inner} ({m.group(1)})")
+    return found
+
+
+def test_no_generated_page_says_a_phrase_twice_in_a_row():
+    assert _doubled("a failed sample; run policy (run policy) |") == ["run policy (run policy)"]
+    assert _doubled("the budget (a square) and more (see below)") == []
+    doubled = {str(path.relative_to(ROOT)): _doubled(text) for path, text in generate.expected().items()}
+    assert not any(doubled.values()), {page: found for page, found in doubled.items() if found}
+
+
+def _message_words() -> set[str]:
+    """Every word of a string the code can show a user: not a docstring, not a name in ``__all__``."""
+    words: set[str] = set()
+    for path in (p for pkg in ("shardio", "preprocess") for p in (ROOT / pkg).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body
+                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    skip.add(id(body[0].value))
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                    for t in node.targets):
+                skip.update(id(n) for n in ast.walk(node.value))
+        words.update(w for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                     and id(n) not in skip for w in re.findall(r"\w+", n.value))
+    return words
+
+
+def _unsaid(quoted: str, said: set[str]) -> list[str]:
+    """The words of a quoted message that no message says (placeholders in capitals and quoted values aside:
+    ``OUTPUT``, ``HOST``, ``'cuda'``)."""
+    plain = re.sub(r"'[^']*'|\"[^\"]*\"|\b[A-Z][A-Z_]*\b", " ", quoted)
+    return [w for w in re.findall(r"[A-Za-z_]\w+", plain) if w not in said]
+
+
+def test_every_troubleshooting_heading_quotes_words_a_message_says():
+    """A user finds the entry by searching for what the error said: a heading that quotes a class name the
+    message never prints (the CLI shows `error: ...`) cannot be found."""
+    said = _message_words()
+    assert _unsaid("UnsupportedStore", said) == ["UnsupportedStore"]  # a class name, in no message
+    page = (ROOT / "docs/guides/troubleshooting.md").read_text(encoding="utf-8")
+    section = page.split("## By message", 1)[1]
+    headings = re.findall(r"\*\*`([^`]+)`\*\*", section)
+    assert len(headings) >= 10
+    unsaid = {quoted: words for quoted in headings if (words := _unsaid(quoted, said))}
+    assert not unsaid, f"troubleshooting headings quoting words no message says: {unsaid}"
+
+
+def test_a_command_running_the_repositorys_python_uses_its_environment():
+    """The system python has no torch or numpy: an example or a module of this repository runs with
+    `.venv/bin/python` (what `make install` builds) on the user-facing pages."""
+    user_pages = [ROOT / "README.md", ROOT / "docs/quickstart.md",
+                  *sorted((ROOT / "docs/guides").glob("*.md"))]
+    bare = re.compile(r"(?<![\w/.])python3?\s+"
+                      r"(?:examples/|bench/|-m\s+(?:bench|shardio|preprocess|docsgen)\b)")
+    wrong = [f"{page.relative_to(ROOT)}: {m.group(0)}" for page in user_pages
+             for m in bare.finditer(page.read_text(encoding="utf-8"))]
+    assert not wrong, f"runs the repository's code with the system python: {wrong}"
+
+
+def _ignored(name: str, patterns: list[str]) -> bool:
+    """Whether .gitignore's ``patterns`` (as written: ``/out/``, ``*.so``) ignore the relative path
+    ``name``."""
+    for pattern in patterns:
+        anchored = pattern.strip("/")
+        if fnmatch.fnmatch(name, anchored) or name.startswith(anchored + "/") or (
+                "/" not in pattern.rstrip("/") and fnmatch.fnmatch(name.rsplit("/", 1)[-1], anchored)):
+            return True
+    return False
+
+
+def test_what_the_runnable_examples_write_in_the_checkout_is_ignored_by_git():
+    """A reader who runs the README's examples in the checkout gets no stray file in `git status`: every file
+    a runnable block saves at a relative path (`torch.save(..., "ckpt.pt")`, `--out`, `--report`) is
+    ignored."""
+    patterns = [line.strip() for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert _ignored("out/sample-shards", patterns) and not _ignored("README.md", patterns)
+    written = re.compile(r"""torch\.save\([^\n]*?,\s*["']([^"'/]+)["']\)"""
+                         r"""|--(report|out)\s+([^\s/'"]+)(?=\s|$)""")
+    stray = []
+    for block in BLOCKS:
+        if block.marker != snippets.RUNS:
+            continue
+        for m in written.finditer(block.code):
+            if m.group(1):
+                names = [m.group(1)]
+            else:  # shardio preview --out NAME writes NAME.json beside it
+                names = [m.group(3)] + ([m.group(3) + ".json"] if m.group(2) == "out" else [])
+            stray += [f"{block.where}: {name}" for name in names if not _ignored(name, patterns)]
+    assert not stray, f"files the runnable examples write that git would show: {stray}"

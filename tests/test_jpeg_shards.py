@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 import shardio
+from shardio.format.jpeg_shard import jpeg_frame_size
 from shardio.format.manifests import load_manifest
 from tests.legacy_format import legacy_doc, write_legacy
 from dataset_fixtures import encode_jpeg, make_dataset, photo_like, write_inputs
@@ -180,3 +181,14 @@ def test_a_decode_over_the_budget_is_refused_naming_the_dataset_or_the_shard(jpe
     snapshot = shardio.open_dataset(jpeg_dir)
     with pytest.raises(ValueError, match=rf"{snapshot.shards[0].path}: decoding \d+ JPEG image\(s\)"):
         np.asarray(snapshot.pixels(0))  # a whole shard at once
+
+
+def test_a_jpegs_frame_size_is_read_from_its_header_without_decoding():
+    """What verify checks a JPEG shard's first image by: the SOF's height and width, past any segment before it
+    (EXIF, a progressive frame), and None for bytes that hold no frame header."""
+    for options in ({}, {"progressive": True, "exif": b"Exif\x00\x00" + bytes(300)}):
+        data = io.BytesIO()
+        Image.new("RGB", (300, 20), (10, 20, 30)).save(data, "JPEG", **options)
+        assert jpeg_frame_size(data.getvalue()) == (20, 300)
+        assert jpeg_frame_size(data.getvalue()[:40]) is None  # cut before its frame header
+    assert jpeg_frame_size(b"\x93NUMPY") is None

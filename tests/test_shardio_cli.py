@@ -109,6 +109,22 @@ def test_preview_writes_a_png_of_the_stored_pixels_and_a_key_table(tmp_path, dat
     assert json.load(open(str(tmp_path / "again.png.json")))["tiles"] == table
 
 
+def test_preview_writes_png_bytes_under_a_png_name_and_refuses_another_suffix(tmp_path, dataset):
+    """The sheet is PNG (shardio's own encoder): a name whose suffix says another format (or none) would hold
+    PNG bytes an image viewer or a pipeline misreads, so it is refused before anything is written."""
+    out = tmp_path / "Sheet.PNG"
+    code, _, err = run("preview", dataset, "--out", str(out), "--n", "4")
+    assert code == 0, err
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    for name in ("grid.jpg", "grid.jpeg", "grid.webp", "grid"):
+        refused = tmp_path / "refused" / name
+        code, _, err = run("preview", dataset, "--out", str(refused), "--n", "4")
+        said = " ".join(err.split())
+        assert code == 2, err
+        assert str(refused) in said and ".png" in said, said
+        assert not (tmp_path / "refused").exists()
+
+
 def test_a_scaled_preview_keeps_each_tiles_pixels_whole(tmp_path, dataset):
     out = str(tmp_path / "small.png")
     code, _, err = run("preview", dataset, "--out", out, "--n", "4", "--tile", "8")

@@ -30,7 +30,7 @@ import numpy as np
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
 __all__ = ["JPEG_SUFFIX", "jpeg_header", "jpeg_data_start", "jpeg_min_bytes", "parse_jpeg_header",
-           "check_offsets"]
+           "check_offsets", "jpeg_frame_size"]
 
 JPEG_SUFFIX = ".jpg.npy"
 _HEADER_BYTES = 128  # the same fixed size as a raw shard's header (shardio.format.spec.HEADER_BYTES)
@@ -87,3 +87,38 @@ def check_offsets(offsets: np.ndarray, file_bytes: int, path: str) -> None:
         raise ShardIntegrityError(
             f"{path}: the offsets end at {int(offsets[-1])} data bytes, the file holds {data_bytes} "
             "(truncated or overwritten); HINT: run `preprocess verify DIR --repair`")
+
+
+# Start-of-frame markers (ITU T.81, table B.1): 0xC0..0xCF but DHT (C4), JPG (C8) and DAC (CC).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_frame_size(jpeg: bytes | memoryview) -> tuple[int, int] | None:
+    """``(height, width)`` from a JPEG's frame header (its SOF segment), read by walking the segments before
+    it (a few hundred bytes for the writer's JPEGs: APP0, DQT, SOF0), no decode; None when there is none
+    before the scan (not a JPEG, or cut short). ``verify`` checks a JPEG shard's first image against its
+    bucket with it."""
+    data = bytes(jpeg[:2])
+    if data != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 4 <= len(jpeg):
+        if jpeg[at] != 0xFF:
+            return None
+        marker = jpeg[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers: no length
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before it
+            return None
+        length = int.from_bytes(bytes(jpeg[at + 2:at + 4]), "big")
+        if marker in _SOF_MARKERS:
+            frame = bytes(jpeg[at + 5:at + 9])
+            if len(frame) < 4:
+                return None
+            return int.from_bytes(frame[:2], "big"), int.from_bytes(frame[2:], "big")
+        at += 2 + length
+    return None

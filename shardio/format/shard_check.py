@@ -1,6 +1,14 @@
 """The one shard checker: what is wrong with a listed shard, from the sizes the format implies (O(1)) or
-also its checksums (reads every byte). The reader checks sizes on open, ``verify`` checksums, a corrupt
-manifest's restore both; it lives with the format, not the write side, so the reader imports no writer."""
+also its checksums and its header (reads every byte). The reader checks sizes on open, ``verify`` checksums
+and headers, a corrupt manifest's restore all three; it lives with the format, not the write side, so the
+reader imports no writer.
+
+The header check is what sizes and checksums cannot see: a shard whose bytes are the ones the writer wrote
+(its checksum matches) but whose index row lists it at another shape. An 8x16 bucket and a 16x8 one have
+the same raw sizes, and a JPEG shard's size says nothing of its images' size, so an index whose
+``shard_bucket`` was edited passes both. A raw shard's ``.npy`` header (128 bytes) and a JPEG shard's first
+image's frame header (its SOF: the header, the offsets and that image read) must say the listed count and
+the shard's bucket's h x w."""
 
 from __future__ import annotations
 
@@ -11,9 +19,12 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from shardio.errors import ShardFormatError
+from shardio.format.jpeg_shard import jpeg_data_start, jpeg_frame_size, parse_jpeg_header
 from shardio.format.manifests import DatasetIndex
 from shardio.format.shard_table import string_hashes
-from shardio.format.spec import RAW, SHARDS_DIR, Manifest, ShardEntry, expected_shard_size
+from shardio.format.spec import (HEADER_BYTES, RAW, SHARDS_DIR, Manifest, ShardEntry, expected_shard_size,
+                                 parse_npy_header)
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo, Storage
 
@@ -60,12 +71,40 @@ def _file_problem(store: Storage, path: str, size: int, algorithm: str, checksum
     return None
 
 
+def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[int, int, int], encoding: str,
+                    bucketed: bool) -> str | None:
+    """A shard file's own word on its count and image size (a raw ``.npy`` header's shape, a JPEG shard's
+    header and its first image's frame size) against its index row's, or None when they agree."""
+    height, width = shape[0], shape[1]
+    listed = (f"the index lists {entry.samples} of bucket {entry.bucket} ({height}x{width})" if bucketed
+              else f"the manifest lists {entry.samples} of {height}x{width}")
+    try:
+        if encoding == RAW:
+            count, found_h, found_w = parse_npy_header(store.read_range(path, 0, HEADER_BYTES), path)
+        else:
+            start = jpeg_data_start(entry.samples)
+            head = store.read_range(path, 0, start)
+            count = parse_jpeg_header(head[:HEADER_BYTES], path)
+            begin, end = (int(x) for x in np.frombuffer(head, dtype="<u8", count=2, offset=HEADER_BYTES))
+            frame = None if end <= begin else jpeg_frame_size(store.read_range(path, start + begin, end - begin))
+            if frame is None:
+                return f"{path}: sample 0 is not a JPEG with a frame header (corrupt)"
+            found_h, found_w = frame
+    except ShardFormatError as e:
+        return str(e)
+    if (count, found_h, found_w) == (entry.samples, height, width):
+        return None
+    return (f"{path}: its header says {count} images of {found_h}x{found_w}, {listed} "
+            "(the index and the shard disagree: an edited index, or a shard file from elsewhere)")
+
+
 def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | ListedSizes | None = None,
-                  encoding: str = RAW) -> str | None:
+                  encoding: str = RAW, bucketed: bool = False) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies (at
     ``shape``, the shard's own: its bucket's in a bucketed dataset) and
-    each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte). ``listed``
+    each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte) and the
+    shard's header against ``shape`` (``bucketed``: said as the entry's bucket). ``listed``
     (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
     manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped)."""
     store = for_path(directory)
@@ -79,6 +118,8 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
                                 checksum if checksums else None, listed)
         if problem is not None:
             return problem
+    if checksums:
+        return _header_problem(store, store.join(directory, entry.path), entry, shape, encoding, bucketed)
     return None
 
 
@@ -95,7 +136,7 @@ def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: It
     store = for_path(directory)
     listed: ListedSizes | None = None
     check = lambda entry: shard_problem(directory, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731
-                                        checksums, listed, manifest.encoding)
+                                        checksums, listed, manifest.encoding, manifest.is_bucketed)
     found: list[tuple[ShardEntry, str]] = []
     entries = iter(manifest.shards if shards is None else shards)
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:

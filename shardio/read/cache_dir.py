@@ -235,7 +235,9 @@ class CacheDir:
             with open(path, "rb") as f:
                 n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)
             if (h, w) != shape:
-                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the shard's images are {shape}")
+                raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the shard's images are {shape} "
+                                          "(the index and the shard disagree); HINT: run `preprocess verify "
+                                          "DIR --repair` to rebuild it from its input")
         if digest != expected:
             raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
                                       "store, or changed after the commit); HINT: run `preprocess verify DIR "

@@ -207,7 +207,7 @@ class EncodedImages:
         for path, first, count in self.sources:
             if index < count:
                 return ShardIntegrityError(f"{path}: sample {first + index}: {reason}; HINT: run "
-                                           "`preprocess verify DIR --repair` to rebuild the shard")
+                                           "`preprocess verify DIR --repair` to rebuild it from its input")
             index -= count
         raise IndexError(f"sample {index} past the end of a batch of {len(self)}")
 

@@ -175,7 +175,8 @@ class DatasetSnapshot:
             return local, (samples, *shape)
         n, h, w = parse_npy_header(header, path)
         if (n, h, w) != (samples, *shape):
-            raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *shape)}")
+            raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *shape)} "
+                                      f"(the index and the shard disagree); {_REBUILD}")
         return local, (n, h, w)
 
     @contextmanager

@@ -91,4 +91,5 @@ class AzureStorage(ObjectStorage):
             "Azure Blob Storage", "AZURE_ENDPOINT", _endpoint(),
             "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN or "
             "AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID",
-            f"az storage container create --account-name {account} --name BUCKET")
+            f"az storage container create --account-name {account} --name BUCKET"
+            + (" --blob-endpoint ENDPOINT" if _endpoint() else ""))

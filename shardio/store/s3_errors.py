@@ -132,7 +132,12 @@ def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
                     f"{settings.endpoint_variable}=http(s)://HOST:PORT") if not settings.endpoint else ""
     status, code = failure.status, failure.code or ""
     if code in _MISSING_BUCKET_CODES:
-        create = settings.create_bucket.replace("BUCKET", bucket).replace("ENDPOINT", endpoint)
+        # The endpoint as configured, path and all (Azurite's names the account: http://HOST:PORT/ACCOUNT): the
+        # command must create the bucket where the store looked, not on the cloud itself.
+        server = settings.endpoint or endpoint
+        if settings.endpoint and where == f"{endpoint} ({settings.endpoint_variable})":
+            where = f"{settings.endpoint} ({settings.endpoint_variable})"
+        create = settings.create_bucket.replace("BUCKET", bucket).replace("ENDPOINT", server)
         return StorageAccessError(f"{head}failed at {where}: {cause}: bucket {bucket!r} does not exist there; "
                                   f"HINT: create it first (shardio never creates buckets), e.g. `{create}`"
                                   + (f"; or {other_server}" if other_server else ""))

@@ -82,7 +82,8 @@ def info(directory: Directory, json_output: JsonOutput = False) -> None:
 @app.command()
 def preview(
     directory: Directory,
-    out: Annotated[str, typer.Option("--out", help="PNG to write; the tile table goes to OUT.json.")],
+    out: Annotated[str, typer.Option(
+        "--out", help="PNG to write (a name ending in .png); the tile table goes to OUT.json.")],
     n: Annotated[int, typer.Option("--n", min=1, help="Samples to show.")] = 64,
     seed: Annotated[int, typer.Option(help="Which random samples.")] = 0,
     tile: Annotated[Optional[int], typer.Option(

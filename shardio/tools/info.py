@@ -145,16 +145,24 @@ def _encoding_line(info: dict[str, Any]) -> str:
             f"{_size(int(per_image * 1e6))}" + (f" (raw {_size(int(raw * 10**6))}); {projected}" if projected else ""))
 
 
+def _aspect(height: int, width: int) -> str:
+    """A bucket's aspect as w:h with its short side 1 (``3:1``, ``1:1.29``, ``1:8192``): never 0 for a valid
+    bucket, as a w/h printed to two decimals is for 8192x1 (0.0001)."""
+    ratio = f"{max(height, width) / min(height, width):.2f}".rstrip("0").rstrip(".")
+    return f"{ratio}:1" if width >= height else f"1:{ratio}"
+
+
 def _bucket_lines(info: dict[str, Any]) -> list[str]:
-    """The bucket histogram: one line per bucket (shape, aspect w/h, samples and share, shards, bytes, a bar)."""
+    """The bucket histogram: one line per bucket (shape, aspect w:h, samples and share, shards, bytes, a bar)."""
     buckets = info["buckets"]
     total = max(1, info["samples"])
     most = max([1] + [b["samples"] for b in buckets])
-    lines = [f"buckets      {len(buckets)} shapes (h x w), {info['shape'][0]}x{info['shape'][1]} pixel budget:"]
+    lines = [f"buckets      {len(buckets)} shapes (h x w, aspect w:h), {info['shape'][0]}x{info['shape'][1]} "
+             "pixel budget:"]
     for b in buckets:
         h, w = b["shape"]
         bar = "#" * round(_BAR * b["samples"] / most)
-        lines.append(f"  {b['bucket']:3d}  {h:4d}x{w:<4d} w/h {w / h:4.2f}  {b['samples']:8d} samples "
+        lines.append(f"  {b['bucket']:3d}  {h:4d}x{w:<4d} {_aspect(h, w):>7}  {b['samples']:8d} samples "
                      f"{100 * b['samples'] / total:5.1f}%  {b['shards']:6d} shards  {_size(b['bytes']):>9}  {bar}")
     return lines
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.errors import ShardError
+from shardio.errors import ShardError, UsageError
 from shardio.read.snapshot import DatasetSnapshot, open_dataset
 
 __all__ = ["encode_png", "bucket_samples", "bucket_sheet", "contact_sheet", "write_preview", "PreviewResult"]
@@ -212,9 +212,13 @@ def write_preview(
 ) -> PreviewResult:
     """Write a contact sheet of ``n`` random samples (``seed`` picks them) to ``out`` and ``out``.json.
     A bucketed dataset's sheet has a row per bucket holding ``ceil(n / buckets with samples)`` of its
-    samples (all of them, if fewer)."""
+    samples (all of them, if fewer). ``out`` must end in ``.png``: the sheet is a PNG, and a file named
+    ``.jpg`` holding PNG bytes is misread by whatever trusts its name (UsageError, nothing written)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if not out.lower().endswith(".png"):
+        raise UsageError(f"{out}: the preview is a PNG (shardio writes no other image format), so its name "
+                         "must end in .png; HINT: --out grid.png")
     snapshot = open_dataset(directory)
     total = len(snapshot)
     if total == 0:
