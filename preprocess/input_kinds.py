@@ -39,7 +39,8 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix"]
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix",
+           "NumberedClasses"]
 
 # An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
 # reader), -> samples in the input's order.
@@ -121,6 +122,22 @@ def input_kind(path: str, size: int | None = None) -> InputKind:
 def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "") -> Iterator[RawSample | SampleProblem]:
     """The samples of the input at ``path``, by the reader of its kind (``input_kind``)."""
     return input_kind(path, size).samples(path, cfg, size, etag)
+
+
+@dataclass(frozen=True)
+class NumberedClasses:
+    """A ``SampleReader``: each input by the reader of its kind, a folder's classes numbered by the dataset's
+    class table (name -> id: ``shardio.format.spec``, "Classes") instead of the folder's own order. The job
+    gives its tasks one (put in Ray's object store once) under ``folder_classes``; other kinds are read as
+    ``samples_of`` reads them."""
+
+    class_ids: dict[str, int]
+
+    def __call__(self, path: str, cfg: JobConfig, size: int | None, etag: str) -> Iterator[RawSample | SampleProblem]:
+        kind = input_kind(path, size)
+        if kind.is_folder:
+            return iter_folder_samples(path, cfg, size, etag, class_ids=self.class_ids)
+        return kind.samples(path, cfg, size, etag)  # type: ignore[arg-type]
 
 
 def accepted_kinds() -> str:

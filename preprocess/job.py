@@ -79,7 +79,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from preprocess.class_table import folder_class_names
 from preprocess.config import BUCKET, JobConfig
+from preprocess.input_kinds import NumberedClasses, SampleReader
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.sources import Source
@@ -204,6 +206,8 @@ def run_job(
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
                                                                                          cfg.image_extensions)
+    # folder_classes: the names the folder inputs bring; a folder with no class folder fails here, unread.
+    class_names = folder_class_names(resolved) if cfg.folder_classes else set()
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
@@ -241,6 +245,9 @@ def run_job(
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
         index = committer.index
         index.versions = report.versions
+        # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
+        reader = (options.source.reader() if options.source is not None
+                  else NumberedClasses(index.add_classes(class_names)) if class_names else None)
         to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
         if to_prune and not options.confirm_large_prune:
             _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
@@ -273,7 +280,7 @@ def run_job(
             else:
                 dataset_dir.mark_run(directory, report.run_id)  # tasks may promote files from here on
                 disk_full = _process(todo, options, plan, committer, report, counted_emit, started, stop_requested,
-                                     routes_ray=on_event is not None)
+                                     routes_ray=on_event is not None, reader=reader)
             if stop_requested():
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
@@ -478,11 +485,12 @@ def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_pr
 def _process(
     todo: list[tuple[str, InputFingerprint]], options: RunOptions, plan: dict[str, Any], committer: Committer,
     report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
-    routes_ray: bool,
+    routes_ray: bool, reader: SampleReader | None = None,
 ) -> str | None:
     """Run ``todo`` as Ray tasks, committing as inputs finish; returns why it stopped early if the output
     disk filled up (every later input would fail the same way), else None. Returns early, tasks
-    cancelled, once ``stop_requested()``."""
+    cancelled, once ``stop_requested()``. ``reader``: what every task reads its input with (a Python
+    source's, or the reader of each kind with the dataset's class table); None: ``samples_of``."""
     # With no event hook (library use) Ray prints as it always does; the CLI routes it (quiet, JSON).
     ray_output = (lambda line: emit("ray", line)) if routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
@@ -499,7 +507,7 @@ def _process(
         stream = stream_inputs(todo, committer.directory, options.config,
                                should_stop=lambda: bool(stop_requested()), task_env=env,
                                name_fence=dataset_dir.shard_name_fence(committer.directory, committer.index),
-                               reader=options.source.reader() if options.source is not None else None)
+                               reader=reader)
         try:
             for message in stream:
                 if isinstance(message, Progress):

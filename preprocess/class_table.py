@@ -1,0 +1,59 @@
+"""A run's folder classes (``folder_classes: true``): the class names its folder inputs bring, the inputs
+that bring none, and the dataset's class table extended with the new names before any task starts.
+
+One id per class name in the whole dataset (``shardio.format.spec``, "Classes"): numbering each folder's
+own sub-folders, as torchvision's ``ImageFolder`` does, gave ``dog`` id 1 in a drop holding ``cat/`` and
+``dog/`` and id 0 in the next drop holding only ``dog/``, and drops named as separate inputs are what
+incremental runs ask for. So the driver learns the names from the listing it took every folder's
+fingerprint with (``ResolvedInputs.classes``: no second walk or LIST), appends the ones the committed
+table lacks (``EditableIndex.add_classes``: sorted, so a run killed and rerun numbers them alike) and
+gives every task the whole table (``input_kinds.NumberedClasses``). Names are learnt from every folder
+input of the run, skipped ones too: cheap (they are listed anyway), and the names of a folder committed
+before its dataset kept a table enter it (its samples keep the ids they were written with, its own sorted
+order, the table's too where it was the dataset's one folder, until it is processed again).
+
+Class folders named as the inputs themselves (``preprocess run data/folder/*``): each input's images sit
+at its top level, where the first folder level (the class) is missing, so every sample would have no
+class. Such an input (a folder holding no sub-folder at all) is a failed input, named in the report with
+the fix, before anything starts; a run left with no input is refused and writes nothing. Reading the
+input folder's own name as the class instead was rejected: the same folder would then mean its name in
+one run and its sub-folders in the next, once one appears. An image beside the class folders of a folder
+that has them is a failed sample (``no_class``), counted, never a sample with ``cls`` -1.
+"""
+
+from __future__ import annotations
+
+import os
+
+from preprocess.folder_samples import folder_source
+from preprocess.inputs import ResolvedInputs
+from shardio.format import escape_name
+
+__all__ = ["folder_class_names", "NO_CLASS_FOLDER"]
+
+NO_CLASS_FOLDER = ("folder_classes is true but its images are not in class sub-folders (the first folder level "
+                   "names the class), so none would have a class")
+
+
+def folder_class_names(resolved: ResolvedInputs) -> set[str]:
+    """The class names of the run's folder inputs (escaped as sample keys are), from their listings; each
+    folder input with no sub-folder is taken out of ``resolved`` (paths, folders) into its ``failed``, with
+    the fix."""
+    names: set[str] = set()
+    refused = []
+    for folder in sorted(resolved.folders):
+        found = resolved.classes.get(folder)
+        if found is None:  # a folder input found by another way than the listings that record them
+            found = folder_source(folder).classes()
+        if not found:
+            refused.append(folder)
+        names.update(escape_name(name) for name in found)
+    for folder in refused:
+        parent = os.path.dirname(folder.rstrip("/")) or folder
+        resolved.failed.append({"input": folder, "reason": f"{NO_CLASS_FOLDER}: give the folder that holds the class "
+                                                           f"folders ({parent}) as the INPUT, not each class folder"})
+        resolved.folders.discard(folder)
+    if refused:
+        gone = set(refused)
+        resolved.paths = [path for path in resolved.paths if path not in gone]
+    return names
