@@ -17,6 +17,7 @@ from shardio.errors import NoInputsMatched
 from shardio.format.manifests import read_root
 from shardio.tools.info import dataset_info, format_info
 from shardio.write.directory import drop_inputs
+from tests.dataset_compare import assert_same_dataset
 from tests.dataset_fixtures import make_dataset
 from tests.folder_factory import write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes
@@ -115,3 +116,30 @@ def test_a_class_keeps_one_id_across_drops_reruns_prunes_and_drops(ray_cluster, 
     assert third.exit_code == 0 and third.inputs_processed == [d2]
     assert ShardDataset(out, 2).classes == ["cat", "dog", "bird", "ant"]
     assert labels(out) == {3: (1, "dog"), 4: (1, "dog"), 5: (2, "bird"), 6: (0, "cat"), 8: (3, "ant")}
+
+
+@pytest.mark.ray
+def test_a_run_over_class_drops_killed_then_rerun_gives_the_uninterrupted_dataset_and_table(
+        ray_cluster, tmp_path) -> None:
+    """The table is extended before any task and committed with the first commit: a rerun after a kill -9
+    numbers the classes as the uninterrupted run did, and writes the same bytes."""
+    from tests.test_crash_safety import run_cli, start_run, wait_for_dead_runs_tasks, watch
+
+    drops = tmp_path / "drops"
+    class_drop(drops / "d1", {"dog": range(0, 12), "cat": range(12, 20)})
+    class_drop(drops / "d2", {"dog": range(20, 35)})
+    class_drop(drops / "d3", {"cat": range(35, 40), "bird": range(40, 50)})
+    config = tmp_path / "folder.yaml"
+    config.write_text("folder_classes: true\n")
+    pattern = f"{drops}/{{d1,d2,d3}}"
+    reference = str(tmp_path / "reference")
+    assert run_cli(pattern, "--output", reference, extra=("--config", str(config))).exit_code == 0
+    out = str(tmp_path / "killed")
+    run = start_run(pattern, out, ray_cluster, str(tmp_path / "runs.log"), extra=("--config", str(config)))
+    watch(run, out, ("write", 0.05))  # SIGKILL once its first shard file is there: mid-processing
+    wait_for_dead_runs_tasks()
+    assert run_cli(pattern, "--output", out).exit_code == 0  # the dataset's own config: folder_classes
+    assert_same_dataset(out, reference)
+    assert read_root(out)["classes"] == read_root(reference)["classes"] == ["bird", "cat", "dog"]
+    assert labels(out) == labels(reference)
+    assert {cls for cls, _ in labels(out).values()} == {0, 1, 2}
