@@ -8,9 +8,10 @@ incremental runs ask for. So the driver learns the names from the listing it too
 fingerprint with (``ResolvedInputs.classes``: no second walk or LIST), appends the ones the committed
 table lacks (``EditableIndex.add_classes``: sorted, so a run killed and rerun numbers them alike) and
 gives every task the whole table (``input_kinds.NumberedClasses``). Names are learnt from every folder
-input of the run, skipped ones too: cheap (they are listed anyway), and the names of a folder committed
-before its dataset kept a table enter it (its samples keep the ids they were written with, its own sorted
-order, the table's too where it was the dataset's one folder, until it is processed again).
+input of the run, skipped ones too (they are listed anyway). A skipped input's names are in the table
+already, unless its dataset was written before it kept one: those names then enter first, sorted, so a
+dataset of one such folder (its samples numbered by its own sorted sub-folders) keeps its ids, and the
+names of the inputs processed follow.
 
 Class folders named as the inputs themselves (``preprocess run data/folder/*``): each input's images sit
 at its top level, where the first folder level (the class) is missing, so every sample would have no
@@ -26,20 +27,20 @@ from __future__ import annotations
 import os
 
 from preprocess.folder_samples import folder_source
-from preprocess.inputs import ResolvedInputs
+from preprocess.inputs import InputFingerprint, ResolvedInputs
 from shardio.format import escape_name
+from shardio.write.editable_index import EditableIndex
 
-__all__ = ["folder_class_names", "NO_CLASS_FOLDER"]
+__all__ = ["folder_class_names", "extend_class_table", "NO_CLASS_FOLDER"]
 
 NO_CLASS_FOLDER = ("folder_classes is true but its images are not in class sub-folders (the first folder level "
                    "names the class), so none would have a class")
 
 
-def folder_class_names(resolved: ResolvedInputs) -> set[str]:
-    """The class names of the run's folder inputs (escaped as sample keys are), from their listings; each
-    folder input with no sub-folder is taken out of ``resolved`` (paths, folders) into its ``failed``, with
-    the fix."""
-    names: set[str] = set()
+def folder_class_names(resolved: ResolvedInputs) -> dict[str, set[str]]:
+    """Folder input -> its class names (escaped as sample keys are), from the listings; each folder input
+    with no sub-folder is taken out of ``resolved`` (paths, folders) into its ``failed``, with the fix."""
+    names: dict[str, set[str]] = {}
     refused = []
     for folder in sorted(resolved.folders):
         found = resolved.classes.get(folder)
@@ -47,7 +48,8 @@ def folder_class_names(resolved: ResolvedInputs) -> set[str]:
             found = folder_source(folder).classes()
         if not found:
             refused.append(folder)
-        names.update(escape_name(name) for name in found)
+        else:
+            names[folder] = {escape_name(name) for name in found}
     for folder in refused:
         parent = os.path.dirname(folder.rstrip("/")) or folder
         resolved.failed.append({"input": folder, "reason": f"{NO_CLASS_FOLDER}: give the folder that holds the class "
@@ -57,3 +59,12 @@ def folder_class_names(resolved: ResolvedInputs) -> set[str]:
         gone = set(refused)
         resolved.paths = [path for path in resolved.paths if path not in gone]
     return names
+
+
+def extend_class_table(index: EditableIndex, names: dict[str, set[str]],
+                       todo: list[tuple[str, InputFingerprint]]) -> dict[str, int]:
+    """The dataset's class table with the run's new names appended (the module docstring's order: a skipped
+    input's missing names first, then the others; each group sorted); returns it as name -> id."""
+    processed = {path for path, _ in todo}
+    index.add_classes({name for folder, found in names.items() if folder not in processed for name in found})
+    return index.add_classes({name for found in names.values() for name in found})

@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from preprocess.class_table import folder_class_names
+from preprocess.class_table import extend_class_table, folder_class_names
 from preprocess.config import BUCKET, JobConfig
 from preprocess.input_kinds import NumberedClasses, SampleReader
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
@@ -207,7 +207,7 @@ def run_job(
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
                                                                                          cfg.image_extensions)
     # folder_classes: the names the folder inputs bring; a folder with no class folder fails here, unread.
-    class_names = folder_class_names(resolved) if cfg.folder_classes else set()
+    class_names = folder_class_names(resolved) if cfg.folder_classes else {}
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
@@ -245,9 +245,6 @@ def run_job(
                               shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
         index = committer.index
         index.versions = report.versions
-        # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
-        reader = (options.source.reader() if options.source is not None
-                  else NumberedClasses(index.add_classes(class_names)) if class_names else None)
         to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
         if to_prune and not options.confirm_large_prune:
             _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
@@ -259,6 +256,9 @@ def run_job(
             planned = plan_inputs(resolved, committed)
             _set_aside_remembered(planned, remembered, report)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
+        # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
+        reader = (options.source.reader() if options.source is not None
+                  else NumberedClasses(extend_class_table(index, class_names, planned.todo)) if class_names else None)
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:

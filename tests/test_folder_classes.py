@@ -143,3 +143,23 @@ def test_a_run_over_class_drops_killed_then_rerun_gives_the_uninterrupted_datase
     assert read_root(out)["classes"] == read_root(reference)["classes"] == ["bird", "cat", "dog"]
     assert labels(out) == labels(reference)
     assert {cls for cls, _ in labels(out).values()} == {0, 1, 2}
+
+
+@pytest.mark.ray
+def test_a_dataset_written_before_its_class_table_keeps_its_folders_ids_when_a_new_drop_comes(
+        ray_cluster, tmp_path) -> None:
+    """Its one folder's samples carry their folder's own sorted order: the table starts with those names."""
+    d1 = class_drop(tmp_path / "d1", {"cat": [0], "dog": [1]})
+    out = str(tmp_path / "out")
+    assert run_job(RunOptions(inputs=[d1], output=out, config=CFG)).exit_code == 0
+    path = os.path.join(out, "manifest.json")
+    with open(path) as f:
+        root = json.load(f)
+    del root["classes"]  # as a dataset written before the table: ids by the folder's own order
+    with open(path, "w") as f:
+        json.dump(root, f)
+    d2 = class_drop(tmp_path / "d2", {"ant": [2], "cat": [3]})
+    report = run_job(RunOptions(inputs=[d1, d2], output=out, config=CFG))
+    assert report.exit_code == 0 and report.inputs_processed == [d2]
+    assert ShardDataset(out, 2).classes == ["cat", "dog", "ant"]
+    assert labels(out) == {0: (0, "cat"), 1: (1, "dog"), 2: (2, "ant"), 3: (0, "cat")}

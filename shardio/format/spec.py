@@ -320,8 +320,9 @@ same bytes), gives its tasks the whole table, and every commit copies it into it
 or pruned): a later input of that class gets its old id, and a model trained on an earlier generation keeps
 its outputs' meaning. Readers: ``ShardDataset.classes``, ``shardio info``. A root without the field has no
 table (every dataset of another config, and one whose folder inputs were committed before the table
-existed: their ids are each folder's own sorted order). Anything but a list of distinct non-empty strings
-is refused at load, naming the root.
+existed: their ids are each folder's own sorted order; the next run that commits enters the names of those
+it skips first, sorted, so a dataset of one such folder keeps its ids). Anything but a list of distinct
+non-empty strings is refused at load, naming the root.
 """
 
 from __future__ import annotations
