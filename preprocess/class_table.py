@@ -33,8 +33,8 @@ from shardio.write.editable_index import EditableIndex
 
 __all__ = ["folder_class_names", "extend_class_table", "NO_CLASS_FOLDER"]
 
-NO_CLASS_FOLDER = ("folder_classes is true but its images are not in class sub-folders (the first folder level "
-                   "names the class), so none would have a class")
+NO_CLASS_FOLDER = ("folder_classes is true but its images are not in class sub-folders (the first folder "
+                   "level names the class), so none would have a class")
 
 
 def folder_class_names(resolved: ResolvedInputs) -> dict[str, set[str]]:
@@ -52,8 +52,9 @@ def folder_class_names(resolved: ResolvedInputs) -> dict[str, set[str]]:
             names[folder] = {escape_name(name) for name in found}
     for folder in refused:
         parent = os.path.dirname(folder.rstrip("/")) or folder
-        resolved.failed.append({"input": folder, "reason": f"{NO_CLASS_FOLDER}: give the folder that holds the class "
-                                                           f"folders ({parent}) as the INPUT, not each class folder"})
+        reason = (f"{NO_CLASS_FOLDER}: give the folder that holds the class folders ({parent}) as the INPUT, "
+                  "not each class folder")
+        resolved.failed.append({"input": folder, "reason": reason})
         resolved.folders.discard(folder)
     if refused:
         gone = set(refused)

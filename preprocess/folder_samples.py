@@ -32,8 +32,9 @@ any object added, removed or replaced makes it a changed input, and a rerun with
 no object. The task lists the prefix again and reads it only if that listing still has the digest the
 plan saw, and each object only at the ETag listed: an object replaced meanwhile fails the input (not
 lasting: the next run reads the new one), so what is committed is exactly what the fingerprint names.
-Why one input: a folder is committed all or nothing, like a tar, and its fingerprint is one walk. For drops that grow, name each drop's folder as its own INPUT
-(``'drops/{0001..0009}'``): each is then an input, processed once.
+Why one input: a folder is committed all or nothing, like a tar, and its fingerprint is one walk. For
+drops that grow, name each drop's folder as its own INPUT (``'drops/{0001..0009}'``): each is then an
+input, processed once, and the class table keeps a class's id the same in every drop.
 """
 
 from __future__ import annotations
@@ -280,8 +281,9 @@ def _sample(source: FolderSource, key: str, members: dict[str, FolderFile], cfg:
     member = escape_name(file.relative)
     top = escaped.split("/", 1)[0] if "/" in escaped else None  # its class folder's name
     if classes is not None and top is None:  # refused unread
-        return SampleProblem(escaped, FailureCode.NO_CLASS, f"{member!r} is not in a class folder (folder_classes: "
-                                                            "the first folder level names the class)", member)
+        return SampleProblem(escaped, FailureCode.NO_CLASS,
+                             f"{member!r} is not in a class folder (folder_classes: the first folder level "
+                             "names the class)", member)
     too_large = file.size is not None and file.size > MAX_MEMBER_BYTES  # listed: refused without a GET
     image = b"" if too_large else source.read(file)
     if too_large or len(image) > MAX_MEMBER_BYTES:

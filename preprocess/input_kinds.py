@@ -39,8 +39,8 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix",
-           "NumberedClasses"]
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader",
+           "strip_kind_suffix", "NumberedClasses"]
 
 # An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
 # reader), -> samples in the input's order.
@@ -133,7 +133,8 @@ class NumberedClasses:
 
     class_ids: dict[str, int]
 
-    def __call__(self, path: str, cfg: JobConfig, size: int | None, etag: str) -> Iterator[RawSample | SampleProblem]:
+    def __call__(self, path: str, cfg: JobConfig, size: int | None,
+                 etag: str) -> Iterator[RawSample | SampleProblem]:
         kind = input_kind(path, size)
         if kind.is_folder:
             return iter_folder_samples(path, cfg, size, etag, class_ids=self.class_ids)

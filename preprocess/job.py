@@ -257,8 +257,11 @@ def run_job(
             _set_aside_remembered(planned, remembered, report)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
         # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
-        reader = (options.source.reader() if options.source is not None
-                  else NumberedClasses(extend_class_table(index, class_names, planned.todo)) if class_names else None)
+        reader: SampleReader | None = None
+        if options.source is not None:
+            reader = options.source.reader()
+        elif class_names:
+            reader = NumberedClasses(extend_class_table(index, class_names, planned.todo))
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:

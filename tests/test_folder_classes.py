@@ -58,7 +58,8 @@ def test_a_malformed_class_table_is_refused_at_load_naming_the_root(tmp_path, va
     directory = str(tmp_path / "d")
     make_dataset(directory, (5,))
     set_root_classes(directory, value)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json: \"classes\"(\[\d\])? is .* \(edited or forged\)"):
+    said = r"manifest\.json: \"classes\"(\[\d\])? is .* \(edited or forged\)"
+    with pytest.raises(ShardFormatError, match=said):
         open_dataset(directory)
 
 

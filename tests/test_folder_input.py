@@ -66,7 +66,8 @@ def test_nested_classes_missing_sidecars_and_orphans(tmp_path):
     assert [r["json"] for r in rows] == [{"class": "cat"}, {"source": "web", "class": "cat"},
                                          {"class": "dog"}, {"class": "zebra"}]
     assert [r["txt"] for r in rows] == ["a cat", None, None, None]
-    assert [(f["key"], f["code"]) for f in result.failures] == [("000000", "no_class"), ("dog/orphan", "missing_image")]
+    assert [(f["key"], f["code"]) for f in result.failures] == [("000000", "no_class"),
+                                                               ("dog/orphan", "missing_image")]
     assert "not in a class folder" in result.failures[0]["reason"]
     # The job's class table (the dataset's ids, across inputs) numbers them instead of the folder's own order.
     table = NumberedClasses({"zebra": 0, "dog": 1, "cat": 2, "empty_class": 3})

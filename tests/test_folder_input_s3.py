@@ -180,11 +180,12 @@ def test_the_job_commits_a_prefix_skips_it_unchanged_and_replaces_it_when_an_obj
     assert read_root(out)["classes"] == ["cat", "dog", "zebra"]
     again = run_job(RunOptions(inputs=[url + "/"], output=out, config=CFG))
     assert again.exit_code == 0 and again.inputs_skipped == [url + "/"] and again.inputs_processed == []
-    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/ant/000006.jpg", Body=jpeg_bytes(index_image(6)))
+    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/ant/000006.jpg",
+                                  Body=jpeg_bytes(index_image(6)))
     third = run_job(RunOptions(inputs=[url], output=out, config=CFG))
     assert third.exit_code == 0 and third.inputs_processed == [url + "/"] and third.samples_written == 6
     assert read_root(out)["samples"] == 6, "the folder is replaced whole, as a tar is"
-    assert read_root(out)["classes"] == ["cat", "dog", "zebra", "ant"], "a new name is appended, none renumbered"
+    assert read_root(out)["classes"] == ["cat", "dog", "zebra", "ant"], "a new name appended, none renumbered"
 
 
 def test_an_object_over_the_member_limit_is_a_counted_failure_and_is_never_fetched(

@@ -567,14 +567,15 @@ def root_classes(doc: dict[str, Any], path: str) -> tuple[str, ...]:
     but a list of distinct non-empty strings."""
     value = doc.get("classes", [])
     if not isinstance(value, list):
-        raise ShardFormatError(f"{path}: \"classes\" is {str(value)[:40]!r}, not a list of class names (edited or "
-                               "forged): nothing was read")
+        raise ShardFormatError(f"{path}: \"classes\" is {str(value)[:40]!r}, not a list of class names "
+                               "(edited or forged): nothing was read")
     seen: set[str] = set()
     for number, name in enumerate(value):
         if not isinstance(name, str) or not name or name in seen:
-            what = "listed twice (a class has one id)" if name in seen else "not a class name (a non-empty string)"
-            raise ShardFormatError(f"{path}: \"classes\"[{number}] is {repr(name)[:40]}, {what} (edited or forged): "
-                                   "nothing was read")
+            what = ("listed twice (a class has one id)" if name in seen
+                    else "not a class name (a non-empty string)")
+            raise ShardFormatError(f"{path}: \"classes\"[{number}] is {repr(name)[:40]}, {what} (edited or "
+                                   "forged): nothing was read")
         seen.add(name)
     return tuple(value)
 

@@ -370,8 +370,8 @@ class ShardDataset(IterableDataset):
 
     @property
     def classes(self) -> list[str]:
-        """The class names by id, ``classes[cls]`` (a ``folder_classes`` dataset's table: one id per name across
-        every input; ``[]`` where the dataset keeps none)."""
+        """The class names by id, ``classes[cls]`` (a ``folder_classes`` dataset's table: one id per name
+        across every input; ``[]`` where the dataset keeps none)."""
         return list(self.snapshot.classes)
 
     # --- buckets -----------------------------------------------------------------------------------

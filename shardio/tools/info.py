@@ -166,7 +166,8 @@ _CLASSES_SHOWN = 20  # names on the classes line; ImageNet's 1,000 would bury th
 def _classes_line(classes: list[str]) -> str:
     """The class table (spec, "Classes"): ``classes      3: 0 cat, 1 dog, 2 bird``, the first names only."""
     shown = ", ".join(f"{number} {name}" for number, name in enumerate(classes[:_CLASSES_SHOWN]))
-    more = f", ... ({len(classes) - _CLASSES_SHOWN} more: `shardio info --json`)" if len(classes) > _CLASSES_SHOWN else ""
+    hidden = len(classes) - _CLASSES_SHOWN
+    more = f", ... ({hidden} more: `shardio info --json`)" if hidden > 0 else ""
     return f"classes      {len(classes)}: {shown}{more}"
 
 

@@ -166,8 +166,9 @@ class EditableIndex(ConfigDerived):
         return index
 
     def add_classes(self, names: list[str] | set[str]) -> dict[str, int]:
-        """Append the ``names`` the class table lacks, sorted (spec, "Classes": a run killed and rerun appends
-        the same names in the same order); returns the whole table as name -> id. The next commit writes it."""
+        """Append the ``names`` the class table lacks, sorted (spec, "Classes": a run killed and rerun
+        appends the same names in the same order); returns the whole table as name -> id. The next commit
+        writes it."""
         new = sorted(set(names) - set(self.classes))
         self.classes = (*self.classes, *new)
         return {name: number for number, name in enumerate(self.classes)}
@@ -296,6 +297,7 @@ class EditableIndex(ConfigDerived):
         ``Manifest`` keeps using it: its generation, version and segments are the new ones)."""
         manifest.generation, manifest.updated, manifest.source_version = (
             self.generation, self.updated, self.source_version)
-        manifest.dataset_id, manifest.name_fence, manifest.classes = self.dataset_id, self.name_fence, self.classes
+        manifest.dataset_id, manifest.name_fence = self.dataset_id, self.name_fence
+        manifest.classes = self.classes
         manifest.retired, manifest.segments = list(self.retired), list(self.segments or [])
         manifest.indexed = {name: input_signature(*group) for name, group in current_inputs(manifest).items()}
