@@ -19,19 +19,11 @@ from shardio.tools.info import dataset_info, format_info
 from shardio.write.directory import drop_inputs
 from tests.dataset_compare import assert_same_dataset
 from tests.dataset_fixtures import make_dataset
-from tests.folder_factory import write_file
+from tests.folder_factory import class_drop, write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes
 from tests.test_dataset_generations import add_input
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4, folder_classes=True)
-
-
-def class_drop(root, classes: dict[str, list[int]]) -> str:
-    """A drop folder holding one sub-folder per class, each with the self-identifying images ``indices``."""
-    for name, indices in classes.items():
-        for index in indices:
-            write_file(os.path.join(root, name, f"{index:06d}.jpg"), jpeg_bytes(index_image(index)))
-    return str(root)
 
 
 def labels(directory: str) -> dict[int, tuple[int, str]]:
@@ -139,7 +131,8 @@ def test_a_run_over_class_drops_killed_then_rerun_gives_the_uninterrupted_datase
     run = start_run(pattern, out, ray_cluster, str(tmp_path / "runs.log"), extra=("--config", str(config)))
     watch(run, out, ("write", 0.05))  # SIGKILL once its first shard file is there: mid-processing
     wait_for_dead_runs_tasks()
-    assert run_cli(pattern, "--output", out).exit_code == 0  # the dataset's own config: folder_classes
+    # --config again: a run killed before its first commit left no dataset (so no config) to rerun from
+    assert run_cli(pattern, "--output", out, extra=("--config", str(config))).exit_code == 0
     assert_same_dataset(out, reference)
     assert read_root(out)["classes"] == read_root(reference)["classes"] == ["bird", "cat", "dog"]
     assert labels(out) == labels(reference)
