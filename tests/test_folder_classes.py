@@ -32,7 +32,7 @@ def labels(directory: str) -> dict[int, tuple[int, str]]:
     found = {}
     for batch in dataset:
         for image, cls, meta in zip(batch["image"], batch["cls"].tolist(), batch["json"]):
-            found[decode_index(image.numpy())] = (cls, meta["class"])
+            found[decode_index(image.numpy())] = (cls, (meta or {}).get("class"))
     return found
 
 
@@ -81,15 +81,18 @@ def test_class_folders_given_as_inputs_are_refused_before_anything_is_written(tm
 
 
 @pytest.mark.ray
-def test_a_class_keeps_one_id_across_drops_reruns_prunes_and_drops(ray_cluster, tmp_path) -> None:
+def test_a_class_keeps_one_id_across_drops_reruns_prunes_and_drops(ray_cluster, tars, tmp_path) -> None:
     drops = tmp_path / "drops"
     d1 = class_drop(drops / "d1", {"cat": [0, 1], "dog": [2]})
     d2 = class_drop(drops / "d2", {"dog": [3, 4]})
+    tar = tars.make("labelled.tar", [40, 41])  # a tar keeps its own .cls: the table numbers folders only
     out = str(tmp_path / "out")
-    first = run_job(RunOptions(inputs=[d1, d2], output=out, config=CFG))
-    assert first.exit_code == 0 and first.samples_written == 5, first.inputs_failed
+    first = run_job(RunOptions(inputs=[d1, d2, tar], output=out, config=CFG))
+    assert first.exit_code == 0 and first.samples_written == 7, first.inputs_failed
     assert ShardDataset(out, 2).classes == ["cat", "dog"]
-    assert labels(out) == {0: (0, "cat"), 1: (0, "cat"), 2: (1, "dog"), 3: (1, "dog"), 4: (1, "dog")}
+    assert labels(out) == {0: (0, "cat"), 1: (0, "cat"), 2: (1, "dog"), 3: (1, "dog"), 4: (1, "dog"),
+                           40: (40, None), 41: (41, None)}
+    drop_inputs(out, [tar])
     # A third drop with a new class and an old one, and a class folder given as an input beside it: the
     # new name is appended, committed names keep their ids, the skipped drops are not renumbered, and the
     # class folder is a failed input that says why.
