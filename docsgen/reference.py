@@ -51,8 +51,9 @@ KEY_DOCS: dict[str, str] = {
     "image_column": "the Parquet column holding the images; `null` finds it by type "
                     "(binary, or a `{bytes, path}` struct)",
     "label_column": "the Parquet integer column read as `cls`; `null` takes `label` or `cls` if present",
-    "folder_classes": "a folder input's first folder level is the class (`cls` = the index among the sorted "
-                      "sub-folder names; the name goes to `json`)",
+    "folder_classes": "a folder input's first folder level is the class (`cls` = the name's id in the "
+                      "dataset's class table, one id per name across inputs and runs; the name goes to "
+                      "`json`)",
     "buckets": "`mode: bucket` only: the bucket shapes `[[h, w], ...]`, or `null` to derive them from the "
                "budget, `bucket_step` and `bucket_max_ratio`; the dataset stores the resolved list. At most "
                "65,536 buckets (a shard's bucket id is stored as a uint16)",

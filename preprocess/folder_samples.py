@@ -7,11 +7,14 @@ to the folder; its key is that path without the extension (``cat/0001``), and th
 ``KEY.json``, ``KEY.cls`` beside it are its metadata, as a tar's members are (a missing one is simply
 absent). A key with metadata but no image is a failed sample (``missing_image``), as in a tar.
 
-Classes (``folder_classes: true``): the first folder level names the class, torchvision's ``ImageFolder``
-rule: the sorted names of the folder's first-level sub-folders are classes 0, 1, 2, ..., a sample's
-``cls`` is its class's index and its ``json`` carries the name (``{"class": "cat"}``, beside a sidecar's
-keys), so the mapping is stored in the dataset itself, sample by sample (a ``.cls`` sidecar is then
-ignored). An image directly in the folder has no class.
+Classes (``folder_classes: true``): the first folder level names the class, a sample's ``cls`` is its
+class's id and its ``json`` carries the name (``{"class": "cat"}``, beside a sidecar's keys; a ``.cls``
+sidecar is then ignored). The ids are the dataset's, not the folder's: the job numbers every name once
+in the class table the dataset keeps (``shardio.format.spec``, "Classes"; ``preprocess.folder_classes``)
+and hands it to the task (``input_kinds.NumberedClasses``), so ``dog`` has one id in every drop. Read
+alone (``diagnose``, a direct call) a folder numbers its sorted first-level sub-folders 0, 1, 2, ...,
+torchvision's ``ImageFolder`` rule, which a new dataset's table also follows. An image directly in the
+folder has no class: it is a failed sample (``no_class``), never a sample with ``cls`` -1.
 
 A folder on object storage (``s3://bucket/photos/``, a prefix, named with or without its trailing
 slash) is read by the same rules over its object keys: the keys under the prefix are its files (a key
@@ -29,10 +32,9 @@ any object added, removed or replaced makes it a changed input, and a rerun with
 no object. The task lists the prefix again and reads it only if that listing still has the digest the
 plan saw, and each object only at the ETag listed: an object replaced meanwhile fails the input (not
 lasting: the next run reads the new one), so what is committed is exactly what the fingerprint names.
-Why one input: the class indices depend on the whole tree (a new class folder renumbers the ones after it),
-so part of a folder processed again could disagree with the rest; and a folder is committed all or
-nothing, like a tar. For drops that grow, name each drop's folder as its own INPUT
-(``'drops/{0001..0009}'``): each is then an input, processed once.
+Why one input: a folder is committed all or nothing, like a tar, and its fingerprint is one walk. For
+drops that grow, name each drop's folder as its own INPUT (``'drops/{0001..0009}'``): each is then an
+input, processed once, and the class table keeps a class's id the same in every drop.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -231,14 +233,16 @@ class _ObjectFolder:
 
 
 def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
-                        extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+                        extent: InputExtent | None = None, class_ids: Mapping[str, int] | None = None,
+                        ) -> Iterator[RawSample | SampleProblem]:
     """Yield each image file under the folder ``path`` as a sample (the module docstring's rules); ``etag``:
-    a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``)."""
+    a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``); ``class_ids``: the
+    dataset's class table (name -> id) under ``folder_classes`` (None: the folder's own sorted order)."""
     source = folder_source(path)
     try:
         files = source.files()
         source.check_listed(etag)
-        classes = {name: index for index, name in enumerate(source.classes())} if cfg.folder_classes else {}
+        classes = _class_ids(path, source, class_ids) if cfg.folder_classes else None
     except OSError as e:
         raise InputError(path, f"cannot list the folder ({e.strerror or e})", lasting=False) from e
     groups: dict[str, dict[str, FolderFile]] = {}  # key -> extension -> file, in sorted key order
@@ -255,8 +259,22 @@ def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None, etag
         yield _sample(source, key, members, cfg, classes)
 
 
+def _class_ids(path: str, source: FolderSource, table: Mapping[str, int] | None) -> dict[str, int]:
+    """Class folder name -> id: the dataset's table's, or the folder's own sorted order without one. A class
+    folder the table lacks appeared after the run listed the folder: the input fails, and the next run
+    (which lists it again) numbers it."""
+    names = source.classes()
+    if table is None:
+        return {escape_name(name): index for index, name in enumerate(names)}
+    unknown = [name for name in names if escape_name(name) not in table]
+    if unknown:
+        raise InputError(path, f"class folder {unknown[0]!r} appeared after the run listed the folder: not "
+                               "committed; the next run numbers it", lasting=False)
+    return {escape_name(name): table[escape_name(name)] for name in names}
+
+
 def _sample(source: FolderSource, key: str, members: dict[str, FolderFile], cfg: JobConfig,
-            classes: dict[str, int]) -> RawSample | SampleProblem:
+            classes: dict[str, int] | None) -> RawSample | SampleProblem:
     escaped = escape_name(key)
     image_extension = next((e for e in cfg.image_extensions if e in members), None)
     if image_extension is None:
@@ -264,18 +282,21 @@ def _sample(source: FolderSource, key: str, members: dict[str, FolderFile], cfg:
         return SampleProblem(escaped, FailureCode.MISSING_IMAGE, f"no image file (has: {present})")
     file = members[image_extension]
     member = escape_name(file.relative)
+    top = escaped.split("/", 1)[0] if "/" in escaped else None  # its class folder's name
+    if classes is not None and top is None:  # refused unread
+        return SampleProblem(escaped, FailureCode.NO_CLASS,
+                             f"{member!r} is not in a class folder (folder_classes: the first folder level "
+                             "names the class)", member)
     too_large = file.size is not None and file.size > MAX_MEMBER_BYTES  # listed: refused without a GET
     image = b"" if too_large else source.read(file)
     if too_large or len(image) > MAX_MEMBER_BYTES:
         return SampleProblem(escaped, FailureCode.MEMBER_TOO_LARGE,
                              f"file {member!r} is over {MAX_MEMBER_BYTES} bytes: skipped", member)
     fields = {e: source.read(members[e]) for e in _SIDECARS if e in members}
-    if classes:
+    if classes is not None and top is not None:
         fields.pop("cls", None)
-        top = key.split("/", 1)[0] if "/" in key else None
-        if top in classes:
-            fields["cls"] = str(classes[top]).encode()
-            fields["json"] = _with_class(fields.get("json"), top)
+        fields["cls"] = str(classes[top]).encode()
+        fields["json"] = _with_class(fields.get("json"), top)
     return RawSample(escaped, member, image, fields)
 
 

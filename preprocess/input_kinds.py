@@ -39,15 +39,16 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix"]
+           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader",
+           "strip_kind_suffix", "NumberedClasses"]
 
 # An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
-# reader), -> samples in the input's order.
+# reader), the ``InputExtent`` the reader says how far it is through the input in (or None: a reader that
+# cannot tell, such as a Python source's, leaves it unset) -> samples in the input's order.
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
-SampleReader = Callable[[str, JobConfig, "int | None", str], Iterator[RawSample | SampleProblem]]
-# A kind's reader also takes the ``InputExtent`` it reports how far it is through the input in (or None).
-KindReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
-                      Iterator[RawSample | SampleProblem]]
+SampleReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
+                        Iterator[RawSample | SampleProblem]]
+KindReader = SampleReader  # a kind's reader is one, too
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,23 @@ def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "",
     """The samples of the input at ``path``, by the reader of its kind (``input_kind``); ``extent``, when
     given, is told how far the reader is through the input (progress)."""
     return input_kind(path, size).samples(path, cfg, size, etag, extent)
+
+
+@dataclass(frozen=True)
+class NumberedClasses:
+    """A ``SampleReader``: each input by the reader of its kind, a folder's classes numbered by the dataset's
+    class table (name -> id: ``shardio.format.spec``, "Classes") instead of the folder's own order. The job
+    gives its tasks one (put in Ray's object store once) under ``folder_classes``; other kinds are read as
+    ``samples_of`` reads them."""
+
+    class_ids: dict[str, int]
+
+    def __call__(self, path: str, cfg: JobConfig, size: int | None, etag: str,
+                 extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+        kind = input_kind(path, size)
+        if kind.is_folder:
+            return iter_folder_samples(path, cfg, size, etag, extent, class_ids=self.class_ids)
+        return kind.samples(path, cfg, size, etag, extent)
 
 
 def accepted_kinds() -> str:

@@ -81,6 +81,9 @@ class ResolvedInputs:
     listed: dict[str, InputFingerprint] = field(default_factory=dict)
     links: set[str] = field(default_factory=set)  # local inputs whose name is a symlink (the output check)
     folders: set[str] = field(default_factory=set)  # inputs that are folders of image files
+    # folder input -> the names of its first-level sub-folders, sorted (``FolderSource.classes``), from the
+    # listing that took its fingerprint: what a run's class table learns (``preprocess.class_table``)
+    classes: dict[str, list[str]] = field(default_factory=dict)
 
 
 def resolve_inputs(patterns: list[str],
@@ -95,6 +98,7 @@ def resolve_inputs(patterns: list[str],
     local_found: dict[str, InputFingerprint] = {}
     links: set[str] = set()
     folders: set[str] = set()
+    classes = remote.classes
     for pattern in patterns:
         expansions = list(braceexpand(pattern))
         is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
@@ -120,7 +124,7 @@ def resolve_inputs(patterns: list[str],
                 if not files:
                     pattern_failed.append({"input": expanded, "reason": "glob matched no files"})
             else:
-                problem = _named_local(local, matched, local_found, links, folders, image_extensions)
+                problem = _named_local(local, matched, local_found, links, folders, image_extensions, classes)
                 if problem:
                     pattern_failed.append({"input": expanded, "reason": problem})
         if is_pattern and not matched:
@@ -137,7 +141,8 @@ def resolve_inputs(patterns: list[str],
     listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
     _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
-    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links, folders)
+    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links, folders,
+                          {path: names for path, names in classes.items() if path in folders})
 
 
 def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
@@ -160,7 +165,7 @@ def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]
 
 
 def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str],
-                 folders: set[str], image_extensions: tuple[str, ...]) -> str:
+                 folders: set[str], image_extensions: tuple[str, ...], classes: dict[str, list[str]]) -> str:
     """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk, a
     stat per file); returns why it is not an input, or ""."""
     try:
@@ -179,7 +184,10 @@ def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprin
         if claimed_kind(path) is not None:
             return "is a directory; pass DIR/*.tar"
         try:
-            size, mtime_ns, _, images = folder_source(path).fingerprint(image_extensions)
+            source = folder_source(path)
+            size, mtime_ns, _, images = source.fingerprint(image_extensions)
+            if images:
+                classes[path] = source.classes()
         except OSError as e:
             return f"cannot be read: {e.strerror or e}"
         if not images:
@@ -243,6 +251,7 @@ class _RemoteLookup:
     def __init__(self, patterns: list[str], image_extensions: tuple[str, ...]) -> None:
         self.listed: dict[str, InputFingerprint] = {}
         self.folders: set[str] = set()  # prefixes named as INPUTs that hold images, each named "URL/"
+        self.classes: dict[str, list[str]] = {}  # their first-level sub-folders, from the same listing
         self._image_extensions = image_extensions
         self._listings: dict[tuple[str, bool], dict[str, FileInfo]] = {}
         # Explicit URLs (no glob) per folder: a folder named more than once is listed, not HEADed per name.
@@ -312,6 +321,7 @@ class _RemoteLookup:
         if fingerprint.images and claimed_kind(url.rstrip("/")) is None:
             self.listed[name] = InputFingerprint(fingerprint.size, fingerprint.mtime_ns, fingerprint.etag)
             self.folders.add(name)
+            self.classes[name] = source.classes()
             matched.add(name)
         else:
             failed.append({"input": url, "reason": "is a folder; pass FOLDER/*.tar" if source.files()

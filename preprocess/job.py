@@ -79,7 +79,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from preprocess.class_table import extend_class_table, folder_class_names
 from preprocess.config import BUCKET, JobConfig
+from preprocess.input_kinds import NumberedClasses, SampleReader
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.sources import Source
@@ -204,6 +206,8 @@ def run_job(
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
                                                                                          cfg.image_extensions)
+    # folder_classes: the names the folder inputs bring; a folder with no class folder fails here, unread.
+    class_names = folder_class_names(resolved) if cfg.folder_classes else {}
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
@@ -252,6 +256,12 @@ def run_job(
             planned = plan_inputs(resolved, committed)
             _set_aside_remembered(planned, remembered, report)
         del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
+        # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
+        reader: SampleReader | None = None
+        if options.source is not None:
+            reader = options.source.reader()
+        elif class_names:
+            reader = NumberedClasses(extend_class_table(index, class_names, planned.todo))
         todo = planned.todo
         report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
         for path in to_prune:
@@ -274,7 +284,7 @@ def run_job(
             else:
                 dataset_dir.mark_run(directory, report.run_id)  # tasks may promote files from here on
                 disk_full = _process(todo, options, plan, committer, report, counted_emit, started, stop_requested,
-                                     routes_ray=on_event is not None)
+                                     routes_ray=on_event is not None, reader=reader)
             if stop_requested():
                 _note_interrupted(report, stop_requested(), todo, emit)
             committer.maybe_commit(force=True)
@@ -479,11 +489,12 @@ def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_pr
 def _process(
     todo: list[tuple[str, InputFingerprint]], options: RunOptions, plan: dict[str, Any], committer: Committer,
     report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
-    routes_ray: bool,
+    routes_ray: bool, reader: SampleReader | None = None,
 ) -> str | None:
     """Run ``todo`` as Ray tasks, committing as inputs finish; returns why it stopped early if the output
     disk filled up (every later input would fail the same way), else None. Returns early, tasks
-    cancelled, once ``stop_requested()``."""
+    cancelled, once ``stop_requested()``. ``reader``: what every task reads its input with (a Python
+    source's, or the reader of each kind with the dataset's class table); None: ``samples_of``."""
     # With no event hook (library use) Ray prints as it always does; the CLI routes it (quiet, JSON).
     ray_output = (lambda line: emit("ray", line)) if routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
@@ -500,7 +511,7 @@ def _process(
         stream = stream_inputs(todo, committer.directory, options.config,
                                should_stop=lambda: bool(stop_requested()), task_env=env,
                                name_fence=dataset_dir.shard_name_fence(committer.directory, committer.index),
-                               reader=options.source.reader() if options.source is not None else None)
+                               reader=reader)
         try:
             for message in stream:
                 if isinstance(message, Progress):

@@ -45,7 +45,8 @@ import numpy as np
 from PIL import Image
 
 from preprocess.config import JobConfig
-from preprocess.raw_sample import RawSample, SampleProblem
+from preprocess.input_kinds import SampleReader
+from preprocess.raw_sample import InputExtent, RawSample, SampleProblem
 from shardio.errors import ConfigError, InputError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
@@ -97,7 +98,7 @@ class Source:
         """The input's name in the dataset: ``{source}/{input}``."""
         return f"{self.name}/{item.name}"
 
-    def reader(self) -> Callable[[str, JobConfig, int, str], Iterator[RawSample | SampleProblem]]:
+    def reader(self) -> SampleReader:
         """This source as a ``SampleReader`` (``preprocess.input_kinds``): what the worker runs."""
         return _SourceReader(self.name, self.samples)
 
@@ -109,7 +110,9 @@ class _SourceReader:
     def __init__(self, name: str, samples: Callable[[SourceInput], Iterable[Sample]]) -> None:
         self.name, self.samples = name, samples
 
-    def __call__(self, path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[RawSample | SampleProblem]:
+    def __call__(self, path: str, cfg: JobConfig, size: int, etag: str,
+                 extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
+        """``extent`` stays unset: a source's function says nothing of how far it is."""
         item = SourceInput(path[len(self.name) + 1 :], etag)
         seen: set[str] = set()
         try:

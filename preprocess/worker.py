@@ -169,8 +169,7 @@ def iter_process_input(
     hang_pattern = hang_pattern_for_tests()
     try:
         # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
-        items = (reader(input_path, cfg, size, etag) if reader is not None
-                 else samples_of(input_path, cfg, size, etag, extent))
+        items = (reader or samples_of)(input_path, cfg, size, etag, extent)
         for item in items:
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,

@@ -11,6 +11,7 @@ import pytest
 
 from preprocess.config import JobConfig
 from preprocess.folder_samples import iter_folder_samples
+from preprocess.input_kinds import NumberedClasses
 from preprocess.inputs import resolve_inputs
 from preprocess.plan import check_output_apart
 from preprocess.raw_sample import SampleProblem
@@ -58,14 +59,20 @@ def test_nested_classes_missing_sidecars_and_orphans(tmp_path):
     result = process_input(str(root), str(tmp_path / "out"), cfg, fingerprint(str(root)))
     pixels, rows = read_shards(str(tmp_path / "out"), result.shards)
     # Sorted by relative path; classes are the sorted first-level folders (the empty one counts, as in
-    # torchvision's ImageFolder): cat 0, dog 1, empty_class 2, zebra 3; a root image has none.
-    assert [r["key"] for r in rows] == ["000000", "cat/000001", "cat/000002", "dog/a/000003", "zebra/deep/er/000004"]
-    assert [decode_index(p) for p in pixels] == [0, 1, 2, 3, 4]
-    assert [r["cls"] for r in rows] == [None, 0, 0, 1, 3]
-    assert [r["json"] for r in rows] == [None, {"class": "cat"}, {"source": "web", "class": "cat"},
+    # torchvision's ImageFolder): cat 0, dog 1, empty_class 2, zebra 3; a root image has none: a failure.
+    assert [r["key"] for r in rows] == ["cat/000001", "cat/000002", "dog/a/000003", "zebra/deep/er/000004"]
+    assert [decode_index(p) for p in pixels] == [1, 2, 3, 4]
+    assert [r["cls"] for r in rows] == [0, 0, 1, 3]
+    assert [r["json"] for r in rows] == [{"class": "cat"}, {"source": "web", "class": "cat"},
                                          {"class": "dog"}, {"class": "zebra"}]
-    assert [r["txt"] for r in rows] == [None, "a cat", None, None, None]
-    assert [(f["key"], f["code"]) for f in result.failures] == [("dog/orphan", "missing_image")]
+    assert [r["txt"] for r in rows] == ["a cat", None, None, None]
+    assert [(f["key"], f["code"]) for f in result.failures] == [("000000", "no_class"),
+                                                               ("dog/orphan", "missing_image")]
+    assert "not in a class folder" in result.failures[0]["reason"]
+    # The job's class table (the dataset's ids, across inputs) numbers them instead of the folder's own order.
+    table = NumberedClasses({"zebra": 0, "dog": 1, "cat": 2, "empty_class": 3})
+    numbered = process_input(str(root), str(tmp_path / "numbered"), cfg, fingerprint(str(root)), reader=table)
+    assert [r["cls"] for r in read_shards(str(tmp_path / "numbered"), numbered.shards)[1]] == [2, 2, 1, 0]
     without = process_input(str(root), str(tmp_path / "plain"), CFG, fingerprint(str(root)))
     assert [r["cls"] for r in read_shards(str(tmp_path / "plain"), without.shards)[1]] == [None, None, 99, None, None]
 

@@ -21,6 +21,7 @@ from tests.folder_factory import write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4, folder_classes=True)
+FLAT = JobConfig(height=16, width=16, samples_per_shard=4)  # a folder of images with no class folders
 LAYOUT = {"dog/a/000003.jpg": 3, "cat/000001.png": 1, "cat/000002.jpg": 2, "zebra/deep/er/000004.jpg": 4,
           "000000.jpg": 0, "cat/000005.jpg": 5}
 
@@ -69,18 +70,19 @@ def test_a_prefix_gives_the_pixels_keys_classes_and_metadata_of_the_local_folder
     assert reads == [], "resolving a prefix lists it, and reads no object"
     remote = process_input(url + "/", str(tmp_path / "r"), CFG, resolved.listed[url + "/"])
     assert remote.error is None, remote.error
-    assert len(reads) == 8, "one GET per image and sidecar"
+    assert len(reads) == 7, "one GET per image and sidecar; none for the image in no class folder"
     here = process_input(local, str(tmp_path / "l"), CFG, resolve_inputs([local]).listed[local])
     pixels, rows = read_shards(str(tmp_path / "r"), remote.shards)
     local_pixels, local_rows = read_shards(str(tmp_path / "l"), here.shards)
-    assert [decode_index(p) for p in pixels] == [0, 1, 2, 5, 3, 4]
+    assert [decode_index(p) for p in pixels] == [1, 2, 5, 3, 4]
     np.testing.assert_array_equal(pixels, local_pixels)
     for field in ("key", "txt", "cls", "json", "member", "width", "height"):
         assert [r[field] for r in rows] == [r[field] for r in local_rows], field
-    assert [r["cls"] for r in rows] == [None, 0, 0, 0, 1, 2]  # cat 0, dog 1, zebra 2; a root image has none
+    assert [r["cls"] for r in rows] == [0, 0, 0, 1, 2]  # cat 0, dog 1, zebra 2; a root image has none: failed
     assert {r["tar"] for r in rows} == {url + "/"}
     said = [(f["key"], f["code"], f["reason"]) for f in remote.failures]
-    assert said == [(f["key"], f["code"], f["reason"]) for f in here.failures] and said[0][0] == "dog/orphan"
+    assert said == [(f["key"], f["code"], f["reason"]) for f in here.failures]
+    assert [(key, code) for key, code, _ in said] == [("000000", "no_class"), ("dog/orphan", "missing_image")]
     assert os.path.basename(remote.shards[0]["path"]).startswith("photos-")
 
 
@@ -103,7 +105,7 @@ def test_a_rerun_with_nothing_changed_skips_it_unread_and_an_added_object_makes_
     stale = process_input(name, str(tmp_path / "stale"), CFG, fingerprint)
     assert "added, removed or replaced" in stale.error and stale.shards == [] and not stale.lasting
     result = process_input(name, str(tmp_path / "new"), CFG, grown.listed[name])
-    assert result.error is None and result.samples == 7
+    assert result.error is None and result.samples == 6  # 7 images, one in no class folder
 
 
 def test_a_prefix_without_images_is_refused_as_a_local_folder_is_and_a_missing_one_is_no_such_object(
@@ -137,7 +139,7 @@ def test_an_object_replaced_while_the_folder_is_read_fails_the_input_naming_it(p
     real = S3Storage.read_tagged
 
     def replacing(self, path):
-        if path.endswith("/000000.jpg"):  # the first read: another object is replaced meanwhile
+        if path.endswith("/000001.png"):  # the first read: another object is replaced meanwhile
             s3_server.client().put_object(Bucket=s3_bucket, Key="photos/zebra/deep/er/000004.jpg",
                                           Body=jpeg_bytes(index_image(8)))
         return real(self, path)
@@ -158,8 +160,8 @@ def test_every_cloud_reads_a_prefix_as_the_local_folder(cloud_bucket, tmp_path):
     url = cloud_bucket.upload_dir(str(root), "flat")
     resolved = resolve_inputs([url])
     assert resolved.paths == [url + "/"], resolved.failed
-    remote = process_input(url + "/", str(tmp_path / "r"), CFG, resolved.listed[url + "/"])
-    here = process_input(str(root), str(tmp_path / "l"), CFG, resolve_inputs([str(root)]).listed[str(root)])
+    remote = process_input(url + "/", str(tmp_path / "r"), FLAT, resolved.listed[url + "/"])
+    here = process_input(str(root), str(tmp_path / "l"), FLAT, resolve_inputs([str(root)]).listed[str(root)])
     assert remote.error is None and remote.samples == 3, remote.error
     np.testing.assert_array_equal(read_shards(str(tmp_path / "r"), remote.shards)[0],
                                   read_shards(str(tmp_path / "l"), here.shards)[0])
@@ -173,13 +175,17 @@ def test_the_job_commits_a_prefix_skips_it_unchanged_and_replaces_it_when_an_obj
     _, url = photos
     out = str(tmp_path / "out")
     first = run_job(RunOptions(inputs=[url], output=out, config=CFG))
-    assert first.exit_code == 0 and first.inputs_processed == [url + "/"] and first.samples_written == 6
+    # 6 images, one in no class folder; the class table from the prefix's one listing
+    assert first.exit_code == 0 and first.inputs_processed == [url + "/"] and first.samples_written == 5
+    assert read_root(out)["classes"] == ["cat", "dog", "zebra"]
     again = run_job(RunOptions(inputs=[url + "/"], output=out, config=CFG))
     assert again.exit_code == 0 and again.inputs_skipped == [url + "/"] and again.inputs_processed == []
-    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/cat/000006.jpg", Body=jpeg_bytes(index_image(6)))
+    s3_server.client().put_object(Bucket=s3_bucket, Key="photos/ant/000006.jpg",
+                                  Body=jpeg_bytes(index_image(6)))
     third = run_job(RunOptions(inputs=[url], output=out, config=CFG))
-    assert third.exit_code == 0 and third.inputs_processed == [url + "/"] and third.samples_written == 7
-    assert read_root(out)["samples"] == 7, "the folder is replaced whole, as a tar is"
+    assert third.exit_code == 0 and third.inputs_processed == [url + "/"] and third.samples_written == 6
+    assert read_root(out)["samples"] == 6, "the folder is replaced whole, as a tar is"
+    assert read_root(out)["classes"] == ["cat", "dog", "zebra", "ant"], "a new name appended, none renumbered"
 
 
 def test_an_object_over_the_member_limit_is_a_counted_failure_and_is_never_fetched(
@@ -192,7 +198,8 @@ def test_an_object_over_the_member_limit_is_a_counted_failure_and_is_never_fetch
     fingerprint = resolve_inputs([url]).listed[name]
     monkeypatch.setattr(folder_samples, "MAX_MEMBER_BYTES", 20_000)  # every other file is a few KB
     result = process_input(name, str(tmp_path / "out"), CFG, fingerprint)
-    assert result.error is None and result.samples == 6
-    assert [(f["key"], f["code"]) for f in result.failures] == [("big/000007", "member_too_large"),
+    assert result.error is None and result.samples == 5
+    assert [(f["key"], f["code"]) for f in result.failures] == [("000000", "no_class"),
+                                                               ("big/000007", "member_too_large"),
                                                                ("dog/orphan", "missing_image")]
     assert not any(path.endswith("big/000007.jpg") for path in reads)

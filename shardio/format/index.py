@@ -28,6 +28,7 @@ from shardio.format.spec import (
     root_buckets,
     root_dataset_id,
     root_name_fence,
+    root_classes,
     root_generation,
     root_shape,
 )
@@ -324,6 +325,7 @@ def root_json(manifest: Manifest, totals: dict[str, int] | None = None, run: str
         "generation": manifest.generation,
         **({"dataset": manifest.dataset_id} if manifest.dataset_id else {}),
         **({"fence": manifest.name_fence} if manifest.name_fence else {}),
+        **({"classes": list(manifest.classes)} if manifest.classes else {}),
         "segments": [vars(s).copy() for s in manifest.segments],
         "retired": [vars(r).copy() for r in manifest.retired],
         **({"run": run} if run else {}),
@@ -398,7 +400,8 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
         manifest = Manifest(shape=(h, w, c), config=doc["config"], versions=doc.get("versions", {}),
                             updated=doc.get("updated", ""), generation=root_generation(doc, path),
                             retired=[RetiredFile(**r) for r in doc.get("retired", [])],
-                            dataset_id=root_dataset_id(doc, path), name_fence=root_name_fence(doc, path))
+                            dataset_id=root_dataset_id(doc, path), name_fence=root_name_fence(doc, path),
+                            classes=root_classes(doc, path))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for name in sorted(live, key=lambda n: n.encode("utf-8")):

@@ -36,6 +36,7 @@ from shardio.format.spec import (
     root_buckets,
     root_dataset_id,
     root_name_fence,
+    root_classes,
     root_generation,
     root_shape,
 )
@@ -69,6 +70,7 @@ class DatasetIndex(ConfigDerived):
     segments: list[SegmentRef] | None = None
     dataset_id: str = ""  # the root's ``dataset`` ("" where it has none: spec, "Identity")
     name_fence: str = ""  # the root's ``fence`` ("" where it has none: spec, "Fencing names")
+    classes: tuple[str, ...] = ()  # the root's class table (() where it has none: spec, "Classes")
 
     @property
     def samples(self) -> int:
@@ -186,7 +188,8 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
         index = DatasetIndex(path, (h, w, c), doc["config"], doc.get("versions", {}), doc.get("updated", ""),
                              root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
-                             version, refs, root_dataset_id(doc, path), root_name_fence(doc, path))
+                             version, refs, root_dataset_id(doc, path), root_name_fence(doc, path),
+                             root_classes(doc, path))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:

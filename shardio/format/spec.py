@@ -308,6 +308,21 @@ roots name. No name the previous holder knew is written again, so its late delet
 files; a later takeover draws a new fence. A root without ``fence`` (none was ever
 needed) names shards as before, so a rerun after a ``kill -9`` writes the same bytes under the same names.
 Anything but 16 lower-case hex digits is refused at load.
+
+Classes (``classes``, an optional root field: the version stays 3, or 4). A dataset whose config says
+``folder_classes: true`` keeps its class table in its root: a list of class names, each a non-empty
+string, no name twice; a class's id, the ``cls`` of its samples (whose ``json`` carries ``"class": NAME``),
+is its index in the list. The table belongs to the dataset, not to an input: one name has one id across
+every input, drop and rerun. A run reads the committed table, appends the names its folder inputs bring
+that it lacks (sorted, so a run killed and rerun appends the same names in the same order, and writes the
+same bytes), gives its tasks the whole table, and every commit copies it into its root, as it copies
+``dataset``. A name is never removed nor renumbered, even when no sample of it remains (an input dropped
+or pruned): a later input of that class gets its old id, and a model trained on an earlier generation keeps
+its outputs' meaning. Readers: ``ShardDataset.classes``, ``shardio info``. A root without the field has no
+table (every dataset of another config, and one whose folder inputs were committed before the table
+existed: their ids are each folder's own sorted order; the next run that commits enters the names of those
+it skips first, sorted, so a dataset of one such folder keeps its ids). Anything but a list of distinct
+non-empty strings is refused at load, naming the root.
 """
 
 from __future__ import annotations
@@ -363,6 +378,7 @@ __all__ = [
     "MAX_SIDE",
     "root_dataset_id",
     "root_name_fence",
+    "root_classes",
     "new_dataset_id",
     "proves_another_dataset",
     "BUCKET_FORMAT_VERSION",
@@ -544,6 +560,24 @@ def root_name_fence(doc: dict[str, Any], path: str) -> str:
     """A root's ``fence`` (spec, "Fencing names"): "" where absent; ShardFormatError naming ``path`` for a
     value that is not 16 lower-case hex digits."""
     return _root_hex(doc, path, "fence", _FENCE_DIGITS, "a fence")
+
+
+def root_classes(doc: dict[str, Any], path: str) -> tuple[str, ...]:
+    """A root's ``classes`` (spec, "Classes"): () where absent; ShardFormatError naming ``path`` for anything
+    but a list of distinct non-empty strings."""
+    value = doc.get("classes", [])
+    if not isinstance(value, list):
+        raise ShardFormatError(f"{path}: \"classes\" is {str(value)[:40]!r}, not a list of class names "
+                               "(edited or forged): nothing was read")
+    seen: set[str] = set()
+    for number, name in enumerate(value):
+        if not isinstance(name, str) or not name or name in seen:
+            what = ("listed twice (a class has one id)" if name in seen
+                    else "not a class name (a non-empty string)")
+            raise ShardFormatError(f"{path}: \"classes\"[{number}] is {repr(name)[:40]}, {what} (edited or "
+                                   "forged): nothing was read")
+        seen.add(name)
+    return tuple(value)
 
 
 def _root_hex(doc: dict[str, Any], path: str, key: str, digits: int, what: str) -> str:
@@ -789,6 +823,8 @@ class Manifest(ConfigDerived):
     dataset_id: str = field(default="", compare=False, repr=False)
     # Format 3 only: the root's ``fence`` (spec, "Fencing names"), "" where it has none.
     name_fence: str = field(default="", compare=False, repr=False)
+    # Format 3 only: the root's class table (spec, "Classes"), () where it has none.
+    classes: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def samples(self) -> int:

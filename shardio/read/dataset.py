@@ -368,6 +368,12 @@ class ShardDataset(IterableDataset):
         selected = self._select(snapshot)
         return len(selected), snapshot.identity, _bucket_sizes(selected)
 
+    @property
+    def classes(self) -> list[str]:
+        """The class names by id, ``classes[cls]`` (a ``folder_classes`` dataset's table: one id per name
+        across every input; ``[]`` where the dataset keeps none)."""
+        return list(self.snapshot.classes)
+
     # --- buckets -----------------------------------------------------------------------------------
 
     @property

@@ -108,6 +108,12 @@ class DatasetSnapshot:
         what a resume state taken on it names."""
         return self.manifest.identity
 
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The dataset's class names by id (``shardio.format.spec``, "Classes": a ``folder_classes`` dataset's
+        table; () where it has none): ``classes[cls]`` is a sample's class name."""
+        return getattr(self.manifest, "classes", ())
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 

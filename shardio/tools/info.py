@@ -126,6 +126,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
         ],
         "report_problems": problems,
         **bucketed,
+        **({"classes": list(snapshot.classes)} if snapshot.classes else {}),
     }
 
 
@@ -167,6 +168,17 @@ def _bucket_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+_CLASSES_SHOWN = 20  # names on the classes line; ImageNet's 1,000 would bury the rest of the summary
+
+
+def _classes_line(classes: list[str]) -> str:
+    """The class table (spec, "Classes"): ``classes      3: 0 cat, 1 dog, 2 bird``, the first names only."""
+    shown = ", ".join(f"{number} {name}" for number, name in enumerate(classes[:_CLASSES_SHOWN]))
+    hidden = len(classes) - _CLASSES_SHOWN
+    more = f", ... ({hidden} more: `shardio info --json`)" if hidden > 0 else ""
+    return f"classes      {len(classes)}: {shown}{more}"
+
+
 def format_info(info: dict[str, Any]) -> str:
     """``dataset_info`` as the lines ``shardio info`` prints."""
     h, w, c = info["shape"]
@@ -181,6 +193,7 @@ def format_info(info: dict[str, Any]) -> str:
         f"directory {_size(info['directory_bytes'])}",
         _encoding_line(info),
         *(_bucket_lines(info) if "buckets" in info else []),
+        *([_classes_line(info["classes"])] if "classes" in info else []),
         f"updated      {info['updated']}",
         "config       " + ", ".join(f"{k}={v}" for k, v in info["config"].items()),
         f"config hash  {info['config_hash'][:16]}",

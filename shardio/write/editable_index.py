@@ -108,7 +108,7 @@ class EditableIndex(ConfigDerived):
                  stack: _SegmentStack | None = None, updated: str = "", generation: int = 0,
                  retired: list[RetiredFile] | None = None, segments: list[SegmentRef] | None = None,
                  source_version: str = "", totals: dict[str, int] | None = None, dataset_id: str = "",
-                 name_fence: str = "") -> None:
+                 name_fence: str = "", classes: tuple[str, ...] = ()) -> None:
         self.shape, self.config, self.versions = shape, config, versions
         # The dataset's identity (spec, "Identity"): the committed root's, or drawn now for a new dataset
         # (or one whose roots predate identities): its first commit writes it, every later one copies it.
@@ -116,6 +116,9 @@ class EditableIndex(ConfigDerived):
         # The names' fence (spec, "Fencing names"): copied by every commit; set by a run that took the
         # lease over from a holder that may live (``shardio.write.directory``).
         self.name_fence = name_fence
+        # The class table (spec, "Classes"): copied by every commit; a run appends its new names (never
+        # reorders or removes one: ``add_classes``).
+        self.classes: tuple[str, ...] = tuple(classes)
         self.updated, self.generation, self.source_version = updated, generation, source_version
         self.retired: list[RetiredFile] = list(retired or [])
         self._retired_paths = {r.path for r in self.retired}
@@ -146,7 +149,7 @@ class EditableIndex(ConfigDerived):
                    stack=_SegmentStack(list(committed.shards.segments)), updated=committed.updated,
                    generation=committed.generation, retired=committed.retired, segments=list(committed.segments),
                    source_version=committed.source_version, totals=totals, dataset_id=committed.dataset_id,
-                   name_fence=committed.name_fence)
+                   name_fence=committed.name_fence, classes=committed.classes)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> EditableIndex:
@@ -156,11 +159,19 @@ class EditableIndex(ConfigDerived):
                     generation=manifest.generation, retired=manifest.retired,
                     segments=None if manifest.segments is None else list(manifest.segments),
                     source_version=manifest.source_version, totals=totals_of(manifest), dataset_id=manifest.dataset_id,
-                    name_fence=manifest.name_fence)
+                    name_fence=manifest.name_fence, classes=manifest.classes)
         index.changed = current_inputs(manifest)
         index._indexed = dict(manifest.indexed) if manifest.segments is not None else {}
         index.gone = set(index._indexed) - set(index.changed)
         return index
+
+    def add_classes(self, names: list[str] | set[str]) -> dict[str, int]:
+        """Append the ``names`` the class table lacks, sorted (spec, "Classes": a run killed and rerun
+        appends the same names in the same order); returns the whole table as name -> id. The next commit
+        writes it."""
+        new = sorted(set(names) - set(self.classes))
+        self.classes = (*self.classes, *new)
+        return {name: number for number, name in enumerate(self.classes)}
 
     def pending(self) -> set[str]:
         """The names the next commit must compare (after ``from_manifest``: every one it knows of)."""
@@ -275,7 +286,7 @@ class EditableIndex(ConfigDerived):
         totals = {k: self.totals[k] for k in ("input_count", "failed", "bytes", "meta_bytes")}
         return DatasetIndex(path, self.shape, self.config, self.versions, self.updated, self.generation, table,
                             list(self.retired), totals, self.source_version, list(self.segments), self.dataset_id,
-                            self.name_fence)
+                            self.name_fence, self.classes)
 
     def opened_segments(self) -> dict[str, SegmentColumns]:
         """The segments already open, by path (a commit reopens only the ones it wrote)."""
@@ -287,5 +298,6 @@ class EditableIndex(ConfigDerived):
         manifest.generation, manifest.updated, manifest.source_version = (
             self.generation, self.updated, self.source_version)
         manifest.dataset_id, manifest.name_fence = self.dataset_id, self.name_fence
+        manifest.classes = self.classes
         manifest.retired, manifest.segments = list(self.retired), list(self.segments or [])
         manifest.indexed = {name: input_signature(*group) for name, group in current_inputs(manifest).items()}
