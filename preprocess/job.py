@@ -205,6 +205,7 @@ def run_job(
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
                                                                                          cfg.image_extensions)
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+    report.files_ignored = resolved.files_ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
         reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
