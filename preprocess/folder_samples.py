@@ -75,8 +75,8 @@ from shardio.format import escape_name
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo, Storage
 
-__all__ = ["FolderFile", "FolderFingerprint", "FolderSource", "IgnoredFiles", "folder_source", "iter_folder_samples",
-           "no_image_reason", "pillow_image_extensions"]
+__all__ = ["FolderFile", "FolderFingerprint", "FolderSource", "IgnoredFiles", "folder_source",
+           "iter_folder_samples", "no_image_reason", "pillow_image_extensions"]
 
 _SIDECARS = ("txt", "json", "cls")
 
@@ -112,18 +112,21 @@ class FolderFingerprint(NamedTuple):
 
 @functools.cache
 def pillow_image_extensions() -> frozenset[str]:
-    """The extensions (lower case, no dot) of the image formats this Pillow opens: ``tif``, ``bmp``, ``gif``
-    ... Pillow's stub plugins (BUFR, GRIB, HDF5) and MPEG name a file's format without decoding it: left out."""
+    """The extensions (lower case, no dot) of the image formats this Pillow opens: ``tif``, ``bmp``,
+    ``gif`` ... Pillow's stub plugins (BUFR, GRIB, HDF5) and MPEG name a file's format without decoding it:
+    left out."""
     registered = Image.registered_extensions()  # imports every plugin once (~20 ms)
+    no_decoder = ("StubImagePlugin", "MpegImagePlugin")
     return frozenset(extension[1:].lower() for extension, name in registered.items()
-                     if name in Image.OPEN and not Image.OPEN[name][0].__module__.endswith(("StubImagePlugin",
-                                                                                             "MpegImagePlugin")))
+                     if name in Image.OPEN and not Image.OPEN[name][0].__module__.endswith(no_decoder))
 
 
+_FILE, _FOLDER = "file", "folder"  # what a walk's entry is, when it is no skipped one
 # Why a file of a folder is no sample, in the order a report lists them.
-_FILE, _FOLDER = "file", "folder"
-_LEFT_OUT, _NO_FILE, _FOLDER_LINK, _SPECIAL = ("image files image_extensions leaves out", "links that lead to no file",
-                                               "links to folders (not followed)", "special files (not regular files)")
+_LEFT_OUT = "image files image_extensions leaves out"
+_NO_FILE = "links that lead to no file"
+_FOLDER_LINK = "links to folders (not followed)"
+_SPECIAL = "special files (not regular files)"
 
 
 @dataclass
@@ -149,7 +152,8 @@ class _Tally:
         self.first[reason] = min(self.first.get(reason, relative), relative)
 
     def ignored(self) -> tuple[IgnoredFiles, ...]:
-        said = {_LEFT_OUT: f"{_LEFT_OUT} ({', '.join(f'{e} {n}' for e, n in sorted(self.extensions.items()))})"}
+        by_extension = ", ".join(f"{extension} {files}" for extension, files in sorted(self.extensions.items()))
+        said = {_LEFT_OUT: f"{_LEFT_OUT} ({by_extension})"}
         return tuple(IgnoredFiles(said.get(reason, reason), self.counts[reason], self.first[reason])
                      for reason in (_LEFT_OUT, _NO_FILE, _FOLDER_LINK, _SPECIAL) if reason in self.counts)
 
@@ -161,7 +165,8 @@ def no_image_reason(image_extensions: Iterable[str], ignored: Iterable[IgnoredFi
     said = f"is a folder with no image file named {looked} (image_extensions)"
     left_out = next((entry for entry in ignored if entry.reason.startswith(_LEFT_OUT)), None)
     if left_out is not None:
-        said += f"; it holds {left_out.files} {left_out.reason}: add their extension to image_extensions to read them"
+        said += (f"; it holds {left_out.files} {left_out.reason}: add their extension to image_extensions to "
+                 "read them")
     return said
 
 
@@ -220,7 +225,8 @@ class _LocalFolder:
         return [FolderFile(relative) for relative in sorted(r for r, _, kind in self._walk() if kind == _FILE)]
 
     def holds_images(self, image_extensions: tuple[str, ...]) -> bool:
-        return any(kind == _FILE and _extension(relative) in image_extensions for relative, _, kind in self._walk())
+        return any(kind == _FILE and _extension(relative) in image_extensions
+                   for relative, _, kind in self._walk())
 
     def classes(self) -> list[str]:
         with os.scandir(self.folder) as entries:
@@ -244,9 +250,10 @@ class _LocalFolder:
         """Nothing to check: a local folder's files are read as they are (a vanished one fails the input)."""
 
     def read(self, file: FolderFile) -> bytes:
-        """One ``open``, ``fstat`` and ``read`` of exactly its size; ``SampleError`` (``unreadable_file``) for a
-        file that cannot be read (its sample fails, not the folder). A buffered ``open().read(limit)`` sized
-        its buffer by the 256 MB limit: 229 µs a sample of three files against 39 µs now (the tar reader: 65)."""
+        """One ``open``, ``fstat`` and ``read`` of exactly its size; ``SampleError`` (``unreadable_file``)
+        for a file that cannot be read (its sample fails, not the folder). A buffered ``open().read(limit)``
+        sized its buffer by the 256 MB limit: 229 µs a sample of three files against 39 µs now (the tar
+        reader: 65)."""
         relative = file.relative
         try:
             fd = os.open(os.path.join(self.folder, relative), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -254,7 +261,7 @@ class _LocalFolder:
             raise InputError(self.folder, f"{relative!r} vanished while the folder was read: rerun",
                              lasting=False) from None
         except OSError as e:
-            raise SampleError(FailureCode.UNREADABLE_FILE, f"cannot read {relative!r} ({e.strerror or e})") from e
+            raise _unreadable(relative, e) from e
         try:
             wanted = min(os.fstat(fd).st_size, MAX_MEMBER_BYTES + 1)
             parts, got = [], 0
@@ -266,9 +273,14 @@ class _LocalFolder:
                 got += len(part)
             return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for an empty file
         except OSError as e:
-            raise SampleError(FailureCode.UNREADABLE_FILE, f"cannot read {relative!r} ({e.strerror or e})") from e
+            raise _unreadable(relative, e) from e
         finally:
             os.close(fd)
+
+
+def _unreadable(relative: str, error: OSError) -> SampleError:
+    """A file that cannot be read fails its sample, not the folder (the module docstring)."""
+    return SampleError(FailureCode.UNREADABLE_FILE, f"cannot read {relative!r} ({error.strerror or error})")
 
 
 class _ObjectFolder:
@@ -386,7 +398,8 @@ def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None,
             yield _keyed(source, stem_key, stem.images[0], stem.sidecars, cfg, classes, keys)
         elif stem.sidecars and not stem.left_out and stem_key not in claimed:
             present = ", ".join(sorted(stem.sidecars))
-            yield SampleProblem(escape_name(stem_key), FailureCode.MISSING_IMAGE, f"no image file (has: {present})")
+            yield SampleProblem(escape_name(stem_key), FailureCode.MISSING_IMAGE,
+                                f"no image file (has: {present})")
 
 
 def _keyed(source: FolderSource, key: str, file: FolderFile, sidecars: dict[str, FolderFile], cfg: JobConfig,

@@ -30,7 +30,10 @@ Object storage (``s3://bucket/laion/{00000..00999}.tar``, ``s3://bucket/laion/*.
 freely with local paths, by the same rule. A URL stays a URL. Objects are found by LIST, never by a HEAD
 per tar: a glob lists the folder before its first glob character (recursively only when the rest of the
 pattern has a ``/`` or ``**``), and the names a brace range expands to are looked up in one listing of
-their folder; a folder is listed once per call, whatever number of patterns name it. (One URL alone in its
+their folder; a folder is listed once per call, whatever number of patterns name it. A glob that may
+take folders (``s3://bucket/drops/*``, not ``*.tar``) also lists its folder's sub-prefixes (``list_dir``:
+one LIST more per 1,000 entries), or reads them from its recursive listing, and lists each prefix it
+matches once (its fingerprint), a prefix inside one already looked at not at all. (One URL alone in its
 folder is one HEAD: cheaper than listing a big folder.) ``*`` and ``?`` do not cross ``/``, ``**`` does,
 and names starting with ``.`` match only a pattern that says so, as the local ``glob`` does. Each found
 object carries its fingerprint from the listing (``ResolvedInputs.listed``: size, LastModified, ETag), so
@@ -95,16 +98,14 @@ class ResolvedInputs:
 def resolve_inputs(patterns: list[str],
                    image_extensions: tuple[str, ...] = JobConfig().image_extensions) -> ResolvedInputs:
     """Expand ``data/{00000..00099}.tar``, ``data/*.tar``, ``s3://bucket/laion/*.tar`` and plain paths into
-    absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths are deduplicated and sorted, so the order of arguments never
-    changes the dataset. Raises ``NoInputsMatched`` for a glob or brace range that matches no tar."""
+    absolute paths and URLs, by the glob rule of the module docstring (URLs: one LIST per folder). Paths
+    are deduplicated and sorted, so the order of arguments never changes the dataset. Raises
+    ``NoInputsMatched`` for a glob or brace range that matches no input."""
     found: set[str] = set()
     ignored: set[str] = set()
     failed: list[dict[str, str]] = []
     remote = _RemoteLookup(patterns, image_extensions)
-    local_found: dict[str, InputFingerprint] = {}
-    links: set[str] = set()
-    folders: set[str] = set()
-    ignored_files: dict[str, FolderFingerprint] = {}  # folder input -> its fingerprint (what it leaves aside)
+    on_disk = _LocalLookup(image_extensions)
     for pattern in patterns:
         expansions = list(braceexpand(pattern))
         is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
@@ -118,63 +119,37 @@ def resolve_inputs(patterns: list[str],
                 continue
             local = check_local(expanded)
             if _GLOB_CHARS & set(local):
-                files = 0
-                matched_folders: dict[str, bool] = {}  # path -> is a link
-                for file in local_glob(local, folders=glob_takes_folders(local)):
-                    files += 1
-                    if file.folder:
-                        matched_folders[file.path] = file.symlink
-                    elif glob_takes(local, file.path):
-                        matched.add(file.path)
-                        local_found[file.path] = InputFingerprint(file.size, file.mtime_ns)
-                        if file.symlink:
-                            links.add(file.path)
-                    else:
-                        pattern_ignored.add(file.path)
-                for path in sorted(matched_folders):
-                    if _inside(path, folders):  # a folder inside a folder input is part of it
-                        continue
-                    fingerprint = _local_folder(path, image_extensions)
-                    if fingerprint is None:
-                        imageless[0] += 1
-                        continue
-                    matched.add(path)
-                    folders.add(path)
-                    local_found[path] = InputFingerprint(fingerprint.size, fingerprint.mtime_ns)
-                    ignored_files[path] = fingerprint
-                    if matched_folders[path]:
-                        links.add(path)
-                if not files:
-                    pattern_failed.append({"input": expanded, "reason": "glob matched no files"})
+                on_disk.glob(local, matched, pattern_ignored, pattern_failed, imageless)
             else:
-                problem = _named_local(local, matched, local_found, links, folders, image_extensions, ignored_files)
+                problem = on_disk.named(local, matched)
                 if problem:
                     pattern_failed.append({"input": expanded, "reason": problem})
         if is_pattern and not matched:
             others = [f"{len(pattern_ignored)} other file(s)"] if pattern_ignored else []
             others += [f"{imageless[0]} folder(s) with no image file"] if imageless[0] else []
+            only = f" (only {' and '.join(others)})" if others else ""
             raise NoInputsMatched(
-                f"{pattern}: matched no input{' (only ' + ' and '.join(others) + ')' if others else ''}; a glob "
-                f"takes {glob_kinds()}; nothing was read, written or pruned. Is the source mounted? A glob or "
-                "brace range that matches nothing is refused so that an unmounted drop never looks like an empty one"
+                f"{pattern}: matched no input{only}; a glob takes {glob_kinds()}; nothing was read, written or "
+                "pruned. Is the source mounted? A glob or brace range that matches nothing is refused so that an "
+                "unmounted drop never looks like an empty one"
             )
         found |= matched
         ignored |= pattern_ignored
-        folders |= remote.folders & matched
         failed += pattern_failed
+    folders = on_disk.folders | (remote.folders & found)
     nested = {path for path in folders if _inside(path, folders)}  # named, or matched by two patterns
     found -= nested
     folders -= nested
-    links -= nested
+    listed = on_disk.found  # not copied: at 230k inputs a second dict is ~10 MB more
     for path in nested:
-        local_found.pop(path, None)
-    listed = local_found  # not copied: at 230k inputs a second dict is ~10 MB more
+        listed.pop(path, None)
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
     _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
-    ignored_files.update(remote.fingerprints)
+    fingerprints = {**on_disk.fingerprints, **remote.fingerprints}
     files_ignored = [{"input": path, "reason": entry.reason, "files": entry.files, "first": entry.first}
-                     for path in sorted(folders) if path in ignored_files for entry in ignored_files[path].ignored]
-    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, links, folders, files_ignored)
+                     for path in sorted(folders) if path in fingerprints for entry in fingerprints[path].ignored]
+    return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, on_disk.links - nested, folders,
+                          files_ignored)
 
 
 def _inside(path: str, folders: set[str]) -> bool:
@@ -182,22 +157,6 @@ def _inside(path: str, folders: set[str]) -> bool:
     parts = path.rstrip("/").split("/")
     suffix = "/" if path.endswith("/") else ""
     return any("/".join(parts[:depth]) + suffix in folders for depth in range(1, len(parts)))
-
-
-def _local_folder(path: str, image_extensions: tuple[str, ...]) -> FolderFingerprint | None:
-    """The fingerprint of a local folder a glob matched that holds image files, or None (no image, or
-    unreadable). Its names are read first (no stat per file: ``data/**`` over a tree of tars stats
-    nothing), its walk with a stat per file only for a folder taken."""
-    if claimed_kind(path) is not None:  # a folder named x.tar is no folder input
-        return None
-    source = folder_source(path)
-    try:
-        if not source.holds_images(image_extensions):
-            return None
-        fingerprint = source.fingerprint(image_extensions)
-    except OSError:
-        return None
-    return fingerprint if fingerprint.images else None
 
 
 def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
@@ -219,45 +178,101 @@ def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]
                                "read or written")
 
 
-def _named_local(local: str, matched: set[str], found: dict[str, InputFingerprint], links: set[str],
-                 folders: set[str], image_extensions: tuple[str, ...],
-                 ignored_files: dict[str, FolderFingerprint]) -> str:
-    """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk, a
-    stat per file); returns why it is not an input, or ""."""
-    try:
-        info = os.lstat(local)
-        link = stat.S_ISLNK(info.st_mode)
-        if link:
-            info = os.stat(local)
-    except (FileNotFoundError, NotADirectoryError):
-        return "no such file"
-    except OSError as e:
-        return f"cannot be read: {e.strerror or e}"
-    path = os.path.abspath(local)
-    if stat.S_ISDIR(info.st_mode):
-        # A folder of image files is one input (preprocess.folder_samples); one without any (a folder of
-        # tars, say), or named as a file kind (x.tar), is what it always was: a mistake with its fix.
-        if claimed_kind(path) is not None:
-            return "is a directory; pass DIR/*.tar"
+class _LocalLookup:
+    """Local paths resolved: each glob's folders read once (``local_glob``), a path named explicitly with
+    one ``lstat``; what was found, with its fingerprint, across the patterns of one call."""
+
+    def __init__(self, image_extensions: tuple[str, ...]) -> None:
+        self.image_extensions = image_extensions
+        self.found: dict[str, InputFingerprint] = {}  # path -> fingerprint: every local input
+        self.links: set[str] = set()  # inputs whose name is a symlink (the output check)
+        self.folders: set[str] = set()  # inputs that are folders of image files
+        self.fingerprints: dict[str, FolderFingerprint] = {}  # of those folders (what each leaves aside)
+
+    def glob(self, pattern: str, matched: set[str], ignored: set[str], failed: list[dict[str, str]],
+             imageless: list[int]) -> None:
+        files = 0
+        matched_folders: dict[str, bool] = {}  # path -> is a link
+        for file in local_glob(pattern, folders=glob_takes_folders(pattern)):
+            files += 1
+            if file.folder:
+                matched_folders[file.path] = file.symlink
+            elif glob_takes(pattern, file.path):
+                matched.add(file.path)
+                self.found[file.path] = InputFingerprint(file.size, file.mtime_ns)
+                if file.symlink:
+                    self.links.add(file.path)
+            else:
+                ignored.add(file.path)
+        for path in sorted(matched_folders):
+            if _inside(path, self.folders):  # a folder inside a folder input is part of it
+                continue
+            fingerprint = self._images_folder(path)
+            if fingerprint is None:
+                imageless[0] += 1
+            else:
+                self._take_folder(path, fingerprint, matched, matched_folders[path])
+        if not files:
+            failed.append({"input": pattern, "reason": "glob matched no files"})
+
+    def _images_folder(self, path: str) -> FolderFingerprint | None:
+        """The fingerprint of a folder a glob matched that holds image files, or None (no image, or
+        unreadable). Its names are read first (no stat per file: ``data/**`` over a tree of tars stats
+        nothing), its walk with a stat per file only for a folder taken."""
+        if claimed_kind(path) is not None:  # a folder named x.tar is no folder input
+            return None
         source = folder_source(path)
         try:
-            fingerprint = source.fingerprint(image_extensions)
-            if not fingerprint.images:
-                return _no_image(fingerprint, image_extensions, [file.relative for file in source.files()], "DIR")
+            if not source.holds_images(self.image_extensions):
+                return None
+            fingerprint = source.fingerprint(self.image_extensions)
+        except OSError:
+            return None
+        return fingerprint if fingerprint.images else None
+
+    def _take_folder(self, path: str, fingerprint: FolderFingerprint, matched: set[str], link: bool) -> None:
+        matched.add(path)
+        self.folders.add(path)
+        self.fingerprints[path] = fingerprint
+        self.found[path] = InputFingerprint(fingerprint.size, fingerprint.mtime_ns)
+        if link:
+            self.links.add(path)
+
+    def named(self, local: str, matched: set[str]) -> str:
+        """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk,
+        a stat per file); returns why it is not an input, or ""."""
+        try:
+            info = os.lstat(local)
+            link = stat.S_ISLNK(info.st_mode)
+            if link:
+                info = os.stat(local)
+        except (FileNotFoundError, NotADirectoryError):
+            return "no such file"
         except OSError as e:
             return f"cannot be read: {e.strerror or e}"
-        folders.add(path)
-        ignored_files[path] = fingerprint
-        info_size, info_mtime = fingerprint.size, fingerprint.mtime_ns
-    elif not stat.S_ISREG(info.st_mode):
-        return "not a regular file"
-    else:
-        info_size, info_mtime = info.st_size, info.st_mtime_ns
-    matched.add(path)
-    found[path] = InputFingerprint(info_size, info_mtime)
-    if link:
-        links.add(path)
-    return ""
+        path = os.path.abspath(local)
+        if stat.S_ISDIR(info.st_mode):
+            # A folder of image files is one input (preprocess.folder_samples); one without any (a folder
+            # of tars, say) is refused, saying what it looked for; one named as a file kind (x.tar) too.
+            if claimed_kind(path) is not None:
+                return "is a directory; pass DIR/*.tar"
+            source = folder_source(path)
+            try:
+                fingerprint = source.fingerprint(self.image_extensions)
+                if not fingerprint.images:
+                    names = [file.relative for file in source.files()]
+                    return _no_image(fingerprint, self.image_extensions, names, "DIR")
+            except OSError as e:
+                return f"cannot be read: {e.strerror or e}"
+            self._take_folder(path, fingerprint, matched, link)
+            return ""
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file"
+        matched.add(path)
+        self.found[path] = InputFingerprint(info.st_size, info.st_mtime_ns)
+        if link:
+            self.links.add(path)
+        return ""
 
 
 def _no_image(fingerprint: FolderFingerprint, image_extensions: tuple[str, ...], names: list[str],
@@ -429,5 +444,6 @@ class _RemoteLookup:
         elif claimed_kind(url.rstrip("/")) is not None:
             reason = "is a folder; pass FOLDER/*.tar"
         else:
-            reason = _no_image(source.fingerprint(self._image_extensions), self._image_extensions, names, "FOLDER")
+            fingerprint = source.fingerprint(self._image_extensions)
+            reason = _no_image(fingerprint, self._image_extensions, names, "FOLDER")
         failed.append({"input": url, "reason": reason})
