@@ -192,11 +192,13 @@ def test_links_that_lead_to_no_file_are_skipped_and_named_and_an_unreadable_file
     os.symlink("loop.jpg", root / "loop.jpg")  # a link to itself: "Too many levels of symbolic links"
     os.symlink("gone.jpg", root / "dangling.jpg")
     os.symlink(".", root / "again")  # a link to a folder (a directory loop here): not followed
+    os.mkfifo(root / "pipe.jpg")  # never opened: a read would wait for a writer
     resolved = resolve_inputs([str(root)])
     assert resolved.paths == [str(root)] and resolved.failed == []
     assert resolved.files_ignored == [
         {"input": str(root), "files": 2, "first": "dangling.jpg", "reason": "links that lead to no file"},
-        {"input": str(root), "files": 1, "first": "again", "reason": "links to folders (not followed)"}]
+        {"input": str(root), "files": 1, "first": "again", "reason": "links to folders (not followed)"},
+        {"input": str(root), "files": 1, "first": "pipe.jpg", "reason": "special files (not regular files)"}]
     real_open = os.open
 
     def refusing(path, *args, **kwargs):

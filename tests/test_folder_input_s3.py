@@ -207,11 +207,14 @@ def test_a_glob_takes_the_prefixes_of_images_it_matches_and_names_the_kinds_when
     client.put_object(Bucket=s3_bucket, Key="in/tars/b.tar", Body=b"x" * 1000)
     for prefix in ("in/p1", "in/p2", "in/p2/sub"):
         client.put_object(Bucket=s3_bucket, Key=f"{prefix}/000000.jpg", Body=jpeg_bytes(index_image(0)))
+    client.put_object(Bucket=s3_bucket, Key="in/p1/scan.TIF", Body=b"II*\x00")  # a kind left out: counted
     base = f"s3://{s3_bucket}"
     star = resolve_inputs([f"{base}/in/*"])
     folders = [f"{base}/in/p1/", f"{base}/in/p2/"]
     assert star.paths == [f"{base}/in/a.tar", *folders] and star.folders == set(folders)
     assert star.ignored == [f"{base}/in/notes.json"] and star.failed == []
+    assert star.files_ignored == [{"input": f"{base}/in/p1/", "files": 1, "first": "scan.TIF",
+                                   "reason": "image files image_extensions leaves out (tif 1)"}]
     assert star.listed[f"{base}/in/p1/"] == resolve_inputs([f"{base}/in/p1"]).listed[f"{base}/in/p1/"]
     assert resolve_inputs([f"{base}/*"]).paths == [f"{base}/in/", url + "/"]  # in/ holds images below it
     deep = resolve_inputs([f"{base}/in/**"])  # a prefix inside a folder input is part of it
