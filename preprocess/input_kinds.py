@@ -42,7 +42,8 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "glob_takes_folders", "glob_kinds", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader", "strip_kind_suffix"]
+           "accepted_kinds", "glob_takes", "glob_takes_folders", "glob_kinds", "FOLDER_KIND", "input_kind",
+           "samples_of", "SampleReader", "strip_kind_suffix"]
 
 # An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
 # reader), -> samples in the input's order.
@@ -69,8 +70,8 @@ def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str) -> Iterator[Ra
 
 INPUT_KINDS: tuple[InputKind, ...] = (
     InputKind("tar", "a tar archive of samples (WebDataset, img2dataset), plain or compressed with gzip, bzip2 "
-                     "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples, "tar files (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)",
-              any_glob=True),
+                     "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples,
+              "tar files (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)", any_glob=True),
     InputKind("parquet", "a Parquet file with an image column (Hugging Face datasets, img2dataset)",
               PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples,
               "Parquet files where the pattern ends with .parquet"),

@@ -84,11 +84,13 @@ def test_a_folder_is_one_input_whose_fingerprint_changes_with_any_file(tmp_path)
     assert fingerprint(folder) != added
 
 
-def test_a_folder_without_images_is_refused_naming_the_setting_and_an_output_inside_a_folder_input_too(tars, tmp_path):
+def test_a_folder_without_images_is_refused_naming_the_setting_and_an_output_inside_a_folder_input_too(
+        tars, tmp_path):
     tars.make("a.tar", range(1))
     resolved = resolve_inputs([tars.directory])
     assert resolved.paths == [] and resolved.failed[0]["reason"] == (
-        "is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files in it, pass DIR/*.tar")
+        "is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files "
+        "in it, pass DIR/*.tar")
     folder = flat_folder(tmp_path / "f", range(2))
     resolved = resolve_inputs([folder])
     with pytest.raises(OutputUnusable, match="lies inside the input folder"):

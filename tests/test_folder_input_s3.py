@@ -21,6 +21,8 @@ from tests.folder_factory import write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4, folder_classes=True)
+NO_IMAGE = ("is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar "
+            "files in it, pass FOLDER/*.tar")
 LAYOUT = {"dog/a/000003.jpg": 3, "cat/000001.png": 1, "cat/000002.jpg": 2, "zebra/deep/er/000004.jpg": 4,
           "000000.jpg": 0, "cat/000005.jpg": 5}
 
@@ -117,8 +119,8 @@ def test_a_prefix_without_images_is_refused_as_a_local_folder_is_and_a_missing_o
     assert sorted((f["input"], f["reason"]) for f in resolved.failed) == [
         (f"{url}/named.tar", "is a folder; pass FOLDER/*.tar"),  # a name claiming a tar is no folder
         (f"{url}/nothing", "no such object"),
-        (f"{url}/tars", "is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files in it, pass FOLDER/*.tar"),
-        (f"{url}/tars/", "is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files in it, pass FOLDER/*.tar")]
+        (f"{url}/tars", NO_IMAGE),
+        (f"{url}/tars/", NO_IMAGE)]
 
 
 def test_an_output_inside_the_input_prefix_is_refused(photos, s3_bucket):

@@ -129,7 +129,8 @@ def test_a_run_with_no_usable_input_says_why_under_q_and_creates_no_dataset(tars
     result = runner.invoke(app, ["run", *args, "--output", str(out), *FLAGS, "-q"])
     message = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
-    expected = (f"{tars.directory}: is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files in it, pass DIR/*.tar" if given == "a folder"
+    expected = (f"{tars.directory}: is a folder with no image file named .jpg, .jpeg, .png or .webp "
+                "(image_extensions); for the tar files in it, pass DIR/*.tar" if given == "a folder"
                 else f"{tmp_path / 'gone.tar'}: no such file; {tmp_path / 'gone2.tar'}: no such file")
     assert expected in message and "nothing was read or written" in message, message
     assert not out.exists(), "a dataset (or the output directory) was created for a run that did nothing"

@@ -87,7 +87,8 @@ def test_the_glob_rule_holds_for_urls(s3_server, s3_bucket):
     named = resolve_inputs([f"{url}/missing.tar", url])  # named explicitly: a failed input, exit 1
     assert named.paths == [] and named.failed == [
         {"input": f"{url}/missing.tar", "reason": "no such object"},
-        {"input": url, "reason": "is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar files in it, pass FOLDER/*.tar"},
+        {"input": url, "reason": "is a folder with no image file named .jpg, .jpeg, .png or .webp "
+                                 "(image_extensions); for the tar files in it, pass FOLDER/*.tar"},
     ]
 
 
