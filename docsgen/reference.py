@@ -42,7 +42,9 @@ KEY_DOCS: dict[str, str] = {
     "max_decode_seconds": "one image's wall time, decode to resized pixels (normally a few ms): longer is a "
                           "failed sample (what it fails depends on the machine's load). A decode that never "
                           "returns is ended at 2 × this + 1 s",
-    "image_extensions": "members taken as the image, in priority order (the content decides the decoder)",
+    "image_extensions": "members taken as the image, in priority order (the content decides the decoder); in a "
+                        "folder, the files taken as images (other image kinds Pillow reads are counted in the "
+                        "report's files_ignored)",
     "max_failed_fraction": "exit 1 when more than this fraction of samples failed",
     "encoding": "how shards hold the pixels: `raw` (H×W×3 bytes) or `jpeg` (each image once as a JPEG, "
                 "decoded by the reader: [Compact shards](../guides/compact-shards.md))",

@@ -175,7 +175,9 @@ def _summary(report: RunReport, report_path: str) -> None:
         f"failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {report.inputs_skipped_count}, "
         f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
-        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else ""))
+        + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else "")
+        + (f"; {sum(entry['files'] for entry in report.files_ignored)} file(s) of folders ignored (files_ignored "
+           "in the report)" if report.files_ignored else ""))
     steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
     say(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
         f"{report.dataset_samples} samples in {report.output}")

@@ -21,7 +21,10 @@ accepted.
 Globs. A glob takes the files whose name claims a kind that the glob may take: tars always, another kind
 only when the pattern's own name ends with one of its suffixes (``data/*.parquet``). So ``data/*`` over
 img2dataset's WebDataset output takes its tars and still ignores the ``.parquet`` metadata files written
-beside them (they hold no images), as it always did.
+beside them (they hold no images), as it always did. A glob also takes the folders (local, or prefixes of
+objects) it matches that hold image files, whatever it ends with unless that claims a file kind
+(``data/*``, ``data/*/``, ``s3://bucket/drops/*``; not ``data/*.tar``): ``preprocess.inputs`` looks into
+them (``glob_takes_folders``); a folder inside another one taken is part of it, not a second input.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ from preprocess.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
 from shardio.store.backends import for_path
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
-           "accepted_kinds", "glob_takes", "FOLDER_KIND", "input_kind", "samples_of", "SampleReader",
-           "strip_kind_suffix", "NumberedClasses"]
+           "accepted_kinds", "glob_takes", "glob_takes_folders", "glob_kinds", "FOLDER_KIND", "input_kind",
+           "samples_of", "SampleReader", "strip_kind_suffix", "NumberedClasses"]
 
 # An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
 # reader), the ``InputExtent`` the reader says how far it is through the input in (or None: a reader that
@@ -58,6 +61,7 @@ class InputKind:
     suffixes: tuple[str, ...]  # names that claim this kind (lower case)
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
     samples: KindReader
+    plural: str  # what a glob takes of it, for a message
     any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
     is_folder: bool = False  # a directory or prefix named as an INPUT (no suffix, no first bytes)
 
@@ -70,11 +74,14 @@ def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str,
 
 INPUT_KINDS: tuple[InputKind, ...] = (
     InputKind("tar", "a tar archive of samples (WebDataset, img2dataset), plain or compressed with gzip, bzip2 "
-                     "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples, any_glob=True),
+                     "or xz", TAR_SUFFIXES, is_tar_head, _tar_samples,
+              "tar files (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)", any_glob=True),
     InputKind("parquet", "a Parquet file with an image column (Hugging Face datasets, img2dataset)",
-              PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples),
+              PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples,
+              "Parquet files where the pattern ends with .parquet"),
     InputKind("folder", "a folder of image files with KEY.txt / KEY.json sidecars (a local directory or a "
-                        "bucket prefix holding images, named as an INPUT)", (), lambda head: False, iter_folder_samples, is_folder=True),
+                        "bucket prefix holding images, named as an INPUT)", (), lambda head: False, iter_folder_samples,
+              "folders of image files (image_extensions)", is_folder=True),
 )
 FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
 
@@ -94,6 +101,17 @@ def glob_takes(pattern: str, name: str) -> bool:
     """Whether a glob ``pattern`` takes the file ``name`` it matched (the module docstring's rule)."""
     kind = claimed_kind(name)
     return kind is not None and (kind.any_glob or pattern.lower().endswith(kind.suffixes))
+
+
+def glob_takes_folders(pattern: str) -> bool:
+    """Whether a glob ``pattern`` may take the folders it matches: unless its name claims a file kind."""
+    return claimed_kind(pattern.rstrip("/")) is None
+
+
+def glob_kinds() -> str:
+    """What a glob takes, for a message."""
+    said = [kind.plural for kind in INPUT_KINDS]
+    return f"{', '.join(said[:-1])} or {said[-1]}"
 
 
 def strip_kind_suffix(name: str) -> str:

@@ -209,6 +209,7 @@ def run_job(
     # folder_classes: the names the folder inputs bring; a folder with no class folder fails here, unread.
     class_names = folder_class_names(resolved) if cfg.folder_classes else {}
     paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+    report.files_ignored = resolved.files_ignored
     listing_failed = len(resolved.failed)
     if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
         reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])

@@ -9,6 +9,9 @@ syscall) and a matched file costs one ``DirEntry.stat()`` (size, mtime_ns): the 
 Same matches as ``glob.glob(pattern, recursive=True)`` (``tests/test_local_glob.py`` compares them):
 ``*``, ``?``, ``[..]`` within a component (``fnmatch``), ``**`` alone in a component for zero or more
 folders, names starting with ``.`` only for a component that starts with ``.``, symlinks followed.
+``folders=True`` yields the folders it matches as well (a glob over folders of images), flagged and without
+a fingerprint (the folder's walk gives it), except the pattern's own base, which ``DIR/**`` matches in
+``glob``: a glob names what is below its base.
 """
 
 from __future__ import annotations
@@ -33,16 +36,18 @@ class LocalFile(NamedTuple):
     size: int
     mtime_ns: int
     symlink: bool
+    folder: bool = False  # only with ``folders=True``: a folder (size and mtime_ns 0)
 
 
 def has_magic(text: str) -> bool:
     return _MAGIC.search(text) is not None
 
 
-def local_glob(pattern: str) -> Iterator[LocalFile]:
+def local_glob(pattern: str, folders: bool = False) -> Iterator[LocalFile]:
     """The regular files ``pattern`` matches (symlinks followed), as the listing goes (a generator: the
-    caller keeps what it needs, not a second copy of 230k entries); what else it matches (folders,
-    sockets, dangling links) is left aside, as the job always did with ``glob`` + ``isfile``."""
+    caller keeps what it needs, not a second copy of 230k entries), and with ``folders`` the folders it
+    matches below its base; what else it matches (sockets, dangling links) is left aside, as the job
+    always did with ``glob`` + ``isfile``."""
     cwd = os.getcwd()  # once: os.path.abspath asks for it per path
     absolute = os.path.isabs(pattern)
     parts = pattern.split("/")
@@ -55,7 +60,10 @@ def local_glob(pattern: str) -> Iterator[LocalFile]:
     if not rest:  # no magic: the caller names files itself
         raise ValueError(f"{pattern}: not a glob")
     if rest[-1] == "":  # "dir/*/": folders only, never a file
-        return
+        if not folders:
+            return
+        rest = rest[:-1]
+    base_path = os.path.normpath(os.path.join(cwd, start or "."))
     absolute_folders: dict[str, str] = {}  # normalised once per folder, not per file (30k tars: 0.3 s)
     for folder, name, entry in _walk(start.rstrip("/") if start not in ("", "/") else start, rest):
         prefix = absolute_folders.get(folder)
@@ -64,14 +72,22 @@ def local_glob(pattern: str) -> Iterator[LocalFile]:
         full = prefix + name if name not in ("..", ".") else os.path.normpath(prefix + name)
         try:
             if entry is not None:
-                if not entry.is_file():
+                if folders and _is_dir(entry):
+                    if full != base_path:
+                        yield LocalFile(full, 0, 0, entry.is_symlink(), folder=True)
+                    continue
+                if not entry.is_file() or pattern.endswith("/"):
                     continue
                 info = entry.stat()  # follows a link, as glob + isfile do
                 link = entry.is_symlink()
             else:
                 path = _join(folder, name)
                 info = os.stat(path)
-                if not stat.S_ISREG(info.st_mode):
+                if folders and stat.S_ISDIR(info.st_mode):
+                    if full != base_path:
+                        yield LocalFile(full, 0, 0, os.path.islink(path), folder=True)
+                    continue
+                if not stat.S_ISREG(info.st_mode) or pattern.endswith("/"):
                     continue
                 link = os.path.islink(path)
         except OSError:

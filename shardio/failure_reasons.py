@@ -10,7 +10,7 @@ back out of a reason: 17 regexes once did, and a reworded message fell out of it
 Codes are set where the failure is found: ``preprocess.transform`` (decoding, the per-image limits),
 ``preprocess.worker`` (``.cls`` / ``.json``, a decode stopped by ``preprocess.decode_watch``),
 ``preprocess.tar_samples`` (problems found while reading a tar) and ``preprocess.folder_samples`` (an
-image in no class folder). A code is never renamed or reused: old
+image in no class folder, a folder's file that cannot be read). A code is never renamed or reused: old
 reports keep it. A report written before codes existed has failures without one; they count as
 ``unknown``, their reasons still in the report. A code this version does not know (a newer writer's) is
 its own category.
@@ -64,6 +64,7 @@ class FailureCode(str, Enum):
     MEMBER_TOO_LARGE = "member_too_large"  # over tar_samples.MAX_MEMBER_BYTES: skipped unread
     # a folder's files (preprocess.folder_samples)
     NO_CLASS = "no_class"  # folder_classes: an image directly in the folder, in no class sub-folder
+    UNREADABLE_FILE = "unreadable_file"  # a file of a folder input that cannot be read (permissions, I/O)
     # never written: a failure of a report from before codes
     UNKNOWN = "unknown"
 
@@ -100,6 +101,7 @@ CATEGORIES: dict[FailureCode, str] = {
     FailureCode.NOT_A_FILE: "member is a link or special file",
     FailureCode.MEMBER_TOO_LARGE: "member too large (skipped unread)",
     FailureCode.NO_CLASS: "image not in a class folder (folder_classes)",
+    FailureCode.UNREADABLE_FILE: "file cannot be read (permissions, I/O: its error is in each reason)",
     FailureCode.UNKNOWN: "unknown (a report from before failure codes: see its reasons)",
 }
 _CATEGORY_OF_VALUE: dict[str, str] = {code.value: category for code, category in CATEGORIES.items()}

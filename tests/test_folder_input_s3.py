@@ -13,7 +13,7 @@ from preprocess.config import JobConfig
 from preprocess.inputs import resolve_inputs
 from preprocess.plan import check_output_apart, plan_inputs
 from preprocess.worker import process_input
-from shardio.errors import OutputUnusable
+from shardio.errors import NoInputsMatched, OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.manifests import read_root
 from shardio.store.s3 import S3Storage
@@ -22,6 +22,8 @@ from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, 
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4, folder_classes=True)
 FLAT = JobConfig(height=16, width=16, samples_per_shard=4)  # a folder of images with no class folders
+NO_IMAGE = ("is a folder with no image file named .jpg, .jpeg, .png or .webp (image_extensions); for the tar "
+            "files in it, pass FOLDER/*.tar")
 LAYOUT = {"dog/a/000003.jpg": 3, "cat/000001.png": 1, "cat/000002.jpg": 2, "zebra/deep/er/000004.jpg": 4,
           "000000.jpg": 0, "cat/000005.jpg": 5}
 
@@ -119,8 +121,8 @@ def test_a_prefix_without_images_is_refused_as_a_local_folder_is_and_a_missing_o
     assert sorted((f["input"], f["reason"]) for f in resolved.failed) == [
         (f"{url}/named.tar", "is a folder; pass FOLDER/*.tar"),  # a name claiming a tar is no folder
         (f"{url}/nothing", "no such object"),
-        (f"{url}/tars", "is a folder; pass FOLDER/*.tar"),
-        (f"{url}/tars/", "is a folder; pass FOLDER/*.tar")]
+        (f"{url}/tars", NO_IMAGE),
+        (f"{url}/tars/", NO_IMAGE)]
 
 
 def test_an_output_inside_the_input_prefix_is_refused(photos, s3_bucket):
@@ -203,3 +205,32 @@ def test_an_object_over_the_member_limit_is_a_counted_failure_and_is_never_fetch
                                                                ("big/000007", "member_too_large"),
                                                                ("dog/orphan", "missing_image")]
     assert not any(path.endswith("big/000007.jpg") for path in reads)
+
+
+def test_a_glob_takes_the_prefixes_of_images_it_matches_and_names_the_kinds_when_it_matches_none(
+        photos, s3_server, s3_bucket):
+    _, url = photos
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key="in/a.tar", Body=b"x" * 1000)
+    client.put_object(Bucket=s3_bucket, Key="in/notes.json", Body=b"{}")
+    client.put_object(Bucket=s3_bucket, Key="in/tars/b.tar", Body=b"x" * 1000)
+    for prefix in ("in/p1", "in/p2", "in/p2/sub"):
+        client.put_object(Bucket=s3_bucket, Key=f"{prefix}/000000.jpg", Body=jpeg_bytes(index_image(0)))
+    client.put_object(Bucket=s3_bucket, Key="in/p1/scan.TIF", Body=b"II*\x00")  # a kind left out: counted
+    base = f"s3://{s3_bucket}"
+    star = resolve_inputs([f"{base}/in/*"])
+    folders = [f"{base}/in/p1/", f"{base}/in/p2/"]
+    assert star.paths == [f"{base}/in/a.tar", *folders] and star.folders == set(folders)
+    assert star.ignored == [f"{base}/in/notes.json"] and star.failed == []
+    assert star.files_ignored == [{"input": f"{base}/in/p1/", "files": 1, "first": "scan.TIF",
+                                   "reason": "image files image_extensions leaves out (tif 1)"}]
+    assert star.listed[f"{base}/in/p1/"] == resolve_inputs([f"{base}/in/p1"]).listed[f"{base}/in/p1/"]
+    assert resolve_inputs([f"{base}/*"]).paths == [f"{base}/in/", url + "/"]  # in/ holds images below it
+    deep = resolve_inputs([f"{base}/in/**"])  # a prefix inside a folder input is part of it
+    assert set(folders) <= set(deep.paths) and f"{base}/in/p2/sub/" not in deep.paths
+    for pattern in (f"{base}/in/*.parquet", f"{base}/in/tar*"):
+        with pytest.raises(NoInputsMatched) as refused:
+            resolve_inputs([pattern])
+        said = str(refused.value)
+        assert "matched no input" in said and "tar files" in said and "Parquet files" in said, said
+        assert "folders of image files" in said and "tar file;" not in said

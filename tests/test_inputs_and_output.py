@@ -70,7 +70,7 @@ def test_a_pattern_that_matches_no_tar_is_a_usage_error_and_touches_nothing(tars
                                  "--confirm-large-prune", *FLAGS])
     message = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
-    assert "matched no tar file" in message and "nothing was read, written or pruned" in message
+    assert "matched no input" in message and "nothing was read, written or pruned" in message
     assert directory_state(out) == before, "the dataset (or its reports) changed"
 
 
@@ -111,7 +111,7 @@ def test_the_glob_rule(tars, tmp_path):
     # A brace range with holes: the holes are failed inputs; with nothing at all, a usage error.
     holes = resolve_inputs([f"{tars.directory}/{{a,c}}.tar"])
     assert holes.paths == [a] and [f["reason"] for f in holes.failed] == ["no such file"]
-    with pytest.raises(NoInputsMatched, match=r"only 1 non-tar file\(s\)"):
+    with pytest.raises(NoInputsMatched, match=r"only 1 other file\(s\)"):
         resolve_inputs([f"{tars.directory}/*.json"])
     # A glob takes another kind than tars only where its own name says that kind.
     spelled = resolve_inputs([f"{tars.directory}/*.{{json,parquet}}"])
@@ -129,7 +129,8 @@ def test_a_run_with_no_usable_input_says_why_under_q_and_creates_no_dataset(tars
     result = runner.invoke(app, ["run", *args, "--output", str(out), *FLAGS, "-q"])
     message = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
-    expected = (f"{tars.directory}: is a directory; pass DIR/*.tar" if given == "a folder"
+    expected = (f"{tars.directory}: is a folder with no image file named .jpg, .jpeg, .png or .webp "
+                "(image_extensions); for the tar files in it, pass DIR/*.tar" if given == "a folder"
                 else f"{tmp_path / 'gone.tar'}: no such file; {tmp_path / 'gone2.tar'}: no such file")
     assert expected in message and "nothing was read or written" in message, message
     assert not out.exists(), "a dataset (or the output directory) was created for a run that did nothing"
@@ -141,7 +142,7 @@ def test_a_run_with_no_usable_input_leaves_an_existing_dataset_untouched(tars, t
     before = directory_state(out)
     result = runner.invoke(app, ["run", tars.directory, "--output", out, "--prune", "--confirm-large-prune",
                                  *FLAGS, "-q"])
-    assert result.exit_code == 2 and "is a directory" in " ".join(result.output.split()), result.output
+    assert result.exit_code == 2 and "is a folder with no image file" in " ".join(result.output.split()), result.output
     assert directory_state(out) == before, "the dataset (or its reports) changed"
 
 

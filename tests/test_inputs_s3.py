@@ -75,9 +75,9 @@ def test_local_and_remote_inputs_mix_and_a_url_stays_a_url(s3_server, s3_bucket,
 def test_the_glob_rule_holds_for_urls(s3_server, s3_bucket):
     _put(s3_server, s3_bucket, ["laion/00000.tar", "laion/00002.tar", "laion/_stats.json"])
     url = f"s3://{s3_bucket}/laion"
-    with pytest.raises(NoInputsMatched, match="matched no tar file .only 1 non-tar"):
+    with pytest.raises(NoInputsMatched, match="matched no input .only 1 other file"):
         resolve_inputs([f"{url}/*.json"])
-    with pytest.raises(NoInputsMatched, match="matched no tar file"):
+    with pytest.raises(NoInputsMatched, match="matched no input"):
         resolve_inputs([f"s3://{s3_bucket}/empty/*.tar"])  # an unmounted drop never looks empty
     with pytest.raises(NoInputsMatched, match="glob in the bucket name"):
         resolve_inputs(["s3://bu*cket/x.tar"])
@@ -87,7 +87,8 @@ def test_the_glob_rule_holds_for_urls(s3_server, s3_bucket):
     named = resolve_inputs([f"{url}/missing.tar", url])  # named explicitly: a failed input, exit 1
     assert named.paths == [] and named.failed == [
         {"input": f"{url}/missing.tar", "reason": "no such object"},
-        {"input": url, "reason": "is a folder; pass FOLDER/*.tar"},
+        {"input": url, "reason": "is a folder with no image file named .jpg, .jpeg, .png or .webp "
+                                 "(image_extensions); for the tar files in it, pass FOLDER/*.tar"},
     ]
 
 
@@ -106,7 +107,7 @@ def test_the_cli_refuses_a_url_glob_that_matches_nothing_before_touching_the_out
     result = CliRunner().invoke(app, ["run", f"s3://{s3_bucket}/laion/*.tar", "--output", out, "-q"])
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())
-    assert f"s3://{s3_bucket}/laion/*.tar: matched no tar file" in said and "nothing was read, written" in said
+    assert f"s3://{s3_bucket}/laion/*.tar: matched no input" in said and "nothing was read, written" in said
     assert s3_server.list_keys(s3_bucket, "out") == []
 
 

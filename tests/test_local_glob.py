@@ -42,3 +42,16 @@ def test_the_same_files_as_glob_with_their_stat(tree, pattern, monkeypatch):
             info = os.stat(file.path)
             assert (file.size, file.mtime_ns) == (info.st_size, info.st_mtime_ns)
             assert file.symlink == os.path.islink(file.path)
+
+
+@pytest.mark.parametrize("pattern", [*PATTERNS, "*/", "**/", "sub/**"])
+def test_with_folders_the_folders_glob_matches_too_below_its_base(tree, pattern, monkeypatch):
+    """``folders=True`` (a glob over image folders): the folders ``glob`` matches are yielded as well, flagged,
+    except the pattern's own base (``DIR/**`` matches DIR itself in ``glob``: never a folder input)."""
+    monkeypatch.chdir(tree)
+    base = os.path.abspath(pattern.split("*", 1)[0].rsplit("/", 1)[0] if "/" in pattern.split("*", 1)[0] else ".")
+    matches = {os.path.abspath(m) for m in glob.glob(pattern, recursive=True)}
+    expected = sorted(m for m in matches if (os.path.isfile(m) or os.path.isdir(m)) and m != base)
+    found = list(local_glob(pattern, folders=True))
+    assert sorted(f.path for f in found) == expected, pattern
+    assert all(f.folder == os.path.isdir(f.path) for f in found)

@@ -9,8 +9,10 @@ info``; this module is its one definition. A report is a JSON object with the fi
 ``{input, reason}`` per input that could not be processed, plus, for an input whose bytes are at fault (not
 a tar, truncated: the same bytes fail again), ``fingerprint`` (``{size, mtime_ns, etag}`` as the input was
 read) and ``failed_in`` (the run that read it), and ``samples_lost`` when samples decoded before the break
-were not kept. The newest report (``latest_report``) is where a rerun finds the failures it remembers:
-an input with the same fingerprint is reported failed again without being read (``preprocess.job``).
+were not kept. ``files_ignored`` is ``{input, reason, files, first}`` per folder input and reason for its
+files that are no sample (``preprocess.folder_samples``; absent from older reports). The newest report
+(``latest_report``) is where a rerun finds the failures it remembers: an input with the same fingerprint
+is reported failed again without being read (``preprocess.job``).
 
 Report version 2 (``report_version``; a report without it is version 1): a rerun over a LAION-sized
 dataset skips ~230k committed inputs, and a line per skipped input made its report ~15 MB of names
@@ -55,6 +57,9 @@ class RunReport:
     inputs_failed: list[dict[str, str]] = field(default_factory=list)
     inputs_pruned: list[str] = field(default_factory=list)
     inputs_ignored: list[str] = field(default_factory=list)  # non-tar files a glob matched
+    # Files of folder inputs that are no sample, one entry per folder and reason: {input, reason, files,
+    # first} (images of a kind image_extensions leaves out, links that lead to no file; the first by path).
+    files_ignored: list[dict[str, Any]] = field(default_factory=list)
     generation: int = 0  # the dataset's generation after this run
     files_collected: list[str] = field(default_factory=list)  # retired files retention deleted
     dataset_samples: int = 0
