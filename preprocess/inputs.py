@@ -93,6 +93,9 @@ class ResolvedInputs:
     # Files of folder inputs that are no sample, per folder and reason: {input, reason, files, first}
     # (preprocess.folder_samples: images image_extensions leaves out, links that lead to no file).
     files_ignored: list[dict[str, object]] = field(default_factory=list)
+    # folder input -> the names of its first-level sub-folders, sorted (``FolderSource.classes``), from the
+    # listing that took its fingerprint: what a run's class table learns (``preprocess.class_table``)
+    classes: dict[str, list[str]] = field(default_factory=dict)
 
 
 def resolve_inputs(patterns: list[str],
@@ -148,8 +151,9 @@ def resolve_inputs(patterns: list[str],
     fingerprints = {**on_disk.fingerprints, **remote.fingerprints}
     files_ignored = [{"input": path, "reason": entry.reason, "files": entry.files, "first": entry.first}
                      for path in sorted(folders) if path in fingerprints for entry in fingerprints[path].ignored]
+    classes = {**on_disk.classes, **remote.classes}
     return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, on_disk.links - nested, folders,
-                          files_ignored)
+                          files_ignored, {path: classes[path] for path in folders if path in classes})
 
 
 def _inside(path: str, folders: set[str]) -> bool:
