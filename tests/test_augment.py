@@ -310,6 +310,15 @@ def test_a_further_crop_moves_sdxls_crop_conditioning_in_source_pixels() -> None
                                 (32, 32)).tolist() == [[13, 163], [13, 188]]
 
 
+def test_apply_gives_the_augmented_batch_and_the_crops_it_took() -> None:
+    image = torch.randint(0, 256, (6, 24, 40, 3), dtype=torch.uint8)
+    augment, positions = TrainAugment(seed=5), torch.arange(10, 16)
+    out, crops = augment.apply(image, epoch=2, positions=positions)
+    assert torch.equal(out, augment(image, epoch=2, positions=positions))
+    expected = augment.params((24, 40), epoch=2, positions=positions)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(crops, expected))
+
+
 def test_resized_crop_flip_mirrors_the_output() -> None:
     images = textured(2, 40, 40)
     crop = [torch.tensor([3.0, 3.0], dtype=torch.float64), torch.tensor([5.0, 5.0], dtype=torch.float64),

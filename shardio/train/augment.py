@@ -26,6 +26,11 @@ sample's place in the epoch order (``ShardDataset``'s global order, the same on 
 to each batch as ``"__position__"`` for loops that apply the transform themselves (Lightning's
 ``on_after_batch_transfer``).
 
+SDXL's size and crop conditioning. A batch's ``original_size`` and ``crop_top_left`` (``shardio.format``,
+"Metadata") pass through the transforms unchanged: they describe the stored image, the crop the job made.
+A model conditioned on the crop it sees takes ``TrainAugment.apply`` (the batch and the crops it drew) and
+``source_crop_top_left``, which moves each sample's (top, left) by the further crop, in source pixels.
+
 Antialiasing. torchvision resizes the crop with ``antialias=True``; bilinear ``grid_sample`` does not
 antialias. Storing a side a little larger than the output keeps that cheap: from 256² or 288² to 224 a
 crop is at most 1.14× or 1.29× larger than the output along a side (ratio ≤ 4/3 caps the long side at
@@ -315,6 +320,12 @@ class TrainAugment:
 
     def __call__(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
                  content_box: torch.Tensor | None = None) -> torch.Tensor:
+        return self.apply(image, epoch=epoch, positions=positions, content_box=content_box)[0]
+
+    def apply(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
+              content_box: torch.Tensor | None = None) -> tuple[torch.Tensor, CropParams]:
+        """The augmented batch (as a call gives it) and the crops it took, for SDXL's crop conditioning of
+        what the model sees (``source_crop_top_left``)."""
         positions = torch.as_tensor(positions, device=image.device)
         if positions.shape != (image.shape[0],):
             raise ValueError(f"positions must be [{image.shape[0]}] (one per image), "
@@ -322,7 +333,7 @@ class TrainAugment:
         height, width = _image_size(image)
         crops = self.params((height, width), epoch=epoch, positions=positions, content_box=content_box)
         out_size = (height, width) if self.size is None else self.size
-        return resized_crop(image, crops, out_size, mean=self.mean, std=self.std, dtype=self.dtype)
+        return resized_crop(image, crops, out_size, mean=self.mean, std=self.std, dtype=self.dtype), crops
 
 
 class EvalTransform:
