@@ -91,7 +91,8 @@ _SCAN_ENDS_EARLY = ("JPEG scan data ends early (cut mid-scan with an EOI appende
                     " or a header claiming more pixels than the data holds; libjpeg would fill the rest with grey)")
 _PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 _PILLOW_TRUNCATED = ("image file is truncated", "Truncated File Read")  # see _decoder_failure_code
-Number = TypeVar("Number", int, float)
+# A box edge: whole pixels (a pad box), or a fractional region of a draft (the kept box in source pixels).
+Coordinate = TypeVar("Coordinate", int, float)
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
     "box": Image.Resampling.BOX,
@@ -428,8 +429,8 @@ def _crop_top_left(cfg: JobConfig, target: tuple[int, int], content: tuple[float
     return math.floor(round(top, 6) + 0.5), math.floor(round(left, 6) + 0.5)
 
 
-def _transposed_box(box: tuple[Number, Number, Number, Number], canvas: tuple[int, int],
-                    orientation: int) -> tuple[Number, Number, Number, Number]:
+def _transposed_box(box: tuple[Coordinate, Coordinate, Coordinate, Coordinate], canvas: tuple[int, int],
+                    orientation: int) -> tuple[Coordinate, Coordinate, Coordinate, Coordinate]:
     """``box`` on a ``canvas`` (width, height) after ``_TRANSPOSE[orientation]``: the same rectangle of
     pixels, in the upright output's coordinates (end-exclusive edges map to end-exclusive edges; whole
     pixels, or a fractional region's edges alike)."""
