@@ -34,11 +34,13 @@ are ignored, as libjpeg does, and a missing EOI after complete scans is accepted
 from __future__ import annotations
 
 import io
+import math
 import re
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image, ImageFile, TiffImagePlugin, UnidentifiedImageError, features
@@ -89,6 +91,8 @@ _SCAN_ENDS_EARLY = ("JPEG scan data ends early (cut mid-scan with an EOI appende
                     " or a header claiming more pixels than the data holds; libjpeg would fill the rest with grey)")
 _PILLOW_BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")
 _PILLOW_TRUNCATED = ("image file is truncated", "Truncated File Read")  # see _decoder_failure_code
+# A box edge: whole pixels (a pad box), or a fractional region of a draft (the kept box in source pixels).
+Coordinate = TypeVar("Coordinate", int, float)
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
     "box": Image.Resampling.BOX,
@@ -113,6 +117,10 @@ class ProcessedImage:
     content_box: tuple[int, int, int, int] | None = None
     # ``mode: bucket``: the id (index into ``cfg.buckets``) of the bucket whose shape ``pixels`` has; 0 else.
     bucket: int = 0
+    # (top, left): the source pixels the centre crop cut above and left of what ``pixels`` shows, in the
+    # upright source (``width`` x ``height``); (0, 0) where nothing is cut (pad, stretch). Stored as the
+    # ``.jsonl`` line's ``crop`` in the modes that crop (shardio.format); SDXL's ``crops_coords_top_left``.
+    crop_top_left: tuple[int, int] = (0, 0)
 
 
 def _open(data: bytes, cfg: JobConfig) -> Image.Image:
@@ -406,10 +414,26 @@ def _pad_box(target: tuple[int, int], content: tuple[float, float]) -> tuple[int
     return x0, y0, x0 + inner_w, y0 + inner_h
 
 
-def _transposed_box(box: tuple[int, int, int, int], canvas: tuple[int, int],
-                    orientation: int) -> tuple[int, int, int, int]:
+def _crop_top_left(cfg: JobConfig, target: tuple[int, int], content: tuple[float, float],
+                   stored: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """(top, left) of the kept region (``_kept_box``) in the upright source's pixels: the box is the one
+    the resize read, in decoded pixels of a draft at 1/s (``stored / content`` is s exactly), scaled to the
+    stored image and turned upright; halves round up. Its float error (~1e-13) is dropped first, so that a
+    half-pixel offset (129x64 to 96x64: 16.5 columns) rounds alike at every draft scale and orientation."""
+    if cfg.mode != "center_crop":
+        return 0, 0  # pad and stretch keep the whole picture
+    scale_x, scale_y = stored[0] / content[0], stored[1] / content[1]
+    x0, y0, x1, y1 = _kept_box(cfg, target, content)
+    left, top, _, _ = _transposed_box((x0 * scale_x, y0 * scale_y, x1 * scale_x, y1 * scale_y), stored,
+                                      orientation)
+    return math.floor(round(top, 6) + 0.5), math.floor(round(left, 6) + 0.5)
+
+
+def _transposed_box(box: tuple[Coordinate, Coordinate, Coordinate, Coordinate], canvas: tuple[int, int],
+                    orientation: int) -> tuple[Coordinate, Coordinate, Coordinate, Coordinate]:
     """``box`` on a ``canvas`` (width, height) after ``_TRANSPOSE[orientation]``: the same rectangle of
-    pixels, in the upright output's coordinates (end-exclusive edges map to end-exclusive edges)."""
+    pixels, in the upright output's coordinates (end-exclusive edges map to end-exclusive edges; whole
+    pixels, or a fractional region's edges alike)."""
     x0, y0, x1, y1 = box
     w, h = canvas
     if orientation == 2:  # FLIP_LEFT_RIGHT
@@ -495,6 +519,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         t3 = clock()
         target = _target(cfg, rotated)
         out = _resize(im, cfg, target, content)
+        crop_top_left = _crop_top_left(cfg, target, content, (stored_w, stored_h), orientation)
         content_box = None
         if cfg.mode == "pad":
             content_box = _transposed_box(_pad_box(target, content), target, orientation)
@@ -535,6 +560,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         upscaled=_upscales(width, height, cfg),
         content_box=content_box,
         bucket=bucket,
+        crop_top_left=crop_top_left,
     )
 
 

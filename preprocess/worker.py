@@ -29,7 +29,7 @@ from preprocess.versions import library_versions
 from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import ShardEntry
+from shardio.format import UNCROPPED_MODES, ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
@@ -236,4 +236,6 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
     }
     if image.content_box is not None:  # mode: pad only; other modes' lines stay byte-identical
         meta["box"] = list(image.content_box)
+    if cfg.mode not in UNCROPPED_MODES:  # center_crop, bucket: what the crop cut (shardio.format, "Metadata")
+        meta["crop"] = list(image.crop_top_left)
     return meta

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 from PIL import Image
 
 __all__ = [
     "TarFactory", "Member", "index_image", "decode_index", "jpeg_bytes", "png_bytes", "read_shards",
+    "centre_crop_top_left",
 ]
 
 
@@ -46,6 +49,16 @@ def png_bytes(image: Image.Image) -> bytes:
     out = io.BytesIO()
     image.save(out, "PNG")
     return out.getvalue()
+
+
+def centre_crop_top_left(upright: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+    """(top, left) of a centre crop of the ``upright`` (width, height) source to the ``target`` (width,
+    height) aspect ratio, in source pixels, computed exactly (fractions) and rounded half up: what a
+    transform's ``crop_top_left`` must be, whatever its draft scale, decode path or EXIF orientation."""
+    (width, height), (target_w, target_h) = upright, target
+    scale = max(Fraction(target_w, width), Fraction(target_h, height))
+    top, left = (height - target_h / scale) / 2, (width - target_w / scale) / 2
+    return math.floor(top + Fraction(1, 2)), math.floor(left + Fraction(1, 2))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from shardio.train.augment import (
     TrainAugment,
     crop_params,
     resized_crop,
+    source_crop_top_left,
     splitmix64_uniforms,
 )
 
@@ -285,6 +286,37 @@ def test_eval_centre_crop_and_resize() -> None:
     crop = larger[:, 18:270, 18:270].permute(0, 3, 1, 2).float()
     torch.testing.assert_close(out, F.interpolate(crop, (224, 224), mode="bilinear", align_corners=False),
                                atol=0.05, rtol=0)
+
+
+def test_a_further_crop_moves_sdxls_crop_conditioning_in_source_pixels() -> None:
+    # Worked by hand. Row 0-1: a 400x100 source centre-cropped to 32x32 (scale 0.32, 150 columns cut on
+    # the left); a 16x16 crop at (x 4, y 4) shows source columns 162.5.. and rows 12.5..: (13, 163); flipped,
+    # what is left on the source's right is 400 - (150 + 20 / 0.32) = 187.5. Rows 2-3: a 200x100 source
+    # padded into 32x32 (picture rows 8..24, scale 0.16); a crop at (8, 10) is 50 columns and 12.5 rows in,
+    # flipped 200 - 16 / 0.16 = 100. Row 4: 64x128 stretched (0.5 across, 0.25 down). Row 5: no crop known.
+    crops = CropParams(x0=torch.tensor([4.0, 4.0, 8.0, 8.0, 2.0, 3.0]),
+                       y0=torch.tensor([4.0, 4.0, 10.0, 10.0, 3.0, 1.0]),
+                       width=torch.tensor([16.0, 16.0, 8.0, 8.0, 8.0, 8.0]),
+                       height=torch.tensor([16.0, 16.0, 8.0, 8.0, 8.0, 8.0]),
+                       flip=torch.tensor([False, True, False, True, False, False]))
+    original_size = torch.tensor([[100, 400], [100, 400], [100, 200], [100, 200], [128, 64], [50, 50]])
+    crop_top_left = torch.tensor([[0, 150], [0, 150], [0, 0], [0, 0], [0, 0], [-1, -1]])
+    content_box = torch.tensor([[0, 0, 32, 32]] * 2 + [[0, 8, 32, 24]] * 2 + [[0, 0, 32, 32]] * 2)
+    moved = source_crop_top_left(crops, original_size, crop_top_left, (32, 32), content_box)
+    assert moved.dtype == torch.int64
+    assert moved.tolist() == [[13, 163], [13, 188], [13, 50], [13, 100], [12, 4], [-1, -1]]
+    # Without a content box the whole image is the picture (centre crop, stretch, bucket).
+    assert source_crop_top_left(CropParams(*(f[:2] for f in crops)), original_size[:2], crop_top_left[:2],
+                                (32, 32)).tolist() == [[13, 163], [13, 188]]
+
+
+def test_apply_gives_the_augmented_batch_and_the_crops_it_took() -> None:
+    image = torch.randint(0, 256, (6, 24, 40, 3), dtype=torch.uint8)
+    augment, positions = TrainAugment(seed=5), torch.arange(10, 16)
+    out, crops = augment.apply(image, epoch=2, positions=positions)
+    assert torch.equal(out, augment(image, epoch=2, positions=positions))
+    expected = augment.params((24, 40), epoch=2, positions=positions)
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(crops, expected))
 
 
 def test_resized_crop_flip_mirrors_the_output() -> None:

@@ -17,7 +17,7 @@ from preprocess.config import JobConfig
 from preprocess.jpeg_markers import jpeg_layout
 from preprocess.sample_data import photo_like
 from preprocess.transform import process_image
-from tests.tar_factory import jpeg_bytes, png_bytes
+from tests.tar_factory import centre_crop_top_left, jpeg_bytes, png_bytes
 
 # (stored width, height): landscape and portrait, near a bucket and between two, past the largest ratio.
 SIZES = [(1280, 853), (853, 1280), (1000, 1000), (2000, 700), (700, 2000), (1920, 1080), (640, 1500),
@@ -89,6 +89,26 @@ def test_rotated_images_choose_by_their_upright_aspect(orientation: int, encode:
     assert (bh > bw) == (orientation >= 5)  # portrait buckets for the images shown upright as portraits
     assert out.pixels.shape == (bh, bw, 3)
     assert np.array_equal(out.pixels, process_image(data, centre_crop_to(CFG, bh, bw)).pixels)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("path", ["plain", "pillow header", "pillow load", "png"])
+def test_crop_top_left_is_the_bucket_crops_corner_in_the_upright_source(orientation, path, monkeypatch) -> None:
+    if path == "pillow load":
+        monkeypatch.setattr(jpeg_region, "_decode_region", None)
+    for width, height in SIZES:
+        image = photo(width, height)
+        if path == "png":
+            buffer = io.BytesIO()
+            image.save(buffer, "PNG", exif=exif(orientation))
+            data = buffer.getvalue()
+        else:
+            data = jpeg_bytes(image, quality=90, exif=exif(orientation))
+            data = with_xmp(data) if path == "pillow header" else data
+        out = process_image(data, CFG)
+        upright = (height, width) if orientation >= 5 else (width, height)
+        bh, bw = CFG.buckets[out.bucket]
+        assert out.crop_top_left == centre_crop_top_left(upright, (bw, bh)), (width, height, out.draft_scale)
 
 
 def test_the_draft_serves_the_buckets_shape_not_the_budget() -> None:

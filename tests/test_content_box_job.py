@@ -112,3 +112,18 @@ def test_positioned_batches_with_transform_batch_never_show_the_letterbox(pad_da
     loader = PositionedBatches(ShardLoader(dataset))
     for batch in loader:
         _assert_no_fill(transform_batch(augment, batch, "cpu")["image"], "PositionedBatches")
+
+
+def test_pad_crops_nothing_batches_say_so_and_carry_the_upright_source_size(pad_dataset: str) -> None:
+    # SDXL's conditioning: the whole picture is kept, so the crop is (0, 0), and no line stores one.
+    seen = 0
+    for batch in ShardDataset(pad_dataset, 8, shuffle=True):
+        for index, size, crop in zip(batch["cls"].tolist(), batch["original_size"].tolist(),
+                                     batch["crop_top_left"].tolist()):
+            width, height, orientation = SHAPES[index % len(SHAPES)]
+            assert size == ([width, height] if orientation >= 5 else [height, width]) and crop == [0, 0]
+            seen += 1
+    assert seen == SAMPLES
+    for entry in legacy_doc(pad_dataset)["shards"]:
+        with open(os.path.join(pad_dataset, entry["meta_path"]), encoding="utf-8") as f:
+            assert not any("crop" in json.loads(line) for line in f)

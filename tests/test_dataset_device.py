@@ -89,3 +89,23 @@ def test_pin_memory_needs_cuda_or_pins(dataset_dir: str) -> None:
         assert (np.concatenate([indices(b) for b in batches]) == ds.sample_order(0)).all()
         pinned = batches[0]["image"]
         assert pinned.pin_memory().data_ptr() == pinned.data_ptr()  # DataLoader's pinning copies nothing
+
+
+def _identity_transform(image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
+                        content_box: torch.Tensor | None = None) -> torch.Tensor:
+    return image.permute(0, 3, 1, 2).float()
+
+
+@pytest.mark.parametrize("transform", [None, _identity_transform])
+def test_the_sources_size_and_crop_go_to_the_device_untouched(dataset_dir: str, transform) -> None:
+    # The "meta" device shows where a tensor went without a GPU; the values are checked on the CPU.
+    on_host = list(ShardDataset(dataset_dir, 10, shuffle=True))
+    for device in ("meta", "cpu"):
+        moved = list(DeviceLoader(ShardDataset(dataset_dir, 10, shuffle=True), device, transform=transform))
+        assert len(moved) == len(on_host)
+        for batch, host in zip(moved, on_host):
+            for name in ("original_size", "crop_top_left"):
+                assert batch[name].device.type == device and batch[name].dtype == torch.int64
+                assert batch[name].shape == (len(host["__key__"]), 2)
+                if device == "cpu":
+                    assert torch.equal(batch[name], host[name])

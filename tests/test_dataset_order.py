@@ -33,7 +33,8 @@ def test_stored_order(dataset_dir: str, batch_size: int) -> None:
 
 def test_batch_fields(dataset_dir: str) -> None:
     batch = next(iter(ShardDataset(dataset_dir, 10)))
-    assert set(batch) == {"image", "__key__", "cls", "txt", "json"}  # one schema: no sample has a .json
+    # One schema: no sample has a .json; every dataset's batches carry the sources' size and crop.
+    assert set(batch) == {"image", "__key__", "cls", "txt", "json", "original_size", "crop_top_left"}
     assert batch["json"] == [None] * 10
     assert batch["image"].shape == (10, 8, 8, 3) and batch["image"].dtype == torch.uint8
     assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (10,)
@@ -97,7 +98,8 @@ def test_every_batch_has_the_same_keys_whatever_its_shards_carry(tmp_path) -> No
     ds = ShardDataset(mixed, 5, shuffle=True)
     assert ds.fields == ("cls", "txt", "json")
     batches = list(ds)
-    assert {frozenset(b) for b in batches} == {frozenset({"image", "__key__", "cls", "txt", "json"})}
+    schema = {"image", "__key__", "cls", "txt", "json", "original_size", "crop_top_left"}
+    assert {frozenset(b) for b in batches} == {frozenset(schema)}
     for batch in batches:
         found = np.array([int(k[1:]) for k in batch["__key__"]])
         labelled = found < 10

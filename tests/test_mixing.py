@@ -13,8 +13,11 @@ import pytest
 
 from shardio.read.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
+from shardio.format.manifests import load_manifest
 from shardio.read.mixing import MixedDataset
-from tests.dataset_fixtures import assert_exactly_once
+from shardio.read.subset import SubsetDataset
+from shardio.write.shard_writer import write_manifest
+from tests.dataset_fixtures import assert_exactly_once, make_dataset
 from tests.training_helpers import ids, make_mixed_dataset
 
 B_FIRST = 1000
@@ -219,3 +222,21 @@ def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
         assert batch["content_box"].shape == (4, 4)
         if batch["__source__"] == 0:
             assert batch["content_box"].tolist() == [[0, 0, 8, 8]] * 4
+
+
+def test_mixed_and_subset_batches_keep_each_samples_source_size_and_crop(tmp_path):
+    # A centre-crop dataset written before lines had crops (unknown: -1) mixed with a pad one (nothing cut).
+    plain, padded = str(tmp_path / "plain"), str(tmp_path / "padded")
+    make_dataset(plain, (16,))
+    make_dataset(padded, (16,))
+    manifest = load_manifest(padded)
+    manifest.config = {**manifest.config, "mode": "pad"}
+    write_manifest(padded, manifest)
+    mixed = MixedDataset([ShardDataset(plain, 4), ShardDataset(padded, 4)], [1, 1], seed=3)
+    batches = list(mixed)
+    assert {b["__source__"] for b in batches} == {0, 1}
+    for batch in batches:
+        assert batch["original_size"].tolist() == [[8, 8]] * 4
+        assert batch["crop_top_left"].tolist() == [[-1, -1] if batch["__source__"] == 0 else [0, 0]] * 4
+    subset = SubsetDataset(padded, 4, keys=[f"s{i:06d}" for i in (1, 5, 9, 13)])
+    assert [b["crop_top_left"].tolist() for b in subset] == [[[0, 0]] * 4]

@@ -191,7 +191,7 @@ def test_a_label_that_is_not_an_int64_names_the_shard_and_the_line(tmp_path, lab
         for _ in ShardDataset(directory, 5):
             pass
     assert list(open_dataset(directory).meta(0).rows(0, 3)) == [  # the rows before it read normally
-        (f"s{i:06d}", None, i, None, (0, 0, 8, 8)) for i in range(3)]
+        (f"s{i:06d}", None, i, None, (0, 0, 8, 8), (8, 8), (-1, -1)) for i in range(3)]
 
 
 def test_a_metadata_line_nested_too_deeply_names_the_shard_and_the_line() -> None:

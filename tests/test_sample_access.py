@@ -11,6 +11,7 @@ from shardio import ShardDataset
 from shardio.read import sample_access
 from shardio.read.subset import SubsetDataset
 from tests.dataset_fixtures import AWKWARD_INPUTS, make_dataset, pixel_indices, write_inputs
+from tests.legacy_format import as_legacy
 
 TOTAL = sum(AWKWARD_INPUTS)  # 117 samples of three inputs in shards of 8
 
@@ -80,3 +81,50 @@ def test_a_sample_opens_its_own_shard_and_no_other(dataset, monkeypatch):
     # Inputs of 40, 45, 32 in shards of 8: shards 0-4, 5-10 (the last of 5), 11-14; sample 100 is the
     # 16th of the third input: shard 12, row 7.
     assert set(asked) == {12} and sample_access.locate(ds.snapshot.offsets, 100) == (12, 7)
+
+
+def test_a_sample_and_its_batch_carry_the_sources_size_and_crop(tmp_path, encoding):
+    # SDXL's conditioning as the job writes it: each line's upright source size and what its centre crop cut.
+    def meta(i, n, name):
+        return {"key": f"s{i:06d}", "tar": name, "member": f"{i}.jpg", "width": 300 + i,
+                "height": 200 + 2 * i, "crop": [i % 5, 3 * i], "cls": i, "txt": None, "json": None}
+
+    directory = str(tmp_path / "sized")
+    write_inputs(directory, (13, 6), meta, height=8, width=8, encoding=encoding,
+                 config={"height": 8, "width": 8, "mode": "center_crop", "encoding": encoding, "quality": 90,
+                         "subsampling": "4:4:4"})
+    ds = ShardDataset(directory, batch_size=4, shuffle=True)
+    for i in (0, 7, 8, 12, 13, 18):
+        sample = ds.sample(i)
+        assert sample["original_size"].dtype == sample["crop_top_left"].dtype == np.int64
+        assert sample["original_size"].tolist() == [200 + 2 * i, 300 + i]
+        assert sample["crop_top_left"].tolist() == [i % 5, 3 * i]
+    for batch in ds:
+        index = pixel_indices(batch["image"])
+        assert batch["original_size"].dtype == batch["crop_top_left"].dtype == torch.int64
+        assert batch["original_size"].tolist() == [[200 + 2 * i, 300 + i] for i in index.tolist()]
+        assert batch["crop_top_left"].tolist() == [[i % 5, 3 * i] for i in index.tolist()]
+
+
+@pytest.mark.parametrize("mode, crop", [(None, [-1, -1]), ("center_crop", [-1, -1]), ("pad", [0, 0]),
+                                        ("stretch", [0, 0])])
+def test_lines_written_without_a_crop_read_as_unknown_or_as_uncut(tmp_path, mode, crop):
+    # An older dataset (format 2 layout, lines without ``crop``): its crop is unknown, -1, unless its mode
+    # cuts nothing (pad, stretch: (0, 0)); a line without width/height gives -1 too.
+    def meta(i, n, name):
+        line = {"key": f"s{i:06d}", "tar": name, "member": f"{i}.jpg", "cls": i, "txt": None, "json": None}
+        return line if i == 5 else {**line, "width": 40 + i, "height": 30}
+
+    directory = str(tmp_path / "old")
+    config = {"height": 8, "width": 8, **({"mode": mode} if mode else {})}
+    write_inputs(directory, (7, 4), meta, height=8, width=8, config=config)
+    as_legacy(directory)
+    ds = ShardDataset(directory, batch_size=4)
+    expected_size = {i: [-1, -1] if i == 5 else [30, 40 + i] for i in range(11)}
+    assert ds.sample(5)["original_size"].tolist() == [-1, -1]
+    assert ds.sample(6)["original_size"].tolist() == [30, 46]
+    for batch in ds:
+        index = pixel_indices(batch["image"]).tolist()
+        assert batch["original_size"].tolist() == [expected_size[i] for i in index]
+        assert batch["crop_top_left"].tolist() == [crop] * len(index)
+        assert ds.sample(index[0])["crop_top_left"].tolist() == crop

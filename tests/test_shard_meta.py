@@ -35,6 +35,10 @@ def record(i: int) -> dict[str, Any]:
         line["json"] = {"i": i}
     if i % 5 == 0:
         line["box"] = [1, 2, WIDTH - 1, HEIGHT]
+    if i % 7 != 0:  # the source's upright size (a line written without it reads as -1)
+        line["width"], line["height"] = 640 + i, 480 - i
+    if i % 3 == 1:  # what the centre crop cut, (top, left) in source pixels
+        line["crop"] = [i, 2 * i]
     return line
 
 
@@ -47,10 +51,11 @@ def lines() -> list[bytes]:
     return [json.dumps(record(i), ensure_ascii=False).encode() for i in range(SAMPLES)]
 
 
-def expected_row(i: int) -> tuple[Any, ...]:
+def expected_row(i: int, missing_crop: tuple[int, int] = (-1, -1)) -> tuple[Any, ...]:
     line = record(i)
     return (line["key"], line.get("txt"), line.get("cls"), line.get("json"),
-            line.get("box", (0, 0, WIDTH, HEIGHT)))
+            line.get("box", (0, 0, WIDTH, HEIGHT)), (line.get("height", -1), line.get("width", -1)),
+            line.get("crop", missing_crop))
 
 
 @pytest.fixture
@@ -86,7 +91,21 @@ def test_whole_columns_are_every_row(lines: list[bytes]) -> None:
     assert meta.json == [record(i).get("json") for i in range(SAMPLES)]
     assert meta.box.dtype == np.int32 and meta.box.shape == (SAMPLES, 4)
     assert meta.box.tolist() == [list(expected_row(i)[4]) for i in range(SAMPLES)]
+    assert meta.original_size.dtype == np.int64 and meta.original_size.shape == (SAMPLES, 2)
+    assert meta.original_size.tolist() == [list(expected_row(i)[5]) for i in range(SAMPLES)]
+    assert meta.crop_top_left.dtype == np.int64 and meta.crop_top_left.shape == (SAMPLES, 2)
+    assert meta.crop_top_left.tolist() == [list(expected_row(i)[6]) for i in range(SAMPLES)]
     assert (meta.has_txt, meta.has_cls, meta.has_json) == (True, True, True)
+
+
+@pytest.mark.parametrize("missing_crop", [(0, 0), (-1, -1)])
+def test_a_line_without_crop_has_the_datasets_default(lines: list[bytes], missing_crop) -> None:
+    # (0, 0) in a pad or stretch dataset (nothing is cut); (-1, -1), unknown, in a dataset of another mode
+    # written before lines had a crop.
+    meta = ShardMeta.from_bytes(PATH, encode(lines), SAMPLES, HEIGHT, WIDTH, missing_crop=missing_crop)
+    rows = [tuple(row) for row in meta.rows(0, SAMPLES)]
+    assert rows == [expected_row(i, missing_crop) for i in range(SAMPLES)]
+    assert meta.crop_top_left[0].tolist() == list(missing_crop) and meta.crop_top_left[1].tolist() == [1, 2]
 
 
 def test_a_last_line_without_newline_counts(lines: list[bytes]) -> None:
@@ -137,6 +156,14 @@ BAD_LINES = {
     "invalid JSON": (b'{"key": "k1",', r"invalid JSON"),
     "not a record": (b'["k1"]', r"not a sample record \(a JSON object with a \"key\"\)"),
     "bad box": (b'{"key": "k1", "box": [0, 0, 11, 6]}', r"box \[0, 0, 11, 6\] is not \[x0, y0, x1, y1\] ints"),
+    "crop outside the source": (b'{"key": "k1", "width": 50, "height": 40, "crop": [40, 0]}',
+                                r"crop \[40, 0\] is not \[top, left\] ints with 0 <= top < height 40, "
+                                r"0 <= left < width 50 \(the source's pixels\)"),
+    "crop not two ints": (b'{"key": "k1", "crop": [1.5, 0]}', r"crop \[1.5, 0\] is not \[top, left\] ints"),
+    "width not a size": (b'{"key": "k1", "width": "640", "height": 480}',
+                         r"width '640' is not the source's size in pixels \(a positive integer\)"),
+    "height zero": (b'{"key": "k1", "width": 640, "height": 0}',
+                    r"height 0 is not the source's size in pixels"),
 }
 
 

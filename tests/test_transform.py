@@ -15,7 +15,7 @@ from PIL import Image, ImageOps, features
 
 from preprocess.config import RESAMPLE_FILTERS, RESIZE_MODES, JobConfig
 from preprocess.transform import process_image
-from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes
+from tests.tar_factory import centre_crop_top_left, decode_index, index_image, jpeg_bytes, png_bytes
 
 # The modes of one output shape (mode: bucket picks a shape per image: tests/test_bucket_transform.py).
 SINGLE_SHAPE_MODES = [mode for mode in RESIZE_MODES if mode != "bucket"]
@@ -267,6 +267,33 @@ def test_stretch_fills_the_target_without_cropping():
     im.paste((0, 255, 0), (100, 0, 200, 100))
     out = process_image(png_bytes(im), JobConfig(height=32, width=32, mode="stretch"))
     assert (out.pixels[:, :15] == (255, 0, 0)).all() and (out.pixels[:, 17:] == (0, 255, 0)).all()
+
+
+# Stored (width, height): drafted at 1/8 and 1/4 both ways, a half-pixel offset (129x64 to 96x64: 16.5 columns),
+# a fractional draft extent (97x61), portrait and landscape.
+CROP_SIZES = [(1283, 1000), (1000, 1283), (640, 241), (129, 64), (333, 999), (97, 61)]
+
+
+@pytest.mark.parametrize("mode", SINGLE_SHAPE_MODES)
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+def test_crop_top_left_is_in_the_upright_sources_pixels(mode, orientation, codec):
+    cfg = JobConfig(height=64, width=96, mode=mode)
+    for stored in CROP_SIZES:
+        image = quadrant_image(*stored)
+        if codec == "jpeg":
+            data = jpeg_bytes(image, exif=exif_orientation(orientation))
+        else:
+            buffer = io.BytesIO()
+            image.save(buffer, "PNG", exif=exif_orientation(orientation))
+            data = buffer.getvalue()
+        out = process_image(data, cfg)
+        upright = stored[::-1] if orientation >= 5 else stored
+        assert (out.width, out.height) == upright
+        # SDXL's c_crop: what was cut from the top and the left of the upright picture; pad and stretch
+        # keep the whole picture.
+        expected = centre_crop_top_left(upright, (96, 64)) if mode == "center_crop" else (0, 0)
+        assert out.crop_top_left == expected, (stored, orientation, out.draft_scale)
 
 
 def test_resample_filter_is_used():

@@ -93,6 +93,17 @@ any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
 that hold the picture, the rest being the config's ``fill``; crops drawn inside it never show the
 letterbox). A line without ``box`` means the whole H×W image. No pickle anywhere.
 
+``crop`` (``[top, left]``, ints, ``0 <= top < height``, ``0 <= left < width``), on every line of a dataset
+written with ``mode: center_crop`` or ``mode: bucket``: the source pixels the centre crop cut above and to
+the left of the stored picture, in the coordinates of ``width``/``height`` (the upright source, before any
+resizing or draft decode), halves rounded up. With ``width``/``height`` it is Stable Diffusion XL's size and
+crop conditioning (``original_size``, ``crops_coords_top_left``). An optional field: every reader takes a
+line's fields by name and ignores the others, so, as the field rule (below) has it for the root, the version
+stays as it was and older readers read on without it. ``pad`` and ``stretch`` cut nothing and
+write no ``crop``: their crop is (0, 0), SDXL's "not cropped". A line without ``crop`` in a dataset of any
+other mode was written before the field existed: its crop is unknown, (-1, -1) to a reader
+(``line_crop_default``).
+
 Names (``key``, ``member``, and the ``key`` of a report's failures) are always valid UTF-8. Tar member
 names are bytes; a name that is valid UTF-8 is stored as is, except that each backslash is doubled
 (``\\\\``); each byte that is not part of valid UTF-8 is stored as ``\\xNN`` (two lower-case hex digits),
@@ -388,6 +399,8 @@ __all__ = [
     "config_buckets",
     "root_buckets",
     "root_format_version",
+    "UNCROPPED_MODES",
+    "line_crop_default",
 ]
 
 FORMAT_NAME = "shardio"
@@ -619,6 +632,18 @@ def pixel_encoding(config: Any, path: str = "manifest") -> str:
         raise ShardFormatError(f"{path}: config says encoding {encoding!r}; this shardio reads "
                                f"{', '.join(ENCODINGS)}; HINT: upgrade shardio")
     return encoding
+
+
+# The resize modes that keep the whole picture: their lines have no ``crop`` (see "Metadata" above).
+UNCROPPED_MODES = ("pad", "stretch")
+
+
+def line_crop_default(config: Any) -> tuple[int, int]:
+    """The (top, left) crop of a ``.jsonl`` line without ``crop`` in a dataset of this stored ``config``:
+    (0, 0) where the mode cuts nothing (``pad``, ``stretch``), else (-1, -1), unknown (a line written
+    before the field existed; a config without ``mode`` is the job's default, ``center_crop``)."""
+    mode = config.get("mode", "center_crop") if isinstance(config, dict) else None
+    return (0, 0) if mode in UNCROPPED_MODES else (-1, -1)
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -56,8 +56,10 @@ def has_content_box(snapshot: DatasetSnapshot) -> bool:
 class BatchAssembler:
     """Batches of one snapshot: ``assemble(pieces, shared, pinned)``; keeps ``cache_shards`` shards'
     memory maps and metadata open (per process: a pickled copy starts empty). Every batch has the keys
-    ``image``, ``__key__`` and ``fields``, whatever shards it came from (one schema per dataset), and a
-    ``mode: pad`` dataset's every batch ``content_box`` (int32 [B, 4] x0, y0, x1, y1; see
+    ``image``, ``__key__``, ``original_size`` and ``crop_top_left`` (int64 [B, 2]: the source's upright
+    (height, width) and what its centre crop cut, (top, left) in source pixels; -1 where the dataset does not
+    record it: ``shardio.format``, "Metadata") and ``fields``, whatever shards it came from (one schema per
+    dataset), and a ``mode: pad`` dataset's every batch ``content_box`` (int32 [B, 4] x0, y0, x1, y1; see
     ``has_content_box``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
@@ -153,8 +155,9 @@ class BatchAssembler:
                 gather(slices, image.numpy(), gather_threads())
         # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
         rows = [row for (_, meta), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
-        keys, txt, cls, js, box = rows_columns(rows)
-        batch: Batch = {"image": image, "__key__": keys}
+        keys, txt, cls, js, box, original_size, crop_top_left = rows_columns(rows)
+        batch: Batch = {"image": image, "__key__": keys, "original_size": torch.from_numpy(original_size),
+                        "crop_top_left": torch.from_numpy(crop_top_left)}
         if "cls" in self.fields:
             batch["cls"] = torch.from_numpy(cls)
         if "txt" in self.fields:

@@ -112,9 +112,12 @@ def _batched_again(caller: Any) -> bool:
 
 class ShardDataset(IterableDataset):
     """Batches of a shardio dataset: ``{"image": uint8 [B, H, W, 3], "__key__": [str], "cls": int64 [B],
-    "txt": [str | None], "json": [dict | None]}``, the same keys in every batch (``ds.fields``: those the
-    manifest records, else all three; a missing label is -1, a missing caption or json None). Use with
-    ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
+    "txt": [str | None], "json": [dict | None], "original_size": int64 [B, 2], "crop_top_left": int64
+    [B, 2]}``, the same keys in every batch (``ds.fields``: those of ``cls``, ``txt``, ``json`` the
+    manifest records, else all three; a missing label is -1, a missing caption or json None).
+    ``original_size`` is each source's upright (height, width) and ``crop_top_left`` the (top, left) its
+    centre crop cut, in source pixels: Stable Diffusion XL's conditioning (``shardio.format``, "Metadata";
+    -1 where a dataset does not record it). Use with ``batch_size=None`` in a DataLoader, or ``ShardLoader``.
 
     Each new iteration is the next epoch (order from ``(seed, epoch)``, starting at 0); ``set_epoch(e)``
     pins the next one. ``len(ds)`` is this rank's batches per epoch; ``ds.num_samples`` the samples, and
@@ -587,7 +590,8 @@ class ShardDataset(IterableDataset):
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` (0..``num_samples``-1; negative from the end) in the stored order, whatever the
         epoch's shuffle: ``image`` (uint8 H×W×3), ``__key__``, ``cls`` (-1: none), ``txt``, ``json``,
-        ``shard``, ``row``, ``index`` (``shardio.read.sample_access``: one binary search, no epoch plan)."""
+        ``original_size``, ``crop_top_left`` (int64 [2]), ``shard``, ``row``, ``index``
+        (``shardio.read.sample_access``: one binary search, no epoch plan)."""
         return sample_at(self._assembler.shard, self.snapshot.offsets, index)
 
     def find(self, key: str, input: str | None = None) -> int:

@@ -45,12 +45,15 @@ def locate(offsets: np.ndarray, index: int) -> tuple[int, int]:
 
 def sample_at(read_shard: ShardReader, offsets: np.ndarray, index: int) -> dict[str, Any]:
     """Sample ``index`` as one batch's row: ``image`` (uint8 H×W×3, a copy), ``__key__``, ``cls`` (-1: no
-    label), ``txt``, ``json``, and where it lies (``shard``, ``row``, ``index``: its position 0..len-1)."""
+    label), ``txt``, ``json``, ``original_size`` (height, width) and ``crop_top_left`` (top, left) as int64
+    [2] (as a batch's rows), and where it lies (``shard``, ``row``, ``index``: its position 0..len-1)."""
     shard, row = locate(offsets, index)
     pixels, meta = read_shard(shard)
-    key, txt, cls, value, _ = meta.rows(row, row + 1)[0]
+    key, txt, cls, value, _, size, crop = meta.rows(row, row + 1)[0]
     return {"image": np.array(pixels[row]), "__key__": key, "cls": -1 if cls is None else cls, "txt": txt,
-            "json": value, "shard": shard, "row": row, "index": int(offsets[shard]) + row}
+            "json": value, "original_size": np.array(size, np.int64),
+            "crop_top_left": np.array(crop, np.int64), "shard": shard, "row": row,
+            "index": int(offsets[shard]) + row}
 
 
 class KeyFinder:

@@ -5,8 +5,8 @@ line of each shard it touches (``json.loads`` of 1,000 lines per sample used) ma
 1M-sample dataset cost 0.4-1 s. So ``ShardMeta`` keeps the bytes and the line ends (one vectorised
 search for ``\\n``, the count checked against the manifest at once) and parses a line the first time it
 is read, once: the row is kept until every line is parsed, then the bytes go. A bad line (not UTF-8,
-not JSON, not a record with a ``key``, a bad ``box``) is found when it is first read, named by file,
-line and sample, and rows elsewhere in the shard read normally.
+not JSON, not a record with a ``key``, a bad ``box``, ``width``/``height`` or ``crop``) is found when it is
+first read, named by file, line and sample, and rows elsewhere in the shard read normally.
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
-__all__ = ["Row", "ShardMeta", "rows_columns"]
+__all__ = ["Columns", "Row", "ShardMeta", "rows_columns"]
 
-# One sample's line, parsed: (key, txt, cls, json, box), ``None`` where the line has no such field, but
-# ``box`` (x0, y0, x1, y1), end-exclusive, the picture's pixels in a ``mode: pad`` dataset: the whole image
-# (0, 0, W, H) where the line has none.
-Row = tuple[str, "str | None", "int | None", "dict[str, Any] | None", Sequence[int]]
+# One sample's line, parsed: (key, txt, cls, json, box, size, crop), ``None`` where the line has no such
+# field, but ``box`` (x0, y0, x1, y1), end-exclusive, the picture's pixels in a ``mode: pad`` dataset: the
+# whole image (0, 0, W, H) where the line has none; ``size`` the source's upright (height, width), -1 where
+# the line has none; ``crop`` (top, left) what the centre crop cut, in source pixels: where the line has
+# none, the dataset's default (``shardio.format.line_crop_default``: (0, 0) or (-1, -1), unknown).
+Row = tuple[str, "str | None", "int | None", "dict[str, Any] | None", Sequence[int], Sequence[int],
+            Sequence[int]]
+Columns = tuple[list[str], "list[str | None]", np.ndarray, list[Any], np.ndarray, np.ndarray, np.ndarray]
 
 _HINT = "HINT: run `preprocess verify DIR --repair`"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -36,7 +40,7 @@ class _Lines:
     ``ShardMeta`` window of the shard)."""
 
     def __init__(self, path: str, data: bytes, samples: int, height: int, width: int,
-                 local_path: str | None = None) -> None:
+                 local_path: str | None = None, missing_crop: tuple[int, int] = (-1, -1)) -> None:
         # Split on b"\n" only: U+2028/U+0085 in captions are no line breaks (json.dumps(ensure_ascii=False)
         # leaves them unescaped), and 0x0A never occurs inside a UTF-8 sequence.
         ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
@@ -46,6 +50,7 @@ class _Lines:
             raise ShardIntegrityError(f"{path}: {len(ends)} lines, manifest says {samples} samples")
         self.path, self.count, self.height, self.width = path, samples, height, width
         self.whole_image = (0, 0, width, height)  # the box of a line without one
+        self.missing_crop = missing_crop  # the crop of a line without one
         self.flags: tuple[bool, bool, bool] | None = None  # has txt, cls, json: known once all are parsed
         # (bytes, ends) in one attribute, read once per row: dropped (None) when every row is parsed,
         # so a thread that read it before then still holds both.
@@ -118,12 +123,34 @@ class _Lines:
         # fail there without a file, or become another label (int64(1.7) is 1).
         if label is not None and (type(label) is not int or not _INT64_MIN <= label <= _INT64_MAX):
             raise self._bad(i, f"cls {str(label)[:40]!r} is not an integer label (int64) or null")
-        box = record.get("box")
+        box, crop = record.get("box"), record.get("crop")
+        size = (self._side(record, "height", i), self._side(record, "width", i))
         return (record["key"], record.get("txt"), label, record.get("json"),
-                self.whole_image if box is None else self._box(box, i))
+                self.whole_image if box is None else self._box(box, i), size,
+                self.missing_crop if crop is None else self._crop(crop, size, i))
 
     def _bad(self, i: int, problem: str) -> ShardFormatError:
         return ShardFormatError(f"{self.path}: line {i + 1} (sample {i}): {problem}; {_HINT}")
+
+    def _side(self, record: dict[str, Any], name: str, i: int) -> int:
+        """The source's ``width`` or ``height``: a positive int, -1 where the line has none."""
+        value = record.get(name)
+        if value is None:
+            return -1
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise self._bad(i, f"{name} {repr(value)[:40]} is not the source's size in pixels "
+                               "(a positive integer)")
+        return value
+
+    def _crop(self, crop: Any, size: tuple[int, int], i: int) -> Sequence[int]:
+        height, width = size
+        # Inside the source (whose size may be unknown: -1), so a conditioning value is never a forged one.
+        if (not isinstance(crop, list) or len(crop) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in crop)
+                or (height > 0 and crop[0] >= height) or (width > 0 and crop[1] >= width)):
+            raise self._bad(i, f"crop {str(crop)[:40]} is not [top, left] ints with 0 <= top < height "
+                               f"{height}, 0 <= left < width {width} (the source's pixels)")
+        return crop
 
     def _box(self, box: Any, i: int) -> Sequence[int]:
         width, height = self.width, self.height
@@ -140,26 +167,29 @@ class ShardMeta:
     """Rows ``[start, stop)`` of one shard's metadata (the whole shard unless a subset cut it).
 
     ``rows(a, b)`` parses only those lines (each line once, whoever asks) into ``Row`` tuples; the columns
-    (``rows_columns``) ``keys``, ``txt``, ``cls`` (int64, -1: no label), ``json`` and ``box`` (int32 [N, 4]) parse every row of the window when
-    first asked. ``has_txt``, ``has_cls``, ``has_json`` are the whole shard's (a subset's batch schema is
-    its shards')."""
+    (``rows_columns``) ``keys``, ``txt``, ``cls`` (int64, -1: no label), ``json``, ``box`` (int32 [N, 4]),
+    ``original_size`` and ``crop_top_left`` (int64 [N, 2]) parse every row of the window when first asked.
+    ``has_txt``, ``has_cls``, ``has_json`` are the whole shard's (a subset's batch schema is its shards')."""
 
     def __init__(self, lines: _Lines, start: int = 0, stop: int | None = None) -> None:
         self._lines, self._start = lines, start
         self._stop = lines.count if stop is None else stop
-        self._columns: tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray] | None = None
+        self._columns: Columns | None = None
 
     @classmethod
-    def from_bytes(cls, path: str, data: bytes, samples: int, height: int, width: int) -> ShardMeta:
+    def from_bytes(cls, path: str, data: bytes, samples: int, height: int, width: int,
+                   missing_crop: tuple[int, int] = (-1, -1)) -> ShardMeta:
         """The metadata of the shard whose ``.jsonl`` at ``path`` holds ``data``; raises
-        ``ShardIntegrityError`` now if its line count is not the manifest's ``samples``."""
-        return cls(_Lines(path, data, samples, height, width))
+        ``ShardIntegrityError`` now if its line count is not the manifest's ``samples``. ``missing_crop``:
+        the crop of a line without one (``shardio.format.line_crop_default`` of the dataset's config)."""
+        return cls(_Lines(path, data, samples, height, width, missing_crop=missing_crop))
 
     @classmethod
-    def from_file(cls, path: str, local_path: str, data: bytes, samples: int, height: int, width: int) -> ShardMeta:
+    def from_file(cls, path: str, local_path: str, data: bytes, samples: int, height: int, width: int,
+                  missing_crop: tuple[int, int] = (-1, -1)) -> ShardMeta:
         """``from_bytes`` for the local file ``local_path`` that held ``data``: only the line ends are kept,
         and a row's line is read again from the file when it is first parsed."""
-        return cls(_Lines(path, data, samples, height, width, local_path))
+        return cls(_Lines(path, data, samples, height, width, local_path, missing_crop))
 
     def __len__(self) -> int:
         return self._stop - self._start
@@ -176,7 +206,7 @@ class ShardMeta:
         start, stop, _ = slice(start, stop).indices(len(self))
         return ShardMeta(self._lines, self._start + start, self._start + max(start, stop))
 
-    def _all(self) -> tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray]:
+    def _all(self) -> Columns:
         if self._columns is None:
             self._columns = rows_columns(self.rows(0, len(self)))
         return self._columns
@@ -202,6 +232,14 @@ class ShardMeta:
         return self._all()[4]
 
     @property
+    def original_size(self) -> np.ndarray:
+        return self._all()[5]
+
+    @property
+    def crop_top_left(self) -> np.ndarray:
+        return self._all()[6]
+
+    @property
     def has_txt(self) -> bool:
         return self._lines.has()[0]
 
@@ -214,8 +252,11 @@ class ShardMeta:
         return self._lines.has()[2]
 
 
-def rows_columns(rows: list[Row]) -> tuple[list[str], list[str | None], np.ndarray, list[Any], np.ndarray]:
-    """``rows`` as the columns (keys, txt, cls int64, json, box int32 [N, 4]): one pass per field."""
+def rows_columns(rows: list[Row]) -> Columns:
+    """``rows`` as the columns (keys, txt, cls int64, json, box int32 [N, 4], original_size and crop_top_left
+    int64 [N, 2]): one pass per field."""
     return ([row[0] for row in rows], [row[1] for row in rows],
             np.array([-1 if row[2] is None else row[2] for row in rows], dtype=np.int64), [row[3] for row in rows],
-            np.array([row[4] for row in rows], dtype=np.int32).reshape(len(rows), 4))
+            np.array([row[4] for row in rows], dtype=np.int32).reshape(len(rows), 4),
+            np.array([row[5] for row in rows], dtype=np.int64).reshape(len(rows), 2),
+            np.array([row[6] for row in rows], dtype=np.int64).reshape(len(rows), 2))

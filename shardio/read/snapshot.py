@@ -31,7 +31,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_shard_size, npy_header, parse_npy_header
+from shardio.format import (HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_shard_size, line_crop_default,
+                            npy_header, parse_npy_header)
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
@@ -245,8 +246,10 @@ class DatasetSnapshot:
             except FileNotFoundError as e:
                 raise self._missing(path) from e
             _check_size(path, len(data), entry.meta_bytes)
-            return ShardMeta.from_file(path, local, data, entry.samples, *self._entry_shape(entry))
-        return ShardMeta.from_bytes(path, data, entry.samples, *self._entry_shape(entry))
+            return ShardMeta.from_file(path, local, data, entry.samples, *self._entry_shape(entry),
+                                       missing_crop=line_crop_default(self.manifest.config))
+        return ShardMeta.from_bytes(path, data, entry.samples, *self._entry_shape(entry),
+                                    missing_crop=line_crop_default(self.manifest.config))
 
 
 _REBUILD = "HINT: run `preprocess verify DIR --repair` to rebuild it from its input"

@@ -26,6 +26,11 @@ sample's place in the epoch order (``ShardDataset``'s global order, the same on 
 to each batch as ``"__position__"`` for loops that apply the transform themselves (Lightning's
 ``on_after_batch_transfer``).
 
+SDXL's size and crop conditioning. A batch's ``original_size`` and ``crop_top_left`` (``shardio.format``,
+"Metadata") pass through the transforms unchanged: they describe the stored image, the crop the job made.
+A model conditioned on the crop it sees takes ``TrainAugment.apply`` (the batch and the crops it drew) and
+``source_crop_top_left``, which moves each sample's (top, left) by the further crop, in source pixels.
+
 Antialiasing. torchvision resizes the crop with ``antialias=True``; bilinear ``grid_sample`` does not
 antialias. Storing a side a little larger than the output keeps that cheap: from 256² or 288² to 224 a
 crop is at most 1.14× or 1.29× larger than the output along a side (ratio ≤ 4/3 caps the long side at
@@ -63,6 +68,7 @@ __all__ = [
     "batch_positions",
     "crop_params",
     "resized_crop",
+    "source_crop_top_left",
     "splitmix64_uniforms",
     "transform_batch",
 ]
@@ -178,6 +184,40 @@ def crop_params(
     return CropParams(box[:, 0] + left, box[:, 1] + top, w, h, flip)
 
 
+def source_crop_top_left(
+    crops: CropParams, original_size: torch.Tensor, crop_top_left: torch.Tensor, image_size: tuple[int, int],
+    content_box: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SDXL's crop conditioning after ``crops`` (``TrainAugment.params``) cut the stored images further:
+    (top, left) of what the model sees, in the upright source's pixels (int64 [B, 2], halves rounded up),
+    from each sample's ``original_size`` and stored ``crop_top_left`` (a batch's). A flipped crop shows the
+    source mirrored, so its left is what the crop leaves on the source's right. A row with a -1 (a dataset
+    that does not record its crops) stays (-1, -1).
+
+    The stored picture (``content_box``, else the whole ``image_size`` (height, width)) shows the source
+    region the job kept: a centre crop (a non-zero ``crop_top_left``) scales both sides alike, by the larger
+    of the two ratios; ``pad`` and ``stretch`` keep the whole source, each side at its own ratio."""
+    height, width = image_size
+    device = crops.x0.device
+    real = _float64(device)
+    box = _boxes(content_box, len(crops.x0), height, width, device, real)
+    size, cut = original_size.to(device, real), crop_top_left.to(device, real)
+    box_w, box_h = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+    ratio_x, ratio_y = box_w / size[:, 1], box_h / size[:, 0]
+    cropped = (cut > 0).any(dim=1)
+    ratio_x, ratio_y = (torch.where(cropped, torch.maximum(ratio_x, ratio_y), ratio_x),
+                        torch.where(cropped, torch.maximum(ratio_x, ratio_y), ratio_y))
+    x0, y0 = crops.x0.to(real) - box[:, 0], crops.y0.to(real) - box[:, 1]
+    x1 = torch.minimum(x0 + crops.width.to(real), box_w)
+    top = cut[:, 0] + y0.clamp(min=0) / ratio_y
+    left = torch.where(crops.flip.to(device), size[:, 1] - (cut[:, 1] + x1 / ratio_x),
+                       cut[:, 1] + x0.clamp(min=0) / ratio_x)
+    # The float error (~1e-13) dropped before rounding, as the job rounds the stored crop.
+    out = torch.floor(torch.round(torch.stack([top, left], dim=1) * 1e6) / 1e6 + 0.5).clamp(min=0)
+    unknown = (size < 0).any(dim=1) | (cut < 0).any(dim=1)
+    return torch.where(unknown[:, None], torch.full_like(out, -1), out).to(torch.int64)
+
+
 def resized_crop(image: torch.Tensor, crops: CropParams, size: tuple[int, int], *,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -280,6 +320,12 @@ class TrainAugment:
 
     def __call__(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
                  content_box: torch.Tensor | None = None) -> torch.Tensor:
+        return self.apply(image, epoch=epoch, positions=positions, content_box=content_box)[0]
+
+    def apply(self, image: torch.Tensor, *, epoch: int, positions: torch.Tensor,
+              content_box: torch.Tensor | None = None) -> tuple[torch.Tensor, CropParams]:
+        """The augmented batch (as a call gives it) and the crops it took, for SDXL's crop conditioning of
+        what the model sees (``source_crop_top_left``)."""
         positions = torch.as_tensor(positions, device=image.device)
         if positions.shape != (image.shape[0],):
             raise ValueError(f"positions must be [{image.shape[0]}] (one per image), "
@@ -287,7 +333,7 @@ class TrainAugment:
         height, width = _image_size(image)
         crops = self.params((height, width), epoch=epoch, positions=positions, content_box=content_box)
         out_size = (height, width) if self.size is None else self.size
-        return resized_crop(image, crops, out_size, mean=self.mean, std=self.std, dtype=self.dtype)
+        return resized_crop(image, crops, out_size, mean=self.mean, std=self.std, dtype=self.dtype), crops
 
 
 class EvalTransform:

@@ -10,7 +10,11 @@ import torch
 
 from shardio.read.dataset import ShardDataset
 
-__all__ = ["BatchTransform", "batch_positions", "transform_batch"]
+__all__ = ["DEVICE_FIELDS", "BatchTransform", "batch_positions", "transform_batch"]
+
+# The batch's tensors besides ``image`` that go to the device as they are: the label, SDXL's size and crop
+# conditioning (``shardio.format``, "Metadata"), a ``mode: pad`` batch's picture boxes.
+DEVICE_FIELDS = ("cls", "original_size", "crop_top_left", "content_box")
 
 
 class BatchTransform(Protocol):
@@ -43,7 +47,7 @@ def transform_batch(transform: BatchTransform, batch: dict[str, Any], device: to
     ``"content_box"`` [B, 4] is passed on when the batch has it."""
     device = torch.device(device)
     out = dict(batch)
-    for name in ("image", "cls", "content_box"):
+    for name in ("image", *DEVICE_FIELDS):
         if isinstance(batch.get(name), torch.Tensor):
             out[name] = batch[name].to(device, non_blocking=True)
     if "__position__" in batch:

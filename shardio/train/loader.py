@@ -30,7 +30,7 @@ from shardio.read.jpeg_pixels import EncodedImages
 from shardio.store.backends import for_path
 from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
-from shardio.train.batch_transform import BatchTransform, transform_batch
+from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
 from shardio.train import device_decode
 from shardio.train.staging import Staged, StagingPools
 
@@ -133,7 +133,8 @@ def to_device(
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """The batch on ``device``: ``image`` as ``(x - mean) / std`` float N×3×H×W (channels_last memory),
-    ``cls`` as int64 and ``content_box`` (``mode: pad``) on ``device`` too; other fields unchanged.
+    ``cls``, ``original_size``, ``crop_top_left`` (int64) and ``content_box`` (``mode: pad``) on ``device``
+    too, their values unchanged (``DEVICE_FIELDS``); other fields unchanged.
     Copies are ``non_blocking``: overlapped when the source is pinned and the caller is on a side stream
     (``DeviceLoader``)."""
     device = torch.device(device)
@@ -142,7 +143,7 @@ def to_device(
     # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
     out = dict(batch)
     out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
-    for name in ("cls", "content_box"):
+    for name in DEVICE_FIELDS:
         if name in batch:
             out[name] = batch[name].to(device, non_blocking=True)
     return out
