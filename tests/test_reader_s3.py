@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -264,6 +265,21 @@ def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local,
         kept = ShardDataset(remote, 8, shuffle=True, shuffle_window=8, cache_dir=str(tmp_path / "cache"),
                             cache_limit=limit)
     assert kept.shuffle_window == 8
+
+
+def test_a_default_cache_holds_the_whole_dataset_and_reads_the_local_order(local, remote, tmp_path):
+    """The default cache_limit is the dataset's size (15 shards, the last one shorter): the whole dataset
+    fits, so the default window needs no room for two windows and is not shrunk: no warning, and the
+    epoch order is the local copy's for the same seed."""
+    here = ShardDataset(local, 8, shuffle=True, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        there = ShardDataset(remote, 8, shuffle=True, seed=3, cache_dir=str(tmp_path / "cache"))
+    assert there.cache_limit == sum(shard_bytes(local))
+    assert there.shuffle_window == here.shuffle_window
+    for a, b in zip(list(here), list(there), strict=True):
+        same_batch(a, b)
+    assert there.cache_stats()["downloads"] == 15  # each shard once: the cache kept them all
 
 
 @pytest.fixture

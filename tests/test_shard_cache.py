@@ -384,6 +384,31 @@ def test_a_batch_wider_than_the_limit_is_refused(dataset, tmp_path):
         cache.close()
 
 
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_a_cache_holding_the_whole_dataset_keeps_the_window(dataset, tmp_path, buckets):
+    """15 shards, the last of each input shorter: a limit of exactly the dataset's bytes (the default)
+    holds every shard, so the default window of 256 (two of which are more shards than there are) is
+    kept, one window a bucket or one in all; a byte less and it is shrunk to what two windows fit."""
+    import warnings
+
+    from shardio.read.cached_reading import fitting_window
+
+    units, shape = units_of(dataset)
+    total = sum(u.size for u in units)
+    assert total < len(units) * max(u.size for u in units)  # partial shards: fewer bytes than 15 of the largest
+    whole = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total, shape=shape)
+    short = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total - 1, shape=shape)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fitting_window(256, True, whole, BASE, buckets) == 256
+        with pytest.warns(UserWarning, match=f"raise cache_limit to {total} or pass"):
+            assert fitting_window(256, True, short, BASE, buckets) < 256
+    finally:
+        whole.close()
+        short.close()
+
+
 def test_sizes_parse():
     assert parse_size(123) == 123
     assert parse_size("50GB") == 50 * 10**9
