@@ -31,6 +31,7 @@ from shardio.format import HEADER_BYTES
 from shardio.format.manifests import load_manifest
 from shardio.read.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels, write_inputs
+from tests.read_only_fs import make_read_only
 
 BASE = "mem://bucket/ds"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -407,6 +408,42 @@ def test_a_cache_holding_the_whole_dataset_keeps_the_window(dataset, tmp_path, b
     finally:
         whole.close()
         short.close()
+
+
+def test_a_warm_cache_on_a_read_only_file_system_reads_without_downloading(dataset, tmp_path, monkeypatch):
+    """A cache directory on a read-only mount (EROFS), filled before: every shard is read from it, nothing
+    downloaded, nothing removed; a shard missing there is a clear error at once, naming the directory."""
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    warm = ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
+    expected = read_all(warm, list(range(len(units))))
+    warm.close()
+    for name in os.listdir(cache_dir):
+        if name.startswith(units[2].key):
+            os.remove(os.path.join(cache_dir, name))
+    before = sorted(os.listdir(cache_dir))
+    make_read_only(monkeypatch, cache_dir)
+    store = FolderStore(dataset)
+    cache = ShardCache(units, store, cache_dir, 10**9, shape=shape)
+    try:
+        others = [s for s in range(len(units)) if s != 2]
+        assert read_all(cache, others) == [expected[s] for s in others]
+        assert store.calls == {} and cache.stats["downloads"] == 0
+        with pytest.raises(ShardError, match=f"{cache_dir} is on a read-only file system.*cache_dir"):
+            read_all(cache, [2])
+        assert sum(store.calls.values()) <= 1  # not retried: the directory will not become writable by waiting
+    finally:
+        cache.close()
+    assert sorted(os.listdir(cache_dir)) == before
+
+
+def test_a_cache_directory_a_read_only_file_system_cannot_create_is_a_clear_error(dataset, tmp_path,
+                                                                                  monkeypatch):
+    units, shape = units_of(dataset)
+    make_read_only(monkeypatch, str(tmp_path))
+    cache_dir = str(tmp_path / "cache")
+    with pytest.raises(ShardError, match=f"{cache_dir} is on a read-only file system"):
+        ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
 
 
 def test_sizes_parse():
