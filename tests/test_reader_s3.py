@@ -121,6 +121,21 @@ def test_dataloader_workers_share_one_cache_dir(local, remote, tmp_path):
     assert len([n for n in names if n.endswith(".npy")]) <= 15
 
 
+def test_workers_with_the_default_cache_read_the_local_batches(local, remote, tmp_path):
+    """The default limit holds the whole dataset; the workers share the directory's files, so each keeps
+    that limit (together they hold no more than the dataset) and a batch drawing from most of the
+    dataset's shards still fits."""
+    cache = str(tmp_path / "cache")
+    ds = ShardDataset(remote, 32, shuffle=True, seed=3, cache_dir=cache)
+    got = list(ShardLoader(ds, num_workers=2))
+    expected = list(ShardDataset(local, 32, shuffle=True, seed=3))
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        same_batch(a, b)
+    files = [os.path.join(cache, n) for n in os.listdir(cache) if n.endswith((".npy", ".jsonl"))]
+    assert sum(os.path.getsize(f) for f in files) <= sum(shard_bytes(local))
+
+
 def test_forked_workers_are_refused_with_a_clear_error(remote, tmp_path):
     ds = ShardDataset(remote, 8, cache_dir=str(tmp_path / "cache"))
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
