@@ -396,7 +396,7 @@ def test_a_cache_holding_the_whole_dataset_keeps_the_window(dataset, tmp_path, b
 
     units, shape = units_of(dataset)
     total = sum(u.size for u in units)
-    assert total < len(units) * max(u.size for u in units)  # partial shards: fewer bytes than 15 of the largest
+    assert total < len(units) * max(u.size for u in units)  # partial shards: less than 15 of the largest
     whole = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total, shape=shape)
     short = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total - 1, shape=shape)
     try:
@@ -431,7 +431,7 @@ def test_a_warm_cache_on_a_read_only_file_system_reads_without_downloading(datas
         assert store.calls == {} and cache.stats["downloads"] == 0
         with pytest.raises(ShardError, match=f"{cache_dir} is on a read-only file system.*cache_dir"):
             read_all(cache, [2])
-        assert sum(store.calls.values()) <= 1  # not retried: the directory will not become writable by waiting
+        assert sum(store.calls.values()) <= 1  # not retried: waiting will not make the directory writable
     finally:
         cache.close()
     assert sorted(os.listdir(cache_dir)) == before

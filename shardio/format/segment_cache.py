@@ -17,8 +17,9 @@ for a 300 MB index): one that does not match its name (corrupted on disk, or for
 again, never used. A cache directory this process cannot write (another user's, a read-only mount or
 container layer, a full disk) falls back to reading the segment whole, with one warning per directory and
 process; copies already there are still used. A directory where a copy belongs, or a file where the
-``index/`` folder belongs, is a ``ShardError`` naming it: the cache removes only its own files. The copies are not counted in the shard cache's ``cache_limit`` (an index is ~130 bytes a shard: 300 MB
-for LAION-2B-en's 2.3M shards) and are not evicted; delete ``index/`` to reclaim them.
+``index/`` folder belongs, is a ``ShardError`` naming it: the cache removes only its own files. The copies
+are not counted in the shard cache's ``cache_limit`` (an index is ~130 bytes a shard: 300 MB for
+LAION-2B-en's 2.3M shards) and are not evicted; delete ``index/`` to reclaim them.
 """
 
 from __future__ import annotations

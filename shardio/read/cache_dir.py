@@ -111,9 +111,9 @@ class CacheDir:
         try:
             os.makedirs(locks, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as e:
-            raise ShardError(f"{e.filename or locks}: not a directory, where the shard cache keeps its folder "
-                             f"{locks}; remove what is there, or set cache_dir (or SHARDIO_CACHE_DIR) to "
-                             "another directory") from e
+            raise ShardError(f"{e.filename or locks}: not a directory, where the shard cache keeps "
+                             f"its folder {locks}; remove what is there, or set cache_dir (or "
+                             "SHARDIO_CACHE_DIR) to another directory") from e
         except OSError as e:
             if e.errno not in _READ_ONLY:
                 raise

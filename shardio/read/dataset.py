@@ -582,9 +582,10 @@ class ShardDataset(IterableDataset):
     def __getitem__(self, index: object) -> NoReturn:
         """Refused with a pointer: the dataset is iterated, and ``len(ds)`` counts batches, so ``ds[i]``
         as sample ``i`` would not be item ``i`` of ``len``; ``sample(i)`` and ``find(key)`` say which."""
-        raise TypeError(f"{self.path}: a ShardDataset is iterated, not indexed: ds.sample(i) is stored sample "
-                        f"i (0..{self.num_samples - 1}), ds.find(key) the index of a key; len(ds) = {len(self)} "
-                        f"batches of this rank, ds.num_samples = {self.num_samples} samples")
+        raise TypeError(f"{self.path}: a ShardDataset is iterated, not indexed: ds.sample(i) is stored "
+                        f"sample i (0..{self.num_samples - 1}), ds.find(key) the index of a key; "
+                        f"len(ds) = {len(self)} batches of this rank, ds.num_samples = {self.num_samples} "
+                        "samples")
 
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` (0..``num_samples``-1; negative from the end) in the stored order, whatever the

@@ -23,7 +23,8 @@ needed, which no LRU cache of a streaming loader can know.
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
 ``limit / num_workers``, or the whole limit where it holds the whole dataset: the workers' files are
-shared, so together they hold no more than the dataset). Pickling a cache gives a new, empty one (a worker plans its own batches).
+shared, so together they hold no more than the dataset). Pickling a cache gives a new, empty one (a
+worker plans its own batches).
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ class ShardCache:
         self._forked = True
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("units", "store", "cache_dir", "limit", "full_limit", "dataset_bytes", "largest_sizes", "shape",
-                "threads", "attempts", "buckets")
+        keep = ("units", "store", "cache_dir", "limit", "full_limit", "dataset_bytes", "largest_sizes",
+                "shape", "threads", "attempts", "buckets")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
