@@ -437,6 +437,22 @@ def test_a_warm_cache_on_a_read_only_file_system_reads_without_downloading(datas
     assert sorted(os.listdir(cache_dir)) == before
 
 
+def test_a_directory_where_a_cached_file_belongs_is_a_clear_error_left_alone(dataset, tmp_path):
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(os.path.join(cache_dir, f"{units[0].key}.npy", "someone's"))
+    store = FolderStore(dataset)
+    cache = ShardCache(units, store, cache_dir, 10**9, shape=shape)
+    try:
+        with pytest.raises(ShardError, match=f"{cache_dir}/{units[0].key}.npy: a directory where the shard "
+                                             "cache keeps a file"):
+            read_all(cache, [0])
+        assert cache.stats["retries"] == 0
+    finally:
+        cache.close()
+    assert os.path.isdir(os.path.join(cache_dir, f"{units[0].key}.npy", "someone's"))
+
+
 def test_a_cache_directory_a_read_only_file_system_cannot_create_is_a_clear_error(dataset, tmp_path,
                                                                                   monkeypatch):
     units, shape = units_of(dataset)

@@ -227,6 +227,10 @@ class CacheDir:
             except Exception as e:  # a network or disk error: retried, then reported
                 if isinstance(e, OSError) and e.errno in _READ_ONLY:  # the cache directory, not the store:
                     raise ShardError(f"{url}: {self._not_writable(e)}") from e  # waiting will not help
+                if isinstance(e, IsADirectoryError):  # not the cache's to remove; retrying will not help
+                    raise ShardError(f"{e.filename2 or e.filename}: a directory where the shard cache keeps a "
+                                     f"file (of {url}); remove it, or set cache_dir (or SHARDIO_CACHE_DIR) to "
+                                     "another directory") from e
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise ShardError(f"{url}: the cache's disk is full ({self.root}): {e}") from e
                 last = ShardError(f"{url}: download failed: {type(e).__name__}: {e}")
@@ -327,10 +331,11 @@ def _size(path: str) -> int:
 
 def _remove(path: str) -> None:
     """Remove a cache file, unless it is gone already, another user's (a shared cache directory: not ours
-    to remove, and it stays valid for its owner), or on a read-only file system (it stays valid there)."""
+    to remove, and it stays valid for its owner), on a read-only file system (it stays valid there), or a
+    directory (not a file the cache wrote)."""
     try:
         os.remove(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         pass
     except OSError as e:
         if e.errno not in _READ_ONLY:
