@@ -225,12 +225,13 @@ class CacheDir:
             except MissingExtra:  # xxhash not installed: no retry can help, and the message says what to do
                 raise
             except Exception as e:  # a network or disk error: retried, then reported
-                if isinstance(e, OSError) and e.errno in _READ_ONLY:  # the cache directory, not the store:
-                    raise ShardError(f"{url}: {self._not_writable(e)}") from e  # waiting will not help
-                if isinstance(e, IsADirectoryError):  # not the cache's to remove; retrying will not help
-                    raise ShardError(f"{e.filename2 or e.filename}: a directory where the shard cache keeps a "
-                                     f"file (of {url}); remove it, or set cache_dir (or SHARDIO_CACHE_DIR) to "
-                                     "another directory") from e
+                # The cache directory, not the store: waiting will not help.
+                if isinstance(e, OSError) and e.errno in _READ_ONLY:
+                    raise ShardError(f"{url}: {self._not_writable(e)}") from e
+                if isinstance(e, IsADirectoryError):  # not the cache's to remove
+                    raise ShardError(f"{e.filename2 or e.filename}: a directory where the shard cache keeps "
+                                     f"a file (of {url}); remove it, or set cache_dir (or "
+                                     "SHARDIO_CACHE_DIR) to another directory") from e
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise ShardError(f"{url}: the cache's disk is full ({self.root}): {e}") from e
                 last = ShardError(f"{url}: download failed: {type(e).__name__}: {e}")
