@@ -5,12 +5,15 @@ pixels and keys as the local copy; a shard whose header says another bucket is r
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from bucket_fixtures import BUCKETS, make_bucketed_dataset
 from shardio.errors import ShardError
+from shardio.read.dataset import ShardDataset
 from shardio.read.snapshot import open_dataset
 from tests.test_reader_s3 import upload
 
@@ -54,3 +57,18 @@ def test_a_remote_shard_whose_header_says_another_bucket_is_refused(s3_server, s
     far = open_dataset(url)
     with pytest.raises(ShardError, match=r"header says \(8, 12, 8\), the shard's images are \(8, 12\)"):
         far.pixels(shard)
+
+
+def test_a_bucketed_dataset_the_default_cache_holds_reads_the_local_order(s3_server, s3_bucket, tmp_path):
+    """The default cache_limit (the dataset's size) holds every bucket's shards: one window per bucket
+    needs no shrinking, so there is no warning and the epoch's batches are the local copy's."""
+    local = make_bucketed_dataset(str(tmp_path / "local"), BUCKETS, (23, 41, 9), samples_per_shard=6)
+    url = upload(s3_server, s3_bucket, local)
+    here = ShardDataset(local, 4, shuffle=True, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        there = ShardDataset(url, 4, shuffle=True, seed=5, cache_dir=str(tmp_path / "cache"))
+    assert there.shuffle_window == here.shuffle_window
+    near, far = list(here), list(there)
+    assert [b["__key__"] for b in far] == [b["__key__"] for b in near]
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(near, far, strict=True))

@@ -48,6 +48,11 @@ def lockstep(datasets: list[ShardDataset], steps: int | None = None) -> list[lis
     return out
 
 
+def counted(steps: list[list[list[str]]]) -> Counter:
+    """How often each key comes in ``lockstep``'s batches."""
+    return Counter(k for batches in steps for batch in batches for k in batch)
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_resume_at_the_same_world_size_gives_the_same_batches(bucketed: str, world_size: int) -> None:
     whole = lockstep(ranks(bucketed, world_size))
@@ -175,3 +180,57 @@ def test_a_state_taken_through_workers_resumes_exactly(bucketed: str) -> None:
     resumed.load_state_dict(state)
     rest = [b["__key__"] for b in ShardLoader(resumed, num_workers=2)]
     assert head + rest == whole
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("last", [5, 2, 3])
+def test_a_state_saved_after_scaling_up_resumes_at_any_world_size(bucketed: str, drop_last: bool,
+                                                                  last: int) -> None:
+    """2 ranks for 9 steps, then 5 ranks for one step, a state, then resumed at ``last`` ranks to the end:
+    the chain's batches see every sample once (repeats only where a rank had nothing left of a short
+    round)."""
+    first = ranks(bucketed, 2, drop_last=drop_last)
+    head = lockstep(first, 3 if drop_last else 9)  # drop_last: 5 ranks still have a full round left
+    scaled = ranks(bucketed, 5, drop_last=drop_last)
+    for ds in scaled:
+        ds.load_state_dict(first[0].state_dict())
+    middle = lockstep(scaled, 1)
+    state = scaled[0].state_dict()
+    assert state["epoch"] == 0 and 0 <= state["batches_seen"] <= len(scaled[0])
+    resumed = ranks(bucketed, last, drop_last=drop_last)
+    for ds in resumed:
+        ds.load_state_dict(state)
+    tail = lockstep(resumed)
+    assert all(0 < ds.batches_seen <= len(ds) for ds in resumed)
+    parts = [counted(part) for part in (head, middle, tail)]
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert not set(parts[a]) & set(parts[b])
+    seen = set().union(*parts)
+    if drop_last:  # each bucket drops less than a round of the layout its rest was cut at
+        assert seen <= set(every_key(bucketed))
+        assert len(every_key(bucketed)) - len(seen) < len(BUCKETS) * BATCH * 5
+    else:
+        assert seen == set(every_key(bucketed))
+    for part, world in zip(parts, (2, 5, last)):
+        assert sum(part.values()) - len(part) <= (world - 1) * len(BUCKETS)
+
+
+def test_a_state_numbered_at_an_earlier_world_size_still_resumes(bucketed: str) -> None:
+    """A state whose ``batches_seen`` counts the batches of a layout before a resume (past this world
+    size's epoch) resumes from its bucket positions, every remaining sample once."""
+    first = ranks(bucketed, 2)
+    head = lockstep(first, 9)
+    scaled = ranks(bucketed, 5)
+    for ds in scaled:
+        ds.load_state_dict(first[0].state_dict())
+    middle = lockstep(scaled, 1)
+    state = {**scaled[0].state_dict(), "batches_seen": 10}  # 9 steps at 2 ranks, then one at 5
+    assert state["batches_seen"] > len(scaled[0])
+    resumed = ranks(bucketed, 5)
+    for ds in resumed:
+        ds.load_state_dict(state)
+    tail = lockstep(resumed)
+    seen = [counted(part) for part in (head, middle, tail)]
+    assert set().union(*seen) == set(every_key(bucketed)) and not set(seen[2]) & (set(seen[0]) | set(seen[1]))
+    with pytest.raises(ValueError, match="batches_seen=-1"):
+        ranks(bucketed, 5)[0].load_state_dict({**state, "batches_seen": -1})

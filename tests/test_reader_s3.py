@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -118,6 +119,21 @@ def test_dataloader_workers_share_one_cache_dir(local, remote, tmp_path):
     names = os.listdir(cache)
     assert not [n for n in names if n.startswith(".tmp-")]
     assert len([n for n in names if n.endswith(".npy")]) <= 15
+
+
+def test_workers_with_the_default_cache_read_the_local_batches(local, remote, tmp_path):
+    """The default limit holds the whole dataset; the workers share the directory's files, so each keeps
+    that limit (together they hold no more than the dataset) and a batch drawing from most of the
+    dataset's shards still fits."""
+    cache = str(tmp_path / "cache")
+    ds = ShardDataset(remote, 32, shuffle=True, seed=3, cache_dir=cache)
+    got = list(ShardLoader(ds, num_workers=2))
+    expected = list(ShardDataset(local, 32, shuffle=True, seed=3))
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        same_batch(a, b)
+    files = [os.path.join(cache, n) for n in os.listdir(cache) if n.endswith((".npy", ".jsonl"))]
+    assert sum(os.path.getsize(f) for f in files) <= sum(shard_bytes(local))
 
 
 def test_forked_workers_are_refused_with_a_clear_error(remote, tmp_path):
@@ -264,6 +280,21 @@ def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local,
         kept = ShardDataset(remote, 8, shuffle=True, shuffle_window=8, cache_dir=str(tmp_path / "cache"),
                             cache_limit=limit)
     assert kept.shuffle_window == 8
+
+
+def test_a_default_cache_holds_the_whole_dataset_and_reads_the_local_order(local, remote, tmp_path):
+    """The default cache_limit is the dataset's size (15 shards, the last one shorter): the whole dataset
+    fits, so the default window needs no room for two windows and is not shrunk: no warning, and the
+    epoch order is the local copy's for the same seed."""
+    here = ShardDataset(local, 8, shuffle=True, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        there = ShardDataset(remote, 8, shuffle=True, seed=3, cache_dir=str(tmp_path / "cache"))
+    assert there.cache_limit == sum(shard_bytes(local))
+    assert there.shuffle_window == here.shuffle_window
+    for a, b in zip(list(here), list(there), strict=True):
+        same_batch(a, b)
+    assert there.cache_stats()["downloads"] == 15  # each shard once: the cache kept them all
 
 
 @pytest.fixture

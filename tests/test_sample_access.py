@@ -68,6 +68,22 @@ def test_a_subset_is_indexed_over_its_own_samples(dataset):
     assert [index_of(ds.sample(i)) for i in range(ds.num_samples)] == list(range(40, 85))
 
 
+def test_indexing_a_dataset_points_to_sample_and_find(dataset):
+    """A ShardDataset iterates batches and ``len`` counts them, so ``ds[i]`` is no sample: a TypeError
+    that names ``ds.sample(i)`` and ``ds.find(key)``, for a subset and a mix too."""
+    from shardio.read.mixing import MixedDataset
+
+    ds = ShardDataset(dataset, batch_size=16)
+    subset = SubsetDataset(dataset, batch_size=16, inputs=["input-1.tar"])
+    for source in (ds, subset):
+        with pytest.raises(TypeError, match=r"ds\.sample\(i\).*ds\.find\(key\).*len\(ds\) = 8 batches"
+                           if source is ds else r"ds\.sample\(i\)"):
+            source[0]
+    mixed = MixedDataset([ds, ShardDataset(dataset, batch_size=16)], [1, 1])
+    with pytest.raises(TypeError, match=r"datasets\[k\]\.sample\(i\)"):
+        mixed[0]
+
+
 def test_a_sample_opens_its_own_shard_and_no_other(dataset, monkeypatch):
     """No walk over shards or samples per call: only the shard that holds the sample is asked for (its
     entry, map and metadata), found by a search over the counts summed once at open."""

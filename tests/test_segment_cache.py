@@ -1,19 +1,24 @@
 """The node-local copy of a remote dataset's index segments (``shardio.format.segment_cache``), against the
 session's S3 server: processes opening one dataset at once fetch each segment once in all; a reopen after a
-new commit fetches only the new segment; a corrupt or forged copy is never used but fetched again."""
+new commit fetches only the new segment; a corrupt or forged copy is never used but fetched again; a cache
+on a read-only file system falls back to reading whole, and a directory or file in the cache's way is a
+clear error."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
+from shardio.errors import ShardError
 from shardio.format.manifests import load_index
 from shardio.store.s3 import S3Storage
 from tests.dataset_fixtures import make_dataset, retire_input
 from tests.object_stores import CloudBucket
+from tests.read_only_fs import make_read_only
 
 # A process that opens the dataset and prints how many segment downloads it made.
 _OPEN = """
@@ -116,3 +121,50 @@ def test_without_a_segment_cache_every_open_reads_the_segments_again(dataset, fe
     load_index(url)
     load_index(url)
     assert fetched == []  # read whole (read_bytes), never kept
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_cache_on_a_read_only_file_system_reads_segments_whole_with_one_warning(dataset, tmp_path, fetched,
+                                                                                 monkeypatch, warm):
+    """A cache directory on a read-only mount (EROFS): an empty one falls back to reading each segment
+    whole from the store, with one warning however many opens; a warm one is used as it is, silently."""
+    local, url, _ = dataset
+    cache = str(tmp_path / "cache")
+    if warm:
+        load_index(url, segment_cache=cache)
+    else:
+        os.makedirs(cache)
+    fetched.clear()
+    make_read_only(monkeypatch, cache)
+    expected = len(load_index(local).shards)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert [len(load_index(url, segment_cache=cache).shards) for _ in range(2)] == [expected] * 2
+    assert fetched == []  # nothing downloaded into the cache: read whole, or the warm copies
+    messages = [str(w.message) for w in warned]
+    if warm:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and messages[0].startswith(os.path.join(cache, "index")), messages
+        assert "read-only file system" in messages[0].lower() and "whole" in messages[0], messages
+
+
+def test_a_copy_replaced_by_a_directory_or_an_index_that_is_a_file_is_a_clear_error(dataset, tmp_path):
+    """What stands in the cache's way is named, and left alone (the cache does not remove what is not
+    its own file)."""
+    _, url, _ = dataset
+    cache = str(tmp_path / "cache")
+    load_index(url, segment_cache=cache)
+    first = os.path.join(cache, "index", segments(os.path.join(cache, "index"))[0])
+    os.remove(first)
+    os.makedirs(first)
+    with pytest.raises(ShardError, match=f"{first}: a directory where the segment cache keeps a file"):
+        load_index(url, segment_cache=cache)
+    assert os.path.isdir(first)
+    other = str(tmp_path / "other")
+    os.makedirs(other)
+    with open(os.path.join(other, "index"), "w") as f:
+        f.write("not a folder")
+    with pytest.raises(ShardError, match=f"{os.path.join(other, 'index')}: not a directory"):
+        load_index(url, segment_cache=other)
+    assert os.path.isfile(os.path.join(other, "index"))

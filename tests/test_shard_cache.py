@@ -31,6 +31,7 @@ from shardio.format import HEADER_BYTES
 from shardio.format.manifests import load_manifest
 from shardio.read.shard_cache import ShardCache
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels, write_inputs
+from tests.read_only_fs import make_read_only
 
 BASE = "mem://bucket/ds"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -382,6 +383,83 @@ def test_a_batch_wider_than_the_limit_is_refused(dataset, tmp_path):
             cache.plan([[0], [1, 2, 3]])
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("buckets", [1, 3])
+def test_a_cache_holding_the_whole_dataset_keeps_the_window(dataset, tmp_path, buckets):
+    """15 shards, the last of each input shorter: a limit of exactly the dataset's bytes (the default)
+    holds every shard, so the default window of 256 (two of which are more shards than there are) is
+    kept, one window a bucket or one in all; a byte less and it is shrunk to what two windows fit."""
+    import warnings
+
+    from shardio.read.cached_reading import fitting_window
+
+    units, shape = units_of(dataset)
+    total = sum(u.size for u in units)
+    assert total < len(units) * max(u.size for u in units)  # partial shards: less than 15 of the largest
+    whole = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total, shape=shape)
+    short = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), total - 1, shape=shape)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fitting_window(256, True, whole, BASE, buckets) == 256
+        with pytest.warns(UserWarning, match=f"raise cache_limit to {total} or pass"):
+            assert fitting_window(256, True, short, BASE, buckets) < 256
+    finally:
+        whole.close()
+        short.close()
+
+
+def test_a_warm_cache_on_a_read_only_file_system_reads_without_downloading(dataset, tmp_path, monkeypatch):
+    """A cache directory on a read-only mount (EROFS), filled before: every shard is read from it, nothing
+    downloaded, nothing removed; a shard missing there is a clear error at once, naming the directory."""
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    warm = ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
+    expected = read_all(warm, list(range(len(units))))
+    warm.close()
+    for name in os.listdir(cache_dir):
+        if name.startswith(units[2].key):
+            os.remove(os.path.join(cache_dir, name))
+    before = sorted(os.listdir(cache_dir))
+    make_read_only(monkeypatch, cache_dir)
+    store = FolderStore(dataset)
+    cache = ShardCache(units, store, cache_dir, 10**9, shape=shape)
+    try:
+        others = [s for s in range(len(units)) if s != 2]
+        assert read_all(cache, others) == [expected[s] for s in others]
+        assert store.calls == {} and cache.stats["downloads"] == 0
+        with pytest.raises(ShardError, match=f"{cache_dir} is on a read-only file system.*cache_dir"):
+            read_all(cache, [2])
+        assert sum(store.calls.values()) <= 1  # not retried: waiting will not make the directory writable
+    finally:
+        cache.close()
+    assert sorted(os.listdir(cache_dir)) == before
+
+
+def test_a_directory_where_a_cached_file_belongs_is_a_clear_error_left_alone(dataset, tmp_path):
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(os.path.join(cache_dir, f"{units[0].key}.npy", "someone's"))
+    store = FolderStore(dataset)
+    cache = ShardCache(units, store, cache_dir, 10**9, shape=shape)
+    try:
+        with pytest.raises(ShardError, match=f"{cache_dir}/{units[0].key}.npy: a directory where the shard "
+                                             "cache keeps a file"):
+            read_all(cache, [0])
+        assert cache.stats["retries"] == 0
+    finally:
+        cache.close()
+    assert os.path.isdir(os.path.join(cache_dir, f"{units[0].key}.npy", "someone's"))
+
+
+def test_a_cache_directory_a_read_only_file_system_cannot_create_is_a_clear_error(dataset, tmp_path,
+                                                                                  monkeypatch):
+    units, shape = units_of(dataset)
+    make_read_only(monkeypatch, str(tmp_path))
+    cache_dir = str(tmp_path / "cache")
+    with pytest.raises(ShardError, match=f"{cache_dir} is on a read-only file system"):
+        ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
 
 
 def test_sizes_parse():

@@ -14,20 +14,25 @@ A process that lacks a segment takes ``flock(LOCK_EX)`` on its lock file, looks 
 have fetched it meanwhile), else downloads into a temp name, hashing as it streams, and renames it into
 place only when size and SHA-256 match the root. A copy is re-hashed at every open (``map_segment``; ~0.2 s
 for a 300 MB index): one that does not match its name (corrupted on disk, or forged) is removed and fetched
-again, never used. A cache directory this process cannot write falls back to reading the segment whole.
-The copies are not counted in the shard cache's ``cache_limit`` (an index is ~130 bytes a shard: 300 MB
-for LAION-2B-en's 2.3M shards) and are not evicted; delete ``index/`` to reclaim them.
+again, never used. A cache directory this process cannot write (another user's, a read-only mount or
+container layer, a full disk) falls back to reading the segment whole, with one warning per directory and
+process; copies already there are still used. A directory where a copy belongs, or a file where the
+``index/`` folder belongs, is a ``ShardError`` naming it: the cache removes only its own files. The copies
+are not counted in the shard cache's ``cache_limit`` (an index is ~130 bytes a shard: 300 MB for
+LAION-2B-en's 2.3M shards) and are not evicted; delete ``index/`` to reclaim them.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from shardio.errors import ShardIntegrityError
+from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format.checksum import SHA256
 from shardio.format.shard_table import SegmentColumns, check_segment, map_segment, segment_from_bytes
 from shardio.store.base import Storage
@@ -35,6 +40,22 @@ from shardio.store.base import Storage
 __all__ = ["SEGMENTS_DIR", "cached_segment"]
 
 SEGMENTS_DIR = "index"
+
+
+# What a directory this process cannot write answers: another user's (EACCES, EPERM), a read-only mount or
+# container layer (EROFS), a full disk or quota (ENOSPC, EDQUOT). Reading the segment whole serves them all.
+_CANNOT_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+_warned: set[str] = set()  # cache folders already warned about, in this process
+
+
+def _warn_once(folder: str, error: OSError) -> None:
+    if folder in _warned:
+        return
+    _warned.add(folder)
+    reason = os.strerror(error.errno) if error.errno is not None else str(error)
+    warnings.warn(f"{folder}: the index segment cache cannot be written here ({reason}): each open reads "
+                  "the index segments whole from the store; set cache_dir (or SHARDIO_CACHE_DIR) to a "
+                  "writable directory to keep them", stacklevel=2)
 
 
 def _checked_copy(path: str, expected_bytes: int, sha256: str) -> SegmentColumns | None:
@@ -88,8 +109,19 @@ def cached_segment(store: Storage, url: str, expected_bytes: int, sha256: str, c
                     os.remove(temp)
                 except FileNotFoundError:
                     pass
-    except PermissionError:
-        return segment_from_bytes(store.read_bytes(url), url, expected_bytes, sha256)  # a cache we cannot write
+    except IsADirectoryError as e:
+        raise ShardError(f"{e.filename}: a directory where the segment cache keeps a file (a copy of {url}, "
+                         "or its lock); remove it, or set cache_dir (or SHARDIO_CACHE_DIR) to another "
+                         "directory") from e
+    except (FileExistsError, NotADirectoryError) as e:  # makedirs: a file stands where a folder belongs
+        raise ShardError(f"{folder}: not a directory, where the segment cache keeps its copies of the "
+                         "index; remove what is there, or set cache_dir (or SHARDIO_CACHE_DIR) to another "
+                         "directory") from e
+    except OSError as e:
+        if e.errno not in _CANNOT_WRITE:
+            raise
+        _warn_once(folder, e)
+        return segment_from_bytes(store.read_bytes(url), url, expected_bytes, sha256)
     mapped = _checked_copy(final, expected_bytes, sha256)
     if mapped is None:
         raise ShardIntegrityError(f"{url}: the copy fetched into {final} vanished or changed before it was "

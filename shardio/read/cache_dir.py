@@ -47,6 +47,9 @@ from shardio.format.jpeg_shard import JPEG_SUFFIX, parse_jpeg_header
 __all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
 
 TEMP_PREFIX = ".tmp-"
+# A cache directory this process may read but not write: another user's (EACCES, EPERM), or on a read-only
+# mount or container layer (EROFS).
+_READ_ONLY = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 class Downloader(Protocol):
@@ -104,7 +107,17 @@ class CacheDir:
                  buckets: Sequence[tuple[int, int]] | None = None) -> None:
         self.root, self.shape, self.store, self.count, self.stop = root, shape, store, count, stop
         self.attempts, self.buckets = attempts, buckets
-        os.makedirs(os.path.join(root, "locks"), exist_ok=True)
+        locks = os.path.join(root, "locks")
+        try:
+            os.makedirs(locks, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise ShardError(f"{e.filename or locks}: not a directory, where the shard cache keeps "
+                             f"its folder {locks}; remove what is there, or set cache_dir (or "
+                             "SHARDIO_CACHE_DIR) to another directory") from e
+        except OSError as e:
+            if e.errno not in _READ_ONLY:
+                raise
+            raise self._not_writable(e) from e
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, f"{key}.npy")
@@ -117,14 +130,21 @@ class CacheDir:
         cloexec = getattr(os, "O_CLOEXEC", 0)
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o666)
-        except PermissionError as refused:
-            # Another user's lock file in a shared cache directory: flock works on a read-only one too.
+        except OSError as refused:
+            if refused.errno not in _READ_ONLY:
+                raise
+            # Another user's lock file in a shared cache directory, or a cache on a read-only mount: flock
+            # works on a descriptor opened for reading too.
             try:
                 return os.open(path, os.O_RDONLY | cloexec)
             except FileNotFoundError:
                 raise self._not_writable(refused) from refused
 
     def _not_writable(self, error: OSError) -> ShardError:
+        if error.errno == errno.EROFS:
+            return ShardError(f"the cache directory {self.root} is on a read-only file system ({error}): the "
+                              "shards it holds are read, others cannot be downloaded into it; set cache_dir "
+                              "(or SHARDIO_CACHE_DIR) to a writable directory")
         return ShardError(f"the cache directory {self.root} is not writable by this user ({error}); give "
                           "each user a cache_dir (or SHARDIO_CACHE_DIR) of their own, or make this one "
                           "group-writable")
@@ -204,9 +224,14 @@ class CacheDir:
                 last = e
             except MissingExtra:  # xxhash not installed: no retry can help, and the message says what to do
                 raise
-            except PermissionError as e:  # the cache directory, not the store: waiting will not help
-                raise ShardError(f"{url}: {self._not_writable(e)}") from e
             except Exception as e:  # a network or disk error: retried, then reported
+                # The cache directory, not the store: waiting will not help.
+                if isinstance(e, OSError) and e.errno in _READ_ONLY:
+                    raise ShardError(f"{url}: {self._not_writable(e)}") from e
+                if isinstance(e, IsADirectoryError):  # not the cache's to remove
+                    raise ShardError(f"{e.filename2 or e.filename}: a directory where the shard cache keeps "
+                                     f"a file (of {url}); remove it, or set cache_dir (or "
+                                     "SHARDIO_CACHE_DIR) to another directory") from e
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise ShardError(f"{url}: the cache's disk is full ({self.root}): {e}") from e
                 last = ShardError(f"{url}: download failed: {type(e).__name__}: {e}")
@@ -308,9 +333,13 @@ def _size(path: str) -> int:
 
 
 def _remove(path: str) -> None:
-    """Remove a cache file, unless it is gone already or another user's (a shared cache directory: not
-    ours to remove, and it stays valid for its owner)."""
+    """Remove a cache file, unless it is gone already, another user's (a shared cache directory: not ours
+    to remove, and it stays valid for its owner), on a read-only file system (it stays valid there), or a
+    directory (not a file the cache wrote)."""
     try:
         os.remove(path)
-    except (FileNotFoundError, PermissionError):
+    except (FileNotFoundError, IsADirectoryError):
         pass
+    except OSError as e:
+        if e.errno not in _READ_ONLY:
+            raise

@@ -27,12 +27,17 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, data
     across a window's end from two, so two windows must fit on disk at once (which also lets the next
     window download while this one is read), or the pass is refused or downloads shards again and again.
     The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
-    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``.) A bucketed
-    dataset's ``buckets`` (those with samples) take turns, each reading its own window: two windows of
-    each must fit."""
+    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``, or all of
+    a limit that holds the dataset.) A bucketed dataset's ``buckets`` (those with samples) take turns,
+    each reading its own window: two windows of each must fit. A cache that holds the whole dataset (the
+    default ``cache_limit`` is its size) needs no room for windows: every shard stays once downloaded, so
+    the window is kept, and a dataset smaller than two windows reads in the order of its local copy."""
+    dataset_bytes = cache.dataset_bytes
+    if dataset_bytes <= cache.limit:
+        return shuffle_window
     largest = cache.largest_sizes[0]
     fits = max(1, cache.limit // (2 * largest * buckets))
-    need = min(2 * shuffle_window * buckets, len(cache.units)) * largest
+    need = min(min(2 * shuffle_window * buckets, len(cache.units)) * largest, dataset_bytes)
     if need <= cache.limit:
         return shuffle_window
     where = dataset

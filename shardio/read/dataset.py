@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -414,6 +414,7 @@ class ShardDataset(IterableDataset):
         return self.cursor.batches_seen
 
     def __len__(self) -> int:
+        """This rank's batches per epoch (not samples: ``num_samples``); the same on every rank."""
         if self._bucket_sizes is not None:  # a round of one bucket a step: the same count on every rank
             return int(bucket_rounds(self._bucket_sizes, self.batch_size * self.world_size, self.drop_last).sum())
         return len(rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last))
@@ -586,6 +587,14 @@ class ShardDataset(IterableDataset):
         for number, batch in enumerate(pieces):
             cache.advance(number)
             yield assembler.assemble(batch, shared, pinned, encoded)
+
+    def __getitem__(self, index: object) -> NoReturn:
+        """Refused with a pointer: the dataset is iterated, and ``len(ds)`` counts batches, so ``ds[i]``
+        as sample ``i`` would not be item ``i`` of ``len``; ``sample(i)`` and ``find(key)`` say which."""
+        raise TypeError(f"{self.path}: a ShardDataset is iterated, not indexed: ds.sample(i) is stored "
+                        f"sample i (0..{self.num_samples - 1}), ds.find(key) the index of a key; "
+                        f"len(ds) = {len(self)} batches of this rank, ds.num_samples = {self.num_samples} "
+                        "samples")
 
     def sample(self, index: int) -> dict[str, Any]:
         """Sample ``index`` (0..``num_samples``-1; negative from the end) in the stored order, whatever the

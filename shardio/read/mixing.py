@@ -35,7 +35,7 @@ consumer that pulls batches ahead (``DeviceLoader(prefetch>0)``) would count tho
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -110,7 +110,13 @@ class MixedDataset(IterableDataset):
         return self.datasets[0].batch_size
 
     def __len__(self) -> int:
+        """Batches per epoch (``batches_per_epoch``), on every rank."""
         return self.batches_per_epoch
+
+    def __getitem__(self, index: object) -> NoReturn:
+        """Refused with a pointer: a mix is iterated; its samples are its datasets'."""
+        raise TypeError(f"a MixedDataset is iterated, not indexed (len = {len(self)} batches): a sample is "
+                        "one of its datasets', mix.datasets[k].sample(i) (and .find(key) for a key's index)")
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the epoch of the next iterator (later ones count on from it); a loaded state of another

@@ -23,7 +23,9 @@ state adds, per bucket, the samples consumed (``bucket_positions``: a prefix of 
 the pass they belong to (``bucket_start``: consumed per bucket when the pass began; ``bucket_round``: the
 pass's rounds taken). ``position`` is then their sum (informative). At the same world size the next pass
 is that pass after its rounds (the batches of an uninterrupted run); at another, what is left of each
-bucket is cut into rounds of the new size and interleaved again. A single-shape dataset's state is
+bucket is cut into rounds of the new size and interleaved again, and ``batches_seen`` counts on from the
+whole rounds of the new size the consumed samples make (as a single shape's does from ``position``), so
+a state saved after any chain of world sizes loads at any world size. A single-shape dataset's state is
 unchanged.
 
 A state is refused by another dataset, with a message naming both identities: first against the
@@ -189,6 +191,7 @@ class EpochCursor:
                 batches = same
         if batches is None:  # another world size: what is left of each bucket, in rounds of this one
             batches = self._bucket_batches(sizes, epoch, positions)
+            before = _rounds_consumed(positions, self.batch_size * self.world_size)
         return EpochPass(epoch, sum(positions), batches, before, samples, generation, dataset, sizes,
                          tuple(batches.start))
 
@@ -339,6 +342,11 @@ class EpochCursor:
             full = int(left.sum())
         else:
             full = len(rank_batches(samples, self.batch_size, 0, world_size, self.drop_last))
+        if buckets and batches_seen > full:
+            # A bucketed state's place is its ``bucket_positions`` (checked above); ``batches_seen`` only
+            # numbers this rank's batches. One past the epoch's count was numbered at an earlier layout
+            # (the world size before a resume): numbered again at the state's own layout.
+            batches_seen = _rounds_consumed(buckets["bucket_positions"], self.batch_size * world_size)
         if not 0 <= batches_seen <= full:
             raise ValueError(f"batches_seen={batches_seen} is outside a rank's 0..{full} of that epoch")
         if buckets:
@@ -355,6 +363,14 @@ class EpochCursor:
         self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,
                          "generation": state.get("generation"), "samples": samples, "dataset": here,
                          "world_size": world_size, **buckets}
+
+
+def _rounds_consumed(positions: Sequence[int], per_round: int) -> int:
+    """A bucketed pass's batch number before its first batch, at a layout of ``per_round`` samples a round:
+    the whole rounds the consumed samples make, bucket by bucket. With the rounds left of each bucket it
+    never exceeds the epoch's count at that layout (``floor(p / R) + ceil((n - p) / R) <= ceil(n / R)``),
+    so a state saved after any chain of world sizes loads again."""
+    return sum(int(p) // per_round for p in positions)
 
 
 def _bucket_pending(state: dict[str, Any], sizes: tuple[int, ...] | None, where: str) -> dict[str, Any]:

@@ -22,7 +22,9 @@ needed, which no LRU cache of a streaming loader can know.
   files no process holds, those this pass does not need first, then those needed last.
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
-``limit / num_workers``). Pickling a cache gives a new, empty one (a worker plans its own batches).
+``limit / num_workers``, or the whole limit where it holds the whole dataset: the workers' files are
+shared, so together they hold no more than the dataset). Pickling a cache gives a new, empty one (a
+worker plans its own batches).
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ class ShardCache:
         self.shape, self.attempts, self.buckets = shape, attempts, buckets
         self.threads = download_threads() if threads is None else threads
         self.full_limit = self.limit
-        self.largest_sizes = _largest_two(unit_sizes(self.units))  # the largest unit sizes, largest first
+        sizes = unit_sizes(self.units)
+        self.dataset_bytes = int(sizes.sum())  # every unit's bytes: a limit of at least this holds them all
+        self.largest_sizes = _largest_two(sizes)  # the largest unit sizes, largest first
         self._check_limit()
         for algorithm in sorted(unit_algorithms(self.units)):
             require(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
@@ -154,8 +158,8 @@ class ShardCache:
         self._forked = True
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("units", "store", "cache_dir", "limit", "full_limit", "largest_sizes", "shape", "threads",
-                "attempts", "buckets")
+        keep = ("units", "store", "cache_dir", "limit", "full_limit", "dataset_bytes", "largest_sizes",
+                "shape", "threads", "attempts", "buckets")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -216,8 +220,12 @@ class ShardCache:
         self._start_threads()
 
     def share(self, parts: int) -> None:
-        """Keep ``limit / parts`` (a DataLoader worker: the workers of a rank share its limit)."""
-        self.limit = self.full_limit // max(1, parts)
+        """Keep ``limit / parts`` (a DataLoader worker: the workers of a rank share its limit), unless the
+        limit holds the whole dataset (the default): the workers share the directory's files (content
+        addressed, each downloaded once), so together they never hold more than the dataset, and each
+        keeps the whole limit."""
+        whole = self.full_limit >= self.dataset_bytes
+        self.limit = self.full_limit if whole else self.full_limit // max(1, parts)
         self._check_limit()
 
     # --- reading ----------------------------------------------------------------------------------
