@@ -137,7 +137,8 @@ def test_unreachable_ray_address_fails_fast(tars, tmp_path):
 
 
 @pytest.mark.parametrize("cloud", ["gcs", "azure", "s3"])
-def test_unusable_credentials_for_the_output_exit_2_naming_them_before_any_work(tars, tmp_path, monkeypatch, cloud):
+def test_unusable_credentials_for_the_output_exit_2_naming_them_before_any_work(tars, tmp_path, monkeypatch,
+                                                                               cloud):
     tars.make("a.tar", range(2))
     url, says = unusable_credentials(cloud, tmp_path, monkeypatch)
     result = runner.invoke(app, ["run", tars.made[0], "--output", url, "-q"])

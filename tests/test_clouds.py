@@ -207,7 +207,8 @@ def test_verify_streams_the_listing_and_names_a_truncated_and_a_missing_shard(cl
 
 GOOGLE_VARIABLES = ("GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_KEY",
                     "GOOGLE_APPLICATION_CREDENTIALS")
-SERVICE_ACCOUNT = {"type": "service_account", "client_email": "a@b.iam.gserviceaccount.com", "private_key_id": "1"}
+SERVICE_ACCOUNT = {"type": "service_account", "client_email": "a@b.iam.gserviceaccount.com",
+                   "private_key_id": "1"}
 
 
 def google_credentials(tmp_path, monkeypatch, variable: str, content: str | bytes | None) -> str:
@@ -244,8 +245,8 @@ def google_credentials(tmp_path, monkeypatch, variable: str, content: str | byte
     ("GOOGLE_SERVICE_ACCOUNT_KEY", "", None),  # empty: no key at all (then no credentials: said at once)
     ("GOOGLE_SERVICE_ACCOUNT_KEY", "{not json", "GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON) is not JSON"),
 ])
-def test_an_unusable_google_key_is_a_usage_error_naming_the_variable_and_the_file(tmp_path, monkeypatch, variable,
-                                                                                  content, says):
+def test_an_unusable_google_key_is_a_usage_error_naming_the_variable_and_the_file(tmp_path, monkeypatch,
+                                                                                  variable, content, says):
     from shardio.store.gcs import GCSStorage
 
     named = google_credentials(tmp_path, monkeypatch, variable, content)
@@ -267,24 +268,26 @@ def test_a_google_key_file_and_a_key_in_the_environment_both_set_are_refused(tmp
 
     google_credentials(tmp_path, monkeypatch, "GOOGLE_SERVICE_ACCOUNT_PATH", json.dumps(SERVICE_ACCOUNT))
     monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_KEY", json.dumps(SERVICE_ACCOUNT))
-    with pytest.raises(errors.StorageAccessError, match="both GOOGLE_SERVICE_ACCOUNT_PATH .* and "
-                                                        "GOOGLE_SERVICE_ACCOUNT_KEY .* are set; HINT: unset one"):
+    with pytest.raises(errors.StorageAccessError,
+                       match="both GOOGLE_SERVICE_ACCOUNT_PATH .* and GOOGLE_SERVICE_ACCOUNT_KEY .* are set; "
+                             "HINT: unset one"):
         GCSStorage().is_dir("gs://unusable-key-bkt/ds")
 
 
 def test_a_reader_meets_an_unusable_google_key_as_the_products_error(tmp_path, monkeypatch):
     google_credentials(tmp_path, monkeypatch, "GOOGLE_SERVICE_ACCOUNT_PATH", None)
-    with pytest.raises(errors.StorageAccessError, match="GOOGLE_SERVICE_ACCOUNT_PATH names the key file .*which "
-                                                        "does not exist"):
+    with pytest.raises(errors.StorageAccessError,
+                       match="GOOGLE_SERVICE_ACCOUNT_PATH names the key file .*which does not exist"):
         ShardDataset("gs://unusable-key-bkt/ds", batch_size=4)
 
 
 @pytest.mark.parametrize("variable, value, says", [
-    ("AZURE_STORAGE_ACCOUNT_KEY", "not base64!", "AZURE_STORAGE_ACCOUNT_KEY is not an account key: not base64"),
+    ("AZURE_STORAGE_ACCOUNT_KEY", "not base64!",
+     "AZURE_STORAGE_ACCOUNT_KEY is not an account key: not base64"),
     ("AZURE_STORAGE_ACCESS_KEY", "a b c", "AZURE_STORAGE_ACCESS_KEY is not an account key: not base64"),
     ("AZURE_STORAGE_SAS_TOKEN", "%%%", "(AZURE_STORAGE_SAS_TOKEN): Missing component in SAS query pair"),
-    ("AZURE_FEDERATED_TOKEN_FILE", "/nonexistent/token", "AZURE_FEDERATED_TOKEN_FILE names '/nonexistent/token', "
-                                                         "which is not a file"),
+    ("AZURE_FEDERATED_TOKEN_FILE", "/nonexistent/token",
+     "AZURE_FEDERATED_TOKEN_FILE names '/nonexistent/token', which is not a file"),
 ])
 def test_unusable_azure_credentials_are_a_usage_error_naming_the_variable(monkeypatch, variable, value, says):
     from shardio.store.azure import AzureStorage
@@ -332,11 +335,12 @@ def test_a_service_principal_the_token_service_refuses_is_a_usage_error(token_se
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_KEY", raising=False)
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
     monkeypatch.setenv("AZURE_ENDPOINT", "http://127.0.0.1:9/acct")
-    for name, value in (("AZURE_CLIENT_ID", "app"), ("AZURE_CLIENT_SECRET", "wrong"), ("AZURE_TENANT_ID", "tenant"),
-                        ("AZURE_AUTHORITY_HOST", token_service)):
+    for name, value in (("AZURE_CLIENT_ID", "app"), ("AZURE_CLIENT_SECRET", "wrong"),
+                        ("AZURE_TENANT_ID", "tenant"), ("AZURE_AUTHORITY_HOST", token_service)):
         monkeypatch.setenv(name, value)
     with pytest.raises(errors.StorageAccessError) as caught:
         AzureStorage().info("az://token-refused-container/ds/manifest.json")
     assert str(caught.value).startswith(
-        f"az://token-refused-container/ds/manifest.json: HEAD failed: the credential service at {token_service} "
-        "refused this machine's credentials: HTTP 400 Bad Request (invalid_client); HINT: check the credentials")
+        f"az://token-refused-container/ds/manifest.json: HEAD failed: the credential service at "
+        f"{token_service} refused this machine's credentials: HTTP 400 Bad Request (invalid_client); "
+        "HINT: check the credentials")

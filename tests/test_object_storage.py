@@ -329,14 +329,18 @@ def test_a_create_refused_by_an_object_deleted_before_it_is_read_is_an_exists_th
 
 
 @pytest.mark.parametrize("setting, says", [
-    ({"AWS_PROFILE": "no-such-profile"}, "AWS_PROFILE names the profile 'no-such-profile', which is in neither "
-                                         "{config} nor {credentials}; HINT: name one"),
+    ({"AWS_PROFILE": "no-such-profile"},
+     "AWS_PROFILE names the profile 'no-such-profile', which is in neither {config} nor {credentials}; "
+     "HINT: name one"),
     ({"AWS_PROFILE": ""}, "AWS_PROFILE is set but empty; HINT: unset it"),
-    ({"AWS_CONFIG_FILE": "{bad_config}"}, "Unable to parse config file: {bad_config} (not an AWS config file"),
-    ({"AWS_ACCESS_KEY_ID": "AKIA"}, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; HINT: set both"),
+    ({"AWS_CONFIG_FILE": "{bad_config}"},
+     "Unable to parse config file: {bad_config} (not an AWS config file"),
+    ({"AWS_ACCESS_KEY_ID": "AKIA"},
+     "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; HINT: set both"),
     ({"AWS_SECRET_ACCESS_KEY": "secret"}, "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"),
 ])
-def test_an_unusable_aws_profile_or_half_a_key_is_a_usage_error_naming_it(tmp_path, monkeypatch, setting, says):
+def test_an_unusable_aws_profile_or_half_a_key_is_a_usage_error_naming_it(tmp_path, monkeypatch, setting,
+                                                                          says):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                  "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(name, raising=False)

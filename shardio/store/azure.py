@@ -70,12 +70,13 @@ def _credential_problem() -> str | None:
             try:
                 b64decode(key.strip(), validate=True)
             except (binascii.Error, ValueError):
-                return (f"{name} is not an account key: not base64 ({len(key)} characters); HINT: copy key1 or "
-                        "key2 from the storage account's Access keys (`az storage account keys list`)")
+                return (f"{name} is not an account key: not base64 ({len(key)} characters); HINT: copy "
+                        "key1 or key2 from the storage account's Access keys "
+                        "(`az storage account keys list`)")
     token_file = os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
     if token_file and not os.path.isfile(token_file):
-        return (f"AZURE_FEDERATED_TOKEN_FILE names {token_file!r}, which is not a file; HINT: point it at the "
-                "workload identity's token file or unset it")
+        return (f"AZURE_FEDERATED_TOKEN_FILE names {token_file!r}, which is not a file; HINT: point it at "
+                "the workload identity's token file or unset it")
     return None
 
 

@@ -167,7 +167,8 @@ class ObjectStorage:
         reason. The backends check what they can first and say it in their own words."""
         settings = self.settings()
         reason = parse(error).first_line
-        reason = reason.split(" error: ", 1)[1] if reason.startswith("Generic ") and " error: " in reason else reason
+        if reason.startswith("Generic ") and " error: " in reason:  # "Generic GCS error: ..." says nothing
+            reason = reason.split(" error: ", 1)[1]
         sources = self.credential_sources()
         named = f" ({', '.join(sources)})" if sources else ""
         return StorageAccessError(

@@ -60,8 +60,8 @@ def _store_options() -> dict[str, Any]:
                 region = region or session.region_name
                 scoped = session._session.get_scoped_config()  # the profile's section of ~/.aws/config
             except BotoCoreError as e:
-                raise StorageAccessError(f"unusable AWS configuration on this machine ({socket.gethostname()}): "
-                                         f"{_profile_problem(e)}") from None
+                raise StorageAccessError(f"unusable AWS configuration on this machine "
+                                         f"({socket.gethostname()}): {_profile_problem(e)}") from None
             endpoint = endpoint or (scoped.get("s3") or {}).get("endpoint_url") or scoped.get("endpoint_url")
     options["client_options"] = client_options(endpoint)
     if endpoint:
@@ -83,17 +83,21 @@ def _profile_problem(error: Exception) -> str:
         profile = os.environ.get("AWS_PROFILE", os.environ.get("AWS_DEFAULT_PROFILE"))
         variable = "AWS_PROFILE" if "AWS_PROFILE" in os.environ else "AWS_DEFAULT_PROFILE"
         if not profile:
-            return f"{variable} is set but empty; HINT: unset it or name a profile (`aws configure list-profiles`)"
-        return (f"{variable} names the profile {profile!r}, which is in neither {config} nor {credentials}; HINT: name one that is "
-                "(`aws configure list-profiles`), or create it (`aws configure --profile NAME`)")
+            return (f"{variable} is set but empty; HINT: unset it or name a profile "
+                    "(`aws configure list-profiles`)")
+        return (f"{variable} names the profile {profile!r}, which is in neither {config} nor {credentials}; "
+                "HINT: name one that is (`aws configure list-profiles`), or create it "
+                "(`aws configure --profile NAME`)")
     if isinstance(error, ConfigParseError):
         return f"{error} (not an AWS config file: [profile NAME] sections of key = value lines)"
-    return f"{error} (from AWS_PROFILE, {config} and {credentials}); HINT: fix it there, or set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+    return (f"{error} (from AWS_PROFILE, {config} and {credentials}); HINT: fix it there, or set "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
 
 
 def _key_pair_problem() -> str | None:
     """Half a key in the environment (obstore would say "Missing SecretAccessKey"), or None."""
-    has_id, has_secret = bool(os.environ.get("AWS_ACCESS_KEY_ID")), bool(os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    has_id = bool(os.environ.get("AWS_ACCESS_KEY_ID"))
+    has_secret = bool(os.environ.get("AWS_SECRET_ACCESS_KEY"))
     if has_id == has_secret:
         return None
     given, missing = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")[:: 1 if has_id else -1]
