@@ -207,10 +207,10 @@ def _unreadable(path: str, error: Exception) -> InputError:
     (the same file fails the same way every run, so the run remembers it), except an ``OSError`` from the disk
     or network (errno set), which a retry may cure."""
     if isinstance(error, OSError) and _is_io_error(error):
-        return InputError(path, f"not a readable Parquet file ({_said(error)}); check the disk or network and "
-                                "rerun", lasting=False)
-    return InputError(path, f"not a readable Parquet file ({type(error).__name__}: {_said(error)}); re-download "
-                            "it, or check that this is the file meant")
+        return InputError(path, f"not a readable Parquet file ({_said(error)}); check the disk or network "
+                                "and rerun", lasting=False)
+    return InputError(path, f"not a readable Parquet file ({type(error).__name__}: {_said(error)}); "
+                            "re-download it, or check that this is the file meant")
 
 
 def _said(error: BaseException) -> str:
@@ -240,7 +240,8 @@ def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None,
     try:
         try:  # the rest of the footer: the schema and the row groups' sizes
             schema = parquet.schema_arrow
-            group_rows = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
+            footer = parquet.metadata
+            group_rows = [footer.row_group(group).num_rows for group in range(footer.num_row_groups)]
         except ShardioError:
             raise
         except Exception as e:

@@ -47,8 +47,8 @@ def with_non_utf8_column_name(path, table: pa.Table, column: str) -> str:
     replaced by 0xFF 0xFE, the length unchanged. (No arrow schema is stored beside it, which would say the
     name again, base64-encoded.)"""
     placeholder = column + "~~"
-    pq.write_table(table.rename_columns([placeholder if name == column else name for name in table.column_names]),
-                   str(path), row_group_size=4, store_schema=False)
+    renamed = table.rename_columns([placeholder if name == column else name for name in table.column_names])
+    pq.write_table(renamed, str(path), row_group_size=4, store_schema=False)
     data = open(path, "rb").read()
     footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     footer = data[footer_start:]

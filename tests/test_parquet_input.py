@@ -22,7 +22,8 @@ from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.worker import process_input
 from shardio.errors import InputError
 from shardio.store.backends import for_path
-from tests.parquet_factory import hf_table, img2dataset_table, with_non_utf8_column_name, write_parquet as write
+from tests.parquet_factory import (hf_table, img2dataset_table, with_non_utf8_column_name,
+                                   write_parquet as write)
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4)
