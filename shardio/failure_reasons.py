@@ -9,7 +9,8 @@ back out of a reason: 17 regexes once did, and a reworded message fell out of it
 
 Codes are set where the failure is found: ``preprocess.transform`` (decoding, the per-image limits),
 ``preprocess.worker`` (``.cls`` / ``.json``, a decode stopped by ``preprocess.decode_watch``) and
-``preprocess.tar_samples`` (problems found while reading a tar). A code is never renamed or reused: old
+``preprocess.tar_samples`` (problems found while reading a tar), ``preprocess.sources`` (an item a Python
+source's function yields that is no sample). A code is never renamed or reused: old
 reports keep it. A report written before codes existed has failures without one; they count as
 ``unknown``, their reasons still in the report. A code this version does not know (a newer writer's) is
 its own category.
@@ -61,6 +62,8 @@ class FailureCode(str, Enum):
     UNSAFE_NAME = "unsafe_name"  # an absolute member name, or one with '..'
     NOT_A_FILE = "not_a_file"  # a symlink, hard link or special file where a member should be
     MEMBER_TOO_LARGE = "member_too_large"  # over tar_samples.MAX_MEMBER_BYTES: skipped unread
+    # a source written in Python (preprocess.sources)
+    NOT_A_SAMPLE = "not_a_sample"  # its function yielded something that is no Sample (a dict, None)
     # never written: a failure of a report from before codes
     UNKNOWN = "unknown"
 
@@ -96,6 +99,7 @@ CATEGORIES: dict[FailureCode, str] = {
     FailureCode.UNSAFE_NAME: "unsafe member name (absolute or '..')",
     FailureCode.NOT_A_FILE: "member is a link or special file",
     FailureCode.MEMBER_TOO_LARGE: "member too large (skipped unread)",
+    FailureCode.NOT_A_SAMPLE: "not a Sample (a Python source yielded something else)",
     FailureCode.UNKNOWN: "unknown (a report from before failure codes: see its reasons)",
 }
 _CATEGORY_OF_VALUE: dict[str, str] = {code.value: category for code, category in CATEGORIES.items()}
