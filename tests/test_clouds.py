@@ -341,6 +341,5 @@ def test_a_service_principal_the_token_service_refuses_is_a_usage_error(token_se
     with pytest.raises(errors.StorageAccessError) as caught:
         AzureStorage().info("az://token-refused-container/ds/manifest.json")
     assert str(caught.value).startswith(
-        f"az://token-refused-container/ds/manifest.json: HEAD failed: the credential service at "
-        f"{token_service} refused this machine's credentials: HTTP 400 Bad Request (invalid_client); "
-        "HINT: check the credentials")
+        f"az://token-refused-container/ds/manifest.json: HEAD refused by {token_service} (not the store: a "
+        "credential service): HTTP 400 Bad Request (invalid_client); HINT: check the credentials")
