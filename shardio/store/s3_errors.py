@@ -139,8 +139,8 @@ def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
     if _TOKEN_REQUEST.search(str(error)) and status is not None and 400 <= status < 500:
         # The credential service refused the credentials themselves (a wrong secret, tenant, refresh token):
         # no retry and no other endpoint helps.
-        return StorageAccessError(f"{head}refused by {endpoint} (not the store: a credential service): {cause}; "
-                                  f"HINT: check the credentials ({settings.credentials}) on this machine")
+        return StorageAccessError(f"{head}refused by {endpoint} (not the store: a credential service): "
+                                  f"{cause}; HINT: check the credentials ({settings.credentials}) on this machine")
     if code in _MISSING_BUCKET_CODES:
         create = settings.create_bucket.replace("BUCKET", bucket).replace("ENDPOINT", endpoint)
         return StorageAccessError(f"{head}failed at {where}: {cause}: bucket {bucket!r} does not exist there; "
