@@ -90,6 +90,9 @@ def _key_problem() -> str | None:
     """What makes this machine's Google credentials unusable, naming the variable and the file, or None.
     obstore reads them all when a store is made (a service account key, and application default
     credentials even beside one) and would say only "Unable to decode service account file"."""
+    for name in (*_KEY_FILE_VARIABLES, "GOOGLE_SERVICE_ACCOUNT_KEY"):
+        if name in os.environ and not os.environ[name].strip():  # obstore reads "" as a key, or a file named ""
+            return f"{name} is set but empty; HINT: unset it, or set it to a service account key"
     key_files = [n for n in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH") if os.environ.get(n)]
     if key_files and os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
         return (f"both {key_files[0]} (a key file) and GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON) are set; "
@@ -156,13 +159,6 @@ class GCSStorage(ObjectStorage):
     def _new_store(self, bucket: str) -> Any:
         from obstore.store import GCSStore
 
-        if _finds_no_credentials():
-            raise StorageAccessError(
-                f"gs://{bucket}: no Google Cloud credentials on this machine ({socket.gethostname()}): no "
-                "GOOGLE_APPLICATION_CREDENTIALS / GOOGLE_SERVICE_ACCOUNT_PATH key file, no "
-                "GOOGLE_SERVICE_ACCOUNT_KEY, no application default credentials, no metadata server; HINT: run "
-                "`gcloud auth application-default login` or point GOOGLE_APPLICATION_CREDENTIALS at a service "
-                "account key file (on a Ray cluster, on every node)")
         problem = _key_problem()
         if problem:
             hint = "" if "HINT:" in problem else (
@@ -170,6 +166,13 @@ class GCSStorage(ObjectStorage):
                 "service-accounts keys create`) or unset it")
             raise StorageAccessError(f"gs://{bucket}: unusable Google Cloud credentials on this machine "
                                      f"({socket.gethostname()}): {problem}{hint}")
+        if _finds_no_credentials():
+            raise StorageAccessError(
+                f"gs://{bucket}: no Google Cloud credentials on this machine ({socket.gethostname()}): no "
+                "GOOGLE_APPLICATION_CREDENTIALS / GOOGLE_SERVICE_ACCOUNT_PATH key file, no "
+                "GOOGLE_SERVICE_ACCOUNT_KEY, no application default credentials, no metadata server; HINT: run "
+                "`gcloud auth application-default login` or point GOOGLE_APPLICATION_CREDENTIALS at a service "
+                "account key file (on a Ray cluster, on every node)")
         return GCSStore(bucket, client_options=client_options(_endpoint()), retry_config=retry_config())
 
     def credential_sources(self) -> list[str]:
