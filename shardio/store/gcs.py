@@ -91,7 +91,8 @@ def _key_problem() -> str | None:
     obstore reads them all when a store is made (a service account key, and application default
     credentials even beside one) and would say only "Unable to decode service account file"."""
     for name in (*_KEY_FILE_VARIABLES, "GOOGLE_SERVICE_ACCOUNT_KEY"):
-        if name in os.environ and not os.environ[name].strip():  # obstore reads "" as a key, or a file named ""
+        # obstore takes "" as a key to decode, or as a file named "".
+        if name in os.environ and not os.environ[name].strip():
             return f"{name} is set but empty; HINT: unset it, or set it to a service account key"
     key_files = [n for n in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH") if os.environ.get(n)]
     if key_files and os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
