@@ -134,9 +134,14 @@ def driver_credentials() -> dict[str, str]:
         return found
     try:
         import boto3
+        from botocore.exceptions import BotoCoreError
     except ImportError:
         return {}
-    credentials = boto3.Session().get_credentials()
+    try:
+        credentials = boto3.Session().get_credentials()
+    except BotoCoreError as e:
+        raise StorageAccessError(f"unusable AWS configuration on this machine ({socket.gethostname()}): "
+                                 f"{_profile_problem(e)}") from None
     if credentials is None:
         return {}
     frozen = credentials.get_frozen_credentials()
