@@ -361,3 +361,16 @@ def test_an_unusable_aws_profile_or_half_a_key_is_a_usage_error_naming_it(tmp_pa
     assert str(caught.value).startswith("s3://unusable-profile-bkt: unusable AWS ")
     assert says.format(**names) in str(caught.value)
     assert "secret" not in str(caught.value).replace("SECRET", "")  # a secret is named, never shown
+
+
+def test_what_a_cluster_is_given_from_a_missing_profile_is_the_same_usage_error(tmp_path, monkeypatch):
+    from shardio.store.s3 import carried_settings, driver_credentials
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    for given in (carried_settings, driver_credentials):  # --pass-credentials, the tasks' settings
+        with pytest.raises(errors.StorageAccessError, match="AWS_PROFILE names the profile 'no-such-profile'"):
+            given()
