@@ -20,7 +20,9 @@ A row whose image cell holds no bytes (img2dataset's failed downloads: ``status`
 ``jpg`` null; a Hugging Face struct holding only a ``path``) is a failed sample (``missing_image``) naming
 the row and, where there is one, the status and error message; a cell whose bytes are not an image fails
 in the decoder like a tar member, its reason starting ``row N``. A file pyarrow cannot open (not Parquet,
-cut, a corrupt footer) or a row group it cannot read fails the whole input, naming the file and the rows.
+cut, a corrupt footer: whatever pyarrow raises reading it, a column name that is not UTF-8 included) fails
+the whole input as "not a readable Parquet file", naming the file, and the run remembers it as it does a
+broken tar; a row group it cannot read fails the whole input, naming the file and the rows.
 
 Memory: the file is never read whole. ``pyarrow.parquet.ParquetFile.iter_batches`` reads one row group's
 columns at a time (only the columns used) and hands them out ``BATCH_ROWS`` rows at a time: a worker holds
@@ -50,7 +52,7 @@ from typing import Any
 
 from preprocess.config import JobConfig
 from preprocess.raw_sample import SAMPLES, InputExtent, RawSample, SampleProblem
-from shardio.errors import InputError
+from shardio.errors import InputError, ShardioError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
 from shardio.store.backends import for_path
@@ -180,7 +182,7 @@ def _is_string(pa: Any, kind: Any) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _open(path: str, size: int, pa: Any, pq: Any) -> tuple[Any, Any]:
+def _open(path: str, size: int, pq: Any) -> tuple[Any, Any]:
     """(ParquetFile, the file object to close). A local file by pyarrow's own reads; an object by ranged
     GETs."""
     backend = for_path(path)
@@ -190,13 +192,25 @@ def _open(path: str, size: int, pa: Any, pq: Any) -> tuple[Any, Any]:
     except FileNotFoundError:
         handle.close()
         raise InputError(path, "no such file", lasting=False) from None
-    except OSError as e:
+    except ShardioError:  # the store's (unreachable, refused): not the bytes'
         handle.close()
-        raise InputError(path, f"not a readable Parquet file ({_said(e)}); re-download it, or check that this "
-                               "is the file meant", lasting=not _is_io_error(e)) from e
-    except pa.lib.ArrowException as e:  # ArrowInvalid and kin: the bytes' own
+        raise
+    except Exception as e:
         handle.close()
-        raise InputError(path, f"not a readable Parquet file ({_said(e)}); re-download it") from e
+        raise _unreadable(path, e) from e
+
+
+def _unreadable(path: str, error: Exception) -> InputError:
+    """The input's failure for any error reading its footer or schema. pyarrow raises more than its own
+    ``ArrowException`` there: a column name that is not UTF-8 is a ``UnicodeDecodeError`` from its
+    ``frombytes``, a forged length can be a ``ValueError`` or ``MemoryError``. All of them are the bytes' own
+    (the same file fails the same way every run, so the run remembers it), except an ``OSError`` from the disk
+    or network (errno set), which a retry may cure."""
+    if isinstance(error, OSError) and _is_io_error(error):
+        return InputError(path, f"not a readable Parquet file ({_said(error)}); check the disk or network "
+                                "and rerun", lasting=False)
+    return InputError(path, f"not a readable Parquet file ({type(error).__name__}: {_said(error)}); "
+                            "re-download it, or check that this is the file meant")
 
 
 def _said(error: BaseException) -> str:
@@ -222,16 +236,23 @@ def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None, eta
             raise InputError(path, "no such file", lasting=False) from None
     if size == 0:
         raise InputError(path, "empty file (0 bytes), not a Parquet file")
-    parquet, handle = _open(path, size, pa, pq)
+    parquet, handle = _open(path, size, pq)
     try:
-        layout = parquet_layout(path, parquet.schema_arrow, cfg)
+        try:  # the rest of the footer: the schema and the row groups' sizes
+            schema = parquet.schema_arrow
+            footer = parquet.metadata
+            group_rows = [footer.row_group(group).num_rows for group in range(footer.num_row_groups)]
+        except ShardioError:
+            raise
+        except Exception as e:
+            raise _unreadable(path, e) from e
+        layout = parquet_layout(path, schema, cfg)
         if extent is not None:  # one item per row: the footer's count is the input's
-            extent.expect(parquet.metadata.num_rows, SAMPLES)
+            extent.expect(footer.num_rows, SAMPLES)
         stem = _stem(path)
         seen: set[str] = set()
         row = 0
-        for group in range(parquet.num_row_groups):
-            rows_in_group = parquet.metadata.row_group(group).num_rows
+        for group, rows_in_group in enumerate(group_rows):
             first = row
             batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=layout.columns,
                                            use_threads=False)

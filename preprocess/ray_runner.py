@@ -29,10 +29,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,6 +260,16 @@ def _local_session() -> tuple[str, list[int]] | None:
         return None
 
 
+def _ray_temp_dir() -> str:
+    """Where the local Ray this run starts makes its session directory (Ray's own rule: ``RAY_TMPDIR``,
+    else ``TMPDIR``, else ``/tmp``, then ``ray``; its private API when it has it)."""
+    common = getattr(getattr(ray, "_common", None), "utils", None)
+    default = getattr(common, "get_default_ray_temp_dir", None)
+    if default is not None:
+        return default()
+    return os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray")
+
+
 def _ask_for_token_auth() -> None:
     """Token authentication for the local Ray this run starts, asked for explicitly.
 
@@ -307,26 +316,31 @@ def ray_session(
             # address="local": always a new local instance, never an existing one found on this machine.
             init_args = {"address": "local", "num_cpus": workers or os.cpu_count() or 1, **common}
             _ask_for_token_auth()
+            # Before ray.init: a driver killed during its 5-9 s of start-up leaves nothing either.
+            watchdog = start_watchdog(_ray_temp_dir())
         try:
             try:
-                if output is not None:
-                    with output.fd2():
+                with watchdog.marking() if watchdog is not None else nullcontext():
+                    if output is not None:
+                        with output.fd2():
+                            _init_deferring_signals(**init_args)
+                        output.take_python_logging()
+                    else:
                         _init_deferring_signals(**init_args)
-                    output.take_python_logging()
-                else:
-                    _init_deferring_signals(**init_args)
             except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
                 if not address:
                     raise
                 # Past check_cluster_address (a cluster gone since, another Ray version): said the same way.
                 raise RayUnavailable(_connect_failure(address, e)) from None
             started = True
-            local = _local_session() if not address else None
+            local = _local_session() if watchdog is not None else None
             if local is not None:
-                watchdog = start_watchdog(*local)
+                watchdog.tell(*local)  # type: ignore[union-attr]
         except BaseException:
             if started:
                 ray.shutdown()
+            if watchdog is not None:
+                watchdog.release(wait_s=15)
             if output is not None:
                 output.release()
             raise
@@ -345,14 +359,10 @@ def ray_session(
             else:
                 ray.shutdown()
         if watchdog is not None:
-            watchdog.stdin.close()  # type: ignore[union-attr]
             # Ray stopped its processes above (ray.shutdown: 1.4 s here); the watchdog then removes the
             # session directory, ~30 ms more (a straggler: SIGTERM, SIGKILL after 5 s). Never block a
             # finished run on it for long.
-            try:
-                watchdog.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
+            watchdog.release(wait_s=15)
         if output is not None:
             output.release()
 

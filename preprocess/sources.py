@@ -28,8 +28,11 @@ The built-in kinds are the same shape: ``preprocess.input_kinds.SampleReader`` m
 samples (``RawSample`` / ``SampleProblem``), and ``Source.reader`` adapts the function above to it; the
 worker (``preprocess.worker``) runs either, and everything after the samples is shared. A sample the
 function gives that cannot be used (no image, an array of another type or shape, a key seen twice) is a
-counted failure naming the key; an exception raised by the function fails the input (named in the report,
-nothing of it committed; the next run tries it again).
+counted failure naming the key; an item that is no ``Sample`` at all (a dict, None) is a counted failure
+(``not_a_sample``) naming its position in the input (``item 7``, from 0), its type and its repr, and the
+input's other samples are kept. An exception raised by the function, or a function that returns no
+iterable, fails the input (named in the report, nothing of it committed; the next run tries it again:
+fixing the function does not change the input's version, so such a failure is never remembered).
 """
 
 from __future__ import annotations
@@ -116,13 +119,37 @@ class _SourceReader:
         item = SourceInput(path[len(self.name) + 1 :], etag)
         seen: set[str] = set()
         try:
-            for sample in self.samples(item):
-                yield _raw(sample, seen)
+            given = self.samples(item)
+            if not isinstance(given, Iterable) or isinstance(given, (str, bytes, Sample)):
+                raise InputError(path, f"the source's samples() returned {_shown(given)}, not an iterable of "
+                                       "Sample (yield preprocess.sources.Sample(key=..., image=...) from it)",
+                                 lasting=False)
+            for position, sample in enumerate(given):
+                yield _raw(sample, seen) if isinstance(sample, Sample) else _not_a_sample(sample, position)
         except InputError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's function: any failure fails this input, named
             said = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             raise InputError(path, f"the source's samples() raised {said}", lasting=False) from e
+
+
+def _shown(value: Any) -> str:
+    """A value the function gave, for a message: its type and its repr, cut to 120 characters."""
+    shown = " ".join(repr(value).split())
+    return f"a {type(value).__name__} ({shown[:120]}{'...' if len(shown) > 120 else ''})"
+
+
+def _not_a_sample(given: Any, position: int) -> SampleProblem:
+    """Something the function yielded that is no ``Sample`` (a dict, None, a tuple): a counted failure
+    naming its position in the input, not the input's failure. The rest of the input is good and is kept;
+    and the input's version does not change when the function is fixed, so a failed input would stay
+    failed (remembered) until it did."""
+    member = f"item {position}"
+    return SampleProblem(member, FailureCode.NOT_A_SAMPLE,
+                         f"{member} of the input is {_shown(given)}, not a Sample: samples() must yield "
+                         "preprocess.sources.Sample(key=..., image=bytes or a uint8 array, txt=, json=, "
+                         "cls=)",
+                         member)
 
 
 def _raw(sample: Sample, seen: set[str]) -> RawSample | SampleProblem:

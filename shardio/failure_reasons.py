@@ -9,8 +9,9 @@ back out of a reason: 17 regexes once did, and a reworded message fell out of it
 
 Codes are set where the failure is found: ``preprocess.transform`` (decoding, the per-image limits),
 ``preprocess.worker`` (``.cls`` / ``.json``, a decode stopped by ``preprocess.decode_watch``),
-``preprocess.tar_samples`` (problems found while reading a tar) and ``preprocess.folder_samples`` (an
-image in no class folder, a folder's file that cannot be read). A code is never renamed or reused: old
+``preprocess.tar_samples`` (problems found while reading a tar), ``preprocess.folder_samples`` (an
+image in no class folder, a folder's file that cannot be read) and ``preprocess.sources`` (an item a
+Python source's function yields that is no sample). A code is never renamed or reused: old
 reports keep it. A report written before codes existed has failures without one; they count as
 ``unknown``, their reasons still in the report. A code this version does not know (a newer writer's) is
 its own category.
@@ -65,6 +66,8 @@ class FailureCode(str, Enum):
     # a folder's files (preprocess.folder_samples)
     NO_CLASS = "no_class"  # folder_classes: an image directly in the folder, in no class sub-folder
     UNREADABLE_FILE = "unreadable_file"  # a file of a folder input that cannot be read (permissions, I/O)
+    # a source written in Python (preprocess.sources)
+    NOT_A_SAMPLE = "not_a_sample"  # its function yielded something that is no Sample (a dict, None)
     # never written: a failure of a report from before codes
     UNKNOWN = "unknown"
 
@@ -102,6 +105,7 @@ CATEGORIES: dict[FailureCode, str] = {
     FailureCode.MEMBER_TOO_LARGE: "member too large (skipped unread)",
     FailureCode.NO_CLASS: "image not in a class folder (folder_classes)",
     FailureCode.UNREADABLE_FILE: "file cannot be read (permissions, I/O: its error is in each reason)",
+    FailureCode.NOT_A_SAMPLE: "not a Sample (a Python source yielded something else)",
     FailureCode.UNKNOWN: "unknown (a report from before failure codes: see its reasons)",
 }
 _CATEGORY_OF_VALUE: dict[str, str] = {code.value: category for code, category in CATEGORIES.items()}

@@ -40,3 +40,25 @@ class CloudBucket:
             with open(path, "wb") as f:
                 f.write(self.server.get_bytes(self.name, f"{prefix}/{rel}"))
         return local
+
+
+def unusable_credentials(cloud: str, tmp_path: Any, monkeypatch: Any) -> tuple[str, str]:
+    """Break ``cloud``'s credentials as a user does (a key file path mistyped, an account key pasted
+    half, a profile that does not exist), with nothing else configured: a URL on that cloud and what the
+    refusal must say."""
+    for name in ("GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_KEY",
+                 "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
+                 "AZURE_CLIENT_SECRET", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud login, no ~/.aws
+    if cloud == "gcs":
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_PATH", str(tmp_path / "typo.json"))
+        return "gs://cred-check-bucket/ds", f"GOOGLE_SERVICE_ACCOUNT_PATH names the key file " \
+                                            f"'{tmp_path / 'typo.json'}', which does not exist"
+    if cloud == "azure":
+        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+        monkeypatch.setenv("AZURE_ENDPOINT", "http://127.0.0.1:9/acct")
+        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "pasted half==")
+        return "az://cred-check-container/ds", "AZURE_STORAGE_ACCOUNT_KEY is not an account key: not base64"
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    return "s3://cred-check-bucket/ds", "AWS_PROFILE names the profile 'no-such-profile', which is in neither"

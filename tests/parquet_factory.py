@@ -39,3 +39,20 @@ def img2dataset_table(indices, failed=()) -> pa.Table:
 def write_parquet(path, table: pa.Table, row_group_size: int = 4) -> str:
     pq.write_table(table, str(path), row_group_size=row_group_size)
     return str(path)
+
+
+def with_non_utf8_column_name(path, table: pa.Table, column: str) -> str:
+    """``table`` written to ``path`` with ``column``'s name made invalid UTF-8 in the footer itself: the
+    name is a thrift string there (in the schema and in each column chunk's path), its last two bytes
+    replaced by 0xFF 0xFE, the length unchanged. (No arrow schema is stored beside it, which would say the
+    name again, base64-encoded.)"""
+    placeholder = column + "~~"
+    renamed = table.rename_columns([placeholder if name == column else name for name in table.column_names])
+    pq.write_table(renamed, str(path), row_group_size=4, store_schema=False)
+    data = open(path, "rb").read()
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    footer = data[footer_start:]
+    assert placeholder.encode() in footer and placeholder.encode() not in data[:footer_start]
+    with open(path, "wb") as f:
+        f.write(data[:footer_start] + footer.replace(placeholder.encode(), column.encode() + b"\xff\xfe"))
+    return str(path)

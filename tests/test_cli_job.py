@@ -17,6 +17,7 @@ from preprocess.job import RunOptions, RunReport, report_json, run_job
 from tests.ray_helpers import occupy_node_cpu
 from tests.tar_factory import Member, decode_index
 from tests.legacy_format import legacy_doc
+from tests.object_stores import unusable_credentials
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -155,6 +156,16 @@ def test_unreachable_ray_address_fails_fast(tars, tmp_path):
                                  "--ray-address", "127.0.0.1:1"])
     assert result.exit_code == 2
     assert "unreachable" in result.output
+
+
+@pytest.mark.parametrize("cloud", ["gcs", "azure", "s3"])
+def test_unusable_credentials_for_the_output_exit_2_naming_them_before_any_work(tars, tmp_path, monkeypatch,
+                                                                               cloud):
+    tars.make("a.tar", range(2))
+    url, says = unusable_credentials(cloud, tmp_path, monkeypatch)
+    result = runner.invoke(app, ["run", tars.made[0], "--output", url, "-q"])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "HINT:" in result.output
 
 
 def test_different_config_on_existing_output_is_refused(ray_cluster, tars, tmp_path):

@@ -10,7 +10,10 @@ for every write, and its JSON media upload ignores ``ifGenerationMatch=0``: a co
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
+import threading
 
 import pytest
 import torch
@@ -213,3 +216,140 @@ def test_verify_streams_the_listing_and_names_a_truncated_and_a_missing_shard(cl
     assert problems == sorted([f"{url}/{cut.path}: {cut.bytes - 5} bytes, the manifest says {cut.bytes} "
                                "(truncated or overwritten)",
                                f"{url}/{gone.meta_path}: listed in the manifest but missing"])
+
+
+GOOGLE_VARIABLES = ("GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_KEY",
+                    "GOOGLE_APPLICATION_CREDENTIALS")
+SERVICE_ACCOUNT = {"type": "service_account", "client_email": "a@b.iam.gserviceaccount.com",
+                   "private_key_id": "1"}
+
+
+def google_credentials(tmp_path, monkeypatch, variable: str, content: str | bytes | None) -> str:
+    """Only ``variable`` set, to a file holding ``content`` (None: no such file; the variable itself when
+    it holds a key's JSON); no application default credentials. Returns what the message must name."""
+    for name in GOOGLE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if variable == "GOOGLE_SERVICE_ACCOUNT_KEY":
+        monkeypatch.setenv(variable, content)
+        return variable
+    path = tmp_path / "key.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    monkeypatch.setenv(variable, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("variable, content, says", [
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", None, "which does not exist"),
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", "", "which is empty"),
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", "{not json", "which is not JSON"),
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", b"\x30\x82\x0a\xff\xfe", "which is not JSON"),  # a .p12 key
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", '["a list"]', "which is JSON but not an object"),
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", '{"type": "service_account"}', "missing field `private_key`"),
+    ("GOOGLE_SERVICE_ACCOUNT_PATH", json.dumps({**SERVICE_ACCOUNT, "private_key": "not a PEM key"}),
+     "Error reading pem file"),
+    ("GOOGLE_APPLICATION_CREDENTIALS", None, "which does not exist"),
+    ("GOOGLE_APPLICATION_CREDENTIALS", '{"client_email": "a@b"}', 'which has no "type" field: expected '
+                                                                   '"service_account"'),
+    ("GOOGLE_APPLICATION_CREDENTIALS", '{"type": "external_account"}', "\"type\" is 'external_account'"),
+    ("GOOGLE_SERVICE_ACCOUNT_KEY", "", "GOOGLE_SERVICE_ACCOUNT_KEY is set but empty; HINT: unset it"),
+    ("GOOGLE_SERVICE_ACCOUNT_KEY", "{not json", "GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON) is not JSON"),
+])
+def test_an_unusable_google_key_is_a_usage_error_naming_the_variable_and_the_file(tmp_path, monkeypatch,
+                                                                                  variable, content, says):
+    from shardio.store.gcs import GCSStorage
+
+    named = google_credentials(tmp_path, monkeypatch, variable, content)
+    monkeypatch.setattr("shardio.store.gcs.socket.getaddrinfo", lambda *a: (_ for _ in ()).throw(OSError()))
+    with pytest.raises(errors.StorageAccessError) as caught:
+        GCSStorage().info("gs://unusable-key-bkt/ds/manifest.json")
+    message = str(caught.value)
+    assert errors.exit_code(caught.value) == 2
+    assert message.startswith("gs://unusable-key-bkt: ")
+    assert variable in message and named in message and says in message
+    assert "HINT:" in message
+
+
+def test_a_google_key_file_and_a_key_in_the_environment_both_set_are_refused(tmp_path, monkeypatch):
+    from shardio.store.gcs import GCSStorage
+
+    google_credentials(tmp_path, monkeypatch, "GOOGLE_SERVICE_ACCOUNT_PATH", json.dumps(SERVICE_ACCOUNT))
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_KEY", json.dumps(SERVICE_ACCOUNT))
+    with pytest.raises(errors.StorageAccessError,
+                       match="both GOOGLE_SERVICE_ACCOUNT_PATH .* and GOOGLE_SERVICE_ACCOUNT_KEY .* are set; "
+                             "HINT: unset one"):
+        GCSStorage().is_dir("gs://unusable-key-bkt/ds")
+
+
+def test_a_reader_meets_an_unusable_google_key_as_the_products_error(tmp_path, monkeypatch):
+    google_credentials(tmp_path, monkeypatch, "GOOGLE_SERVICE_ACCOUNT_PATH", None)
+    with pytest.raises(errors.StorageAccessError,
+                       match="GOOGLE_SERVICE_ACCOUNT_PATH names the key file .*which does not exist"):
+        ShardDataset("gs://unusable-key-bkt/ds", batch_size=4)
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("AZURE_STORAGE_ACCOUNT_KEY", "not base64!",
+     "AZURE_STORAGE_ACCOUNT_KEY is not an account key: not base64"),
+    ("AZURE_STORAGE_ACCESS_KEY", "a b c", "AZURE_STORAGE_ACCESS_KEY is not an account key: not base64"),
+    ("AZURE_STORAGE_SAS_TOKEN", "%%%", "(AZURE_STORAGE_SAS_TOKEN): Missing component in SAS query pair"),
+    ("AZURE_FEDERATED_TOKEN_FILE", "/nonexistent/token",
+     "AZURE_FEDERATED_TOKEN_FILE names '/nonexistent/token', which is not a file"),
+])
+def test_unusable_azure_credentials_are_a_usage_error_naming_the_variable(monkeypatch, variable, value, says):
+    from shardio.store.azure import AzureStorage
+
+    for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv("AZURE_ENDPOINT", "http://127.0.0.1:9/acct")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(errors.StorageAccessError) as caught:
+        AzureStorage().info("az://unusable-key-container/ds/manifest.json")
+    assert errors.exit_code(caught.value) == 2
+    assert str(caught.value).startswith("az://unusable-key-container: ") and says in str(caught.value)
+    if variable != "AZURE_FEDERATED_TOKEN_FILE":
+        assert value not in str(caught.value)  # a secret is named, never shown
+
+
+@pytest.fixture
+def token_service():
+    """A local OAuth token endpoint that refuses every request as Microsoft's does a wrong client secret."""
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = b'{"error":"invalid_client","error_description":"AADSTS7000215: Invalid client secret."}'
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join()
+
+
+def test_a_service_principal_the_token_service_refuses_is_a_usage_error(token_service, monkeypatch):
+    from shardio.store.azure import AzureStorage
+
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_KEY", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv("AZURE_ENDPOINT", "http://127.0.0.1:9/acct")
+    for name, value in (("AZURE_CLIENT_ID", "app"), ("AZURE_CLIENT_SECRET", "wrong"),
+                        ("AZURE_TENANT_ID", "tenant"), ("AZURE_AUTHORITY_HOST", token_service)):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(errors.StorageAccessError) as caught:
+        AzureStorage().info("az://token-refused-container/ds/manifest.json")
+    assert str(caught.value).startswith(
+        f"az://token-refused-container/ds/manifest.json: HEAD refused by {token_service} (not the store: a "
+        "credential service): HTTP 400 Bad Request (invalid_client); HINT: check the credentials")

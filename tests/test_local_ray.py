@@ -1,9 +1,10 @@
 """A run that starts its own local Ray (no --ray-address): what it prints and what it leaves behind.
 
-Two subprocess runs (~5 s each of Ray start-up), one per way a run ends: a SIGINT during Ray's start-up
+Subprocess runs (~5 s each of Ray start-up), one per way a run ends: a SIGINT during Ray's start-up
 (acted on after it: exit 130 with a report, never a segfault), with ``--log-format json`` on stderr, where
-every line must be JSON, Ray's own included; and a SIGKILL mid-run under ``-q``, which must print nothing.
-Either way the Ray processes the run started and their session directory must go, while the session's
+every line must be JSON, Ray's own included; a SIGKILL mid-run under ``-q``, which must print nothing; and
+a SIGKILL inside ``ray.init``, its raylet started (Ray's start-up, before it returns).
+Every way the Ray processes the run started and their session directory must go, while the session's
 own cluster (another Ray instance on this machine) is left alone.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -93,6 +96,67 @@ def test_a_sigkilled_quiet_run_leaves_no_ray_processes_or_session_dir(ray_cluste
 
     assert open(stderr, "rb").read() == b"", "-q printed something (Ray's start-up warnings?)"
     _assert_gone(processes, session_dirs)  # the watchdog included: it ends once it has cleaned up
+    assert _test_cluster_nodes() == 2, "touched the test cluster"
+
+
+# The run, held inside ray.init once its raylet has started (GCS and raylet up, agents starting, ray.init not
+# returned): a point of Ray's start-up reached by the run itself, not by waiting a guessed time.
+HELD_IN_RAY_START_UP = """
+import sys
+import threading
+
+import ray._private.node as node
+
+real_start_raylet = node.Node.start_raylet
+
+
+def start_raylet(self, *args, **kwargs):
+    real_start_raylet(self, *args, **kwargs)
+    open(sys.argv[1], "w").close()
+    threading.Event().wait()  # held here until killed
+
+
+node.Node.start_raylet = start_raylet
+from preprocess.cli import app
+
+app(sys.argv[2:], prog_name="preprocess")
+"""
+
+
+def _mentioning(session_dirs: list[str]) -> list[psutil.Process]:
+    """Processes whose command line names one of these session directories (GCS, raylet, monitors)."""
+    names = [os.path.basename(d) for d in session_dirs]
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if any(name in " ".join(process.cmdline()) for name in names):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def test_a_run_sigkilled_during_ray_start_up_leaves_no_ray_processes_or_session_dir(ray_cluster, tars,
+                                                                                    tmp_path):
+    tars.make("a.tar", range(3))
+    held = tmp_path / "held"
+    env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}  # its own local Ray
+    args = ["run", tars.made[0], "--output", str(tmp_path / "out"), "--size", "16", "--workers", "1", "-q"]
+    run = subprocess.Popen([sys.executable, "-c", HELD_IN_RAY_START_UP, str(held), *args],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_until(held.exists, run, what="the raylet's start inside ray.init")
+        processes = _ray_processes_of(run.pid)  # only this run's: its children, theirs in turn
+        session_dirs = session_dirs_of(run.pid)
+        assert session_dirs and any("raylet" in " ".join(p.cmdline()) for p in processes)
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        # Within 30 s (SIGTERM, SIGKILL 5 s later), not Ray's own ~60 s; the watchdog included.
+        _assert_gone(processes, session_dirs, timeout_s=30)
+        assert not _mentioning(session_dirs), "a process of the killed run's Ray lives on"
+    finally:
+        if run.poll() is None:
+            run.kill()
     assert _test_cluster_nodes() == 2, "touched the test cluster"
 
 

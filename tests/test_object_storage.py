@@ -326,3 +326,51 @@ def test_a_create_refused_by_an_object_deleted_before_it_is_read_is_an_exists_th
     monkeypatch.undo()
     with lease.lease(store, path, wait=True, poll_s=0.05):  # and the next try takes it
         assert json.loads(store.read_versioned(path)[0])["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("setting, says", [
+    ({"AWS_PROFILE": "no-such-profile"},
+     "AWS_PROFILE names the profile 'no-such-profile', which is in neither {config} nor {credentials}; "
+     "HINT: name one"),
+    ({"AWS_PROFILE": ""}, "AWS_PROFILE is set but empty; HINT: unset it"),
+    ({"AWS_CONFIG_FILE": "{bad_config}"},
+     "Unable to parse config file: {bad_config} (not an AWS config file"),
+    ({"AWS_ACCESS_KEY_ID": "AKIA"},
+     "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; HINT: set both"),
+    ({"AWS_SECRET_ACCESS_KEY": "secret"}, "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"),
+])
+def test_an_unusable_aws_profile_or_half_a_key_is_a_usage_error_naming_it(tmp_path, monkeypatch, setting,
+                                                                          says):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    config, credentials = tmp_path / "config", tmp_path / "credentials"
+    config.write_text("[default]\nregion = us-east-1\n")
+    credentials.write_text("")
+    bad_config = tmp_path / "bad-config"
+    bad_config.write_text("[default\nregion\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    names = {"config": str(config), "credentials": str(credentials), "bad_config": str(bad_config)}
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value.format(**names))
+    with pytest.raises(errors.StorageAccessError) as caught:
+        S3Storage().info("s3://unusable-profile-bkt/ds/manifest.json")
+    assert errors.exit_code(caught.value) == 2
+    assert str(caught.value).startswith("s3://unusable-profile-bkt: unusable AWS ")
+    assert says.format(**names) in str(caught.value)
+    assert "secret" not in str(caught.value).replace("SECRET", "")  # a secret is named, never shown
+
+
+def test_what_a_cluster_is_given_from_a_missing_profile_is_the_same_usage_error(tmp_path, monkeypatch):
+    from shardio.store.s3 import carried_settings, driver_credentials
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    for given in (carried_settings, driver_credentials):  # --pass-credentials, the tasks' settings
+        with pytest.raises(errors.StorageAccessError, match="AWS_PROFILE names the profile 'no-such-profile'"):
+            given()

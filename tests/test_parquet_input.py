@@ -20,8 +20,10 @@ from preprocess.inputs import resolve_inputs
 from preprocess.parquet_samples import iter_parquet_samples
 from preprocess.raw_sample import RawSample, SampleProblem
 from preprocess.worker import process_input
+from shardio.errors import InputError
 from shardio.store.backends import for_path
-from tests.parquet_factory import hf_table, img2dataset_table, write_parquet as write
+from tests.parquet_factory import (hf_table, img2dataset_table, with_non_utf8_column_name,
+                                   write_parquet as write)
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
 
 CFG = JobConfig(height=16, width=16, samples_per_shard=4)
@@ -126,6 +128,26 @@ def test_a_file_that_is_not_parquet_or_is_cut_fails_as_an_input_naming_it(tmp_pa
         assert result.error is not None and "not a readable Parquet file" in result.error, result.error
         assert result.lasting and result.shards == []
     assert os.listdir(tmp_path / "out" / "shards") == [] if (tmp_path / "out" / "shards").exists() else True
+
+
+def test_a_footer_pyarrow_cannot_decode_is_an_unreadable_parquet_file_and_is_remembered(tmp_path):
+    """A column name that is not UTF-8 makes pyarrow raise UnicodeDecodeError, not one of its own errors:
+    still the file's failure, naming it, and lasting (the same bytes fail the same way: not read again)."""
+    from preprocess import job
+    from shardio.format.run_report import RunReport
+
+    bad = with_non_utf8_column_name(tmp_path / "names.parquet", hf_table(range(COUNT)), "text")
+    with pytest.raises(InputError) as caught:
+        list(iter_parquet_samples(bad, CFG))
+    assert str(caught.value).startswith(f"{bad}: not a readable Parquet file (UnicodeDecodeError: ")
+    result = process_input(bad, str(tmp_path / "out"), CFG, (os.path.getsize(bad), 7))
+    assert result.error.startswith("not a readable Parquet file (UnicodeDecodeError: ") and result.lasting
+    assert result.shards == [] and result.samples == 0
+    report = RunReport(run_id="r1", output="o", started="", config={})
+    job._record(report, result)
+    (entry,) = report.inputs_failed
+    assert entry["input"] == bad and entry["failed_in"] == "r1"
+    assert entry["fingerprint"] == {"size": os.path.getsize(bad), "mtime_ns": 7, "etag": ""}
 
 
 def test_a_corrupt_row_group_fails_the_input_naming_the_rows(tmp_path):

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from shardio.tools.cli import app
 from shardio.tools.preview import encode_png
 from tests.dataset_fixtures import make_dataset, self_identifying_pixels
+from tests.object_stores import unusable_credentials
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -203,3 +204,12 @@ def test_info_counts_the_bytes_on_disk_without_walking_the_shards(tmp_path):
         return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(out) for name in names)
 
     assert dataset_info(out)["directory_bytes"] == walked()
+
+
+@pytest.mark.parametrize("cloud", ["gcs", "azure", "s3"])
+def test_unusable_cloud_credentials_exit_2_naming_the_variable_and_the_file(tmp_path, monkeypatch, cloud):
+    url, says = unusable_credentials(cloud, tmp_path, monkeypatch)
+    for command in (["info", url], ["preview", url, "--out", str(tmp_path / "p.png")]):
+        code, stdout, stderr = run(*command)
+        assert code == 2, (command, stdout, stderr)
+        assert says in stderr and "HINT:" in stderr and "Traceback" not in stdout + stderr

@@ -161,6 +161,35 @@ def test_a_python_source_whose_function_fails_fails_that_input_only(ray_cluster,
     assert [(f["key"], f["code"]) for f in report.failures] == [("k1", "missing_image")]
 
 
+def test_an_item_that_is_no_sample_is_a_counted_failure_naming_it_and_the_rest_is_kept(ray_cluster, tmp_path):
+    """A dict or None among the samples: a failure of that item (its position, type and repr, what a sample
+    must be), the input's other samples committed; a function returning no iterable fails its input."""
+    from preprocess.sources import Sample, Source, SourceInput
+    from tests.tar_factory import index_image, jpeg_bytes
+
+    def samples(item: SourceInput):
+        if item.name == "returns-none":
+            return None
+        return iter([Sample("000000", jpeg_bytes(index_image(0))), {"key": "k", "image": b"..."}, None,
+                     Sample("000003", jpeg_bytes(index_image(3)))])
+
+    source = Source("db", [SourceInput("mixed", "1"), SourceInput("returns-none", "1")], samples)
+    out = str(tmp_path / "out")
+    report = _run_source(source, out)
+    assert report.inputs_processed == ["db/mixed"] and report.samples_written == 2
+    assert_indices(out, [0, 3])
+    assert [(f["input"], f["key"], f["code"]) for f in report.failures] == [
+        ("db/mixed", "item 1", "not_a_sample"), ("db/mixed", "item 2", "not_a_sample")]
+    dict_item, none_item = (f["reason"] for f in report.failures)
+    assert dict_item.startswith("item 1 of the input is a dict ({'key': 'k', 'image': b'...'}), not a "
+                                "Sample: samples() must yield preprocess.sources.Sample(key=..., image=")
+    assert none_item.startswith("item 2 of the input is a NoneType (None), not a Sample")
+    [failed] = report.inputs_failed
+    assert failed["input"] == "db/returns-none" and failed["reason"].startswith(
+        "the source's samples() returned a NoneType (None), not an iterable of Sample")
+    assert "fingerprint" not in failed  # the function's fault: the next run tries it again
+
+
 PYTHON_SOURCE_SCRIPT = '''
 import io
 import sys

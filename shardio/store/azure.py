@@ -15,8 +15,10 @@ The commit's conditional writes: create-if-absent is ``If-None-Match: *``, a con
 
 from __future__ import annotations
 
+import binascii
 import os
 import socket
+from base64 import b64decode
 from typing import Any
 
 from shardio.errors import StorageAccessError
@@ -55,6 +57,29 @@ def _finds_no_credentials() -> bool:
         return True
 
 
+_ACCOUNT_KEYS = ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_KEY")
+
+
+def _credential_problem() -> str | None:
+    """What makes the Azure credentials in the environment unusable, naming the variable (never its value),
+    or None. An account key is base64 (88 characters from the portal's "Access keys"); obstore would say only
+    "Invalid Access Key: Invalid symbol 32, offset 3"."""
+    for name in _ACCOUNT_KEYS:
+        key = os.environ.get(name)
+        if key:
+            try:
+                b64decode(key.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                return (f"{name} is not an account key: not base64 ({len(key)} characters); HINT: copy "
+                        "key1 or key2 from the storage account's Access keys "
+                        "(`az storage account keys list`)")
+    token_file = os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
+    if token_file and not os.path.isfile(token_file):
+        return (f"AZURE_FEDERATED_TOKEN_FILE names {token_file!r}, which is not a file; HINT: point it at "
+                "the workload identity's token file or unset it")
+    return None
+
+
 class AzureStorage(ObjectStorage):
     """``Storage`` for ``az://`` URLs. One instance serves every container of the account."""
 
@@ -79,7 +104,15 @@ class AzureStorage(ObjectStorage):
                 "AZURE_FEDERATED_TOKEN_FILE, and no managed identity (no metadata service); HINT: set one (on a "
                 "Ray cluster, on every node, or pass the driver's with `preprocess run --pass-credentials`); "
                 "a public container reads with AZURE_SKIP_SIGNATURE=true")
+        problem = _credential_problem()
+        if problem:
+            raise StorageAccessError(f"az://{bucket}: unusable Azure credentials on this machine "
+                                     f"({socket.gethostname()}): {problem}")
         return AzureStore(bucket, client_options=client_options(_endpoint()), retry_config=retry_config())
+
+    def credential_sources(self) -> list[str]:
+        return [f"{name}={os.environ[name]}" if name == "AZURE_FEDERATED_TOKEN_FILE" else name
+                for name in _CREDENTIAL_SOURCES if os.environ.get(name)]
 
     def where(self) -> str:
         account = os.environ.get("AZURE_STORAGE_ACCOUNT_NAME", "ACCOUNT")

@@ -30,20 +30,103 @@ _ADC_FILE = os.path.join("~", ".config", "gcloud", "application_default_credenti
 
 def _key() -> dict[str, Any]:
     """The service account key this process uses (from the environment), or {} (application default
-    credentials, the metadata server)."""
+    credentials, the metadata server). Unusable keys are {} here: ``_key_problem`` says what is wrong."""
     if os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
         try:
-            return json.loads(os.environ["GOOGLE_SERVICE_ACCOUNT_KEY"])
+            found = json.loads(os.environ["GOOGLE_SERVICE_ACCOUNT_KEY"])
         except ValueError:
             return {}
+        return found if isinstance(found, dict) else {}
     for name in _KEY_FILE_VARIABLES:
         if os.environ.get(name):
             try:
                 with open(os.path.expanduser(os.environ[name])) as f:
-                    return json.load(f)
+                    found = json.load(f)
             except (OSError, ValueError):
-                return {}  # obstore says what is wrong with it, naming the file
+                return {}
+            return found if isinstance(found, dict) else {}
     return {}
+
+
+# What application default credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's file) may be: obstore reads
+# no other "type" (an external account, an impersonated service account).
+_ADC_TYPES = ("service_account", "authorized_user")
+
+
+def _json_problem(text: str, adc: bool) -> str | None:
+    """What is wrong with a key's JSON (None: nothing this side can tell; obstore checks the fields)."""
+    if not text.strip():
+        return "is empty"
+    try:
+        found = json.loads(text)
+    except ValueError as e:
+        return f"is not JSON ({e})"
+    if not isinstance(found, dict):
+        return f"is JSON but not an object (a {type(found).__name__})"
+    if adc and found.get("type") not in _ADC_TYPES:
+        said = f'"type" is {found["type"]!r}' if "type" in found else 'has no "type" field'
+        return f'{said}: expected "service_account" (a key file) or "authorized_user" (gcloud\'s login)'
+    return None
+
+
+def _file_problem(path: str, adc: bool) -> str | None:
+    """What is wrong with the key file at ``path``, in words, or None."""
+    full = os.path.expanduser(path)
+    if os.path.isdir(full):
+        return "is a directory, not a key file"
+    try:
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return "does not exist"
+    except UnicodeDecodeError:
+        return "is not JSON (binary: a .p12 key? download the key as JSON)"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return _json_problem(text, adc)
+
+
+def _key_problem() -> str | None:
+    """What makes this machine's Google credentials unusable, naming the variable and the file, or None.
+    obstore reads them all when a store is made (a service account key, and application default
+    credentials even beside one) and would say only "Unable to decode service account file"."""
+    for name in (*_KEY_FILE_VARIABLES, "GOOGLE_SERVICE_ACCOUNT_KEY"):
+        # obstore takes "" as a key to decode, or as a file named "".
+        if name in os.environ and not os.environ[name].strip():
+            return f"{name} is set but empty; HINT: unset it, or set it to a service account key"
+    key_files = [n for n in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH") if os.environ.get(n)]
+    if key_files and os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+        return (f"both {key_files[0]} (a key file) and GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON) are set; "
+                "HINT: unset one of them")
+    for name in key_files:
+        problem = _file_problem(os.environ[name], adc=False)
+        if problem:
+            return f"{name} names the key file {os.environ[name]!r}, which {problem}"
+    if os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+        problem = _json_problem(os.environ["GOOGLE_SERVICE_ACCOUNT_KEY"], adc=False)
+        if problem:
+            return f"GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON) {problem}"
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        path = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
+        problem = _file_problem(path, adc=True)
+        if problem:
+            return f"GOOGLE_APPLICATION_CREDENTIALS names the credentials file {path!r}, which {problem}"
+    elif os.path.isfile(os.path.expanduser(_ADC_FILE)):
+        problem = _file_problem(_ADC_FILE, adc=True)
+        if problem:
+            return (f"the application default credentials {os.path.expanduser(_ADC_FILE)!r} {problem}; HINT: "
+                    "run `gcloud auth application-default login` again")
+    return None
+
+
+def _credential_sources() -> list[str]:
+    """The credentials this machine configures, named (never a secret's value)."""
+    named = [f"{n}={os.environ[n]}" for n in _KEY_FILE_VARIABLES if os.environ.get(n)]
+    if os.environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+        named.append("GOOGLE_SERVICE_ACCOUNT_KEY (a key's JSON)")
+    if not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") and os.path.isfile(os.path.expanduser(_ADC_FILE)):
+        named.append(os.path.expanduser(_ADC_FILE))
+    return named
 
 
 def _endpoint() -> str | None:
@@ -77,6 +160,13 @@ class GCSStorage(ObjectStorage):
     def _new_store(self, bucket: str) -> Any:
         from obstore.store import GCSStore
 
+        problem = _key_problem()
+        if problem:
+            hint = "" if "HINT:" in problem else (
+                "; HINT: point it at a service account key file (JSON, from the Cloud console or `gcloud iam "
+                "service-accounts keys create`) or unset it")
+            raise StorageAccessError(f"gs://{bucket}: unusable Google Cloud credentials on this machine "
+                                     f"({socket.gethostname()}): {problem}{hint}")
         if _finds_no_credentials():
             raise StorageAccessError(
                 f"gs://{bucket}: no Google Cloud credentials on this machine ({socket.gethostname()}): no "
@@ -85,6 +175,9 @@ class GCSStorage(ObjectStorage):
                 "`gcloud auth application-default login` or point GOOGLE_APPLICATION_CREDENTIALS at a service "
                 "account key file (on a Ray cluster, on every node)")
         return GCSStore(bucket, client_options=client_options(_endpoint()), retry_config=retry_config())
+
+    def credential_sources(self) -> list[str]:
+        return _credential_sources()
 
     def where(self) -> str:
         return _endpoint() or "Google Cloud Storage"

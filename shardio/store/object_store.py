@@ -145,12 +145,35 @@ class ObjectStorage:
 
     # --- plumbing -------------------------------------------------------------------------------------
 
+    def credential_sources(self) -> list[str]:
+        """The credentials this process configures for this cloud, named for messages: variables (a file's
+        with its path, a secret's without its value) and files."""
+        return [name for name in self.CREDENTIAL_VARIABLES if os.environ.get(name)]
+
     def _store(self, bucket: str) -> Any:
         with self._lock:
             store = self._stores.get(bucket)
             if store is None:
-                store = self._stores[bucket] = self._new_store(bucket)
+                try:
+                    store = self._new_store(bucket)
+                except self._ob.exceptions.BaseError as e:
+                    raise self._unusable_credentials(bucket, e) from None
+                self._stores[bucket] = store
             return store
+
+    def _unusable_credentials(self, bucket: str, error: BaseException) -> StorageAccessError:
+        """obstore refused to make a store from this machine's configuration (a key it cannot decode, a
+        setting it cannot parse): no request was made, so it is the configuration, named with obstore's
+        reason. The backends check what they can first and say it in their own words."""
+        settings = self.settings()
+        reason = parse(error).first_line
+        if reason.startswith("Generic ") and " error: " in reason:  # "Generic GCS error: ..." says nothing
+            reason = reason.split(" error: ", 1)[1]
+        sources = self.credential_sources()
+        named = f" ({', '.join(sources)})" if sources else ""
+        return StorageAccessError(
+            f"{self.scheme}://{bucket}: {settings.name} cannot use the credentials configured on this machine"
+            f"{named}: {reason}; HINT: check {settings.credentials}")
 
     def _target(self, url: str) -> tuple[Any, str]:
         bucket, key = split_url(url)

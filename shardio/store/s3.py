@@ -49,13 +49,19 @@ def _store_options() -> dict[str, Any]:
         except ImportError:
             boto3 = None
         if boto3 is not None:
-            session = boto3.Session()
-            if session.get_credentials() is not None:
-                from obstore.auth.boto3 import Boto3CredentialProvider
+            from botocore.exceptions import BotoCoreError
 
-                options["credential_provider"] = Boto3CredentialProvider(session)
-            region = region or session.region_name
-            scoped = session._session.get_scoped_config()  # the profile's section of ~/.aws/config
+            try:
+                session = boto3.Session()
+                if session.get_credentials() is not None:
+                    from obstore.auth.boto3 import Boto3CredentialProvider
+
+                    options["credential_provider"] = Boto3CredentialProvider(session)
+                region = region or session.region_name
+                scoped = session._session.get_scoped_config()  # the profile's section of ~/.aws/config
+            except BotoCoreError as e:
+                raise StorageAccessError(f"unusable AWS configuration on this machine "
+                                         f"({socket.gethostname()}): {_profile_problem(e)}") from None
             endpoint = endpoint or (scoped.get("s3") or {}).get("endpoint_url") or scoped.get("endpoint_url")
     options["client_options"] = client_options(endpoint)
     if endpoint:
@@ -65,6 +71,37 @@ def _store_options() -> dict[str, Any]:
     if region:
         options["region"] = region
     return options
+
+
+def _profile_problem(error: Exception) -> str:
+    """What boto3 could not use in the AWS configuration (a profile, a config file), naming it."""
+    from botocore.exceptions import ConfigParseError, ProfileNotFound
+
+    config = os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+    credentials = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
+    if isinstance(error, ProfileNotFound):
+        profile = os.environ.get("AWS_PROFILE", os.environ.get("AWS_DEFAULT_PROFILE"))
+        variable = "AWS_PROFILE" if "AWS_PROFILE" in os.environ else "AWS_DEFAULT_PROFILE"
+        if not profile:
+            return (f"{variable} is set but empty; HINT: unset it or name a profile "
+                    "(`aws configure list-profiles`)")
+        return (f"{variable} names the profile {profile!r}, which is in neither {config} nor {credentials}; "
+                "HINT: name one that is (`aws configure list-profiles`), or create it "
+                "(`aws configure --profile NAME`)")
+    if isinstance(error, ConfigParseError):
+        return f"{error} (not an AWS config file: [profile NAME] sections of key = value lines)"
+    return (f"{error} (from AWS_PROFILE, {config} and {credentials}); HINT: fix it there, or set "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+
+
+def _key_pair_problem() -> str | None:
+    """Half a key in the environment (obstore would say "Missing SecretAccessKey"), or None."""
+    has_id = bool(os.environ.get("AWS_ACCESS_KEY_ID"))
+    has_secret = bool(os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    if has_id == has_secret:
+        return None
+    given, missing = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")[:: 1 if has_id else -1]
+    return f"{given} is set but {missing} is not; HINT: set both, or unset {given} to use a profile or a role"
 
 
 # What a process on another machine needs to reach the same store as this one, none of it secret: the
@@ -97,9 +134,14 @@ def driver_credentials() -> dict[str, str]:
         return found
     try:
         import boto3
+        from botocore.exceptions import BotoCoreError
     except ImportError:
         return {}
-    credentials = boto3.Session().get_credentials()
+    try:
+        credentials = boto3.Session().get_credentials()
+    except BotoCoreError as e:
+        raise StorageAccessError(f"unusable AWS configuration on this machine ({socket.gethostname()}): "
+                                 f"{_profile_problem(e)}") from None
     if credentials is None:
         return {}
     frozen = credentials.get_frozen_credentials()
@@ -164,7 +206,14 @@ class S3Storage(ObjectStorage):
     def _new_store(self, bucket: str) -> Any:
         from obstore.store import S3Store
 
-        options = dict(_store_options())
+        problem = _key_pair_problem()
+        if problem:
+            raise StorageAccessError(f"s3://{bucket}: unusable AWS credentials on this machine "
+                                     f"({socket.gethostname()}): {problem}")
+        try:
+            options = dict(_store_options())
+        except StorageAccessError as e:
+            raise StorageAccessError(f"s3://{bucket}: {e}") from None
         if _finds_no_credentials(options):
             raise StorageAccessError(
                 f"s3://{bucket}: no S3 credentials on this machine ({socket.gethostname()}): no "

@@ -66,7 +66,12 @@ _PERFORMING = re.compile(r"Error performing ([A-Z]+) (\w+://[^\s,]+)")
 _STATUS = re.compile(r"status code: (\d{3})([A-Za-z ]*)")
 _DEBUG_STATUS = re.compile(r"status: (\d{3}),")
 # A JSON answer's "code" only when it is a name (GCS's JSON errors carry the HTTP status there as a number).
-_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z][A-Za-z0-9_.]*)'))
+# An OAuth token service's answer names its error in "error" (``invalid_grant``, ``invalid_client``).
+_CODES = (re.compile(r"<Code>([^<]+)</Code>"), re.compile(r'"code"\s*:\s*"?([A-Za-z][A-Za-z0-9_.]*)'),
+          re.compile(r'"error"\s*:\s*"([a-z_]+)"'))
+# obstore's words when the request that failed was the one fetching a token for the credentials (OAuth,
+# a metadata service), not the store's own: "Error performing token request: ..." (Azure, GCS).
+_TOKEN_REQUEST = re.compile(r"token request|TokenRequest", re.IGNORECASE)
 _CONNECT = re.compile(r'ConnectError\(\s*"([^"]+)"')
 _DETAILS = (re.compile(r'message: "([^"]+)"'), re.compile(r'error: "([^"]+)"'))
 _HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
@@ -131,6 +136,11 @@ def explain(url: str, doing: str, error: BaseException, settings: StoreSettings,
     other_server = (f"if the bucket is on another server (MinIO, SeaweedFS, R2, an emulator), set "
                     f"{settings.endpoint_variable}=http(s)://HOST:PORT") if not settings.endpoint else ""
     status, code = failure.status, failure.code or ""
+    if _TOKEN_REQUEST.search(str(error)) and status is not None and 400 <= status < 500:
+        # The credential service refused the credentials themselves (a wrong secret, tenant, refresh token):
+        # no retry and no other endpoint helps.
+        return StorageAccessError(f"{head}refused by {endpoint} (not the store: a credential service): "
+                                  f"{cause}; HINT: check the credentials ({settings.credentials}) on this machine")
     if code in _MISSING_BUCKET_CODES:
         # The endpoint as configured, path and all (Azurite's names the account: http://HOST:PORT/ACCOUNT): the
         # command must create the bucket where the store looked, not on the cloud itself.
