@@ -12,6 +12,7 @@ within ±4 of its colour (DC only, no ringing), so ``indices`` reads the digits 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -175,6 +176,16 @@ def retire_input(directory: str, name: str) -> int:
         manifest.retired += [RetiredFile(entry.path), RetiredFile(entry.meta_path)]
     manifest.shards = [e for e in manifest.shards if e.path not in gone.shards]
     return write_manifest(directory, manifest)
+
+
+def set_root_field(directory: str, name: str, value: Any) -> None:
+    """Rewrite one field of the dataset's root (``manifest.json``), as a forger or an old writer would."""
+    path = os.path.join(directory, "manifest.json")
+    with open(path) as f:
+        root = json.load(f)
+    root[name] = value
+    with open(path, "w") as f:
+        json.dump(root, f)
 
 
 def flip_bits(path: str, offset: int, mask: int = 0x01) -> None:

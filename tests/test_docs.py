@@ -229,15 +229,21 @@ def test_the_figures_come_from_the_bench_results(tmp_path):
     assert "0.123x" in figures.figures_page(results)
 
 
-def _message_strings(path: Path) -> list[tuple[int, str]]:
-    """String literals that are not docstrings (what can reach a user as a message)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = set()
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of ``tree``'s module, classes and functions."""
+    found = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                docstrings.add(id(body[0].value))
+                found.add(id(body[0].value))
+    return found
+
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """String literals that are not docstrings (what can reach a user as a message)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstring_ids(tree)
     return [(n.lineno, n.value) for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
 
@@ -310,12 +316,8 @@ def _message_words() -> set[str]:
     words: set[str] = set()
     for path in (p for pkg in ("shardio", "preprocess") for p in (ROOT / pkg).rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = set()
+        skip = _docstring_ids(tree)
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                body = node.body
-                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                    skip.add(id(body[0].value))
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
                                                     for t in node.targets):
                 skip.update(id(n) for n in ast.walk(node.value))

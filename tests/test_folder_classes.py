@@ -18,7 +18,7 @@ from shardio.format.manifests import read_root
 from shardio.tools.info import dataset_info, format_info
 from shardio.write.directory import drop_inputs
 from tests.dataset_compare import assert_same_dataset
-from tests.dataset_fixtures import make_dataset
+from tests.dataset_fixtures import make_dataset, set_root_field
 from tests.folder_factory import class_drop, write_file
 from tests.tar_factory import decode_index, index_image, jpeg_bytes
 from tests.test_dataset_generations import add_input
@@ -36,20 +36,11 @@ def labels(directory: str) -> dict[int, tuple[int, str]]:
     return found
 
 
-def set_root_classes(directory: str, value) -> None:
-    path = os.path.join(directory, "manifest.json")
-    with open(path) as f:
-        root = json.load(f)
-    root["classes"] = value
-    with open(path, "w") as f:
-        json.dump(root, f)
-
-
 @pytest.mark.parametrize("value", [["cat", "cat"], ["cat", 3], "cat", ["cat", ""], {"cat": 0}])
 def test_a_malformed_class_table_is_refused_at_load_naming_the_root(tmp_path, value) -> None:
     directory = str(tmp_path / "d")
     make_dataset(directory, (5,))
-    set_root_classes(directory, value)
+    set_root_field(directory, "classes", value)
     said = r"manifest\.json: \"classes\"(\[\d\])? is .* \(edited or forged\)"
     with pytest.raises(ShardFormatError, match=said):
         open_dataset(directory)
@@ -59,7 +50,7 @@ def test_the_class_table_is_read_by_the_reader_and_info_and_copied_by_every_comm
     directory = str(tmp_path / "d")
     make_dataset(directory, (5,))
     assert ShardDataset(directory, 2).classes == [] and "classes" not in dataset_info(directory)
-    set_root_classes(directory, ["cat", "dog", "bird"])
+    set_root_field(directory, "classes", ["cat", "dog", "bird"])
     add_input(directory, "more.tar", 5, 3)  # a later commit (an ordinary run's) keeps the table
     assert read_root(directory)["classes"] == ["cat", "dog", "bird"]
     assert ShardDataset(directory, 2).classes == ["cat", "dog", "bird"]

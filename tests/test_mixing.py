@@ -198,19 +198,21 @@ def test_a_state_taken_after_set_epoch_is_that_epochs_start(paths):
     assert [ids(b).tolist() for b in resumed] == expected
 
 
-def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
-    # A `mode: pad` dataset's batches carry content_box, another's do not: the mix has one schema, and a
-    # sample of the non-pad dataset gets the whole image as its box (what a box-less sample means).
-    from shardio.format.manifests import load_manifest
-    from shardio.write.shard_writer import write_manifest
-    from tests.dataset_fixtures import make_dataset
-
+def plain_and_padded(tmp_path) -> tuple[str, str]:
+    """Two datasets of 16 samples, the second's config saying ``mode: pad``."""
     plain, padded = str(tmp_path / "plain"), str(tmp_path / "padded")
     make_dataset(plain, (16,))
     make_dataset(padded, (16,))
     manifest = load_manifest(padded)
     manifest.config = {**manifest.config, "mode": "pad"}
     write_manifest(padded, manifest)
+    return plain, padded
+
+
+def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
+    # A `mode: pad` dataset's batches carry content_box, another's do not: the mix has one schema, and a
+    # sample of the non-pad dataset gets the whole image as its box (what a box-less sample means).
+    plain, padded = plain_and_padded(tmp_path)
     datasets = [ShardDataset(plain, 4), ShardDataset(padded, 4)]
     assert "content_box" not in next(iter(datasets[0])) and "content_box" in next(iter(datasets[1]))
     mixed = MixedDataset(datasets, [1, 1], seed=3)
@@ -226,12 +228,7 @@ def test_every_mixed_batch_has_the_keys_of_every_mixed_dataset(tmp_path):
 
 def test_mixed_and_subset_batches_keep_each_samples_source_size_and_crop(tmp_path):
     # A centre-crop dataset written before lines had crops (unknown: -1) mixed with a pad one (nothing cut).
-    plain, padded = str(tmp_path / "plain"), str(tmp_path / "padded")
-    make_dataset(plain, (16,))
-    make_dataset(padded, (16,))
-    manifest = load_manifest(padded)
-    manifest.config = {**manifest.config, "mode": "pad"}
-    write_manifest(padded, manifest)
+    plain, padded = plain_and_padded(tmp_path)
     mixed = MixedDataset([ShardDataset(plain, 4), ShardDataset(padded, 4)], [1, 1], seed=3)
     batches = list(mixed)
     assert {b["__source__"] for b in batches} == {0, 1}

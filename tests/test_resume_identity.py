@@ -4,12 +4,10 @@ copy or a move of the same directory resumes it exactly."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import pytest
-from tests.dataset_fixtures import indices, make_dataset
+from tests.dataset_fixtures import indices, make_dataset, set_root_field
 from tests.legacy_format import as_legacy
 from tests.test_dataset_generations import add_input
 
@@ -122,12 +120,7 @@ def test_a_dataset_written_before_identities_is_named_by_its_config_until_its_ne
 
 def test_a_forged_identity_is_refused_at_load(taken) -> None:
     directory = taken[0]
-    path = os.path.join(directory, "manifest.json")
-    with open(path) as f:
-        root = json.load(f)
-    root["dataset"] = "../../not-an-identity"
-    with open(path, "w") as f:
-        json.dump(root, f)
+    set_root_field(directory, "dataset", "../../not-an-identity")
     with pytest.raises(ShardFormatError, match=r"manifest\.json: \"dataset\" is '\.\./\.\./not-an-identity', not "
                                                r"an identity"):
         open_dataset(directory)
@@ -137,12 +130,7 @@ def test_a_forged_identity_is_refused_at_load(taken) -> None:
 def test_a_forged_names_fence_is_refused_at_load(taken, fence) -> None:
     """Spec, "Fencing names": a root's ``fence`` is 16 lower-case hex digits or absent."""
     directory = taken[0]
-    path = os.path.join(directory, "manifest.json")
-    with open(path) as f:
-        root = json.load(f)
-    root["fence"] = fence
-    with open(path, "w") as f:
-        json.dump(root, f)
+    set_root_field(directory, "fence", fence)
     with pytest.raises(ShardFormatError, match=r"manifest\.json: \"fence\" is .*, not a fence \(16 lower-case hex"):
         open_dataset(directory)
 
