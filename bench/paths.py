@@ -41,7 +41,8 @@ from PIL import Image
 
 from preprocess import jpeg_region
 from preprocess.config import JobConfig
-from preprocess.transform import _RESAMPLE, _draft_request, process_image
+from preprocess.resize_modes import resize_mode
+from preprocess.transform import _RESAMPLE, process_image
 from preprocess.worker import process_input
 
 __all__ = ["PATHS", "PathPool", "RemotePath", "available_paths"]
@@ -53,13 +54,13 @@ CHUNK = 8  # images per pool task: amortises the IPC round trip (~0.1 ms) over ~
 
 def _floor(data: bytes) -> None:
     im = Image.open(io.BytesIO(data))
-    im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
+    im.draft("RGB", resize_mode(_cfg.mode).draft_request(im.size, (_cfg.width, _cfg.height)))
     im.load()
 
 
 def _floor_libjpeg(data: bytes) -> None:
     im = Image.open(io.BytesIO(data))
-    im.draft("RGB", _draft_request(_cfg.mode, im.size, (_cfg.width, _cfg.height)))
+    im.draft("RGB", resize_mode(_cfg.mode).draft_request(im.size, (_cfg.width, _cfg.height)))
     end = data.rfind(b"\xff\xd9")
     scale = im.decoderconfig[0] if im.decoderconfig else 1
     jpeg_region._decode_region(data, end if end > 0 else len(data), scale, *im.size, 0, im.width, 0, im.height)

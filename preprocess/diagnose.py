@@ -39,10 +39,11 @@ from typing import Any
 import numpy as np
 
 from preprocess import jpeg_region
-from preprocess.config import BUCKET, JobConfig
+from preprocess.config import JobConfig
 from preprocess.jpeg_encode import stored_pixels
 from preprocess.pixel_quality import QualityTally, decode_jpeg
 from preprocess.input_kinds import input_kind
+from preprocess.resize_modes import resize_mode
 from preprocess.tar_samples import SampleProblem, index_tar, iter_tar_samples
 from preprocess.transform import process_image
 from preprocess.versions import pillow_build
@@ -222,7 +223,7 @@ def diagnose(
                      project_images, cores, slowest)
     if samples:
         report["pixels"] = _pixels_report(cfg, samples, quality, project_images)
-        if cfg.mode == BUCKET:
+        if resize_mode(cfg.mode).picks_bucket:
             report["aspect"] = _aspect_report(cfg, samples)
     return report
 

@@ -80,10 +80,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from preprocess.class_table import extend_class_table, folder_class_names
-from preprocess.config import BUCKET, JobConfig
+from preprocess.config import JobConfig
 from preprocess.input_kinds import NumberedClasses, SampleReader
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
+from preprocess.resize_modes import resize_mode
 from preprocess.sources import Source
 from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
@@ -97,7 +98,7 @@ from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import BUCKET_FORMAT_VERSION, InputEntry, Manifest
+from shardio.format import InputEntry, Manifest, config_buckets, root_format_version
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, latest_report, report_json
@@ -200,8 +201,7 @@ def run_job(
         started=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         config=cfg.to_dict(),
         # The format version this run writes: a bucketed dataset's is 4 (spec, "Buckets"), else the library's.
-        versions={**library_versions(),
-                  **({"format_version": BUCKET_FORMAT_VERSION} if cfg.mode == BUCKET else {})},
+        versions={**library_versions(), "format_version": root_format_version(resize_mode(cfg.mode).picks_bucket)},
     )
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
@@ -581,7 +581,7 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.inputs_processed.append(result.input)
     report.inputs_per_node[result.node] = report.inputs_per_node.get(result.node, 0) + 1
     report.samples_written += result.samples
-    shapes = report.config.get("buckets") if report.config.get("mode") == BUCKET else None
+    shapes = config_buckets(report.config)  # None: one shape
     if shapes and result.shards:  # kept in the bucket list's order, as `shardio info` lists them
         names = [f"{h}x{w}" for h, w in shapes]
         counts = [report.samples_per_bucket.get(name, 0) for name in names]

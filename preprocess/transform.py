@@ -5,6 +5,8 @@ full decode 5.7 ms, but ``draft`` (libjpeg-turbo DCT scaling) decodes at 1/2, 1/
 ~3.5 ms, and resizing only the kept region with ``resize(box=...)`` skips a separate crop. EXIF
 orientation is folded in: the draft/resize target is swapped for orientations 5-8 and the small output is
 transposed, never the large input.
+What the resize keeps and where it puts the pixels is the mode's row (``preprocess.resize_modes``), looked
+up once per image.
 
 Every failure of an untrusted image becomes a ``SampleError``: a code (``shardio.failure_reasons``) and a
 short reason; the job counts it and goes on. ``LOAD_TRUNCATED_IMAGES`` is never set: a truncated JPEG is an
@@ -46,8 +48,9 @@ import numpy as np
 from PIL import Image, ImageFile, TiffImagePlugin, UnidentifiedImageError, features
 
 from preprocess import jpeg_region
-from preprocess.config import BUCKET, JobConfig
+from preprocess.config import JobConfig
 from preprocess.jpeg_markers import JpegLayout, ScanDataEnded, jpeg_layout, use_strict_decoder
+from preprocess.resize_modes import ResizeMode, resize_mode
 from shardio.errors import SampleError
 from shardio.failure_reasons import FailureCode
 
@@ -312,21 +315,6 @@ def _read_orientation(get_exif: Callable[[], Image.Exif]) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _draft_request(mode: str, size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
-    """The size to ask ``Image.draft`` for, so that it picks the largest DCT scale s (8, 4, 2, 1) that
-    keeps the kept region at or above the target: Pillow takes the largest s <= size // request per side.
-
-    center_crop and stretch keep regions that need both decoded sides >= the target. pad only needs the
-    side that fits (the other is letterboxed anyway). Asking for the scaled-down kept size instead would
-    round up and lose a scale: 1024x1025 -> 256 would decode at 1/2 instead of 1/4.
-    """
-    width, height = size
-    target_w, target_h = target
-    if mode != "pad":
-        return target_w, target_h
-    return (target_w, 1) if target_w / width <= target_h / height else (1, target_h)
-
-
 def _composite(rgb: Image.Image, alpha: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     canvas = Image.new("RGB", rgb.size, background)
     canvas.paste(rgb, mask=alpha)
@@ -365,65 +353,15 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     return im.convert("RGB")  # L, 1, CMYK (Adobe-inverted handled by the decoder), YCbCr, LAB, HSV
 
 
-def _kept_box(cfg: JobConfig, target: tuple[int, int],
-              content: tuple[float, float]) -> tuple[float, float, float, float]:
-    """The region of the decoded image that the resize keeps, in decoded pixels. ``content`` is the
-    picture's extent: a JPEG drafted at 1/s decodes ceil(w / s) columns of which only w / s are picture
-    (Pillow's draft box)."""
-    width, height = content
-    if cfg.mode != "center_crop":
-        return 0.0, 0.0, width, height
-    target_w, target_h = target
-    scale = max(target_w / width, target_h / height)
-    crop_w, crop_h = target_w / scale, target_h / scale
-    # Clamped: 256 / (256 / 426.5) is 426.50000000000006, so a 1280x853 JPEG drafted to 640x426.5 got a
-    # box offset of -3e-14, which Pillow refuses ("box offset can't be negative"): a failed sample.
-    left, top = max(0.0, (width - crop_w) / 2), max(0.0, (height - crop_h) / 2)
-    return left, top, min(width, left + crop_w), min(height, top + crop_h)
-
-
-def _resize(
-    im: Image.Image, cfg: JobConfig, target: tuple[int, int], content: tuple[float, float]
-) -> Image.Image:
-    """One resize of the kept region (``_kept_box``)."""
-    resample = _RESAMPLE[cfg.resample]
-    box = _kept_box(cfg, target, content)
-    if cfg.mode == "stretch":
-        if im.size == target and content == target:
-            return im
-        return im.resize(target, resample, box=box)
-    if cfg.mode == "center_crop":
-        return im.resize(target, resample, box=box)
-    x0, y0, x1, y1 = _pad_box(target, content)
-    canvas = Image.new(im.mode, target, cfg.fill)
-    content_im = im.resize((x1 - x0, y1 - y0), resample, box=box)
-    canvas.paste(content_im, (x0, y0))
-    return canvas
-
-
-def _pad_box(target: tuple[int, int], content: tuple[float, float]) -> tuple[int, int, int, int]:
-    """Where ``pad`` pastes the resized picture on the ``target`` canvas (stored orientation): its size
-    rounded, at least 1 pixel (a 1x5000 banner into 256² is 1 column, not 0), centred with the odd pixel
-    of fill after it. The one place this is computed, so the stored box is where the pixels are."""
-    target_w, target_h = target
-    width, height = content
-    scale = min(target_w / width, target_h / height)
-    inner_w = max(1, min(target_w, round(width * scale)))
-    inner_h = max(1, min(target_h, round(height * scale)))
-    x0, y0 = (target_w - inner_w) // 2, (target_h - inner_h) // 2
-    return x0, y0, x0 + inner_w, y0 + inner_h
-
-
-def _crop_top_left(cfg: JobConfig, target: tuple[int, int], content: tuple[float, float],
+def _crop_top_left(kept: tuple[float, float, float, float], content: tuple[float, float],
                    stored: tuple[int, int], orientation: int) -> tuple[int, int]:
-    """(top, left) of the kept region (``_kept_box``) in the upright source's pixels: the box is the one
-    the resize read, in decoded pixels of a draft at 1/s (``stored / content`` is s exactly), scaled to the
-    stored image and turned upright; halves round up. Its float error (~1e-13) is dropped first, so that a
-    half-pixel offset (129x64 to 96x64: 16.5 columns) rounds alike at every draft scale and orientation."""
-    if cfg.mode != "center_crop":
-        return 0, 0  # pad and stretch keep the whole picture
+    """(top, left) of the kept region (``ResizeMode.kept_box``) in the upright source's pixels: the box is
+    the one the resize read, in decoded pixels of a draft at 1/s (``stored / content`` is s exactly), scaled
+    to the stored image and turned upright; halves round up. Its float error (~1e-13) is dropped first, so
+    that a half-pixel offset (129x64 to 96x64: 16.5 columns) rounds alike at every draft scale and
+    orientation. (0, 0) for a mode that keeps the whole picture (pad, stretch)."""
     scale_x, scale_y = stored[0] / content[0], stored[1] / content[1]
-    x0, y0, x1, y1 = _kept_box(cfg, target, content)
+    x0, y0, x1, y1 = kept
     left, top, _, _ = _transposed_box((x0 * scale_x, y0 * scale_y, x1 * scale_x, y1 * scale_y), stored,
                                       orientation)
     return math.floor(round(top, 6) + 0.5), math.floor(round(left, 6) + 0.5)
@@ -465,13 +403,14 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
     t0 = clock()
     layout: JpegLayout | None = None
     bucket = 0
+    resize = resize_mode(cfg.mode)  # the mode's row, asked from here on (``preprocess.resize_modes``)
     try:
         if data.startswith(b"\xff\xd8") and jpeg_region.available():
             layout = jpeg_layout(data)
         if jpeg_region.plain(layout):
             assert layout is not None
             im, (stored_w, stored_h), orientation, content, t1, cfg, bucket = _decode_plain_jpeg(
-                data, layout, cfg, clock)
+                data, layout, cfg, resize, clock)
             is_jpeg, source_format, source_mode = True, "JPEG", _JPEG_MODES[layout.components]
             decoded = True
         else:
@@ -484,12 +423,12 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             # formats are asked after the one load (see the module docstring).
             orientation = _orientation(im) if is_jpeg else 1
             if is_jpeg:  # the bucket before the draft, from the header's size (others: after their one load)
-                cfg, bucket = _image_config(cfg, stored_w, stored_h, orientation)
+                cfg, bucket = resize.image_config(cfg, *_upright(stored_w, stored_h, orientation))
             t1 = clock()
             content: tuple[float, float] = (stored_w, stored_h)
             if cfg.draft and is_jpeg:
                 rotated = orientation >= 5  # 5-8 swap width and height
-                drafted = im.draft("RGB", _draft_request(cfg.mode, im.size, _target(cfg, rotated)))
+                drafted = im.draft("RGB", resize.draft_request(im.size, _target(cfg, rotated)))
                 if drafted is not None:
                     content = drafted[1][2], drafted[1][3]
             source_format, source_mode = str(im.format or ""), im.mode
@@ -500,7 +439,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
                 target = _target(cfg, orientation >= 5)
                 config = im.decoderconfig
                 im = jpeg_region.decode(data, layout, int(config[0]) if config else 1, im.size,
-                                        _kept_box(cfg, target, content), target, _RESAMPLE[cfg.resample])
+                                        resize.kept_box(target, content), target, _RESAMPLE[cfg.resample])
                 decoded = True
         if not decoded:
             if layout is not None:
@@ -512,17 +451,18 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
             im.load()
         if not is_jpeg:
             orientation = _orientation(im)
-            cfg, bucket = _image_config(cfg, stored_w, stored_h, orientation)
+            cfg, bucket = resize.image_config(cfg, *_upright(stored_w, stored_h, orientation))
         rotated = orientation >= 5
         t2 = clock()
         im = _to_rgb(im, cfg.background)
         t3 = clock()
         target = _target(cfg, rotated)
-        out = _resize(im, cfg, target, content)
-        crop_top_left = _crop_top_left(cfg, target, content, (stored_w, stored_h), orientation)
-        content_box = None
-        if cfg.mode == "pad":
-            content_box = _transposed_box(_pad_box(target, content), target, orientation)
+        out = resize.place(im, target, content, _RESAMPLE[cfg.resample], cfg.fill)
+        crop_top_left = _crop_top_left(resize.kept_box(target, content), content, (stored_w, stored_h),
+                                       orientation)
+        content_box = resize.content_box(target, content)  # pad's: where the picture lies on the fill
+        if content_box is not None:
+            content_box = _transposed_box(content_box, target, orientation)
         if orientation in _TRANSPOSE:
             out = out.transpose(_TRANSPOSE[orientation])
         # Packed once (Pillow keeps RGB as 4 bytes a pixel) into bytes that the array shares: no copy after,
@@ -549,7 +489,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         timings["decode"] = t2 - t1
         timings["convert"] = t3 - t2
         timings["resize"] = t4 - t3
-    width, height = (stored_h, stored_w) if rotated else (stored_w, stored_h)
+    width, height = _upright(stored_w, stored_h, orientation)
     return ProcessedImage(
         pixels=pixels,
         width=width,
@@ -557,7 +497,7 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
         format=source_format,
         mode=source_mode,
         draft_scale=max(1, round(stored_w / content[0])),
-        upscaled=_upscales(width, height, cfg),
+        upscaled=resize.upscales((width, height), (cfg.width, cfg.height)),
         content_box=content_box,
         bucket=bucket,
         crop_top_left=crop_top_left,
@@ -565,13 +505,13 @@ def process_image(data: bytes, cfg: JobConfig, timings: dict[str, float] | None 
 
 
 def _decode_plain_jpeg(
-    data: bytes, layout: JpegLayout, cfg: JobConfig, clock: Callable[[], float]
+    data: bytes, layout: JpegLayout, cfg: JobConfig, resize: ResizeMode, clock: Callable[[], float]
 ) -> tuple[Image.Image, tuple[int, int], int, tuple[float, float], float, JobConfig, int]:
     """A JPEG with a plain header (``jpeg_region.plain``) from its marker layout, without Pillow's header
     parse (~2% of an image's time): the same limits, orientation, draft scale and pixels as the path that
     opens it with Pillow (``tests/test_jpeg_region.py`` compares them). Returns the RGBX region image, the
     stored size, the orientation, the decoded picture's extent, the clock after the header checks, and the
-    image's config and bucket (``_image_config``)."""
+    image's config and bucket (``ResizeMode.image_config``)."""
     width, height = layout.width, layout.height
     if width * height > cfg.max_image_pixels:  # Pillow's bomb check, in its words (see ``_open``)
         raise SampleError(FailureCode.TOO_MANY_PIXELS,
@@ -579,38 +519,25 @@ def _decode_plain_jpeg(
     _check_shape(width, height, cfg)
     _check_jpeg(layout, cfg)
     orientation = _exif_orientation(layout.exif)
-    cfg, bucket = _image_config(cfg, width, height, orientation)
+    cfg, bucket = resize.image_config(cfg, *_upright(width, height, orientation))
     t1 = clock()
     target = _target(cfg, orientation >= 5)
-    scale = jpeg_region.draft_scale((width, height), _draft_request(cfg.mode, (width, height), target)) \
+    scale = jpeg_region.draft_scale((width, height), resize.draft_request((width, height), target)) \
         if cfg.draft else 1
     size = (-(-width // scale), -(-height // scale))
     content = (width / scale, height / scale)  # Pillow's draft box
     mode = _JPEG_MODES[layout.components]
     _check_decoded_size(size[0], size[1], mode, False, _coefficient_bytes(layout), cfg)
-    im = jpeg_region.decode(data, layout, scale, size, _kept_box(cfg, target, content), target,
+    im = jpeg_region.decode(data, layout, scale, size, resize.kept_box(target, content), target,
                             _RESAMPLE[cfg.resample])
     return im, (width, height), orientation, content, t1, cfg, bucket
-
-
-def _image_config(cfg: JobConfig, stored_w: int, stored_h: int, orientation: int) -> tuple[JobConfig, int]:
-    """The config one image is resized by, and its bucket id: in ``mode: bucket`` a centre crop to the
-    bucket nearest its upright aspect ratio (``JobConfig.bucket_config``), else ``cfg`` itself and 0."""
-    if cfg.mode != BUCKET:
-        return cfg, 0
-    upright = (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)
-    bucket = cfg.bucket_of(*upright)
-    return cfg.bucket_config(bucket), bucket
-
-
-def _upscales(width: int, height: int, cfg: JobConfig) -> bool:
-    """Whether the resize enlarges the kept region (upright size against the upright target)."""
-    if cfg.mode == "stretch":
-        return cfg.width > width or cfg.height > height
-    scales = (cfg.width / width, cfg.height / height)
-    return (max(scales) if cfg.mode == "center_crop" else min(scales)) > 1
 
 
 def _target(cfg: JobConfig, rotated: bool) -> tuple[int, int]:
     """The resize target in stored orientation: the output is transposed upright afterwards."""
     return (cfg.height, cfg.width) if rotated else (cfg.width, cfg.height)
+
+
+def _upright(stored_w: int, stored_h: int, orientation: int) -> tuple[int, int]:
+    """(width, height) of the image as displayed: EXIF orientations 5-8 swap the stored sides."""
+    return (stored_h, stored_w) if orientation >= 5 else (stored_w, stored_h)

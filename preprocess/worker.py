@@ -18,18 +18,19 @@ from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from preprocess.config import BUCKET, JobConfig
+from preprocess.config import JobConfig
 from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
 from preprocess.inputs import InputFingerprint
 from preprocess.jpeg_encode import stored_pixels
 from preprocess.input_kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.raw_sample import InputExtent, RawSample, SampleProblem
+from preprocess.resize_modes import resize_mode
 from preprocess.transform import process_image
 from preprocess.versions import library_versions
 from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import UNCROPPED_MODES, ShardEntry
+from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
@@ -157,10 +158,11 @@ def iter_process_input(
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
     result = InputResult(input=input_path, size=size, mtime_ns=mtime_ns, node=os.uname().nodename,
                          versions=library_versions(), etag=etag)
-    # mode: bucket: one open shard a bucket, each sample routed to its bucket's (shardio.write.shard_writer).
+    # One open shard a shape (mode: bucket has several), each sample routed to its bucket's
+    # (shardio.write.shard_writer).
     writer = InputShardWriter(
         output_dir, shard_stem(input_path, size, mtime_ns, etag, name_fence), cfg.height, cfg.width,
-        cfg.samples_per_shard, cfg.encoding, buckets=cfg.buckets if cfg.mode == BUCKET else None,
+        cfg.samples_per_shard, cfg.encoding, buckets=cfg.shapes,
     )
     done = failed = 0
     extent = InputExtent()  # a kind's reader says how far it is; a Python source's leaves it unset
@@ -236,6 +238,6 @@ def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputRes
     }
     if image.content_box is not None:  # mode: pad only; other modes' lines stay byte-identical
         meta["box"] = list(image.content_box)
-    if cfg.mode not in UNCROPPED_MODES:  # center_crop, bucket: what the crop cut (shardio.format, "Metadata")
+    if resize_mode(cfg.mode).writes_crop:  # center_crop, bucket: what the crop cut (shardio.format, "Metadata")
         meta["crop"] = list(image.crop_top_left)
     return meta

@@ -16,6 +16,7 @@ from PIL import Image, features
 
 from preprocess import jpeg_region, transform
 from preprocess.config import JobConfig
+from preprocess.resize_modes import resize_mode
 from preprocess.transform import process_image
 from preprocess.worker import process_input
 from shardio.store.backends import for_path
@@ -122,8 +123,9 @@ def test_an_image_of_empty_size_is_refused_by_code(monkeypatch):
 
 def test_a_wrong_output_shape_is_internal(monkeypatch):
     # The shape check guards against a bug in the resize arithmetic: one is injected here.
-    resize = transform._resize
-    monkeypatch.setattr(transform, "_resize", lambda *args: resize(*args).crop((0, 0, 31, 32)))
+    row = resize_mode(CFG.mode)
+    place = row.place
+    monkeypatch.setattr(type(row), "place", lambda self, *args: place(*args).crop((0, 0, 31, 32)))
     with pytest.raises(SampleError) as caught:
         process_image(NOISE_PNG, CFG)
     assert caught.value.code is FailureCode.INTERNAL
