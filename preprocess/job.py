@@ -97,7 +97,7 @@ from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import BUCKET_FORMAT_VERSION, InputEntry, Manifest
+from shardio.format import InputEntry, Manifest, dataset_format_version
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, latest_report, report_json
@@ -199,9 +199,8 @@ def run_job(
         # Microseconds: two runs in one second (a no-op rerun takes ~1 s) still order by their start.
         started=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         config=cfg.to_dict(),
-        # The format version this run writes: a bucketed dataset's is 4 (spec, "Buckets"), else the library's.
-        versions={**library_versions(),
-                  **({"format_version": BUCKET_FORMAT_VERSION} if cfg.mode == BUCKET else {})},
+        # The format version this run writes: its dataset's (spec, "The version rule"), not the library's.
+        versions={**library_versions(), "format_version": dataset_format_version(cfg.to_dict())},
     )
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
