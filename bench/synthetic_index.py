@@ -18,14 +18,9 @@ import os
 import numpy as np
 
 from shardio.format.index import segment_bytes, segment_path
-from shardio.format.spec import (
-    FORMAT_NAME,
-    INDEX_DIR,
-    MANIFEST_NAME,
-    MANIFESTS_DIR,
-    config_hash,
-    root_format_version,
-)
+from shardio.format.dataset_config import config_hash
+from shardio.format.spec import FORMAT_NAME, INDEX_DIR, MANIFEST_NAME, MANIFESTS_DIR
+from shardio.format.version_rule import dataset_format_version
 
 __all__ = ["write_index", "bucket_shapes"]
 
@@ -96,7 +91,7 @@ def write_index(directory: str, shards: int, per_input: int = 10, samples: int =
         f.write(data)
     config = config or {"height": 2, "width": 2}
     shape = [int(config.get("height", 2)), int(config.get("width", 2)), 3]
-    root = {"format": FORMAT_NAME, "format_version": root_format_version(bool(buckets)), "layout": "NHWC",
+    root = {"format": FORMAT_NAME, "format_version": dataset_format_version(config), "layout": "NHWC",
             "dtype": "uint8", "shape": shape, **({"buckets": shapes} if buckets else {}), "samples": shards * samples, "shard_count": shards, "input_count": inputs,
             "bytes": int(arrays["shard_bytes"].sum()), "meta_bytes": int(arrays["shard_meta_bytes"].sum()),
             "failed": 0, "config": config, "config_hash": config_hash(config), "versions": versions or {}, "updated": "",

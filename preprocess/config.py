@@ -27,12 +27,12 @@ import yaml
 
 from shardio.errors import ConfigError
 from preprocess.buckets import DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets, nearest_bucket
-from shardio.format import ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
+from shardio.format import BUCKET_MODE, ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS", "BUCKET"]
 
-RESIZE_MODES = ("center_crop", "pad", "stretch", "bucket")
-BUCKET = "bucket"
+BUCKET = BUCKET_MODE  # the spec's: a stored config says it (shardio.format.spec)
+RESIZE_MODES = ("center_crop", "pad", "stretch", BUCKET)
 # Pillow's filter names; "box" and "bilinear" are cheaper, "lanczos" sharper; bicubic is what
 # torchvision and timm use for ImageNet-style training.
 RESAMPLE_FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")

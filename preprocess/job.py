@@ -84,7 +84,6 @@ from preprocess.config import JobConfig
 from preprocess.input_kinds import NumberedClasses, SampleReader
 from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
-from preprocess.resize_modes import resize_mode
 from preprocess.sources import Source
 from preprocess.cluster_access import check_cluster_access, task_env
 from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
@@ -98,7 +97,7 @@ from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
                             PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import InputEntry, Manifest, config_buckets, root_format_version
+from shardio.format import InputEntry, Manifest, config_buckets, dataset_format_version
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, latest_report, report_json
@@ -200,8 +199,8 @@ def run_job(
         # Microseconds: two runs in one second (a no-op rerun takes ~1 s) still order by their start.
         started=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         config=cfg.to_dict(),
-        # The format version this run writes: a bucketed dataset's is 4 (spec, "Buckets"), else the library's.
-        versions={**library_versions(), "format_version": root_format_version(resize_mode(cfg.mode).picks_bucket)},
+        # The format version this run writes: its dataset's (spec, "The version rule"), not the library's.
+        versions={**library_versions(), "format_version": dataset_format_version(cfg.to_dict())},
     )
     # NoInputsMatched: before the output is touched
     resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,

@@ -18,7 +18,7 @@ from shardio.format.index import (FENCE_MEMBER, Delta, decode_segment, encode_se
 from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
 from shardio.format.shard_table import SegmentColumns
-from shardio.format.spec import InputEntry, ShardEntry
+from shardio.format.entries import InputEntry, ShardEntry
 from shardio.write import directory as dataset_dir
 from tests.index_steps import expected_inputs, run_steps
 

@@ -17,21 +17,12 @@ import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
-from shardio.format.spec import (
-    FORMAT_NAME,
-    INDEX_DIR,
-    InputEntry,
-    Manifest,
-    RetiredFile,
-    ShardEntry,
-    check_dataset_path,
-    root_buckets,
-    root_dataset_id,
-    root_name_fence,
-    root_classes,
-    root_generation,
-    root_shape,
-)
+from shardio.format.buckets import root_buckets
+from shardio.format.dataset_manifest import Manifest
+from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
+from shardio.format.names import check_dataset_path
+from shardio.format.root_fields import root_classes, root_dataset_id, root_generation, root_name_fence, root_shape
+from shardio.format.spec import FORMAT_NAME, INDEX_DIR
 
 FENCE_MEMBER = "fence"
 

@@ -28,25 +28,24 @@ import ast
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
 __all__ = ["JPEG_SUFFIX", "jpeg_header", "jpeg_data_start", "jpeg_min_bytes", "parse_jpeg_header",
            "check_offsets", "jpeg_frame_size"]
 
 JPEG_SUFFIX = ".jpg.npy"
-_HEADER_BYTES = 128  # the same fixed size as a raw shard's header (shardio.format.spec.HEADER_BYTES)
-_MAGIC = b"\x93NUMPY\x01\x00"
 
 
 def jpeg_header(count: int) -> bytes:
     """The 128-byte .npy header of a JPEG shard of ``count`` samples (its N + 1 offsets)."""
     body = "{'descr': '<u8', 'fortran_order': False, 'shape': (%d,), }" % (count + 1)
-    body_len = _HEADER_BYTES - len(_MAGIC) - 2
-    return _MAGIC + body_len.to_bytes(2, "little") + (body.ljust(body_len - 1) + "\n").encode("latin1")
+    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
+    return NPY_MAGIC + body_len.to_bytes(2, "little") + (body.ljust(body_len - 1) + "\n").encode("latin1")
 
 
 def jpeg_data_start(count: int) -> int:
     """Where the JPEG bytes of a shard of ``count`` samples begin."""
-    return _HEADER_BYTES + 8 * (count + 1)
+    return HEADER_BYTES + 8 * (count + 1)
 
 
 def jpeg_min_bytes(count: int) -> int:
@@ -56,12 +55,12 @@ def jpeg_min_bytes(count: int) -> int:
 
 def parse_jpeg_header(header: bytes, path: str) -> int:
     """N from a JPEG shard's first 128 bytes, or ShardFormatError saying what is wrong with them."""
-    if len(header) < _HEADER_BYTES or not header.startswith(_MAGIC):
+    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
         raise ShardFormatError(
-            f"{path}: not a shardio JPEG shard (no .npy v1.0 magic in the first {_HEADER_BYTES} bytes); "
+            f"{path}: not a shardio JPEG shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
             "HINT: the file is corrupt - run `preprocess verify DIR --repair`")
     try:
-        meta = ast.literal_eval(header[10:_HEADER_BYTES].decode("latin1").strip())
+        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
         shape = tuple(meta["shape"])
         ok = meta["descr"] == "<u8" and not meta["fortran_order"] and len(shape) == 1 and shape[0] >= 1
     except (ValueError, SyntaxError, KeyError, TypeError) as e:

@@ -21,25 +21,14 @@ from shardio.format.index import (
 )
 from shardio.format.segment_cache import cached_segment
 from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
-from shardio.format.spec import (
-    ConfigDerived,
-    FORMAT_NAME,
-    INDEX_VERSIONS,
-    InputEntry,
-    MANIFEST_NAME,
-    MANIFESTS_DIR,
-    SHARDS_DIR,
-    Manifest,
-    RetiredFile,
-    check_dataset_path,
-    parse_json,
-    root_buckets,
-    root_dataset_id,
-    root_name_fence,
-    root_classes,
-    root_generation,
-    root_shape,
-)
+from shardio.format.buckets import root_buckets
+from shardio.format.dataset_config import ConfigDerived
+from shardio.format.dataset_manifest import Manifest
+from shardio.format.entries import InputEntry, RetiredFile
+from shardio.format.names import check_dataset_path
+from shardio.format.root_fields import (parse_json, root_classes, root_dataset_id, root_generation, root_name_fence,
+                                        root_shape)
+from shardio.format.spec import FORMAT_NAME, INDEX_VERSIONS, MANIFEST_NAME, MANIFESTS_DIR, SHARDS_DIR
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.store.holders import writer_holding

@@ -31,7 +31,7 @@ from typing import Any
 from shardio.store.backends import for_path
 from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
-from shardio.format import REPORTS_DIR
+from shardio.format.spec import REPORTS_DIR
 
 __all__ = ["RunReport", "report_dict", "report_json", "run_history", "latest_report", "skipped_count",
            "NAMED_SKIPPED", "REPORT_VERSION"]

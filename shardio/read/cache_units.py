@@ -12,7 +12,7 @@ from typing import Any, overload
 import numpy as np
 
 from shardio.format.shard_table import ShardTable
-from shardio.format.spec import ShardEntry
+from shardio.format.entries import ShardEntry
 from shardio.read.cache_dir import CachedShard
 from shardio.store.backends import for_path
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
-from shardio.format.spec import proves_another_dataset
+from shardio.format.root_fields import proves_another_dataset
 from shardio.read.bucket_order import BucketRankBatches, bucket_rounds
 from shardio.read.order import consumed_position, rank_batches
 

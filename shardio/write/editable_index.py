@@ -23,7 +23,10 @@ import numpy as np
 from shardio.format.index import Delta, SegmentRef, current_inputs, input_signature, totals_of
 from shardio.format.manifests import DatasetIndex
 from shardio.format.shard_table import SegmentColumns, fold_segments, shard_entry
-from shardio.format.spec import ConfigDerived, InputEntry, Manifest, RetiredFile, ShardEntry, new_dataset_id
+from shardio.format.dataset_config import ConfigDerived
+from shardio.format.dataset_manifest import Manifest
+from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
+from shardio.format.root_fields import new_dataset_id
 
 __all__ = ["EditableIndex", "Group"]
 

@@ -1,0 +1,44 @@
+"""A raw shard (``encoding: raw``): its ``.npy`` header written, sized and parsed (spec, "Pixels": always 128
+bytes, so a shard's exact size follows from its sample count and one ``stat`` catches a truncated shard)."""
+
+from __future__ import annotations
+
+import ast
+
+from shardio.errors import ShardFormatError
+from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
+
+__all__ = ["npy_header", "shard_nbytes", "parse_npy_header"]
+
+
+def npy_header(count: int, height: int, width: int) -> bytes:
+    """The fixed 128-byte .npy v1.0 header of a shard of ``count`` H×W×3 uint8 images."""
+    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d, %d, 3), }" % (count, height, width)
+    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
+    if len(body) + 1 > body_len:
+        raise ValueError(f"shape ({count}, {height}, {width}, 3) does not fit a {HEADER_BYTES}-byte header")
+    padded = body.ljust(body_len - 1) + "\n"
+    return NPY_MAGIC + body_len.to_bytes(2, "little") + padded.encode("latin1")
+
+
+def shard_nbytes(count: int, height: int, width: int) -> int:
+    """The exact size of a raw shard of ``count`` H×W×3 images: the header and the pixels."""
+    return HEADER_BYTES + count * height * width * 3
+
+
+def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
+    """Return (N, H, W) from a shard's first 128 bytes, or say exactly what is wrong with them."""
+    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
+        raise ShardFormatError(
+            f"{path}: not a shardio shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
+            "HINT: the file is corrupt or was not written by preprocess - re-run `preprocess verify --repair`"
+        )
+    try:
+        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
+        shape = tuple(meta["shape"])
+        ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 4 and shape[3] == 3
+    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        raise ShardFormatError(f"{path}: unreadable .npy header: {e}") from e
+    if not ok:
+        raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
+    return int(shape[0]), int(shape[1]), int(shape[2])

@@ -1,0 +1,29 @@
+"""Which ``format_version`` a dataset has: the one decision (spec, "The version rule"), asked by the root
+writer (``ConfigDerived.format_version``), the job that records the version it writes, and the reader's
+checks (``shardio.format.buckets.root_buckets``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardio.format.spec import BUCKET_FORMAT_VERSION, BUCKET_MODE, FORMAT_VERSION
+
+__all__ = ["is_bucketed_config", "dataset_format_version", "root_format_version"]
+
+
+def is_bucketed_config(config: Any) -> bool:
+    """Whether a stored config says ``mode: bucket`` (spec, "Buckets")."""
+    return isinstance(config, dict) and config.get("mode") == BUCKET_MODE
+
+
+def dataset_format_version(config: Any) -> int:
+    """The ``format_version`` of a dataset whose stored config is ``config``: 4 for ``mode: bucket`` (its
+    shards have several shapes, which a version 3 reader would map at the root's one shape), else 3 (the
+    same bytes as before buckets, so older readers keep reading it)."""
+    return BUCKET_FORMAT_VERSION if is_bucketed_config(config) else FORMAT_VERSION
+
+
+def root_format_version(bucketed: bool) -> int:
+    """The ``format_version`` a commit writes (spec, "Buckets"): 4 for a bucketed dataset, else 3
+    (``dataset_format_version`` for a caller that knows only whether its dataset is bucketed)."""
+    return dataset_format_version({"mode": BUCKET_MODE} if bucketed else {})
