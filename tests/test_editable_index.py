@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from shardio.format.manifests import load_index, load_manifest
+from shardio.write import commit as dataset_commit
 from shardio.write import directory as dataset_dir
 from shardio.write.editable_index import EditableIndex, _SortedNames
 from tests.index_steps import entries, expected_inputs, run_steps
@@ -59,15 +60,15 @@ def test_a_failed_commit_keeps_the_changes_and_the_next_commit_writes_them(tmp_p
     with dataset_dir.writing(out):
         committer = dataset_dir.Committer(out, load_index(out))
         committer.add_input("late.tar", 1, 1, entries("late.tar"))
-        real = dataset_dir._publish_generation
+        real = dataset_commit._publish_generation
 
         def refused(*args, **kwargs):
             raise OSError("the store went away")
 
-        monkeypatch.setattr(dataset_dir, "_publish_generation", refused)
+        monkeypatch.setattr(dataset_commit, "_publish_generation", refused)
         with pytest.raises(OSError):
             committer.maybe_commit(force=True)
-        monkeypatch.setattr(dataset_dir, "_publish_generation", real)
+        monkeypatch.setattr(dataset_commit, "_publish_generation", real)
         assert "late.tar" in committer.index.changed and committer.dirty
         committer.maybe_commit(force=True)
     assert "late.tar" in load_manifest(out).inputs

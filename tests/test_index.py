@@ -21,6 +21,7 @@ from shardio.errors import CommitConflict, OutputLocked, ShardFormatError, Shard
 from shardio.format.index import COMPACT_FANOUT, decode_segment
 from shardio.format.manifests import list_generations, load_index, load_manifest, read_root
 from shardio.store.backends import for_path
+from shardio.write import commit as dataset_commit
 from shardio.write import directory as dataset_dir
 from shardio.write import retention
 from shardio.write.shard_writer import write_manifest
@@ -226,7 +227,7 @@ def test_an_old_dataset_reads_and_its_first_commit_upgrades_it_and_a_killed_upgr
     # A killed upgrade: its segment is written, its root never published: the old manifest is the dataset.
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed before the root")
-    monkeypatch.setattr(dataset_dir, "_publish_generation", killed)
+    monkeypatch.setattr(dataset_commit, "_publish_generation", killed)
     with dataset_dir.writing(out), pytest.raises(KeyboardInterrupt):
         committer = dataset_dir.Committer(out, load_manifest(out))
         committer.add_input("new.tar", 1, 1, entries("new.tar"))

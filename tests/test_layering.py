@@ -32,7 +32,7 @@ STORAGE_WRITES = {"publish", "publish_new", "promote", "create_temp", "upload", 
 MUTATING_MODULES = ("shutil", "tempfile")  # any call into them
 PATH_METHODS = {"write_bytes", "write_text", "mkdir", "unlink", "rmdir", "touch"}
 PATH_MOVES = {"rename", "replace"}  # pathlib's take one argument; str.replace takes two
-# Names that build a path inside a dataset directory: only shardio.write.directory (and format/reader) use them.
+# Names that build a path inside a dataset directory: only the protocol's modules in shardio.write (and format/reader) use them.
 DATASET_PATH_NAMES = {"MANIFEST_NAME", "SHARDS_DIR", "REPORTS_DIR", "MANIFESTS_DIR", "generation_path",
                       "LOCK_NAME", "TEMP_PREFIX"}
 

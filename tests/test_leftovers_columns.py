@@ -19,6 +19,7 @@ from shardio.format.manifests import generation_path, list_generations, load_ind
 from shardio.format.shard_table import hashes_in, string_hashes
 from shardio.store.backends import for_path
 from shardio.store.local import LocalStorage
+from shardio.write import cleaning
 from shardio.write import directory as dataset_dir
 from shardio.write import retention
 from shardio.write.shard_writer import write_manifest
@@ -255,7 +256,7 @@ def test_clean_leftovers_on_object_storage_reads_shards_a_page_at_a_time(s3_buck
         list(pool.map(lambda rel: store.publish(store.join(out, rel), b""), sorted(listed) + strays))
     store.publish(store.join(out, "shards/nested/kept.npy"), b"")  # not directly in shards/: not a name
     assert sorted(store.iter_dir(store.join(out, "shards"))) == sorted(p.split("/")[1] for p in listed | set(strays))
-    monkeypatch.setattr(dataset_dir, "_LISTING_CHUNK", 100)
+    monkeypatch.setattr(cleaning, "_LISTING_CHUNK", 100)
     with dataset_dir.writing(out):
         assert dataset_dir.clean_leftovers(out, load_index(out)).removed == len(strays)
     assert set(store.list_dir(store.join(out, "shards"))) == {p.split("/")[1] for p in listed} | {"nested"}

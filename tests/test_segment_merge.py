@@ -19,7 +19,7 @@ from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
 from shardio.format.shard_table import SegmentColumns
 from shardio.format.entries import InputEntry, ShardEntry
-from shardio.write import directory as dataset_dir
+from shardio.write import commit as dataset_commit
 from tests.index_steps import expected_inputs, run_steps
 
 # ASCII, Latin, CJK, an emoji, a name with a NUL inside and one that is another plus a NUL: byte order
@@ -211,24 +211,24 @@ def test_a_malformed_segment_is_named_by_the_columns_merge(damage, message):
 
 def _old_compact(directory, segments, opened=None, fence=""):
     """``_compact`` as it was (decode every row to objects, merge, encode; ``opened`` unused)."""
-    store = dataset_dir.for_path(directory)
-    while count := dataset_dir.plan_compaction(segments):
+    store = dataset_commit.for_path(directory)
+    while count := dataset_commit.plan_compaction(segments):
         run = segments[-count:]
         deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
         merged = merge_segments(deltas, from_start=count == len(segments))
-        segments = segments[:-count] + ([] if merged.empty else [dataset_dir._write_segment(directory, merged, None, fence)])
+        segments = segments[:-count] + ([] if merged.empty else [dataset_commit._write_segment(directory, merged, None, fence)])
     return segments
 
 
 def test_a_commit_sequence_compacts_without_an_entry_object_and_as_the_object_path_did(tmp_path, monkeypatch):
     steps = 130
     with monkeypatch.context() as patch:
-        patch.setattr(dataset_dir, "_compact", _old_compact)
+        patch.setattr(dataset_commit, "_compact", _old_compact)
         run_steps(str(tmp_path / "objects"), steps)
     before = load_manifest(str(tmp_path / "objects"))
 
     merges = []
-    real_merge = dataset_dir.merge_columns
+    real_merge = dataset_commit.merge_columns
     real_shard_init, real_input_init = ShardEntry.__init__, InputEntry.__init__
 
     def no_entries(real):
@@ -248,10 +248,10 @@ def test_a_commit_sequence_compacts_without_an_entry_object_and_as_the_object_pa
     def refuse(*args, **kwargs):
         raise AssertionError("the compaction decoded a segment to objects")
 
-    monkeypatch.setattr(dataset_dir, "merge_columns", merge)
+    monkeypatch.setattr(dataset_commit, "merge_columns", merge)
     monkeypatch.setattr(ShardEntry, "__init__", no_entries(real_shard_init))
     monkeypatch.setattr(InputEntry, "__init__", no_entries(real_input_init))
-    for module in (dataset_dir, spec):
+    for module in (dataset_commit, spec):
         for name in ("decode_segment", "merge_segments"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, refuse)
@@ -277,7 +277,7 @@ def test_a_corrupt_segment_stops_the_compaction_and_is_named(tmp_path):
     path.write_bytes(bytes(data))
     segments = manifest.segments + [manifest.segments[-1]] * 7  # eight of one tier: a merge is due
     with pytest.raises(Exception, match=victim.split("/")[1].removesuffix(".npz")):
-        dataset_dir._compact(out, segments)
+        dataset_commit._compact(out, segments)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -99,7 +99,7 @@ class _SortedNames:
 
 
 class EditableIndex(ConfigDerived):
-    """One dataset's index as a run edits it; ``Committer`` (``shardio.write.directory``) is its one
+    """One dataset's index as a run edits it; ``Committer`` (``shardio.write.commit``) is its one
     writer. The root's fields are attributes (``shape``, ``config``, ``versions``, ``generation``,
     ``retired``, ``segments``...), so the commit writes a root straight from it.
 
@@ -117,7 +117,7 @@ class EditableIndex(ConfigDerived):
         # (or one whose roots predate identities): its first commit writes it, every later one copies it.
         self.dataset_id = dataset_id or new_dataset_id()
         # The names' fence (spec, "Fencing names"): copied by every commit; set by a run that took the
-        # lease over from a holder that may live (``shardio.write.directory``).
+        # lease over from a holder that may live (``shardio.write.lock``).
         self.name_fence = name_fence
         # The class table (spec, "Classes"): copied by every commit; a run appends its new names (never
         # reorders or removes one: ``add_classes``).

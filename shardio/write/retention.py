@@ -1,6 +1,6 @@
 """Retention: which generations a dataset keeps, and deleting what none of them needs (the rules are the
 spec's "Retention", ``shardio.format``): retired shard files, generation roots, the index segments only
-collected roots named. Under the output lock (``shardio.write.directory.writing``), at the end of a run
+collected roots named. Under the output lock (``shardio.write.lock.writing``), at the end of a run
 or by ``preprocess gc``; it deletes only paths the manifest's ``retired`` list names, ``manifests/GEN.json``
 files and ``index/HEX64.npz`` segments, never a file the current or a kept generation lists."""
 
@@ -14,20 +14,14 @@ from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
 from shardio.format.shard_table import hashes_in, string_hashes
 from shardio.store.backends import for_path
-from shardio.write.directory import (
-    check_held,
-    clean_leftovers,
-    collect_segments,
-    listed_hashes,
-    forget_runs,
-    may_delete,
-    unfinished_runs,
-    writing,
-)
+from shardio.write.cleaning import clean_leftovers, collect_segments, forget_runs, listed_hashes, unfinished_runs
+from shardio.write.lock import check_held, may_delete, writing
 
 __all__ = ["DEFAULT_RETAIN_GENERATIONS", "DEFAULT_RETAIN_HOURS", "DEFAULT_RETAIN_PASSING_MINUTES", "Collected",
            "Retention", "collect", "gc"]
 
+# A nightly run must not pull shards from under an epoch started the night before: 24 h covers a
+# day-long epoch; 3 generations cover reruns in quick succession (a retry, a repair) on top of that.
 DEFAULT_RETAIN_HOURS = 24.0
 DEFAULT_RETAIN_GENERATIONS = 3
 DEFAULT_RETAIN_PASSING_MINUTES = 10.0

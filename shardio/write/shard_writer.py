@@ -1,5 +1,5 @@
 """Writing shards and the manifest, atomically (see ``shardio.format`` for the layout; every file goes
-in and out of the dataset directory through ``shardio.write.directory``: staged, promoted, discarded).
+in and out of the dataset directory through ``shardio.write.staging``: staged, promoted, discarded).
 
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from shardio.write import directory as dataset_directory
+from shardio.write import staging
+from shardio.write.commit import commit
 from shardio.format.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
@@ -87,7 +88,7 @@ class _OpenFile:
 
 
 def _open_temp(directory: str, rel_path: str, hashed: bool) -> _OpenFile:
-    fd, tmp = dataset_directory.stage(directory, rel_path)
+    fd, tmp = staging.stage(directory, rel_path)
     return _OpenFile(tmp, rel_path, os.fdopen(fd, "wb"), new_hasher(WRITE_ALGORITHM) if hashed else None)
 
 
@@ -99,7 +100,7 @@ class ShardWriter:
 
     def __init__(self, directory: str, name: str, height: int, width: int, bucket: int = 0) -> None:
         self.directory = directory
-        self.rel_path, self.rel_meta = dataset_directory.shard_paths(name, self.pixel_suffix)
+        self.rel_path, self.rel_meta = staging.shard_paths(name, self.pixel_suffix)
         self.height, self.width, self.bucket = height, width, bucket
         self.count = 0
         self._pixels = _open_temp(directory, self.rel_path, hashed=False)
@@ -107,7 +108,7 @@ class ShardWriter:
             self._meta = _open_temp(directory, self.rel_meta, hashed=True)
         except BaseException:
             self._pixels.handle.close()
-            dataset_directory.discard_staged(directory, self._pixels.tmp_path)
+            staging.discard_staged(directory, self._pixels.tmp_path)
             raise
         self._start_pixels()
 
@@ -141,8 +142,8 @@ class ShardWriter:
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
             handle.handle.close()
-        dataset_directory.promote(self.directory, self._meta.tmp_path, self.rel_meta)
-        dataset_directory.promote(self.directory, pixels.tmp_path, self.rel_path)
+        staging.promote(self.directory, self._meta.tmp_path, self.rel_meta)
+        staging.promote(self.directory, pixels.tmp_path, self.rel_path)
         return ShardEntry(
             path=self.rel_path,
             meta_path=self.rel_meta,
@@ -162,7 +163,7 @@ class ShardWriter:
                 handle.handle.close()
             except OSError:
                 pass  # e.g. ENOSPC flushing the buffer: the file is being removed anyway
-            dataset_directory.discard_staged(self.directory, handle.tmp_path)
+            staging.discard_staged(self.directory, handle.tmp_path)
 
 
 class JpegShardWriter(ShardWriter):
@@ -297,14 +298,14 @@ class InputShardWriter:
         self._open = {}
         for shard in self._made:
             shard.abort()
-            dataset_directory.discard(self.directory, shard.rel_path)
-            dataset_directory.discard(self.directory, shard.rel_meta)
+            staging.discard(self.directory, shard.rel_path)
+            staging.discard(self.directory, shard.rel_meta)
         self._made = []
         self.entries = []
 
 
 def write_manifest(directory: str, manifest: Manifest) -> int:
     """Commit the manifest as the dataset's next generation through the directory's one commit
-    (``shardio.write.directory.commit``: shards in dataset order, durable before ``manifest.json``, whose
+    (``shardio.write.commit.commit``: shards in dataset order, durable before ``manifest.json``, whose
     rename is the commit of everything it lists). Returns the generation."""
-    return dataset_directory.commit(directory, manifest)
+    return commit(directory, manifest)
