@@ -86,8 +86,8 @@ from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import Plan, check_output_apart, plan_inputs
 from preprocess.sources import Source
 from preprocess.cluster_access import check_cluster_access, task_env
-from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
-                                   ray_session, stream_inputs)
+from preprocess.ray_cluster import check_cluster_address, check_cluster_build, ray_session
+from preprocess.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
