@@ -71,12 +71,11 @@ its last commit.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -85,9 +84,10 @@ from preprocess.committed import Committed, check_compatible, read_committed
 from preprocess.config import BUCKET, JobConfig
 from preprocess.input_kinds import SampleReader
 from preprocess.inputs import InputFingerprint
-from preprocess.plan import Plan, plan_inputs
+from preprocess.plan import plan_inputs
 from preprocess.ray_cluster import check_cluster_address, check_cluster_build, ray_session
 from preprocess.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
+from preprocess.remembered_failures import remembered_failures, set_aside_remembered
 from preprocess.run_inputs import RunInputs, resolve_run_inputs
 from preprocess.sources import Source
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
@@ -101,7 +101,7 @@ from shardio.errors import NodeBuildMismatch, OutputFull, PruneRefused, RayUnava
 from shardio.format import BUCKET_FORMAT_VERSION, InputEntry
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
-from shardio.format.run_report import RunReport, latest_report, report_json
+from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json", "fold_result"]
@@ -154,7 +154,6 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     except (ShardioError, OSError):
         return None
     return dict(manifest.config) if manifest is not None else None
-
 
 
 def run_job(
@@ -268,8 +267,8 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
     planned = plan_inputs(resolved, committed.inputs)
-    remembered = _set_aside_remembered(planned, {} if run.options.retry_failed else _remembered_failures(run.directory),
-                                       report)
+    remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.directory),
+                                      report)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
     to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []  # the only set of paths
     return _Work(planned.todo, to_prune, planned.skipped, remembered)
@@ -347,7 +346,7 @@ def _run_tasks(run: _Run, work: _Work, committer: Committer, files: list[str],
         run.emit(kind, payload)
 
     dataset_dir.mark_run(run.directory, run.report.run_id)  # tasks may promote files from here on
-    disk_full = _process(dataclasses.replace(run, emit=counted_emit), work, committer, files, reader)
+    disk_full = _process(replace(run, emit=counted_emit), work, committer, files, reader)
     left_files = len(run.report.inputs_failed) > failures_before or events["retried"] > 0 or events["warning"] > 0
     return disk_full, left_files
 
@@ -382,43 +381,6 @@ def _note_foreign(run: _Run, cleaned: dataset_dir.Cleaned) -> None:
     if warning and warning not in run.report.warnings:
         run.report.warnings.append(warning)
         run.emit("warning", warning)
-
-
-def _remembered_failures(directory: str) -> dict[str, dict[str, Any]]:
-    """The inputs the newest run report says failed for their bytes (``fingerprint`` recorded), by path:
-    what this run reports again without reading, if unchanged. None remembered without a readable report."""
-    latest = latest_report(directory)
-    failed = latest.get("inputs_failed") if latest is not None else None
-    if not isinstance(failed, list):
-        return {}
-    return {entry["input"]: entry for entry in failed
-            if isinstance(entry, dict) and isinstance(entry.get("input"), str)
-            and isinstance(entry.get("fingerprint"), dict)}
-
-
-def _set_aside_remembered(planned: Plan, remembered: dict[str, dict[str, Any]], report: RunReport) -> int:
-    """Take out of ``planned.todo`` every input that failed for its bytes before and is unchanged since (the
-    same size and mtime, or size and ETag: ``plan._same_input``'s rule), and report it failed again, as it
-    was, without reading it; a changed one stays to do. Returns how many were set aside."""
-    if not remembered:
-        return 0
-    todo = []
-    for path, fingerprint in planned.todo:
-        entry = remembered.get(path)
-        if entry is None or not _unchanged_since(entry["fingerprint"], fingerprint):
-            todo.append((path, fingerprint))
-            continue
-        report.inputs_failed.append({key: entry[key] for key in
-                                     ("input", "reason", "fingerprint", "failed_in", "samples_lost") if key in entry})
-    set_aside = len(planned.todo) - len(todo)
-    planned.todo = todo
-    return set_aside
-
-
-def _unchanged_since(recorded: dict[str, Any], fingerprint: InputFingerprint) -> bool:
-    if fingerprint.etag:
-        return recorded.get("size") == fingerprint.size and recorded.get("etag") == fingerprint.etag
-    return recorded.get("size") == fingerprint.size and recorded.get("mtime_ns") == fingerprint.mtime_ns
 
 
 def _note_drift(run: _Run, recorded: dict[str, Any]) -> None:
@@ -560,7 +522,7 @@ def _stop_on_full_disk(run: _Run, reason: str) -> None:
 def _record(report: RunReport, result: InputResult) -> None:
     if result.error is not None:
         failed: dict[str, Any] = {"input": result.input, "reason": result.error}
-        if result.lasting:  # the bytes' own failure: remembered by the next run (_remembered_failures)
+        if result.lasting:  # the bytes' own failure: remembered by the next run (remembered_failures)
             failed["fingerprint"] = {"size": result.size, "mtime_ns": result.mtime_ns, "etag": result.etag}
             failed["failed_in"] = report.run_id
         if result.samples_lost:
