@@ -205,15 +205,15 @@ def _child_append(root: str, inputs: int = 10) -> dict[str, Any]:
     pixels = npy_header(1, CONFIG.height, CONFIG.width) + bytes(CONFIG.height * CONFIG.width * 3)
     versions = library_versions()
 
-    def stand_in(todo, options, plan, committer, report, emit, started, stop_requested, routes_ray):
-        emit("plan", plan)
-        for path, fingerprint in todo:
+    def stand_in(run, work, committer, files, reader):  # job._process's signature: the tasks, run in-process
+        run.emit("plan", work.event())
+        for path, fingerprint in work.todo:
             stem = shard_stem(path, fingerprint.size, fingerprint.mtime_ns)
             meta = (json.dumps({"key": stem}) + "\n").encode()
             for rel, data in ((f"shards/{stem}-00000.npy", pixels), (f"shards/{stem}-00000.jsonl", meta)):
                 with open(os.path.join(dataset, rel), "wb") as f:
                     f.write(data)
-            fold_result(report, committer, InputResult(path, fingerprint.size, fingerprint.mtime_ns, samples=1, shards=[{
+            fold_result(run.report, committer, InputResult(path, fingerprint.size, fingerprint.mtime_ns, samples=1, shards=[{
                 "path": f"shards/{stem}-00000.npy", "meta_path": f"shards/{stem}-00000.jsonl", "samples": 1,
                 "bytes": len(pixels), "checksum": _digest(pixels), "meta_bytes": len(meta),
                 "meta_checksum": _digest(meta), "input": path, "checksum_algorithm": WRITE_ALGORITHM}],

@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from preprocess.ray_runner import BUILD_CHECK_TIMEOUT_S, on_every_node
+from preprocess.ray_cluster import BUILD_CHECK_TIMEOUT_S, on_every_node
 from shardio.write import directory as dataset_dir
 from shardio.store.backends import for_path
 from shardio.errors import NodeAccessError, ShardioError

@@ -75,19 +75,21 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from preprocess.class_table import extend_class_table, folder_class_names
-from preprocess.config import JobConfig
-from preprocess.input_kinds import NumberedClasses, SampleReader
-from preprocess.inputs import InputFingerprint, ResolvedInputs, resolve_inputs
-from preprocess.plan import Plan, check_output_apart, plan_inputs
-from preprocess.sources import Source
 from preprocess.cluster_access import check_cluster_access, task_env
-from preprocess.ray_runner import (Progress, StuckDecode, TaskEvent, check_cluster_address, check_cluster_build,
-                                   ray_session, stream_inputs)
+from preprocess.committed import Committed, check_compatible, read_committed
+from preprocess.config import JobConfig
+from preprocess.input_kinds import SampleReader
+from preprocess.inputs import InputFingerprint
+from preprocess.plan import plan_inputs
+from preprocess.ray_cluster import check_cluster_address, check_cluster_build, ray_session
+from preprocess.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
+from preprocess.remembered_failures import remembered_failures, set_aside_remembered
+from preprocess.run_inputs import RunInputs, resolve_run_inputs
+from preprocess.sources import Source
 from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
@@ -95,12 +97,11 @@ from shardio.store.local import is_disk_full
 from shardio.store.paths import normalize
 from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
-from shardio.errors import (DatasetIncompatibleError, NodeBuildMismatch, NoInputsMatched, OutputFull,
-                            PruneRefused, RayUnavailable, ShardError, ShardioError, VersionDrift)
-from shardio.format import InputEntry, Manifest, config_buckets, dataset_format_version
+from shardio.errors import NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError, VersionDrift
+from shardio.format import InputEntry, config_buckets, dataset_format_version
 from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
-from shardio.format.run_report import RunReport, latest_report, report_json
+from shardio.format.run_report import RunReport, report_json
 
 __all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
            "report_json", "fold_result"]
@@ -155,25 +156,6 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     return dict(manifest.config) if manifest is not None else None
 
 
-def _check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, directory: str) -> None:
-    wanted = cfg.output_dict()
-    stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
-    if stored == wanted:
-        return
-    # Said over the full form: a raw dataset stores no encoding keys (JobConfig.to_dict), which a JPEG run
-    # would otherwise read back as "encoding: dataset has None".
-    full = JobConfig().full_output_dict()
-    said_stored, said_wanted = {**full, **stored}, {**full, **wanted}
-    keys = sorted(set(said_stored) | set(said_wanted))
-    diffs = [f"{k}: dataset has {said_stored.get(k)!r}, this run {said_wanted.get(k)!r}"
-             for k in keys if said_stored.get(k) != said_wanted.get(k)]
-    raise DatasetIncompatibleError(
-        f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
-        "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "
-        "(a rerun uses the dataset's own config), or use a new --output"
-    )
-
-
 def run_job(
     options: RunOptions, on_event: Callable[[str, Any], None] | None = None,
     stop_requested: Callable[[], str] = lambda: "",
@@ -189,11 +171,64 @@ def run_job(
     no more inputs start, running ones are cancelled, the finished ones are committed and the report
     (``interrupted``, ``inputs_unfinished``) is written. A report is written whatever happens after the
     lock is taken, an unexpected exception included (then re-raised)."""
-    emit = on_event or (lambda kind, payload: None)
     started = time.perf_counter()
-    cfg = options.config
     directory = normalize(options.output)  # a URL stays a URL: object storage
-    report = RunReport(
+    run = _Run(options, directory, _new_report(directory, options.config), on_event or (lambda kind, payload: None),
+               started, stop_requested, routes_ray=on_event is not None)
+    inputs = resolve_run_inputs(options.inputs, options.source, options.config)  # NoInputsMatched: nothing touched
+    _refuse_early(run, inputs)
+    dataset_dir.ensure_output_dir(directory)
+    with dataset_dir.writing(directory, options.wait_for_lock):
+        committed = read_committed(directory)
+        _check_committed(run, committed)
+        work = _plan(run, inputs, committed)
+        if work.nothing_to_do and committed.columns is not None:
+            _answer_unchanged(run, committed.columns, work)
+            return run.report
+        committer = _open_commit(run, committed, work)
+        reader, files = inputs.reader(committer.index, work.todo), inputs.files(work.todo)
+        del committed, inputs  # the index's and the listing's O(inputs) objects: the committer and the work suffice
+        _run_and_commit(run, work, committer, files, reader)
+    return run.report
+
+
+@dataclass
+class _Run:
+    """One run as each of its steps sees it: what was asked, where, the report it fills, where its events
+    go, when it started and whether it is asked to stop."""
+
+    options: RunOptions
+    directory: str
+    report: RunReport
+    emit: Callable[[str, Any], None]
+    started: float
+    stop_requested: Callable[[], str]
+    routes_ray: bool  # an event hook takes what a Ray this run starts prints (the CLI: quiet, JSON)
+
+
+@dataclass
+class _Work:
+    """What the run does, decided once from the listing and what is committed: the inputs to process
+    (largest first) and to prune, and the counts the "plan" event says."""
+
+    todo: list[tuple[str, InputFingerprint]]
+    to_prune: list[str]
+    skipped: int  # committed unchanged
+    remembered: int  # failed for their bytes before and unchanged since: reported failed again, unread
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.todo and not self.to_prune
+
+    def event(self) -> dict[str, Any]:
+        # todo_bytes: the run's size, what the progress's ETA weighs each input by (preprocess.run_progress).
+        return {"todo": len(self.todo), "skipped": self.skipped, "todo_bytes": sum(fp.size for _, fp in self.todo),
+                "remembered": self.remembered}
+
+
+def _new_report(directory: str, cfg: JobConfig) -> RunReport:
+    """The report this run fills: its id and start, its config, the versions it writes with."""
+    return RunReport(
         run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6],
         output=directory,
         # Microseconds: two runs in one second (a no-op rerun takes ~1 s) still order by their start.
@@ -202,241 +237,168 @@ def run_job(
         # The format version this run writes: its dataset's (spec, "The version rule"), not the library's.
         versions={**library_versions(), "format_version": dataset_format_version(cfg.to_dict())},
     )
-    # NoInputsMatched: before the output is touched
-    resolved = source_inputs(options) if options.source is not None else resolve_inputs(options.inputs,
-                                                                                         cfg.image_extensions)
-    # folder_classes: the names the folder inputs bring; a folder with no class folder fails here, unread.
-    class_names = folder_class_names(resolved) if cfg.folder_classes else {}
-    paths, report.inputs_failed, report.inputs_ignored = resolved.paths, resolved.failed, resolved.ignored
+
+
+def _refuse_early(run: _Run, inputs: RunInputs) -> None:
+    """Refused before the output is touched, even if the run turns out to have nothing to do: an input
+    inside the output (``OutputUnusable``), and every way of failing to join --ray-address (down, token
+    authentication, not a Ray port: ``RayUnavailable``)."""
+    inputs.check_apart(run.directory)
+    check_cluster_address(run.options.ray_address, (lambda line: run.emit("ray", line)) if run.routes_ray else None)
+
+
+def _check_committed(run: _Run, committed: Committed) -> None:
+    """What the run found, said and checked before anything is planned: a restored ``manifest.json`` (a
+    warning), another config (``DatasetIncompatibleError``), other library versions (``_note_drift``)."""
+    if committed.restored:
+        run.report.warnings.append(committed.restored)
+        run.emit("warning", committed.restored)
+    if committed.index is not None:
+        check_compatible(committed.index, run.options.config, run.directory)
+        _note_drift(run, committed.index.versions)
+
+
+def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
+    """The listing against the committed inputs (``plan_inputs``: no I/O), the remembered failures set aside
+    (unless ``retry_failed``), and under ``prune`` the committed inputs no longer listed; the report takes
+    what the listing and the plan found."""
+    resolved, report = inputs.resolved, run.report
+    report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
-    listing_failed = len(resolved.failed)
-    if not paths:  # every INPUT failed (a folder, missing paths): refused before the output is touched
-        reasons = "; ".join(f"{failed['input']}: {failed['reason']}" for failed in resolved.failed[:5])
-        more = f" (and {len(resolved.failed) - 5} more)" if len(resolved.failed) > 5 else ""
-        reasons = reasons or "no INPUT was given"
-        raise NoInputsMatched(f"no input to process: {reasons}{more}; nothing was read or written")
-    if options.source is None:  # a source's inputs are names, not files near the output
-        check_output_apart(directory, resolved)
-    # Every way of failing to join --ray-address (down, token authentication, not a Ray port) is
-    # RayUnavailable here, before the output is touched, even if the run turns out to have nothing to do.
-    check_cluster_address(options.ray_address, (lambda line: emit("ray", line)) if on_event is not None else None)
-    dataset_dir.ensure_output_dir(directory)
-    with dataset_dir.writing(directory, options.wait_for_lock):
-        looked = _look_at_index(directory, resolved, options)
-        remembered = {} if options.retry_failed else _remembered_failures(directory)
-        if looked is not None and looked.planned is not None:
-            _set_aside_remembered(looked.planned, remembered, report)
-        if looked is not None and looked.planned is not None and not looked.planned.todo:
-            _answer_unchanged(directory, looked, options, report, emit, started)
-            return report
-        if looked is not None:  # a readable version 3 index, checked: what the run edits
-            existing, restored, committed = looked.index, "", looked.committed
-        else:
-            existing, restored = dataset_dir.load_committed(directory)
-            committed = _committed_inputs(existing)
-        if restored:
-            report.warnings.append(restored)
-            emit("warning", restored)
-        if existing is not None:
-            if looked is None:  # a looked-at index was checked already
-                _check_compatible(existing, cfg, directory)
-            _note_drift(existing.versions, directory, options, report, emit)
-        committer = Committer(directory, existing, COMMIT_INTERVAL_S, run=report.run_id,
-                              shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
-        index = committer.index
-        index.versions = report.versions
-        to_prune = sorted(committed.keys() - set(paths)) if options.prune else []  # the only set of paths
-        if to_prune and not options.confirm_large_prune:
-            _check_prune(committed, index.totals, to_prune, directory)  # refused: nothing changed, not even cleaned
-        _note_foreign(directory, dataset_dir.clean_after_runs(directory, existing), report, emit)
-        del existing  # a version 1/2 manifest's objects: the index holds what it needs
-        if looked is not None and looked.planned is not None:
-            planned = looked.planned  # its remembered failures set aside above
-        else:
-            planned = plan_inputs(resolved, committed)
-            _set_aside_remembered(planned, remembered, report)
-        del resolved, paths, committed, looked  # the listing's O(inputs) objects: the plan keeps what it needs (todo)
-        # The dataset's class table with this run's new names appended, before any task (spec, "Classes").
-        reader: SampleReader | None = None
-        if options.source is not None:
-            reader = options.source.reader()
-        elif class_names:
-            reader = NumberedClasses(extend_class_table(index, class_names, planned.todo))
-        todo = planned.todo
-        report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
-        for path in to_prune:
-            committer.drop_input(path)
-            report.inputs_pruned.append(path)
-        # todo_bytes: the run's size, what the progress's ETA weighs each input by (preprocess.run_progress).
-        plan = {"todo": len(todo), "skipped": planned.skipped, "todo_bytes": sum(fp.size for _, fp in todo),
-                "remembered": len(report.inputs_failed) - listing_failed}
-        listing_failures = len(report.inputs_failed)
-        events: Counter[str] = Counter()  # a retried task or a stopped decode: a dead attempt's files
-
-        def counted_emit(kind: str, payload: Any) -> None:
-            events[kind] += 1
-            emit(kind, payload)
-
-        disk_full: str | None = None
-        try:
-            if not todo or stop_requested():
-                emit("plan", plan)
-            else:
-                dataset_dir.mark_run(directory, report.run_id)  # tasks may promote files from here on
-                disk_full = _process(todo, options, plan, committer, report, counted_emit, started, stop_requested,
-                                     routes_ray=on_event is not None, reader=reader)
-            if stop_requested():
-                _note_interrupted(report, stop_requested(), todo, emit)
-            committer.maybe_commit(force=True)
-            if index.generation == 0:  # nothing committed yet
-                committer.commit()  # an empty, valid dataset: readers get a clear answer
-            if disk_full is None:
-                now = committer.committed_index()  # what it just committed, from the segments it holds
-                if todo and not stop_requested():
-                    # Every task has ended. One that failed, was retried or had a decode stopped may have
-                    # left files (a dead attempt's): they go now, not at the next run (the lock is held
-                    # and the dataset committed). A run stopped early keeps its mark: a cancelled task may
-                    # still promote a file, which the next run's cleaning removes.
-                    if (len(report.inputs_failed) > listing_failures or events["retried"]
-                            or events["warning"]):
-                        _note_foreign(directory, dataset_dir.clean_leftovers(directory, now), report, emit)
-                    dataset_dir.unmark_run(directory, report.run_id)
-                report.files_collected = collect(directory, now, options.retention).files
-        except OSError as e:
-            if not is_disk_full(e):
-                _save_report_after_error(committer, report, e, started)
-                raise
-            disk_full = f"writing the manifest: {e}"
-        except (RayUnavailable, NodeBuildMismatch):
-            # Refused before any input's task, like a lock held: no run happened to report, and no task
-            # can promote a file, so the mark goes too.
-            dataset_dir.unmark_run(directory, report.run_id)
-            raise
-        except BaseException as e:
-            _save_report_after_error(committer, report, e, started)
-            raise
-        if disk_full is not None:
-            _stop_on_full_disk(directory, report, disk_full)
-        _close_report(directory, report, started, index.samples, index.generation)
-    return report
+    planned = plan_inputs(resolved, committed.inputs)
+    remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.directory),
+                                      report)
+    report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
+    to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []  # the only set of paths
+    return _Work(planned.todo, to_prune, planned.skipped, remembered)
 
 
-@dataclass
-class _Look:
-    """The committed index as a run first sees it (a readable version 3 one): its columns, its committed
-    inputs, and the plan against them (None: the run prunes, so it takes the full path)."""
-
-    index: DatasetIndex
-    committed: dict[str, InputEntry]
-    planned: Plan | None
-
-
-def _look_at_index(directory: str, resolved: ResolvedInputs, options: RunOptions) -> _Look | None:
-    """The index as columns and the plan against it: O(inputs), never an object per shard (LAION-2B-en:
-    230k inputs, 2.3M shards, where ``load_manifest`` alone took ~25 s and ~3 GB). None, having changed
-    nothing, if the index is not a readable version 3 one: ``load_committed`` then reads, restores or
-    upgrades it. DatasetIncompatibleError for another config, before anything is planned."""
-    try:
-        index = load_index(directory)
-    except (ShardError, OSError):
-        return None
-    if index.segments is None:
-        return None
-    _check_compatible(index, options.config, directory)
-    committed = index.committed_inputs()
-    if options.prune and not committed.keys() <= set(resolved.paths):
-        return _Look(index, committed, None)
-    return _Look(index, committed, plan_inputs(resolved, committed))
-
-
-def _answer_unchanged(directory: str, looked: _Look, options: RunOptions, report: RunReport,
-                      emit: Callable[[str, Any], None], started: float) -> None:
+def _answer_unchanged(run: _Run, index: DatasetIndex, work: _Work) -> None:
     """A rerun with nothing to do (every listed input committed unchanged, nothing to prune), answered
     from the index's columns: a killed run's leftovers are still cleaned (``clean_after_runs``), retention
     still runs, the report is saved; no commit."""
-    index, planned = looked.index, looked.planned
-    assert planned is not None
-    _note_drift(index.versions, directory, options, report, emit)
-    report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
-    emit("plan", {"todo": 0, "skipped": planned.skipped,
-                  "remembered": sum(1 for failed in report.inputs_failed if "failed_in" in failed)})
-    _note_foreign(directory, dataset_dir.clean_after_runs(directory, index), report, emit)
-    report.files_collected = collect(directory, index, options.retention).files
-    _close_report(directory, report, started, index.samples, index.generation)
+    run.emit("plan", work.event())
+    _note_foreign(run, dataset_dir.clean_after_runs(run.directory, index))
+    run.report.files_collected = collect(run.directory, index, run.options.retention).files
+    _close_report(run, index.samples, index.generation)
 
 
-def source_inputs(options: RunOptions) -> ResolvedInputs:
-    """A Python source's inputs as the job's: ``{source}/{input}`` names, each recognised by its version
-    (held where an object's ETag is: a rerun compares it, as it compares an object's)."""
-    source = options.source
-    assert source is not None
-    if options.inputs:
-        raise NoInputsMatched("give INPUT paths or a source, not both; nothing was read or written")
-    listed = {source.input_path(item): InputFingerprint(0, 0, str(item.version)) for item in source.inputs}
-    return ResolvedInputs(sorted(listed), listed=listed)
+def _open_commit(run: _Run, committed: Committed, work: _Work) -> Committer:
+    """The committer over what is committed (a version 1/2 manifest is upgraded at its first commit); then,
+    in this order, the prune guard (refused: nothing changed, not even cleaned), a killed run's leftovers
+    cleaned, and the inputs to prune dropped."""
+    cfg, report = run.options.config, run.report
+    committer = Committer(run.directory, committed.index, COMMIT_INTERVAL_S, run=report.run_id,
+                          shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
+    committer.index.versions = report.versions
+    if work.to_prune and not run.options.confirm_large_prune:
+        _check_prune(committed.inputs, committer.index.totals, work.to_prune, run.directory)
+    _note_foreign(run, dataset_dir.clean_after_runs(run.directory, committed.index))
+    for path in work.to_prune:
+        committer.drop_input(path)
+        report.inputs_pruned.append(path)
+    return committer
 
 
-def _note_foreign(directory: str, cleaned: dataset_dir.Cleaned, report: RunReport,
-                  emit: Callable[[str, Any], None]) -> None:
+def _run_and_commit(run: _Run, work: _Work, committer: Committer, files: list[str],
+                    reader: SampleReader | None) -> None:
+    """The tasks, the commit and the tidying after them, then the report closed. A report is written
+    whatever happens from here (an unexpected exception: what finished is committed, then it is re-raised);
+    a full disk ends in ``OutputFull`` (``_stop_on_full_disk``)."""
+    disk_full: str | None = None
+    try:
+        disk_full, left_files = _run_tasks(run, work, committer, files, reader)
+        _commit(run, committer, work.todo)
+        if disk_full is None:
+            _tidy(run, committer, work.todo, left_files)
+    except OSError as e:
+        if not is_disk_full(e):
+            _save_report_after_error(run, committer, e)
+            raise
+        disk_full = f"writing the manifest: {e}"
+    except (RayUnavailable, NodeBuildMismatch):
+        # Refused before any input's task, like a lock held: no run happened to report, and no task
+        # can promote a file, so the mark goes too.
+        dataset_dir.unmark_run(run.directory, run.report.run_id)
+        raise
+    except BaseException as e:
+        _save_report_after_error(run, committer, e)
+        raise
+    if disk_full is not None:
+        _stop_on_full_disk(run, disk_full)
+    _close_report(run, committer.index.samples, committer.index.generation)
+
+
+def _run_tasks(run: _Run, work: _Work, committer: Committer, files: list[str],
+               reader: SampleReader | None) -> tuple[str | None, bool]:
+    """``work.todo`` as Ray tasks (``_process``; nothing to do or a stop already asked for: the plan is
+    said, Ray not started). Returns why the run stopped early if the output disk filled up (else None), and
+    whether a dead attempt may have left files: a task that failed, was retried or had a decode stopped."""
+    if not work.todo or run.stop_requested():
+        run.emit("plan", work.event())
+        return None, False
+    failures_before = len(run.report.inputs_failed)
+    events: Counter[str] = Counter()
+
+    def counted_emit(kind: str, payload: Any) -> None:
+        events[kind] += 1
+        run.emit(kind, payload)
+
+    dataset_dir.mark_run(run.directory, run.report.run_id)  # tasks may promote files from here on
+    disk_full = _process(replace(run, emit=counted_emit), work, committer, files, reader)
+    left_files = len(run.report.inputs_failed) > failures_before or events["retried"] > 0 or events["warning"] > 0
+    return disk_full, left_files
+
+
+def _commit(run: _Run, committer: Committer, todo: list[tuple[str, InputFingerprint]]) -> None:
+    """What finished committed; an empty, valid dataset if nothing ever was (readers get a clear answer)."""
+    if run.stop_requested():
+        _note_interrupted(run, todo)
+    committer.maybe_commit(force=True)
+    if committer.index.generation == 0:  # nothing committed yet
+        committer.commit()
+
+
+def _tidy(run: _Run, committer: Committer, todo: list[tuple[str, InputFingerprint]], left_files: bool) -> None:
+    """After the commit: a dead attempt's files removed and the run's mark taken away once every task has
+    ended, then retention."""
+    now = committer.committed_index()  # what it just committed, from the segments it holds
+    if todo and not run.stop_requested():
+        # Every task has ended. One that failed, was retried or had a decode stopped may have
+        # left files (a dead attempt's): they go now, not at the next run (the lock is held
+        # and the dataset committed). A run stopped early keeps its mark: a cancelled task may
+        # still promote a file, which the next run's cleaning removes.
+        if left_files:
+            _note_foreign(run, dataset_dir.clean_leftovers(run.directory, now))
+        dataset_dir.unmark_run(run.directory, run.report.run_id)
+    run.report.files_collected = collect(run.directory, now, run.options.retention).files
+
+
+def _note_foreign(run: _Run, cleaned: dataset_dir.Cleaned) -> None:
     """Files in ``shards/`` the leftover cleaning left because no run writes them: said, not deleted."""
-    warning = dataset_dir.foreign_files_warning(directory, cleaned.foreign)
-    if warning and warning not in report.warnings:
-        report.warnings.append(warning)
-        emit("warning", warning)
+    warning = dataset_dir.foreign_files_warning(run.directory, cleaned.foreign)
+    if warning and warning not in run.report.warnings:
+        run.report.warnings.append(warning)
+        run.emit("warning", warning)
 
 
-def _remembered_failures(directory: str) -> dict[str, dict[str, Any]]:
-    """The inputs the newest run report says failed for their bytes (``fingerprint`` recorded), by path:
-    what this run reports again without reading, if unchanged. None remembered without a readable report."""
-    latest = latest_report(directory)
-    failed = latest.get("inputs_failed") if latest is not None else None
-    if not isinstance(failed, list):
-        return {}
-    return {entry["input"]: entry for entry in failed
-            if isinstance(entry, dict) and isinstance(entry.get("input"), str)
-            and isinstance(entry.get("fingerprint"), dict)}
-
-
-def _set_aside_remembered(planned: Plan, remembered: dict[str, dict[str, Any]], report: RunReport) -> None:
-    """Take out of ``planned.todo`` every input that failed for its bytes before and is unchanged since (the
-    same size and mtime, or size and ETag: ``plan._same_input``'s rule), and report it failed again, as it
-    was, without reading it; a changed one stays to do."""
-    if not remembered:
-        return
-    todo = []
-    for path, fingerprint in planned.todo:
-        entry = remembered.get(path)
-        if entry is None or not _unchanged_since(entry["fingerprint"], fingerprint):
-            todo.append((path, fingerprint))
-            continue
-        report.inputs_failed.append({key: entry[key] for key in
-                                     ("input", "reason", "fingerprint", "failed_in", "samples_lost") if key in entry})
-    planned.todo = todo
-
-
-def _unchanged_since(recorded: dict[str, Any], fingerprint: InputFingerprint) -> bool:
-    if fingerprint.etag:
-        return recorded.get("size") == fingerprint.size and recorded.get("etag") == fingerprint.etag
-    return recorded.get("size") == fingerprint.size and recorded.get("mtime_ns") == fingerprint.mtime_ns
-
-
-def _note_drift(recorded: dict[str, Any], directory: str, options: RunOptions, report: RunReport,
-                emit: Callable[[str, Any], None]) -> None:
+def _note_drift(run: _Run, recorded: dict[str, Any]) -> None:
     """Library versions other than those the dataset records: a warning, or VersionDrift under
     ``strict_versions``."""
-    drift = version_drift(recorded, report.versions, dataset_dir.manifest_path(directory))
-    if drift and options.strict_versions:
+    drift = version_drift(recorded, run.report.versions, dataset_dir.manifest_path(run.directory))
+    if drift and run.options.strict_versions:
         raise VersionDrift(drift)
     if drift:
-        report.warnings.append(drift)
-        emit("warning", drift)
+        run.report.warnings.append(drift)
+        run.emit("warning", drift)
 
 
-def _close_report(directory: str, report: RunReport, started: float, samples: int, generation: int) -> None:
+def _close_report(run: _Run, samples: int, generation: int) -> None:
     """The report's dataset totals and timing, then the report saved; a full disk here is OutputFull (the
     dataset itself is committed)."""
+    directory, report = run.directory, run.report
     report.dataset_samples, report.generation = samples, generation
-    report.elapsed_s = round(time.perf_counter() - started, 3)
+    report.elapsed_s = round(time.perf_counter() - run.started, 3)
     report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
     try:
         _save_report(directory, report)
@@ -466,14 +428,6 @@ def _commit_input(committer: Committer, result: InputResult) -> None:
                         etag=result.etag)
 
 
-def _committed_inputs(existing: DatasetIndex | Manifest | None) -> dict[str, InputEntry]:
-    """The committed inputs by name, what the plan compares the listing with: one entry per input from
-    the index's columns (``shards`` left empty), none per shard; a version 1/2 manifest's own."""
-    if existing is None:
-        return {}
-    return existing.committed_inputs() if isinstance(existing, DatasetIndex) else dict(existing.inputs)
-
-
 def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_prune: list[str],
                  directory: str) -> None:
     """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
@@ -486,30 +440,26 @@ def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_pr
         )
 
 
-def _process(
-    todo: list[tuple[str, InputFingerprint]], options: RunOptions, plan: dict[str, Any], committer: Committer,
-    report: RunReport, emit: Callable[[str, Any], None], started: float, stop_requested: Callable[[], str],
-    routes_ray: bool, reader: SampleReader | None = None,
-) -> str | None:
-    """Run ``todo`` as Ray tasks, committing as inputs finish; returns why it stopped early if the output
+def _process(run: _Run, work: _Work, committer: Committer, files: list[str], reader: SampleReader | None) -> str | None:
+    """Run ``work.todo`` as Ray tasks, committing as inputs finish; returns why it stopped early if the output
     disk filled up (every later input would fail the same way), else None. Returns early, tasks
-    cancelled, once ``stop_requested()``. ``reader``: what every task reads its input with (a Python
-    source's, or the reader of each kind with the dataset's class table); None: ``samples_of``."""
+    cancelled, once ``run.stop_requested()``. ``files``: the inputs every node must reach; ``reader``: what
+    every task reads its input with (``RunInputs.reader``; None: ``samples_of``)."""
+    options, report, emit = run.options, run.report, run.emit
     # With no event hook (library use) Ray prints as it always does; the CLI routes it (quiet, JSON).
-    ray_output = (lambda line: emit("ray", line)) if routes_ray else None
+    ray_output = (lambda line: emit("ray", line)) if run.routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
         report.cluster = cluster
         cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
-        files = [p for p, _ in todo] if options.source is None else []  # a source's inputs are no files
         env = task_env(files + [committer.directory], options.pass_credentials)
         # NodeAccessError: a node that cannot read the inputs or write the output, before any task.
         check_cluster_access(files, committer.directory, env, options.pass_credentials)
         expected_build = pixel_build()
-        emit("plan", {**plan, "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
+        emit("plan", {**work.event(), "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
-        report.startup_s = round(processing_started - started, 3)
-        stream = stream_inputs(todo, committer.directory, options.config,
-                               should_stop=lambda: bool(stop_requested()), task_env=env,
+        report.startup_s = round(processing_started - run.started, 3)
+        stream = stream_inputs(work.todo, committer.directory, options.config,
+                               should_stop=lambda: bool(run.stop_requested()), task_env=env,
                                name_fence=dataset_dir.shard_name_fence(committer.directory, committer.index),
                                reader=reader)
         try:
@@ -548,9 +498,10 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
         result.shards, result.failures = [], []
 
 
-def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
+def _stop_on_full_disk(run: _Run, reason: str) -> None:
     """Out of space: remove what no manifest lists (frees space, nothing half-visible), keep a report if it
     fits, and raise ``OutputFull`` naming what the dataset still holds."""
+    directory, report = run.directory, run.report
     on_disk = load_index(directory) if for_path(directory).exists(dataset_dir.manifest_path(directory)) else None
     dataset_dir.clean_leftovers(directory, on_disk)
     report.dataset_samples = on_disk.samples if on_disk else 0
@@ -570,7 +521,7 @@ def _stop_on_full_disk(directory: str, report: RunReport, reason: str) -> None:
 def _record(report: RunReport, result: InputResult) -> None:
     if result.error is not None:
         failed: dict[str, Any] = {"input": result.input, "reason": result.error}
-        if result.lasting:  # the bytes' own failure: remembered by the next run (_remembered_failures)
+        if result.lasting:  # the bytes' own failure: remembered by the next run (remembered_failures)
             failed["fingerprint"] = {"size": result.size, "mtime_ns": result.mtime_ns, "etag": result.etag}
             failed["failed_in"] = report.run_id
         if result.samples_lost:
@@ -592,24 +543,23 @@ def _record(report: RunReport, result: InputResult) -> None:
     report.failures.extend(result.failures)
 
 
-def _note_interrupted(report: RunReport, reason: str, todo: list[tuple[str, InputFingerprint]],
-                      emit: Callable[[str, Any], None]) -> None:
+def _note_interrupted(run: _Run, todo: list[tuple[str, InputFingerprint]]) -> None:
+    report, reason = run.report, run.stop_requested()
     report.interrupted = reason
     ended = set(report.inputs_processed) | {failed["input"] for failed in report.inputs_failed}
     report.inputs_unfinished = [path for path, _ in todo if path not in ended]
     message = (f"{reason}: stopped early; {len(report.inputs_processed)} finished input(s) committed, "
                f"{len(report.inputs_unfinished)} not processed (the next run does them)")
     report.warnings.append(message)
-    emit("warning", message)
+    run.emit("warning", message)
 
 
-def _save_report_after_error(
-    committer: Committer, report: RunReport, error: BaseException, started: float
-) -> None:
+def _save_report_after_error(run: _Run, committer: Committer, error: BaseException) -> None:
     """An unexpected exception after the lock was taken: commit what finished and keep a report saying
     so (best effort: the original exception is what the caller re-raises)."""
+    report = run.report
     report.warnings.append(f"stopped by an error: {type(error).__name__}: {error}".splitlines()[0])
-    report.elapsed_s = round(time.perf_counter() - started, 3)
+    report.elapsed_s = round(time.perf_counter() - run.started, 3)
     try:
         committer.maybe_commit(force=True)
         report.dataset_samples = committer.index.samples

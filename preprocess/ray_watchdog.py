@@ -24,7 +24,7 @@ Other Ray instances on the machine (a test session's cluster, a user's own ``ray
 have other session directories and raylets. It runs in its own session (``start_new_session``) and
 ignores SIGINT/SIGHUP/SIGTERM, so the Ctrl-C that stops the driver does not stop its cleanup.
 
-Usage (by ``preprocess.ray_runner``, through ``start_watchdog``): ``python -I .../ray_watchdog.py MARK
+Usage (by ``preprocess.ray_cluster``, through ``start_watchdog``): ``python -I .../ray_watchdog.py MARK
 DRIVER_PID RAY_TEMP_DIR``; then lines on stdin: ``session SESSION_DIR``, ``raylet PID``.
 """
 

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM for ``preprocess run``: the first one stops the run cleanly, a second one at once.
 
-First SIGINT / SIGTERM: the handler only records it; the job notices within ``ray_runner.WAIT_S`` (0.5 s),
+First SIGINT / SIGTERM: the handler only records it; the job notices within ``ray_tasks.WAIT_S`` (0.5 s),
 submits nothing more, cancels its running tasks, commits every input that finished, writes the report
 (``interrupted``, ``inputs_unfinished``), says so, and the CLI exits 128 + the signal's number (130,
 143). Recording instead of raising matters: a KeyboardInterrupt raised inside ``ray.init`` or between a
@@ -37,7 +37,7 @@ class StopOnSignal:
     def __init__(self, json_lines: bool = False) -> None:
         self.json_lines = json_lines  # stderr carries the JSON log: the one line written here is JSON too
         self.signal_name = ""
-        # A copy of stderr taken at install: fd 2 itself points into a pipe while Ray starts (ray_runner).
+        # A copy of stderr taken at install: fd 2 itself points into a pipe while Ray starts (ray_cluster).
         self.stderr_fd = 2
 
     def requested(self) -> str:

@@ -2,7 +2,7 @@
 
 Pixels depend on the JPEG decoder (libjpeg-turbo version, DCT method) and on the resampler (Pillow vs
 Pillow-SIMD, and whether Pillow-SIMD was built with AVX2), so two machines with different builds can write
-different bytes for the same input. On a cluster, ``preprocess.ray_runner.check_cluster_build`` runs
+different bytes for the same input. On a cluster, ``preprocess.ray_cluster.check_cluster_build`` runs
 ``pixel_build`` on every node before any task and refuses a node whose answer differs from the driver's
 (``build_difference``); each task also returns the ``library_versions`` it ran with, and those (not the
 driver's) are what the manifest records.

@@ -12,7 +12,8 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from preprocess import job, ray_runner, versions
+from preprocess import job, versions
+from preprocess import ray_cluster as cluster  # the name ray_cluster is the fixture's
 from preprocess.cli import app
 from preprocess.job import _check_worker_build
 from preprocess.worker import InputResult
@@ -45,7 +46,7 @@ def _probe_skewed_on(node_id: str):
 
 
 def test_every_node_is_probed_on_the_node_itself(ray_cluster):
-    answers = ray_runner.check_cluster_build()
+    answers = cluster.check_cluster_build()
     ids = sorted(name.rsplit("/", 1)[-1] for name in answers)
     assert ids == sorted(n["NodeID"][:8] for n in ray.nodes() if n["Alive"])
     assert all(build == versions.pixel_build() for build in answers.values())
@@ -54,7 +55,7 @@ def test_every_node_is_probed_on_the_node_itself(ray_cluster):
 def test_a_node_with_another_build_is_named_and_refused(ray_cluster):
     other = _other_node()
     with pytest.raises(NodeBuildMismatch) as caught:
-        ray_runner.check_cluster_build(_probe_skewed_on(other))
+        cluster.check_cluster_build(_probe_skewed_on(other))
     message = str(caught.value)
     assert f"/{other[:8]}: libjpeg_turbo 9.9.9 (driver: {versions.pixel_build()['libjpeg_turbo']})" in message
     assert "1 of 2 Ray node(s)" in message
@@ -63,7 +64,7 @@ def test_a_node_with_another_build_is_named_and_refused(ray_cluster):
 
 
 def test_the_job_refuses_a_mixed_cluster_with_exit_2_before_any_task(ray_cluster, tars, tmp_path, monkeypatch):
-    monkeypatch.setattr(ray_runner, "pixel_build", _probe_skewed_on(_other_node()))
+    monkeypatch.setattr(cluster, "pixel_build", _probe_skewed_on(_other_node()))
     tars.make("a.tar", range(3), with_meta=False)
     out = str(tmp_path / "out")
     result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, "--size", "16", "-q"],

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import shardio
-from preprocess import ray_runner
+from preprocess import ray_tasks
 from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, report_json, run_job
@@ -184,7 +184,7 @@ def test_every_node_of_the_cluster_processes_inputs_into_one_dataset(ray_cluster
     # of the other for the next drop. Each node must then process inputs, and one dataset must result.
     import ray
 
-    assert ray_runner.TASK_OPTIONS["scheduling_strategy"] == "SPREAD"  # what spreads inputs on real clusters
+    assert ray_tasks.TASK_OPTIONS["scheduling_strategy"] == "SPREAD"  # what spreads inputs on real clusters
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     assert len(nodes) == 2
     out = str(tmp_path / "out")

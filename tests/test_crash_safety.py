@@ -4,7 +4,7 @@ The kill loop runs the CLI as subprocesses that join the session's Ray cluster (
 run), SIGKILLs them at random moments over the length of an uninterrupted run, checks that what is
 visible in between is always a valid dataset, and finally compares the finished result with that
 uninterrupted run byte for byte. Worker deaths and full disks are simulated inside the Ray task by
-swapping ``ray_runner._task`` for a wrapper (cloudpickle ships the local function by value).
+swapping ``ray_tasks._task`` for a wrapper (cloudpickle ships the local function by value).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from preprocess import ray_runner
+from preprocess import ray_tasks
 from preprocess.cli import app
 from shardio.store.backends import for_path
 from shardio.store.local import LocalStorage, atomic_writer
@@ -130,7 +130,7 @@ def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tar
     pattern, reference, out = f"{tars.directory}/*.tar", str(tmp_path / "reference"), str(tmp_path / "out")
     assert run_cli(pattern, "--output", reference, extra=extra).exit_code == 0
 
-    real_task, marker = ray_runner._task, str(tmp_path / "died-once")
+    real_task, marker = ray_tasks._task, str(tmp_path / "died-once")
 
     def task_whose_worker_dies_once(input_path, output_dir, cfg_dict, fingerprint):
         for number, message in enumerate(real_task(input_path, output_dir, cfg_dict, fingerprint)):
@@ -140,7 +140,7 @@ def test_a_worker_killed_mid_task_is_retried_without_duplicates(ray_cluster, tar
                 open(marker, "w").close()
                 os._exit(1)
 
-    monkeypatch.setattr(ray_runner, "_task", task_whose_worker_dies_once)
+    monkeypatch.setattr(ray_tasks, "_task", task_whose_worker_dies_once)
     log = tmp_path / "events.jsonl"
     result = run_cli(pattern, "--output", out, "--log-format", "json", "--log-file", str(log), extra=extra)
     assert result.exit_code == 0, result.output
@@ -163,7 +163,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
     manifest_before = open(os.path.join(out, "manifest.json"), "rb").read()
     tars.make("b.tar", range(10, 30))
 
-    real_task = ray_runner._task
+    real_task = ray_tasks._task
 
     def task_on_a_full_disk(input_path, output_dir, cfg_dict, fingerprint):
         # Only modules and closure cells in here: a module-level helper of this test file would be pickled
@@ -180,7 +180,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
         finally:
             writer._OpenFile.write = real_write
 
-    monkeypatch.setattr(ray_runner, "_task", task_on_a_full_disk)
+    monkeypatch.setattr(ray_tasks, "_task", task_on_a_full_disk)
     result = runner.invoke(app, ["run", f"{tars.directory}/*.tar", "--output", out, *FLAGS, "-q"])
     message = " ".join(result.output.split())
     assert result.exit_code == 1, (result.output, result.exception)
@@ -190,7 +190,7 @@ def test_disk_full_in_a_worker_stops_the_run_and_keeps_the_previous_dataset(ray_
     assert_clean(out, run_stopped_early=True)  # its cancelled tasks: the next run looks at every file again
     assert_indices(out, list(range(10)))
 
-    monkeypatch.setattr(ray_runner, "_task", real_task)  # space freed: the rerun completes
+    monkeypatch.setattr(ray_tasks, "_task", real_task)  # space freed: the rerun completes
     assert run_cli(f"{tars.directory}/*.tar", "--output", out).exit_code == 0
     assert_indices(out, list(range(30)))
 

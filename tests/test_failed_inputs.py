@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from preprocess import job
 from preprocess.cli import app
+from preprocess.remembered_failures import remembered_failures
 from shardio.format.run_report import latest_report
 
 pytestmark = pytest.mark.ray
@@ -102,4 +103,4 @@ def test_the_report_of_a_remembered_failure_is_plain_json(broken, tmp_path, monk
     entry = {"input": cut, "reason": "truncated", "failed_in": "20260101T000000Z-abcdef",
              "fingerprint": {"size": os.stat(cut).st_size, "mtime_ns": os.stat(cut).st_mtime_ns, "etag": ""}}
     (out / "reports" / "20260101T000000Z-abcdef.json").write_text(json.dumps({"inputs_failed": [entry]}))
-    assert job._remembered_failures(str(out)) == {cut: entry}
+    assert remembered_failures(str(out)) == {cut: entry}

@@ -18,7 +18,8 @@ import pytest
 
 from preprocess import jpeg_region, transform
 from preprocess.config import ConfigError, JobConfig, load_config
-from preprocess.job import RunOptions, _check_compatible, run_job
+from preprocess.committed import check_compatible
+from preprocess.job import RunOptions, run_job
 from preprocess.jpeg_markers import jpeg_layout
 from preprocess.transform import process_image
 from preprocess.worker import process_input
@@ -217,7 +218,7 @@ def test_a_dataset_written_before_the_limits_existed_is_still_appendable(tmp_pat
     write_manifest(out, Manifest(shape=(16, 16, 3), config=old, versions={}))
     tar = tmp_path / "new.tar"  # never read: both outcomes are decided before Ray starts
     tar.write_bytes(b"")
-    _check_compatible(load_manifest(out), JobConfig(height=16, width=16), out)  # no refusal: appendable
+    check_compatible(load_manifest(out), JobConfig(height=16, width=16), out)  # no refusal: appendable
     with pytest.raises(DatasetIncompatibleError, match="min_image_size: dataset has 0, this run 8"):
         run_job(RunOptions(inputs=[str(tar)], output=out, config=JobConfig(height=16, width=16, min_image_size=8)))
 

@@ -14,7 +14,7 @@ from preprocess.cli import app
 from preprocess.config import JobConfig
 from preprocess.job import RunReport
 from preprocess.logging_events import EventLogger
-from preprocess.ray_runner import AttemptTracker, Progress, TaskEvent
+from preprocess.ray_tasks import AttemptTracker, Progress, TaskEvent
 from preprocess.inputs import resolve_inputs
 from preprocess.versions import library_versions
 from preprocess.worker import PROGRESS_EVERY, InputResult, iter_process_input

@@ -1,5 +1,5 @@
 """Joining a Ray cluster (``--ray-address``): every way of failing to connect exits 2 before the output is
-touched, naming the cause and the fix, in about a second (``preprocess.ray_runner.check_cluster_address``).
+touched, naming the cause and the fix, in about a second (``preprocess.ray_cluster.check_cluster_address``).
 
 The cluster here is a real ``ray start --head`` with token authentication (Ray's default for a head it
 starts), on loopback, with no CPUs (nothing is run on it), its own temp dir and its token in the
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from preprocess.ray_runner import GCS_PROBE_TIMEOUT_S, _connect_failure
+from preprocess.ray_cluster import GCS_PROBE_TIMEOUT_S, _connect_failure
 from tests.tar_factory import TarFactory
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -100,7 +100,7 @@ def test_a_client_the_token_cluster_refuses_exits_2_and_touches_nothing(token_cl
 
 def test_the_right_token_joins(token_cluster):
     address, token, home = token_cluster
-    code = f"from preprocess.ray_runner import check_cluster_address\ncheck_cluster_address({address!r})\n"
+    code = f"from preprocess.ray_cluster import check_cluster_address\ncheck_cluster_address({address!r})\n"
     run = subprocess.run([sys.executable, "-c", code], env=_client_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -113,7 +113,7 @@ def test_a_port_that_is_no_ray_gcs_is_refused_after_the_probe_timeout(tmp_path):
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        code = ("from preprocess.ray_runner import check_cluster_address\n"
+        code = ("from preprocess.ray_cluster import check_cluster_address\n"
                 f"check_cluster_address({address!r})\n")
         run = subprocess.run([sys.executable, "-c", code], env=_client_env(str(tmp_path)), capture_output=True,
                              text=True, timeout=120)

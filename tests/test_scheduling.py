@@ -11,7 +11,7 @@ import os
 import pytest
 
 from preprocess.config import JobConfig
-from preprocess.ray_runner import TaskEvent, largest_first, stream_inputs
+from preprocess.ray_tasks import TaskEvent, largest_first, stream_inputs
 from preprocess.worker import InputResult
 
 pytestmark = pytest.mark.ray

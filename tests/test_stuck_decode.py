@@ -14,7 +14,7 @@ import pytest
 
 import shardio
 
-from preprocess import ray_runner
+from preprocess import ray_tasks
 from preprocess.config import JobConfig
 from preprocess.decode_watch import (HANG_MEMBERS_ENV, Heartbeat, StuckDecode, hard_bound_s, release_test_hangs,
                                      stuck_reason, watch_steps)
@@ -129,7 +129,7 @@ def test_skipped_members_are_failed_samples_and_the_rest_is_written(hanging_tar,
 @pytest.fixture
 def hang_in_ray_workers(monkeypatch):
     """The job's tasks run with the hook set (a runtime_env gets its own Ray workers, so no other test's)."""
-    monkeypatch.setitem(ray_runner.TASK_OPTIONS, "runtime_env", {"env_vars": {HANG_MEMBERS_ENV: HANG}})
+    monkeypatch.setitem(ray_tasks.TASK_OPTIONS, "runtime_env", {"env_vars": {HANG_MEMBERS_ENV: HANG}})
 
 
 @pytest.mark.ray
@@ -159,7 +159,7 @@ def test_a_stuck_decode_fails_its_sample_the_tar_commits_and_a_rerun_skips_it(
 @pytest.mark.ray
 def test_an_input_whose_decodes_keep_sticking_fails_after_bounded_restarts(
         ray_cluster, hanging_tar, tmp_path, hang_in_ray_workers, monkeypatch):
-    monkeypatch.setattr(ray_runner, "MAX_STUCK_DECODES", 1)
+    monkeypatch.setattr(ray_tasks, "MAX_STUCK_DECODES", 1)
     report = run_job(RunOptions(inputs=[hanging_tar], output=str(tmp_path / "out"), config=CFG))
     assert report.inputs_processed == [] and report.exit_code == 1
     [failed] = report.inputs_failed
