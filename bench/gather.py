@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.reader import BATCH, _Numpy, build, copy_batches, warm
+from bench.copy_baseline import BATCH, InMemoryImage, build, copy_batches, warm
 from shardio import ShardDataset
 from shardio.read import batches as batch_module
 from shardio.read import gather as gather_module
@@ -125,7 +125,7 @@ def measure(directory: str, rounds: int, threads: list[int]) -> dict[str, Any]:
     arrays = warm(directory)
     whole = np.concatenate(arrays)
     out = np.empty((BATCH, *whole.shape[1:]), np.uint8)
-    in_memory = [{"image": _Numpy(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
+    in_memory = [{"image": InMemoryImage(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
     rows = rows_to_measure(threads)
     datasets = {name: ShardDataset(directory, BATCH, **row.settings) for name, row in rows.items()}
 

@@ -37,7 +37,7 @@ from typing import Any
 from bench.corpus import CorpusSpec, build_corpus
 from bench.job_bench import ForeignLoad
 from bench.peer_venv import ensure_peer_venv
-from bench.reader import build
+from bench.copy_baseline import build
 from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_get
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.reader import BATCH, build, copy_batches, warm, _Numpy
+from bench.copy_baseline import BATCH, InMemoryImage, build, copy_batches, warm
 from shardio import ShardDataset
 from shardio.read.order import epoch_runs
 from shardio.read.shuffle_quality import permutation_quality, runs_order, shuffle_quality
@@ -89,7 +89,7 @@ def speed_rows(directory: str, rounds: int, fresh: bool) -> dict[str, dict[str, 
     arrays = warm(directory)
     out = np.empty((BATCH, *arrays[0].shape[1:]), np.uint8)
     whole = np.concatenate(arrays)  # in-memory batches of 256 for copyto (the shards hold 32 each)
-    in_memory = [{"image": _Numpy(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
+    in_memory = [{"image": InMemoryImage(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
     samples = len(whole)
     settings: dict[str, dict[str, Any]] = {"sequential": {}}
     for version, window, block in SPEED_SETTINGS:

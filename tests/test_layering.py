@@ -18,6 +18,7 @@ from shardio.store.paths import check_local
 
 PREPROCESS_DIR = pathlib.Path(preprocess.__file__).parent
 SHARDIO_DIR = pathlib.Path(shardio.__file__).parent
+BENCH_DIR = SHARDIO_DIR.parent / "bench"  # not installed: the benchmarks beside the packages
 
 # Calls that create, change or remove files, as "module.function" (after resolving `import x as y`).
 MUTATING_CALLS = {
@@ -211,10 +212,11 @@ LAZY_FIRST_PARTY = {
 }
 
 
-def _module_names() -> dict[str, pathlib.Path]:
-    """Every module of ``shardio`` and ``preprocess`` by dotted name (a package by its ``__init__``)."""
+def _module_names(folders: tuple[pathlib.Path, ...] = (SHARDIO_DIR, PREPROCESS_DIR)) -> dict[str, pathlib.Path]:
+    """Every module of ``folders`` (``shardio`` and ``preprocess`` unless told) by dotted name (a package by
+    its ``__init__``)."""
     found = {}
-    for folder in (SHARDIO_DIR, PREPROCESS_DIR):
+    for folder in folders:
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder.parent).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -306,3 +308,18 @@ def test_no_first_party_import_is_hidden_in_a_function():
     assert not hidden, ("a function-level import of a first-party module (move it to the top; if it dodged a "
                         f"circle, the piece is misplaced; or name it in LAZY_FIRST_PARTY with why): {hidden}")
     assert {(name, target) for name, target, _ in lazy} == set(LAZY_FIRST_PARTY), "stale LAZY_FIRST_PARTY"
+
+
+def test_bench_has_no_import_circle_and_nothing_imports_it():
+    """bench/ sits on top: it imports shardio and preprocess, never the reverse, and its own modules import
+    one way (a piece two benchmarks share lives in a module of its own, e.g. ``bench/copy_baseline.py``)."""
+    sources = {name: path.read_text(encoding="utf-8")
+               for name, path in _module_names((SHARDIO_DIR, PREPROCESS_DIR, BENCH_DIR)).items()}
+    graph, _ = import_graph(sources)
+    bench_graph = {name: {t for t in targets if t.startswith("bench")}
+                   for name, targets in graph.items() if name.startswith("bench")}
+    assert not find_cycle(bench_graph), f"import circle in bench/: {' -> '.join(find_cycle(bench_graph))}"
+    upward = [f"{name} imports {target}" for name, targets in graph.items() if not name.startswith("bench")
+              for target in targets if target.startswith("bench")]
+    assert not upward, f"shardio / preprocess import bench/: {upward}"
+    assert any(t.startswith("shardio") for name in bench_graph for t in graph[name]), "bench/ was not read"
