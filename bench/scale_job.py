@@ -47,7 +47,7 @@ from preprocess.config import JobConfig
 from preprocess.versions import library_versions
 from preprocess.worker import shard_stem
 from shardio.format import InputEntry, Manifest, ShardEntry, npy_header
-from shardio.format.checksum import WRITE_ALGORITHM, new_hasher
+from shardio.store.checksum import WRITE_ALGORITHM, new_hasher
 from shardio.write.shard_writer import write_manifest
 
 __all__ = ["make_committed_inputs", "CONFIG", "main"]

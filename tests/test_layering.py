@@ -301,6 +301,16 @@ def test_shardio_and_preprocess_have_no_import_circle():
                    for name, targets in graph.items()), "shardio imports preprocess"
 
 
+def test_storage_is_the_lower_layer():
+    """``shardio.store`` imports only the exception tree and itself: the format, the writer and the reader
+    sit on it (the checksums a manifest names are storage's, ``shardio/store/checksum.py``)."""
+    graph, _ = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
+    upward = [f"{name} imports {target}" for name, targets in graph.items() if name.startswith("shardio.store")
+              for target in targets
+              if target not in ("shardio.errors", "shardio.store") and not target.startswith("shardio.store.")]
+    assert not upward, f"shardio.store imports above itself: {upward}"
+
+
 def test_no_first_party_import_is_hidden_in_a_function():
     _, lazy = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
     hidden = [f"{name}:{line} imports {target}" for name, target, line in lazy

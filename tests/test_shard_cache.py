@@ -25,7 +25,7 @@ import pytest
 from shardio.read import shard_cache
 from shardio.read.cache_dir import CachedShard
 from shardio.read.cache_setup import parse_size
-from shardio.format.checksum import new_hasher
+from shardio.store.checksum import new_hasher
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 from shardio.format.manifests import load_manifest

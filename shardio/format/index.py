@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
+from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.spec import (
     FORMAT_NAME,
     INDEX_DIR,

@@ -27,7 +27,7 @@ from typing import Any, overload
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
+from shardio.store.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.spec import InputEntry, ShardEntry, check_dataset_path
 
 __all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "check_segment", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]

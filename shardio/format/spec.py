@@ -237,7 +237,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    disk for the readers of older generations until the retention below collects them
 =================  ======================================================================================
 
-Checksums (``shardio.format.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
+Checksums (``shardio.store.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
 truncation, which is what the manifest's digests are for, not tampering (who can rewrite a shard can rewrite
 the manifest). It costs ~0.003 ms per 196 KB image against 0.11 ms for sha256, and a stranger checks a
 shard with a standard tool: ``xxh128sum shards/NAME.npy`` (package ``xxhash``) prints the manifest's
@@ -348,7 +348,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shardio.format.checksum import ALGORITHMS, SHA256
+from shardio.store.checksum import ALGORITHMS, SHA256
 from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.errors import ShardFormatError, ShardIntegrityError
 
@@ -658,7 +658,7 @@ _ENTRY_KEYS = ("path", "meta_path", "samples", "bytes", "meta_bytes", "input")
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard as the manifest records it. ``checksum`` / ``meta_checksum``: hex digests of the whole
-    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.format.checksum``); in the manifest's JSON
+    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.store.checksum``); in the manifest's JSON
     they sit under keys named by it (``to_json`` / ``from_json``)."""
 
     path: str
