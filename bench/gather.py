@@ -227,7 +227,8 @@ def _print(result: dict[str, Any]) -> None:
         print(f"{indent + name:24}" + "".join(cells))
     cold = result.get("cold_batch_ms")
     if cold:
-        print(f"a cold batch of {result['batch']} (not in the page cache): {cold['page faults']:.0f} ms by page faults, "
+        print(f"a cold batch of {result['batch']} (not in the page cache): "
+              f"{cold['page faults']:.0f} ms by page faults, "
               f"{cold['read-ahead first']:.0f} ms with the read-ahead first")
     verdict = "meets" if result["default_meets_target"] else "MISSES"
     print(f"default shuffled / np.copyto {result['rows'][DEFAULT]['of copyto']:.2f}: {verdict} the target "

@@ -9,9 +9,9 @@ permutation, and Mosaic Streaming's py1e (``py1e`` below) at its default block o
 Speed: ``ShardDataset`` epochs over 64 shards × 32 random 256×256 images (403 MB, page cache warm),
 every batch copied once more into a reused buffer (what pinning does), against ``np.copyto`` of the same
 bytes; ``--fresh`` reads each epoch with a new dataset, so every shard is mapped once an epoch, as in a
-dataset larger than the maps a reader keeps open. The machine is shared, so each round times copyto and every setting back to back, and the ratio
-of each round is taken before the median (min-max shown); ``best`` is the fastest epoch over the fastest
-copy, and ``samples/s`` the fastest epoch's.
+dataset larger than the maps a reader keeps open. The machine is shared, so each round times copyto and every
+setting back to back, and the ratio of each round is taken before the median (min-max shown); ``best`` is the
+fastest epoch over the fastest copy, and ``samples/s`` the fastest epoch's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Each responsibility has one owner (that ``shardio`` imports nothing of preprocess / Ray / Pillow / YAML /
-typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset directory itself (only
-``shardio.write.directory`` and the writer it stages for do); every exception is in the one tree of
-``shardio.errors``, and the exit codes derive from it."""
+typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset
+directory itself (only ``shardio.write.directory`` and the writer it stages for do); every exception is in the
+one tree of ``shardio.errors``, and the exit codes derive from it."""
 
 from __future__ import annotations
 

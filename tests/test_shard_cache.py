@@ -1,5 +1,5 @@
-"""The reader's shard cache (shardio/read/shard_cache.py, shardio/read/cache_dir.py) against a local folder posing as the store: a small
-fake that counts downloads and samples the cache directory's size at every one.
+"""The reader's shard cache (shardio/read/shard_cache.py, shardio/read/cache_dir.py) against a local folder
+posing as the store: a small fake that counts downloads and samples the cache directory's size at every one.
 
 What is checked: bytes identical to the local shards; each shard downloaded once when the limit allows;
 the eviction is Belady's (a sequence where LRU would evict the other shard); the directory never holds
