@@ -121,8 +121,9 @@ def main() -> None:
         print(f"{len(paths)} segments, {rows} shard rows, {sizes / 2**20:.1f} MB", flush=True)
         results = {}
         for way in ("old", "new"):
-            runs = [json.loads(subprocess.run([sys.executable, "-m", "bench.compaction", "--measure", way, trace, *paths],
-                                              check=True, capture_output=True, text=True).stdout)
+            runs = [json.loads(subprocess.run(
+                        [sys.executable, "-m", "bench.compaction", "--measure", way, trace, *paths],
+                        check=True, capture_output=True, text=True).stdout)
                     for trace in ("0", "1")]
             results[way] = {**runs[0], "traced_peak_mb": runs[1]["traced_peak_mb"]}
             r = results[way]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.reader import BATCH, _Numpy, build, copy_batches, warm
+from bench.copy_baseline import BATCH, InMemoryImage, build, copy_batches, warm
 from shardio import ShardDataset
 from shardio.read import batches as batch_module
 from shardio.read import gather as gather_module
@@ -125,7 +125,7 @@ def measure(directory: str, rounds: int, threads: list[int]) -> dict[str, Any]:
     arrays = warm(directory)
     whole = np.concatenate(arrays)
     out = np.empty((BATCH, *whole.shape[1:]), np.uint8)
-    in_memory = [{"image": _Numpy(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
+    in_memory = [{"image": InMemoryImage(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
     rows = rows_to_measure(threads)
     datasets = {name: ShardDataset(directory, BATCH, **row.settings) for name, row in rows.items()}
 
@@ -227,7 +227,8 @@ def _print(result: dict[str, Any]) -> None:
         print(f"{indent + name:24}" + "".join(cells))
     cold = result.get("cold_batch_ms")
     if cold:
-        print(f"a cold batch of {result['batch']} (not in the page cache): {cold['page faults']:.0f} ms by page faults, "
+        print(f"a cold batch of {result['batch']} (not in the page cache): "
+              f"{cold['page faults']:.0f} ms by page faults, "
               f"{cold['read-ahead first']:.0f} ms with the read-ahead first")
     verdict = "meets" if result["default_meets_target"] else "MISSES"
     print(f"default shuffled / np.copyto {result['rows'][DEFAULT]['of copyto']:.2f}: {verdict} the target "

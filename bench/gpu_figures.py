@@ -214,8 +214,9 @@ def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: 
     return out
 
 
-def _wait_share(batches: Iterator[tuple[dict[str, Any], bool]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                device: torch.device, warmup: int, steps: int, batch: int, sync_every: int) -> dict[str, Any]:
+def _wait_share(batches: Iterator[tuple[dict[str, Any], bool]],
+                step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device, warmup: int,
+                steps: int, batch: int, sync_every: int) -> dict[str, Any]:
     from shardio.read import prefetch
 
     waits, totals, queue_waits = [], [], []
@@ -237,9 +238,10 @@ def _wait_share(batches: Iterator[tuple[dict[str, Any], bool]], step: Callable[[
         prefetch.Prefetcher.get = real_get  # type: ignore[method-assign]
 
 
-def _wait_loop(batches: Iterator[tuple[dict[str, Any], bool]], step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-               device: torch.device, warmup: int, steps: int, batch: int, sync_every: int, waits: list,
-               totals: list, queue_waits: list, in_get: list) -> dict[str, Any]:
+def _wait_loop(batches: Iterator[tuple[dict[str, Any], bool]],
+               step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device: torch.device, warmup: int,
+               steps: int, batch: int, sync_every: int, waits: list, totals: list, queue_waits: list,
+               in_get: list) -> dict[str, Any]:
     firsts = []
     for index in range(warmup + steps):
         in_get[0] = 0.0

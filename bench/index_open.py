@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         local = os.path.join(root, "ds")
         write_index(local, args.shards, buckets=args.buckets)
-        index_bytes = sum(os.path.getsize(os.path.join(local, "index", n)) for n in os.listdir(os.path.join(local, "index")))
+        index_dir = os.path.join(local, "index")
+        index_bytes = sum(os.path.getsize(os.path.join(index_dir, n)) for n in os.listdir(index_dir))
         url = CloudBucket(server, server.new_bucket()).upload_dir(local)
         cache = os.path.join(root, "cache")
         runs = [subprocess.Popen([sys.executable, "-c", _OPEN, url, cache], stdout=subprocess.PIPE, text=True)

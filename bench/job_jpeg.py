@@ -127,7 +127,8 @@ def summary_line(r: dict[str, Any]) -> str:
             f"{q['bytes_per_image'] / 1e3:.1f} KB vs {q['raw_bytes_per_image'] / 1e3:.1f} KB an image, PSNR median "
             f"{score['median']} dB, p5 {score['p5']} dB, min {score['min']} dB, max abs error {q['max_abs_error']} "
             f"({q['images']} images)" + (
-                f"; one worker's CPU per image {cpu['jpeg_cpu_ms_per_image']:.2f} vs {cpu['raw_cpu_ms_per_image']:.2f} ms "
+                f"; one worker's CPU per image {cpu['jpeg_cpu_ms_per_image']:.2f} "
+                f"vs {cpu['raw_cpu_ms_per_image']:.2f} ms "
                 f"(raw / jpeg {cpu['ratio']:.3f})" if (cpu := r.get("worker_cpu")) else ""))
 
 

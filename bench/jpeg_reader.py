@@ -115,7 +115,8 @@ def print_cpu(result: dict[str, Any]) -> None:
     cores = result["cores"]
     rows = [("(a) single-core decode (libjpeg-turbo, 1 thread)", result["single_core_decode_per_s"], ""),
             (f"(a') batch decode alone, {cores} threads", result["all_core_decode_per_s"],
-             f"(a') / ({cores} x a) = {result['all_core_decode_per_s'] / (cores * result['single_core_decode_per_s']):.2f}"),
+             f"(a') / ({cores} x a) = "
+             f"{result['all_core_decode_per_s'] / (cores * result['single_core_decode_per_s']):.2f}"),
             (f"(b) jpeg reader, {cores} cores", result["jpeg_reader_per_s"],
              f"(b) / ({cores} x a) = {result['efficiency']:.2f} (goal >= {GOAL}); (b) / (a') = "
              f"{result['reader_over_decode']:.2f}"),

@@ -37,7 +37,7 @@ from typing import Any
 from bench.corpus import CorpusSpec, build_corpus
 from bench.job_bench import ForeignLoad
 from bench.peer_venv import ensure_peer_venv
-from bench.reader import build
+from bench.copy_baseline import build
 from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_get
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows
@@ -136,7 +136,8 @@ def peer_row(runs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     row["write_s"] = next((r.get("write_s") for r in runs.values() if r.get("write_s")), None)
     row["cold"] = {**done[cold]["epochs"][0], "workers": int(cold)}
     row["warm"] = {**done[warm]["warm"], "workers": int(warm)}
-    tried = "; ".join(f"{w}: cold {r['epochs'][0]['samples/s']:.0f} (first batch {r['epochs'][0]['first_batch_s']:.1f} s)"
+    tried = "; ".join(f"{w}: cold {r['epochs'][0]['samples/s']:.0f} "
+                      f"(first batch {r['epochs'][0]['first_batch_s']:.1f} s)"
                       f", warm {r['warm']['samples/s']:.0f}" if "epochs" in r else f"{w}: failed"
                       for w, r in runs.items())
     row["setting"] += f"; best of DataLoader workers ({tried})"
@@ -267,8 +268,9 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                            + (f"; the S3 server itself took {job['server_cpu_share']:.0%} of the machine's CPU "
                               "during the S3 runs" if job.get("server_cpu_share") is not None else "")))
         if job.get("s3 / local, server CPU excluded") is not None:
-            out.append(_figure("job S3 / local, scaled to the CPU the server left", job["s3 / local, server CPU excluded"],
-                               None, detail="s3 / local divided by (1 - server share): what the job reached on the "
+            out.append(_figure("job S3 / local, scaled to the CPU the server left",
+                               job["s3 / local, server CPU excluded"], None,
+                               detail="s3 / local divided by (1 - server share): what the job reached on the "
                                "cores it had"))
     else:
         out.append(_figure("job, S3 in and out / local disk", None, 0.85,

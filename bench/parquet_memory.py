@@ -5,8 +5,8 @@
 Writes a Parquet file of ``--gb`` GB of 300 KB image cells (random bytes: the reader hands cells over
 undecoded, so this measures the reading alone) in row groups of ``--row-group-mb`` MB, then walks every
 sample with ``preprocess.parquet_samples.iter_parquet_samples`` in a fresh process and reports the largest
-RSS seen while reading (sampled at each sample) against the file's size. The file is written to ``$SHARDIO_SCRATCH`` (else the temp dir)
-and removed.
+RSS seen while reading (sampled at each sample) against the file's size. The file is written to
+``$SHARDIO_SCRATCH`` (else the temp dir) and removed.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ next to each other (sequential 1.0, a full shuffle ~0); ``shards/batch``: distin
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util
 import json
 import os
@@ -41,44 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import gather, reader_buckets
+from bench.copy_baseline import BATCH, SAMPLES_PER_SHARD, SHARDS, SIDE, InMemoryImage, build, copy_batches, warm
 from shardio import DeviceLoader, ShardDataset, ShardLoader
-from shardio.format import InputEntry, Manifest
 from shardio.read.order import DEFAULT_SHUFFLE_BLOCK, DEFAULT_SHUFFLE_WINDOW
-from shardio.write.shard_writer import InputShardWriter, write_manifest
 
-SIDE = 256
-SHARDS = 8
-SAMPLES_PER_SHARD = 256
-BATCH = 256
 ROUNDS = 5
 # (window, block); the first is the default (make bench's "reader shuffled" row); a window over the shard
 # count is "all shards"; (8, 16) was the default before order version 2
 SHUFFLES = [(DEFAULT_SHUFFLE_WINDOW, DEFAULT_SHUFFLE_BLOCK), (8, 16), (8, 64), (8, 4), (8, 1), (1, 16),
             (SHARDS * 4, 16)]
-
-
-def build(directory: str, shards: int = SHARDS, samples_per_shard: int = SAMPLES_PER_SHARD,
-          side: int = SIDE) -> str:
-    """Random-byte shards via the writer (pixels' content does not matter to a copy)."""
-    if os.path.exists(os.path.join(directory, "manifest.json")):
-        return directory
-    rng = np.random.default_rng(0)
-    manifest = Manifest(shape=(side, side, 3), config={"height": side, "width": side}, versions={})
-    writer = InputShardWriter(directory, "bench", side, side, samples_per_shard)
-    for i in range(shards * samples_per_shard):
-        pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
-        writer.add(pixels, {"key": f"{i:07d}", "cls": i % 1000}, "bench.tar")
-    manifest.shards = writer.close("bench.tar")
-    manifest.inputs["bench.tar"] = InputEntry(0, 0, shards * samples_per_shard, 0,
-                                              [e.path for e in manifest.shards])
-    write_manifest(directory, manifest)
-    return directory
-
-
-def warm(directory: str) -> list[np.ndarray]:
-    """Read every shard (page cache warm) and return the pixels as in-memory arrays, for copyto."""
-    paths = sorted(glob.glob(os.path.join(directory, "shards", "*.npy")))
-    return [np.load(p) for p in paths]
 
 
 def timed(fn, rounds: int = ROUNDS) -> float:
@@ -90,15 +61,6 @@ def timed(fn, rounds: int = ROUNDS) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def copy_batches(batches, out: np.ndarray) -> int:
-    samples = 0
-    for batch in batches:
-        image = batch["image"].numpy()
-        np.copyto(out[: len(image)], image)
-        samples += len(image)
-    return samples
 
 
 def to_cuda(ds: ShardDataset) -> int:
@@ -155,14 +117,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args_given = sys.argv[1:] if argv is None else argv
     if "--buckets" in args_given:
         # A bucketed dataset against the centre-crop one of the same budget (bench/reader_buckets.py).
-        from bench import reader_buckets
-
         return reader_buckets.main([a for a in args_given if a != "--buckets"])
     if "--shuffled-gather" in args_given:
-        # The default shuffled read beside sequential and the old default (bench/gather.py, which builds
-        # on this module: imported here, when asked for).
-        from bench import gather
-
+        # The default shuffled read beside sequential and the old default (bench/gather.py).
         return gather.main([a for a in args_given if a != "--shuffled-gather"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", help="dataset dir to create/reuse (default: a temp dir)")
@@ -177,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         arrays = warm(directory)
         total = sum(a.nbytes for a in arrays)
         out = np.empty((BATCH, *arrays[0].shape[1:]), np.uint8)
-        in_memory = [{"image": _Numpy(a[i : i + BATCH])} for a in arrays for i in range(0, len(a), BATCH)]
+        in_memory = [{"image": InMemoryImage(a[i : i + BATCH])} for a in arrays for i in range(0, len(a), BATCH)]
         rows: dict[str, dict[str, float]] = {}
 
         def row(name: str, seconds: float, samples: int, **extra: float) -> None:
@@ -217,16 +174,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["default_shuffle_over_webdataset"] = rows["shuffle w=8 b=16"]["samples/s"] / baseline
     _print(result)
     return result
-
-
-class _Numpy:
-    """Stands in for a tensor in the copyto rows: the same ``.numpy()`` call, no torch in the timing."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def numpy(self) -> np.ndarray:
-        return self.array
 
 
 def _print(result: dict[str, Any]) -> None:

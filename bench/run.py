@@ -448,7 +448,8 @@ def measure_job_floor(args: argparse.Namespace) -> dict[str, Any]:
     images = read_images(corpus.tars)
     with PathPool(images, cfg, cores) as pool, local_ray(cores) as session:
         del images
-        _log(f"{args.rounds} rounds of: job on {cores} and {len(corpus.tars)} tars between floor measurements ({cores} processes)")
+        _log(f"{args.rounds} rounds of: job on {cores} and {len(corpus.tars)} tars between floor measurements "
+             f"({cores} processes)")
         results["job_floor"] = job_floor_rounds(
             pool, corpus.tars[:cores], corpus.tars, runs, cfg, args.rounds, log=_log
         )

@@ -117,5 +117,6 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
             # The S3 server runs on the job's own cores here (on a real deployment it is elsewhere): the
             # share of the machine it took during the S3 runs is CPU the job could not use.
             result["server_cpu_share"] = round(share, 3)
-            result["s3 / local, server CPU excluded"] = round(result["s3 / local"] / (1 - share), 3) if share < 1 else None
+            result["s3 / local, server CPU excluded"] = (round(result["s3 / local"] / (1 - share), 3) if share < 1
+                                                         else None)
     return result

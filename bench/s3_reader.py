@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.job_bench import _Sampler
-from bench.reader import copy_batches
+from bench.copy_baseline import copy_batches
 from shardio.errors import ShardioError
 
 # What the S3 reader raises when it cannot serve these rows (shardio's tree: a cache_limit it refuses, a

@@ -112,7 +112,8 @@ def open_cost(directory: str) -> dict:
     object per shard and input: what a run loaded before)."""
     out = {}
     for kind, prefix in (("index", ""), ("run", "run_"), ("manifest", "manifest_")):
-        done = subprocess.run([sys.executable, "-c", _OPEN, directory, kind], capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, "-c", _OPEN, directory, kind], capture_output=True, text=True,
+                              check=True)
         row = json.loads(done.stdout)
         out.update({f"{prefix}open_s": row["open_s"], f"{prefix}rss_mb": row["rss_mb"]})
     return out
@@ -130,7 +131,8 @@ def measure(directory: str, shards: int, per_commit: int) -> dict:
     index = os.path.getsize(os.path.join(directory, "manifest.json")) + sum(s["bytes"] for s in root["segments"])
     on_disk = sum(size for size, _ in files.values())
     return {"shards": shards, "commits": -(-shards // per_commit) + 1, "build_s": round(build_s, 2),
-            "append_bytes": written, "append_s": round(wall, 4), "committer_setup_s": round(setup, 4), "index_bytes": index, "on_disk_bytes": on_disk,
+            "append_bytes": written, "append_s": round(wall, 4), "committer_setup_s": round(setup, 4),
+            "index_bytes": index, "on_disk_bytes": on_disk,
             "on_disk_ratio": round(on_disk / index, 2), "segments": len(root["segments"]),
             "kept_generations": len(collected.kept_generations), **open_cost(directory)}
 
@@ -150,10 +152,12 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     small = rows[0]
     for row in rows[1:]:
-        print(f"{row['shards']} vs {small['shards']} shards: append bytes x{row['append_bytes'] / small['append_bytes']:.2f}, "
+        print(f"{row['shards']} vs {small['shards']} shards: append bytes "
+              f"x{row['append_bytes'] / small['append_bytes']:.2f}, "
               f"append wall x{row['append_s'] / small['append_s']:.2f}, on disk / index {row['on_disk_ratio']}, "
               f"reader open {row['open_s']:.3f} s / {row['rss_mb']:.1f} MB, run's load {row['run_open_s']:.3f} s / "
-              f"{row['run_rss_mb']:.1f} MB (load_manifest {row['manifest_open_s']:.3f} s / {row['manifest_rss_mb']:.1f} MB)")
+              f"{row['run_rss_mb']:.1f} MB (load_manifest {row['manifest_open_s']:.3f} s / "
+              f"{row['manifest_rss_mb']:.1f} MB)")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)

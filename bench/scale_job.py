@@ -47,7 +47,7 @@ from preprocess.config import JobConfig
 from preprocess.versions import library_versions
 from preprocess.worker import shard_stem
 from shardio.format import InputEntry, Manifest, ShardEntry, npy_header
-from shardio.format.checksum import WRITE_ALGORITHM, new_hasher
+from shardio.store.checksum import WRITE_ALGORITHM, new_hasher
 from shardio.write.shard_writer import write_manifest
 
 __all__ = ["make_committed_inputs", "CONFIG", "main"]
@@ -213,7 +213,8 @@ def _child_append(root: str, inputs: int = 10) -> dict[str, Any]:
             for rel, data in ((f"shards/{stem}-00000.npy", pixels), (f"shards/{stem}-00000.jsonl", meta)):
                 with open(os.path.join(dataset, rel), "wb") as f:
                     f.write(data)
-            fold_result(run.report, committer, InputResult(path, fingerprint.size, fingerprint.mtime_ns, samples=1, shards=[{
+            fold_result(run.report, committer, InputResult(path, fingerprint.size, fingerprint.mtime_ns, samples=1,
+                                                           shards=[{
                 "path": f"shards/{stem}-00000.npy", "meta_path": f"shards/{stem}-00000.jsonl", "samples": 1,
                 "bytes": len(pixels), "checksum": _digest(pixels), "meta_bytes": len(meta),
                 "meta_checksum": _digest(meta), "input": path, "checksum_algorithm": WRITE_ALGORITHM}],
@@ -227,7 +228,8 @@ def _child_append(root: str, inputs: int = 10) -> dict[str, Any]:
     wall = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if len(report.inputs_processed) != inputs:
-        raise RuntimeError(f"expected {inputs} processed, got {len(report.inputs_processed)}: {report.inputs_failed[:3]}")
+        raise RuntimeError(f"expected {inputs} processed, got {len(report.inputs_processed)}: "
+                           f"{report.inputs_failed[:3]}")
     return {"wall_s": round(wall, 3), "rss_over_start_mb": round(max(0, peak - before) / 1e6, 1),
             "skipped": report.inputs_skipped_count}
 
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--synthetic", default="",
                         help="INPUTS:K: 'append' on a synthetic index of INPUTS x K shards (230000:10: LAION-2B-en)")
     parser.add_argument("--shard-curve", default="",
-                        help="INPUTS:K1,K2,...: 'append' on INPUTS committed inputs of K shards each (e.g. 3000:1,10,100)")
+                        help="INPUTS:K1,K2,...: 'append' on INPUTS committed inputs of K shards each (e.g. "
+                             "3000:1,10,100)")
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

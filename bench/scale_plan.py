@@ -6,9 +6,9 @@ imported and the counts exist: the index's part is not in the figure):
 - **plan**: synthetic per-shard counts (``--sizes`` shards of 1,000 samples, no files), rank 0 of 64,
   batches of 256, order version 2 with the default window and block. ``first``: the plan made and the
   first batch's pieces; ``whole``: every batch of the rank's epoch, piece by piece (up to
-  ``--whole-up-to`` shards, default 300k: 2.3M shards are 140k batches and 8,985 windows, minutes). ``eager`` is the plan before
-  it was lazy (``epoch_runs`` + ``run_pieces``), up to ``--eager-up-to`` shards (default 300: at 30k
-  shards it took 29.9 s and 3.26 GB here, too much to run beside other work).
+  ``--whole-up-to`` shards, default 300k: 2.3M shards are 140k batches and 8,985 windows, minutes). ``eager``
+  is the plan before it was lazy (``epoch_runs`` + ``run_pieces``), up to ``--eager-up-to`` shards (default
+  300: at 30k shards it took 29.9 s and 3.26 GB here, too much to run beside other work).
 - **dataset**: ``ShardDataset(path, 256, shuffle=True)`` opened and its first batch taken, on datasets of
   1x1-pixel samples in shards of 1,000 made with the writer (``--dataset-samples``; 1M in ~10 s, kept in
   ``bench/out/scale_plan``), with the plan's share (``plan``: ``ds.plan`` + the first batch's pieces).

@@ -9,9 +9,9 @@ permutation, and Mosaic Streaming's py1e (``py1e`` below) at its default block o
 Speed: ``ShardDataset`` epochs over 64 shards × 32 random 256×256 images (403 MB, page cache warm),
 every batch copied once more into a reused buffer (what pinning does), against ``np.copyto`` of the same
 bytes; ``--fresh`` reads each epoch with a new dataset, so every shard is mapped once an epoch, as in a
-dataset larger than the maps a reader keeps open. The machine is shared, so each round times copyto and every setting back to back, and the ratio
-of each round is taken before the median (min-max shown); ``best`` is the fastest epoch over the fastest
-copy, and ``samples/s`` the fastest epoch's.
+dataset larger than the maps a reader keeps open. The machine is shared, so each round times copyto and every
+setting back to back, and the ratio of each round is taken before the median (min-max shown); ``best`` is the
+fastest epoch over the fastest copy, and ``samples/s`` the fastest epoch's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.reader import BATCH, build, copy_batches, warm, _Numpy
+from bench.copy_baseline import BATCH, InMemoryImage, build, copy_batches, warm
 from shardio import ShardDataset
 from shardio.read.order import epoch_runs
 from shardio.read.shuffle_quality import permutation_quality, runs_order, shuffle_quality
@@ -89,7 +89,7 @@ def speed_rows(directory: str, rounds: int, fresh: bool) -> dict[str, dict[str, 
     arrays = warm(directory)
     out = np.empty((BATCH, *arrays[0].shape[1:]), np.uint8)
     whole = np.concatenate(arrays)  # in-memory batches of 256 for copyto (the shards hold 32 each)
-    in_memory = [{"image": _Numpy(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
+    in_memory = [{"image": InMemoryImage(whole[i : i + BATCH])} for i in range(0, len(whole), BATCH)]
     samples = len(whole)
     settings: dict[str, dict[str, Any]] = {"sequential": {}}
     for version, window, block in SPEED_SETTINGS:

@@ -103,7 +103,8 @@ def main() -> None:
               "pixels identical across sources")
         for name in sources:
             ratios = [r / t for r, t in zip(rates[name], rates["tar"])]
-            print(f"  {name:8s} {statistics.median(rates[name]):7.1f} images/s   / tar: {statistics.median(ratios):.3f} "
+            print(f"  {name:8s} {statistics.median(rates[name]):7.1f} images/s   "
+                  f"/ tar: {statistics.median(ratios):.3f} "
                   f"(rounds {min(ratios):.3f}-{max(ratios):.3f})")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -92,9 +92,11 @@ def write_index(directory: str, shards: int, per_input: int = 10, samples: int =
     config = config or {"height": 2, "width": 2}
     shape = [int(config.get("height", 2)), int(config.get("width", 2)), 3]
     root = {"format": FORMAT_NAME, "format_version": dataset_format_version(config), "layout": "NHWC",
-            "dtype": "uint8", "shape": shape, **({"buckets": shapes} if buckets else {}), "samples": shards * samples, "shard_count": shards, "input_count": inputs,
+            "dtype": "uint8", "shape": shape, **({"buckets": shapes} if buckets else {}),
+            "samples": shards * samples, "shard_count": shards, "input_count": inputs,
             "bytes": int(arrays["shard_bytes"].sum()), "meta_bytes": int(arrays["shard_meta_bytes"].sum()),
-            "failed": 0, "config": config, "config_hash": config_hash(config), "versions": versions or {}, "updated": "",
+            "failed": 0, "config": config, "config_hash": config_hash(config), "versions": versions or {},
+            "updated": "",
             "generation": 1, "segments": [{"path": rel, "bytes": len(data), "shards": shards, "inputs": inputs,
                                            "removed": 0, "samples": shards * samples}], "retired": []}
     with open(os.path.join(directory, MANIFEST_NAME), "w") as f:

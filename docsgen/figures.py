@@ -139,7 +139,8 @@ def gpu_section(path: Path = GPU_RESULTS) -> str:
     rows = ["| figure | measured |", "|---|---|"]
     counts = g.get("cuda_tests", {}).get("counts", {})
     if counts:
-        rows.append(f"| CUDA tests (`pytest -m cuda`) | {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed |")
+        rows.append(f"| CUDA tests (`pytest -m cuda`) | {counts.get('passed', 0)} passed, "
+                    f"{counts.get('failed', 0)} failed |")
     for row in g.get("stream_safety", {}).get("rows", []):
         rows.append(f"| stream safety, {row['decoder']}, JPEG {row['jpeg']} | {row['corrupted']} of {row['trials']} "
                     "trials corrupted |")
@@ -157,10 +158,11 @@ def gpu_section(path: Path = GPU_RESULTS) -> str:
         if name in step:
             rows.append(f"| ResNet-50 step ({step['batch']} at {step['size']}²), share of step time waiting for "
                         f"data, {name} | {step[name]['wait_share']:.1%} |")
+    machine = f"{env.get('card', 'n/a')} with {env.get('cpu_count', 'n/a')} cores, torch {env.get('torch', 'n/a')}"
     return f"""
 ## The GPU path
 
 `make gpu-check` on a GPU machine (`bench/gpu_check.py`; full tables in `bench/gpu_check.md`). Run of
-{env.get('date', 'n/a')} on {env.get('card', 'n/a')} with {env.get('cpu_count', 'n/a')} cores, torch {env.get('torch', 'n/a')}:
+{env.get('date', 'n/a')} on {machine}:
 
 """ + "\n".join(rows) + "\n"

@@ -187,8 +187,8 @@ def cli_page() -> str:
         out += [f"## {program}", "", _clean_help(group.help), "",
                 f"Options of the command itself: {globals_}, `{program} --help`." if globals_ else "", ""]
         for name, command in group.commands.items():
-            out += [f"### {program} {name}", "", _clean_help(command.help), "", "| argument or option | default | meaning |",
-                    "|---|---|---|"]
+            out += [f"### {program} {name}", "", _clean_help(command.help), "",
+                    "| argument or option | default | meaning |", "|---|---|---|"]
             for param in command.params:
                 if param.param_type_name == "argument":
                     label = f"`{param.name.upper()}`" + ("..." if param.nargs == -1 else "")

@@ -174,11 +174,13 @@ def _summary(report: RunReport, report_path: str) -> None:
     say(f"samples written {report.samples_written} ({report.samples_upscaled} upscaled), "
         f"failed {report.samples_failed}; "
         f"inputs processed {len(report.inputs_processed)}, skipped {report.inputs_skipped_count}, "
-        f"failed {len(report.inputs_failed)}" + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
+        f"failed {len(report.inputs_failed)}"
+        + (f", pruned {len(report.inputs_pruned)}" if report.inputs_pruned else "")
         + (f", ignored {len(report.inputs_ignored)} non-tar file(s)" if report.inputs_ignored else "")
         + (f"; {sum(entry['files'] for entry in report.files_ignored)} file(s) of folders ignored (files_ignored "
            "in the report)" if report.files_ignored else ""))
-    steady = f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)" if report.startup_s else ""
+    steady = (f" ({report.processing_images_per_s:.1f}/s after {report.startup_s:.1f} s start-up)"
+              if report.startup_s else "")
     say(f"{report.elapsed_s:.1f} s, {report.images_per_s:.1f} images/s{steady}; dataset now holds "
         f"{report.dataset_samples} samples in {report.output}")
     if report.samples_per_bucket:  # the order of the dataset's bucket list, as `shardio info` shows it
@@ -240,37 +242,82 @@ def _close_log(event_log: EventLogger | None, report: RunReport | None = None, e
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="Tar or Parquet files, local or s3:// / gs:// / az:// URLs, globs ('data/*.tar', 's3://b/hf/*.parquet') or brace ranges ('data/{00000..00099}.tar'), or folders of images (local, or a bucket prefix: 's3://b/photos/').")],
+    inputs: Annotated[list[str], typer.Argument(
+        help="Tar or Parquet files, local or s3:// / gs:// / az:// URLs, globs ('data/*.tar', "
+             "'s3://b/hf/*.parquet') or brace ranges ('data/{00000..00099}.tar'), or folders "
+             "of images (local, or a bucket prefix: 's3://b/photos/').")],
     # str, not Path: pathlib turns s3://bucket/x into s3:/bucket/x, a local folder (a URL must stay a URL).
-    output: Annotated[str, typer.Option("--output", "-o", help="Dataset directory, or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX (created, or appended to).")],
+    output: Annotated[str, typer.Option(
+        "--output", "-o",
+        help="Dataset directory, or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX "
+             "or az://CONTAINER/PREFIX (created, or appended to).")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
     size: Annotated[Optional[int], typer.Option(help="Square output: height = width = SIZE.")] = None,
     height: Annotated[Optional[int], typer.Option(help="Output height.")] = None,
     width: Annotated[Optional[int], typer.Option(help="Output width.")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="center_crop | pad | stretch | bucket (aspect-ratio buckets near the height x width budget).")] = None,
-    bucket_step: Annotated[Optional[int], typer.Option(help="mode bucket: sides of the derived buckets are multiples of this (default 16).")] = None,
-    bucket_max_ratio: Annotated[Optional[float], typer.Option(help="mode bucket: largest long/short side of a derived bucket (default 3.0).")] = None,
-    resample: Annotated[Optional[str], typer.Option(help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
-    samples_per_shard: Annotated[Optional[int], typer.Option(help="Samples per shard file (the last one per input is partial).")] = None,
-    encoding: Annotated[Optional[str], typer.Option(help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~24 KB, decoded by the reader).")] = None,
+    mode: Annotated[Optional[str], typer.Option(
+        help="center_crop | pad | stretch | bucket (aspect-ratio buckets near the height x width budget).")] = None,
+    bucket_step: Annotated[Optional[int], typer.Option(
+        help="mode bucket: sides of the derived buckets are multiples of this (default 16).")] = None,
+    bucket_max_ratio: Annotated[Optional[float], typer.Option(
+        help="mode bucket: largest long/short side of a derived bucket (default 3.0).")] = None,
+    resample: Annotated[Optional[str], typer.Option(
+        help="Resize filter: nearest|box|bilinear|hamming|bicubic|lanczos.")] = None,
+    samples_per_shard: Annotated[Optional[int], typer.Option(
+        help="Samples per shard file (the last one per input is partial).")] = None,
+    encoding: Annotated[Optional[str], typer.Option(
+        help="How shards hold pixels: raw (default; 196 KB an image "
+             "at 256²) | jpeg (~24 KB, decoded by the reader).")] = None,
     quality: Annotated[Optional[int], typer.Option(help="JPEG quality 1-100 (encoding jpeg; default 90).")] = None,
-    subsampling: Annotated[Optional[str], typer.Option(help="JPEG chroma subsampling 4:4:4 | 4:2:0 (encoding jpeg; default 4:4:4).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs (default: all cores). Ignored with --ray-address.")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster (HOST:PORT, ray://HOST:PORT, auto).")] = None,
-    report: Annotated[Optional[Path], typer.Option(help="Also write the JSON report here (always kept in OUTPUT/reports/).")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="If another run holds OUTPUT, wait for it instead of exiting.")] = False,
+    subsampling: Annotated[Optional[str], typer.Option(
+        help="JPEG chroma subsampling 4:4:4 | 4:2:0 (encoding jpeg; default 4:4:4).")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        help="Local Ray CPUs (default: all cores). Ignored with --ray-address.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        envvar="RAY_ADDRESS",
+        help="Join this Ray cluster (HOST:PORT, ray://HOST:PORT, auto).")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        help="Also write the JSON report here (always kept in OUTPUT/reports/).")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait",
+        help="If another run holds OUTPUT, wait for it instead of exiting.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="Drop committed inputs that are not among INPUTS.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
-    log_format: Annotated[Optional[str], typer.Option(help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
-    log_file: Annotated[Optional[Path], typer.Option(help="Append the structured log to this file (format: --log-format, default human).")] = None,
-    progress_interval: Annotated[float, typer.Option(min=0, help="Seconds between progress records in the log, and progress lines when stderr is not a terminal (samples, images/s, ETA, the running inputs).")] = PROGRESS_INTERVAL_S,
-    strict_versions: Annotated[bool, typer.Option("--strict-versions", help="Refuse (exit 2) to append with a Pillow / libjpeg-turbo other than the dataset's; default: warn.")] = False,
-    confirm_large_prune: Annotated[bool, typer.Option("--confirm-large-prune", help="Let --prune drop more than half of the committed inputs or samples (refused otherwise: exit 2).")] = False,
-    retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
-    retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
-    retain_passing_minutes: Annotated[float, typer.Option(min=0, help="A run's passing generations (current under this long) are kept only as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run and are unchanged since; by default they are reported failed again without being read.")] = False,
-    pass_credentials: Annotated[bool, typer.Option("--pass-credentials", help="Give the Ray tasks this machine's object-store credentials (kept in their runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
+    log_format: Annotated[Optional[str], typer.Option(
+        help="Structured log of the run: human | json (lines); to stderr unless --log-file.")] = None,
+    log_file: Annotated[Optional[Path], typer.Option(
+        help="Append the structured log to this file (format: --log-format, default human).")] = None,
+    progress_interval: Annotated[float, typer.Option(
+        min=0,
+        help="Seconds between progress records in the log, and progress lines when "
+             "stderr is not a terminal (samples, images/s, ETA, the running inputs).")] = PROGRESS_INTERVAL_S,
+    strict_versions: Annotated[bool, typer.Option(
+        "--strict-versions",
+        help="Refuse (exit 2) to append with a Pillow / "
+             "libjpeg-turbo other than the dataset's; default: warn.")] = False,
+    confirm_large_prune: Annotated[bool, typer.Option(
+        "--confirm-large-prune",
+        help="Let --prune drop more than half of the committed "
+             "inputs or samples (refused otherwise: exit 2).")] = False,
+    retain_hours: Annotated[float, typer.Option(
+        min=0,
+        help="Keep superseded shards and manifests while "
+             "their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
+    retain_generations: Annotated[int, typer.Option(
+        min=1,
+        help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    retain_passing_minutes: Annotated[float, typer.Option(
+        min=0,
+        help="A run's passing generations (current under this long) are kept only "
+             "as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed",
+        help="Read again the inputs that failed for their bytes (not a tar, truncated) in the last run "
+             "and are unchanged since; by default they are reported failed again without being read.")] = False,
+    pass_credentials: Annotated[bool, typer.Option(
+        "--pass-credentials",
+        help="Give the Ray tasks this machine's object-store credentials (kept in their "
+             "runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
 ) -> None:
     """Preprocess INPUTS (tars, Parquet files, folders) into OUTPUT; a rerun does only what changed."""
     flags = {"--wait": wait, "--prune": prune, "--quiet": quiet, "--strict-versions": strict_versions,
@@ -303,7 +350,8 @@ def run(
     options = RunOptions(inputs=inputs, output=str(output), config=cfg, workers=workers,
                          ray_address=ray_address, wait_for_lock=wait, prune=prune, strict_versions=strict_versions,
                          confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,
-                         retention=Retention(hours=retain_hours, generations=retain_generations, passing_minutes=retain_passing_minutes),
+                         retention=Retention(hours=retain_hours, generations=retain_generations,
+                                             passing_minutes=retain_passing_minutes),
                          pass_credentials=pass_credentials)
     # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
     # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
@@ -339,9 +387,13 @@ def run(
 @app.command()
 def verify(
     directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
-    repair: Annotated[bool, typer.Option("--repair", help="Rebuild bad shards from the inputs they came from.")] = False,
+    repair: Annotated[bool, typer.Option(
+        "--repair",
+        help="Rebuild bad shards from the inputs they came from.")] = False,
     workers: Annotated[Optional[int], typer.Option(help="Local Ray CPUs for --repair (default: all cores).")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster for --repair.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        envvar="RAY_ADDRESS",
+        help="Join this Ray cluster for --repair.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --repair: if a run holds DIR, wait for it.")] = False,
 ) -> None:
     """Check every shard's size and checksum against the manifest; --repair rebuilds bad ones.
@@ -398,17 +450,26 @@ def verify(
 @app.command()
 def gc(
     directory: Annotated[str, typer.Argument(help="Dataset directory (the --output of `run`).")],
-    retain_hours: Annotated[float, typer.Option(min=0, help="Keep superseded shards and manifests while their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
-    retain_generations: Annotated[int, typer.Option(min=1, help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
-    retain_passing_minutes: Annotated[float, typer.Option(min=0, help="A run's passing generations (current under this long) are kept only as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
+    retain_hours: Annotated[float, typer.Option(
+        min=0,
+        help="Keep superseded shards and manifests while "
+             "their generation was current this recently.")] = DEFAULT_RETAIN_HOURS,
+    retain_generations: Annotated[int, typer.Option(
+        min=1,
+        help="... and for this many newest generations (the current one included).")] = DEFAULT_RETAIN_GENERATIONS,
+    retain_passing_minutes: Annotated[float, typer.Option(
+        min=0,
+        help="A run's passing generations (current under this long) are kept only "
+             "as the newest of each bucket of this many minutes; 0 keeps every one.")] = DEFAULT_RETAIN_PASSING_MINUTES,
     wait: Annotated[bool, typer.Option("--wait", help="If a run holds DIR, wait for it.")] = False,
 ) -> None:
     """Delete superseded shards and manifest generations that no kept generation needs.
 
     A run does this at its end with its own --retain-* options."""
     try:
-        collected = collect_garbage(str(directory), Retention(hours=retain_hours, generations=retain_generations, passing_minutes=retain_passing_minutes),
-                                    wait_for_lock=wait)
+        retention = Retention(hours=retain_hours, generations=retain_generations,
+                              passing_minutes=retain_passing_minutes)
+        collected = collect_garbage(str(directory), retention, wait_for_lock=wait)
     except ShardioError as e:
         _fail(e)
     typer.echo(f"collected {len(collected.files)} retired file(s) ({collected.bytes / 1e6:.1f} MB) and "
@@ -443,12 +504,18 @@ def doctor() -> None:
 
 @app.command()
 def diagnose(
-    inputs: Annotated[list[str], typer.Argument(help="Inputs (tars, Parquet files, folders), globs or brace ranges, as for `run`.")],
+    inputs: Annotated[list[str], typer.Argument(
+        help="Inputs (tars, Parquet files, folders), globs or brace ranges, as for `run`.")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config (see configs/).")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Samples to time (from the first inputs).")] = 500,
-    project_images: Annotated[int, typer.Option(min=1, help="Project the job's time for this many images.")] = 1_000_000,
-    cores: Annotated[Optional[int], typer.Option(min=1, help="... on this many cores (default: this machine's).")] = None,
-    write_dir: Annotated[Optional[Path], typer.Option(help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
+    project_images: Annotated[int, typer.Option(
+        min=1,
+        help="Project the job's time for this many images.")] = 1_000_000,
+    cores: Annotated[Optional[int], typer.Option(
+        min=1,
+        help="... on this many cores (default: this machine's).")] = None,
+    write_dir: Annotated[Optional[Path], typer.Option(
+        help="Scratch directory for timing shard writes (default: a temp dir).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Where the time goes, per stage, on a sample of your inputs; the bottleneck.

@@ -9,8 +9,8 @@ the nightly command need not repeat a flag; a file or flag may still name a key,
 with the dataset is refused (``preprocess.job``). What must match is ``output_dict()``: the shape, mode,
 resample, fill, background, draft, samples_per_shard, image_extensions and encoding (with quality and
 subsampling for JPEG: the pixels and layout; the resolved ``buckets`` list with ``bucket_step`` and
-``bucket_max_ratio`` for ``mode: bucket``), the Parquet columns read (image_column, label_column), folder_classes, and the
-sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
+``bucket_max_ratio`` for ``mode: bucket``), the Parquet columns read (image_column, label_column), folder_classes,
+and the sample filters and limits (min_image_size, max_aspect_ratio, max_image_pixels, max_jpeg_scans,
 max_decoded_bytes: which samples the dataset holds, so that every input was filtered by the same rules).
 Run policy may change from run to run: max_failed_fraction and max_decode_seconds (what the latter fails
 depends on the machine's load), with the defaults below unless the file or a flag says otherwise.
@@ -107,7 +107,8 @@ class JobConfig:
         self.image_extensions = tuple(e.lower().lstrip(".") for e in self.image_extensions)
         if isinstance(self.max_aspect_ratio, (int, float)) and math.isinf(self.max_aspect_ratio):
             self.max_aspect_ratio = None  # YAML's .inf: no limit, stored as null (JSON has no infinity)
-        for name in ("max_aspect_ratio", "max_decode_seconds", "bucket_max_ratio"):  # YAML's 30 is stored as 30.0, as the default
+        # YAML's 30 is stored as 30.0, as the default
+        for name in ("max_aspect_ratio", "max_decode_seconds", "bucket_max_ratio"):
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, name, float(value))

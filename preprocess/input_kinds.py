@@ -134,7 +134,8 @@ def input_kind(path: str, size: int | None = None) -> InputKind:
         return FOLDER_KIND
     if kind is None:
         try:
-            head = backend.read_range(path, 0, HEAD_BYTES if size is None else min(size, HEAD_BYTES)) if size != 0 else b""
+            head = (backend.read_range(path, 0, HEAD_BYTES if size is None else min(size, HEAD_BYTES))
+                    if size != 0 else b"")
         except OSError:
             head = b""  # the reader itself then says why the input cannot be read
         kind = kind_of(head) or INPUT_KINDS[0]

@@ -103,8 +103,8 @@ from shardio.store.backends import for_path
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
 
-__all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused", "COMMIT_INTERVAL_S",
-           "report_json", "fold_result"]
+__all__ = ["RunOptions", "RunReport", "run_job", "dataset_config", "drop_inputs", "OutputFull", "PruneRefused",
+           "COMMIT_INTERVAL_S", "report_json", "fold_result"]
 
 # Commit the manifest at most this often while inputs finish (and always at the end): a killed run
 # loses at most this much finished work, and a 1,000-tar manifest is not rewritten 1,000 times.
@@ -269,7 +269,8 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.directory),
                                       report)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
-    to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []  # the only set of paths
+    # the only set of paths
+    to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []
     return _Work(planned.todo, to_prune, planned.skipped, remembered)
 
 

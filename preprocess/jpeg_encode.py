@@ -3,8 +3,8 @@
 Pillow's encoder (Pillow-SIMD in the job): the same libjpeg-turbo calls as a direct C encoder would make
 (``jpeg_set_quality``, ISLOW DCT, standard Huffman tables), byte for byte the same file, and measured as
 fast here: 0.23-0.29 ms for a 256×256 image, a few % of the ~4.1 ms the job spends decoding and resizing
-a 1.6 MP original (``python -m bench.jpeg_quality`` prints the ratio of one run). ``optimize`` (Huffman tables per image) is off:
-it saves ~5% of the bytes for a second pass over the coefficients.
+a 1.6 MP original (``python -m bench.jpeg_quality`` prints the ratio of one run). ``optimize`` (Huffman tables
+per image) is off: it saves ~5% of the bytes for a second pass over the coefficients.
 """
 
 from __future__ import annotations

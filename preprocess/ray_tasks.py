@@ -5,9 +5,9 @@ plan's stat / LIST), so the run does not end on one big tar decoding alone while
 and scheduled with Ray's SPREAD strategy: on a cluster the inputs go round the nodes
 from the first task on, instead of piling onto whichever node's worker started first (on a loaded
 2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
-the output directory, and sends the driver only small messages (progress counts, then the shard list and failures): no image bytes or
-pixels pass through the driver or the object store. A task whose worker dies is retried by Ray
-(``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
+the output directory, and sends the driver only small messages (progress counts, then the shard list and
+failures): no image bytes or pixels pass through the driver or the object store. A task whose worker dies is
+retried by Ray (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
 
 A decode that never returns (``preprocess.decode_watch``): the task says which member is stuck
 (``StuckDecode``), the driver ends that worker process (``ray.cancel(force=True)``: the stuck C call cannot
@@ -155,8 +155,8 @@ def stream_inputs(
     reader: SampleReader | None = None,
     name_fence: str = "",
 ) -> Iterator[Progress | TaskEvent | InputResult]:
-    """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an input's task
-    starts or is retried, and each InputResult as it ends.
+    """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an
+    input's task starts or is retried, and each InputResult as it ends.
 
     At most ``max_in_flight`` tasks are submitted at once (default: 2 per CPU), so a run over 100,000
     tars does not flood the scheduler, and a killed run has started little it did not finish. Once

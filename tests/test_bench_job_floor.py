@@ -48,8 +48,8 @@ def test_rounds_interleave_and_ratios_are_per_round(monkeypatch, tmp_path):
     result = job_floor.job_floor_rounds(pool, ["a", "b"], ["a", "b", "c", "d", "e", "f"], str(tmp_path),
                                         JobConfig(), rounds=3, log=lambda _: None)
     assert job_floor.WARMUP_RUNS == 2
-    assert calls == (["warm floor", "job 6", "job 6", "floor"] + ["job 2", "job 6", "floor"] + ["job 6", "job 2", "floor"]
-                     + ["job 2", "job 6", "floor"])
+    assert calls == (["warm floor", "job 6", "job 6", "floor"] + ["job 2", "job 6", "floor"]
+                     + ["job 6", "job 2", "floor"] + ["job 2", "job 6", "floor"])
     assert [r["ratio"] for r in result["rounds"]] == [0.8, 1.0, 0.4]
     assert [(r["floor_before_images_per_s"], r["floor_after_images_per_s"]) for r in result["rounds"]] == [
         (200.0, 300.0), (300.0, 500.0), (500.0, 300.0)]

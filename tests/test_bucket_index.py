@@ -151,7 +151,8 @@ def test_the_editable_index_refuses_a_bucket_the_dataset_does_not_have(tmp_path)
     with dataset_dir.writing(plain):
         committer = dataset_dir.Committer(plain, dataset_dir.load_committed(plain)[0])
         with pytest.raises(ValueError, match=r"bucket 1, the dataset has 1"):
-            committer.add_input("y.tar", size=1, mtime_ns=1, shards=[dataclasses.replace(entries("y.tar")[0], bucket=1)])
+            committer.add_input("y.tar", size=1, mtime_ns=1,
+                                shards=[dataclasses.replace(entries("y.tar")[0], bucket=1)])
 
 
 

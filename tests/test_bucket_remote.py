@@ -43,7 +43,7 @@ def test_a_remote_shard_whose_header_says_another_bucket_is_refused(s3_server, s
     path = os.path.join(local, entry.path)
     data = open(path, "rb").read().replace(b"(8, 8, 12, 3)", b"(8, 12, 8, 3)", 1)
     open(path, "wb").write(data)  # same size; the checksum is checked after the header, so fix it too
-    from shardio.format.checksum import file_checksum
+    from shardio.store.checksum import file_checksum
     from tests.test_bucket_format import rewrite_segment
 
     digest = bytes.fromhex(file_checksum(path, entry.checksum_algorithm))

@@ -75,7 +75,8 @@ def test_explicit_lists_are_checked_and_kept_in_order() -> None:
     ([], "non-empty list"), ("256x256", "non-empty list"), ([[256]], r"buckets\[0\] must be a \[height, width\]"),
     ([[256, 256], [0, 10]], r"buckets\[1\] sides must be integers 1\.\." + str(MAX_SIDE)),
     ([[256, 256.0]], r"buckets\[0\] sides"), ([[MAX_SIDE + 1, 1]], "sides must be"),
-    ([[True, 5]], "sides must be"), ([[256, 256], [192, 320], [256, 256]], r"buckets\[2\] \[256, 256\] is listed twice"),
+    ([[True, 5]], "sides must be"),
+    ([[256, 256], [192, 320], [256, 256]], r"buckets\[2\] \[256, 256\] is listed twice"),
 ])
 def test_bad_explicit_lists_name_the_key_and_the_item(value, words: str) -> None:
     with pytest.raises(ConfigError, match=words):

@@ -1,4 +1,4 @@
-"""Shard checksums (shardio/format/checksum.py, the manifest's entries in shardio/format.py): new shards carry
+"""Shard checksums (shardio/store/checksum.py, the manifest's entries in shardio/format.py): new shards carry
 xxh3_128 digests that a stranger's ``xxh128sum`` reproduces; datasets written before (sha256 entries,
 format_version 1), alone or mixed with new entries, still open, read, verify and round-trip unchanged; an
 entry naming no known algorithm is refused naming the manifest; and without the ``xxhash`` package the
@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 import shardio
 from preprocess.cli import app
 from shardio.read.cache_dir import CachedShard
-from shardio.format.checksum import file_checksum, new_hasher
+from shardio.store.checksum import file_checksum, new_hasher
 from shardio.errors import MissingExtra, ShardFormatError, ShardIntegrityError
 from shardio.format import ShardEntry
 from shardio.format.manifests import generation_path, load_manifest

@@ -297,8 +297,8 @@ def test_an_input_added_again_under_the_same_shard_names_is_listed_once_and_reti
     out = str(tmp_path / "ds")
     dataset_dir.ensure_output_dir(out)
     with dataset_dir.writing(out):
-        committer = dataset_dir.Committer(out, shardio.format.Manifest(shape=(2, 2, 3), config={"height": 2,
-                                                                                               "width": 2}, versions={}))
+        committer = dataset_dir.Committer(out, shardio.format.Manifest(shape=(2, 2, 3),
+                                                                       config={"height": 2, "width": 2}, versions={}))
         committer.add_input("a.tar", 1, 1, entries("a.tar"))
         committer.add_input("b.tar", 1, 1, entries("b.tar"))
         committer.maybe_commit(force=True)

@@ -65,7 +65,8 @@ def assert_no_orphans(bucket: CloudBucket, prefix: str) -> None:
     retired = {r["path"] for r in manifest.get("retired", [])}
     shards = {k for k in found if k.startswith("shards/")}
     assert shards - retired == listed, f"orphan or missing shard objects: {shards ^ listed}"
-    others = [k for k in found if not k.startswith(("shards/", "manifests/", "reports/", "index/")) and k != "manifest.json"]
+    others = [k for k in found
+              if not k.startswith(("shards/", "manifests/", "reports/", "index/")) and k != "manifest.json"]
     assert not others, f"left behind: {others}"
 
 

@@ -155,7 +155,8 @@ def test_bucket_to_bucket_on_two_nodes_writes_nothing_locally(ray_cluster, s3_se
     out = f"s3://{s3_bucket}/laion-16"
     used: dict[str, int] = {}
     for drop, busy in enumerate(nodes):
-        made = [tars.make(f"{t:05d}.tar", range(t * 2, t * 2 + 2), with_meta=False) for t in range(drop * 3, drop * 3 + 3)]
+        made = [tars.make(f"{t:05d}.tar", range(t * 2, t * 2 + 2), with_meta=False)
+                for t in range(drop * 3, drop * 3 + 3)]
         _upload(s3_server, s3_bucket, "laion", made)
         blocker = occupy_node_cpu(busy)
         try:

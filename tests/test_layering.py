@@ -1,7 +1,7 @@
 """Each responsibility has one owner (that ``shardio`` imports nothing of preprocess / Ray / Pillow / YAML /
-typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset directory itself (only
-``shardio.write.directory`` and the writer it stages for do); every exception is in the one tree of
-``shardio.errors``, and the exit codes derive from it."""
+typer is tests/test_package.py's): ``preprocess`` never opens, renames or removes a file in a dataset
+directory itself (only ``shardio.write.directory`` and the writer it stages for do); every exception is in the
+one tree of ``shardio.errors``, and the exit codes derive from it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from shardio.store.paths import check_local
 
 PREPROCESS_DIR = pathlib.Path(preprocess.__file__).parent
 SHARDIO_DIR = pathlib.Path(shardio.__file__).parent
+BENCH_DIR = SHARDIO_DIR.parent / "bench"  # not installed: the benchmarks beside the packages
 
 # Calls that create, change or remove files, as "module.function" (after resolving `import x as y`).
 MUTATING_CALLS = {
@@ -32,7 +33,8 @@ STORAGE_WRITES = {"publish", "publish_new", "promote", "create_temp", "upload", 
 MUTATING_MODULES = ("shutil", "tempfile")  # any call into them
 PATH_METHODS = {"write_bytes", "write_text", "mkdir", "unlink", "rmdir", "touch"}
 PATH_MOVES = {"rename", "replace"}  # pathlib's take one argument; str.replace takes two
-# Names that build a path inside a dataset directory: only the protocol's modules in shardio.write (and format/reader) use them.
+# Names that build a path inside a dataset directory: only the protocol's modules in shardio.write (and
+# format/reader) use them.
 DATASET_PATH_NAMES = {"MANIFEST_NAME", "SHARDS_DIR", "REPORTS_DIR", "MANIFESTS_DIR", "generation_path",
                       "LOCK_NAME", "TEMP_PREFIX"}
 
@@ -211,10 +213,11 @@ LAZY_FIRST_PARTY = {
 }
 
 
-def _module_names() -> dict[str, pathlib.Path]:
-    """Every module of ``shardio`` and ``preprocess`` by dotted name (a package by its ``__init__``)."""
+def _module_names(folders: tuple[pathlib.Path, ...] = (SHARDIO_DIR, PREPROCESS_DIR)) -> dict[str, pathlib.Path]:
+    """Every module of ``folders`` (``shardio`` and ``preprocess`` unless told) by dotted name (a package by
+    its ``__init__``)."""
     found = {}
-    for folder in (SHARDIO_DIR, PREPROCESS_DIR):
+    for folder in folders:
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder.parent).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -299,6 +302,16 @@ def test_shardio_and_preprocess_have_no_import_circle():
                    for name, targets in graph.items()), "shardio imports preprocess"
 
 
+def test_storage_is_the_lower_layer():
+    """``shardio.store`` imports only the exception tree and itself: the format, the writer and the reader
+    sit on it (the checksums a manifest names are storage's, ``shardio/store/checksum.py``)."""
+    graph, _ = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
+    upward = [f"{name} imports {target}" for name, targets in graph.items() if name.startswith("shardio.store")
+              for target in targets
+              if target not in ("shardio.errors", "shardio.store") and not target.startswith("shardio.store.")]
+    assert not upward, f"shardio.store imports above itself: {upward}"
+
+
 def test_no_first_party_import_is_hidden_in_a_function():
     _, lazy = import_graph({name: path.read_text(encoding="utf-8") for name, path in _module_names().items()})
     hidden = [f"{name}:{line} imports {target}" for name, target, line in lazy
@@ -306,3 +319,18 @@ def test_no_first_party_import_is_hidden_in_a_function():
     assert not hidden, ("a function-level import of a first-party module (move it to the top; if it dodged a "
                         f"circle, the piece is misplaced; or name it in LAZY_FIRST_PARTY with why): {hidden}")
     assert {(name, target) for name, target, _ in lazy} == set(LAZY_FIRST_PARTY), "stale LAZY_FIRST_PARTY"
+
+
+def test_bench_has_no_import_circle_and_nothing_imports_it():
+    """bench/ sits on top: it imports shardio and preprocess, never the reverse, and its own modules import
+    one way (a piece two benchmarks share lives in a module of its own, e.g. ``bench/copy_baseline.py``)."""
+    sources = {name: path.read_text(encoding="utf-8")
+               for name, path in _module_names((SHARDIO_DIR, PREPROCESS_DIR, BENCH_DIR)).items()}
+    graph, _ = import_graph(sources)
+    bench_graph = {name: {t for t in targets if t.startswith("bench")}
+                   for name, targets in graph.items() if name.startswith("bench")}
+    assert not find_cycle(bench_graph), f"import circle in bench/: {' -> '.join(find_cycle(bench_graph))}"
+    upward = [f"{name} imports {target}" for name, targets in graph.items() if not name.startswith("bench")
+              for target in targets if target.startswith("bench")]
+    assert not upward, f"shardio / preprocess import bench/: {upward}"
+    assert any(t.startswith("shardio") for name in bench_graph for t in graph[name]), "bench/ was not read"

@@ -3,11 +3,12 @@ protocol's "Fencing", ``shardio.write.directory.writing``; the lease, ``shardio.
 
 Writer A (tests/lease_writer.py, its own process) commits one input, promotes the files of a second one and
 waits; the test then cuts it off from the store (its lease requests failing, or every request), pauses it
-(SIGSTOP), kills it (SIGKILL) or jumps B's wall clock an hour ahead, while writer B takes the lease over once it has expired, cleans the dataset
-as a run does after a killed run (A's uncommitted files go) and, for the kill, commits. A is then let go and
-told to commit: it must be refused, and every generation on storage must be whole. The steps wait for
-events (A's ``staged`` line, the lease's expiry as B polls for it, A's exit), never for a fixed time.
-Locally the lock is a flock, which a paused process keeps: B is refused and nothing is deleted."""
+(SIGSTOP), kills it (SIGKILL) or jumps B's wall clock an hour ahead, while writer B takes the lease over once
+it has expired, cleans the dataset as a run does after a killed run (A's uncommitted files go) and, for the
+kill, commits. A is then let go and told to commit: it must be refused, and every generation on storage must
+be whole. The steps wait for events (A's ``staged`` line, the lease's expiry as B polls for it, A's exit),
+never for a fixed time. Locally the lock is a flock, which a paused process keeps: B is refused and nothing is
+deleted."""
 
 from __future__ import annotations
 

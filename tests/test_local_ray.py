@@ -87,7 +87,8 @@ def test_a_sigkilled_quiet_run_leaves_no_ray_processes_or_session_dir(ray_cluste
     out, stderr = str(tmp_path / "out"), str(tmp_path / "stderr.txt")
     run = start([f"{tars.directory}/*.tar", "--output", out, "--config", config_file(str(tmp_path)),
                  "--workers", "1", "-q"], stderr, local_ray=True)
-    wait_until(lambda: for_path(os.path.join(out, "shards")).list_dir(os.path.join(out, "shards")), run, what="the first shard file")
+    shards = os.path.join(out, "shards")
+    wait_until(lambda: for_path(shards).list_dir(shards), run, what="the first shard file")
     processes = _ray_processes_of(run.pid)
     session_dirs = session_dirs_of(run.pid)
     assert session_dirs and any("raylet" in " ".join(p.cmdline()) for p in processes)

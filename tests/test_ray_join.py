@@ -81,7 +81,8 @@ def _client_env(home: str, **settings: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("client, why", [
     ({}, "RAY_AUTH_MODE is not set here, so this client sent no token"),
-    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, "the token this client sent is missing or not the cluster's"),
+    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+     "the token this client sent is missing or not the cluster's"),
 ])
 def test_a_client_the_token_cluster_refuses_exits_2_and_touches_nothing(token_cluster, tmp_path, client, why):
     address, _, home = token_cluster
@@ -101,7 +102,8 @@ def test_a_client_the_token_cluster_refuses_exits_2_and_touches_nothing(token_cl
 def test_the_right_token_joins(token_cluster):
     address, token, home = token_cluster
     code = f"from preprocess.ray_cluster import check_cluster_address\ncheck_cluster_address({address!r})\n"
-    run = subprocess.run([sys.executable, "-c", code], env=_client_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
+    run = subprocess.run([sys.executable, "-c", code],
+                         env=_client_env(home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
 

@@ -78,7 +78,8 @@ def test_a_reader_of_the_previous_generation_survives_replace_and_prune_and_can_
     assert snapshot_indices(shardio.open_dataset(out, generation=generation)) == list(range(14))
 
     # A day later, one generation kept: the superseded files and generation files go, the dataset stays.
-    collected = gc_dataset(out, Retention(hours=24, generations=1), now=datetime.now(timezone.utc) + timedelta(hours=25))
+    collected = gc_dataset(out, Retention(hours=24, generations=1),
+                           now=datetime.now(timezone.utc) + timedelta(hours=25))
     assert len(collected.files) == 2 * len(before.shards) and generation in collected.generations
     assert list_generations(out) == [report["generation"]]
     assert_clean(out)

@@ -216,7 +216,8 @@ def _old_compact(directory, segments, opened=None, fence=""):
         run = segments[-count:]
         deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
         merged = merge_segments(deltas, from_start=count == len(segments))
-        segments = segments[:-count] + ([] if merged.empty else [dataset_commit._write_segment(directory, merged, None, fence)])
+        written = [] if merged.empty else [dataset_commit._write_segment(directory, merged, None, fence)]
+        segments = segments[:-count] + written
     return segments
 
 

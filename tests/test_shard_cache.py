@@ -1,5 +1,5 @@
-"""The reader's shard cache (shardio/read/shard_cache.py, shardio/read/cache_dir.py) against a local folder posing as the store: a small
-fake that counts downloads and samples the cache directory's size at every one.
+"""The reader's shard cache (shardio/read/shard_cache.py, shardio/read/cache_dir.py) against a local folder
+posing as the store: a small fake that counts downloads and samples the cache directory's size at every one.
 
 What is checked: bytes identical to the local shards; each shard downloaded once when the limit allows;
 the eviction is Belady's (a sequence where LRU would evict the other shard); the directory never holds
@@ -25,7 +25,7 @@ import pytest
 from shardio.read import shard_cache
 from shardio.read.cache_dir import CachedShard
 from shardio.read.cache_setup import parse_size
-from shardio.format.checksum import new_hasher
+from shardio.store.checksum import new_hasher
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 from shardio.format.manifests import load_manifest

@@ -144,7 +144,8 @@ def test_above_the_eager_limit_a_bad_shard_is_named_when_first_read(tmp_path, la
     expected = {"missing": (ShardIntegrityError, r"input-0-00001\.npy: listed in the manifest but missing.*HINT"),
                 "truncated": (ShardIntegrityError, r"input-0-00001\.npy: \d+ bytes, the manifest says \d+ \(truncated"),
                 "header": (ShardFormatError, r"input-0-00001\.npy.*not a shardio shard"),
-                "meta_missing": (ShardIntegrityError, r"input-0-00001\.jsonl: listed in the manifest but missing")}[damage]
+                "meta_missing": (ShardIntegrityError, r"input-0-00001\.jsonl: listed in the manifest but missing"),
+                }[damage]
     with pytest.raises(expected[0], match=expected[1]):
         list(dataset)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shardio.write.shard_writer as writer_module
-from shardio.format.checksum import file_checksum
+from shardio.store.checksum import file_checksum
 from shardio.format import HEADER_BYTES
 from shardio.write.shard_writer import InputShardWriter
 

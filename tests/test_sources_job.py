@@ -157,7 +157,8 @@ def test_a_python_source_whose_function_fails_fails_that_input_only(ray_cluster,
     report = _run_source(source, str(tmp_path / "out"))
     assert report.inputs_processed == ["db/good"] and report.exit_code == 1
     [failed] = report.inputs_failed
-    assert failed["input"] == "db/bad" and "the source's samples() raised KeyError: 'row 7 of the database'" in failed["reason"]
+    assert failed["input"] == "db/bad"
+    assert "the source's samples() raised KeyError: 'row 7 of the database'" in failed["reason"]
     assert [(f["key"], f["code"]) for f in report.failures] == [("k1", "missing_image")]
 
 

@@ -141,7 +141,8 @@ def test_truncated_tar(tars, where, expected):
     length = {"boundary": header, "in_header": header + 100, "in_data": header + 600,
               "after_last_member": offsets[-1][1]}
     at = offsets[-1][1] if where == "after_last_member" else header
-    assert expected.format(at=at) in input_error(tars.derive(f"cut-{where}.tar", good, lambda data: data[: length[where]]))
+    cut = tars.derive(f"cut-{where}.tar", good, lambda data: data[: length[where]])
+    assert expected.format(at=at) in input_error(cut)
 
 
 def test_truncated_tar_gz_at_a_member_boundary(tars):
@@ -196,7 +197,8 @@ def test_only_readme_is_an_error(tars):
 
 def test_process_input_reports_a_broken_tar_and_leaves_no_shards(tars, tmp_path):
     good = tars.make("good.tar", range(20))
-    path = tars.derive("cut.tar", good, lambda data: data[: member_offsets(good)[-4][1]])  # 19 of 20 samples, then nothing
+    # 19 of 20 samples, then nothing
+    path = tars.derive("cut.tar", good, lambda data: data[: member_offsets(good)[-4][1]])
     out = tmp_path / "out"
     result = process_input(path, str(out), JobConfig(height=16, width=16, samples_per_shard=4),
                            for_path(path).stat_fingerprint(path))

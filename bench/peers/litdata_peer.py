@@ -2,10 +2,11 @@
 
 Fastest setting for fixed 256x256 uint8 images: each sample a dict of the raw ``np.ndarray`` (LitData's
 numpy serializer: a small shape header and the bytes, ``np.frombuffer`` on read; no JPEG/PNG, no
-compression) and the label, chunks of 160 samples (``CHUNK_SAMPLES``: why below), shuffled, items decoded one at a time (``batch_decode=0``:
-the default decodes windows of items together, 5-6x slower on these arrays), a ``StreamingDataLoader``
-with ``--workers`` processes and a cache with room for everything (``max_cache_size``), so the warm
-epochs read local chunks. Run inside bench/out/peer-venv; prints one ``PEER_RESULT {json}`` line.
+compression) and the label, chunks of 160 samples (``CHUNK_SAMPLES``: why below), shuffled, items decoded one
+at a time (``batch_decode=0``: the default decodes windows of items together, 5-6x slower on these arrays), a
+``StreamingDataLoader`` with ``--workers`` processes and a cache with room for everything
+(``max_cache_size``), so the warm epochs read local chunks. Run inside bench/out/peer-venv; prints one
+``PEER_RESULT {json}`` line.
 """
 
 from __future__ import annotations

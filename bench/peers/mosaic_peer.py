@@ -3,8 +3,9 @@
 Fastest setting for fixed 256x256 uint8 images: the ``ndarray:uint8:256,256,3`` column (static dtype
 and shape: the raw bytes, no header, ``np.frombuffer`` on read; no JPEG/PNG, no compression) and an
 ``int`` label, 64 MB shards uploaded as they close, shuffled (py1e, the default), a torch ``DataLoader``
-with each of ``--workers`` process counts (one per process; the bench tries several: the best warm rate is the row), no ``cache_limit`` (the warm epochs read local shards). Mosaic reads the S3
-endpoint from ``S3_ENDPOINT_URL``. Run inside bench/out/peer-venv; prints one ``PEER_RESULT {json}`` line.
+with each of ``--workers`` process counts (one per process; the bench tries several: the best warm rate is the
+row), no ``cache_limit`` (the warm epochs read local shards). Mosaic reads the S3 endpoint from
+``S3_ENDPOINT_URL``. Run inside bench/out/peer-venv; prints one ``PEER_RESULT {json}`` line.
 """
 
 from __future__ import annotations

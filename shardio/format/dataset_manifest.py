@@ -9,7 +9,7 @@ from typing import Any
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.buckets import root_buckets
-from shardio.format.checksum import SHA256
+from shardio.store.checksum import SHA256
 from shardio.format.dataset_config import ConfigDerived, pixel_encoding
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
 from shardio.format.names import check_dataset_path

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardio.errors import ShardFormatError
-from shardio.format.checksum import ALGORITHMS
+from shardio.store.checksum import ALGORITHMS
 from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.format.raw_shard import shard_nbytes
 from shardio.format.spec import JPEG, RAW
@@ -22,7 +22,7 @@ _ENTRY_KEYS = ("path", "meta_path", "samples", "bytes", "meta_bytes", "input")
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard as the manifest records it. ``checksum`` / ``meta_checksum``: hex digests of the whole
-    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.format.checksum``); in the manifest's JSON
+    ``.npy`` / ``.jsonl``, both by ``checksum_algorithm`` (``shardio.store.checksum``); in the manifest's JSON
     they sit under keys named by it (``to_json`` / ``from_json``)."""
 
     path: str

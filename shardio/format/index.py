@@ -1,7 +1,7 @@
 """Format 3's index: segments (``index/SHA256.npz``) and the root that names them (the layout, the
 meaning and the commit order are in ``shardio.format.spec``, "Index"). Encoding, decoding, folding
-segments into a ``Manifest``, an input's signature (what a commit compares), and the tiered merge: storage-free, numpy and
-the standard library only (the reader's install has no xxhash or pyarrow).
+segments into a ``Manifest``, an input's signature (what a commit compares), and the tiered merge:
+storage-free, numpy and the standard library only (the reader's install has no xxhash or pyarrow).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
+from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.buckets import root_buckets
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
@@ -26,8 +26,8 @@ from shardio.format.spec import FORMAT_NAME, INDEX_DIR
 
 FENCE_MEMBER = "fence"
 
-__all__ = ["FENCE_MEMBER", "with_fence", "SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment", "segment_path",
-           "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
+__all__ = ["FENCE_MEMBER", "with_fence", "SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment",
+           "segment_path", "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
            "merge_segments", "input_signature", "totals_of", "segment_bytes", "check_shard_buckets",
            "BUCKET_COLUMN"]
 
@@ -199,7 +199,8 @@ def decode_segment(data: bytes, path: str) -> Delta:
         if columns[key].ndim != 2 or len(columns[key]) != len(paths) or columns[key].shape[1] not in (16, 32):
             raise ShardFormatError(f"{path}: {key} is {columns[key].shape}, not ({len(paths)}, 16 or 32)")
     if buckets.shape != (len(paths),) or buckets.dtype.kind not in "iu":
-        raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {buckets.dtype} {buckets.shape}, not ({len(paths)},) integers")
+        raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {buckets.dtype} {buckets.shape}, "
+                               f"not ({len(paths)},) integers")
     bucket_ids = buckets.tolist()
     width = columns["shard_digest"].shape[1]
     digests, meta_digests = columns["shard_digest"].tobytes().hex(), columns["shard_meta_digest"].tobytes().hex()
@@ -341,7 +342,8 @@ def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]
         for entry in live[name][1]:
             for rel in (entry.path, entry.meta_path):
                 if rel in owner:
-                    owners = f"twice by input {name!r}" if owner[rel] == name else f"by inputs {owner[rel]!r} and {name!r}"
+                    owners = (f"twice by input {name!r}" if owner[rel] == name
+                              else f"by inputs {owner[rel]!r} and {name!r}")
                     raise ShardFormatError(f"{path}: shard file {rel!r} is listed {owners} (an index lists each shard "
                                            "file once: edited or forged?): nothing was read")
                 owner[rel] = name

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import SHA256, XXH3_128
+from shardio.store.checksum import SHA256, XXH3_128
 from shardio.format.index import (
     BUCKET_COLUMN,
     SegmentRef,

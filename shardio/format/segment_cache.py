@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format.checksum import SHA256
+from shardio.store.checksum import SHA256
 from shardio.format.shard_table import SegmentColumns, check_segment, map_segment, segment_from_bytes
 from shardio.store.base import Storage
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardio.errors import ShardFormatError
-from shardio.format.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
+from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.index import BUCKET_COLUMN, segment_bytes, with_fence
 from shardio.format.shard_table import SegmentColumns
 from shardio.format.names import check_dataset_path

@@ -27,11 +27,12 @@ from typing import Any, overload
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.checksum import ALGORITHM_NAMES, DIGEST_BYTES
+from shardio.store.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.entries import InputEntry, ShardEntry
 from shardio.format.names import check_dataset_path
 
-__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "check_segment", "fold_segments", "hashes_in", "shard_entry", "string_hashes"]
+__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "check_segment", "fold_segments", "hashes_in",
+           "shard_entry", "string_hashes"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
@@ -116,7 +117,8 @@ class SegmentColumns:
                 raise ShardFormatError(f"{path}: {name} has {len(self.arrays[name])} rows, not {shards}")
         bucket = self.arrays.get(_BUCKET_COLUMN)
         if bucket is not None and (bucket.shape != (shards,) or bucket.dtype.kind not in "iu"):
-            raise ShardFormatError(f"{path}: {_BUCKET_COLUMN} is {bucket.dtype} {bucket.shape}, not ({shards},) integers")
+            raise ShardFormatError(f"{path}: {_BUCKET_COLUMN} is {bucket.dtype} {bucket.shape}, not ({shards},) "
+                                   "integers")
         for name in ("shard_digest", "shard_meta_digest"):
             if self.arrays[name].ndim != 2 or self.arrays[name].shape[1] not in (16, 32):
                 raise ShardFormatError(f"{path}: {name} is {self.arrays[name].shape}, not ({shards}, 16 or 32)")
@@ -461,7 +463,9 @@ class ShardTable(Sequence[ShardEntry]):
 
     def _gather(self, column: str) -> np.ndarray:
         if self.sources is None:
-            return np.asarray(self.segments[0].arrays[column], dtype=np.int64) if self.segments else np.zeros(0, np.int64)
+            if not self.segments:
+                return np.zeros(0, np.int64)
+            return np.asarray(self.segments[0].arrays[column], dtype=np.int64)
         out = np.empty(len(self), dtype=np.int64)
         for k, segment in enumerate(self.segments):
             mine = self.sources == k
@@ -529,7 +533,8 @@ def check_listed_once(table: ShardTable) -> None:
                 owners = (f"twice by input {entry.input!r}" if first.input == entry.input
                           else f"by inputs {first.input!r} and {entry.input!r}")
                 raise ShardFormatError(
-                    f"{table.where}: shard file {rel!r} is listed {owners} (in {_segments_of(table, seen[rel], position)}"
+                    f"{table.where}: shard file {rel!r} is listed {owners} (in "
+                    f"{_segments_of(table, seen[rel], position)}"
                     "; an index lists each shard file once: edited or forged?): nothing was read")
             seen[rel] = position
 

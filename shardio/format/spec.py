@@ -48,8 +48,8 @@ image once as a baseline JPEG, by libjpeg-turbo with the config's ``quality`` (1
 (``"4:4:4"`` or ``"4:2:0"``), in the layout of ``shardio.format.jpeg_shard``: same shape, samples per
 shard, ``.jsonl``, manifest entry (``bytes`` and the checksum are the whole ``.jpg.npy``'s), generations
 and commit protocol; about 24 KB an image at 256² and the defaults (quality 90, 4:4:4) against 196 KB raw,
-with a median PSNR of about 42 dB against the raw pixels on photos (``python -m bench.jpeg_quality``). A reader decodes a batch
-back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or, on CUDA, on the GPU
+with a median PSNR of about 42 dB against the raw pixels on photos (``python -m bench.jpeg_quality``). A reader
+decodes a batch back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or, on CUDA, on the GPU
 (``shardio.train.device_decode``; docs/reader.md, "JPEG datasets"); the pixels are the raw ones within the
 JPEG error (docs/guides/compact-shards.md), not equal. Any other ``encoding`` is refused.
 
@@ -85,9 +85,9 @@ root's one shape). Buckets are never written in a version 1/2 one-document manif
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from: a tar, or any
 other kind of input, the field's name kept), ``member`` (str, the image's member name in that tar; a
-Parquet input's ``row N``, N counted from 0 over the file), ``width``/``height`` (int, the original image size before any
-resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (an int64 or null, the label: a reader refuses
-any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
+Parquet input's ``row N``, N counted from 0 over the file), ``width``/``height`` (int, the original image size before
+any resizing, after EXIF orientation), ``txt`` (str or null, the caption), ``cls`` (an int64 or null, the label: a
+reader refuses any other value, a string, ``1.7``, ``true``, ``10**30``, naming the line),
 ``json`` (object or null, the sample's ``.json``), and, in datasets written with ``mode: pad`` only, ``box``
 (``[x0, y0, x1, y1]``, ints, end-exclusive, ``0 <= x0 < x1 <= W``, ``0 <= y0 < y1 <= H``: the output pixels
 that hold the picture, the rest being the config's ``fill``; crops drawn inside it never show the
@@ -262,8 +262,8 @@ generation G is *kept* while it is one of the newest ``retain_generations`` (def
 successor G+1 was committed less than ``retain_hours`` (default 24) ago: a nightly run never removes
 what a day-long epoch started the night before still reads. Where G+1's root was collected already (a
 passing one), the next generation still on storage stands for it: committed no earlier than G+1, its
-time is an upper bound, so G is never let go sooner, and never kept for want of a time. A retired file is deleted, and a generation
-file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
+time is an upper bound, so G is never let go sooner, and never kept for want of a time. A retired file is deleted, and
+a generation file removed, once no kept generation lists it; only under the output lock, at the end of a run or by
 ``preprocess gc DIR``, and only files the manifest's ``retired`` list names.
 
 A run commits every few seconds, so most generations are *passing* ones: a version 3 root names the run
@@ -274,16 +274,16 @@ committed in its ``retain_passing_minutes`` (default 10) bucket of wall time (UT
 bucket)``), so a run leaves at most one root per bucket, whatever the number of its commits, and the
 segments only collected roots named go with them (each kept root keeps its own segments: a run's 3,000
 roots and their pre-compaction segments were 8x the index). A run's result (its last generation) and
-a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer that opened a
-passing generation keeps reading its files (and, locally, its index, memory-mapped, and handed to
-DataLoader workers, ``spawn`` ones included, as open descriptors, not paths) for its whole epoch; only reopening a collected passing generation by number (a resume state taken on it) is refused,
-naming the kept ones. A reader that read ``manifest.json`` and then found a segment it names gone, while
-``manifest.json`` now names a newer generation (the run's retention collected the root it read: a slow
-link), reads the newest root instead (up to 5 times; then it says the dataset kept moving, not that it is
-damaged); a segment the current root names and lacks is damage (``verify --repair``). A reader whose
-generation retention collected since it opened it (``gc --retain-hours 0`` does at once, by design) is
-told so when a file it needs is gone, not to repair a healthy dataset. ``retain_passing_minutes`` 0 keeps every generation (the rule before version 3's
-index).
+a commit outside a run are kept as above. Retired shard files follow the time rule alone (``retain_hours``): a trainer
+that opened a passing generation keeps reading its files (and, locally, its index, memory-mapped, and handed to
+DataLoader workers, ``spawn`` ones included, as open descriptors, not paths) for its whole epoch; only reopening a
+collected passing generation by number (a resume state taken on it) is refused, naming the kept ones. A reader that
+read ``manifest.json`` and then found a segment it names gone, while ``manifest.json`` now names a newer generation
+(the run's retention collected the root it read: a slow link), reads the newest root instead (up to 5 times; then it
+says the dataset kept moving, not that it is damaged); a segment the current root names and lacks is damage (``verify
+--repair``). A reader whose generation retention collected since it opened it (``gc --retain-hours 0`` does at once,
+by design) is told so when a file it needs is gone, not to repair a healthy dataset. ``retain_passing_minutes`` 0
+keeps every generation (the rule before version 3's index).
 
 Writes are atomic (temp file, fsync, rename): a shard becomes visible only when the manifest that lists it
 is renamed into place, so a reader always sees a consistent snapshot and a killed job leaves nothing
@@ -292,11 +292,11 @@ trainer running as another user than the job can read the dataset.
 
 On object storage (``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX`` or ``az://CONTAINER/PREFIX`` is the
 directory: the same keys under the prefix, no folder objects) the layout and every file are the same bytes;
-the commit protocol maps onto conditional writes (``shardio.store.object_store``): a shard is an object uploaded whole at its final key, invisible
-until a manifest lists it; ``manifests/GEN.json`` is created only if absent; ``manifest.json`` is
-replaced only if its version (ETag; GCS: generation) is still the one the run read (created only if absent for a new dataset), so
-two writers can never overwrite each other's commit. The one-writer lock is a lease (``.lock``,
-``shardio.store.lease``); whatever happens to it (its holder paused past its expiry, cut off from the
+the commit protocol maps onto conditional writes (``shardio.store.object_store``): a shard is an object uploaded whole
+at its final key, invisible until a manifest lists it; ``manifests/GEN.json`` is created only if absent;
+``manifest.json`` is replaced only if its version (ETag; GCS: generation) is still the one the run read (created only
+if absent for a new dataset), so two writers can never overwrite each other's commit. The one-writer lock is a lease
+(``.lock``, ``shardio.store.lease``); whatever happens to it (its holder paused past its expiry, cut off from the
 store, its clock jumping), no committed generation names a file that is not there: a holder commits or
 deletes only while it can prove its lease on a monotonic clock, and a run that takes a lease over
 publishes the committed root again as the next generation (over the ETag it read) before it deletes

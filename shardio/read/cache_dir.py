@@ -64,7 +64,7 @@ class Downloader(Protocol):
 class CachedShard:
     """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by both files' checksums (``cache_key``)."""
 
-    npy_checksum: str  # both checksums by ``algorithm`` (``shardio.format.checksum``)
+    npy_checksum: str  # both checksums by ``algorithm`` (``shardio.store.checksum``)
     npy_url: str
     meta_url: str
     npy_bytes: int

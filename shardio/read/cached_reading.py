@@ -23,15 +23,16 @@ __all__ = ["CachedAssembler", "fitting_window"]
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
     """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
-    name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks of 1: 162 of 256 shards in a batch of 256), and a batch
-    across a window's end from two, so two windows must fit on disk at once (which also lets the next
-    window download while this one is read), or the pass is refused or downloads shards again and again.
-    The default window is clamped to ``cache.limit // (2 × largest shard)``, with a warning; a window the
-    caller chose is kept, with one. (A DataLoader worker's cache gets ``limit / num_workers``, or all of
-    a limit that holds the dataset.) A bucketed dataset's ``buckets`` (those with samples) take turns,
-    each reading its own window: two windows of each must fit. A cache that holds the whole dataset (the
-    default ``cache_limit`` is its size) needs no room for windows: every shard stays once downloaded, so
-    the window is kept, and a dataset smaller than two windows reads in the order of its local copy."""
+    name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks
+    of 1: 162 of 256 shards in a batch of 256), and a batch across a window's end from two, so two windows
+    must fit on disk at once (which also lets the next window download while this one is read), or the pass is
+    refused or downloads shards again and again. The default window is clamped to ``cache.limit // (2 ×
+    largest shard)``, with a warning; a window the caller chose is kept, with one. (A DataLoader worker's
+    cache gets ``limit / num_workers``, or all of a limit that holds the dataset.) A bucketed dataset's
+    ``buckets`` (those with samples) take turns, each reading its own window: two windows of each must fit. A
+    cache that holds the whole dataset (the default ``cache_limit`` is its size) needs no room for windows:
+    every shard stays once downloaded, so the window is kept, and a dataset smaller than two windows reads in
+    the order of its local copy."""
     dataset_bytes = cache.dataset_bytes
     if dataset_bytes <= cache.limit:
         return shuffle_window

@@ -11,8 +11,8 @@ The schedule is a pure function of ``(seed, epoch)``: epoch ``e``'s ``batches_pe
 from ``np.random.default_rng([seed, e])``, the same on every rank. Each dataset is read as an endless
 sequence of its own epochs, through its own resume protocol (``shardio.read.resume``): this mixer begins the
 dataset's passes and takes their batches through the dataset's ``cursor.handed_out``, one just before
-it yields it, so each counts when handed out. Where a dataset stands at the start of mixed epoch ``e`` is the number of batches the choices of
-epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
+it yields it, so each counts when handed out. Where a dataset stands at the start of mixed epoch ``e`` is the
+number of batches the choices of epochs ``0..e-1`` took from it (``ShardDataset.seek``). So:
 
 - each new iteration is the next mixed epoch (the first is 0); ``set_epoch(e)`` pins the next one and
   gives epoch ``e``'s batches, whatever ran before in this process;

@@ -42,7 +42,7 @@ import numpy as np
 
 from shardio.read.cache_dir import CacheDir, CachedShard, Downloader
 from shardio.read.cache_units import ShardUnits, unit_algorithms, unit_sizes
-from shardio.format.checksum import require
+from shardio.store.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard

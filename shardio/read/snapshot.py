@@ -279,7 +279,8 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     store = for_path(directory)
     if not store.is_local:
         manifest = load_index(directory, generation, segment_cache)
-        problem = _remote_size_problem(store, directory, manifest) if len(manifest.shards) <= EAGER_CHECK_SHARDS else None
+        problem = (_remote_size_problem(store, directory, manifest) if len(manifest.shards) <= EAGER_CHECK_SHARDS
+                   else None)
         if problem:
             raise ShardIntegrityError(f"{problem}; HINT: run `preprocess verify {directory} --repair` to rebuild "
                                       "it from its input")

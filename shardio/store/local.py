@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, ContextManager
 
 from shardio.errors import OutputLocked, OutputUnusable
-from shardio.format.checksum import file_checksum, new_hasher
+from shardio.store.checksum import file_checksum, new_hasher
 from shardio.store.base import LOCK_NAME, TEMP_PREFIX, FileInfo
 from shardio.store.paths import check_local
 
@@ -123,7 +123,7 @@ class LocalStorage:
             return os.pread(f.fileno(), length, start)
 
     def download(self, path: str, local_path: str, algorithm: str) -> str:
-        """Copy ``path`` to ``local_path``; returns the ``algorithm`` checksum (``shardio.format.checksum``) of the
+        """Copy ``path`` to ``local_path``; returns the ``algorithm`` checksum (``shardio.store.checksum``) of the
         bytes copied."""
         digest = new_hasher(algorithm)
         with open(check_local(path), "rb") as src, open(local_path, "wb") as out:

@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, ContextManager
 
 from shardio.errors import (CommitConflict, MissingExtra, StorageAccessError, StorageUnavailable,
                             UnsupportedStore)
-from shardio.format.checksum import new_hasher
+from shardio.store.checksum import new_hasher
 from shardio.store.base import LOCK_NAME, FileInfo
 from shardio.store.lease import lease
 from shardio.store.s3_errors import StoreSettings, explain, parse, refused_access
@@ -357,7 +357,7 @@ class ObjectStorage:
 
     def download(self, path: str, local_path: str, algorithm: str, attempts: int = 3) -> str:
         """The whole object into ``local_path``, streamed in 8 MB pieces (memory stays flat), hashed on the
-        way: returns the ``algorithm`` checksum (``shardio.format.checksum``) of the bytes written, so a checked
+        way: returns the ``algorithm`` checksum (``shardio.store.checksum``) of the bytes written, so a checked
         download reads nothing back. A stream cut mid-way (obstore retries each request, not a body already
         flowing) restarts, up to ``attempts``."""
         store, key = self._target(path)

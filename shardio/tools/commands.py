@@ -37,7 +37,9 @@ __all__ = ["app"]
 
 app = new_app("Inspect and benchmark a shardio dataset (the training side; `preprocess` writes it).")
 
-Directory = Annotated[str, typer.Argument(metavar="DIR", help="Dataset directory, or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX.")]
+Directory = Annotated[str, typer.Argument(
+    metavar="DIR",
+    help="Dataset directory, or s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 

@@ -45,8 +45,8 @@ from shardio.errors import MissingExtra, ShardIntegrityError
 from shardio.read.jpeg_pixels import EncodedImages
 
 __all__ = ["DecodeFn", "DeviceDecoder", "JpegBackend", "LIBRARIES", "MIN_TORCHCODEC", "MIN_TORCHVISION",
-           "available", "choose_backend", "library", "decode_finished", "stream_barrier", "thread_stream", "torchcodec_decode",
-           "torchvision_decode"]
+           "available", "choose_backend", "library", "decode_finished", "stream_barrier", "thread_stream",
+           "torchcodec_decode", "torchvision_decode"]
 
 DecodeFn = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 """``decode(jpegs, device)``: each 1-D uint8 CPU tensor of JPEG bytes decoded to a uint8 (3, H, W) tensor on

@@ -193,7 +193,8 @@ class Committer:
     most every ``interval_s`` seconds (``maybe_commit``) or when forced. The caller holds the lock.
 
     ``committed``: what ``load_committed`` gave (a ``DatasetIndex``: columns, no object per committed
-    shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), or None for a new dataset (then ``shape``, ``config``, ``versions`` say what it is)."""
+    shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), or None for a new dataset (then
+    ``shape``, ``config``, ``versions`` say what it is)."""
 
     def __init__(self, directory: str, committed: DatasetIndex | Manifest | None,
                  interval_s: float = 0.0, run: str = "", *, shape: tuple[int, int, int] = (0, 0, 3),

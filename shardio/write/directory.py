@@ -63,8 +63,9 @@ from shardio.write.lock import check_held, check_writable, ensure_output_dir, ma
 from shardio.write.staging import discard, discard_staged, promote, shard_paths, stage
 
 __all__ = [
-    "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path", "recover_manifest",
-    "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths", "stage", "promote", "discard_staged", "discard",
+    "ensure_output_dir", "check_writable", "writing", "load_committed", "load_current", "manifest_path",
+    "recover_manifest", "restore_manifest", "Cleaned", "foreign_files_warning", "clean_leftovers", "shard_paths",
+    "stage", "promote", "discard_staged", "discard",
     "commit", "Committer", "drop_inputs", "collect_segments", "clean_after_runs", "mark_run", "unmark_run",
     "unfinished_runs", "forget_runs", "check_held", "may_delete", "shard_name_fence", "listed_hashes", "save_report",
     "report_path",

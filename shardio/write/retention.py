@@ -187,8 +187,9 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
 def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
        now: datetime | None = None) -> Collected:
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
-    what went, and the files of ``shards/`` it left because no run writes them (``Collected.foreign``). Raises ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify
-    --repair`` restores it: collecting against a guessed manifest could delete what the real one lists)."""
+    what went, and the files of ``shards/`` it left because no run writes them (``Collected.foreign``). Raises
+    ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify --repair`` restores it:
+    collecting against a guessed manifest could delete what the real one lists)."""
     load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
     with writing(directory, wait_for_lock):
         index = load_index(directory)  # the shards as columns: no object per shard

@@ -4,9 +4,10 @@ in and out of the dataset directory through ``shardio.write.staging``: staged, p
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
 ``samples_per_shard`` is. A ``JpegShardWriter`` (``encoding: jpeg``) holds its shard's JPEGs until commit
-(the offsets come first in the file): ~23 MB for 1,000 images of 256², a tenth of one raw shard. Checksums are ``xxh3_128`` (``shardio.format.checksum.WRITE_ALGORITHM``): the
-``.jsonl``'s streams as it is written; the pixel file's (of the whole file, so ``xxh128sum`` agrees) is
-taken at commit from the page cache, once the header is final.
+(the offsets come first in the file): ~23 MB for 1,000 images of 256², a tenth of one raw shard. Checksums are
+``xxh3_128`` (``shardio.store.checksum.WRITE_ALGORITHM``): the ``.jsonl``'s streams as it is written; the
+pixel file's (of the whole file, so ``xxh128sum`` agrees) is taken at commit from the page cache, once the
+header is final.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from shardio.write import staging
 from shardio.write.commit import commit
-from shardio.format.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
+from shardio.store.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
     JPEG,

@@ -14,6 +14,9 @@ Two algorithms, each a lower-case hex digest of a whole file's bytes:
 The ``xxhash`` package is imported only when an ``xxh3_128`` digest is actually taken, so ``import
 shardio`` (and reading a local dataset without ``verify``) needs numpy and torch alone; the ``preprocess``
 and ``s3`` extras install it.
+
+It lives in ``store/``, the lower layer: a backend takes checksums itself (``Storage.checksum``, a download
+hashed as it is written), and the format names the algorithms from here, importing downwards.
 """
 
 from __future__ import annotations
