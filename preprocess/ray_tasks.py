@@ -7,7 +7,8 @@ from the first task on, instead of piling onto whichever node's worker started f
 2-node test cluster that was all 8 inputs on one node). A task writes its shards itself, straight into
 the output directory, and sends the driver only small messages (progress counts, then the shard list and
 failures): no image bytes or pixels pass through the driver or the object store. A task whose worker dies is
-retried by Ray (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never duplicates.
+retried by Ray (``max_retries``); shard names are deterministic and writes atomic, so a retry overwrites, never
+duplicates.
 
 A decode that never returns (``preprocess.decode_watch``): the task says which member is stuck
 (``StuckDecode``), the driver ends that worker process (``ray.cancel(force=True)``: the stuck C call cannot
