@@ -1,8 +1,9 @@
 """The format: what a dataset directory holds and how its files are laid out. The spec (``spec``: its prose
 and constants) and the modules of its ideas (``raw_shard``, ``version_rule``, ``buckets``, ``root_fields``,
 ``dataset_config``, ``names``, ``entries``, ``dataset_manifest``) are re-exported here, so
-``from shardio.format import Manifest`` reads as the spec; the shard checksums (``checksum``), the index
-(``index``), manifests on storage (``manifests``) and the run report (``run_report``) are imported by name."""
+``from shardio.format import Manifest`` reads as the spec; the index (``index``), manifests on storage
+(``manifests``) and the run report (``run_report``) are imported by name. The shard checksums the spec names
+are storage's (``shardio.store.checksum``)."""
 
 from shardio.format import (buckets, dataset_config, dataset_manifest, entries, names, raw_shard, root_fields,
                             spec, version_rule)

@@ -237,7 +237,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    disk for the readers of older generations until the retention below collects them
 =================  ======================================================================================
 
-Checksums (``shardio.format.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
+Checksums (``shardio.store.checksum``). xxh3_128 is a non-cryptographic checksum: it catches corruption and
 truncation, which is what the manifest's digests are for, not tampering (who can rewrite a shard can rewrite
 the manifest). It costs ~0.003 ms per 196 KB image against 0.11 ms for sha256, and a stranger checks a
 shard with a standard tool: ``xxh128sum shards/NAME.npy`` (package ``xxhash``) prints the manifest's
