@@ -27,7 +27,7 @@ import numpy as np
 
 from shardio.format.index import decode_segment, encode_segment, merge_segments, segment_bytes
 from shardio.format.segment_merge import merge_columns
-from shardio.format.shard_table import SegmentColumns
+from shardio.format.segment_columns import SegmentColumns
 
 __all__ = ["make_segments"]
 

@@ -101,16 +101,16 @@ def test_a_summary_off_a_terminal_is_never_wrapped(monkeypatch, tmp_path):
 
     from rich.console import Console
 
-    import preprocess.cli as cli
+    from preprocess import run_display
     from shardio.format.run_report import RunReport
 
     stream = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=stream, width=80))  # a file: not a terminal
+    monkeypatch.setattr(run_display, "console", Console(file=stream, width=80))  # a file: not a terminal
     output = str(tmp_path / ("a-dataset-directory-with-a-long-name" * 2))
     report = RunReport(run_id="r1", output=output, started="", config={}, samples_written=123456,
                        samples_failed=0, inputs_processed=["a"] * 12, inputs_skipped_count=3456,
                        dataset_samples=7654321, elapsed_s=12.5, images_per_s=9876.5)
-    cli._summary(report, f"{output}/reports/r1.json")
+    run_display.summary(report, f"{output}/reports/r1.json")
     lines = stream.getvalue().splitlines()
     assert any("samples written 123456 (0 upscaled), failed 0; inputs processed 12, skipped 3456, failed 0"
                in line for line in lines), lines

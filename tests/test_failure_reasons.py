@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from preprocess import cli, tar_samples
+from preprocess import run_display, tar_samples
 from preprocess.config import JobConfig
 from preprocess.diagnose import diagnose, render_text
 from preprocess.job import RunReport
@@ -181,8 +181,8 @@ def test_the_summary_shows_an_old_report_s_failures_under_unknown(tmp_path, monk
                        failures=old + [{"input": "a.tar", "key": "9", "code": "empty_member",
                                         "reason": "9.jpg: empty image member (0 bytes)"}])
     console = Console(file=io.StringIO(), width=400)
-    monkeypatch.setattr(cli, "console", console)
-    cli._summary(report, "report.json")
+    monkeypatch.setattr(run_display, "console", console)
+    run_display.summary(report, "report.json")
     printed = console.file.getvalue()
     assert f"     3 x {CATEGORIES[FailureCode.UNKNOWN]}" in printed
     assert "     1 x empty image member (0 bytes)" in printed
@@ -198,8 +198,8 @@ def test_an_input_failure_names_its_path_once(tars, tmp_path, monkeypatch):
     report = RunReport(run_id="r", output=str(tmp_path / "out"), started="now", config={},
                        inputs_failed=[{"input": path, "reason": result.error}])
     console = Console(file=io.StringIO(), width=400)
-    monkeypatch.setattr(cli, "console", console)
-    cli._summary(report, "report.json")
+    monkeypatch.setattr(run_display, "console", console)
+    run_display.summary(report, "report.json")
     printed = console.file.getvalue()
     assert f"input failed: {path}: tar holds no sample members" in printed
     assert printed.count(os.path.basename(path)) == 1, printed

@@ -1,5 +1,5 @@
 """Which shard files ``clean_leftovers`` and ``collect`` keep, decided over the index's columns (hashed paths,
-``shardio.format.shard_table.string_hashes``) with no object per shard: the same files go and stay as when
+``shardio.format.string_hashes.string_hashes``) with no object per shard: the same files go and stay as when
 they are given the ``Manifest``, after any history (adds, drops, replacements, compactions into several
 segments, a version 1/2 manifest); a leftover goes, a listed or retired file never does."""
 
@@ -16,7 +16,7 @@ import pytest
 from bench.synthetic_index import write_index
 from shardio.format import RetiredFile, ShardEntry
 from shardio.format.manifests import generation_path, list_generations, load_index, load_manifest, read_root
-from shardio.format.shard_table import hashes_in, string_hashes
+from shardio.format.string_hashes import hashes_in, string_hashes
 from shardio.store.backends import for_path
 from shardio.store.local import LocalStorage
 from shardio.write import cleaning

@@ -136,11 +136,11 @@ def test_off_a_terminal_the_display_prints_progress_lines_and_the_bar_counts_inp
     from rich.console import Console
     from rich.progress import TextColumn
 
-    import preprocess.cli as cli
+    from preprocess import run_display
 
     stream, clock = io.StringIO(), FakeClock()
-    monkeypatch.setattr(cli, "console", Console(file=stream, width=80))  # a pipe: plain lines
-    display = cli._Display(False, progress_interval_s=30.0, clock=clock)
+    monkeypatch.setattr(run_display, "console", Console(file=stream, width=80))  # a pipe: plain lines
+    display = run_display.RunDisplay(False, progress_interval_s=30.0, clock=clock)
     display("plan", {"todo": 2, "skipped": 0, "todo_bytes": 200})
     for at, done in ((10, 0), (20, 32), (35, 64)):
         clock.now = 1000.0 + at
@@ -152,8 +152,8 @@ def test_off_a_terminal_the_display_prints_progress_lines_and_the_bar_counts_inp
                     "running: /data/photos/ 64/128 samples (50.0%, ETA 25 s)"]
     assert lines[-1] == "/data/photos/: 128 samples (30.0 s)"
 
-    monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), force_terminal=True))
-    live = cli._Display(False)
+    monkeypatch.setattr(run_display, "console", Console(file=io.StringIO(), force_terminal=True))
+    live = run_display.RunDisplay(False)
     live("plan", {"todo": 2, "skipped": 0})
     words = [column.text_format for column in live.progress.columns if isinstance(column, TextColumn)]
     live.close()

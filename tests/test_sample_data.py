@@ -81,7 +81,7 @@ def test_the_tars_hold_photo_sized_jpegs_and_an_exif_sample(tmp_path):
 def test_the_run_summary_says_the_sample_datasets_truncated_jpeg_fails_on_purpose(tmp_path):
     """A newcomer's first run ends "failed 1": the summary says that failure is the sample's own, meant;
     the same failure in any other folder gets no such note."""
-    from preprocess import cli
+    from preprocess import run_display
     from preprocess.tar_samples import iter_tar_samples
     from shardio.errors import SampleError
     from shardio.format.run_report import RunReport
@@ -96,14 +96,14 @@ def test_the_run_summary_says_the_sample_datasets_truncated_jpeg_fails_on_purpos
     assert [(f["key"], f["code"]) for f in failures] == [("000000029", "truncated")]
     report = RunReport(run_id="r", output=str(tmp_path / "out"), started="", config={}, samples_written=29,
                        samples_failed=1, failures=failures)
-    with cli.console.capture() as captured:
-        cli._summary(report, "out/reports/r.json")
+    with run_display.console.capture() as captured:
+        run_display.summary(report, "out/reports/r.json")
     said = " ".join(captured.get().split())
     assert "failed 1" in said
     assert "note: 00000.tar sample 000000029 fails on purpose: a JPEG cut in half on purpose" in said, said
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     copied = [{**failures[0], "input": str(elsewhere / "00000.tar")}]
-    with cli.console.capture() as captured:
-        cli._summary(RunReport(run_id="r", output="o", started="", config={}, failures=copied), "r.json")
+    with run_display.console.capture() as captured:
+        run_display.summary(RunReport(run_id="r", output="o", started="", config={}, failures=copied), "r.json")
     assert "on purpose" not in captured.get()

@@ -17,7 +17,7 @@ from shardio.format.index import (FENCE_MEMBER, Delta, decode_segment, encode_se
                                   segment_path)
 from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
-from shardio.format.shard_table import SegmentColumns
+from shardio.format.segment_columns import SegmentColumns
 from shardio.format.entries import InputEntry, ShardEntry
 from shardio.write import commit as dataset_commit
 from tests.index_steps import expected_inputs, run_steps

@@ -20,7 +20,8 @@ from shardio.format.index import (
     parse_segment_refs,
 )
 from shardio.format.segment_cache import cached_segment
-from shardio.format.shard_table import SegmentColumns, ShardTable, fold_segments, map_segment, segment_from_bytes
+from shardio.format.segment_columns import SegmentColumns, map_segment, segment_from_bytes
+from shardio.format.shard_table import ShardTable, fold_segments
 from shardio.format.buckets import root_buckets
 from shardio.format.dataset_config import ConfigDerived
 from shardio.format.dataset_manifest import Manifest

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.store.checksum import SHA256
-from shardio.format.shard_table import SegmentColumns, check_segment, map_segment, segment_from_bytes
+from shardio.format.segment_columns import SegmentColumns, check_segment, map_segment, segment_from_bytes
 from shardio.store.base import Storage
 
 __all__ = ["SEGMENTS_DIR", "cached_segment"]

@@ -20,7 +20,7 @@ import numpy as np
 from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
 from shardio.format.index import BUCKET_COLUMN, segment_bytes, with_fence
-from shardio.format.shard_table import SegmentColumns
+from shardio.format.segment_columns import SegmentColumns
 from shardio.format.names import check_dataset_path
 from shardio.format.spec import SHARDS_DIR
 

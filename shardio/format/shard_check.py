@@ -22,7 +22,7 @@ import numpy as np
 from shardio.errors import ShardFormatError
 from shardio.format.jpeg_shard import jpeg_data_start, jpeg_frame_size, parse_jpeg_header
 from shardio.format.manifests import DatasetIndex
-from shardio.format.shard_table import string_hashes
+from shardio.format.string_hashes import string_hashes
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import ShardEntry, expected_shard_size
 from shardio.format.raw_shard import parse_npy_header

@@ -12,326 +12,19 @@ library only.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import mmap
-import multiprocessing.context
-import multiprocessing.reduction
-import os
-import struct
-import weakref
-import zipfile
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
-from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.entries import InputEntry, ShardEntry
 from shardio.format.names import check_dataset_path
+from shardio.format.segment_columns import BUCKET_COLUMN, SegmentColumns
+from shardio.format.string_hashes import string_hashes
 
-__all__ = ["SegmentColumns", "ShardTable", "check_listed_once", "check_segment", "fold_segments", "hashes_in",
-           "shard_entry", "string_hashes"]
-
-_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
-_HASH_CHUNK = 1 << 22
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)  # 64-bit FNV-1a
-_FNV_PRIME = np.uint64(0x100000001B3)
-_HASH_ROWS = 1 << 16  # strings hashed at a time: bounds the temporaries, keeps them in cache
-_INPUT_COLUMNS = ("input_name_offsets", "input_name_blob", "input_first_shard", "removed_offsets", "removed_blob")
-_BUCKET_COLUMN = "shard_bucket"  # a bucketed dataset's segments only (spec, "Buckets")
-_SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offsets", "shard_meta_path_blob",
-                  "shard_samples", "shard_bytes", "shard_meta_bytes", "shard_algorithm", "shard_digest",
-                  "shard_meta_digest")
-
-
-class SegmentColumns:
-    """One segment's arrays, views into its bytes (a read-only memory map of a local file, or the bytes
-    an object store returned): nothing is copied until a column is gathered.
-
-    A mapped segment keeps a descriptor of its file open (``fd``), so a process it is handed to reads the
-    very file this one checked, even once retention has deleted it: the spec promises a trainer its
-    generation's index for the whole epoch, and DataLoader workers started with ``spawn`` (as with CUDA)
-    unpickle the dataset after the parent opened it, possibly after the run that committed it collected
-    that generation."""
-
-    def __init__(self, buffer: Any, path: str, fd: int | None = None) -> None:
-        self._open(buffer, path)
-        self._hold(fd)
-
-    def _hold(self, fd: int | None) -> None:
-        self.fd = fd
-        if fd is not None:
-            weakref.finalize(self, os.close, fd)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """To a DataLoader worker: a mapped file, while a process is being started (``spawn`` or
-        ``forkserver``), as its open descriptor, duplicated into the new process (``multiprocessing``'s
-        ``DupFd``: the same file, no copy, its pages shared through the page cache); otherwise by its path
-        (segments are immutable, and this process has checked its digest). Bytes as bytes."""
-        if isinstance(self.buffer, mmap.mmap):
-            if self.fd is not None and multiprocessing.context.get_spawning_popen() is not None:
-                return {"path": self.path, "fd": multiprocessing.reduction.DupFd(self.fd)}
-            return {"path": self.path}
-        return {"path": self.path, "data": bytes(self.buffer)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        data, fd = state.get("data"), None
-        if "fd" in state:
-            fd = state["fd"].detach()
-            data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        elif data is None:
-            try:
-                with open(state["path"], "rb") as f:
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except FileNotFoundError as e:
-                raise ShardIntegrityError(
-                    f"{state['path']}: index segment deleted since this index was opened (retention collected its "
-                    "generation); a DataLoader worker gets it by descriptor, not by path: reopen the dataset "
-                    "for its current generation") from e
-        self._open(data, state["path"])
-        self._hold(fd)
-
-    def _open(self, buffer: Any, path: str) -> None:
-        self.path = path
-        self.buffer = buffer
-        self.arrays: dict[str, np.ndarray] = {}
-        try:
-            with zipfile.ZipFile(_Reader(buffer)) as archive:
-                members = archive.infolist()
-            for info in members:
-                self.arrays[info.filename.removesuffix(".npy")] = self._member(info)
-        except (ValueError, KeyError, OSError, struct.error, zipfile.BadZipFile) as e:
-            raise ShardFormatError(f"{path}: not a readable index segment ({type(e).__name__}: {e})") from e
-        missing = [name for name in _INPUT_COLUMNS + _SHARD_COLUMNS if name not in self.arrays]
-        if missing:
-            raise ShardFormatError(f"{path}: not a readable index segment (no member {missing[0]}.npy)")
-        first = self.arrays["input_first_shard"]
-        shards = len(self.arrays["shard_samples"])
-        if (len(first) != self.input_count + 1 or (len(first) and (first[0] != 0 or first[-1] != shards))
-                or np.any(np.diff(first) < 0)):
-            raise ShardFormatError(f"{path}: input_first_shard does not partition its {shards} shards")
-        for name in _SHARD_COLUMNS:
-            if not name.endswith(("_offsets", "_blob")) and len(self.arrays[name]) != shards:
-                raise ShardFormatError(f"{path}: {name} has {len(self.arrays[name])} rows, not {shards}")
-        bucket = self.arrays.get(_BUCKET_COLUMN)
-        if bucket is not None and (bucket.shape != (shards,) or bucket.dtype.kind not in "iu"):
-            raise ShardFormatError(f"{path}: {_BUCKET_COLUMN} is {bucket.dtype} {bucket.shape}, not ({shards},) "
-                                   "integers")
-        for name in ("shard_digest", "shard_meta_digest"):
-            if self.arrays[name].ndim != 2 or self.arrays[name].shape[1] not in (16, 32):
-                raise ShardFormatError(f"{path}: {name} is {self.arrays[name].shape}, not ({shards}, 16 or 32)")
-
-    def _member(self, info: zipfile.ZipInfo) -> np.ndarray:
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"member {info.filename} is compressed (a segment's members are stored)")
-        header = _LOCAL_HEADER.unpack_from(self.buffer, info.header_offset)
-        if header[0] != b"PK\x03\x04":
-            raise ValueError(f"member {info.filename}: no local header at {info.header_offset}")
-        start = info.header_offset + _LOCAL_HEADER.size + header[9] + header[10]
-        stream = io.BytesIO(bytes(memoryview(self.buffer)[start:start + min(info.file_size, 4096)]))
-        version = np.lib.format.read_magic(stream)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read_header:
-            raise ValueError(f"member {info.filename}: .npy version {version}")
-        shape, fortran, dtype = read_header[version](stream, max_header_size=4096)
-        if dtype.hasobject or fortran:
-            raise ValueError(f"member {info.filename}: dtype {dtype} / fortran order (a segment holds plain arrays)")
-        count = int(np.prod(shape))
-        offset = start + stream.tell()
-        if offset + count * dtype.itemsize > start + info.file_size:
-            raise ValueError(f"member {info.filename}: its header claims more bytes than it holds")
-        return np.frombuffer(self.buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
-
-    @property
-    def input_count(self) -> int:
-        return len(self.arrays["input_name_offsets"]) - 1
-
-    def names(self, table: str) -> np.ndarray:
-        """String table ``table`` as a fixed-width bytes array (``S``), built without a Python loop (numpy
-        orders ``S`` values as the spec's UTF-8 byte order)."""
-        offsets, blob = self.arrays[f"{table}_offsets"], self.arrays[f"{table}_blob"]
-        if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] > len(blob) or np.any(
-                np.diff(offsets) < 0):
-            raise ShardFormatError(f"{self.path}: string table {table} has offsets that do not index its blob")
-        return _fixed_width(offsets, blob)
-
-    def strings(self, table: str, rows: np.ndarray) -> list[str]:
-        """Entries ``rows`` of string table ``table``: the blob decoded once (an ASCII one sliced as text),
-        not one decode per row (230k input names: 1.2 s one by one)."""
-        offsets, blob = self.arrays[f"{table}_offsets"], self.arrays[f"{table}_blob"]
-        starts, stops = offsets[rows], offsets[np.asarray(rows) + 1]
-        if len(rows) and (starts.min() < 0 or np.any(stops < starts) or stops.max() > len(blob)):
-            raise ShardFormatError(f"{self.path}: string table {table} has offsets outside its {len(blob)}-byte blob")
-        if not len(blob) or not len(rows):
-            return [""] * len(rows)
-        data = blob.tobytes()
-        if int(blob.max()) < 128:
-            text = data.decode("ascii")
-            return [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
-        return [self.string(table, int(row)) for row in rows]
-
-    def hashes(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
-        """``string_hashes`` of entries ``rows`` (None: every entry) of string table ``table``, straight from
-        its offsets and blob: no string, no fixed-width copy."""
-        offsets, blob = self.arrays[f"{table}_offsets"], self.arrays[f"{table}_blob"]
-        if offsets.ndim != 1 or len(offsets) == 0:
-            raise ShardFormatError(f"{self.path}: string table {table} has no offsets")
-        if rows is None:
-            starts, stops = offsets[:-1], offsets[1:]
-        else:
-            starts, stops = offsets[rows], offsets[np.asarray(rows) + 1]
-        if len(starts) and (starts.min() < 0 or np.any(stops < starts) or stops.max() > len(blob)):
-            raise ShardFormatError(f"{self.path}: string table {table} has offsets outside its {len(blob)}-byte blob")
-        return _fnv1a(blob, np.asarray(starts, np.int64), np.asarray(stops - starts, np.int64))
-
-    def string(self, table: str, row: int) -> str:
-        """Entry ``row`` of string table ``table`` (its offsets checked here, when read: a table is not
-        scanned whole to open the index)."""
-        offsets, blob = self.arrays[f"{table}_offsets"], self.arrays[f"{table}_blob"]
-        start, stop = int(offsets[row]), int(offsets[row + 1])
-        if not 0 <= start <= stop <= len(blob):
-            raise ShardFormatError(f"{self.path}: string table {table} row {row} has offsets {start}..{stop} outside "
-                                   f"its {len(blob)}-byte blob")
-        try:
-            return blob[start:stop].tobytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ShardFormatError(f"{self.path}: {table} row {row} is not UTF-8 ({e.reason})") from e
-
-
-class _Reader(io.RawIOBase):
-    """A seekable read-only file over a buffer, so ``zipfile`` reads the central directory without a copy."""
-
-    def __init__(self, buffer: Any) -> None:
-        self.view, self.position = memoryview(buffer), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.position = {0: 0, 1: self.position, 2: len(self.view)}[whence] + offset
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def readinto(self, out: Any) -> int:
-        chunk = self.view[self.position:self.position + len(out)]
-        out[:len(chunk)] = chunk
-        self.position += len(chunk)
-        return len(chunk)
-
-
-def _fixed_width(offsets: np.ndarray, blob: np.ndarray) -> np.ndarray:
-    """The strings as one ``S`` array, filled a byte column at a time: the temporaries are a few bytes
-    per string, not per byte (an index per blob byte cost 16x the blob: 220 MB for 230k input names)."""
-    lengths = np.diff(offsets)
-    count = len(lengths)
-    longest = int(lengths.max()) if count else 0
-    width = max(1, longest)
-    if count and offsets[-1] == count * longest and offsets[0] == 0 and bool(np.all(lengths == longest)):
-        out = np.array(blob[:count * longest]).reshape(count, longest)  # every string as long: one copy
-        return out.view(f"S{width}").reshape(count)
-    out = np.zeros((count, width), dtype=np.uint8)
-    starts = offsets[:-1]
-    for column in range(longest):
-        rows = np.flatnonzero(lengths > column)
-        out[rows, column] = blob[starts[rows] + column]
-    return out.view(f"S{width}").reshape(count)
-
-
-def string_hashes(values: Sequence[str] | np.ndarray) -> np.ndarray:
-    """The 64-bit FNV-1a hash of each value's UTF-8 bytes (uint64, in order): a ``str`` sequence (a name
-    that is not UTF-8, as ``os.listdir`` gives it, hashes as its bytes: ``surrogateescape``), or a
-    fixed-width ``S`` array, whose values hash without their NUL padding (the same at any width).
-    Computed a byte column at a time over all the strings, with numpy's uint64 wrap-around: no Python
-    object per string for an array. For membership: equal strings hash equal; unequal ones may too (about
-    n*m/2**64 expected collisions of m names against n), so a match means "maybe listed"."""
-    if isinstance(values, np.ndarray) and values.dtype.kind == "S":
-        flat = np.ascontiguousarray(values).reshape(-1)
-        width = flat.dtype.itemsize
-        if not len(flat) or not width:
-            return np.full(len(flat), _FNV_OFFSET, dtype=np.uint64)
-        matrix = flat.view(np.uint8).reshape(len(flat), width)
-        lengths = np.empty(len(flat), dtype=np.int64)
-        for start in range(0, len(flat), _HASH_ROWS):  # a value ends at its last non-NUL byte
-            nonzero = matrix[start:start + _HASH_ROWS] != 0
-            last = width - np.argmax(nonzero[:, ::-1], axis=1)
-            lengths[start:start + _HASH_ROWS] = np.where(nonzero.any(axis=1), last, 0)
-        return _fnv1a(matrix.reshape(-1), np.arange(len(flat), dtype=np.int64) * width, lengths)
-    encoded = [value.encode("utf-8", "surrogateescape") for value in values]
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    starts = np.zeros(len(encoded), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    return _fnv1a(np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, lengths)
-
-
-def hashes_in(listed: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-    """A bool per hash: is it in ``listed`` (sorted uint64, as ``ShardTable.path_hashes`` gives)? A binary
-    search per hash, so a chunk of names costs O(chunk log listed), not a sort of both."""
-    if not len(listed) or not len(hashes):
-        return np.zeros(len(hashes), dtype=bool)
-    at = np.searchsorted(listed, hashes)
-    at[at == len(listed)] = 0
-    return listed[at] == hashes
-
-
-def _fnv1a(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """FNV-1a of the byte strings ``blob[starts[i]:starts[i] + lengths[i]]``. Rows in blocks, each block
-    ordered longest first, so byte column ``j`` is a prefix of the block (the rows longer than ``j``)."""
-    out = np.empty(len(starts), dtype=np.uint64)
-    for start in range(0, len(starts), _HASH_ROWS):
-        block_lengths = lengths[start:start + _HASH_ROWS]
-        order = np.argsort(-block_lengths, kind="stable")
-        ordered_starts = starts[start:start + _HASH_ROWS][order]
-        longer = np.sort(block_lengths)  # longer[j]: how many rows are longer than j, from the top
-        state = np.full(len(order), _FNV_OFFSET, dtype=np.uint64)
-        width = int(longer[-1]) if len(longer) else 0
-        for j in range(width):
-            active = len(longer) - int(np.searchsorted(longer, j, side="right"))
-            part = state[:active]
-            part ^= blob[ordered_starts[:active] + j]
-            part *= _FNV_PRIME
-        out[start:start + len(order)][order] = state
-    return out
-
-
-def map_segment(path: str, expected_bytes: int, expected_name: str) -> SegmentColumns:
-    """A local segment, memory-mapped, after checking its size and its sha256 (streamed in 4 MB reads, so
-    the check does not make the whole file resident in this process)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        digest = hashlib.sha256()
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-        _check(path, size, digest.hexdigest(), expected_bytes, expected_name)
-        if not size:
-            return SegmentColumns(b"", path)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return SegmentColumns(mapped, path, os.dup(f.fileno()))  # the checked file, for worker processes
-
-
-def segment_from_bytes(data: bytes, path: str, expected_bytes: int, expected_name: str) -> SegmentColumns:
-    """A segment read whole (object storage), after the same checks."""
-    _check(path, len(data), hashlib.sha256(data).hexdigest(), expected_bytes, expected_name)
-    return SegmentColumns(data, path)
-
-
-def check_segment(path: str, size: int, digest: str, expected_bytes: int, expected_name: str) -> None:
-    """``ShardIntegrityError`` unless the segment's size and sha256 are the root's."""
-    _check(path, size, digest, expected_bytes, expected_name)
-
-
-def _check(path: str, size: int, digest: str, expected_bytes: int, expected_name: str) -> None:
-    if size != expected_bytes or digest != expected_name:
-        raise ShardIntegrityError(f"{path}: {size} bytes with sha256 {digest}; the root says {expected_bytes} bytes "
-                                  f"and sha256 {expected_name} (corrupt or truncated): HINT: `preprocess verify DIR "
-                                  "--repair` restores a kept generation")
-
+__all__ = ["ShardTable", "check_listed_once", "fold_segments", "shard_entry"]
 
 class ShardTable(Sequence[ShardEntry]):
     """The live shards of one generation in dataset order: ``samples`` (int64 per shard) for the plan,
@@ -425,15 +118,15 @@ class ShardTable(Sequence[ShardEntry]):
         for a single-shape dataset, whose segments have none (spec, "Buckets"); no object per shard."""
         if self._entries is not None:
             return np.array([e.bucket for e in self._entries], dtype=np.int64)
-        if not any(_BUCKET_COLUMN in s.arrays for s in self.segments):
+        if not any(BUCKET_COLUMN in s.arrays for s in self.segments):
             return np.zeros(len(self), dtype=np.int64)
         if self.sources is None:
-            return np.asarray(self.segments[0].arrays[_BUCKET_COLUMN], dtype=np.int64)
+            return np.asarray(self.segments[0].arrays[BUCKET_COLUMN], dtype=np.int64)
         out = np.zeros(len(self), dtype=np.int64)
         for k, segment in enumerate(self.segments):
-            if _BUCKET_COLUMN in segment.arrays:
+            if BUCKET_COLUMN in segment.arrays:
                 mine = self.sources == k
-                out[mine] = segment.arrays[_BUCKET_COLUMN][self.rows[mine]]
+                out[mine] = segment.arrays[BUCKET_COLUMN][self.rows[mine]]
         return out
 
     def checksum_algorithms(self) -> set[str]:
@@ -486,7 +179,7 @@ def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
     meta = check_dataset_path(segment.string("shard_meta_path", row), segment.path)
     first = arrays["input_first_shard"]
     owner = int(np.searchsorted(first, row, side="right")) - 1
-    bucket = int(arrays[_BUCKET_COLUMN][row]) if _BUCKET_COLUMN in arrays else 0
+    bucket = int(arrays[BUCKET_COLUMN][row]) if BUCKET_COLUMN in arrays else 0
     return ShardEntry(path, meta, int(arrays["shard_samples"][row]), int(arrays["shard_bytes"][row]),
                       arrays["shard_digest"][row, :size].tobytes().hex(), int(arrays["shard_meta_bytes"][row]),
                       arrays["shard_meta_digest"][row, :size].tobytes().hex(), segment.string("input_name", owner),

@@ -20,7 +20,8 @@ from shardio.errors import ShardError, ShardFormatError
 from shardio.format import INDEX_DIR, MANIFESTS_DIR, REPORTS_DIR, SHARDS_DIR, Manifest, is_shard_file_name
 from shardio.format.index import check_segment_path
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, read_root
-from shardio.format.shard_table import ShardTable, hashes_in, string_hashes
+from shardio.format.shard_table import ShardTable
+from shardio.format.string_hashes import hashes_in, string_hashes
 from shardio.store.backends import for_path
 from shardio.store.base import TEMP_PREFIX
 from shardio.write.lock import check_held, may_delete, utc_timestamp

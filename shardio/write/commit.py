@@ -30,7 +30,7 @@ from shardio.format import (
 from shardio.format.index import Delta, SegmentRef, encode_segment, plan_compaction, root_json, segment_path
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, open_segment
 from shardio.format.segment_merge import MergedSegment, merge_columns
-from shardio.format.shard_table import SegmentColumns
+from shardio.format.segment_columns import SegmentColumns
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.write.committed import load_committed, manifest_path

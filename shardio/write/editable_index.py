@@ -22,7 +22,8 @@ import numpy as np
 
 from shardio.format.index import Delta, SegmentRef, current_inputs, input_signature, totals_of
 from shardio.format.manifests import DatasetIndex
-from shardio.format.shard_table import SegmentColumns, fold_segments, shard_entry
+from shardio.format.segment_columns import SegmentColumns
+from shardio.format.shard_table import fold_segments, shard_entry
 from shardio.format.dataset_config import ConfigDerived
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry

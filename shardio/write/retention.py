@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
-from shardio.format.shard_table import hashes_in, string_hashes
+from shardio.format.string_hashes import hashes_in, string_hashes
 from shardio.store.backends import for_path
 from shardio.write.cleaning import clean_leftovers, collect_segments, forget_runs, listed_hashes, unfinished_runs
 from shardio.write.lock import check_held, may_delete, writing
