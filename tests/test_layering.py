@@ -334,3 +334,54 @@ def test_bench_has_no_import_circle_and_nothing_imports_it():
               for target in targets if target.startswith("bench")]
     assert not upward, f"shardio / preprocess import bench/: {upward}"
     assert any(t.startswith("shardio") for name in bench_graph for t in graph[name]), "bench/ was not read"
+
+
+# Where a path is still turned into its storage backend (``shardio.store.backends.for_path``), by module: a
+# ratchet. The backend is meant to be chosen once, where a dataset or an input is opened, and passed along
+# (docs/CODE_MAP.md, store/); these are the places that still choose it again. A new use is refused, and a
+# module that needs fewer must lower its count here, so the list only shrinks toward the openers alone.
+FOR_PATH_USES = {
+    "preprocess/cluster_access.py": 5, "preprocess/folder_samples.py": 1, "preprocess/input_kinds.py": 1,
+    "preprocess/inputs.py": 6, "preprocess/job.py": 1, "preprocess/parquet_samples.py": 2,
+    "preprocess/plan.py": 1, "preprocess/remote_tar.py": 1, "preprocess/tar_samples.py": 5,
+    "preprocess/verify.py": 1, "preprocess/worker.py": 1,
+    "shardio/format/manifests.py": 4, "shardio/format/run_report.py": 2, "shardio/format/shard_check.py": 2,
+    "shardio/read/cache_units.py": 1, "shardio/read/dataset.py": 2, "shardio/read/shard_cache.py": 1,
+    "shardio/read/snapshot.py": 2, "shardio/tools/info.py": 1, "shardio/train/lightning.py": 1,
+    "shardio/train/loader.py": 1,
+    "shardio/write/cleaning.py": 6, "shardio/write/commit.py": 7, "shardio/write/committed.py": 4,
+    "shardio/write/lock.py": 4, "shardio/write/retention.py": 1, "shardio/write/staging.py": 4,
+}
+
+
+def for_path_uses(root: pathlib.Path, packages: tuple[pathlib.Path, ...]) -> dict[str, int]:
+    """Each module's references to ``for_path`` (calls, and the name passed on, as ``map(for_path, ...)``)."""
+    found = {}
+    for package in packages:
+        for path in sorted(package.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            uses = sum(isinstance(node, ast.Name) and node.id == "for_path" and isinstance(node.ctx, ast.Load)
+                       for node in ast.walk(tree))
+            if uses:
+                found[path.relative_to(root).as_posix()] = uses
+    return found
+
+
+def test_the_counter_sees_calls_and_the_name_passed_on(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("from s import for_path\nx = for_path(p)\nys = list(map(for_path, ps))\n")
+    (package / "b.py").write_text("def for_path(p):\n    return p\n")  # a definition is not a use
+    assert for_path_uses(tmp_path, (package,)) == {"pkg/a.py": 2}
+
+
+def test_a_backend_is_chosen_again_nowhere_new():
+    found = for_path_uses(SHARDIO_DIR.parent, (SHARDIO_DIR, PREPROCESS_DIR))
+    more = {module: (count, FOR_PATH_USES.get(module, 0)) for module, count in found.items()
+            if count > FOR_PATH_USES.get(module, 0)}
+    assert not more, ("for_path used more than allowed (module: (uses, allowed)); pass the Storage the caller "
+                      f"opened instead of resolving the path again: {more}")
+    fewer = {module: (found.get(module, 0), allowed) for module, allowed in FOR_PATH_USES.items()
+             if found.get(module, 0) < allowed}
+    assert not fewer, ("fewer for_path uses than allowed: lower FOR_PATH_USES to match (module: (uses, allowed)): "
+                       f"{fewer}")
