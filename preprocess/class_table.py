@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 
-from preprocess.folder_samples import folder_source
 from preprocess.inputs import InputFingerprint, ResolvedInputs
 from shardio.format import escape_name
 from shardio.write.editable_index import EditableIndex
@@ -43,9 +42,7 @@ def folder_class_names(resolved: ResolvedInputs) -> dict[str, set[str]]:
     names: dict[str, set[str]] = {}
     refused = []
     for folder in sorted(resolved.folders):
-        found = resolved.classes.get(folder)
-        if found is None:  # a folder input found by another way than the listings that record them
-            found = folder_source(folder).classes()
+        found = resolved.classes[folder]  # every folder input's, from its listing (preprocess.inputs)
         if not found:
             refused.append(folder)
         else:

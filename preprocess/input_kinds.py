@@ -51,7 +51,6 @@ __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_ki
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
 SampleReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
                         Iterator[RawSample | SampleProblem]]
-KindReader = SampleReader  # a kind's reader is one, too
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class InputKind:
     described: str  # for a person: what it is
     suffixes: tuple[str, ...]  # names that claim this kind (lower case)
     recognises: Callable[[bytes], bool]  # the first HEAD_BYTES bytes (fewer for a shorter file)
-    samples: KindReader
+    samples: SampleReader  # a kind's reader
     plural: str  # what a glob takes of it, for a message
     any_glob: bool = False  # a glob takes it whatever the pattern's own suffix (tars: what globs always took)
     is_folder: bool = False  # a directory or prefix named as an INPUT (no suffix, no first bytes)

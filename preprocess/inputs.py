@@ -212,16 +212,16 @@ class _LocalLookup:
         for path in sorted(matched_folders):
             if _inside(path, self.folders):  # a folder inside a folder input is part of it
                 continue
-            fingerprint = self._images_folder(path)
-            if fingerprint is None:
+            taken = self._images_folder(path)
+            if taken is None:
                 imageless[0] += 1
             else:
-                self._take_folder(path, fingerprint, matched, matched_folders[path])
+                self._take_folder(path, *taken, matched, matched_folders[path])
         if not files:
             failed.append({"input": pattern, "reason": "glob matched no files"})
 
-    def _images_folder(self, path: str) -> FolderFingerprint | None:
-        """The fingerprint of a folder a glob matched that holds image files, or None (no image, or
+    def _images_folder(self, path: str) -> tuple[FolderSource, FolderFingerprint] | None:
+        """A folder a glob matched that holds image files, with its fingerprint, or None (no image, or
         unreadable). Its names are read first (no stat per file: ``data/**`` over a tree of tars stats
         nothing), its walk with a stat per file only for a folder taken."""
         if claimed_kind(path) is not None:  # a folder named x.tar is no folder input
@@ -233,13 +233,14 @@ class _LocalLookup:
             fingerprint = source.fingerprint(self.image_extensions)
         except OSError:
             return None
-        return fingerprint if fingerprint.images else None
+        return (source, fingerprint) if fingerprint.images else None
 
-    def _take_folder(self, path: str, fingerprint: FolderFingerprint, matched: set[str], link: bool) -> None:
+    def _take_folder(self, path: str, source: FolderSource, fingerprint: FolderFingerprint, matched: set[str],
+                     link: bool) -> None:
         matched.add(path)
         self.folders.add(path)
         self.fingerprints[path] = fingerprint
-        self.classes[path] = folder_source(path).classes()  # one scandir of its top level
+        self.classes[path] = source.classes()  # one scandir of its top level
         self.found[path] = InputFingerprint(fingerprint.size, fingerprint.mtime_ns)
         if link:
             self.links.add(path)
@@ -270,7 +271,7 @@ class _LocalLookup:
                     return _no_image(fingerprint, self.image_extensions, names, "DIR")
             except OSError as e:
                 return f"cannot be read: {e.strerror or e}"
-            self._take_folder(path, fingerprint, matched, link)
+            self._take_folder(path, source, fingerprint, matched, link)
             return ""
         if not stat.S_ISREG(info.st_mode):
             return "not a regular file"
