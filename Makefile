@@ -28,7 +28,7 @@ BENCH_CORPUS := bench/out/corpus/laion-like-6x200-s0
 install: $(STAMP)
 	@$(MAKE) --no-print-directory pillow-simd
 
-$(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c shardio/read/_jpeg_batch.c shardio/read/_gather.c Makefile
+$(STAMP): pyproject.toml setup.py preprocess/image/_jpeg_region.c shardio/read/_jpeg_batch.c shardio/read/_gather.c Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull the multi-GB CUDA build.
@@ -44,10 +44,10 @@ $(STAMP): pyproject.toml setup.py preprocess/_jpeg_region.c shardio/read/_jpeg_b
 	$(PY) -m preprocess.cli doctor
 	touch $(STAMP)
 
-# Pillow-SIMD active and built with AVX2 (preprocess/pillow_check.py compares the PIL files on disk
+# Pillow-SIMD active and built with AVX2 (preprocess/image/pillow_check.py compares the PIL files on disk
 # with Pillow-SIMD's install record), or rebuilt from source now.
 pillow-simd:
-	@$(PY) -m preprocess.pillow_check || $(MAKE) --no-print-directory pillow-simd-rebuild
+	@$(PY) -m preprocess.image.pillow_check || $(MAKE) --no-print-directory pillow-simd-rebuild
 
 # Stock Pillow and Pillow-SIMD share the PIL directory: uninstalling one deletes the other's files, so
 # remove both and whatever is left of PIL, then build Pillow-SIMD afresh. --no-cache-dir: a cached wheel
@@ -55,12 +55,12 @@ pillow-simd:
 pillow-simd-rebuild:
 	@echo "rebuilding Pillow-SIMD $(PILLOW_SIMD_VERSION) from source (CC=\"cc -mavx2\")" >&2
 	-$(PIP) uninstall -q -y pillow pillow-simd
-	rm -rf "$$($(PY) -m preprocess.pillow_check --pil-dir)" $(VENV)/.pillow-simd-avx2
+	rm -rf "$$($(PY) -m preprocess.image.pillow_check --pil-dir)" $(VENV)/.pillow-simd-avx2
 	CC="cc -mavx2" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps --no-binary pillow-simd \
 		pillow-simd==$(PILLOW_SIMD_VERSION)
 	echo 'CC="cc -mavx2"' > $(VENV)/.pillow-simd-avx2
 	# Fails loudly (exit 1, the reasons on stderr) if the rebuild did not give a working Pillow-SIMD.
-	$(PY) -m preprocess.pillow_check
+	$(PY) -m preprocess.image.pillow_check
 
 sample: $(STAMP)
 	$(PY) -m preprocess.sample_data $(SAMPLE_DIR)

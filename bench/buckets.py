@@ -6,8 +6,8 @@ beside a square centre crop's (|log(source w/h)|), with the stored area over the
 bench corpus holds eight web photo sizes (4:3 to 16:9, landscape and portrait); a LAION-like spread, random
 crops of those photos (each side cut to a uniform 37-100% of it, so log aspect spreads to beyond 1:3 and 3:1,
 and a centre crop loses 0.38 / 1.03 at median / p95, as on LAION-like data), is scored from the sizes alone:
-the bucket an image takes depends on its size only (``tests/test_bucket_transform.py`` checks the transform
-stores exactly that bucket's shape).
+the bucket an image takes depends on its size only (``tests/preprocess/image/test_bucket_transform.py`` checks the
+transform stores exactly that bucket's shape).
 
 Job cost: the job over every tar in bucket mode and in centre-crop mode, interleaved rounds in one Ray
 session (``bench.job_jpeg``'s method: whole runs, alternating which goes first, the median of the rounds'
@@ -35,9 +35,9 @@ import numpy as np
 
 from bench.corpus import WEB_SIZES, CorpusSpec, build_corpus, read_images
 from bench.job_bench import ForeignLoad, _run, interleaved_rounds, local_ray, worker_cpu_ms
-from preprocess.buckets import aspect_error, nearest_bucket
+from preprocess.image.buckets import aspect_error, nearest_bucket
 from preprocess.config import BUCKET, JobConfig
-from preprocess.transform import process_image
+from preprocess.image.transform import process_image
 
 __all__ = ["aspect_figures", "crop_spread", "bucket_crop_rounds", "bucket_worker_cpu", "summary_lines",
            "TARGET_RATE", "TARGET_MEDIAN", "TARGET_P95", "AREA_RANGE"]

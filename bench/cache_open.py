@@ -31,7 +31,7 @@ class _NoStore:
 
 def child(directory: str) -> dict[str, Any]:
     from shardio.format.manifests import load_index
-    from shardio.read.cache_setup import cache_for
+    from shardio.read.cache.cache_setup import cache_for
 
     index = load_index(directory)
     shards = index.shards

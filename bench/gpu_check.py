@@ -39,8 +39,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CUDA_TEST_FILES = ["tests/test_cuda_path.py", "tests/test_device_decode.py", "tests/test_dataset_device.py",
-                   "tests/test_content_box_reader.py", "tests/test_bucket_cuda.py", "tests/test_dataset_buckets.py"]
+CUDA_TEST_FILES = ["tests/train/test_cuda_path.py", "tests/train/test_device_decode.py",
+                   "tests/train/test_dataset_device.py", "tests/read/test_content_box_reader.py",
+                   "tests/train/test_bucket_cuda.py", "tests/read/test_dataset_buckets.py"]
 
 # (part, seconds on one H100 with 16 cores, what it does at full size); the dry run prints these.
 PLAN = [

@@ -12,7 +12,7 @@ drift of the machine slower than a round cancels and a faster one shows as sprea
 its 2.4 s (make bench on a quiet 2-core VM: 400 images in 0.84 s, 1,200 in 2.44 s), the same for both
 encodings, and it moves the ratio toward 1 by under 2%, while the difference of two runs, each as noisy
 as one, measured 0.57-1.62 for the same code on a machine other processes were loading. The last round's
-outputs are then compared image by image (``preprocess.pixel_quality``: the JPEG dataset decoded by the
+outputs are then compared image by image (``preprocess.image.pixel_quality``: the JPEG dataset decoded by the
 reader against the raw dataset of the same images) for PSNR, max abs error and bytes per image.
 
 Beside it, a figure other processes hardly move: the CPU time per image of one worker
@@ -43,7 +43,7 @@ import shardio
 from bench.corpus import CorpusSpec, build_corpus
 from bench.job_bench import ForeignLoad, _run, interleaved_rounds, local_ray, worker_cpu_ms
 from preprocess.config import JobConfig
-from preprocess.pixel_quality import QualityTally
+from preprocess.image.pixel_quality import QualityTally
 from shardio.format import JPEG, RAW
 
 __all__ = ["jpeg_raw_rounds", "worker_cpu_rounds", "dataset_quality", "summary_line", "TARGET"]

@@ -6,7 +6,7 @@ centre crop, Pillow-SIMD), and reports:
 
 - the size/quality curve: KB per image (mean), PSNR against the raw pixels (median, 5th percentile) and the
   max abs error, for qualities and both subsamplings (what the config's defaults were chosen from), scored
-  by ``preprocess.pixel_quality`` as ``preprocess diagnose`` scores a dataset;
+  by ``preprocess.image.pixel_quality`` as ``preprocess diagnose`` scores a dataset;
 - the job's cost: ms per image to decode + resize the original, and to encode the 256² result (the job's
   images/s ratio jpeg/raw is transform / (transform + encode), every other step being the same);
 - the CPU reader: decoded samples/s with all cores (``ShardDataset``, shuffled batches of 256, the batch decode
@@ -27,11 +27,11 @@ import numpy as np
 
 from bench.corpus import WEB_SIZES
 from preprocess.config import JobConfig
-from preprocess.jpeg_encode import encode_jpeg
-from preprocess.pixel_quality import QualityTally
+from preprocess.image.jpeg_encode import encode_jpeg
+from preprocess.image.pixel_quality import QualityTally
 from preprocess.sample_data import encode_jpeg as encode_original
 from preprocess.sample_data import photo_like
-from preprocess.transform import process_image
+from preprocess.image.transform import process_image
 from shardio import ShardDataset
 from shardio.read import jpeg_pixels
 from shardio.write.shard_writer import InputShardWriter, write_manifest

@@ -45,8 +45,8 @@ import torch
 
 from bench.jpeg_quality import originals, write_dataset
 from preprocess.config import JobConfig
-from preprocess.jpeg_encode import encode_jpeg
-from preprocess.transform import process_image
+from preprocess.image.jpeg_encode import encode_jpeg
+from preprocess.image.transform import process_image
 from shardio import DeviceLoader, ShardDataset
 from shardio.read import jpeg_pixels
 

@@ -4,7 +4,7 @@
 
 Writes a Parquet file of ``--gb`` GB of 300 KB image cells (random bytes: the reader hands cells over
 undecoded, so this measures the reading alone) in row groups of ``--row-group-mb`` MB, then walks every
-sample with ``preprocess.parquet_samples.iter_parquet_samples`` in a fresh process and reports the largest
+sample with ``preprocess.inputs.parquet_samples.iter_parquet_samples`` in a fresh process and reports the largest
 RSS seen while reading (sampled at each sample) against the file's size. The file is written to
 ``$SHARDIO_SCRATCH`` (else the temp dir) and removed.
 """
@@ -46,7 +46,7 @@ def walk(path: str) -> None:
     import pyarrow.parquet  # noqa: F401 - imported before the baseline: the reading's own memory is measured
 
     from preprocess.config import JobConfig
-    from preprocess.parquet_samples import iter_parquet_samples
+    from preprocess.inputs.parquet_samples import iter_parquet_samples
 
     process = psutil.Process()
     baseline = peak = process.memory_info().rss

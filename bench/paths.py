@@ -7,11 +7,11 @@ which is how the Ray job uses the machine too: the pool's rate divided by the co
 
 - ``floor``: ``draft("RGB", size)`` + ``load()``: libjpeg-turbo's DCT scaling to the smallest scale that
   still covers the target; Huffman decoding of the whole file cannot be skipped, so no path goes faster.
-- ``floor_libjpeg``: the same decode through the job's own decoder (``preprocess._jpeg_region``) over the
+- ``floor_libjpeg``: the same decode through the job's own decoder (``preprocess.image._jpeg_region``) over the
   whole drafted image: libjpeg-turbo at Pillow's settings without Pillow's image allocation, row copies
   and load loop (~6% of the floor). A stricter floor: the job decodes less than this (only the region its
   resize reads) but pays for the rest of its work.
-- ``transform``: ``preprocess.transform.process_image`` alone (the job without tar reading, Ray, writing).
+- ``transform``: ``preprocess.image.transform.process_image`` alone (the job without tar reading, Ray, writing).
 - ``naive_stock`` / ``naive_simd``: what a DataLoader transform does: full-size decode with stock settings,
   ``convert("RGB")``, resize the short side, centre crop (as ``examples/train.py``'s WebDataset baseline).
   ``naive_stock`` is the baseline: stock Pillow, as torchvision installs it, run by ``bench.stock_pillow``
@@ -39,10 +39,10 @@ from typing import Protocol, Self
 import numpy as np
 from PIL import Image
 
-from preprocess import jpeg_region
+from preprocess.image import jpeg_region
 from preprocess.config import JobConfig
-from preprocess.resize_modes import resize_mode
-from preprocess.transform import _RESAMPLE, process_image
+from preprocess.image.resize_modes import resize_mode
+from preprocess.image.transform import _RESAMPLE, process_image
 from preprocess.worker import process_input
 
 __all__ = ["PATHS", "PathPool", "RemotePath", "available_paths"]

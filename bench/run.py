@@ -35,7 +35,7 @@ from bench.paths import PathPool, available_paths
 from bench.reader_figures import reader_figures, webdataset_samples_per_s
 from bench.stock_pillow import StockPillowPath, ensure_stock_pillow
 from preprocess.config import JobConfig
-from preprocess.versions import library_versions, pillow_build
+from preprocess.image.versions import library_versions, pillow_build
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRATCH = os.path.join(HERE, "out")

@@ -44,7 +44,7 @@ import tracemalloc
 from typing import Any
 
 from preprocess.config import JobConfig
-from preprocess.versions import library_versions
+from preprocess.image.versions import library_versions
 from preprocess.worker import shard_stem
 from shardio.format import InputEntry, Manifest, ShardEntry, npy_header
 from shardio.store.checksum import WRITE_ALGORITHM, new_hasher
@@ -235,7 +235,7 @@ def _child_append(root: str, inputs: int = 10) -> dict[str, Any]:
 
 
 def _child_plan(count: int) -> dict[str, Any]:
-    from preprocess.inputs import InputFingerprint, ResolvedInputs
+    from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs
     from preprocess.plan import plan_inputs
 
     tracemalloc.start()

@@ -64,7 +64,7 @@ def _write_folder(folder: str, samples: dict[str, dict[str, bytes]]) -> None:
 
 def _fingerprint(path: str):
     if os.path.isdir(path):
-        from preprocess.inputs import resolve_inputs
+        from preprocess.inputs.resolve import resolve_inputs
 
         return resolve_inputs([path]).listed[path]
     return for_path(path).stat_fingerprint(path)

@@ -1,6 +1,6 @@
 """The documentation's Markdown as the docs tests read it: pages, fenced blocks with the marker before
 each (``<!-- runs -->`` or ``<!-- illustrative -->``), links and anchors, inline code. Parsing only: the
-tests in ``tests/test_docs.py`` and ``tests/test_docs_snippets.py`` decide what is wrong."""
+tests in ``tests/project/test_docs.py`` and ``tests/project/test_docs_snippets.py`` decide what is wrong."""
 
 from __future__ import annotations
 

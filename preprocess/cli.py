@@ -2,7 +2,7 @@
 
 Exit codes: 0 every input processed (bad samples are counted in the report, not fatal); 1 an input could
 not be processed (the others are still committed) or a check failed; 2 usage or config error; 130 / 143
-``run`` stopped by SIGINT / SIGTERM (see ``preprocess.stop_signals``). A command ended by an exception
+``run`` stopped by SIGINT / SIGTERM (see ``preprocess.cluster.stop_signals``). A command ended by an exception
 exits with ``shardio.errors.exit_code`` (the one table, derived from the exception tree); a finished run
 with its report's ``exit_code``.
 """
@@ -20,18 +20,18 @@ from rich.console import Console
 from rich.markup import escape
 
 import shardio
-from preprocess import jpeg_region
+from preprocess.image import jpeg_region
 from preprocess.config import load_config
 from preprocess.diagnose import diagnose as time_stages, render_text
-from preprocess.inputs import resolve_inputs
+from preprocess.inputs.resolve import resolve_inputs
 from preprocess.job import RunOptions, RunReport, dataset_config, report_json, run_job
 from preprocess.logging_events import LOG_FORMATS, EventLogger
 from preprocess.run_display import RunDisplay, console, quiet_failure, summary
 from preprocess.run_progress import PROGRESS_INTERVAL_S
-from preprocess import pillow_check
-from preprocess.stop_signals import StopOnSignal
+from preprocess.image import pillow_check
+from preprocess.cluster.stop_signals import StopOnSignal
 from preprocess.verify import repair_dataset, restore_manifest, verify_dataset
-from preprocess.versions import library_versions, pillow_build
+from preprocess.image.versions import library_versions, pillow_build
 from shardio.tools.cli_style import fail, new_app, version_option
 from shardio.write.directory import foreign_files_warning, report_path
 from shardio.write.retention import (
@@ -373,7 +373,7 @@ def doctor() -> None:
     for problem in problems:
         typer.echo(f"WARNING: {problem}", err=True)
     if not region_decoder:  # optional by design: slower, never different pixels, so no failed exit
-        typer.echo("WARNING: preprocess._jpeg_region is not built (no C compiler, or no libjpeg-turbo headers,"
+        typer.echo("WARNING: preprocess.image._jpeg_region is not built (no C compiler, or no libjpeg-turbo headers,"
                    " when the package was installed): JPEGs decode through Pillow, same pixels, ~5% slower;"
                    " reinstall with them (make install) to build it", err=True)
     raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)

@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from shardio.errors import ConfigError
-from preprocess.buckets import DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets, nearest_bucket
+from preprocess.image.buckets import (DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets,
+                                      nearest_bucket)
 from shardio.format import BUCKET_MODE, ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS", "BUCKET"]
@@ -58,7 +59,7 @@ class JobConfig:
     # A 90x160 thumbnail is upscaled to 256 otherwise; the report counts how many samples were upscaled.
     min_image_size: int = 0
     max_aspect_ratio: float | None = None
-    # Per-image resource limits, each a counted failure (see preprocess/transform.py). Decode time grows
+    # Per-image resource limits, each a counted failure (see preprocess/image/transform.py). Decode time grows
     # with a progressive JPEG's scan count (510 scans over 423 KB took 21 s): usual encoders write 10
     # (libjpeg's progressive script; 6 for grayscale), so 100 leaves room for custom scripts.
     max_jpeg_scans: int = 100
@@ -73,7 +74,7 @@ class JobConfig:
     # Wall time of one image (decode to resized pixels), checked after the fact: a decode inside one C call
     # cannot be interrupted, the two limits above prevent the long ones. Normal images take ~5 ms; a
     # sample failed by this limit depends on the machine's load, so keep it far above the normal. A decode
-    # that never returns is ended at 2 x this + 1 s (61 s): preprocess/decode_watch.py.
+    # that never returns is ended at 2 x this + 1 s (61 s): preprocess/image/decode_watch.py.
     max_decode_seconds: float = 30.0
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
@@ -85,14 +86,14 @@ class JobConfig:
     encoding: str = RAW
     quality: int = 90
     subsampling: str = "4:4:4"
-    # Which Parquet column holds the image and which the label (preprocess.parquet_samples): None finds them
+    # Which Parquet column holds the image and which the label (preprocess.inputs.parquet_samples): None finds them
     # by type and name. Stored only when set, so a dataset made before these keys keeps its config bytes.
     image_column: str | None = None
     label_column: str | None = None
-    # A folder input's first folder level as the class (preprocess.folder_samples): cls = the index of its
+    # A folder input's first folder level as the class (preprocess.inputs.folder_samples): cls = the index of its
     # name among the sorted sub-folder names, and the name in the sample's json. Stored only when true.
     folder_classes: bool = False
-    # mode: bucket (preprocess.buckets): height x width is the pixel budget; each image goes to the bucket
+    # mode: bucket (preprocess.image.buckets): height x width is the pixel budget; each image goes to the bucket
     # nearest its aspect ratio. ``buckets`` lists them as [height, width] pairs, or None to derive them from
     # the budget with sides multiples of ``bucket_step`` and long/short side up to ``bucket_max_ratio``.
     # Resolved at load (``buckets`` is then always the list, in the order that gives the bucket ids); stored
@@ -134,7 +135,7 @@ class JobConfig:
         return self._max_side
 
     def bucket_of(self, width: int, height: int) -> int:
-        """The bucket id of an upright ``width`` x ``height`` image (``preprocess.buckets.nearest_bucket``)."""
+        """The bucket id of an upright ``width`` x ``height`` image (``preprocess.image.buckets.nearest_bucket``)."""
         found = self._nearest.get((width, height))
         if found is None:
             if len(self._nearest) >= 4096:  # web images repeat a few hundred sizes: bounded all the same

@@ -7,7 +7,7 @@ counted, spread over its images; then deleted). Stages per image:
 - ``index``: the tar's index pass (``index_tar``: every member header, no data), spread over its images
 - ``read``: reading the sample's members out of the tar: one byte range each (disk, page cache or network)
 - ``decode``: opening the image and decoding it (for JPEG at the draft scale, 1/2 to 1/8, that
-  libjpeg-turbo's DCT scaling allows, and only the part the resize reads: ``preprocess.jpeg_region``;
+  libjpeg-turbo's DCT scaling allows, and only the part the resize reads: ``preprocess.image.jpeg_region``;
   the report's ``jpeg_decoder`` says whether that compiled decoder is in use)
 - ``convert``: to RGB (palette, alpha, CMYK, 16-bit); ``resize``: crop/resize/orient to the target
 - ``encode``: ``encoding: jpeg`` only, the resized image encoded as the job does (``stored_pixels``)
@@ -20,7 +20,7 @@ disk and memory bandwidth keep up; the projection assumes they do, and excludes 
 
 What the shards will hold is measured too (``pixels`` in the report): bytes per image and the projected
 size of the pixel files; for ``encoding: jpeg`` each sample's JPEG decoded again and scored against its raw
-pixels (``preprocess.pixel_quality``: PSNR median, 5th percentile and minimum, max abs error), outside the
+pixels (``preprocess.image.pixel_quality``: PSNR median, 5th percentile and minimum, max abs error), outside the
 timings: the quality of this dataset's images at this config, not a number from a different corpus.
 In ``mode: bucket`` the report's ``aspect`` says how much of each picture's shape is kept: the aspect error
 |log(stored w/h) - log(source w/h)| (median, p95, max) beside what a centre crop to the budget's
@@ -38,15 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from preprocess import jpeg_region
+from preprocess.image import jpeg_region
 from preprocess.config import JobConfig
-from preprocess.jpeg_encode import stored_pixels
-from preprocess.pixel_quality import QualityTally, decode_jpeg
-from preprocess.input_kinds import input_kind
-from preprocess.resize_modes import resize_mode
-from preprocess.tar_samples import SampleProblem, index_tar, iter_tar_samples
-from preprocess.transform import process_image
-from preprocess.versions import pillow_build
+from preprocess.image.jpeg_encode import stored_pixels
+from preprocess.image.pixel_quality import QualityTally, decode_jpeg
+from preprocess.inputs.kinds import input_kind
+from preprocess.image.resize_modes import resize_mode
+from preprocess.inputs.tar_samples import SampleProblem, index_tar, iter_tar_samples
+from preprocess.image.transform import process_image
+from preprocess.image.versions import pillow_build
 from preprocess.worker import parse_fields
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import count_by_category
@@ -56,8 +56,8 @@ from shardio.write.shard_writer import JpegShardWriter, ShardWriter
 __all__ = ["STAGES", "diagnose", "render_text"]
 
 _JPEG_DECODER = {
-    True: "region decode (libjpeg-turbo, only the part the resize reads: preprocess._jpeg_region)",
-    False: "Pillow's load, whole image (preprocess._jpeg_region is not built: ~5% slower, same pixels)",
+    True: "region decode (libjpeg-turbo, only the part the resize reads: preprocess.image._jpeg_region)",
+    False: "Pillow's load, whole image (preprocess.image._jpeg_region is not built: ~5% slower, same pixels)",
 }
 
 STAGES = ("index", "read", "decode", "convert", "resize", "encode", "write", "commit", "other")

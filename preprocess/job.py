@@ -16,7 +16,7 @@ O(inputs)), against 23 s and 2.3 GB when a run loaded an object per shard (``pyt
 --synthetic 230000:10``).
 
 Recognising committed inputs: by path plus (size, mtime_ns), not by a content hash. A no-op rerun over
-N tars is then one listing of their folders with one ``stat`` per tar (``preprocess.inputs``), and a
+N tars is then one listing of their folders with one ``stat`` per tar (``preprocess.inputs.resolve``), and a
 lookup per tar (``preprocess.plan``): ~1 s at 30k tars for ``run_job``, and Ray is not started
 (``python -m bench.scale_job``), where hashing would read every byte
 (1,000 x 1 GB tars: minutes of I/O per nightly run). The cost: a file rewritten in place with the same
@@ -24,7 +24,7 @@ size within one timestamp tick (kernels stamp mtime from a coarse clock, a few m
 changed; ``touch`` it to force. Drops that land as new files (the usual case) are never missed.
 
 An object in a bucket is recognised by URL plus (size, ETag), both from the LIST that found it
-(``preprocess.inputs``): a no-op rerun costs one LIST request per 1,000 objects, and no HEAD or GET.
+(``preprocess.inputs.resolve``): a no-op rerun costs one LIST request per 1,000 objects, and no HEAD or GET.
 LastModified is not compared (uploading the same bytes again changes it). What ETag + size misses is
 only in the safe direction: an ETag is the MD5 of a single-part upload, while a multipart or SSE-KMS
 ETag changes with every upload, so at worst unchanged bytes are processed again.
@@ -79,18 +79,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from preprocess.cluster_access import check_cluster_access, task_env
+from preprocess.cluster.cluster_access import check_cluster_access, task_env
 from preprocess.committed import Committed, check_compatible, read_committed
 from preprocess.config import JobConfig
-from preprocess.input_kinds import SampleReader
-from preprocess.inputs import InputFingerprint
+from preprocess.inputs.kinds import SampleReader
+from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import plan_inputs
-from preprocess.ray_cluster import check_cluster_address, check_cluster_build, ray_session
-from preprocess.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
+from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
+from preprocess.cluster.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
 from preprocess.remembered_failures import remembered_failures, set_aside_remembered
-from preprocess.run_inputs import RunInputs, resolve_run_inputs
-from preprocess.sources import Source
-from preprocess.versions import build_difference, library_versions, pixel_build, version_drift
+from preprocess.inputs.run_inputs import RunInputs, resolve_run_inputs
+from preprocess.inputs.sources import Source
+from preprocess.image.versions import build_difference, library_versions, pixel_build, version_drift
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
 from shardio.store.local import is_disk_full
@@ -124,12 +124,12 @@ class RunOptions:
     confirm_large_prune: bool = False  # let --prune drop more than half of the inputs or samples
     retention: Retention = field(default_factory=Retention)
     # Give the tasks this driver's object-store credentials (kept in their Ray runtime_env: visible in the
-    # dashboard); default: each node's own (preprocess.cluster_access).
+    # dashboard); default: each node's own (preprocess.cluster.cluster_access).
     pass_credentials: bool = False
     # Read again the inputs that failed for their bytes in the last run and are unchanged since (default:
     # they are reported failed again without being read; see "A permanently broken input" above).
     retry_failed: bool = False
-    # Inputs from Python instead of paths (preprocess.sources): its inputs are the run's, ``inputs`` stays empty.
+    # Inputs from Python instead of paths (preprocess.inputs.sources): its inputs are the run's, ``inputs`` stays empty.
     source: Source | None = None
 
 

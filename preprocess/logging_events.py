@@ -14,7 +14,7 @@ the task again), ``input_finished``, ``input_failed``, ``warning``, ``run_finish
 run refused to start: incompatible dataset, version drift under ``--strict-versions``, lock held);
 ``ray`` (``line``: what a Ray instance this run started printed, so that in JSON mode every line of the
 stream is JSON) and ``signal`` (``message``: Ctrl-C / SIGTERM received, written by
-``preprocess.stop_signals``). ``run_finished`` carries ``interrupted`` (the signal) when one stopped the run.
+``preprocess.cluster.stop_signals``). ``run_finished`` carries ``interrupted`` (the signal) when one stopped the run.
 ``progress`` (at most once per ``--progress-interval`` seconds, 30 by default: ``preprocess.run_progress``)
 says how far the run is inside its inputs too: ``inputs_done`` / ``inputs_todo`` / ``inputs_running``,
 ``samples_total``, ``images_per_s``, and where the inputs' sizes are known ``fraction`` and ``eta_s``; then

@@ -1,7 +1,7 @@
 """A run's plan: which resolved inputs are committed unchanged (skipped), which to process, in what order.
 
 It costs no I/O: every input arrives with its fingerprint from the listing that found it
-(``preprocess.inputs``), and the committed ones are the dataset's ``Manifest.inputs``. Per input, one
+(``preprocess.inputs.resolve``), and the committed ones are the dataset's ``Manifest.inputs``. Per input, one
 lookup in each and a comparison (~0.4 us): a no-op rerun over LAION-2B-en's 230k tars plans in
 about 0.1 s (``python -m bench.scale_job``). Skipped inputs are counted, and only the first
 ``NAMED_SKIPPED`` named (the run report must not grow by a line per committed input).
@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from preprocess.inputs import InputFingerprint, ResolvedInputs
+from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs
 from shardio.errors import OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED

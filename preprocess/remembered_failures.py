@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preprocess.inputs import InputFingerprint
+from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import Plan
 from shardio.format.run_report import RunReport, latest_report
 

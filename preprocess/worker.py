@@ -4,7 +4,7 @@ Pure Python, no Ray: the job wraps it in a task, ``diagnose`` and the tests call
 and pixels never leave the worker: it returns only the shard entries and per-sample failures (and the
 library versions it ran with, which the manifest records). Memory is one image plus the tar member being
 read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
-8 MB: ``preprocess.remote_tar``), never the whole tar.
+8 MB: ``preprocess.inputs.remote_tar``), never the whole tar.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from preprocess.config import JobConfig
-from preprocess.decode_watch import Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s, stuck_reason
-from preprocess.inputs import InputFingerprint
-from preprocess.jpeg_encode import stored_pixels
-from preprocess.input_kinds import SampleReader, samples_of, strip_kind_suffix
-from preprocess.raw_sample import InputExtent, RawSample, SampleProblem
-from preprocess.resize_modes import resize_mode
-from preprocess.transform import process_image
-from preprocess.versions import library_versions
+from preprocess.image.decode_watch import (Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s,
+                                           stuck_reason)
+from preprocess.inputs.resolve import InputFingerprint
+from preprocess.image.jpeg_encode import stored_pixels
+from preprocess.inputs.kinds import SampleReader, samples_of, strip_kind_suffix
+from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
+from preprocess.image.resize_modes import resize_mode
+from preprocess.image.transform import process_image
+from preprocess.image.versions import library_versions
 from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
@@ -43,7 +44,7 @@ PROGRESS_EVERY = 32
 
 class InputProgress(NamedTuple):
     """How far one input is: samples written and failed so far, the share of the input read (0..1) and
-    its sample count, each where its reader can tell (``preprocess.raw_sample.InputExtent``), else None."""
+    its sample count, each where its reader can tell (``preprocess.inputs.raw_sample.InputExtent``), else None."""
 
     done: int
     failed: int
@@ -78,7 +79,7 @@ def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "", name_f
     with the same bytes gets a new LastModified but keeps its ETag, and its shards. ``-{name_fence}``
     follows where the dataset has one (``shardio.format.spec``, "Fencing names")."""
     base = strip_kind_suffix(os.path.basename(input_path.rstrip("/")))  # a prefix's name ends in "/"
-    # A source's input (preprocess.sources) is a name with a version (held as its ETag), never a file.
+    # A source's input (preprocess.inputs.sources) is a name with a version (held as its ETag), never a file.
     stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}" + (f"-{name_fence}" if name_fence else "")
@@ -147,11 +148,11 @@ def iter_process_input(
     All or nothing per input: if the tar itself turns out unreadable (truncated, not a tar), the shards
     already written for it are removed and ``error`` says why, so a rerun retries the whole input.
 
-    ``heartbeat`` is stamped around each decode (``preprocess.decode_watch`` ends a decode that never
+    ``heartbeat`` is stamped around each decode (``preprocess.image.decode_watch`` ends a decode that never
     returns); image members in ``skip_members`` (ones whose decode got stuck in an earlier attempt) are
     not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
-    ``reader``: the input's samples from a source written in Python (``preprocess.sources``); by default
-    the reader of the input's kind (``preprocess.input_kinds.samples_of``). ``name_fence``: what the shards'
+    ``reader``: the input's samples from a source written in Python (``preprocess.inputs.sources``); by default
+    the reader of the input's kind (``preprocess.inputs.kinds.samples_of``). ``name_fence``: what the shards'
     names carry (``shard_stem``).
     """
     started = time.perf_counter()
@@ -170,7 +171,7 @@ def iter_process_input(
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
-        # The reader of the input's kind (preprocess.input_kinds): a tar, a Parquet file, ...
+        # The reader of the input's kind (preprocess.inputs.kinds): a tar, a Parquet file, ...
         items = (reader or samples_of)(input_path, cfg, size, etag, extent)
         for item in items:
             if isinstance(item, SampleProblem):

@@ -122,7 +122,7 @@ class NoInputsMatched(UsageError):
 class UnsupportedInput(UsageError):
     """An INPUT named explicitly is no kind of input a source reads (its name claims none and its first
     bytes are none: a text file, a Parquet file): refused before Ray starts or the output is touched
-    (``preprocess.input_kinds``)."""
+    (``preprocess.inputs.kinds``)."""
 
 
 class OutputUnusable(UsageError):

@@ -7,10 +7,10 @@ run``'s summary, ``preprocess diagnose`` and ``shardio info`` count failures by 
 category below, so the same failure is counted under the same words everywhere. Nothing reads a category
 back out of a reason: 17 regexes once did, and a reworded message fell out of its category unnoticed.
 
-Codes are set where the failure is found: ``preprocess.transform`` (decoding, the per-image limits),
-``preprocess.worker`` (``.cls`` / ``.json``, a decode stopped by ``preprocess.decode_watch``),
-``preprocess.tar_samples`` (problems found while reading a tar), ``preprocess.folder_samples`` (an
-image in no class folder, a folder's file that cannot be read) and ``preprocess.sources`` (an item a
+Codes are set where the failure is found: ``preprocess.image.transform`` (decoding, the per-image limits),
+``preprocess.worker`` (``.cls`` / ``.json``, a decode stopped by ``preprocess.image.decode_watch``),
+``preprocess.inputs.tar_samples`` (problems found while reading a tar), ``preprocess.inputs.folder_samples`` (an
+image in no class folder, a folder's file that cannot be read) and ``preprocess.inputs.sources`` (an item a
 Python source's function yields that is no sample). A code is never renamed or reused: old
 reports keep it. A report written before codes existed has failures without one; they count as
 ``unknown``, their reasons still in the report. A code this version does not know (a newer writer's) is
@@ -30,7 +30,7 @@ class FailureCode(str, Enum):
     """What went wrong with one sample; the value is what a report stores. (A ``str`` mixin, not 3.11's
     ``StrEnum``: the reader supports Python 3.10.)"""
 
-    # the image bytes (preprocess.transform)
+    # the image bytes (preprocess.image.transform)
     EMPTY_MEMBER = "empty_member"  # the image member holds 0 bytes
     NOT_AN_IMAGE = "not_an_image"  # no image signature, and the start looks like text (an HTML error page)
     BAD_JPEG_HEADER = "bad_jpeg_header"  # a JPEG signature, but a header no decoder can read
@@ -50,23 +50,23 @@ class FailureCode(str, Enum):
     DECODE_ERROR = "decode_error"  # the decoder refused the data (its words are in the reason)
     DECODE_TIMEOUT = "decode_timeout"  # the decode took longer than max_decode_seconds
     INTERNAL = "internal"  # the output had the wrong shape: a bug
-    # a decode that never returned (preprocess.decode_watch, recorded by preprocess.worker)
+    # a decode that never returned (preprocess.image.decode_watch, recorded by preprocess.worker)
     DECODE_STUCK = "decode_stuck"
     # the metadata members (preprocess.worker.parse_fields)
     BAD_CLS = "bad_cls"  # .cls is not a decimal integer in 0..2**63-1
     BAD_JSON = "bad_json"  # .json does not parse as strict JSON
     JSON_NOT_OBJECT = "json_not_object"  # .json parses, but not to an object
-    # the tar's members (preprocess.tar_samples)
+    # the tar's members (preprocess.inputs.tar_samples)
     MISSING_IMAGE = "missing_image"  # a sample with metadata but no image member
     DUPLICATE_KEY = "duplicate_key"  # a key seen again later in the tar: the first is kept
     DUPLICATE_MEMBER = "duplicate_member"  # two members of one sample with the same extension
     UNSAFE_NAME = "unsafe_name"  # an absolute member name, or one with '..'
     NOT_A_FILE = "not_a_file"  # a symlink, hard link or special file where a member should be
     MEMBER_TOO_LARGE = "member_too_large"  # over tar_samples.MAX_MEMBER_BYTES: skipped unread
-    # a folder's files (preprocess.folder_samples)
+    # a folder's files (preprocess.inputs.folder_samples)
     NO_CLASS = "no_class"  # folder_classes: an image directly in the folder, in no class sub-folder
     UNREADABLE_FILE = "unreadable_file"  # a file of a folder input that cannot be read (permissions, I/O)
-    # a source written in Python (preprocess.sources)
+    # a source written in Python (preprocess.inputs.sources)
     NOT_A_SAMPLE = "not_a_sample"  # its function yielded something that is no Sample (a dict, None)
     # never written: a failure of a report from before codes
     UNKNOWN = "unknown"

@@ -69,7 +69,7 @@ def cloud_bucket(request) -> CloudBucket:
 @pytest.fixture(params=["s3", "azure"])
 def writable_cloud_bucket(request) -> CloudBucket:
     """As ``cloud_bucket``, on the emulators that take the product's writes: fake-gcs-server does not serve
-    GCS's XML upload, so a commit there is refused (tests/test_clouds.py proves it)."""
+    GCS's XML upload, so a commit there is refused (tests/store/test_clouds.py proves it)."""
     server = request.getfixturevalue(f"{request.param}_server")
     return CloudBucket(server, server.new_bucket())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image, ImageFile
 
-from preprocess import jpeg_region
+from preprocess.image import jpeg_region
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +28,6 @@ def no_decoding(monkeypatch):
         raise DecodeStarted(f"decoding a region {region} of {width}x{height} at 1/{scale}")
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", load)
-    # JPEGs go through the region decoder when it is built (preprocess.jpeg_region), never through load().
+    # JPEGs go through the region decoder when it is built (preprocess.image.jpeg_region), never through load().
     if jpeg_region.available():
         monkeypatch.setattr(jpeg_region, "_decode_region", decode_region)

@@ -1,5 +1,6 @@
 """Runs of ``preprocess run`` as subprocesses that a test interrupts (signals, SIGKILL), and inputs slow
-enough to interrupt: helpers for tests/test_signals.py and tests/test_local_ray.py."""
+enough to interrupt: helpers for tests/preprocess/cluster/test_signals.py and
+tests/preprocess/cluster/test_local_ray.py."""
 
 from __future__ import annotations
 

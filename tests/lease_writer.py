@@ -1,4 +1,4 @@
-"""A writer in its own process, for the lease's fault-injection tests (tests/test_lease_fencing.py): it takes
+"""A writer in its own process, for the lease's fault-injection tests (tests/store/test_lease_fencing.py): it takes
 the dataset's lock, marks a run as the job does, commits input ``input-0.tar`` (real shard files), promotes
 the files of ``input-1.tar`` without committing them, prints ``staged``, and waits for a line on stdin
 before it commits them: the test pauses it, cuts it off or kills it in between, while another writer takes

@@ -10,7 +10,7 @@ info``; this module is its one definition. A report is a JSON object with the fi
 a tar, truncated: the same bytes fail again), ``fingerprint`` (``{size, mtime_ns, etag}`` as the input was
 read) and ``failed_in`` (the run that read it), and ``samples_lost`` when samples decoded before the break
 were not kept. ``files_ignored`` is ``{input, reason, files, first}`` per folder input and reason for its
-files that are no sample (``preprocess.folder_samples``; absent from older reports). The newest report
+files that are no sample (``preprocess.inputs.folder_samples``; absent from older reports). The newest report
 (``latest_report``) is where a rerun finds the failures it remembers: an input with the same fingerprint
 is reported failed again without being read (``preprocess.job``).
 

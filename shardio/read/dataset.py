@@ -24,8 +24,8 @@ except ImportError:  # another torch: the check is skipped, nothing else changes
 
 from shardio.store.backends import for_path
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cache_setup import cache_for, default_cache_dir
-from shardio.read.cached_reading import CachedAssembler, fitting_window
+from shardio.read.cache.cache_setup import cache_for, default_cache_dir
+from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.errors import ShardError
 from shardio.format import JPEG, MANIFEST_NAME
 from shardio.format.manifests import read_root
@@ -45,7 +45,7 @@ from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
 from shardio.read.selection import SampleSelection, SubsetSnapshot
-from shardio.read.shard_cache import ShardCache
+from shardio.read.cache.shard_cache import ShardCache
 
 # epoch_runs and rank_batches lived here before shardio.read.order: re-exported for code that imports them.
 __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
@@ -153,7 +153,7 @@ class ShardDataset(IterableDataset):
     ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
     bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
     and half the cache disk's free space), evicting the shard needed farthest ahead
-    (``shardio.read.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
+    (``shardio.read.cache.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
     (a local dataset is read in place).
     """
 

@@ -12,7 +12,7 @@ and makes a window when a batch first reaches into it, keeping the last ``KEPT_W
 most two windows when a window holds at least a batch; smaller windows are just made again). A window
 (``_Window``) is its block permutation (8 bytes a block: 2 MB for 256 shards of 1,000) and per-shard
 arrays; a batch gathers only its own blocks. The pieces are exactly ``run_pieces`` over ``epoch_runs``
-(``tests/test_epoch_plan.py`` checks it over random layouts): joining runs within a batch's range is
+(``tests/read/test_epoch_plan.py`` checks it over random layouts): joining runs within a batch's range is
 joining them in the whole epoch, since a join never crosses a window (their shards differ) and
 ``run_pieces`` cuts at the range's ends anyway.
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.read.cache_dir import cache_key
+from shardio.read.cache.cache_dir import cache_key
 from shardio.errors import ShardError
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
@@ -162,8 +162,8 @@ class SubsetSnapshot(DatasetSnapshot):
         return hit
 
     def forget(self, keys: set[str]) -> None:
-        """Drop the kept maps of the parent's shards with these cache keys (``shardio.read.cache_dir.cache_key``;
-        a shard cache evicting them: ``shardio.read.cached_reading.CachedAssembler``)."""
+        """Drop the kept maps of the parent's shards with these cache keys (``shardio.read.cache.cache_dir.cache_key``;
+        a shard cache evicting them: ``shardio.read.cache.cached_reading.CachedAssembler``)."""
         for shard in [s for s in self._maps if cache_key(self.parent.shards[s]) in keys]:
             del self._maps[shard]
 

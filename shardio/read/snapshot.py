@@ -17,7 +17,7 @@ per shard), ``shard_shape(i)`` is shard ``i``'s (h, w); every map, header check 
 at the shard's own shape. A single-shape dataset is the one bucket ``((H, W),)``.
 
 On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
-1,000 objects; the bytes are read through a ``shardio.read.shard_cache.ShardCache`` that ``ShardDataset``
+1,000 objects; the bytes are read through a ``shardio.read.cache.shard_cache.ShardCache`` that ``ShardDataset``
 attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
 size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
 """
@@ -36,9 +36,9 @@ from shardio.format import (HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_s
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
-from shardio.read.cache_setup import cache_for
+from shardio.read.cache.cache_setup import cache_for
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
-from shardio.read.shard_cache import ShardCache
+from shardio.read.cache.shard_cache import ShardCache
 from shardio.read.shard_meta import ShardMeta
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
@@ -223,7 +223,7 @@ class DatasetSnapshot:
 
     def _remote_cache(self) -> ShardCache | None:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
-        script) one with the defaults (``shardio.read.cache_setup.cache_for``), made at the first read."""
+        script) one with the defaults (``shardio.read.cache.cache_setup.cache_for``), made at the first read."""
         if self.cache is None and not self.store.is_local:
             self.cache = cache_for(self.directory, self.shards, self.shape, None, None,
                                    buckets=self.buckets if self.is_bucketed else None)

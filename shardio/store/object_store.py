@@ -136,7 +136,7 @@ class ObjectStorage:
 
     def carried_settings(self) -> dict[str, str]:
         """This process's non-secret settings of this cloud as environment variables: what a Ray task on
-        another node is given so that it reaches the same store (``preprocess.cluster_access``)."""
+        another node is given so that it reaches the same store (``preprocess.cluster.cluster_access``)."""
         return {name: os.environ[name] for name in self.CARRIED_VARIABLES if os.environ.get(name)}
 
     def driver_credentials(self) -> dict[str, str]:

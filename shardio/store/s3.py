@@ -116,7 +116,7 @@ CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSI
 def carried_settings() -> dict[str, str]:
     """This process's non-secret S3 settings as environment variables (``CARRIED_VARIABLES``), a profile's
     endpoint and region included: what a Ray task on another node is given so that it reaches the same
-    server in the same region (``preprocess.cluster_access``)."""
+    server in the same region (``preprocess.cluster.cluster_access``)."""
     settings = {name: os.environ[name] for name in CARRIED_VARIABLES if os.environ.get(name)}
     options = _store_options()  # resolves a profile's endpoint and region too
     if options.get("endpoint") and not _endpoint():

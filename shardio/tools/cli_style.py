@@ -7,7 +7,7 @@ Help reads as the reference pages do: a flag shows no value (typer's ``<bool>`` 
 (``INPUTS...``, ``DIRECTORY``; ``[NAME]`` when optional), where typer writes ``{inputs}...``.
 
 Imports typer and rich: only the command lines import this module, never ``import shardio`` (the reader
-needs numpy and torch alone; ``tests/test_package.py`` checks it).
+needs numpy and torch alone; ``tests/project/test_package.py`` checks it).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ GPU has one), else torchvision >= 0.19 (``torchvision.io.decode_jpeg``, the same
 decoders are deprecated in favour of torchcodec's: choosing it says so once (a ``FutureWarning``). Both are
 optional, imported here when a decoder is made, never by ``import shardio``. torchvision depends on stock
 Pillow, fine in a training image but never to be installed into the preprocess job's environment, where it
-would replace Pillow-SIMD (``preprocess/pillow_check.py`` tells). torchcodec's wheel links a CUDA torch: on
+would replace Pillow-SIMD (``preprocess/image/pillow_check.py`` tells). torchcodec's wheel links a CUDA torch: on
 a CPU-only torch it does not import, and the choice falls through to torchvision.
 
 **Stream-safe by construction: a host barrier before every decode call.** nvJPEG's hardware engine does not

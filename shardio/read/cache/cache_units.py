@@ -1,0 +1,75 @@
+"""A snapshot's shards as the cache's units, one made when asked for: at LAION-2B (2.3M shards) a unit
+per shard up front was 2.3M objects, minutes and GBs in every rank and DataLoader worker, while a pass
+reads only its share. What the cache needs of all of them (the total and largest sizes, the checksum
+algorithms) comes from the ``ShardTable``'s columns, and nothing per shard is kept here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from shardio.format.shard_table import ShardTable
+from shardio.format.entries import ShardEntry
+from shardio.read.cache.cache_dir import CachedShard
+from shardio.store.backends import for_path
+
+__all__ = ["ShardUnits", "unit_sizes", "unit_algorithms"]
+
+
+class ShardUnits(Sequence[CachedShard]):
+    """``units[i]``: shard ``i``'s ``CachedShard``, made anew at each call (the cache keeps those it
+    uses). ``join`` builds the URLs; by default the directory's backend's, found again after pickling
+    (a bound method of a store does not travel to a spawned worker)."""
+
+    def __init__(self, directory: str, shards: Sequence[ShardEntry],
+                 join: Callable[..., str] | None = None) -> None:
+        self.directory = directory
+        self.shards = shards if isinstance(shards, ShardTable) else ShardTable.from_entries(shards)
+        self._join = join
+        self._backend_join: Callable[..., str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @overload
+    def __getitem__(self, index: int) -> CachedShard: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[CachedShard]: ...
+
+    def __getitem__(self, index: int | slice) -> CachedShard | list[CachedShard]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return CachedShard.of(self.directory, self.shards[index], self.join)
+
+    @property
+    def join(self) -> Callable[..., str]:
+        if self._join is not None:
+            return self._join
+        if self._backend_join is None:
+            self._backend_join = for_path(self.directory).join
+        return self._backend_join
+
+    def sizes(self) -> np.ndarray:
+        """Every unit's size (its ``.npy`` and ``.jsonl`` bytes), int64, from the table's columns."""
+        return self.shards.column("bytes") + self.shards.column("meta_bytes")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_backend_join": None}
+
+
+def unit_sizes(units: Sequence[CachedShard]) -> np.ndarray:
+    """Every unit's size, int64: column operations for ``ShardUnits``, a walk over a list of units."""
+    if isinstance(units, ShardUnits):
+        return units.sizes()
+    return np.fromiter((u.size for u in units), dtype=np.int64, count=len(units))
+
+
+def unit_algorithms(units: Sequence[CachedShard]) -> set[str]:
+    """The checksum algorithms the units name: a count over the table's codes for ``ShardUnits``."""
+    if isinstance(units, ShardUnits):
+        return units.shards.checksum_algorithms()
+    return {u.algorithm for u in units}

@@ -1,0 +1,106 @@
+"""How a ``ShardDataset`` on object storage reads through its shard cache: the shuffle window that fits
+it (``fitting_window``) and the batch assembler whose memory maps give way to it (``CachedAssembler``).
+The cache itself is ``shardio.read.cache.shard_cache``, made with its defaults by ``shardio.read.cache.cache_setup``;
+its directory ``shardio.read.cache.cache_dir``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardio.read.batches import FIELDS, BatchAssembler
+from shardio.read.cache.cache_dir import cache_key
+from shardio.read.snapshot import DatasetSnapshot, ShardMeta
+from shardio.read.selection import SubsetSnapshot
+from shardio.read.cache.shard_cache import ShardCache
+
+__all__ = ["CachedAssembler", "fitting_window"]
+
+def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
+    """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
+    name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks
+    of 1: 162 of 256 shards in a batch of 256), and a batch across a window's end from two, so two windows
+    must fit on disk at once (which also lets the next window download while this one is read), or the pass is
+    refused or downloads shards again and again. The default window is clamped to ``cache.limit // (2 ×
+    largest shard)``, with a warning; a window the caller chose is kept, with one. (A DataLoader worker's
+    cache gets ``limit / num_workers``, or all of a limit that holds the dataset.) A bucketed dataset's
+    ``buckets`` (those with samples) take turns, each reading its own window: two windows of each must fit. A
+    cache that holds the whole dataset (the default ``cache_limit`` is its size) needs no room for windows:
+    every shard stays once downloaded, so the window is kept, and a dataset smaller than two windows reads in
+    the order of its local copy."""
+    dataset_bytes = cache.dataset_bytes
+    if dataset_bytes <= cache.limit:
+        return shuffle_window
+    largest = cache.largest_sizes[0]
+    fits = max(1, cache.limit // (2 * largest * buckets))
+    need = min(min(2 * shuffle_window * buckets, len(cache.units)) * largest, dataset_bytes)
+    if need <= cache.limit:
+        return shuffle_window
+    where = dataset
+    each = f" for each of {buckets} buckets" if buckets > 1 else ""
+    if defaulted:
+        warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
+                      f"{largest} bytes{each}, not of the default {shuffle_window} ({need} bytes): using "
+                      f"shuffle_window={fits}, so batches mix fewer shards (docs/reader.md); raise cache_limit "
+                      f"to {need} or pass shuffle_window={fits} to silence this", stacklevel=3)
+        return fits
+    warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (two windows of "
+                  f"shards of up to {largest} bytes{each}), cache_limit is {cache.limit}: shards will be downloaded "
+                  f"more than once an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
+    return shuffle_window
+
+
+class CachedAssembler(BatchAssembler):
+    """A ``BatchAssembler`` whose memory maps give way to the cache: before each shard (and while the
+    reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
+    removed as soon as no batch is being assembled from it (its bytes count against the limit until
+    then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
+    view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
+    ``list(ds)`` would hold every shard), and the limit could not be kept; an encoded batch's JPEG bytes
+    are copied out for the same reason. The pinned (CUDA) and
+    worker paths copy anyway."""
+
+    def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size)
+        self.shard_cache = cache
+        self._seen_dooms = 0
+        cache.on_wait = self.release_doomed
+
+    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+        if self.shard_cache.dooms != self._seen_dooms:
+            self.release_doomed()
+        return super().shard(shard)
+
+    def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
+                 encoded: bool = False) -> dict[str, Any]:
+        batch = super().assemble(pieces, shared, pinned, encoded)
+        if encoded:  # the JPEG bytes copied out of the maps too (a few MB a batch), for the same reason
+            images = batch["image"]
+            flat = np.concatenate(images.jpegs) if len(images) else np.empty(0, np.uint8)
+            bounds = np.cumsum([0] + [len(jpeg) for jpeg in images.jpegs]).tolist()
+            batch["image"] = replace(images, jpegs=[flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+            return batch
+        if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
+            view = batch["image"]
+            image = torch.from_numpy(self.buffers.take(tuple(view.shape)))
+            image.copy_(view)
+            batch["image"] = image
+        return batch
+
+    def release_doomed(self) -> None:
+        self._seen_dooms = self.shard_cache.dooms
+        doomed = self.shard_cache.doomed()
+        for shard in [s for s in self.cache if cache_key(self.snapshot.shards[s]) in doomed]:
+            del self.cache[shard]
+        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
+            self.snapshot.forget(doomed)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.shard_cache.on_wait = self.release_doomed  # a worker's own cache (pickled afresh)
