@@ -114,7 +114,7 @@ def fake_make(tmp_path):
         pytest.skip("no make on this machine")
     work = tmp_path / "work"
     work.mkdir()
-    (work / "preprocess").mkdir()
+    (work / "preprocess" / "image").mkdir(parents=True)
     (work / "shardio" / "read").mkdir(parents=True)
     # The stamp's prerequisites (the Makefile's $(STAMP) rule): the C sources setup.py builds.
     for name in ("Makefile", "pyproject.toml", "setup.py", "preprocess/image/_jpeg_region.c",
