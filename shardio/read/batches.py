@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 
 from shardio.read.gather import gather, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
+from shardio.read.layout import EpochOrder, Layout, layout_of
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
@@ -63,7 +65,7 @@ class BatchAssembler:
     ``has_content_box``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, layout: Layout | None = None) -> None:
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
@@ -73,9 +75,8 @@ class BatchAssembler:
         self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta]] = OrderedDict()
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
-        self.bucketed = bool(snapshot.is_bucketed)
-        largest = max(h * w for h, w in snapshot.buckets) * 3 if self.bucketed else 0
-        self.buffer_bytes = batch_size * largest
+        self.layout = layout or layout_of(snapshot)
+        self.buffer_bytes = self.layout.buffer_bytes(batch_size)
         self.buffers = BufferPool(buffers, self.buffer_bytes)
 
     def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels, ShardMeta]:
@@ -115,6 +116,19 @@ class BatchAssembler:
                 slices.append(hit[0][start:stop])
         return slices
 
+    def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
+                encoded: bool = False) -> Iterator[Batch]:
+        """The batches of ``batches`` (ranges of ``plan``'s epoch positions), in order. The next batch's
+        slices are asked of the kernel before this one is copied: read ahead in the background where the
+        page cache lacks them (``read_ahead``)."""
+        ahead = plan.pieces(batches[0]) if len(batches) else []
+        for number in range(len(batches)):
+            pieces = ahead
+            if number + 1 < len(batches):
+                ahead = plan.pieces(batches[number + 1])
+                self.read_ahead(ahead)
+            yield self.assemble(pieces, shared, pinned, encoded)
+
     def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
                  encoded: bool = False) -> Batch:
         """The batch of the ``(shard, start, stop)`` slices, in order. ``shared``: in a DataLoader worker
@@ -136,7 +150,7 @@ class BatchAssembler:
             image = torch.from_numpy(shards[0][0][start:stop])
         else:
             # A bucketed dataset's batch is one bucket (``shardio.read.bucket_order``): its first shard's shape.
-            height, width = self.snapshot.shard_shape(pieces[0][0]) if self.bucketed else self.snapshot.shape[:2]
+            height, width = self.layout.batch_shape(self.snapshot, pieces[0][0])
             shape = (count, height, width, 3)
             if jpeg:  # the buffer below is the decoded size, whatever the shards' bytes
                 check_decoded_bytes(count, shape[1], shape[2], self.snapshot.directory)
@@ -166,8 +180,7 @@ class BatchAssembler:
             batch["json"] = js
         if self.content_box:
             batch["content_box"] = torch.from_numpy(box)
-        if self.bucketed:
-            batch["bucket"] = int(self.snapshot.shard_buckets[pieces[0][0]])
+        batch.update(self.layout.batch_fields(self.snapshot, pieces[0][0]))  # a bucketed dataset's: "bucket"
         return batch
 
     def __getstate__(self) -> dict[str, Any]:

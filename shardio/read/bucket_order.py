@@ -34,15 +34,16 @@ bucket's shape. Its epoch keeps each bucket's order on its own, free of the worl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import overload
+from dataclasses import dataclass
+from typing import Any, ClassVar, overload
 
 import numpy as np
 
 from shardio.read.epoch_plan import EpochPlan, Piece
-from shardio.read.order import RankBatches
+from shardio.read.order import Deal, RankBatches, checked_batches_seen
 
-__all__ = ["INTERLEAVE_TAG", "BucketPlan", "BucketRankBatches", "bucket_rounds", "bucket_seed", "consumed",
-           "interleave"]
+__all__ = ["INTERLEAVE_TAG", "BucketPlan", "BucketRankBatches", "Buckets", "bucket_rounds", "bucket_seed",
+           "consumed", "interleave", "rounds_consumed"]
 
 # Entropy words that keep the bucket streams apart from a single-shape order's ``[seed, epoch, window]``.
 INTERLEAVE_TAG = 0x6275636B  # "buck"
@@ -235,3 +236,146 @@ class BucketPlan:
                 runs[:, 0] = members[runs[:, 0]]
                 parts.append(runs)
         return np.concatenate(parts) if parts else np.empty((0, 3), np.int64)
+
+
+def rounds_consumed(positions: Sequence[int], per_round: int) -> int:
+    """A bucketed pass's batch number before its first batch, at a layout of ``per_round`` samples a round:
+    the whole rounds the consumed samples make, bucket by bucket. With the rounds left of each bucket it
+    never exceeds the epoch's count at that layout (``floor(p / R) + ceil((n - p) / R) <= ceil(n / R)``),
+    so a state saved after any chain of world sizes loads again."""
+    return sum(int(p) // per_round for p in positions)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The layout of a bucketed dataset (``shardio.read.layout.Layout``): ``shapes`` (h, w) by bucket id and
+    ``sizes``, the samples of each (of a selection: those it keeps). Its order is the module docstring's;
+    its resume state adds the bucket keys (``shardio.read.resume``)."""
+
+    shapes: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+
+    # Every batch names its bucket; in a mix, a single-shape dataset's batches are bucket 0 of the list.
+    batch_defaults: ClassVar[dict[str, Any]] = {"bucket": 0}
+    where_full: ClassVar[str] = " in any bucket (drop_last drops each bucket's rest)"
+
+    @property
+    def samples(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def turns(self) -> int:
+        """Buckets that take turns in an epoch (those with samples), each reading its own window of shards."""
+        return max(1, sum(1 for n in self.sizes if n))
+
+    @property
+    def largest(self) -> int:
+        """Samples of the largest bucket: ``drop_last`` cuts full rounds from each bucket alone."""
+        return max(self.sizes)
+
+    # --- the order -----------------------------------------------------------------------------------
+
+    def plan(self, snapshot: Any, **order: Any) -> BucketPlan:
+        """Each bucket's own order, its positions laid end to end (``BucketPlan``)."""
+        return BucketPlan(snapshot.counts, snapshot.shard_buckets, len(self.sizes), **order)
+
+    def runs(self, snapshot: Any, **order: Any) -> np.ndarray:
+        """The epoch positions' runs, bucket after bucket (batches take them round by round)."""
+        return self.plan(snapshot, **order).runs()
+
+    def rank_batches(self, deal: Deal, epoch: int, start: Sequence[int] | None = None,
+                     skip: int = 0) -> BucketRankBatches:
+        """This rank's batches of the epoch's pass from ``start`` (consumed per bucket), after ``skip`` rounds."""
+        return BucketRankBatches(self.sizes, deal.batch_size, deal.rank, deal.world_size, deal.drop_last,
+                                 shuffle=deal.shuffle, seed=deal.seed, epoch=epoch, start=start, skip=skip)
+
+    def batches_per_epoch(self, batch_size: int, world_size: int, drop_last: bool) -> int:
+        """Rounds of one bucket a step: the same count on every rank."""
+        return int(bucket_rounds(self.sizes, batch_size * world_size, drop_last).sum())
+
+    # --- a batch -------------------------------------------------------------------------------------
+
+    def buffer_bytes(self, batch_size: int) -> int:
+        """A batch of the largest bucket: one pool of buffers serves every bucket, no step allocates once
+        it is full."""
+        return batch_size * max(h * w for h, w in self.shapes) * 3
+
+    def batch_shape(self, snapshot: Any, shard: int) -> tuple[int, int]:
+        """A batch is one bucket: its first shard's shape."""
+        return snapshot.shard_shape(shard)
+
+    def batch_fields(self, snapshot: Any, shard: int) -> dict[str, Any]:
+        return {"bucket": int(snapshot.shard_buckets[shard])}
+
+    # --- resume (``shardio.read.resume``): consumed samples per bucket ------------------------------
+
+    def seek(self, deal: Deal, epoch: int, batches: int) -> dict[str, Any]:
+        positions = self.rank_batches(deal, epoch).consumed_after(int(batches))
+        return {"position": sum(positions), "bucket_positions": positions, "bucket_start": [0] * len(self.sizes),
+                "bucket_round": int(batches), "world_size": deal.world_size}
+
+    def has_left(self, deal: Deal, pending: dict[str, Any]) -> bool:
+        left = [n - p for n, p in zip(self.sizes, pending["bucket_positions"])]
+        return bool(bucket_rounds(left, deal.per_round, deal.drop_last).sum())
+
+    def begin(self, deal: Deal, epoch: int, start: int,
+              pending: dict[str, Any] | None) -> tuple[int, BucketRankBatches, int]:
+        """A pass: a pending state's own pass after its rounds (same world size), else its rest cut into
+        rounds again, else a fresh epoch. (start position, this rank's batches, batch number before them)."""
+        resumes = (pending is not None and pending["epoch"] == epoch and "bucket_positions" in pending
+                   and tuple(pending["layout"].sizes) == self.sizes)
+        if not resumes:
+            return 0, self.rank_batches(deal, epoch), 0
+        assert pending is not None
+        positions, before = list(pending["bucket_positions"]), int(pending["batches_seen"])
+        batches: BucketRankBatches | None = None
+        if pending.get("bucket_round") is not None and pending.get("world_size") == deal.world_size:
+            try:
+                same = self.rank_batches(deal, epoch, pending["bucket_start"], int(pending["bucket_round"]))
+            except ValueError:  # rounds past that pass's: not its state; what is left is still exact
+                same = None
+            if same is not None and same.consumed_after(0) == positions:  # the state's pass, after its rounds
+                batches = same
+        if batches is None:  # another world size: what is left of each bucket, in rounds of this one
+            batches = self.rank_batches(deal, epoch, positions)
+            before = rounds_consumed(positions, deal.per_round)
+        return sum(positions), batches, before
+
+    def position(self, deal: Deal, start: int, batches: BucketRankBatches, handed: int) -> int:
+        return sum(batches.consumed_after(handed))
+
+    def start_state(self) -> dict[str, Any]:
+        zeros = [0] * len(self.sizes)  # the start of the epoch
+        return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
+
+    def pass_state(self, batches: BucketRankBatches, handed: int) -> dict[str, Any]:
+        return {"bucket_positions": batches.consumed_after(handed), "bucket_start": list(batches.start),
+                "bucket_round": batches.skip + handed}
+
+    def pending_state(self, pending: dict[str, Any]) -> dict[str, Any]:
+        return {"bucket_positions": list(pending["bucket_positions"]), "bucket_start": list(pending["bucket_start"]),
+                "bucket_round": pending.get("bucket_round")}
+
+    def resume(self, state: dict[str, Any], batches_seen: int, batch_size: int, world_size: int,
+               drop_last: bool, where: str) -> tuple[int, int, dict[str, Any]]:
+        """(position, batches_seen, the pending's bucket keys) of ``state``, taken at ``world_size``; its
+        bucket keys checked against these buckets (of the state's generation here)."""
+        if "bucket_positions" not in state:
+            raise ValueError(f"cannot resume: {where} is bucketed, the state is of a single-shape dataset; "
+                             "resume the dataset the state was taken on")
+        positions = [int(p) for p in state["bucket_positions"]]
+        start = [int(p) for p in state.get("bucket_start", positions)]
+        for name, values in (("bucket_positions", positions), ("bucket_start", start)):
+            if len(values) != len(self.sizes) or any(not 0 <= p <= n for p, n in zip(values, self.sizes)):
+                raise ValueError(f"cannot resume: the state's {name} {values} do not fit {where}'s buckets of "
+                                 f"{list(self.sizes)} samples")
+        round_taken = state.get("bucket_round")
+        keys = {"bucket_positions": positions, "bucket_start": start,
+                "bucket_round": None if round_taken is None else int(round_taken)}
+        full = self.batches_per_epoch(batch_size, world_size, drop_last)
+        if batches_seen > full:
+            # A bucketed state's place is its ``bucket_positions`` (checked above); ``batches_seen`` only
+            # numbers this rank's batches. One past the epoch's count was numbered at an earlier layout
+            # (the world size before a resume): numbered again at the state's own layout.
+            batches_seen = rounds_consumed(positions, batch_size * world_size)
+        return sum(positions), checked_batches_seen(batches_seen, full), keys

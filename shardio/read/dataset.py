@@ -9,7 +9,6 @@ background thread (``shardio.read.prefetch``). The design, with its measurements
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -17,20 +16,15 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-try:  # torch's private fetcher: only to recognise a DataLoader that batches our batches again (see below)
-    from torch.utils.data._utils.fetch import _IterableDatasetFetcher
-except ImportError:  # another torch: the check is skipped, nothing else changes
-    _IterableDatasetFetcher = None
-
 from shardio.store.backends import for_path
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_setup import cache_for, default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
+from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
 from shardio.errors import ShardError
 from shardio.format import JPEG, MANIFEST_NAME
 from shardio.format.manifests import read_root
-from shardio.read.bucket_order import BucketPlan, BucketRankBatches, bucket_rounds
-from shardio.read.epoch_plan import EpochPlan
+from shardio.read.layout import EpochOrder, Layout, layout_of
 from shardio.read.order import (
     DEFAULT_SHUFFLE_BLOCK,
     DEFAULT_SHUFFLE_WINDOW,
@@ -41,6 +35,7 @@ from shardio.read.order import (
 )
 from shardio.read.jpeg_pixels import check_decoded_bytes
 from shardio.read.prefetch import prefetched
+from shardio.read.ranks import resolve_world
 from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
@@ -53,61 +48,8 @@ __all__ = ["Batch", "EpochPass", "ShardDataset", "epoch_runs", "rank_batches"]
 # What ShardDataset(decode=...) takes: decode JPEG batches here, or hand them out encoded for the device.
 DECODE_CHOICES = ("cpu", "device")
 
-# DataLoader worker ids that can warn about a repeated epoch (one int64 each in shared memory).
-_WATCHED_WORKERS = 256
-
-
-def _resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
-    """(rank, world_size, both taken from torch.distributed); explicit arguments win."""
-    dist = torch.distributed
-    initialised = dist.is_available() and dist.is_initialized()
-    from_dist = initialised and rank is None and world_size is None  # explicit arguments may simulate ranks
-    if world_size is None:
-        world_size = dist.get_world_size() if initialised else 1
-    if rank is None:
-        rank = dist.get_rank() if initialised else 0
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    return rank, world_size, from_dist
-
-
-def _cache_units(snapshot: DatasetSnapshot) -> list[int]:
-    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment."""
-    if isinstance(snapshot, SubsetSnapshot):
-        return [int(s) for s in snapshot.segments[:, 0]]
-    return list(range(len(snapshot.shards)))
-
-
-def _bucket_sizes(snapshot: DatasetSnapshot) -> tuple[int, ...] | None:
-    """Samples per bucket of a bucketed snapshot (``mode: bucket``); None for a single-shape one, whose
-    order and states stay those of one shape (``shardio.read.order``)."""
-    if not snapshot.is_bucketed:
-        return None
-    sizes = np.bincount(np.asarray(snapshot.shard_buckets, np.int64), weights=snapshot.counts,
-                        minlength=len(snapshot.buckets))
-    return tuple(int(n) for n in sizes)
-
-
 def _identity(batch: Batch) -> Batch:
     return batch
-
-
-def _batched_again(caller: Any) -> bool:
-    """Whether ``caller`` (the frame that called ``iter(dataset)``) is a DataLoader's fetcher that collates
-    items into batches (``DataLoader(ds, batch_size=N)``, N not None).
-
-    A DataLoader tells an IterableDataset nothing about its ``batch_size``; the one place it shows is the
-    fetcher that calls ``iter()`` on the dataset, in the main process and in each worker alike. Without
-    this check ``DataLoader(ds, batch_size=2)`` (the idiom for per-sample datasets) silently yields batches
-    of batches (``image`` [2, 256, H, W, 3], ``__key__`` as tuples), or with a partial last batch fails
-    deep in ``torch.stack`` ("stack expects each tensor to be equal size"). Batching samples one by one
-    would defeat the reader's point (a batch is a slice of a memory map), so the answer is an error at
-    the first ``iter()``. A torch whose fetcher differs skips the check."""
-    fetcher = caller.f_locals.get("self") if caller is not None else None
-    return (_IterableDatasetFetcher is not None and isinstance(fetcher, _IterableDatasetFetcher)
-            and bool(getattr(fetcher, "auto_collation", False)))
 
 
 class ShardDataset(IterableDataset):
@@ -216,7 +158,7 @@ class ShardDataset(IterableDataset):
         self.verify = verify
         self.selection = selection
         self.follow_updates = generation is None if follow_updates is None else follow_updates
-        self.rank, self.world_size, self._from_dist = _resolve_world(rank, world_size)
+        self.rank, self.world_size, self._from_dist = resolve_world(rank, world_size)
         # Per-sample order draws every batch from about the whole window: keep its maps (and metadata) open.
         self.cache_shards = cache_shards or max(16, 2 * shuffle_window)
         self._kept_per_bucket = cache_shards is None  # a bucketed dataset keeps a window's maps per bucket
@@ -230,17 +172,13 @@ class ShardDataset(IterableDataset):
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
-            turns = 1 if self._bucket_sizes is None else max(1, sum(1 for n in self._bucket_sizes if n))
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
-                                            self.path, turns)
+                                            self.path, self.layout.turns)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
-            "batch_size": batch_size}, defaulted=defaulted,
-            buckets=None if self._bucket_sizes is None else len(self._bucket_sizes))
-        # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
-        # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
-        self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()
+            "batch_size": batch_size}, defaulted=defaulted)
+        self._worker_epochs = WorkerEpochs()  # a plain DataLoader's workers starting an epoch again warn
 
     # --- opening a snapshot ------------------------------------------------------------------------
 
@@ -273,35 +211,31 @@ class ShardDataset(IterableDataset):
             # A subset keeps maps of the shards its fields read: they give way to the cache (the
             # assembler's own hook takes over below).
             cache.on_wait = lambda: snapshot.forget(cache.doomed())
-        sizes = _bucket_sizes(snapshot)
-        largest = len(snapshot) if sizes is None else max(sizes)
-        if self.drop_last and largest < self.batch_size * self.world_size:
-            where = "" if sizes is None else " in any bucket (drop_last drops each bucket's rest)"
+        layout = layout_of(snapshot)  # one shape or buckets: chosen here, asked from now on
+        if self.drop_last and layout.largest < self.batch_size * self.world_size:
             raise ValueError(
-                f"{self.path}: {largest} samples make no full batch of {self.batch_size} on each of "
-                f"{self.world_size} ranks{where}, and drop_last=True would yield nothing"
+                f"{self.path}: {layout.largest} samples make no full batch of {self.batch_size} on each of "
+                f"{self.world_size} ranks{layout.where_full}, and drop_last=True would yield nothing"
             )
         self.snapshot: DatasetSnapshot = snapshot
         self.samples = len(snapshot)
-        self._bucket_sizes = sizes
+        self.layout: Layout = layout
         self._finder: tuple[DatasetSnapshot, KeyFinder] | None = None
         # One schema per dataset: the fields the snapshot knows its samples carry (a subset: its shards'),
         # else all of them; a sample without one has -1 (cls) or None.
         recorded = snapshot.fields
         self.fields: tuple[str, ...] = FIELDS if recorded is None else tuple(f for f in FIELDS if f in recorded)
         # Each bucket's batches draw from a window of that bucket's shards, and the buckets take turns: keep
-        # the maps of every bucket's window, not just the last bucket's.
-        kept = self.cache_shards
-        if sizes is not None and self._kept_per_bucket:
-            kept *= max(1, sum(1 for n in sizes if n))
+        # the maps of every bucket's window, not just the last bucket's (unless cache_shards was given).
+        kept = self.cache_shards * (layout.turns if self._kept_per_bucket else 1)
         # Room for every batch alive at once: the consumer's two, the queue's, the thread's two.
         if self._cache is not None:
             self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
                                                               buffers=self.prefetch + 4, fields=self.fields,
-                                                              batch_size=self.batch_size)
+                                                              batch_size=self.batch_size, layout=layout)
         else:
             self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
-                                             fields=self.fields, batch_size=self.batch_size)
+                                             fields=self.fields, batch_size=self.batch_size, layout=layout)
 
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
@@ -362,14 +296,13 @@ class ShardDataset(IterableDataset):
             newest = min(everyone)
         return newest
 
-    def _at(self, generation: int | None) -> tuple[int, str, tuple[int, ...] | None]:
-        """(samples, identity, samples per bucket or None) of the dataset at ``generation`` (None: the
-        snapshot open now)."""
+    def _at(self, generation: int | None) -> tuple[int, str, Layout]:
+        """(samples, identity, layout) of the dataset at ``generation`` (None: the snapshot open now)."""
         if generation is None or generation == self.snapshot.generation:
-            return self.samples, self.snapshot.identity, self._bucket_sizes
+            return self.samples, self.snapshot.identity, self.layout
         snapshot = open_dataset(self.path, generation=generation, segment_cache=self._segment_cache())
         selected = self._select(snapshot)
-        return len(selected), snapshot.identity, _bucket_sizes(selected)
+        return len(selected), snapshot.identity, layout_of(selected)
 
     @property
     def classes(self) -> list[str]:
@@ -382,12 +315,12 @@ class ShardDataset(IterableDataset):
     @property
     def buckets(self) -> list[tuple[int, int]]:
         """The (height, width) of each bucket (``mode: bucket``); one shape: ``[(H, W)]``."""
-        return [(int(h), int(w)) for h, w in self.snapshot.buckets]
+        return list(self.layout.shapes)
 
     @property
     def bucket_sizes(self) -> list[int]:
         """Samples per bucket (of the selection); one shape: ``[num_samples]``."""
-        return [self.samples] if self._bucket_sizes is None else list(self._bucket_sizes)
+        return list(self.layout.sizes)
 
     # --- epochs, length, resume -------------------------------------------------------------------
 
@@ -406,7 +339,7 @@ class ShardDataset(IterableDataset):
         if not 0 <= batches <= len(self):
             raise ValueError(f"{self.path}: batches={batches} is outside this rank's 0..{len(self)} of an "
                              "epoch")
-        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation, self._bucket_sizes)
+        self.cursor.seek(epoch, batches, self.samples, self.snapshot.generation, self.layout)
 
     @property
     def batches_seen(self) -> int:
@@ -415,9 +348,7 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """This rank's batches per epoch (not samples: ``num_samples``); the same on every rank."""
-        if self._bucket_sizes is not None:  # a round of one bucket a step: the same count on every rank
-            return int(bucket_rounds(self._bucket_sizes, self.batch_size * self.world_size, self.drop_last).sum())
-        return len(rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last))
+        return self.layout.batches_per_epoch(self.batch_size, self.world_size, self.drop_last)
 
     @property
     def shuffle_window(self) -> int:
@@ -433,22 +364,17 @@ class ShardDataset(IterableDataset):
         """The order's algorithm (``shardio.read.order``): the newest, or a loaded state's."""
         return int(self.cursor.settings["order_version"])
 
-    def plan(self, epoch: int | None = None) -> EpochPlan | BucketPlan:
+    def plan(self, epoch: int | None = None) -> EpochOrder:
         """The epoch order, computed window by window as batches reach it (``shardio.read.epoch_plan``):
         O(shards) memory, however many samples. A bucketed dataset's: each bucket's own order, its
         positions laid end to end (``shardio.read.bucket_order.BucketPlan``)."""
-        if self._bucket_sizes is not None:
-            return BucketPlan(self.snapshot.counts, self.snapshot.shard_buckets, len(self._bucket_sizes),
-                              **self._order_settings(epoch))
-        return EpochPlan(self.snapshot.counts, **self._order_settings(epoch))
+        return self.layout.plan(self.snapshot, **self._order_settings(epoch))
 
     def runs(self, epoch: int | None = None) -> np.ndarray:
         """The whole epoch order as runs ``(shard, start, stop)``: one per sample with blocks of 1, for
         tests and measurements (iteration uses ``plan``). A bucketed dataset's are its epoch positions'
         runs, bucket after bucket (batches take them round by round, ``BucketRankBatches``)."""
-        if self._bucket_sizes is not None:
-            return self.plan(epoch).runs()
-        return epoch_runs(self.snapshot.counts, **self._order_settings(epoch))
+        return self.layout.runs(self.snapshot, **self._order_settings(epoch))
 
     def _order_settings(self, epoch: int | None) -> dict[str, Any]:
         """What fixes an epoch's order, for the lazy plan and the eager runs alike."""
@@ -465,7 +391,8 @@ class ShardDataset(IterableDataset):
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         """Where the run is (``shardio.read.resume``): epoch, global position, generation. ``batches_seen``
         overrides the count of batches handed out in this pass (this rank's batch number)."""
-        return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen, self.snapshot.identity)
+        return self.cursor.state_dict(self.samples, self.snapshot.generation, batches_seen, self.snapshot.identity,
+                                      self.layout)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iterator yields what is left of the state's epoch, on the state's generation
@@ -485,10 +412,7 @@ class ShardDataset(IterableDataset):
 
     def _fresh_batches(self) -> Sequence[range]:
         """This rank's batches of a whole epoch (the current one's order)."""
-        if self._bucket_sizes is not None:
-            return BucketRankBatches(self._bucket_sizes, self.batch_size, self.rank, self.world_size,
-                                     self.drop_last, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
-        return rank_batches(self.samples, self.batch_size, self.rank, self.world_size, self.drop_last)
+        return self.layout.rank_batches(self.cursor.deal(), self.epoch)
 
     # --- iteration: the protocol of shardio.read.resume --------------------------------------------------
 
@@ -500,18 +424,9 @@ class ShardDataset(IterableDataset):
             generation = self._newest_generation()
         if generation is not None and generation != self.snapshot.generation:
             self._open(generation)
-        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity,
-                                       self._bucket_sizes)
-        if worker is not None and worker.id < _WATCHED_WORKERS:
-            if int(self._worker_epochs[worker.id]) == epoch_pass.epoch:
-                warnings.warn(
-                    f"{self.path}: DataLoader worker {worker.id} starts epoch {epoch_pass.epoch} again (the "
-                    "same order as last time): a DataLoader with workers never iterates the main "
-                    "process's dataset, so its epoch cannot advance by itself; call "
-                    "dataset.set_epoch(epoch) before each epoch, or use shardio.ShardLoader",
-                    stacklevel=2,
-                )
-            self._worker_epochs[worker.id] = epoch_pass.epoch
+        epoch_pass = self.cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity, self.layout)
+        if worker is not None:
+            self._worker_epochs.started(worker.id, epoch_pass.epoch, self.path)
         return epoch_pass
 
     def iter_pass(self, epoch_pass: EpochPass, *, pin_memory: bool | None = None,
@@ -537,20 +452,14 @@ class ShardDataset(IterableDataset):
                              f"is {self.snapshot.encoding}")
         # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
-        source = self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
+        source = self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
         depth = self.prefetch if prefetch is None else prefetch
         return prefetched(source, _identity, depth) if depth > 0 else source
 
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read now, when DataLoader (or the
         # caller) creates the iterator, not at the first next().
-        if _batched_again(sys._getframe(1)):
-            raise ValueError(
-                f"{self.path}: ShardDataset yields whole batches ({self.batch_size} samples each), and this "
-                "DataLoader batches them again (DataLoader(ds, batch_size=N)): pass batch_size=None to the "
-                "DataLoader, or use shardio.ShardLoader(ds, num_workers=...); the batch size is "
-                "ShardDataset's own (ShardDataset(path, batch_size))"
-            )
+        refuse_batched_again(sys._getframe(1), self.path, self.batch_size)
         worker = get_worker_info()
         epoch_pass = self.cursor.take_handover() if worker is not None else None
         if epoch_pass is None:
@@ -559,34 +468,6 @@ class ShardDataset(IterableDataset):
         if worker is not None:
             return batches  # a copy of the dataset: the main process counts (ShardLoader)
         return self.cursor.handed_out(epoch_pass, batches)
-
-    def _generate(self, plan: EpochPlan | BucketPlan, batches: Sequence[range], shared: bool,
-                  pinned: bool, encoded: bool = False) -> Iterator[Batch]:
-        assembler = self._assembler  # the pass's snapshot, even if the dataset moves on meanwhile
-        if not isinstance(assembler, CachedAssembler):
-            # The next batch's slices are asked of the kernel before this one is copied: read ahead in the
-            # background where the page cache lacks them (a cached shard comes from the shard cache, below).
-            ahead = plan.pieces(batches[0]) if len(batches) else []
-            for number in range(len(batches)):
-                pieces = ahead
-                if number + 1 < len(batches):
-                    ahead = plan.pieces(batches[number + 1])
-                    assembler.read_ahead(ahead)
-                yield assembler.assemble(pieces, shared, pinned, encoded)
-            return
-        # On object storage the cache gets the pass's exact access sequence first (downloads ahead, Belady):
-        # this path still lists every piece of the pass up front (one entry a sample with blocks of 1).
-        cache, snapshot = assembler.shard_cache, assembler.snapshot
-        pieces = [plan.pieces(positions) for positions in batches]
-        unit_of = _cache_units(snapshot)
-        shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
-        worker = get_worker_info()
-        if worker is not None:
-            cache.share(worker.num_workers)
-        cache.plan(shards)
-        for number, batch in enumerate(pieces):
-            cache.advance(number)
-            yield assembler.assemble(batch, shared, pinned, encoded)
 
     def __getitem__(self, index: object) -> NoReturn:
         """Refused with a pointer: the dataset is iterated, and ``len(ds)`` counts batches, so ``ds[i]``

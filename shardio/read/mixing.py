@@ -43,6 +43,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.read.batches import FIELDS, has_content_box
 from shardio.read.dataset import ShardDataset
+from shardio.read.layout import mix_refusal
 from shardio.errors import DatasetIncompatibleError
 from shardio.read.resume import EpochPass
 
@@ -70,17 +71,9 @@ class MixedDataset(IterableDataset):
                              f"got {list(weights)}")
         first = datasets[0]
         for other in datasets[1:]:
-            single = not (first.snapshot.is_bucketed or other.snapshot.is_bucketed)
-            if single and other.snapshot.shape != first.snapshot.shape:
-                raise DatasetIncompatibleError(
-                    f"cannot mix {first.path} (images {first.snapshot.shape}) with {other.path} (images "
-                    f"{other.snapshot.shape}): a batch has one shape; preprocess both with the same "
-                    "height and width")
-            if other.buckets != first.buckets:
-                raise DatasetIncompatibleError(
-                    f"cannot mix {first.path} (buckets {first.buckets}) with {other.path} (buckets "
-                    f"{other.buckets}): a batch's bucket id names one shape in every dataset; preprocess "
-                    "both with the same bucket list")
+            refusal = mix_refusal(first.path, first.layout, other.path, other.layout)
+            if refusal is not None:
+                raise DatasetIncompatibleError(refusal)
             for name in ("batch_size", "rank", "world_size"):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
@@ -91,7 +84,9 @@ class MixedDataset(IterableDataset):
         # dataset fills a sample without it (cls -1, txt/json None, content_box the whole image).
         self.fields = tuple(f for f in FIELDS if any(f in d.fields for d in datasets))
         self.content_box = any(has_content_box(d.snapshot) for d in datasets)
-        self.bucketed = any(d.snapshot.is_bucketed for d in datasets)  # then every batch has "bucket"
+        # What every batch of the mix has beyond the fields: a bucketed dataset's "bucket", filled as 0 (the
+        # one shape of a single-shape dataset is the bucket list's only bucket).
+        self.batch_defaults = {k: v for d in datasets for k, v in d.layout.batch_defaults.items()}
         self.weights = weight_array / weight_array.sum()
         self.batches_per_epoch = (sum(len(d) for d in datasets) if batches_per_epoch is None
                                   else int(batches_per_epoch))
@@ -213,8 +208,8 @@ class MixedDataset(IterableDataset):
 
     def _fill_schema(self, batch: Batch) -> None:
         count = len(batch["__key__"])
-        if self.bucketed:
-            batch.setdefault("bucket", 0)  # a single-shape dataset's one shape is the list's only bucket
+        for name, value in self.batch_defaults.items():
+            batch.setdefault(name, value)
         for name in self.fields:
             if name not in batch:
                 batch[name] = torch.full((count,), -1, dtype=torch.int64) if name == "cls" else [None] * count

@@ -18,13 +18,14 @@ Order versions (a resume state records the one its epoch was cut with; a state w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
 
-__all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS", "RankBatches",
-           "consumed_position", "epoch_runs", "epoch_windows", "join_runs", "rank_batches", "run_pieces",
-           "window_bounds", "window_runs"]
+__all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS", "Deal", "RankBatches",
+           "checked_batches_seen", "consumed_position", "epoch_runs", "epoch_windows", "join_runs", "rank_batches",
+           "run_pieces", "window_bounds", "window_runs"]
 
 ORDER_VERSION = 2
 ORDER_VERSIONS = (1, 2)
@@ -207,6 +208,32 @@ def consumed_position(samples: int, batch_size: int, world_size: int, start: int
     if batches_each <= full_rounds:
         return start + batches_each * batch_size * world_size
     return samples
+
+
+@dataclass(frozen=True)
+class Deal:
+    """How an epoch is dealt out: batches of ``batch_size`` to ``rank`` of ``world_size`` ranks, the rest
+    dropped or split (``drop_last``), and the order's ``shuffle`` and ``seed`` (a bucketed epoch's rounds
+    are shuffled by them too)."""
+
+    batch_size: int
+    rank: int
+    world_size: int
+    drop_last: bool
+    shuffle: bool = False
+    seed: int = 0
+
+    @property
+    def per_round(self) -> int:
+        """Samples of one step of the whole job: a batch on every rank."""
+        return self.batch_size * self.world_size
+
+
+def checked_batches_seen(batches_seen: int, full: int) -> int:
+    """A state's ``batches_seen``, refused outside a rank's ``0..full`` batches of its epoch."""
+    if not 0 <= batches_seen <= full:
+        raise ValueError(f"batches_seen={batches_seen} is outside a rank's 0..{full} of that epoch")
+    return batches_seen
 
 
 def run_pieces(ends: np.ndarray, runs: np.ndarray, positions: range) -> list[tuple[int, int, int]]:

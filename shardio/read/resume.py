@@ -53,8 +53,9 @@ from typing import Any, TypeVar
 
 from shardio.format import FORMAT_VERSION
 from shardio.format.root_fields import proves_another_dataset
-from shardio.read.bucket_order import BucketRankBatches, bucket_rounds
-from shardio.read.order import consumed_position, rank_batches
+from shardio.read.layout import Layout
+from shardio.read.one_shape import OneShape
+from shardio.read.order import Deal
 
 __all__ = ["EpochCursor", "EpochPass"]
 
@@ -73,21 +74,19 @@ class EpochPass:
 
     epoch: int
     start: int  # epoch position before which all ranks consumed everything (0: a fresh epoch)
-    batches: Sequence[range]  # this rank's batches from ``start``, as epoch positions (``RankBatches``:
-    # computed on demand, so a pass pickles small to DataLoader workers)
+    batches: Sequence[range]  # this rank's batches from ``start``, as epoch positions (``RankBatches``, a
+    # bucketed dataset's ``BucketRankBatches``: computed on demand, so a pass pickles small to DataLoader workers)
     before: int  # batch number of this rank's first batch of the pass, minus one
     samples: int
     generation: int
+    layout: Layout  # the generation's (``shardio.read.layout``): what the pass's place is counted in
     dataset: str = ""  # the identity of the generation's root (spec, "Identity")
-    # A bucketed dataset (``shardio.read.bucket_order``): samples per bucket, and each bucket's samples
-    # consumed when the pass began; ``batches`` is then a ``BucketRankBatches``. None for a single shape.
-    bucket_sizes: tuple[int, ...] | None = None
-    bucket_start: tuple[int, ...] | None = None
 
 
 @dataclass
 class EpochCursor:
-    """The epoch, the current pass and the batches handed out of it (see the module docstring)."""
+    """The epoch, the current pass and the batches handed out of it (see the module docstring). What differs
+    between a single shape and buckets, it asks the pass's layout (``shardio.read.layout``)."""
 
     batch_size: int
     rank: int
@@ -95,13 +94,17 @@ class EpochCursor:
     drop_last: bool
     settings: dict[str, Any]  # the ORDER_SETTINGS values, checked against a loaded state
     defaulted: frozenset[str] = frozenset()  # settings the user left out: a loaded state's values win
-    buckets: int | None = None  # a bucketed dataset's number of buckets (its states have bucket keys)
     epoch: int = 0
     current: EpochPass | None = None
     handed: int = 0
     _pinned: bool = False  # set_epoch since the last pass
-    _pending: dict[str, Any] | None = None  # a loaded state, for the next pass
+    _pending: dict[str, Any] | None = None  # a loaded state (with its generation's ``layout``), for the next pass
     _handover: EpochPass | None = None  # begun in the main process, for DataLoader workers' copies
+
+    def deal(self) -> Deal:
+        """How this rank's batches are dealt (the order's shuffle and seed: a loaded state's, once adopted)."""
+        return Deal(self.batch_size, self.rank, self.world_size, self.drop_last,
+                    shuffle=bool(self.settings["shuffle"]), seed=int(self.settings["seed"]))
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass is ``epoch`` (later passes count on from it); a loaded state for that same epoch
@@ -110,36 +113,23 @@ class EpochCursor:
         if self._pending is not None and self._pending["epoch"] != self.epoch:
             self._pending = None
 
-    def seek(self, epoch: int, batches: int, samples: int, generation: int,
-             bucket_sizes: tuple[int, ...] | None = None) -> None:
+    def seek(self, epoch: int, batches: int, samples: int, generation: int, layout: Layout | None = None) -> None:
         """The next pass is ``epoch`` after this rank's first ``batches`` of it (which the ranks consumed
         in lockstep), as if a state taken there were loaded; ``batches=0`` is ``set_epoch(epoch)``. For a
         caller that places the dataset in its epochs itself (``shardio.read.mixing`` interleaves datasets).
-        ``bucket_sizes``: samples per bucket of a bucketed dataset (None: one shape)."""
+        ``layout``: the dataset's (default: one shape of ``samples``)."""
+        layout = layout or OneShape(samples)
         self.set_epoch(epoch)
         self._pending = None
-        if batches and bucket_sizes is not None:
-            fresh = self._bucket_batches(bucket_sizes, self.epoch, None)
-            positions = fresh.consumed_after(int(batches))
-            self._pending = {"epoch": self.epoch, "position": sum(positions), "batches_seen": int(batches),
-                             "generation": generation, "samples": samples, "bucket_sizes": tuple(bucket_sizes),
-                             "bucket_positions": positions, "bucket_start": [0] * len(bucket_sizes),
-                             "bucket_round": int(batches), "world_size": self.world_size}
-        elif batches:
-            position = consumed_position(samples, self.batch_size, self.world_size, 0, int(batches))
-            self._pending = {"epoch": self.epoch, "position": position, "batches_seen": int(batches),
-                             "generation": generation, "samples": samples}
-
-    def _bucket_batches(self, sizes: tuple[int, ...], epoch: int, start: list[int] | tuple[int, ...] | None,
-                        skip: int = 0) -> BucketRankBatches:
-        return BucketRankBatches(sizes, self.batch_size, self.rank, self.world_size, self.drop_last,
-                                 shuffle=bool(self.settings["shuffle"]), seed=int(self.settings["seed"]),
-                                 epoch=epoch, start=start, skip=skip)
+        if batches:
+            self._pending = {"epoch": self.epoch, "batches_seen": int(batches), "generation": generation,
+                             "samples": samples, "layout": layout,
+                             **layout.seek(self.deal(), self.epoch, int(batches))}
 
     def next_pass(self) -> tuple[int, int, int | None]:
         """(epoch, start position, generation or None) of the pass about to begin; no state changes."""
         pending = self._pending
-        if pending is not None and (self._pinned or self._left(pending["samples"], pending["position"])):
+        if pending is not None and (self._pinned or pending["layout"].has_left(self.deal(), pending)):
             return pending["epoch"], pending["position"], pending.get("generation")
         if pending is not None:  # the state's epoch was finished: an iteration now is the next one
             return pending["epoch"] + 1, 0, None
@@ -147,53 +137,15 @@ class EpochCursor:
             return self.epoch, 0, None
         return self.epoch + 1, 0, None
 
-    def _left(self, samples: int, position: int) -> bool:
-        pending = self._pending
-        if pending is not None and "bucket_positions" in pending:
-            left = [n - p for n, p in zip(pending["bucket_sizes"], pending["bucket_positions"])]
-            return bool(bucket_rounds(left, self.batch_size * self.world_size, self.drop_last).sum())
-        return bool(rank_batches(samples, self.batch_size, 0, self.world_size, self.drop_last, position))
-
-    def begin(self, samples: int, generation: int, dataset: str = "",
-              bucket_sizes: tuple[int, ...] | None = None) -> EpochPass:
+    def begin(self, samples: int, generation: int, dataset: str = "", layout: Layout | None = None) -> EpochPass:
         """Start the pass ``next_pass()`` named, on a dataset of ``samples`` at ``generation`` (whose root's
-        identity is ``dataset``; ``bucket_sizes``: samples per bucket of a bucketed one, else None)."""
+        identity is ``dataset``; ``layout``: its layout, default one shape of ``samples``)."""
+        layout = layout or OneShape(samples)
         epoch, start, _ = self.next_pass()
-        if bucket_sizes is not None:
-            self.current = self._begin_buckets(epoch, samples, generation, dataset, tuple(bucket_sizes))
-        else:
-            start = min(start, samples)
-            per_round = self.batch_size * self.world_size
-            batches = rank_batches(samples, self.batch_size, self.rank, self.world_size, self.drop_last, start)
-            self.current = EpochPass(epoch, start, batches, start // per_round, samples, generation, dataset)
+        start, batches, before = layout.begin(self.deal(), epoch, start, self._pending)
+        self.current = EpochPass(epoch, start, batches, before, samples, generation, layout, dataset)
         self.epoch, self.handed, self._pinned, self._pending = epoch, 0, False, None
         return self.current
-
-    def _begin_buckets(self, epoch: int, samples: int, generation: int, dataset: str,
-                       sizes: tuple[int, ...]) -> EpochPass:
-        """A bucketed pass: a loaded state's own pass after its rounds (same world size), else its rest
-        cut into rounds again, else a fresh epoch (``shardio.read.bucket_order``)."""
-        pending = self._pending
-        resumes = (pending is not None and pending["epoch"] == epoch and "bucket_positions" in pending
-                   and tuple(pending["bucket_sizes"]) == sizes)
-        if not resumes:
-            batches = self._bucket_batches(sizes, epoch, None)
-            return EpochPass(epoch, 0, batches, 0, samples, generation, dataset, sizes, (0,) * len(sizes))
-        assert pending is not None
-        positions, before = list(pending["bucket_positions"]), int(pending["batches_seen"])
-        batches: BucketRankBatches | None = None
-        if pending.get("bucket_round") is not None and pending.get("world_size") == self.world_size:
-            try:
-                same = self._bucket_batches(sizes, epoch, pending["bucket_start"], int(pending["bucket_round"]))
-            except ValueError:  # rounds past that pass's: not its state; what is left is still exact
-                same = None
-            if same is not None and same.consumed_after(0) == positions:  # the state's pass, after its rounds
-                batches = same
-        if batches is None:  # another world size: what is left of each bucket, in rounds of this one
-            batches = self._bucket_batches(sizes, epoch, positions)
-            before = _rounds_consumed(positions, self.batch_size * self.world_size)
-        return EpochPass(epoch, sum(positions), batches, before, samples, generation, dataset, sizes,
-                         tuple(batches.start))
 
     def hand_over(self, epoch_pass: EpochPass | None) -> None:
         """Make ``epoch_pass`` the one the next ``iter()`` of a copy of this cursor uses (DataLoader workers
@@ -235,53 +187,31 @@ class EpochCursor:
             return int(self._pending["position"])
         if self.current is None or self._pinned:
             return 0
-        if isinstance(self.current.batches, BucketRankBatches):
-            return sum(self.bucket_positions() or ())
-        return consumed_position(self.current.samples, self.batch_size, self.world_size, self.current.start,
-                                 self.handed)
-
-    def bucket_positions(self) -> list[int] | None:
-        """Each bucket's consumed samples (a bucketed dataset; None for one shape or before any pass)."""
-        if self._pending is not None:
-            return self._pending.get("bucket_positions")
         current = self.current
-        if current is None or current.bucket_sizes is None:
-            return None
-        if self._pinned:
-            return [0] * len(current.bucket_sizes)
-        assert isinstance(current.batches, BucketRankBatches)
-        return current.batches.consumed_after(self.handed)
+        return current.layout.position(self.deal(), current.start, current.batches, self.handed)
 
-    def _bucket_state(self) -> dict[str, Any]:
-        """The state's bucket keys (none for a single shape)."""
+    def _layout_state(self, layout: Layout) -> dict[str, Any]:
+        """The state's keys of the layout (none for a single shape; ``layout``: the snapshot's open now)."""
         pending, current = self._pending, self.current
         if pending is not None:
-            if "bucket_positions" not in pending:
-                return {}
-            return {"bucket_positions": list(pending["bucket_positions"]),
-                    "bucket_start": list(pending["bucket_start"]), "bucket_round": pending.get("bucket_round")}
-        if current is None or current.bucket_sizes is None:
-            if self.buckets is None:
-                return {}
-            zeros = [0] * self.buckets  # before the first pass: the start of the epoch
-            return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
-        assert isinstance(current.batches, BucketRankBatches)
+            return pending["layout"].pending_state(pending)
+        if current is None:
+            return layout.start_state()  # before the first pass: the start of the epoch
         if self._pinned:
-            zeros = [0] * len(current.bucket_sizes)
-            return {"bucket_positions": zeros, "bucket_start": zeros, "bucket_round": 0}
-        return {"bucket_positions": current.batches.consumed_after(self.handed),
-                "bucket_start": list(current.batches.start), "bucket_round": current.batches.skip + self.handed}
+            return current.layout.start_state()
+        return current.layout.pass_state(current.batches, self.handed)
 
     def state_dict(self, samples: int, generation: int, batches_seen: int | None = None,
-                   dataset: str = "") -> dict[str, Any]:
+                   dataset: str = "", layout: Layout | None = None) -> dict[str, Any]:
         """The state; ``batches_seen`` overrides the count handed out (this rank's batch number);
-        ``samples``, ``generation`` and ``dataset`` (its identity) describe the snapshot open now, named
-        when no pass nor loaded state says otherwise."""
+        ``samples``, ``generation``, ``dataset`` (its identity) and ``layout`` (default: one shape of
+        ``samples``) describe the snapshot open now, named when no pass nor loaded state says otherwise."""
+        layout = layout or OneShape(samples)
         current = self.current
         if batches_seen is not None and current is not None and self._pending is None:
             handed, self.handed = self.handed, max(0, int(batches_seen) - current.before)
             try:
-                return self.state_dict(samples, generation, dataset=dataset)
+                return self.state_dict(samples, generation, dataset=dataset, layout=layout)
             finally:
                 self.handed = handed
         if self._pending is None and current is not None and not self._pinned:
@@ -300,16 +230,16 @@ class EpochCursor:
             "samples": samples,
             "rank": self.rank,
             "world_size": self.world_size,
-            **self._bucket_state(),
+            **self._layout_state(layout),
             **self.settings,
         }
 
     def load_state_dict(self, state: dict[str, Any], at: Any, identity: str = "",
                         where: str = "this dataset") -> None:
         """Resume where ``state`` was: the next pass finishes its epoch. ``at(generation)`` is the dataset's
-        (sample count, identity) at that generation (the state's own generation, when it has one; None:
-        the snapshot open now; a bucketed dataset adds its samples per bucket as a third value);
-        ``identity``: the open snapshot's; ``where`` names the dataset in errors."""
+        (sample count, identity, layout) at that generation (the state's own generation, when it has one;
+        None: the snapshot open now); ``identity``: the open snapshot's; ``where`` names the dataset in
+        errors."""
         adopted = {}
         for key in ORDER_SETTINGS:
             theirs = state.get(key, _ABSENT_IS.get(key, self.settings[key]))
@@ -324,9 +254,7 @@ class EpochCursor:
         theirs = state.get("dataset")
         if theirs is not None and identity and proves_another_dataset(theirs, identity):
             raise ValueError(_foreign(state, identity, where))  # before its generation is looked for here
-        found = at(state.get("generation"))
-        samples, here = found[0], found[1]
-        sizes = tuple(found[2]) if len(found) > 2 and found[2] is not None else None
+        samples, here, layout = at(state.get("generation"))
         if theirs is not None and theirs != here:
             raise ValueError(_foreign(state, here, where))
         if "samples" in state and state["samples"] != samples:
@@ -335,26 +263,8 @@ class EpochCursor:
                 f"{samples}; resume on the snapshot the state was taken on (its generation)"
             )
         world_size = int(state.get("world_size", self.world_size))
-        batches_seen = int(state["batches_seen"])
-        buckets = _bucket_pending(state, sizes, where)
-        if buckets:
-            left = bucket_rounds(sizes, self.batch_size * world_size, self.drop_last)  # type: ignore[arg-type]
-            full = int(left.sum())
-        else:
-            full = len(rank_batches(samples, self.batch_size, 0, world_size, self.drop_last))
-        if buckets and batches_seen > full:
-            # A bucketed state's place is its ``bucket_positions`` (checked above); ``batches_seen`` only
-            # numbers this rank's batches. One past the epoch's count was numbered at an earlier layout
-            # (the world size before a resume): numbered again at the state's own layout.
-            batches_seen = _rounds_consumed(buckets["bucket_positions"], self.batch_size * world_size)
-        if not 0 <= batches_seen <= full:
-            raise ValueError(f"batches_seen={batches_seen} is outside a rank's 0..{full} of that epoch")
-        if buckets:
-            position = sum(buckets["bucket_positions"])
-        elif "position" in state:
-            position = int(state["position"])
-        else:  # a state from before positions: batches_seen of a fresh epoch at the state's world size
-            position = consumed_position(samples, self.batch_size, world_size, 0, batches_seen)
+        position, batches_seen, keys = layout.resume(state, int(state["batches_seen"]), self.batch_size,
+                                                     world_size, self.drop_last, where)
         if not 0 <= position <= samples:
             raise ValueError(f"position={position} is outside the epoch's 0..{samples}")
         self.settings.update(adopted)
@@ -362,35 +272,7 @@ class EpochCursor:
         self._pinned = False
         self._pending = {"epoch": self.epoch, "position": position, "batches_seen": batches_seen,
                          "generation": state.get("generation"), "samples": samples, "dataset": here,
-                         "world_size": world_size, **buckets}
-
-
-def _rounds_consumed(positions: Sequence[int], per_round: int) -> int:
-    """A bucketed pass's batch number before its first batch, at a layout of ``per_round`` samples a round:
-    the whole rounds the consumed samples make, bucket by bucket. With the rounds left of each bucket it
-    never exceeds the epoch's count at that layout (``floor(p / R) + ceil((n - p) / R) <= ceil(n / R)``),
-    so a state saved after any chain of world sizes loads again."""
-    return sum(int(p) // per_round for p in positions)
-
-
-def _bucket_pending(state: dict[str, Any], sizes: tuple[int, ...] | None, where: str) -> dict[str, Any]:
-    """A state's bucket keys, checked against the bucket sizes of its generation here (None: one shape)."""
-    has = "bucket_positions" in state
-    if sizes is None and not has:
-        return {}
-    if sizes is None or not has:
-        mine, its = ("bucketed", "a single-shape") if sizes is not None else ("single-shape", "a bucketed")
-        raise ValueError(f"cannot resume: {where} is {mine}, the state is of {its} dataset; resume the "
-                         "dataset the state was taken on")
-    positions = [int(p) for p in state["bucket_positions"]]
-    start = [int(p) for p in state.get("bucket_start", positions)]
-    for name, values in (("bucket_positions", positions), ("bucket_start", start)):
-        if len(values) != len(sizes) or any(not 0 <= p <= n for p, n in zip(values, sizes)):
-            raise ValueError(f"cannot resume: the state's {name} {values} do not fit {where}'s buckets of "
-                             f"{list(sizes)} samples")
-    round_taken = state.get("bucket_round")
-    return {"bucket_sizes": sizes, "bucket_positions": positions, "bucket_start": start,
-            "bucket_round": None if round_taken is None else int(round_taken)}
+                         "world_size": world_size, "layout": layout, **keys}
 
 
 def _foreign(state: dict[str, Any], identity: str, where: str) -> str:

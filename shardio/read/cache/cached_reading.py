@@ -7,19 +7,30 @@ its directory ``shardio.read.cache.cache_dir``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
-from shardio.read.batches import FIELDS, BatchAssembler
+from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_dir import cache_key
+from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 from shardio.read.selection import SubsetSnapshot
 from shardio.read.cache.shard_cache import ShardCache
 
-__all__ = ["CachedAssembler", "fitting_window"]
+__all__ = ["CachedAssembler", "cache_units", "fitting_window"]
+
+
+def cache_units(snapshot: DatasetSnapshot) -> list[int]:
+    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment."""
+    if isinstance(snapshot, SubsetSnapshot):
+        return [int(s) for s in snapshot.segments[:, 0]]
+    return list(range(len(snapshot.shards)))
+
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
     """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
@@ -66,11 +77,27 @@ class CachedAssembler(BatchAssembler):
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields, batch_size)
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, layout: Layout | None = None) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout)
         self.shard_cache = cache
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
+
+    def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
+                encoded: bool = False) -> Iterator[Batch]:
+        """The batches, the cache given the pass's exact access sequence first (downloads ahead, Belady):
+        every piece of the pass is listed up front (one entry a sample with blocks of 1)."""
+        cache = self.shard_cache
+        pieces = [plan.pieces(positions) for positions in batches]
+        unit_of = cache_units(self.snapshot)
+        shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
+        worker = get_worker_info()
+        if worker is not None:
+            cache.share(worker.num_workers)
+        cache.plan(shards)
+        for number, batch in enumerate(pieces):
+            cache.advance(number)
+            yield self.assemble(batch, shared, pinned, encoded)
 
     def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
         if self.shard_cache.dooms != self._seen_dooms:
