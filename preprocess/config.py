@@ -126,8 +126,9 @@ class JobConfig:
 
     @property
     def shapes(self) -> list[Bucket]:
-        """Every (height, width) a sample may be stored at: the buckets, or the one target shape."""
-        return list(self.buckets) if self.mode == BUCKET and self.buckets else [(self.height, self.width)]
+        """Every (height, width) a sample may be stored at: the buckets, or the one target shape (a config
+        holds a list exactly in ``mode: bucket``, resolved at load)."""
+        return list(self.buckets or [(self.height, self.width)])
 
     @property
     def max_side(self) -> int:
