@@ -23,7 +23,7 @@ import torch
 
 from shardio.read.gather import gather, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
-from shardio.read.layout import EpochOrder, Layout, layout_of
+from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 
@@ -65,7 +65,7 @@ class BatchAssembler:
     ``has_content_box``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, layout: Layout | None = None) -> None:
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout) -> None:
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
@@ -75,7 +75,7 @@ class BatchAssembler:
         self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta]] = OrderedDict()
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
-        self.layout = layout or layout_of(snapshot)
+        self.layout = layout  # the snapshot's (``shardio.read.layout.layout_of``, asked once at open)
         self.buffer_bytes = self.layout.buffer_bytes(batch_size)
         self.buffers = BufferPool(buffers, self.buffer_bytes)
 

@@ -77,8 +77,8 @@ class CachedAssembler(BatchAssembler):
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, layout: Layout | None = None) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout)
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout=layout)
         self.shard_cache = cache
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
