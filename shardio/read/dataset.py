@@ -1,9 +1,11 @@
 """``ShardDataset``: whole batches from memory-mapped shards, with no per-sample CPU work.
 
 This module opens the dataset (and checks that DDP ranks opened the same one) and ties together the
-pieces that each have their own module: the epoch order and rank split (``shardio.read.order``), the copies
-(``shardio.read.batches``), the epoch and resume state (``shardio.read.resume``, the protocol loaders use) and the
-background thread (``shardio.read.prefetch``). The design, with its measurements, is docs/reader.md.
+pieces that each have their own module: the layout of each snapshot it opens, one shape or buckets, chosen
+there once (``shardio.read.layout``: the epoch order and rank split it asks, ``shardio.read.order`` or
+``shardio.read.bucket_order``), the copies (``shardio.read.batches``), the epoch and resume state
+(``shardio.read.resume``, the protocol loaders use) and the background thread (``shardio.read.prefetch``).
+The design, with its measurements, is docs/reader.md.
 """
 
 from __future__ import annotations
