@@ -298,7 +298,7 @@ static void yuv_row_scalar(const uint8_t *y, const int16_t *red, const int16_t *
 }
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(SHARDIO_NO_SIMD)
-#include <tmmintrin.h>
+#include <immintrin.h>
 #define HAVE_YUV_SIMD 1
 
 /* The same offsets 8 at a time with SSE2 (x86-64's baseline). The constants above 2^15 are split so that
@@ -330,6 +330,35 @@ static void yuv_offsets_sse2(const uint8_t *cb, const uint8_t *cr, int16_t *red,
         _mm_storeu_si128((__m128i *)(green + j), _mm_sub_epi16(_mm_packs_epi32(g_lo, g_hi), x_cr));
     }
     yuv_offsets_scalar(cb, cr, red, green, blue, j, count);
+}
+
+/* The same offsets 16 at a time with AVX2: the 16 chroma bytes widened in order, then every step within a
+ * 128-bit lane (the unpacks and packs of each lane undo each other: the offsets come out in order). */
+__attribute__((target("avx2"))) static void yuv_offsets_avx2(const uint8_t *cb, const uint8_t *cr, int16_t *red,
+                                                              int16_t *green, int16_t *blue, Py_ssize_t count) {
+    const __m256i bias = _mm256_set1_epi16(128), two = _mm256_set1_epi16(2);
+    const __m256i k_red = _mm256_set1_epi32((16384 << 16) | 26345);
+    const __m256i k_blue = _mm256_set1_epi32((16384 << 16) | (uint16_t)-14942);
+    const __m256i k_green = _mm256_set1_epi32((18734 << 16) | (uint16_t)-22554);
+    const __m256i half = _mm256_set1_epi32(YUV_ONE_HALF);
+    Py_ssize_t j = 0;
+    for (; j + 16 <= count; j += 16) {
+        __m256i x_cb = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cb + j))), bias);
+        __m256i x_cr = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cr + j))), bias);
+        __m256i r_lo = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi16(x_cr, two), k_red), 16);
+        __m256i r_hi = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_unpackhi_epi16(x_cr, two), k_red), 16);
+        __m256i b_lo = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi16(x_cb, two), k_blue), 16);
+        __m256i b_hi = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_unpackhi_epi16(x_cb, two), k_blue), 16);
+        __m256i g_lo = _mm256_srai_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi16(x_cb, x_cr), k_green), half), 16);
+        __m256i g_hi = _mm256_srai_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpackhi_epi16(x_cb, x_cr), k_green), half), 16);
+        _mm256_storeu_si256((__m256i *)(red + j), _mm256_add_epi16(_mm256_packs_epi32(r_lo, r_hi), x_cr));
+        _mm256_storeu_si256((__m256i *)(blue + j),
+                            _mm256_add_epi16(_mm256_packs_epi32(b_lo, b_hi), _mm256_add_epi16(x_cb, x_cb)));
+        _mm256_storeu_si256((__m256i *)(green + j), _mm256_sub_epi16(_mm256_packs_epi32(g_lo, g_hi), x_cr));
+    }
+    if (j < count) yuv_offsets_sse2(cb + j, cr + j, red + j, green + j, blue + j, count - j);
 }
 
 /* 16 pixels at a time: Y widened to 16 bits plus each offset repeated twice, packed back with unsigned
@@ -369,15 +398,65 @@ __attribute__((target("ssse3"))) static void yuv_row_ssse3(const uint8_t *y, con
     }
     yuv_row_scalar(y, red, green, blue, out, x, width);
 }
+
+/* The same 32 pixels at a time with AVX2: every step of the SSSE3 row stays within a 128-bit lane, so lane 0
+ * does pixels 0-15 and lane 1 pixels 16-31 with the same shuffles, and each lane's 48 bytes are stored as
+ * three 16-byte halves. `stream`: the stores bypass the cache (a batch larger than it, written once: no
+ * read of the line it overwrites, as copy_streaming does for raw batches); out must then be 16-aligned. */
+__attribute__((target("avx2"))) static void yuv_row_avx2(const uint8_t *y, const int16_t *red,
+                                                          const int16_t *green, const int16_t *blue,
+                                                          uint8_t *out, Py_ssize_t width, int stream) {
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i r0 = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, -1, -1, 1, -1, -1, 2, -1, -1, 3, -1, -1, 4, -1, -1, 5));
+    const __m256i g0 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, 0, -1, -1, 1, -1, -1, 2, -1, -1, 3, -1, -1, 4, -1, -1));
+    const __m256i b0 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, 0, -1, -1, 1, -1, -1, 2, -1, -1, 3, -1, -1, 4, -1));
+    const __m256i r1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, 6, -1, -1, 7, -1, -1, 8, -1, -1, 9, -1, -1, 10, -1));
+    const __m256i g1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(5, -1, -1, 6, -1, -1, 7, -1, -1, 8, -1, -1, 9, -1, -1, 10));
+    const __m256i b1 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, 5, -1, -1, 6, -1, -1, 7, -1, -1, 8, -1, -1, 9, -1, -1));
+    const __m256i r2 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15, -1, -1));
+    const __m256i g2 = _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15, -1));
+    const __m256i b2 = _mm256_broadcastsi128_si256(_mm_setr_epi8(10, -1, -1, 11, -1, -1, 12, -1, -1, 13, -1, -1, 14, -1, -1, 15));
+    Py_ssize_t x = 0;
+    for (; x + 32 <= width; x += 32) {
+        __m256i luma = _mm256_loadu_si256((const __m256i *)(y + x));
+        __m256i low = _mm256_unpacklo_epi8(luma, zero), high = _mm256_unpackhi_epi8(luma, zero);
+        __m256i r = _mm256_loadu_si256((const __m256i *)(red + x / 2));
+        __m256i g = _mm256_loadu_si256((const __m256i *)(green + x / 2));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(blue + x / 2));
+        __m256i R = _mm256_packus_epi16(_mm256_add_epi16(low, _mm256_unpacklo_epi16(r, r)),
+                                        _mm256_add_epi16(high, _mm256_unpackhi_epi16(r, r)));
+        __m256i G = _mm256_packus_epi16(_mm256_add_epi16(low, _mm256_unpacklo_epi16(g, g)),
+                                        _mm256_add_epi16(high, _mm256_unpackhi_epi16(g, g)));
+        __m256i B = _mm256_packus_epi16(_mm256_add_epi16(low, _mm256_unpacklo_epi16(b, b)),
+                                        _mm256_add_epi16(high, _mm256_unpackhi_epi16(b, b)));
+        __m256i o0 = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(R, r0), _mm256_shuffle_epi8(G, g0)),
+                                     _mm256_shuffle_epi8(B, b0));
+        __m256i o1 = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(R, r1), _mm256_shuffle_epi8(G, g1)),
+                                     _mm256_shuffle_epi8(B, b1));
+        __m256i o2 = _mm256_or_si256(_mm256_or_si256(_mm256_shuffle_epi8(R, r2), _mm256_shuffle_epi8(G, g2)),
+                                     _mm256_shuffle_epi8(B, b2));
+        __m128i *to = (__m128i *)(out + 3 * x);
+        __m128i parts[6] = {_mm256_castsi256_si128(o0), _mm256_castsi256_si128(o1), _mm256_castsi256_si128(o2),
+                            _mm256_extracti128_si256(o0, 1), _mm256_extracti128_si256(o1, 1),
+                            _mm256_extracti128_si256(o2, 1)};
+        if (stream) {
+            for (int k = 0; k < 6; k++) _mm_stream_si128(to + k, parts[k]);
+        } else {
+            for (int k = 0; k < 6; k++) _mm_storeu_si128(to + k, parts[k]);
+        }
+    }
+    if (x < width) yuv_row_ssse3(y + x, red + x / 2, green + x / 2, blue + x / 2, out + 3 * x, width - x);
+}
 #endif
 
-static int yuv_have_ssse3 = 0; /* set once at import */
+static int yuv_have_ssse3 = 0, yuv_have_avx2 = 0; /* set once at import */
 
 typedef struct {
     const uint8_t **samples; /* each sample's planes */
     uint8_t *out;
     Py_ssize_t height, width, begin, end; /* this thread's samples [begin, end) */
     int16_t *scratch;                     /* 3 * (CW + 16) offsets */
+    int stream;                           /* streaming stores (a batch larger than the cache) */
 } yuv_share;
 
 static void *yuv_convert_share(void *arg) {
@@ -391,21 +470,31 @@ static void *yuv_convert_share(void *arg) {
         uint8_t *out = share->out + n * height * width * 3;
         for (Py_ssize_t cy = 0; cy < chroma_h; cy++) {
 #ifdef HAVE_YUV_SIMD
-            yuv_offsets_sse2(cb + cy * chroma_w, cr + cy * chroma_w, red, green, blue, chroma_w);
+            if (yuv_have_avx2) yuv_offsets_avx2(cb + cy * chroma_w, cr + cy * chroma_w, red, green, blue, chroma_w);
+            else yuv_offsets_sse2(cb + cy * chroma_w, cr + cy * chroma_w, red, green, blue, chroma_w);
 #else
             yuv_offsets_scalar(cb + cy * chroma_w, cr + cy * chroma_w, red, green, blue, 0, chroma_w);
 #endif
             for (Py_ssize_t row = 2 * cy; row < 2 * cy + 2 && row < height; row++) {
+                uint8_t *to = out + row * width * 3;
 #ifdef HAVE_YUV_SIMD
+                if (yuv_have_avx2) {
+                    yuv_row_avx2(luma + row * width, red, green, blue, to, width,
+                                 share->stream && ((uintptr_t)to & 15) == 0);
+                    continue;
+                }
                 if (yuv_have_ssse3) {
-                    yuv_row_ssse3(luma + row * width, red, green, blue, out + row * width * 3, width);
+                    yuv_row_ssse3(luma + row * width, red, green, blue, to, width);
                     continue;
                 }
 #endif
-                yuv_row_scalar(luma + row * width, red, green, blue, out + row * width * 3, 0, width);
+                yuv_row_scalar(luma + row * width, red, green, blue, to, 0, width);
             }
         }
     }
+#ifdef HAVE_YUV_SIMD
+    if (share->stream) _mm_sfence(); /* streaming stores are weakly ordered: visible before the batch is read */
+#endif
     return NULL;
 }
 
@@ -472,7 +561,8 @@ static PyObject *yuv420_into(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (int t = 0; t < threads; t++) {
         shares[t] = (yuv_share){starts, (uint8_t *)out.buf, height, width, samples * t / threads,
-                                samples * (t + 1) / threads, scratch + (Py_ssize_t)t * 3 * stride};
+                                samples * (t + 1) / threads, scratch + (Py_ssize_t)t * 3 * stride,
+                                out.len >= STREAM_MIN_BYTES};
     }
     for (int t = 1; t < threads; t++) {
         if (pthread_create(&ids[started], NULL, yuv_convert_share, &shares[t]) == 0) started++;
@@ -495,13 +585,13 @@ done:
 
 static PyObject *yuv420_simd(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return PyBool_FromLong(yuv_have_ssse3);
+    return PyUnicode_FromString(yuv_have_avx2 ? "avx2" : yuv_have_ssse3 ? "ssse3" : "scalar");
 }
 
 static PyMethodDef yuv420_methods[] = {
     {"yuv420_into", yuv420_into, METH_VARARGS,
      "yuv420_into(pieces, out, height, width, threads): samples' yuv420 planes converted to RGB into out."},
-    {"yuv420_simd", yuv420_simd, METH_NOARGS, "yuv420_simd() -> bool: whether the SSSE3 row conversion is used."},
+    {"yuv420_simd", yuv420_simd, METH_NOARGS, "yuv420_simd() -> str: the row conversion in use (avx2, ssse3, scalar)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -509,6 +599,7 @@ static int add_yuv420_functions(PyObject *module) {
 #ifdef HAVE_YUV_SIMD
     __builtin_cpu_init();
     yuv_have_ssse3 = getenv("SHARDIO_YUV_NO_SIMD") == NULL && __builtin_cpu_supports("ssse3");
+    yuv_have_avx2 = yuv_have_ssse3 && getenv("SHARDIO_YUV_NO_AVX2") == NULL && __builtin_cpu_supports("avx2");
 #endif
     return PyModule_AddFunctions(module, yuv420_methods);
 }

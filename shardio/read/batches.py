@@ -86,8 +86,10 @@ class BatchAssembler:
         hit = self.cache.get(shard)
         if hit is None:
             pixels = self.snapshot.pixels(shard)
-            if not isinstance(pixels, (JpegPixels, YuvPixels)):
-                # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            if isinstance(pixels, YuvPixels):
+                pixels = pixels.with_plain_view()
+            elif not isinstance(pixels, JpegPixels):
                 pixels = np.asarray(pixels)
             hit = (pixels, self.snapshot.meta(shard))
             self.cache[shard] = hit

@@ -30,7 +30,7 @@ try:  # the optional compiled extension (setup.py), shared with shardio.read.gat
 except ImportError:
     _gather = None
 
-__all__ = ["YuvPixels", "YuvPlanes", "map_yuv_shard", "convert_batch", "native"]
+__all__ = ["YuvPixels", "YuvPlanes", "map_yuv_shard", "convert_batch", "native", "simd"]
 
 _REPAIR = "HINT: run `preprocess verify DIR --repair` to rebuild it from its input"
 
@@ -38,6 +38,12 @@ _REPAIR = "HINT: run `preprocess verify DIR --repair` to rebuild it from its inp
 def native() -> bool:
     """Whether batches are converted by the compiled extension (else by numpy, the same bytes)."""
     return _gather is not None and hasattr(_gather, "yuv420_into")
+
+
+def simd() -> str:
+    """The native row conversion in use: ``avx2``, ``ssse3`` or ``scalar`` (checked at import; ``numpy``
+    without the extension). ``SHARDIO_YUV_NO_AVX2`` / ``SHARDIO_YUV_NO_SIMD`` set at import step down."""
+    return str(_gather.yuv420_simd()) if native() else "numpy"
 
 
 class YuvPixels:
@@ -69,6 +75,11 @@ class YuvPixels:
                 raise IndexError(f"sample {index} of {len(self)}")
             return self[i:i + 1].convert()[0]
         return self.convert()[index]
+
+    def with_plain_view(self) -> YuvPixels:
+        """The same samples over a plain ndarray view of the planes' map (slicing a np.memmap costs ~3 µs more
+        a piece; the view keeps the map open)."""
+        return YuvPixels(self.path, np.asarray(self.planes), self.height, self.width, self.first)
 
     def convert(self, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
         """Every sample as RGB, into ``out`` (N×H×W×3 uint8, C-contiguous) or a new array."""
