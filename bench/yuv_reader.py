@@ -77,7 +77,8 @@ def quality(raw: list[np.ndarray]) -> dict[str, Any]:
         planes = stored_pixels(image, cfg)
         nearest.add(image, yuv420_to_rgb(planes, *image.shape[:2]), planes.nbytes)
         fancy.add(image, fancy_rgb(planes, *image.shape[:2]), planes.nbytes)
-    return {"nearest": nearest.summary().to_json(), "fancy": fancy.summary().to_json(), "goal_psnr_median_db": PSNR_GOAL}
+    return {"nearest": nearest.summary().to_json(), "fancy": fancy.summary().to_json(),
+            "goal_psnr_median_db": PSNR_GOAL}
 
 
 def write_dataset(directory: str, pixels: list[np.ndarray], encoding: str) -> None:
@@ -174,7 +175,8 @@ def print_result(result: dict[str, Any]) -> None:
         print(f"{name:10}  {q['psnr_db']['median']:11.2f}  {q['psnr_db']['p5']:7.2f}  {q['psnr_db']['min']:8.2f}  "
               f"{q['max_abs_error']:8d}" + ("   (the reader's)" if name == "nearest" else "   (not used)"))
     c = result["conversion"]
-    print(f"\nconversion alone, 1 thread ({c['simd'] if c['native'] else 'numpy'}, CPU time): {c['convert_per_s']:,.0f} samples/s; "
+    print(f"\nconversion alone, 1 thread ({c['simd'] if c['native'] else 'numpy'}, CPU time): "
+          f"{c['convert_per_s']:,.0f} samples/s; "
           f"np.copyto of the raw batch {c['copyto_per_s']:,.0f}/s; ratio {c['convert_over_copyto']:.2f}")
     r = result["reader"]
     print(f"CPU reader, shuffled batches of {BATCH}, {r['gather_threads']} copy/convert thread(s): yuv420 "

@@ -27,9 +27,9 @@ A dataset is a directory::
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 
-What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's
-notes or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a
-shard's files, named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy``, ``STEM-NNNNN.yuv.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
+What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's notes
+or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a shard's files,
+named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy``, ``STEM-NNNNN.yuv.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
 non-empty name not starting with a dot, ``NNNNN`` the shard's number within its input, five or more
 decimal digits: ``is_shard_file_name``), and staged files, whose names start with ``.tmp-``. Beside
 them: ``.tmp-`` files in the directory, ``reports/`` and ``manifests/``, ``manifests/GEN.json`` roots,

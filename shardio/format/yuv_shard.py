@@ -81,10 +81,11 @@ def yuv_sample_bytes(height: int, width: int) -> int:
 
 def yuv_header(count: int, height: int, width: int) -> bytes:
     """The fixed 128-byte .npy v1.0 header of a yuv420 shard of ``count`` H×W samples: shape (N, S)."""
-    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }" % (count, yuv_sample_bytes(height, width))
+    sample_bytes = yuv_sample_bytes(height, width)
+    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }" % (count, sample_bytes)
     body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
     if len(body) + 1 > body_len:
-        raise ValueError(f"shape ({count}, {yuv_sample_bytes(height, width)}) does not fit a {HEADER_BYTES}-byte header")
+        raise ValueError(f"shape ({count}, {sample_bytes}) does not fit a {HEADER_BYTES}-byte header")
     return NPY_MAGIC + body_len.to_bytes(2, "little") + (body.ljust(body_len - 1) + "\n").encode("latin1")
 
 

@@ -526,8 +526,8 @@ class ShardDataset(IterableDataset):
                   prefetch: int | None = None, encoded: bool | None = None) -> Iterator[Batch]:
         """The pass's batches (in a DataLoader worker, that worker's share); counts nothing: the layer
         that hands them to the training loop wraps them in ``cursor.handed_out``. ``pin_memory``,
-        ``prefetch`` and ``encoded`` (JPEG batches left encoded, yuv420 ones as planes: ``decode="device"``) default to the
-        dataset's settings."""
+        ``prefetch`` and ``encoded`` (JPEG batches left encoded, yuv420 ones as planes: ``decode="device"``)
+        default to the dataset's settings."""
         if epoch_pass.generation != self.snapshot.generation:
             raise ValueError(f"{self.path}: this pass was begun on generation {epoch_pass.generation}, the "
                              f"dataset has moved to {self.snapshot.generation}; begin a new pass")

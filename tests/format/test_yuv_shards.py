@@ -163,7 +163,8 @@ def test_a_shard_of_the_wrong_size_is_refused_naming_it(tmp_path, change):
         else:
             f.seek(size)
             f.write(b"\0")
-    with pytest.raises(ShardIntegrityError, match=rf"{os.path.basename(path)}: {size + (1 if change == 'oversized' else -1)} bytes"):
+    found = size + (1 if change == "oversized" else -1)
+    with pytest.raises(ShardIntegrityError, match=rf"{os.path.basename(path)}: {found} bytes"):
         ShardDataset(directory, 4)
 
 
