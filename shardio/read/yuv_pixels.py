@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from shardio.errors import ShardIntegrityError
 from shardio.format.spec import HEADER_BYTES
 from shardio.format.yuv_shard import parse_yuv_header, yuv420_to_rgb, yuv_sample_bytes
+
+if TYPE_CHECKING:  # the snapshot imports this module, and the job's workers must not import torch
+    import torch
 
 try:  # the optional compiled extension (setup.py), shared with shardio.read.gather
     from shardio.read import _gather
@@ -172,7 +174,7 @@ class YuvPlanes:
         """The planes' bytes (what a copy to the device moves: half a raw batch's at even sides)."""
         return int(self.planes.numel())
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> YuvPlanes:
+    def to(self, device: "torch.device | str", non_blocking: bool = False) -> YuvPlanes:
         """The same planes on ``device``."""
         return YuvPlanes(self.planes.to(device, non_blocking=non_blocking), self.height, self.width)
 
