@@ -103,6 +103,9 @@ bench: $(STAMP)
 	# JPEG datasets: single-core libjpeg-turbo decode, the CPU reader on every core against cores x it
 	# (goal >= 0.85) and against the raw reader on the same images; --device cuda: the GPU decode, on a GPU host.
 	$(PY) -m bench.jpeg_reader
+	# yuv420 datasets: PSNR against raw on photo-like images (goal median >= 38 dB), the conversion alone
+	# against np.copyto, and the CPU reader against the raw reader on the same images (goal >= 0.8).
+	$(PY) -m bench.yuv_reader
 	# The job at LAION size: a no-op rerun and a run with work (10 new tars) over 300 / 3k / 30k
 	# committed local inputs (wall, RSS), the same with 3k inputs of 1 / 10 / 100 shards and on LAION-2B-en's
 	# 230k tars x 10 shards (synthetic index), the job's share of one finished input, the plan alone.

@@ -46,8 +46,9 @@ KEY_DOCS: dict[str, str] = {
                         "folder, the files taken as images (other image kinds Pillow reads are counted in the "
                         "report's files_ignored)",
     "max_failed_fraction": "exit 1 when more than this fraction of samples failed",
-    "encoding": "how shards hold the pixels: `raw` (H×W×3 bytes) or `jpeg` (each image once as a JPEG, "
-                "decoded by the reader: [Compact shards](../guides/compact-shards.md))",
+    "encoding": "how shards hold the pixels: `raw` (H×W×3 bytes), `jpeg` (each image once as a JPEG, "
+                "decoded by the reader: [Compact shards](../guides/compact-shards.md)) or `yuv420` (Y full size, "
+                "Cb and Cr half size each way, 1.5 bytes a pixel, converted back to RGB by the reader)",
     "quality": "JPEG quality 1-100 (`encoding: jpeg` only)",
     "subsampling": "JPEG chroma subsampling, `4:4:4` or `4:2:0` (`encoding: jpeg` only)",
     "image_column": "the Parquet column holding the images; `null` finds it by type "

@@ -80,7 +80,8 @@ class JobConfig:
     # Fraction of failed samples above which the run exits non-zero even if every input was read.
     max_failed_fraction: float = 1.0
     # How the shards hold the pixels (shardio.format, "Pixel encodings"): raw H×W×3 bytes (196 KB an image
-    # at 256², no decode to read) or each image once as a JPEG. quality and subsampling apply to jpeg only;
+    # at 256², no decode to read), each image once as a JPEG, or yuv420 (Y full size, Cb and Cr half size each
+    # way: 98 KB at 256², converted back to RGB by the reader). quality and subsampling apply to jpeg only;
     # the defaults were chosen at 256² from the curve python -m bench.jpeg_quality prints (photo-like images:
     # q90 4:4:4 about 24 KB, median PSNR about 42 dB against raw; q90 4:2:0 is smaller and loses more).
     encoding: str = RAW
@@ -200,10 +201,13 @@ class JobConfig:
         d["fill"] = list(self.fill)
         d["background"] = list(self.background)
         d["image_extensions"] = list(self.image_extensions)
-        if self.encoding != JPEG:
+        if self.encoding == RAW:
             # A raw dataset's stored config (and so its manifest bytes and config hash) stays what it was
             # before encodings existed: older datasets keep appending, the golden dataset is unchanged.
             for key in ("encoding", "quality", "subsampling"):
+                del d[key]
+        elif self.encoding != JPEG:  # yuv420: quality and subsampling say nothing of its pixels
+            for key in ("quality", "subsampling"):
                 del d[key]
         for key in (*_COLUMN_KEYS, "folder_classes"):
             if d[key] in (None, False):

@@ -50,8 +50,9 @@ from preprocess.image.versions import pillow_build
 from preprocess.worker import parse_fields
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import count_by_category
-from shardio.format import JPEG
-from shardio.write.shard_writer import JpegShardWriter, ShardWriter
+from shardio.format import JPEG, RAW, YUV420
+from shardio.format.yuv_shard import yuv420_to_rgb
+from shardio.write.shard_writer import SHARD_WRITERS, ShardWriter
 
 __all__ = ["STAGES", "diagnose", "render_text"]
 
@@ -100,7 +101,7 @@ class _ScratchWriter:
         if writer is None:
             name = f"diagnose-{self.shards:05d}"
             self.shards += 1
-            shard_class = JpegShardWriter if self.cfg.encoding == JPEG else ShardWriter
+            shard_class = SHARD_WRITERS[self.cfg.encoding]
             writer = self.writers[sample.bucket] = shard_class(self.directory, name, *sample.stored)
             self.pending[sample.bucket] = []
         writer.add(pixels, meta)  # type: ignore[arg-type]  # bytes for a JpegShardWriter
@@ -155,7 +156,7 @@ def diagnose(
     inputs_failed: list[dict[str, str]] = []
     inputs_read: list[str] = []
     quality = QualityTally()
-    jpeg = cfg.encoding == JPEG
+    encoded = cfg.encoding != RAW  # jpeg, yuv420: an encode stage, and its pixels scored against raw
     scratch_dir = tempfile.mkdtemp(prefix="shardio-diagnose-", dir=write_dir)
     scratch = _ScratchWriter(scratch_dir, cfg)
     clock = time.perf_counter
@@ -200,7 +201,7 @@ def diagnose(
                         seconds={"read": t1 - t0, "decode": timings["open"] + timings["decode"],
                                  "convert": timings["convert"], "resize": timings["resize"]},
                     )
-                    if jpeg:
+                    if encoded:
                         sample.seconds["encode"] = encode_s
                     meta = {"key": item.key, "tar": path, "member": item.image_member, "width": image.width,
                             "height": image.height, **fields}
@@ -210,6 +211,9 @@ def diagnose(
                     scratch.flush_if_full(sample.bucket)
                     if isinstance(stored, bytes):  # after the sample's wall time: the job does not decode
                         quality.add(image.pixels, decode_jpeg(stored), len(stored))
+                    elif cfg.encoding == YUV420:
+                        height, width = image.pixels.shape[:2]
+                        quality.add(image.pixels, yuv420_to_rgb(stored, height, width), stored.nbytes)
                 for sample in samples[first:]:
                     sample.seconds["index"] = index_s / (len(samples) - first)
                 inputs_read.append(path)
@@ -252,6 +256,8 @@ def _pixels_report(cfg: JobConfig, samples: list[_Sample], quality: QualityTally
     pixels: dict[str, Any] = {"encoding": cfg.encoding, "raw_bytes_per_image": raw_bytes}
     if cfg.encoding == JPEG:
         pixels.update(quality=cfg.quality, subsampling=cfg.subsampling, **quality.summary().to_json())
+    elif cfg.encoding == YUV420:
+        pixels.update(**quality.summary().to_json())
     else:
         pixels["bytes_per_image"] = raw_bytes
     projected = round(pixels["bytes_per_image"] * project_images)
@@ -281,7 +287,7 @@ def _report(samples: list[_Sample], failures: dict[str, int], inputs_read: list[
     if not samples:
         report.update(stages={}, verdict="no sample could be decoded: nothing to time")
         return report
-    stages = STAGES if cfg.encoding == JPEG else tuple(s for s in STAGES if s != "encode")
+    stages = STAGES if cfg.encoding != RAW else tuple(s for s in STAGES if s != "encode")
     per_stage = {s: np.array([x.seconds.get(s, 0.0) for x in samples]) for s in stages}
     total_s = float(sum(arr.sum() for arr in per_stage.values()))
     report["stages"] = {
@@ -358,6 +364,9 @@ def _verdict(report: dict[str, Any], samples: list[_Sample], cfg: JobConfig, bui
                     "measured a full decode + resize 1.7-2.0x faster per image")
         return (f"{head}: with Pillow-SIMD; the '{cfg.resample}' filter costs most - 'bilinear' or 'box' are "
                 "cheaper if the pixels may change")
+    if stage == "encode" and cfg.encoding == YUV420:
+        return (f"{head}: the yuv420 conversion outweighs decoding the originals, which happens only when they "
+                "are small; more cores are the remedy")
     if stage == "encode":
         return (f"{head}: the JPEG encode (encoding: jpeg, q{cfg.quality} {cfg.subsampling}) outweighs "
                 "decoding the originals, which happens only when they are small; it is what the compact "
@@ -373,14 +382,15 @@ def _verdict(report: dict[str, Any], samples: list[_Sample], cfg: JobConfig, bui
 def _pixels_line(pixels: dict[str, Any]) -> str:
     proj = pixels["projection"]
     total = f"{proj['images']:,} images: about {proj['human']} of pixel files"
-    if pixels["encoding"] != JPEG:
+    if pixels["encoding"] == RAW:
         return f"pixels: raw, {pixels['bytes_per_image']:,} bytes an image (H x W x 3); {total}"
 
     def db(value: float | None) -> str:
         return "lossless" if value is None else f"{value:.1f} dB"
 
     score = pixels["psnr_db"]
-    return (f"pixels: jpeg q{pixels['quality']} {pixels['subsampling']}, {pixels['bytes_per_image']:,.0f} bytes an "
+    kind = "yuv420" if pixels["encoding"] == YUV420 else f"jpeg q{pixels['quality']} {pixels['subsampling']}"
+    return (f"pixels: {kind}, {pixels['bytes_per_image']:,.0f} bytes an "
             f"image ({pixels['bytes_per_image'] / pixels['raw_bytes_per_image']:.1%} of raw); PSNR against raw over "
             f"{pixels['images']} images: median {db(score['median'])}, p5 {db(score['p5'])}, min {db(score['min'])}; "
             f"max abs error {pixels['max_abs_error']}; {total}")

@@ -1,4 +1,5 @@
-"""Encoding one resized image as the JPEG a compact shard stores (``encoding: jpeg``).
+"""Encoding one resized image as the JPEG a compact shard stores (``encoding: jpeg``), and what a shard of
+any encoding stores for it (``stored_pixels``: the pixels, their JPEG, or their yuv420 planes).
 
 Pillow's encoder (Pillow-SIMD in the job): the same libjpeg-turbo calls as a direct C encoder would make
 (``jpeg_set_quality``, ISLOW DCT, standard Huffman tables), byte for byte the same file, and measured as
@@ -15,7 +16,8 @@ import numpy as np
 from PIL import Image
 
 from preprocess.config import JobConfig
-from shardio.format import JPEG
+from shardio.format import JPEG, YUV420
+from shardio.format.yuv_shard import rgb_to_yuv420
 
 __all__ = ["encode_jpeg", "stored_pixels"]
 
@@ -31,7 +33,13 @@ def encode_jpeg(pixels: np.ndarray, quality: int, subsampling: str) -> bytes:
 
 
 def stored_pixels(pixels: np.ndarray, cfg: JobConfig) -> np.ndarray | bytes:
-    """What a shard of ``cfg``'s dataset stores for one resized image: the pixels themselves (raw), or their
-    JPEG at the config's quality and subsampling. The worker and ``preprocess diagnose`` both call this, so
-    the quality diagnose measures is the quality the job writes."""
-    return encode_jpeg(pixels, cfg.quality, cfg.subsampling) if cfg.encoding == JPEG else pixels
+    """What a shard of ``cfg``'s dataset stores for one resized image: the pixels themselves (raw), their
+    JPEG at the config's quality and subsampling, or their yuv420 planes (``shardio.format.yuv_shard``: numpy,
+    full-range BT.601 exactly rounded; Pillow's ``convert("YCbCr")`` is off by one level here and there and
+    does not subsample). The worker and ``preprocess diagnose`` both call this, so the quality diagnose
+    measures is the quality the job writes."""
+    if cfg.encoding == JPEG:
+        return encode_jpeg(pixels, cfg.quality, cfg.subsampling)
+    if cfg.encoding == YUV420:
+        return rgb_to_yuv420(pixels)
+    return pixels

@@ -61,7 +61,7 @@ class ConfigDerived:
 
     @property
     def encoding(self) -> str:
-        """``raw`` or ``jpeg``: how the shards hold the pixels (the config's ``encoding``)."""
+        """``raw``, ``jpeg`` or ``yuv420``: how the shards hold the pixels (the config's ``encoding``)."""
         return pixel_encoding(self.config)
 
     @property

@@ -10,7 +10,8 @@ from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHMS
 from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.format.raw_shard import shard_nbytes
-from shardio.format.spec import JPEG, RAW
+from shardio.format.spec import JPEG, RAW, YUV420
+from shardio.format.yuv_shard import yuv_shard_nbytes
 
 __all__ = ["ShardEntry", "InputEntry", "RetiredFile", "expected_shard_size"]
 
@@ -101,8 +102,11 @@ class RetiredFile:
 
 def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int], encoding: str = RAW) -> int:
     """The size a listed shard must have, from the manifest alone (O(1)). A raw shard's is implied by its
-    sample count; a JPEG shard's is the listed ``bytes`` when at least header + offsets (the file's own
-    offsets are checked against it when it is mapped), else that minimum (so the check reports it)."""
+    sample count (a yuv420 shard's too: its planes' fixed size); a JPEG shard's is the listed ``bytes`` when at
+    least header + offsets (the file's own offsets are checked against it when it is mapped), else that
+    minimum (so the check reports it)."""
     if encoding == JPEG:
         return max(entry.bytes, jpeg_min_bytes(entry.samples))
+    if encoding == YUV420:
+        return yuv_shard_nbytes(entry.samples, shape[0], shape[1])
     return shard_nbytes(entry.samples, shape[0], shape[1])

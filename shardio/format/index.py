@@ -357,7 +357,7 @@ def check_shard_buckets(column: np.ndarray | None, shards: int, buckets: tuple[t
     if buckets is None:
         if column is not None:
             raise ShardFormatError(f"{path}: has a {BUCKET_COLUMN} member but its root is not a bucketed dataset's "
-                                   "(format_version 4): edited or forged, nothing was read")
+                                   "(mode: bucket): edited or forged, nothing was read")
         return
     if column is None:
         raise ShardFormatError(f"{path}: no {BUCKET_COLUMN} member in a bucketed dataset's segment (spec, "

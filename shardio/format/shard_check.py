@@ -8,7 +8,8 @@ The header check is what sizes and checksums cannot see: a shard whose bytes are
 the same raw sizes, and a JPEG shard's size says nothing of its images' size, so an index whose
 ``shard_bucket`` was edited passes both. A raw shard's ``.npy`` header (128 bytes) and a JPEG shard's first
 image's frame header (its SOF: the header, the offsets and that image read) must say the listed count and
-the shard's bucket's h x w."""
+the shard's bucket's h x w; a yuv420 shard's header says the count and the bytes a sample (S, which two
+shapes may share: 8x16 and 16x8 both take 192), checked against the bucket's."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from shardio.format.string_hashes import string_hashes
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import ShardEntry, expected_shard_size
 from shardio.format.raw_shard import parse_npy_header
-from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR
+from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR, YUV420
+from shardio.format.yuv_shard import parse_yuv_header, yuv_sample_bytes
 from shardio.store.backends import for_path
 from shardio.store.base import FileInfo, Storage
 
@@ -81,6 +83,13 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
     listed = (f"the index lists {entry.samples} of bucket {entry.bucket} ({height}x{width})" if bucketed
               else f"the manifest lists {entry.samples} of {height}x{width}")
     try:
+        if encoding == YUV420:
+            count, sample_bytes = parse_yuv_header(store.read_range(path, 0, HEADER_BYTES), path)
+            if (count, sample_bytes) == (entry.samples, yuv_sample_bytes(height, width)):
+                return None
+            return (f"{path}: its header says {count} samples of {sample_bytes} bytes, {listed} "
+                    f"({yuv_sample_bytes(height, width)} bytes each: the index and the shard disagree: an edited "
+                    "index, or a shard file from elsewhere)")
         if encoding == RAW:
             count, found_h, found_w = parse_npy_header(store.read_range(path, 0, HEADER_BYTES), path)
         else:

@@ -1,4 +1,4 @@
-"""The shardio dataset format, versions 3 and 4: the spec, and the constants it fixes (names, versions, limits).
+"""The shardio dataset format, versions 3, 4 and 5: the spec, and the constants it fixes (names, versions, limits).
 
 A dataset is a directory::
 
@@ -12,6 +12,8 @@ A dataset is a directory::
                                dataset, "Buckets")
       shards/NAME.jpg.npy      or, in a dataset whose config says ``encoding: jpeg``: the N images as JPEGs,
                                an offsets array and their bytes (``shardio.format.jpeg_shard``)
+      shards/NAME.yuv.npy      or, ``encoding: yuv420``: the N images' Y, Cb, Cr planes, N×S uint8, a .npy
+                               v1.0 file with a 128-byte header (``shardio.format.yuv_shard``)
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
       reports/RUN.json         each run's report (the run history, ``shardio.format.run_report``); not needed to read
       .lock                    held (flock) by a running job; on object storage a lease object (JSON:
@@ -25,9 +27,9 @@ A dataset is a directory::
 
 One module writes, renames and removes files here, in the order this spec requires: ``shardio.write.directory``.
 
-What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's
-notes or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a
-shard's files, named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
+What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's notes
+or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a shard's files,
+named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy``, ``STEM-NNNNN.yuv.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
 non-empty name not starting with a dot, ``NNNNN`` the shard's number within its input, five or more
 decimal digits: ``is_shard_file_name``), and staged files, whose names start with ``.tmp-``. Beside
 them: ``.tmp-`` files in the directory, ``reports/`` and ``manifests/``, ``manifests/GEN.json`` roots,
@@ -51,7 +53,20 @@ and commit protocol; about 24 KB an image at 256² and the defaults (quality 90,
 with a median PSNR of about 42 dB against the raw pixels on photos (``python -m bench.jpeg_quality``). A reader
 decodes a batch back to the same uint8 N×H×W×3 (``shardio.read.jpeg_pixels``), on the CPU or, on CUDA, on the GPU
 (``shardio.train.device_decode``; docs/reader.md, "JPEG datasets"); the pixels are the raw ones within the
-JPEG error (docs/guides/compact-shards.md), not equal. Any other ``encoding`` is refused.
+JPEG error (docs/guides/compact-shards.md), not equal.
+
+``yuv420`` (format version 5) stores each H×W image as full-range BT.601 Y at full size and Cb, Cr at half
+size in each direction (odd sides rounded up), the JFIF equations JPEG uses: ``H*W + 2*ceil(H/2)*ceil(W/2)``
+bytes a sample, 1.5 a pixel (98 KB at 256² against 196 KB raw), every sample the same size, so a shard
+is a fixed-shape ``.npy`` (N×S uint8, ``shards/NAME.yuv.npy``) whose exact size one ``stat`` checks and a
+batch is a slice of its map, as for ``raw``. Chroma is the mean of each 2×2 block; a reader repeats each
+chroma sample over its block (nearest upsampling) and converts back to the same uint8 N×H×W×3 RGB as a raw
+dataset's batches (``shardio.read.yuv_pixels``: natively, numpy where the extension is not built, the same
+bytes; on a GPU ``DeviceLoader`` copies the planes, half the bytes, and converts there). The layout, the
+equations, the rounding and why nearest: ``shardio.format.yuv_shard``. The pixels are the raw ones within
+the subsampling's error (median PSNR about 46 dB on photos, ``python -m bench.yuv_reader``), not equal.
+Same ``.jsonl``, manifest entry, generations, commit protocol, buckets and verify as ``raw``.
+Any other ``encoding`` is refused.
 
 Buckets (format version 4; a dataset whose config says ``mode: bucket``). Each image keeps its aspect
 ratio: it is resized to the bucket (an ``h×w`` shape near the pixel budget ``height × width``) nearest its
@@ -69,18 +84,22 @@ slice of one memory map. What changes against version 3:
   exact size ``128 + N*h*w*3``); a JPEG shard's images are ``h×w`` JPEGs. ``.jsonl`` lines are as in
   version 3 (``width``/``height``: the source image's size). Shard files are named as in version 3,
   ``STEM-NNNNN``, the number counting an input's shards across all its buckets.
-- Both encodings (``raw``, ``jpeg``) take buckets.
+- Every encoding (``raw``, ``jpeg``, ``yuv420``) takes buckets: a yuv420 shard's samples are each
+  ``h*w + 2*ceil(h/2)*ceil(w/2)`` bytes of its bucket's shape.
 - Everything else is version 3's: commits, compaction (which carries ``shard_bucket`` row for row),
   generations, retention, object storage, verify. An input replaced by a rerun is a new entry, its shards
   in whatever buckets its samples now fall.
 
-**The version rule**: a root is ``format_version`` 4 exactly when its config says ``mode: bucket``; then
-``buckets`` is present, equal to the config's, and each of its segments has ``shard_bucket``, every value
-below ``len(buckets)``. A version 3 root has no ``buckets`` and its segments no ``shard_bucket``. A root
-breaking the rule, or a ``shard_bucket`` out of range, is refused naming the file (edited or forged).
-A single-shape dataset (raw or JPEG) stays version 3, byte for byte what it was before buckets, so
-older readers keep reading it; they refuse version 4 (a reader of version 3 would map each shard at the
-root's one shape). Buckets are never written in a version 1/2 one-document manifest.
+**The version rule**: a root is ``format_version`` 5 exactly when its config says ``encoding: yuv420``;
+else 4 exactly when its config says ``mode: bucket``; else 3. ``buckets`` is present exactly when the
+config says ``mode: bucket`` (version 4, or 5 bucketed), equal to the config's, and then each of its
+segments has ``shard_bucket``, every value below ``len(buckets)``; a root without ``buckets`` has no
+segment with ``shard_bucket``. A root breaking the rule, or a ``shard_bucket`` out of range, is refused
+naming the file (edited or forged). A single-shape raw or JPEG dataset stays version 3, byte for byte
+what it was before buckets, so older readers keep reading it; a bucketed raw or JPEG dataset stays
+version 4. Older readers refuse version 4 (a reader of version 3 would map each shard at the root's one
+shape) and version 5 (a reader of versions 3 and 4 would map a yuv420 shard's planes as raw pixels).
+Buckets and yuv420 are never written in a version 1/2 one-document manifest.
 
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from: a tar, or any
@@ -143,7 +162,8 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
   ======================  ===================================================================================
 
 - The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
-  ``format_version`` 3 (4 for a bucketed dataset, which adds ``buckets`` after ``shape``: "Buckets"),
+  ``format_version`` 3 (4 for a bucketed dataset, which adds ``buckets`` after ``shape``: "Buckets"; 5 for
+  ``encoding: yuv420``, with ``buckets`` when bucketed: "The version rule"),
   ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
   ``updated``, ``generation``, ``retired`` as in version 2, ``run`` (the committing run's id; absent outside
   a run: "Retention"), the totals (``samples``, ``shard_count``,
@@ -213,7 +233,7 @@ Manifest (``manifest.json`` of format versions 1 and 2, still read). A JSON obje
                    ``xxh3_128``; ``1`` when every entry is ``sha256`` (as written before xxh3_128
                    checksums, and kept so when such a dataset's manifest is rewritten, e.g. by ``gc``, so
                    an older reader still reads it): a raw dataset's manifest is the same bytes as before
-                   version 3; a reader reads versions 1 to 4, refuses any other and says which it reads
+                   version 3; a reader reads versions 1 to 5, refuses any other and says which it reads
 ``layout``         ``"NHWC"``; ``dtype``: ``"uint8"``; ``shape``: ``[H, W, 3]`` of every sample, each side
                    0..``MAX_SIDE`` (8192, the writer's bound; a reader refuses a root that says more)
 ``samples``        total number of samples (sum over ``shards``)
@@ -339,7 +359,8 @@ The code. Each idea of this spec has its module beside this one, and ``shardio.f
 all (``from shardio.format import Manifest``): a raw shard's ``.npy`` header (``shardio.format.raw_shard``),
 which ``format_version`` a dataset has (``shardio.format.version_rule``, the one place it is decided),
 bucket lists (``shardio.format.buckets``), a root's fields (``shardio.format.root_fields``), what a stored
-config implies (``shardio.format.dataset_config``), names and safe paths (``shardio.format.names``),
+config implies (``shardio.format.dataset_config``), a yuv420 shard's layout and colour conversion
+(``shardio.format.yuv_shard``), names and safe paths (``shardio.format.names``),
 manifest entries (``shardio.format.entries``), and the dataset as objects with its version 1/2 document
 (``shardio.format.dataset_manifest``).
 """
@@ -353,8 +374,10 @@ __all__ = [
     "INDEX_VERSIONS",
     "BUCKET_MODE",
     "JPEG_FORMAT_VERSION",
+    "YUV420_FORMAT_VERSION",
     "RAW",
     "JPEG",
+    "YUV420",
     "ENCODINGS",
     "SUBSAMPLINGS",
     "HEADER_BYTES",
@@ -377,17 +400,20 @@ FORMAT_VERSION = 3
 BUCKET_FORMAT_VERSION = 4
 # Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only;
 # version 2 is the one-document manifest before the index (both upgraded to 3 by the next commit).
-READ_VERSIONS = (1, 2, 3, 4)
+READ_VERSIONS = (1, 2, 3, 4, 5)
 LEGACY_VERSIONS = (1, 2)
 # The versions whose root names index segments (``shardio.format.index``).
-INDEX_VERSIONS = (3, 4)
+INDEX_VERSIONS = (3, 4, 5)
 # The config ``mode`` of a bucketed dataset; its ``buckets`` is the resolved list of [h, w].
 BUCKET_MODE = "bucket"
 # A JPEG dataset (config ``encoding: jpeg``) exists only from version 3 on: a reader of versions 1 and 2
 # would map its shards as raw pixels, so a one-document (1/2) manifest that says jpeg is refused.
 JPEG_FORMAT_VERSION = 3
-RAW, JPEG = "raw", "jpeg"
-ENCODINGS = (RAW, JPEG)
+# A yuv420 dataset (config ``encoding: yuv420``, single-shape or bucketed): its shards hold planes a reader of
+# version 3 or 4 would map as raw pixels, so it must refuse them (spec, "The version rule").
+YUV420_FORMAT_VERSION = 5
+RAW, JPEG, YUV420 = "raw", "jpeg", "yuv420"
+ENCODINGS = (RAW, JPEG, YUV420)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
 HEADER_BYTES = 128
 # The largest height or width a dataset may have: the writer's config refuses more (preprocess.config),

@@ -9,6 +9,9 @@ choices: docs/reader.md.
 A JPEG dataset's batch is decoded straight into that same buffer (``shardio.read.jpeg_pixels``: one native
 call, every core, GIL released), so both encodings give the same uint8 [B, H, W, 3] batches; or, asked
 for ``encoded``, its ``image`` is the batch's JPEG bytes (``EncodedImages``) for a decoder on the device.
+A yuv420 dataset's batch is converted to RGB straight into that buffer (``shardio.read.yuv_pixels``: one
+native call over the slices of the planes, GIL released); asked for ``encoded``, its ``image`` is the batch's
+planes gathered as a raw batch's pixels are (``YuvPlanes``: half the bytes) for a conversion on the device.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_by
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
+from shardio.read.yuv_pixels import YuvPixels, YuvPlanes, convert_batch
 
 __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box", "pinned_batch"]
 
@@ -72,19 +76,21 @@ class BatchAssembler:
         self.snapshot, self.cache_shards, self.buffer_count = snapshot, cache_shards, buffers
         self.fields = fields
         self.content_box = has_content_box(snapshot)
-        self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta]] = OrderedDict()
+        self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]] = OrderedDict()
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
         self.layout = layout  # the snapshot's (``shardio.read.layout.layout_of``, asked once at open)
         self.buffer_bytes = self.layout.buffer_bytes(batch_size)
         self.buffers = BufferPool(buffers, self.buffer_bytes)
 
-    def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels, ShardMeta]:
+    def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]:
         hit = self.cache.get(shard)
         if hit is None:
             pixels = self.snapshot.pixels(shard)
-            if not isinstance(pixels, JpegPixels):
-                # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            if isinstance(pixels, YuvPixels):
+                pixels = pixels.with_plain_view()
+            elif not isinstance(pixels, JpegPixels):
                 pixels = np.asarray(pixels)
             hit = (pixels, self.snapshot.meta(shard))
             self.cache[shard] = hit
@@ -107,13 +113,15 @@ class BatchAssembler:
             will_need(self._mapped_slices(pieces))
 
     def _mapped_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
-        """The pieces of shards mapped now, as slices of their maps (none of a JPEG dataset's: its slices
-        are no arrays, and it reads a fraction of the bytes)."""
+        """The pieces of shards mapped now, as slices of their maps (a yuv420 dataset's: of its planes; none
+        of a JPEG dataset's: its slices are no arrays, and it reads a fraction of the bytes)."""
         slices = []
         for shard, start, stop in pieces:
             hit = self.cache.get(shard)
             if hit is not None and isinstance(hit[0], np.ndarray):
                 slices.append(hit[0][start:stop])
+            elif hit is not None and isinstance(hit[0], YuvPixels):
+                slices.append(np.asarray(hit[0].planes[start:stop]))
         return slices
 
     def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
@@ -133,18 +141,22 @@ class BatchAssembler:
                  encoded: bool = False) -> Batch:
         """The batch of the ``(shard, start, stop)`` slices, in order. ``shared``: in a DataLoader worker
         (shared memory; never pinned, CUDA cannot be used in forked workers). ``encoded`` (JPEG datasets):
-        ``image`` is the samples' ``EncodedImages``, not decoded; everything else is the same."""
+        ``image`` is the samples' ``EncodedImages``, not decoded; (yuv420 datasets) the samples' ``YuvPlanes``,
+        not converted; everything else is the same."""
         shards = [self.shard(shard) for shard, _, _ in pieces]
         count = sum(stop - start for _, start, stop in pieces)
         pinned = pinned and not shared
         jpeg = isinstance(shards[0][0], JpegPixels)
-        if encoded and not jpeg:
+        yuv = isinstance(shards[0][0], YuvPixels)
+        if encoded and not (jpeg or yuv):
             raise ValueError(f"{self.snapshot.directory}: encoded batches are for JPEG datasets "
-                             "(encoding: jpeg); this one is raw")
-        image: torch.Tensor | EncodedImages
-        if encoded:
+                             "(encoding: jpeg) and yuv420 ones; this one is raw")
+        image: torch.Tensor | EncodedImages | YuvPlanes
+        if encoded and jpeg:
             image = EncodedImages.of([pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)])
-        elif len(pieces) == 1 and not shared and not pinned and not jpeg:
+        elif encoded:
+            image = self._planes(shards, pieces, count, shared, pinned)
+        elif len(pieces) == 1 and not shared and not pinned and not jpeg and not yuv:
             # One slice of one shard: a view of the page cache; the one copy is the caller's pin/transfer.
             _, start, stop = pieces[0]
             image = torch.from_numpy(shards[0][0][start:stop])
@@ -165,6 +177,8 @@ class BatchAssembler:
             slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
             if jpeg:
                 decode_batch(slices, image.numpy())
+            elif yuv:
+                convert_batch(slices, image.numpy(), gather_threads())
             else:
                 gather(slices, image.numpy(), gather_threads())
         # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
@@ -182,6 +196,27 @@ class BatchAssembler:
             batch["content_box"] = torch.from_numpy(box)
         batch.update(self.layout.batch_fields(self.snapshot, pieces[0][0]))  # a bucketed dataset's: "bucket"
         return batch
+
+    def _planes(self, shards: list[tuple[Any, ShardMeta]], pieces: list[tuple[int, int, int]], count: int,
+                shared: bool, pinned: bool) -> YuvPlanes:
+        """A yuv420 batch's planes, (count, S) uint8, gathered as a raw batch's pixels are (a view of the map
+        for one slice, else one native copy into shared, pinned or pooled memory)."""
+        slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
+        height, width = slices[0].height, slices[0].width
+        arrays = [np.asarray(piece.planes) for piece in slices]
+        sample_bytes = arrays[0].shape[1]
+        if len(arrays) == 1 and not shared and not pinned:
+            return YuvPlanes(torch.from_numpy(arrays[0]), height, width)
+        shape = (count, sample_bytes)
+        if shared:
+            planes = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(count * sample_bytes))
+            planes = planes.view(shape)
+        elif pinned:
+            planes = pinned_batch(shape, self.buffer_bytes)
+        else:
+            planes = torch.from_numpy(self.buffers.take(shape))
+        gather(arrays, planes.numpy(), gather_threads())
+        return YuvPlanes(planes, height, width)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

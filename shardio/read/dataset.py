@@ -24,7 +24,7 @@ from shardio.read.cache.cache_setup import cache_for, default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
 from shardio.errors import ShardError
-from shardio.format import JPEG, MANIFEST_NAME
+from shardio.format import JPEG, MANIFEST_NAME, YUV420
 from shardio.format.manifests import read_root
 from shardio.read.layout import EpochOrder, Layout, layout_of
 from shardio.read.order import (
@@ -90,8 +90,11 @@ class ShardDataset(IterableDataset):
     ``decode`` (JPEG datasets, ``encoding: jpeg``): ``"cpu"`` (default) decodes each batch here into the
     uint8 ``image``; ``"device"`` leaves it encoded: ``image`` is a ``shardio.read.jpeg_pixels.EncodedImages``
     (each sample's JPEG bytes, views of the shard maps) for a decoder on the GPU
-    (``shardio.train.device_decode``; ``DeviceLoader`` asks for this by itself on CUDA). The batches,
-    their order, resume and rank split are the same either way: only ``image`` differs.
+    (``shardio.train.device_decode``; ``DeviceLoader`` asks for this by itself on CUDA). yuv420 datasets
+    (``encoding: yuv420``): ``"cpu"`` converts each batch here to the same uint8 RGB ``image`` as a raw
+    dataset's; ``"device"`` hands out its planes, ``image`` a ``shardio.read.yuv_pixels.YuvPlanes`` (B, S)
+    uint8, half the bytes, for ``DeviceLoader`` to convert on the device (``shardio.train.yuv_device``). The
+    batches, their order, resume and rank split are the same either way: only ``image`` differs.
 
     ``path`` may be an object-storage URL (``s3://bucket/ds``): shards are downloaded ahead of need into
     ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
@@ -168,9 +171,9 @@ class ShardDataset(IterableDataset):
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
         self._open(generation, check_ranks=True)
-        if decode == "device" and not self.is_jpeg:
-            raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg); this one is "
-                             f"{self.snapshot.encoding}: its batches need no decoding")
+        if decode == "device" and not (self.is_jpeg or self.is_yuv420):
+            raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg) and yuv420 ones; "
+                             f"this one is {self.snapshot.encoding}: its batches need no decoding")
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
@@ -254,6 +257,11 @@ class ShardDataset(IterableDataset):
     def is_jpeg(self) -> bool:
         """Whether the shards hold JPEGs (``encoding: jpeg``), so batches can be handed out encoded."""
         return self.snapshot.encoding == JPEG
+
+    @property
+    def is_yuv420(self) -> bool:
+        """Whether the shards hold yuv420 planes (``encoding: yuv420``), so batches can be handed out as planes."""
+        return self.snapshot.encoding == YUV420
 
     def cache_stats(self) -> dict[str, int] | None:
         """The shard cache's counters (downloads, bytes_downloaded, adopted, hits, misses, evictions,
@@ -435,8 +443,8 @@ class ShardDataset(IterableDataset):
                   prefetch: int | None = None, encoded: bool | None = None) -> Iterator[Batch]:
         """The pass's batches (in a DataLoader worker, that worker's share); counts nothing: the layer
         that hands them to the training loop wraps them in ``cursor.handed_out``. ``pin_memory``,
-        ``prefetch`` and ``encoded`` (JPEG batches left encoded: ``decode="device"``) default to the
-        dataset's settings."""
+        ``prefetch`` and ``encoded`` (JPEG batches left encoded, yuv420 ones as planes: ``decode="device"``)
+        default to the dataset's settings."""
         if epoch_pass.generation != self.snapshot.generation:
             raise ValueError(f"{self.path}: this pass was begun on generation {epoch_pass.generation}, the "
                              f"dataset has moved to {self.snapshot.generation}; begin a new pass")
@@ -449,9 +457,9 @@ class ShardDataset(IterableDataset):
         if pinned and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
         encoded = self.decode == "device" if encoded is None else encoded
-        if encoded and not self.is_jpeg:
-            raise ValueError(f"{self.path}: encoded batches are for JPEG datasets (encoding: jpeg); this one "
-                             f"is {self.snapshot.encoding}")
+        if encoded and not (self.is_jpeg or self.is_yuv420):
+            raise ValueError(f"{self.path}: encoded batches are for JPEG datasets (encoding: jpeg) and yuv420 "
+                             f"ones; this one is {self.snapshot.encoding}")
         # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
         source = self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)

@@ -24,10 +24,11 @@ import numpy as np
 from shardio.format import ShardEntry
 from shardio.read.jpeg_pixels import JpegPixels
 from shardio.read.shard_meta import ShardMeta
+from shardio.read.yuv_pixels import YuvPixels
 
 __all__ = ["locate", "sample_at", "KeyFinder"]
 
-ShardReader = Callable[[int], "tuple[np.ndarray | JpegPixels, ShardMeta]"]
+ShardReader = Callable[[int], "tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]"]
 
 
 def locate(offsets: np.ndarray, index: int) -> tuple[int, int]:

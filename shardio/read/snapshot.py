@@ -31,13 +31,14 @@ from contextlib import contextmanager
 import numpy as np
 
 from shardio.errors import ShardError, ShardIntegrityError
-from shardio.format import (HEADER_BYTES, JPEG, Manifest, ShardEntry, expected_shard_size, line_crop_default,
-                            npy_header, parse_npy_header)
+from shardio.format import (HEADER_BYTES, JPEG, YUV420, Manifest, ShardEntry, expected_shard_size,
+                            line_crop_default, npy_header, parse_npy_header)
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
 from shardio.read.cache.cache_setup import cache_for
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
+from shardio.read.yuv_pixels import YuvPixels, map_yuv_shard
 from shardio.read.cache.shard_cache import ShardCache
 from shardio.read.shard_meta import ShardMeta
 from shardio.store.backends import for_path
@@ -126,22 +127,33 @@ class DatasetSnapshot:
 
     @property
     def encoding(self) -> str:
-        """``raw`` or ``jpeg`` (the manifest's config; ``shardio.format``, "Pixel encodings")."""
+        """``raw``, ``jpeg`` or ``yuv420`` (the manifest's config; ``shardio.format``, "Pixel encodings")."""
         return self.manifest.encoding
 
-    def pixels(self, shard_index: int) -> np.ndarray | JpegPixels:
+    def pixels(self, shard_index: int) -> np.ndarray | JpegPixels | YuvPixels:
         """The shard's N×H×W×3 pixels as a copy-on-write memory map (writable views, no copy, no warning
         from ``torch.from_numpy``; pages stay shared with the page cache until someone writes). A JPEG
-        dataset's: ``JpegPixels`` over the mapped shard, which slices alike and decodes when indexed."""
+        dataset's: ``JpegPixels`` over the mapped shard, which slices alike and decodes when indexed; a
+        yuv420 dataset's: ``YuvPixels`` over the mapped planes, which slices alike and converts when indexed."""
         cache = self._remote_cache()
         if cache is not None:
             with self._reading_remote(self.shards[shard_index].path):
                 if self.encoding == JPEG:
                     return cache.jpeg_pixels(shard_index)
+                if self.encoding == YUV420:
+                    return cache.yuv_pixels(shard_index)
                 return cache.pixels(shard_index)  # header checked once, at download
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
         shape = self._entry_shape(entry)
+        if self.encoding == YUV420:
+            local = check_local(path)
+            try:
+                size = os.path.getsize(local)
+            except FileNotFoundError as e:
+                raise self._missing(path) from e
+            _check_size(path, size, entry.bytes)
+            return map_yuv_shard(path, local, entry.samples, *shape)
         if self.encoding != JPEG:
             local, (n, h, w) = self._raw_header(path, entry.bytes, entry.samples, shape)
             return np.memmap(local, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(n, h, w, 3))
@@ -163,7 +175,7 @@ class DatasetSnapshot:
         it (~10 µs: ``ShardDataset`` checks every shard of a small dataset at open)."""
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
-        if self.encoding == JPEG:
+        if self.encoding in (JPEG, YUV420):
             self.pixels(shard_index)
         else:
             self._raw_header(path, entry.bytes, entry.samples, self._entry_shape(entry))

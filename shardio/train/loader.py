@@ -11,8 +11,9 @@ thread) → device. Without ``pin_memory=True`` the host-to-device copy cannot o
 everything done to a batch on the device (the copy, a JPEG batch's decode, the normalisation or transform)
 runs on the prefetch thread's own stream, ahead of the step; the training loop's stream waits for it on the
 GPU. A JPEG dataset on CUDA can hand its batches out encoded and have them decoded there
-(``shardio.train.device_decode``: one batched nvJPEG call a batch, a stream barrier before it); see
-``DeviceLoader``.
+(``shardio.train.device_decode``: one batched nvJPEG call a batch, a stream barrier before it); a yuv420
+dataset on CUDA hands out its planes (half a raw batch's bytes) and has them converted there, with the
+normalisation (``shardio.train.yuv_device``); see ``DeviceLoader``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from torch.utils.data import DataLoader
 
 from shardio.read.dataset import EpochPass, ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
+from shardio.read.yuv_pixels import YuvPlanes
 from shardio.store.backends import for_path
 from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
 from shardio.train import device_decode
 from shardio.train.staging import Staged, StagingPools
+from shardio.train.yuv_device import yuv420_normalized, yuv420_rgb
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
 
@@ -136,13 +139,19 @@ def to_device(
     ``cls``, ``original_size``, ``crop_top_left`` (int64) and ``content_box`` (``mode: pad``) on ``device``
     too, their values unchanged (``DEVICE_FIELDS``); other fields unchanged.
     Copies are ``non_blocking``: overlapped when the source is pinned and the caller is on a side stream
-    (``DeviceLoader``)."""
+    (``DeviceLoader``). A yuv420 batch handed out as planes (``YuvPlanes``) moves its planes and is converted
+    and normalised on ``device`` (``shardio.train.yuv_device``): the same values as its CPU conversion's."""
     device = torch.device(device)
-    image = batch["image"].to(device, non_blocking=True)
     scale, shift = _affine(tuple(mean), tuple(std), device, dtype)
-    # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
     out = dict(batch)
-    out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
+    if isinstance(batch["image"], YuvPlanes):
+        planes = batch["image"]
+        out["image"] = yuv420_normalized(planes.planes.to(device, non_blocking=True), planes.height, planes.width,
+                                         scale, shift, dtype)
+    else:
+        image = batch["image"].to(device, non_blocking=True)
+        # permute of NHWC memory is an NCHW view in channels_last strides; the arithmetic keeps them.
+        out["image"] = image.permute(0, 3, 1, 2).to(dtype).mul_(scale).add_(shift)
     for name in DEVICE_FIELDS:
         if name in batch:
             out[name] = batch[name].to(device, non_blocking=True)
@@ -195,6 +204,12 @@ class DeviceLoader:
     stream as for any batch. ``True`` without either library is a MissingExtra saying what to install;
     ``False`` decodes on the CPU (the dataset's native threads). A batch that reaches this still encoded
     with device decode off is decoded on the CPU.
+
+    yuv420 datasets: ``decode_on_device`` chooses alike. On (the default on CUDA), the dataset hands out
+    each batch's planes (``YuvPlanes``: half a raw batch's bytes to pin and copy) and they are converted on
+    the device, fused with the normalisation (``shardio.train.yuv_device``; with a ``transform``, converted
+    to uint8 RGB there first); ``True`` on the CPU device does the same with torch's CPU ops. Off (the
+    default on the CPU), the dataset converts each batch natively. Either way the images are the same.
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
@@ -214,11 +229,31 @@ class DeviceLoader:
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
-        self.decoder = self._device_decoder(decode_on_device, device_decoder)
+        self.planes_on_device = self._planes_on_device(decode_on_device, device_decoder)
+        self.decoder = None if self.planes_on_device is not None else self._device_decoder(decode_on_device,
+                                                                                             device_decoder)
         # Batches not pinned yet are staged in pinned buffers, one pool per sample shape (a bucketed
         # dataset's batches change shape from step to step); a buffer is reused once its copy has run.
         cuda_pinned = self.pin_memory and self.device.type == "cuda"
         self.staging: StagingPools | None = StagingPools(depth=prefetch + 2) if cuda_pinned else None
+
+    def _dataset(self) -> ShardDataset | None:
+        source = self.loader
+        dataset = source if isinstance(source, ShardDataset) else getattr(source, "dataset", None)
+        return dataset if isinstance(dataset, ShardDataset) else None
+
+    def _planes_on_device(self, decode_on_device: bool | None, decoder: Any) -> bool | None:
+        """For a yuv420 dataset, whether its planes are converted on the device (default: on CUDA); None for
+        any other source (``_device_decoder`` decides for JPEG)."""
+        dataset = self._dataset()
+        if dataset is None or not dataset.is_yuv420:
+            return None
+        if decoder is not None:
+            raise ValueError(f"{dataset.path}: device_decoder= decodes JPEG batches; this dataset is yuv420 (its "
+                             "planes are converted on the device by shardio.train.yuv_device)")
+        if decode_on_device is None:
+            return dataset.decode == "device" or self.device.type == "cuda"
+        return decode_on_device
 
     def _device_decoder(self, decode_on_device: bool | None,
                         decoder: Callable[[EncodedImages], torch.Tensor] | None
@@ -246,6 +281,8 @@ class DeviceLoader:
         """The batch with an encoded ``image`` decoded: by the device decoder (on CUDA on this thread's own
         stream, finished: ``device_decode.decode_finished``), or else on the CPU."""
         images = batch.get("image")
+        if isinstance(images, YuvPlanes) and not self.planes_on_device:  # planes from a source that sends them
+            return {**batch, "image": torch.from_numpy(images.convert())}
         if not isinstance(images, EncodedImages):
             return batch
         if self.decoder is None:
@@ -308,6 +345,11 @@ class DeviceLoader:
             return {**batch, "image": staged.tensor}, staged
         batch = self._decoded(batch)
         image = batch["image"]
+        if isinstance(image, YuvPlanes):  # the planes are what is copied: staged as a (B, S) batch
+            if image.planes.is_cuda or image.planes.is_pinned():
+                return batch, None
+            staged = self.staging.stage(image.planes)
+            return {**batch, "image": YuvPlanes(staged.tensor, image.height, image.width)}, staged  # type: ignore[arg-type]
         if image.is_cuda or image.is_pinned():
             return batch, None
         staged = self.staging.stage(image)
@@ -328,7 +370,7 @@ class DeviceLoader:
         source = self.loader
         # Asked for only when decoding on the device: a subclass's iter_pass written before JPEG
         # datasets (examples/train.py's timed loader) keeps working.
-        encoded = {"encoded": True} if self.decoder is not None else {}
+        encoded = {"encoded": True} if self.decoder is not None or self.planes_on_device else {}
         if isinstance(source, ShardDataset):
             epoch_pass: EpochPass | None = source.begin_pass()
             # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
@@ -362,6 +404,10 @@ class DeviceLoader:
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
+        images = batch.get("image")
+        if isinstance(images, YuvPlanes):  # the transform takes uint8 RGB: converted on the device first
+            planes = images.planes.to(self.device, non_blocking=True)
+            batch = {**batch, "image": yuv420_rgb(planes, images.height, images.width)}
         return transform_batch(self.transform, batch, self.device, self.loader, number)
 
     def state_dict(self) -> dict[str, Any]:

@@ -4,7 +4,9 @@ in and out of the dataset directory through ``shardio.write.staging``: staged, p
 A ``ShardWriter`` streams images straight into a temp file (header placeholder, pixels, then the real
 header), so a worker holds one image at a time, not a shard: memory stays flat whatever
 ``samples_per_shard`` is. A ``JpegShardWriter`` (``encoding: jpeg``) holds its shard's JPEGs until commit
-(the offsets come first in the file): ~23 MB for 1,000 images of 256², a tenth of one raw shard. Checksums are
+(the offsets come first in the file): ~23 MB for 1,000 images of 256², a tenth of one raw shard. A
+``YuvShardWriter`` (``encoding: yuv420``) streams each image's planes as a ``ShardWriter`` streams pixels
+(fixed size a sample: ``shardio.format.yuv_shard``). Checksums are
 ``xxh3_128`` (``shardio.store.checksum.WRITE_ALGORITHM``): the ``.jsonl``'s streams as it is written; the
 pixel file's (of the whole file, so ``xxh128sum`` agrees) is taken at commit from the page cache, once the
 header is final.
@@ -30,13 +32,15 @@ from shardio.format import (
     HEADER_BYTES,
     JPEG,
     RAW,
+    YUV420,
     Manifest,
     ShardEntry,
     npy_header,
 )
 from shardio.format.jpeg_shard import JPEG_SUFFIX, jpeg_data_start, jpeg_header
+from shardio.format.yuv_shard import YUV_SUFFIX, rgb_to_yuv420, yuv_header, yuv_sample_bytes
 
-__all__ = ["ShardWriter", "JpegShardWriter", "InputShardWriter", "write_manifest"]
+__all__ = ["ShardWriter", "JpegShardWriter", "YuvShardWriter", "SHARD_WRITERS", "InputShardWriter", "write_manifest"]
 
 
 # Bytes written between two requests to start writing a shard back to disk (see ``_start_writeback``).
@@ -197,6 +201,36 @@ class JpegShardWriter(ShardWriter):
         return jpeg_data_start(self.count) + int(offsets[-1])
 
 
+class YuvShardWriter(ShardWriter):
+    """One yuv420 shard (``shardio.format.yuv_shard``): ``add`` each image as its planes (S,) uint8 (the job
+    converts it: ``shardio.format.yuv_shard.rgb_to_yuv420``) or as H×W×3 uint8 RGB, converted here; streamed
+    to the file as a raw shard's pixels are."""
+
+    pixel_suffix = YUV_SUFFIX
+
+    def _finish_pixels(self) -> int:
+        pixels = self._pixels
+        pixels.handle.seek(0)
+        pixels.handle.write(yuv_header(self.count, self.height, self.width))
+        return HEADER_BYTES + pixels.nbytes
+
+    def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
+        if pixels.shape == (self.height, self.width, 3) and pixels.dtype == np.uint8:
+            pixels = rgb_to_yuv420(pixels)
+        sample_bytes = yuv_sample_bytes(self.height, self.width)
+        if pixels.shape != (sample_bytes,) or pixels.dtype != np.uint8:
+            raise ValueError(f"{self.rel_path}: sample {self.count} is {pixels.shape} {pixels.dtype}, not the "
+                             f"({sample_bytes},) uint8 planes of a {self.height}x{self.width} image (nor its RGB)")
+        self._pixels.write(memoryview(np.ascontiguousarray(pixels)).cast("B"))
+        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._meta.write(line.encode("utf-8"))
+        self.count += 1
+
+
+# Each encoding's shard writer (the config's ``encoding``: spec, "Pixel encodings").
+SHARD_WRITERS: dict[str, type[ShardWriter]] = {RAW: ShardWriter, JPEG: JpegShardWriter, YUV420: YuvShardWriter}
+
+
 # Partial shards an input's close commits at once (fsyncs or uploads in flight together).
 _CLOSE_THREADS = 8
 
@@ -222,10 +256,10 @@ class InputShardWriter:
 
     def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int,
                  encoding: str = RAW, buckets: Sequence[tuple[int, int]] | None = None) -> None:
-        if encoding not in (RAW, JPEG):
-            raise ValueError(f"encoding must be {RAW!r} or {JPEG!r}, got {encoding!r}")
+        if encoding not in SHARD_WRITERS:
+            raise ValueError(f"encoding must be one of {', '.join(map(repr, SHARD_WRITERS))}, got {encoding!r}")
         self.directory, self.stem = directory, stem
-        self.shard_class = JpegShardWriter if encoding == JPEG else ShardWriter
+        self.shard_class = SHARD_WRITERS[encoding]
         self.height, self.width = height, width
         self.shapes = [(int(h), int(w)) for h, w in buckets] if buckets is not None else [(height, width)]
         self.samples_per_shard = samples_per_shard
@@ -236,7 +270,8 @@ class InputShardWriter:
         self._committer: ThreadPoolExecutor | None = None
 
     def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], input_name: str, bucket: int = 0) -> None:
-        """``pixels``: an h×w×3 uint8 array of ``bucket``'s shape, or a JPEG's bytes for ``encoding: jpeg``."""
+        """``pixels``: an h×w×3 uint8 array of ``bucket``'s shape, a JPEG's bytes for ``encoding: jpeg``, its
+        planes (or its RGB) for ``encoding: yuv420``."""
         current = self._open.get(bucket)
         if current is None:
             if not 0 <= bucket < len(self.shapes):

@@ -43,6 +43,7 @@ from typing import Protocol
 from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
 from shardio.format.jpeg_shard import JPEG_SUFFIX, parse_jpeg_header
+from shardio.format.yuv_shard import YUV_SUFFIX, parse_yuv_header, yuv_sample_bytes
 
 __all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
 
@@ -256,6 +257,14 @@ class CacheDir:
         if url.endswith(JPEG_SUFFIX):
             with open(path, "rb") as f:
                 parse_jpeg_header(f.read(HEADER_BYTES), url)  # the offsets are checked when it is mapped
+        elif url.endswith(YUV_SUFFIX):
+            with open(path, "rb") as f:
+                n, sample_bytes = parse_yuv_header(f.read(HEADER_BYTES), url)
+            if sample_bytes != yuv_sample_bytes(*shape):
+                raise ShardIntegrityError(f"{url}: header says {n} samples of {sample_bytes} bytes, the shard's "
+                                          f"images are {shape} ({yuv_sample_bytes(*shape)} bytes each: the index and "
+                                          "the shard disagree); HINT: run `preprocess verify DIR --repair` to "
+                                          "rebuild it from its input")
         elif url.endswith(".npy"):
             with open(path, "rb") as f:
                 n, h, w = parse_npy_header(f.read(HEADER_BYTES), url)

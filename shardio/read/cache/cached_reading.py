@@ -21,6 +21,7 @@ from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 from shardio.read.selection import SubsetSnapshot
 from shardio.read.cache.shard_cache import ShardCache
+from shardio.read.yuv_pixels import YuvPlanes
 
 __all__ = ["CachedAssembler", "cache_units", "fitting_window"]
 
@@ -73,7 +74,7 @@ class CachedAssembler(BatchAssembler):
     then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
     view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
     ``list(ds)`` would hold every shard), and the limit could not be kept; an encoded batch's JPEG bytes
-    are copied out for the same reason. The pinned (CUDA) and
+    (a yuv420 batch's planes of one slice) are copied out for the same reason. The pinned (CUDA) and
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
@@ -107,6 +108,13 @@ class CachedAssembler(BatchAssembler):
     def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
                  encoded: bool = False) -> dict[str, Any]:
         batch = super().assemble(pieces, shared, pinned, encoded)
+        if isinstance(batch["image"], YuvPlanes):  # a yuv420 batch's planes: a view only for one slice
+            planes = batch["image"]
+            if len(pieces) == 1 and not shared and not pinned:
+                copy = torch.from_numpy(self.buffers.take(tuple(planes.planes.shape)))
+                copy.copy_(planes.planes)
+                batch["image"] = replace(planes, planes=copy)
+            return batch
         if encoded:  # the JPEG bytes copied out of the maps too (a few MB a batch), for the same reason
             images = batch["image"]
             flat = np.concatenate(images.jpegs) if len(images) else np.empty(0, np.uint8)

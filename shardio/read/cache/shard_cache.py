@@ -46,6 +46,7 @@ from shardio.store.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
+from shardio.read.yuv_pixels import YuvPixels, map_yuv_shard
 from shardio.store.backends import for_path
 
 __all__ = ["ShardCache"]
@@ -258,6 +259,20 @@ class ShardCache:
             mapped = map_jpeg_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)
             self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
             weakref.finalize(mapped.data._mmap, self._released.append, unit.key).atexit = False
+        return mapped
+
+    def yuv_pixels(self, shard: int) -> YuvPixels:
+        """Shard ``shard`` of a yuv420 dataset: ``YuvPixels`` over a map of the cached file's planes (waits for
+        it); held, like ``pixels``' maps, until the last view of it is gone."""
+        unit = self.unit(shard)
+        height, width = self.files.unit_shape(unit)
+        with self._cond:  # held from the check to the map: no eviction in between
+            self._acquire(unit)
+            mapped = map_yuv_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)
+            if unit.samples == 0:
+                return mapped
+            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
+            weakref.finalize(mapped.planes._mmap, self._released.append, unit.key).atexit = False
         return mapped
 
     def meta_bytes(self, shard: int) -> bytes:
