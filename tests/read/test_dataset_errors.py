@@ -61,10 +61,10 @@ def test_other_format_version(dataset_dir: str) -> None:
     path = os.path.join(dataset_dir, "manifest.json")
     with open(path) as f:
         doc = json.load(f)
-    doc["format_version"] = 5
+    doc["format_version"] = 6
     with open(path, "w") as f:
         json.dump(doc, f)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 5.*reads versions 1, 2, 3, 4"):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 6.*reads versions 1, 2, 3, 4, 5"):
         ShardDataset(dataset_dir, 4)
 
 
@@ -76,7 +76,8 @@ def test_a_single_shape_root_claiming_version_4_is_refused(dataset_dir: str) -> 
     doc["format_version"] = 4
     with open(path, "w") as f:
         json.dump(doc, f)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json: format_version 4 without \"buckets\""):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: format_version 4 with a config whose mode is not "
+                                               r"'bucket': edited or forged"):
         ShardDataset(dataset_dir, 4)
 
 
