@@ -19,6 +19,7 @@ from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
 from shardio.format.segment_columns import SegmentColumns
 from shardio.format.entries import InputEntry, ShardEntry
+from shardio.store.root import open_root
 from shardio.write import commit as dataset_commit
 from tests.index_steps import expected_inputs, run_steps
 
@@ -211,7 +212,7 @@ def test_a_malformed_segment_is_named_by_the_columns_merge(damage, message):
 
 def _old_compact(directory, segments, opened=None, fence=""):
     """``_compact`` as it was (decode every row to objects, merge, encode; ``opened`` unused)."""
-    store = dataset_commit.for_path(directory)
+    store = open_root(directory).storage
     while count := dataset_commit.plan_compaction(segments):
         run = segments[-count:]
         deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]

@@ -345,10 +345,7 @@ FOR_PATH_USES = {
     "preprocess/cluster/cluster_access.py": 5, "preprocess/inputs/folder_samples.py": 1,
     "preprocess/inputs/kinds.py": 1, "preprocess/inputs/parquet_samples.py": 2, "preprocess/inputs/remote_tar.py": 1,
     "preprocess/inputs/resolve.py": 6, "preprocess/inputs/tar_samples.py": 5, "preprocess/job.py": 1,
-    "preprocess/plan.py": 1, "preprocess/verify.py": 1, "preprocess/worker.py": 1, "shardio/format/manifests.py": 4,
-    "shardio/format/run_report.py": 2, "shardio/format/shard_check.py": 2, "shardio/read/cache/cache_units.py": 1,
-    "shardio/read/cache/shard_cache.py": 1, "shardio/read/dataset.py": 2, "shardio/read/snapshot.py": 2,
-    "shardio/tools/info.py": 1, "shardio/train/lightning.py": 1, "shardio/train/loader.py": 1,
+    "preprocess/plan.py": 1, "preprocess/verify.py": 1, "preprocess/worker.py": 1, "shardio/store/root.py": 1,
     "shardio/write/cleaning.py": 6, "shardio/write/commit.py": 7, "shardio/write/committed.py": 4,
     "shardio/write/lock.py": 4, "shardio/write/retention.py": 1, "shardio/write/staging.py": 4,
 }
