@@ -346,8 +346,6 @@ FOR_PATH_USES = {
     "preprocess/inputs/kinds.py": 1, "preprocess/inputs/parquet_samples.py": 2, "preprocess/inputs/remote_tar.py": 1,
     "preprocess/inputs/resolve.py": 6, "preprocess/inputs/tar_samples.py": 5, "preprocess/job.py": 1,
     "preprocess/plan.py": 1, "preprocess/verify.py": 1, "preprocess/worker.py": 1, "shardio/store/root.py": 1,
-    "shardio/write/cleaning.py": 6, "shardio/write/commit.py": 7, "shardio/write/committed.py": 4,
-    "shardio/write/lock.py": 4, "shardio/write/retention.py": 1, "shardio/write/staging.py": 4,
 }
 
 
