@@ -23,6 +23,7 @@ from shardio.errors import OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED
 from shardio.store.backends import for_path
+from shardio.store.root import Place, open_root
 
 __all__ = ["Plan", "plan_inputs", "largest_first_key", "check_output_apart"]
 
@@ -64,7 +65,7 @@ def _same_input(committed: InputEntry, fingerprint: InputFingerprint) -> bool:
     return committed.size == fingerprint.size and committed.mtime_ns == fingerprint.mtime_ns
 
 
-def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
+def check_output_apart(place: Place, resolved: ResolvedInputs) -> None:
     """``OutputUnusable`` if an input tar lies in the dataset directory or below it: the tars would sit
     among the manifest and ``shards/``, and the directory's cleaning must never be near a tar it does not
     own. A dataset *inside* an input folder (``data/shards-256`` beside ``data/*.tar``) is fine: its files
@@ -73,7 +74,9 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
     Local paths are compared with their symlinks resolved (``out`` and a link to the input folder are one
     folder): one ``realpath`` per input folder, and one per input that is itself a symlink (the listing
     says which), not one per input (a realpath is an lstat per path component)."""
-    inside = _comparable(directory) + "/"
+    root = open_root(place)
+    directory = root.path
+    inside = (os.path.realpath(directory) if root.is_local else directory) + "/"
     for folder in resolved.folders:
         # The other way round for a folder input: a dataset inside it would change its fingerprint (its
         # directories' mtimes, a prefix's listing) at every run, and its files would be read as the folder's.

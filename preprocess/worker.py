@@ -33,6 +33,7 @@ from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
+from shardio.store.root import Place
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
            "parse_fields", "PROGRESS_EVERY"]
@@ -123,10 +124,11 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def process_input(input_path: str, output_dir: str, cfg: JobConfig,
+def process_input(input_path: str, output_dir: Place, cfg: JobConfig,
                   fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
                   reader: SampleReader | None = None, name_fence: str = "") -> InputResult:
-    """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
+    """Decode every sample of ``input_path`` into shards under ``output_dir`` (the output's root, opened by the
+    job and sent as its path, or a path); never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
     steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader,
                                name_fence=name_fence)
@@ -138,7 +140,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 
 
 def iter_process_input(
-    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
+    input_path: str, output_dir: Place, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
     skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
     name_fence: str = "",
 ) -> Generator[InputProgress, None, InputResult]:

@@ -20,6 +20,7 @@ from preprocess.plan import check_output_apart
 from preprocess.inputs.sources import Source
 from shardio.errors import NoInputsMatched
 from shardio.write.editable_index import EditableIndex
+from shardio.store.root import DatasetRoot
 
 __all__ = ["PathInputs", "SourceInputs", "RunInputs", "resolve_run_inputs"]
 
@@ -31,9 +32,9 @@ class PathInputs:
     resolved: ResolvedInputs
     class_names: dict[str, set[str]] = field(default_factory=dict)
 
-    def check_apart(self, directory: str) -> None:
+    def check_apart(self, output: DatasetRoot) -> None:
         """``OutputUnusable`` if an input lies in the output directory (``plan.check_output_apart``)."""
-        check_output_apart(directory, self.resolved)
+        check_output_apart(output, self.resolved)
 
     def files(self, todo: list[tuple[str, InputFingerprint]]) -> list[str]:
         """The inputs every node must be able to read (``preprocess.cluster.cluster_access``)."""
@@ -52,7 +53,7 @@ class SourceInputs:
     resolved: ResolvedInputs
     source: Source
 
-    def check_apart(self, directory: str) -> None:
+    def check_apart(self, output: DatasetRoot) -> None:
         """Nothing to check: a source's inputs are names, not files near the output."""
 
     def files(self, todo: list[tuple[str, InputFingerprint]]) -> list[str]:

@@ -344,7 +344,7 @@ def test_bench_has_no_import_circle_and_nothing_imports_it():
 FOR_PATH_USES = {
     "preprocess/cluster/cluster_access.py": 5, "preprocess/inputs/folder_samples.py": 1,
     "preprocess/inputs/kinds.py": 1, "preprocess/inputs/parquet_samples.py": 2, "preprocess/inputs/remote_tar.py": 1,
-    "preprocess/inputs/resolve.py": 6, "preprocess/inputs/tar_samples.py": 5, "preprocess/job.py": 1,
+    "preprocess/inputs/resolve.py": 6, "preprocess/inputs/tar_samples.py": 5,
     "preprocess/plan.py": 1, "preprocess/verify.py": 1, "preprocess/worker.py": 1, "shardio/store/root.py": 1,
 }
 
