@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
 from shardio.write import directory as dataset_dir
-from shardio.store.backends import for_path
-from shardio.store.root import DatasetRoot, Place, open_root
+from shardio.store.root import DatasetRoot, Place, open_input, open_root
 from shardio.write.directory import restore_manifest
 from shardio.format import ShardEntry
 from shardio.format.manifests import DatasetIndex, load_index
@@ -89,7 +88,7 @@ def repair_dataset(place: Place, result: VerifyResult, workers: int | None = Non
     root = open_root(place)
     repair = RepairResult()
     for path in result.bad_inputs:
-        (repair.rebuilt if for_path(path).is_file(path) else repair.missing).append(path)
+        (repair.rebuilt if open_input(path).storage.is_file(path) else repair.missing).append(path)
     if repair.rebuilt:
         manifest = dataset_dir.drop_inputs(root, repair.rebuilt, wait_for_lock=wait_for_lock)
         config = JobConfig(**manifest.config)

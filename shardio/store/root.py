@@ -1,8 +1,10 @@
-"""An opened place: a dataset directory (or an input's folder) with the backend that serves it, chosen once
-by ``open_root`` (the backend table's ``for_path``) and then carried down instead of the path. What lies
-below the opening asks ``root.storage`` and joins under ``root.path``; it never looks at the scheme again.
+"""An opened place: a dataset directory (``open_root``) or an input (``open_input``: a file, a folder, a prefix,
+a glob) with the backend that serves it, chosen once by the opening (the backend table's ``for_path``) and
+then carried down instead of the path. What lies below the opening asks ``root.storage`` and joins under
+``root.path``; it never looks at the scheme again. These two functions are the only callers of ``for_path``
+(``tests/project/test_layering.py`` holds it).
 
-A root is compared and hashed by its path, which ``open_root`` normalises once (``file://`` stripped, a
+A dataset's root is compared and hashed by its path, which ``open_root`` normalises once (``file://`` stripped, a
 URL's trailing slash dropped, a local path without its trailing separator), so one dataset is one key:
 the one-writer lock (``shardio.write.lock``) keys what this process holds by it. It is pickled as its
 path and opened again where it is unpickled (a Ray task, a DataLoader worker): a backend's clients and
@@ -15,9 +17,9 @@ from typing import Any
 
 from shardio.store.backends import for_path
 from shardio.store.base import Storage
-from shardio.store.paths import normalize
+from shardio.store.paths import REMOTE_SCHEMES, check_local, normalize, scheme
 
-__all__ = ["DatasetRoot", "Place", "open_root", "root_path"]
+__all__ = ["DatasetRoot", "Place", "open_root", "open_input", "root_path"]
 
 
 class DatasetRoot:
@@ -44,6 +46,11 @@ class DatasetRoot:
         """A path under the root, as its backend spells it."""
         return self.storage.join(self.path, *parts)
 
+    def at(self, path: str) -> DatasetRoot:
+        """Another place the same backend serves (a file a listing of this one found, a folder beside it),
+        opened without choosing again; its path as given."""
+        return DatasetRoot(path, self.storage)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DatasetRoot) and other.path == self.path
 
@@ -51,7 +58,7 @@ class DatasetRoot:
         return hash(self.path)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return open_root, (self.path,)
+        return open_input, (self.path,)  # the path as it was opened (a dataset's normalised already)
 
     def __str__(self) -> str:
         return self.path
@@ -82,4 +89,15 @@ def open_root(place: Place) -> DatasetRoot:
     if isinstance(place, DatasetRoot):
         return place
     path = root_path(os.fspath(place))
+    return DatasetRoot(path, for_path(path))
+
+
+def open_input(place: Place) -> DatasetRoot:
+    """An input (a file, a folder, ``URL/`` for a prefix, a glob pattern) opened: its backend chosen here,
+    once; its path kept as given but for a stripped ``file://`` (a trailing ``/`` names a prefix). Refusals as
+    ``open_root``'s; an input already opened is returned as it is."""
+    if isinstance(place, DatasetRoot):
+        return place
+    path = os.fspath(place)
+    path = path if scheme(path) in REMOTE_SCHEMES else check_local(path)
     return DatasetRoot(path, for_path(path))
