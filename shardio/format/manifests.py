@@ -74,12 +74,19 @@ class DatasetIndex(ConfigDerived):
 
 def generation_path(place: Place, generation: int) -> str:
     """``DIR/manifests/GEN.json``: the file generation ``generation`` is committed as, once."""
-    return open_root(place).join(MANIFESTS_DIR, f"{generation:010d}.json")
+    return _generation_path(open_root(place), generation)
+
+
+def _generation_path(root: DatasetRoot, generation: int) -> str:
+    return root.join(MANIFESTS_DIR, f"{generation:010d}.json")
 
 
 def list_generations(place: Place) -> list[int]:
     """The generations with a file in ``DIR/manifests/``, oldest first (temp files and strays ignored)."""
-    root = open_root(place)
+    return _generations(open_root(place))
+
+
+def _generations(root: DatasetRoot) -> list[int]:
     store, directory = root.storage, root.path
     found = []
     for name in store.list_dir(store.join(directory, MANIFESTS_DIR)):
@@ -94,7 +101,7 @@ def read_root(place: Place, generation: int | None = None) -> dict:
     version 3 root holds the totals (``samples``, ``shard_count``, ``bytes``...), so ``shardio info``
     on a dataset of millions of shards reads a few KB. ``place``: a path, or a root opened already."""
     root = open_root(place)
-    path = root.join(MANIFEST_NAME) if generation is None else generation_path(root, generation)
+    path = root.join(MANIFEST_NAME) if generation is None else _generation_path(root, generation)
     store = root.storage
     doc = parse_json(store.read_bytes(path), path)
     if not isinstance(doc, dict):
@@ -239,7 +246,7 @@ def _load(root: DatasetRoot, generation: int | None, read: Callable[[Storage, st
             "`preprocess run INPUT... --output DIR` writes (DIR holds manifest.json): pass DIR"
         )
     if generation is not None:
-        path = generation_path(root, generation)
+        path = _generation_path(root, generation)
         try:
             return _read_generation(root, generation, path, read)
         except ShardIntegrityError as e:
@@ -250,7 +257,7 @@ def _load(root: DatasetRoot, generation: int | None, read: Callable[[Storage, st
                              "it (nothing is damaged): open the current generation, or keep generations longer "
                              "(--retain-hours, --retain-generations)") from e
     path = store.join(directory, MANIFEST_NAME)
-    kept = list_generations(root)
+    kept = _generations(root)
     restore = (f"; kept generations: {_describe(kept)}: `preprocess verify {directory} --repair` restores the "
                "newest valid one (so does the next `preprocess run`)") if kept else ""
     if not store.exists(path):
@@ -302,7 +309,7 @@ def _read_generation(root: DatasetRoot, generation: int, path: str,
                      read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
     store, directory = root.storage, root.path
     if not store.exists(path):
-        kept = list_generations(root)
+        kept = _generations(root)
         raise ShardFormatError(
             f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
             "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations "

@@ -27,7 +27,7 @@ from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import ShardEntry, expected_shard_size
 from shardio.format.raw_shard import parse_npy_header
 from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR
-from shardio.store.root import Place, open_root
+from shardio.store.root import DatasetRoot
 from shardio.store.base import FileInfo, Storage
 
 __all__ = ["ListedSizes", "shard_problem", "shard_problems"]
@@ -100,7 +100,7 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
             "(the index and the shard disagree: an edited index, or a shard file from elsewhere)")
 
 
-def shard_problem(place: Place, entry: ShardEntry, shape: tuple[int, int, int],
+def shard_problem(root: DatasetRoot, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | ListedSizes | None = None,
                   encoding: str = RAW, bucketed: bool = False) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies (at
@@ -109,8 +109,7 @@ def shard_problem(place: Place, entry: ShardEntry, shape: tuple[int, int, int],
     shard's header against ``shape`` (``bucketed``: said as the entry's bucket). ``listed``
     (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
     manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped).
-    ``place``: the dataset's path, or its root opened already."""
-    root = open_root(place)
+    ``root``: the dataset's, opened by the caller."""
     store, directory = root.storage, root.path
     expected = expected_shard_size(entry, shape, encoding)
     if entry.bytes != expected:
@@ -131,13 +130,12 @@ def shard_problem(place: Place, entry: ShardEntry, shape: tuple[int, int, int],
 _CHUNK = 4096
 
 
-def shard_problems(place: Place, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
+def shard_problems(root: DatasetRoot, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
                    checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
     Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
     sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy. Entries are taken ``_CHUNK`` at a time (a
     ``DatasetIndex`` makes each when it is reached), so memory holds a chunk, not the dataset."""
-    root = open_root(place)
     store, directory = root.storage, root.path
     listed: ListedSizes | None = None
     check = lambda entry: shard_problem(root, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731

@@ -53,11 +53,12 @@ EAGER_CHECK_SHARDS = 10_000
 
 class DatasetSnapshot:
     """The shards one manifest lists, with lazy memory maps and metadata (read through ``cache``, a
-    ``ShardCache``, when the dataset is on object storage). ``place``: the dataset's root (its path opens it)."""
+    ``ShardCache``, when the dataset is on object storage). ``root``: the dataset's, opened by the caller
+    (``open_dataset``)."""
 
-    def __init__(self, place: Place, manifest: DatasetIndex | Manifest) -> None:
-        self.root: DatasetRoot = open_root(place)
-        self.directory = self.root.path
+    def __init__(self, root: DatasetRoot, manifest: DatasetIndex | Manifest) -> None:
+        self.root = root
+        self.directory = root.path
         self.manifest = manifest
         self.cache: ShardCache | None = None
         shards = manifest.shards
