@@ -30,7 +30,7 @@ Classes (``folder_classes: true``): the first folder level names the class, a sa
 class's id and its ``json`` carries the name (``{"class": "cat"}``, beside a sidecar's keys; a ``.cls``
 sidecar is then ignored). The ids are the dataset's, not the folder's: the job numbers every name once
 in the class table the dataset keeps (``shardio.format.spec``, "Classes"; ``preprocess.inputs.class_table``)
-and hands it to the task (``input_kinds.NumberedClasses``), so ``dog`` has one id in every drop. Read
+and hands it to the task (``preprocess.inputs.kinds.KindReader``), so ``dog`` has one id in every drop. Read
 alone (``diagnose``, a direct call) a folder numbers its sorted first-level sub-folders 0, 1, 2, ...,
 torchvision's ``ImageFolder`` rule, which a new dataset's table also follows. An image directly in the
 folder has no class: it is a failed sample (``no_class``), never a sample with ``cls`` -1.

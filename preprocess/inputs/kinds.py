@@ -30,8 +30,8 @@ them (``glob_takes_folders``); a folder inside another one taken is part of it, 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
 from preprocess.inputs.first_bytes import HEAD_BYTES, looks_like
@@ -43,7 +43,7 @@ from shardio.store.root import DatasetRoot, Place, open_input
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
            "accepted_kinds", "glob_takes", "glob_takes_folders", "glob_kinds", "FOLDER_KIND", "input_kind",
-           "samples_of", "SampleReader", "strip_kind_suffix", "NumberedClasses"]
+           "samples_of", "SampleReader", "strip_kind_suffix", "KindReader"]
 
 # An input's samples: (the input as the worker opened it (``shardio.store.root.open_input``), or its path or
 # URL; config; size and ETag as listed (size None: not listed, found by the reader); the ``InputExtent`` the
@@ -84,6 +84,7 @@ INPUT_KINDS: tuple[InputKind, ...] = (
               "folders of image files (image_extensions)", is_folder=True),
 )
 FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
+_KIND_NAMED = {kind.name: kind for kind in INPUT_KINDS}
 
 
 def claimed_kind(name: str) -> InputKind | None:
@@ -154,19 +155,23 @@ def samples_of(place: Place, cfg: JobConfig, size: int, etag: str = "",
 
 
 @dataclass(frozen=True)
-class NumberedClasses:
-    """A ``SampleReader``: each input by the reader of its kind, a folder's classes numbered by the dataset's
-    class table (name -> id: ``shardio.format.spec``, "Classes") instead of the folder's own order. The job
-    gives its tasks one (put in Ray's object store once) under ``folder_classes``; other kinds are read as
-    ``samples_of`` reads them."""
+class KindReader:
+    """A ``SampleReader`` for a run's paths: each input by the reader of its kind, as the driver found it where
+    the input's name claims none (``told``: path -> kind name, from the first bytes the run's resolution read
+    once, ``ResolvedInputs.kinds``: the task does not read them again); under ``folder_classes`` a folder's
+    classes numbered by the dataset's class table (``class_ids``, name -> id: ``shardio.format.spec``,
+    "Classes") instead of the folder's own order. The job gives its tasks one (put in Ray's object store
+    once); without either, ``samples_of`` is the reader."""
 
-    class_ids: dict[str, int]
+    told: Mapping[str, str] = field(default_factory=dict)
+    class_ids: Mapping[str, int] | None = None
 
     def __call__(self, place: Place, cfg: JobConfig, size: int | None, etag: str,
                  extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
         source: DatasetRoot = open_input(place)
-        kind = input_kind(source, size)
-        if kind.is_folder:
+        told = self.told.get(source.path)
+        kind = _KIND_NAMED[told] if told else input_kind(source, size)
+        if kind.is_folder and self.class_ids is not None:
             return iter_folder_samples(source, cfg, size, etag, extent, class_ids=self.class_ids)
         return kind.samples(source, cfg, size, etag, extent)
 

@@ -95,6 +95,9 @@ class ResolvedInputs:
     # folder input -> the names of its first-level sub-folders, sorted (``FolderSource.classes``), from the
     # listing that took its fingerprint: what a run's class table learns (``preprocess.inputs.class_table``)
     classes: dict[str, list[str]] = field(default_factory=dict)
+    # input -> its kind's name, for the inputs whose name claims none, from the first bytes read here once
+    # (the tasks are told it: ``preprocess.inputs.kinds.KindReader``)
+    kinds: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_inputs(patterns: list[str],
@@ -147,13 +150,13 @@ def resolve_inputs(patterns: list[str],
     for path in nested:
         listed.pop(path, None)
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
-    _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    told = _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
     fingerprints = {**on_disk.fingerprints, **remote.fingerprints}
     files_ignored = [{"input": path, "reason": entry.reason, "files": entry.files, "first": entry.first}
                      for path in sorted(folders) if path in fingerprints for entry in fingerprints[path].ignored]
     classes = {**on_disk.classes, **remote.classes}
     return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, on_disk.links - nested, folders,
-                          files_ignored, {path: classes[path] for path in folders if path in classes})
+                          files_ignored, {path: classes[path] for path in folders if path in classes}, told)
 
 
 def _inside(path: str, folders: set[str]) -> bool:
@@ -163,24 +166,28 @@ def _inside(path: str, folders: set[str]) -> bool:
     return any("/".join(parts[:depth]) + suffix in folders for depth in range(1, len(parts)))
 
 
-def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
+def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> dict[str, str]:
     """Read the first bytes of each input whose name claims no kind (only an INPUT named explicitly can
     be one, opened here to read its head); raise ``UnsupportedInput`` naming those no kind takes
     (``preprocess.inputs.kinds``). A file that cannot be read now is left to the task, which names it as a
-    failed input."""
-    refused = []
+    failed input. Returns the kind's name of each one read (path -> kind), for the tasks to be told."""
+    refused, told = [], {}
     for path in sorted(unclaimed):
         size = listed[path].size if path in listed else HEAD_BYTES
         try:
             head = open_input(path).storage.read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
         except OSError:
             continue
-        if kind_of(head) is None:
+        kind = kind_of(head)
+        if kind is None:
             refused.append(f"{path}: {looks_like(head)}, not an input preprocess reads")
+        else:
+            told[path] = kind.name
     if refused:
         more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
         raise UnsupportedInput(f"{'; '.join(refused[:5])}{more}. INPUT takes: {accepted_kinds()}; nothing was "
                                "read or written")
+    return told
 
 
 class _LocalLookup:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from preprocess.inputs.class_table import extend_class_table, folder_class_names
 from preprocess.config import JobConfig
-from preprocess.inputs.kinds import NumberedClasses, SampleReader
+from preprocess.inputs.kinds import KindReader, SampleReader
 from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import check_output_apart
 from preprocess.inputs.sources import Source
@@ -41,9 +41,13 @@ class PathInputs:
         return [path for path, _ in todo]
 
     def reader(self, index: EditableIndex, todo: list[tuple[str, InputFingerprint]]) -> SampleReader | None:
-        """None: each kind's own reader (``samples_of``); with folder classes, the dataset's class table with
-        this run's new names appended, before any task (spec, "Classes")."""
-        return NumberedClasses(extend_class_table(index, self.class_names, todo)) if self.class_names else None
+        """The kinds the resolution read of the inputs whose name claims none (``ResolvedInputs.kinds``: the
+        tasks are told, never read them again) and, with folder classes, the dataset's class table with this
+        run's new names appended, before any task (spec, "Classes"); None where there is neither: each kind's
+        own reader (``samples_of``)."""
+        class_ids = extend_class_table(index, self.class_names, todo) if self.class_names else None
+        told = self.resolved.kinds
+        return KindReader(told, class_ids) if told or class_ids is not None else None
 
 
 @dataclass

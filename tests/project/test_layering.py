@@ -361,7 +361,7 @@ INPUT_OPENERS = {
     ("preprocess/cluster/cluster_access.py", "check_cluster_access"),
     ("preprocess/verify.py", "repair_dataset"), ("preprocess/diagnose.py", "diagnose"),
     ("preprocess/inputs/kinds.py", "input_kind"), ("preprocess/inputs/kinds.py", "samples_of"),
-    ("preprocess/inputs/kinds.py", "NumberedClasses.__call__"),
+    ("preprocess/inputs/kinds.py", "KindReader.__call__"),
     ("preprocess/inputs/tar_samples.py", "index_tar"), ("preprocess/inputs/tar_samples.py", "iter_tar_samples"),
     ("preprocess/inputs/parquet_samples.py", "iter_parquet_samples"),
     ("preprocess/inputs/folder_samples.py", "folder_source"),
