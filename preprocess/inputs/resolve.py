@@ -58,7 +58,7 @@ from braceexpand import braceexpand
 from preprocess.config import JobConfig
 from preprocess.inputs.folder_samples import FolderFingerprint, FolderSource, folder_source, no_image_reason
 from preprocess.inputs.kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_kinds, glob_takes,
-                                   glob_takes_folders, kind_of, looks_like)
+                                   glob_takes_folders, kind_of, looks_like, FOLDER_KIND)
 from preprocess.inputs.local_glob import local_glob
 from shardio.store.base import FileInfo, Storage
 from shardio.store.root import DatasetRoot, open_input
@@ -95,8 +95,8 @@ class ResolvedInputs:
     # folder input -> the names of its first-level sub-folders, sorted (``FolderSource.classes``), from the
     # listing that took its fingerprint: what a run's class table learns (``preprocess.inputs.class_table``)
     classes: dict[str, list[str]] = field(default_factory=dict)
-    # input -> its kind's name, for the inputs whose name claims none, from the first bytes read here once
-    # (the tasks are told it: ``preprocess.inputs.kinds.KindReader``)
+    # input -> its kind's name, for the inputs whose name claims none: a folder, or what the first bytes read
+    # here once say (the tasks are told it: ``preprocess.inputs.kinds.KindReader``)
     kinds: dict[str, str] = field(default_factory=dict)
 
 
@@ -151,6 +151,7 @@ def resolve_inputs(patterns: list[str],
         listed.pop(path, None)
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
     told = _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    told.update((path, FOLDER_KIND.name) for path in folders)  # a task is told it, and never stats it again
     fingerprints = {**on_disk.fingerprints, **remote.fingerprints}
     files_ignored = [{"input": path, "reason": entry.reason, "files": entry.files, "first": entry.first}
                      for path in sorted(folders) if path in fingerprints for entry in fingerprints[path].ignored]

@@ -165,7 +165,7 @@ def test_tiff_bmp_and_gif_are_images_of_a_folder_or_counted_as_ignored_when_imag
     write_file(mixed / "c.txt", b"the bmp's caption")  # a left-out image's sidecar: left out with it
     write_file(mixed / "notes.md", b"not an image: neither a sample nor counted")
     resolved = resolve_inputs([str(mixed)])
-    assert resolved.paths == [str(mixed)]
+    assert resolved.paths == [str(mixed)] and resolved.kinds == {str(mixed): "folder"}  # its task is told
     assert resolved.files_ignored == [
         {"input": str(mixed), "files": 4, "first": "b.tif",
          "reason": "image files image_extensions leaves out (bmp 1, gif 1, tif 1, tiff 1)"}]
