@@ -25,11 +25,13 @@ from bench.scale_plan import _over, _reset_peak
 def child(directory: str) -> dict[str, Any]:
     from shardio.format.manifests import load_index
     from shardio.read.snapshot import DatasetSnapshot
+    from shardio.store.root import open_root
 
     baseline = _reset_peak()
     start = time.perf_counter()
-    index = load_index(directory)
-    snapshot = DatasetSnapshot(directory, index)
+    root = open_root(directory)
+    index = load_index(root)
+    snapshot = DatasetSnapshot(root, index)
     ids = snapshot.shard_buckets
     middle = len(snapshot.shards) // 2
     entry = snapshot.shards[middle]

@@ -19,6 +19,7 @@ from shardio.errors import DatasetIncompatibleError, ShardError
 from shardio.format import InputEntry, Manifest
 from shardio.format.manifests import DatasetIndex, load_index
 from shardio.write import directory as dataset_dir
+from shardio.store.root import Place, open_root
 
 __all__ = ["Committed", "read_committed", "check_compatible"]
 
@@ -40,17 +41,18 @@ class Committed:
         return self.index if isinstance(self.index, DatasetIndex) and not self.restored else None
 
 
-def read_committed(directory: str) -> Committed:
-    """What is committed at ``directory`` (the caller holds the lock): the index as columns when it is a
+def read_committed(place: Place) -> Committed:
+    """What is committed at ``place`` (the caller holds the lock): the index as columns when it is a
     readable version 3 one (one read, the usual case), else ``load_committed``'s reading, which may restore
     a kept generation. Nothing here checks the config: the caller says a restoration first."""
+    root = open_root(place)
     try:
-        index = load_index(directory)
+        index = load_index(root)
     except (ShardError, OSError):
         index = None
     if index is not None and index.segments is not None:
         return Committed(index, index.committed_inputs())
-    existing, restored = dataset_dir.load_committed(directory)
+    existing, restored = dataset_dir.load_committed(root)
     return Committed(existing, _committed_inputs(existing), restored)
 
 
@@ -62,7 +64,7 @@ def _committed_inputs(existing: DatasetIndex | Manifest | None) -> dict[str, Inp
     return existing.committed_inputs() if isinstance(existing, DatasetIndex) else dict(existing.inputs)
 
 
-def check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, directory: str) -> None:
+def check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, place: Place) -> None:
     """``DatasetIncompatibleError`` naming every key in which ``cfg`` differs from the dataset's config."""
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
@@ -76,7 +78,7 @@ def check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, director
     diffs = [f"{k}: dataset has {said_stored.get(k)!r}, this run {said_wanted.get(k)!r}"
              for k in keys if said_stored.get(k) != said_wanted.get(k)]
     raise DatasetIncompatibleError(
-        f"{dataset_dir.manifest_path(directory)}: written with a different config ({'; '.join(diffs)}); "
+        f"{dataset_dir.manifest_path(place)}: written with a different config ({'; '.join(diffs)}); "
         "shards of different shapes or pixels never mix: leave these keys out of the flags and --config file "
         "(a rerun uses the dataset's own config), or use a new --output"
     )

@@ -53,6 +53,7 @@ from shardio.failure_reasons import count_by_category
 from shardio.format import JPEG, RAW, YUV420
 from shardio.format.yuv_shard import yuv420_to_rgb
 from shardio.write.shard_writer import SHARD_WRITERS, ShardWriter
+from shardio.store.root import open_input
 
 __all__ = ["STAGES", "diagnose", "render_text"]
 
@@ -166,15 +167,16 @@ def diagnose(
                 break
             first = len(samples)
             try:
-                kind = input_kind(path)
+                source = open_input(path)  # once: its kind, its index and its reader are given it
+                kind = input_kind(source)
                 t0 = clock()
                 if kind.name == "tar":
-                    index = index_tar(path)
+                    index = index_tar(source)
                     index_s = clock() - t0
-                    items = iter_tar_samples(path, cfg.image_extensions, index=index)
+                    items = iter_tar_samples(source, cfg.image_extensions, index=index)
                 else:  # a Parquet file, a folder: no index pass; their reads are in "read"
                     index_s = 0.0
-                    items = kind.samples(path, cfg, None, "")
+                    items = kind.samples(source, cfg, None, "")
                 while limit is None or len(samples) < limit:
                     t0 = clock()
                     item = next(items, None)

@@ -94,12 +94,11 @@ from preprocess.image.versions import build_difference, library_versions, pixel_
 from preprocess.worker import InputResult
 from shardio.write import directory as dataset_dir
 from shardio.store.local import is_disk_full
-from shardio.store.paths import normalize
 from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
 from shardio.errors import NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError, VersionDrift
 from shardio.format import InputEntry, config_buckets, dataset_format_version
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, open_root
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
 
@@ -140,9 +139,9 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     From the root alone (a few KB: format 3 keeps the config there, versions 1-2 at the top of the one
     document): the run loads the whole index once, under the lock. A root that cannot be read this way
     (corrupt, say) goes through ``load_current``, which may restore a kept generation's."""
-    directory = normalize(output)
+    root = open_root(output)
     try:
-        config = read_root(directory).get("config")
+        config = read_root(root).get("config")
         if isinstance(config, dict):
             return dict(config)
     except FileNotFoundError:
@@ -150,7 +149,7 @@ def dataset_config(output: str) -> dict[str, Any] | None:
     except (ShardioError, OSError):
         pass
     try:
-        manifest = dataset_dir.load_current(directory)
+        manifest = dataset_dir.load_current(root)
     except (ShardioError, OSError):
         return None
     return dict(manifest.config) if manifest is not None else None
@@ -172,14 +171,14 @@ def run_job(
     (``interrupted``, ``inputs_unfinished``) is written. A report is written whatever happens after the
     lock is taken, an unexpected exception included (then re-raised)."""
     started = time.perf_counter()
-    directory = normalize(options.output)  # a URL stays a URL: object storage
-    run = _Run(options, directory, _new_report(directory, options.config), on_event or (lambda kind, payload: None),
+    root = open_root(options.output)  # the output opened once: its backend chosen here, the root passed down
+    run = _Run(options, root, _new_report(root.path, options.config), on_event or (lambda kind, payload: None),
                started, stop_requested, routes_ray=on_event is not None)
     inputs = resolve_run_inputs(options.inputs, options.source, options.config)  # NoInputsMatched: nothing touched
     _refuse_early(run, inputs)
-    dataset_dir.ensure_output_dir(directory)
-    with dataset_dir.writing(directory, options.wait_for_lock):
-        committed = read_committed(directory)
+    dataset_dir.ensure_output_dir(root)
+    with dataset_dir.writing(root, options.wait_for_lock):
+        committed = read_committed(root)
         _check_committed(run, committed)
         work = _plan(run, inputs, committed)
         if work.nothing_to_do and committed.columns is not None:
@@ -198,12 +197,17 @@ class _Run:
     go, when it started and whether it is asked to stop."""
 
     options: RunOptions
-    directory: str
+    root: DatasetRoot  # the output, opened once by ``run_job``
     report: RunReport
     emit: Callable[[str, Any], None]
     started: float
     stop_requested: Callable[[], str]
     routes_ray: bool  # an event hook takes what a Ray this run starts prints (the CLI: quiet, JSON)
+
+    @property
+    def directory(self) -> str:
+        """The output's path, for messages."""
+        return self.root.path
 
 
 @dataclass
@@ -243,7 +247,7 @@ def _refuse_early(run: _Run, inputs: RunInputs) -> None:
     """Refused before the output is touched, even if the run turns out to have nothing to do: an input
     inside the output (``OutputUnusable``), and every way of failing to join --ray-address (down, token
     authentication, not a Ray port: ``RayUnavailable``)."""
-    inputs.check_apart(run.directory)
+    inputs.check_apart(run.root)
     check_cluster_address(run.options.ray_address, (lambda line: run.emit("ray", line)) if run.routes_ray else None)
 
 
@@ -254,7 +258,7 @@ def _check_committed(run: _Run, committed: Committed) -> None:
         run.report.warnings.append(committed.restored)
         run.emit("warning", committed.restored)
     if committed.index is not None:
-        check_compatible(committed.index, run.options.config, run.directory)
+        check_compatible(committed.index, run.options.config, run.root)
         _note_drift(run, committed.index.versions)
 
 
@@ -266,7 +270,7 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
     planned = plan_inputs(resolved, committed.inputs)
-    remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.directory),
+    remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.root),
                                       report)
     report.inputs_skipped, report.inputs_skipped_count = planned.skipped_named, planned.skipped
     # the only set of paths
@@ -279,8 +283,8 @@ def _answer_unchanged(run: _Run, index: DatasetIndex, work: _Work) -> None:
     from the index's columns: a killed run's leftovers are still cleaned (``clean_after_runs``), retention
     still runs, the report is saved; no commit."""
     run.emit("plan", work.event())
-    _note_foreign(run, dataset_dir.clean_after_runs(run.directory, index))
-    run.report.files_collected = collect(run.directory, index, run.options.retention).files
+    _note_foreign(run, dataset_dir.clean_after_runs(run.root, index))
+    run.report.files_collected = collect(run.root, index, run.options.retention).files
     _close_report(run, index.samples, index.generation)
 
 
@@ -289,12 +293,12 @@ def _open_commit(run: _Run, committed: Committed, work: _Work) -> Committer:
     in this order, the prune guard (refused: nothing changed, not even cleaned), a killed run's leftovers
     cleaned, and the inputs to prune dropped."""
     cfg, report = run.options.config, run.report
-    committer = Committer(run.directory, committed.index, COMMIT_INTERVAL_S, run=report.run_id,
+    committer = Committer(run.root, committed.index, COMMIT_INTERVAL_S, run=report.run_id,
                           shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
     committer.index.versions = report.versions
     if work.to_prune and not run.options.confirm_large_prune:
         _check_prune(committed.inputs, committer.index.totals, work.to_prune, run.directory)
-    _note_foreign(run, dataset_dir.clean_after_runs(run.directory, committed.index))
+    _note_foreign(run, dataset_dir.clean_after_runs(run.root, committed.index))
     for path in work.to_prune:
         committer.drop_input(path)
         report.inputs_pruned.append(path)
@@ -320,7 +324,7 @@ def _run_and_commit(run: _Run, work: _Work, committer: Committer, files: list[st
     except (RayUnavailable, NodeBuildMismatch):
         # Refused before any input's task, like a lock held: no run happened to report, and no task
         # can promote a file, so the mark goes too.
-        dataset_dir.unmark_run(run.directory, run.report.run_id)
+        dataset_dir.unmark_run(run.root, run.report.run_id)
         raise
     except BaseException as e:
         _save_report_after_error(run, committer, e)
@@ -345,7 +349,7 @@ def _run_tasks(run: _Run, work: _Work, committer: Committer, files: list[str],
         events[kind] += 1
         run.emit(kind, payload)
 
-    dataset_dir.mark_run(run.directory, run.report.run_id)  # tasks may promote files from here on
+    dataset_dir.mark_run(run.root, run.report.run_id)  # tasks may promote files from here on
     disk_full = _process(replace(run, emit=counted_emit), work, committer, files, reader)
     left_files = len(run.report.inputs_failed) > failures_before or events["retried"] > 0 or events["warning"] > 0
     return disk_full, left_files
@@ -370,14 +374,14 @@ def _tidy(run: _Run, committer: Committer, todo: list[tuple[str, InputFingerprin
         # and the dataset committed). A run stopped early keeps its mark: a cancelled task may
         # still promote a file, which the next run's cleaning removes.
         if left_files:
-            _note_foreign(run, dataset_dir.clean_leftovers(run.directory, now))
-        dataset_dir.unmark_run(run.directory, run.report.run_id)
-    run.report.files_collected = collect(run.directory, now, run.options.retention).files
+            _note_foreign(run, dataset_dir.clean_leftovers(run.root, now))
+        dataset_dir.unmark_run(run.root, run.report.run_id)
+    run.report.files_collected = collect(run.root, now, run.options.retention).files
 
 
 def _note_foreign(run: _Run, cleaned: dataset_dir.Cleaned) -> None:
     """Files in ``shards/`` the leftover cleaning left because no run writes them: said, not deleted."""
-    warning = dataset_dir.foreign_files_warning(run.directory, cleaned.foreign)
+    warning = dataset_dir.foreign_files_warning(run.root, cleaned.foreign)
     if warning and warning not in run.report.warnings:
         run.report.warnings.append(warning)
         run.emit("warning", warning)
@@ -386,7 +390,7 @@ def _note_foreign(run: _Run, cleaned: dataset_dir.Cleaned) -> None:
 def _note_drift(run: _Run, recorded: dict[str, Any]) -> None:
     """Library versions other than those the dataset records: a warning, or VersionDrift under
     ``strict_versions``."""
-    drift = version_drift(recorded, run.report.versions, dataset_dir.manifest_path(run.directory))
+    drift = version_drift(recorded, run.report.versions, dataset_dir.manifest_path(run.root))
     if drift and run.options.strict_versions:
         raise VersionDrift(drift)
     if drift:
@@ -397,16 +401,16 @@ def _note_drift(run: _Run, recorded: dict[str, Any]) -> None:
 def _close_report(run: _Run, samples: int, generation: int) -> None:
     """The report's dataset totals and timing, then the report saved; a full disk here is OutputFull (the
     dataset itself is committed)."""
-    directory, report = run.directory, run.report
+    root, report = run.root, run.report
     report.dataset_samples, report.generation = samples, generation
     report.elapsed_s = round(time.perf_counter() - run.started, 3)
     report.images_per_s = round(report.samples_written / report.elapsed_s, 2) if report.elapsed_s else 0.0
     try:
-        _save_report(directory, report)
+        _save_report(root, report)
     except OSError as e:
         if not is_disk_full(e):
             raise
-        raise OutputFull(f"{directory}: output disk full writing the run report ({e}); the dataset itself "
+        raise OutputFull(f"{root}: output disk full writing the run report ({e}); the dataset itself "
                          f"is committed ({samples} samples); free space before the next run") from e
 
 
@@ -459,9 +463,9 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
         emit("plan", {**work.event(), "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - run.started, 3)
-        stream = stream_inputs(work.todo, committer.directory, options.config,
+        stream = stream_inputs(work.todo, committer.root, options.config,
                                should_stop=lambda: bool(run.stop_requested()), task_env=env,
-                               name_fence=dataset_dir.shard_name_fence(committer.directory, committer.index),
+                               name_fence=dataset_dir.shard_name_fence(committer.root, committer.index),
                                reader=reader)
         try:
             for message in stream:
@@ -502,19 +506,19 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
 def _stop_on_full_disk(run: _Run, reason: str) -> None:
     """Out of space: remove what no manifest lists (frees space, nothing half-visible), keep a report if it
     fits, and raise ``OutputFull`` naming what the dataset still holds."""
-    directory, report = run.directory, run.report
-    on_disk = load_index(directory) if for_path(directory).exists(dataset_dir.manifest_path(directory)) else None
-    dataset_dir.clean_leftovers(directory, on_disk)
+    root, report = run.root, run.report
+    on_disk = load_index(root) if root.storage.exists(dataset_dir.manifest_path(root)) else None
+    dataset_dir.clean_leftovers(root, on_disk)
     report.dataset_samples = on_disk.samples if on_disk else 0
     report.warnings.append(f"stopped: output disk full ({reason})")
     try:
-        _save_report(directory, report)
+        _save_report(root, report)
     except OSError:
         pass  # no room even for the report: the error below says everything it would
     state = (f"the dataset is as of its last commit ({on_disk.samples} samples, {on_disk.totals['input_count']} inputs)"
              if on_disk else "no dataset was published")
     raise OutputFull(
-        f"{directory}: output disk full ({reason}); the run stopped and published nothing partial: {state}. "
+        f"{root}: output disk full ({reason}); the run stopped and published nothing partial: {state}. "
         "Free space (or raise the quota) and rerun: committed inputs are skipped."
     )
 
@@ -564,10 +568,10 @@ def _save_report_after_error(run: _Run, committer: Committer, error: BaseExcepti
     try:
         committer.maybe_commit(force=True)
         report.dataset_samples = committer.index.samples
-        _save_report(committer.directory, report)
+        _save_report(committer.root, report)
     except Exception:  # noqa: BLE001 - never mask the error being raised
         pass
 
 
-def _save_report(directory: str, report: RunReport) -> None:
-    dataset_dir.save_report(directory, report.run_id, report_json(report))
+def _save_report(root: DatasetRoot, report: RunReport) -> None:
+    dataset_dir.save_report(root, report.run_id, report_json(report))

@@ -22,7 +22,7 @@ from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs
 from shardio.errors import OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED
-from shardio.store.backends import for_path
+from shardio.store.root import Place, open_root
 
 __all__ = ["Plan", "plan_inputs", "largest_first_key", "check_output_apart"]
 
@@ -64,7 +64,7 @@ def _same_input(committed: InputEntry, fingerprint: InputFingerprint) -> bool:
     return committed.size == fingerprint.size and committed.mtime_ns == fingerprint.mtime_ns
 
 
-def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
+def check_output_apart(place: Place, resolved: ResolvedInputs) -> None:
     """``OutputUnusable`` if an input tar lies in the dataset directory or below it: the tars would sit
     among the manifest and ``shards/``, and the directory's cleaning must never be near a tar it does not
     own. A dataset *inside* an input folder (``data/shards-256`` beside ``data/*.tar``) is fine: its files
@@ -73,11 +73,13 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
     Local paths are compared with their symlinks resolved (``out`` and a link to the input folder are one
     folder): one ``realpath`` per input folder, and one per input that is itself a symlink (the listing
     says which), not one per input (a realpath is an lstat per path component)."""
-    inside = _comparable(directory) + "/"
+    root = open_root(place)
+    directory = root.path
+    inside = (os.path.realpath(directory) if root.is_local else directory) + "/"
     for folder in resolved.folders:
         # The other way round for a folder input: a dataset inside it would change its fingerprint (its
         # directories' mtimes, a prefix's listing) at every run, and its files would be read as the folder's.
-        if inside.startswith(_comparable(folder) + "/"):
+        if inside.startswith(_comparable(folder, resolved.listed[folder]) + "/"):
             raise OutputUnusable(f"{directory}: --output lies inside the input folder {folder}; give an --output "
                                  "outside it; nothing was written")
     folder_inside: dict[str, bool] = {}  # input folder -> whether it lies in the output (a name has no "/")
@@ -85,7 +87,7 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
         folder = path.rpartition("/")[0] or "/"
         held = folder_inside.get(folder)
         if held is None:
-            held = folder_inside[folder] = (_comparable(folder) + "/").startswith(inside)
+            held = folder_inside[folder] = (_comparable(folder, resolved.listed[path]) + "/").startswith(inside)
         if path in resolved.links:
             held = os.path.realpath(path).startswith(inside)
         if held:
@@ -96,5 +98,7 @@ def check_output_apart(directory: str, resolved: ResolvedInputs) -> None:
             )
 
 
-def _comparable(path: str) -> str:
-    return os.path.realpath(path) if for_path(path).is_local else path.rstrip("/")
+def _comparable(path: str, fingerprint: InputFingerprint) -> str:
+    """``path`` as the output is compared with it: a local one with its links resolved, a URL as it is (an
+    object's fingerprint carries its ETag, a local file's none: ``_same_input``'s rule)."""
+    return path.rstrip("/") if fingerprint.etag else os.path.realpath(path)

@@ -11,14 +11,16 @@ from typing import Any
 from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import Plan
 from shardio.format.run_report import RunReport, latest_report
+from shardio.store.root import Place
 
 __all__ = ["remembered_failures", "set_aside_remembered"]
 
 
-def remembered_failures(directory: str) -> dict[str, dict[str, Any]]:
-    """The inputs the newest run report says failed for their bytes (``fingerprint`` recorded), by path:
-    what this run reports again without reading, if unchanged. None remembered without a readable report."""
-    latest = latest_report(directory)
+def remembered_failures(output: Place) -> dict[str, dict[str, Any]]:
+    """The inputs the newest run report of ``output`` (the dataset's root, or its path) says failed for their
+    bytes (``fingerprint`` recorded), by path: what this run reports again without reading, if unchanged.
+    None remembered without a readable report."""
+    latest = latest_report(output)
     failed = latest.get("inputs_failed") if latest is not None else None
     if not isinstance(failed, list):
         return {}

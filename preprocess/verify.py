@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from preprocess.config import JobConfig
 from preprocess.job import RunOptions, RunReport, run_job
 from shardio.write import directory as dataset_dir
-from shardio.store.backends import for_path
-from shardio.store.paths import normalize
+from shardio.store.root import DatasetRoot, Place, open_input, open_root
 from shardio.write.directory import restore_manifest
 from shardio.format import ShardEntry
 from shardio.format.manifests import DatasetIndex, load_index
@@ -60,40 +59,40 @@ class RepairResult:
     after: VerifyResult | None = None  # the check after the rebuild
 
 
-def _check_all(directory: str, index: DatasetIndex, entries: Iterable[ShardEntry]) -> list[BadShard]:
-    problems = shard_problems(directory, index, entries, checksums=True, threads=min(8, os.cpu_count() or 1))
+def _check_all(root: DatasetRoot, index: DatasetIndex, entries: Iterable[ShardEntry]) -> list[BadShard]:
+    problems = shard_problems(root, index, entries, checksums=True, threads=min(8, os.cpu_count() or 1))
     return [BadShard(entry.path, entry.input, problem) for entry, problem in problems]
 
 
-def verify_dataset(directory: str) -> VerifyResult:
+def verify_dataset(place: Place) -> VerifyResult:
     """Check every listed shard (size, then the checksum of both files). Needs no lock: a shard that a run
     replaced meanwhile is re-checked against the newer index, so a concurrent run is not "corruption".
     The index is read as columns and the shards checked a chunk at a time: memory holds a chunk's
     entries, not one per shard of the dataset (LAION-2B-en: 2.3M shards)."""
-    directory = normalize(directory)
-    index = load_index(directory)
-    result = VerifyResult(directory, shards=len(index.shards),
+    root = open_root(place)
+    index = load_index(root)
+    result = VerifyResult(root.path, shards=len(index.shards),
                           bytes=index.totals["bytes"] + index.totals["meta_bytes"])
-    bad = _check_all(directory, index, index.shards)
+    bad = _check_all(root, index, index.shards)
     if bad:
-        now = load_index(directory)
+        now = load_index(root)
         paths = {b.shard for b in bad}
-        bad = _check_all(directory, now, (entry for entry in now.shards if entry.path in paths))
+        bad = _check_all(root, now, (entry for entry in now.shards if entry.path in paths))
     result.bad = bad
     return result
 
 
-def repair_dataset(directory: str, result: VerifyResult, workers: int | None = None,
+def repair_dataset(place: Place, result: VerifyResult, workers: int | None = None,
                    ray_address: str | None = None, wait_for_lock: bool = False) -> RepairResult:
     """Rebuild the inputs behind ``result.bad`` from their tars, with the dataset's own config."""
-    directory = normalize(directory)
+    root = open_root(place)
     repair = RepairResult()
     for path in result.bad_inputs:
-        (repair.rebuilt if for_path(path).is_file(path) else repair.missing).append(path)
+        (repair.rebuilt if open_input(path).storage.is_file(path) else repair.missing).append(path)
     if repair.rebuilt:
-        manifest = dataset_dir.drop_inputs(directory, repair.rebuilt, wait_for_lock=wait_for_lock)
+        manifest = dataset_dir.drop_inputs(root, repair.rebuilt, wait_for_lock=wait_for_lock)
         config = JobConfig(**manifest.config)
-        repair.run = run_job(RunOptions(inputs=repair.rebuilt, output=directory, config=config, workers=workers,
+        repair.run = run_job(RunOptions(inputs=repair.rebuilt, output=root.path, config=config, workers=workers,
                                         ray_address=ray_address, wait_for_lock=wait_for_lock))
-    repair.after = verify_dataset(directory)
+    repair.after = verify_dataset(root)
     return repair

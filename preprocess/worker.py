@@ -28,11 +28,11 @@ from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
 from preprocess.image.resize_modes import resize_mode
 from preprocess.image.transform import process_image
 from preprocess.image.versions import library_versions
-from shardio.store.backends import for_path
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
 from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
+from shardio.store.root import Place, open_input
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
            "parse_fields", "PROGRESS_EVERY"]
@@ -72,15 +72,18 @@ class InputResult:
     samples_lost: int = 0  # samples decoded before the input failed, not kept (all or nothing per input)
 
 
-def shard_stem(input_path: str, size: int, mtime_ns: int, etag: str = "", name_fence: str = "") -> str:
+def shard_stem(source: Place, size: int, mtime_ns: int, etag: str = "", name_fence: str = "") -> str:
     """``{tar name}-{fingerprint}``: deterministic for the same input, new when the input changes, so a
     changed input's new shards never overwrite the ones the current manifest still lists. The fingerprint
     hashes (path, size, mtime_ns) of a local file, (URL, size, ETag) of an object: an object re-uploaded
     with the same bytes gets a new LastModified but keeps its ETag, and its shards. ``-{name_fence}``
-    follows where the dataset has one (``shardio.format.spec``, "Fencing names")."""
+    follows where the dataset has one (``shardio.format.spec``, "Fencing names"). ``source``: the input as the
+    task opened it, or its path."""
+    opened = open_input(source)
+    input_path = opened.path
     base = strip_kind_suffix(os.path.basename(input_path.rstrip("/")))  # a prefix's name ends in "/"
     # A source's input (preprocess.inputs.sources) is a name with a version (held as its ETag), never a file.
-    stamp = etag if etag or not for_path(input_path).is_local else mtime_ns
+    stamp = etag if etag or not opened.is_local else mtime_ns
     fingerprint = hashlib.sha1(f"{input_path}\0{size}\0{stamp}".encode()).hexdigest()[:10]
     return f"{base}-{fingerprint}" + (f"-{name_fence}" if name_fence else "")
 
@@ -123,10 +126,11 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def process_input(input_path: str, output_dir: str, cfg: JobConfig,
+def process_input(input_path: str, output_dir: Place, cfg: JobConfig,
                   fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
                   reader: SampleReader | None = None, name_fence: str = "") -> InputResult:
-    """Decode every sample of ``input_path`` into shards under ``output_dir``; never raises for bad data.
+    """Decode every sample of ``input_path`` into shards under ``output_dir`` (the output's root, opened by the
+    job and sent as its path, or a path); never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
     steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader,
                                name_fence=name_fence)
@@ -138,7 +142,7 @@ def process_input(input_path: str, output_dir: str, cfg: JobConfig,
 
 
 def iter_process_input(
-    input_path: str, output_dir: str, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
+    input_path: str, output_dir: Place, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
     skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
     name_fence: str = "",
 ) -> Generator[InputProgress, None, InputResult]:
@@ -161,8 +165,10 @@ def iter_process_input(
                          versions=library_versions(), etag=etag)
     # One open shard a shape (mode: bucket has several), each sample routed to its bucket's
     # (shardio.write.shard_writer).
+    # The input opened once in this task: its backend serves the stem's fingerprint and the reader.
+    source = open_input(input_path)
     writer = InputShardWriter(
-        output_dir, shard_stem(input_path, size, mtime_ns, etag, name_fence), cfg.height, cfg.width,
+        output_dir, shard_stem(source, size, mtime_ns, etag, name_fence), cfg.height, cfg.width,
         cfg.samples_per_shard, cfg.encoding, buckets=cfg.shapes,
     )
     done = failed = 0
@@ -172,7 +178,7 @@ def iter_process_input(
     hang_pattern = hang_pattern_for_tests()
     try:
         # The reader of the input's kind (preprocess.inputs.kinds): a tar, a Parquet file, ...
-        items = (reader or samples_of)(input_path, cfg, size, etag, extent)
+        items = (reader or samples_of)(source, cfg, size, etag, extent)
         for item in items:
             if isinstance(item, SampleProblem):
                 result.failures.append({"input": input_path, "key": item.key, "code": item.code.value,

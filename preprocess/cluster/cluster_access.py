@@ -27,7 +27,7 @@ import ray
 
 from preprocess.cluster.ray_cluster import BUILD_CHECK_TIMEOUT_S, on_every_node
 from shardio.write import directory as dataset_dir
-from shardio.store.backends import for_path
+from shardio.store.root import open_input
 from shardio.errors import NodeAccessError, ShardioError
 
 __all__ = ["task_env", "check_cluster_access", "probe_access"]
@@ -37,7 +37,7 @@ def task_env(paths: list[str], pass_credentials: bool = False) -> dict[str, str]
     """Environment variables every task of a run over ``paths`` (inputs and output) gets: the driver's
     non-secret object-store settings, plus its credentials if ``pass_credentials``. Empty for local paths."""
     env: dict[str, str] = {}
-    remote = {id(backend): backend for backend in map(for_path, paths) if not backend.is_local}
+    remote = {id(opened.storage): opened.storage for opened in map(open_input, paths) if not opened.is_local}
     for backend in remote.values():  # one per cloud the run touches
         env.update(backend.carried_settings())  # type: ignore[attr-defined]
         if pass_credentials:
@@ -49,7 +49,7 @@ def _inputs_to_probe(inputs: list[str]) -> list[str]:
     """One input per bucket (a store, its credentials and policy are per bucket) and the first local one."""
     chosen: dict[str, str] = {}
     for path in inputs:
-        where = "" if for_path(path).is_local else path.split("/", 3)[2]
+        where = "" if open_input(path).is_local else path.split("/", 3)[2]
         chosen.setdefault(f"{path.split('://', 1)[0]}://{where}" if where else "local", path)
     return list(chosen.values())
 
@@ -60,9 +60,10 @@ def probe_access(inputs: list[str], output: str) -> list[str]:
     problems = []
     for path in inputs:
         try:
-            for_path(path).info(path)
+            source = open_input(path)  # on this node: its backend, as a task of the run would open it
+            source.storage.info(path)
         except FileNotFoundError:
-            if for_path(path).is_local:  # a remote one was listed a moment ago: the store answered
+            if source.is_local:  # a remote one was listed a moment ago: the store answered
                 problems.append(f"{path}: not on this node's disk (on a cluster, local inputs must be on a disk "
                                 "every node mounts at the same path; or put them in a bucket)")
         except (ShardioError, OSError) as e:
@@ -92,7 +93,7 @@ def check_cluster_access(inputs: list[str], output: str, env: dict[str, str],
         return len(answers)
     lines = "; ".join(f"node {node}: {' | '.join(problems)}" for node, problems in sorted(failing.items()))
     hint = ""
-    if env or not all(for_path(p).is_local for p in [*inputs, output]):
+    if env or not all(open_input(p).is_local for p in [*inputs, output]):
         secret = ("SECRET", "TOKEN", "_KEY")  # AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, SAS tokens
         carried = ", ".join(sorted(k for k in env if not any(part in k for part in secret)
                                    and k != "AWS_ACCESS_KEY_ID")) or "none set on this driver"

@@ -36,6 +36,7 @@ from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import largest_first_key
 from preprocess.cluster.ray_cluster import node_name
 from preprocess.worker import InputResult, iter_process_input
+from shardio.store.root import Place
 
 __all__ = ["stream_inputs", "Progress", "TaskEvent", "AttemptTracker", "TASK_MAX_RETRIES", "TASK_OPTIONS",
            "largest_first", "MAX_STUCK_DECODES", "StuckDecode"]
@@ -99,7 +100,7 @@ class AttemptTracker:
         self.current[message.input] = (message.worker, attempt + 1)
         return TaskEvent("retried", message.input, message.node, message.worker, attempt + 1, worker)
 
-def _task(input_path: str, output_dir: str, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
+def _task(input_path: str, output_dir: Place, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
           skip_members: tuple[str, ...] = (), reader: SampleReader | None = None, name_fence: str = ""):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
@@ -149,7 +150,7 @@ def largest_first(items: list[tuple[str, InputFingerprint]]) -> list[tuple[str, 
 
 
 def stream_inputs(
-    items: list[tuple[str, InputFingerprint]], output_dir: str, cfg: JobConfig,
+    items: list[tuple[str, InputFingerprint]], output_dir: Place, cfg: JobConfig,
     max_in_flight: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     task_env: dict[str, str] | None = None,
@@ -165,6 +166,7 @@ def stream_inputs(
     tasks are cancelled (their inputs are simply not done: a cancelled task removes its partial shards,
     and the job removes whatever a killed one left) and the iteration ends. ``task_env``: environment
     variables every task gets (``preprocess.cluster.cluster_access.task_env``), in its Ray ``runtime_env``.
+    ``output_dir``: the output's root (sent to each task as its path, opened there once), or its path.
     ``reader``: a Python source's (``preprocess.inputs.sources``), put in the object store once, not pickled
     into every task. ``name_fence``: what the names of the shard files carry (``shardio.format.spec``,
     "Fencing names"; ``shardio.write.directory.shard_name_fence``).

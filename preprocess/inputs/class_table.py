@@ -7,7 +7,7 @@ own sub-folders, as torchvision's ``ImageFolder`` does, gave ``dog`` id 1 in a d
 incremental runs ask for. So the driver learns the names from the listing it took every folder's
 fingerprint with (``ResolvedInputs.classes``: no second walk or LIST), appends the ones the committed
 table lacks (``EditableIndex.add_classes``: sorted, so a run killed and rerun numbers them alike) and
-gives every task the whole table (``input_kinds.NumberedClasses``). Names are learnt from every folder
+gives every task the whole table (``preprocess.inputs.kinds.KindReader``). Names are learnt from every folder
 input of the run, skipped ones too (they are listed anyway). A skipped input's names are in the table
 already, unless its dataset was written before it kept one: those names then enter first, sorted, so a
 dataset of one such folder (its samples numbered by its own sorted sub-folders) keeps its ids, and the

@@ -30,7 +30,7 @@ Classes (``folder_classes: true``): the first folder level names the class, a sa
 class's id and its ``json`` carries the name (``{"class": "cat"}``, beside a sidecar's keys; a ``.cls``
 sidecar is then ignored). The ids are the dataset's, not the folder's: the job numbers every name once
 in the class table the dataset keeps (``shardio.format.spec``, "Classes"; ``preprocess.inputs.class_table``)
-and hands it to the task (``input_kinds.NumberedClasses``), so ``dog`` has one id in every drop. Read
+and hands it to the task (``preprocess.inputs.kinds.KindReader``), so ``dog`` has one id in every drop. Read
 alone (``diagnose``, a direct call) a folder numbers its sorted first-level sub-folders 0, 1, 2, ...,
 torchvision's ``ImageFolder`` rule, which a new dataset's table also follows. An image directly in the
 folder has no class: it is a failed sample (``no_class``), never a sample with ``cls`` -1.
@@ -74,7 +74,7 @@ from preprocess.inputs.tar_samples import MAX_MEMBER_BYTES
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
-from shardio.store.backends import for_path
+from shardio.store.root import Place, open_input
 from shardio.store.base import FileInfo, Storage
 
 __all__ = ["FolderFile", "FolderFingerprint", "FolderSource", "IgnoredFiles", "folder_source",
@@ -185,10 +185,11 @@ class FolderSource(Protocol):
     def check_listed(self, etag: str) -> None: ...  # InputError if it changed since the plan's listing
 
 
-def folder_source(path: str) -> FolderSource:
-    """The folder at ``path`` (a local directory, or a prefix URL ending in ``/``), its backend chosen once."""
-    storage = for_path(path)
-    return _LocalFolder(path) if storage.is_local else _ObjectFolder(path, storage)
+def folder_source(place: Place) -> FolderSource:
+    """The folder at ``place`` (a local directory, or a prefix URL ending in ``/``; or that input opened
+    already: ``shardio.store.root.open_input``), by its backend."""
+    folder = open_input(place)
+    return _LocalFolder(folder.path) if folder.is_local else _ObjectFolder(folder.path, folder.storage)
 
 
 def _extension(relative: str) -> str:
@@ -362,13 +363,16 @@ class _Stem:
     left_out: bool = False
 
 
-def iter_folder_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+def iter_folder_samples(place: Place, cfg: JobConfig, size: int | None = None, etag: str = "",
                         extent: InputExtent | None = None, class_ids: Mapping[str, int] | None = None,
                         ) -> Iterator[RawSample | SampleProblem]:
-    """Yield each image file under the folder ``path`` as a sample (the module docstring's rules); ``etag``:
-    a prefix's listing digest when the plan saw it (``FolderFingerprint.etag``); ``class_ids``: the
-    dataset's class table (name -> id) under ``folder_classes`` (None: the folder's own sorted order)."""
-    source = folder_source(path)
+    """Yield each image file under the folder ``place`` (its path, or the input opened already) as a sample
+    (the module docstring's rules); ``etag``: a prefix's listing digest when the plan saw it
+    (``FolderFingerprint.etag``); ``class_ids``: the dataset's class table (name -> id) under
+    ``folder_classes`` (None: the folder's own sorted order)."""
+    folder = open_input(place)
+    path = folder.path
+    source = folder_source(folder)
     try:
         files = source.files()
         source.check_listed(etag)

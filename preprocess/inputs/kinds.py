@@ -30,8 +30,8 @@ them (``glob_takes_folders``); a folder inside another one taken is part of it, 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from preprocess.config import JobConfig
 from preprocess.inputs.first_bytes import HEAD_BYTES, looks_like
@@ -39,17 +39,18 @@ from preprocess.inputs.folder_samples import iter_folder_samples
 from preprocess.inputs.parquet_samples import PARQUET_SUFFIXES, is_parquet_head, iter_parquet_samples
 from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
 from preprocess.inputs.tar_samples import TAR_SUFFIXES, is_tar_head, iter_tar_samples
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_input
 
 __all__ = ["InputKind", "INPUT_KINDS", "HEAD_BYTES", "TAR_SUFFIXES", "claimed_kind", "kind_of", "looks_like",
            "accepted_kinds", "glob_takes", "glob_takes_folders", "glob_kinds", "FOLDER_KIND", "input_kind",
-           "samples_of", "SampleReader", "strip_kind_suffix", "NumberedClasses"]
+           "samples_of", "SampleReader", "strip_kind_suffix", "KindReader"]
 
-# An input's samples: (path or URL, config, size and ETag as listed (size None: not listed, found by the
-# reader), the ``InputExtent`` the reader says how far it is through the input in (or None: a reader that
-# cannot tell, such as a Python source's, leaves it unset) -> samples in the input's order.
+# An input's samples: (the input as the worker opened it (``shardio.store.root.open_input``), or its path or
+# URL; config; size and ETag as listed (size None: not listed, found by the reader); the ``InputExtent`` the
+# reader says how far it is through the input in (or None: a reader that cannot tell, such as a Python
+# source's, leaves it unset)) -> samples in the input's order.
 # Raises ``shardio.errors.InputError`` naming the input if the input itself cannot be read.
-SampleReader = Callable[[str, JobConfig, "int | None", str, "InputExtent | None"],
+SampleReader = Callable[[Place, JobConfig, "int | None", str, "InputExtent | None"],
                         Iterator[RawSample | SampleProblem]]
 
 
@@ -65,7 +66,7 @@ class InputKind:
     is_folder: bool = False  # a directory or prefix named as an INPUT (no suffix, no first bytes)
 
 
-def _tar_samples(path: str, cfg: JobConfig, size: int, etag: str,
+def _tar_samples(path: Place, cfg: JobConfig, size: int, etag: str,
                  extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
     # An object is read at the size and ETag its LIST found (no HEAD; a replaced object fails the input).
     return iter_tar_samples(path, cfg.image_extensions, size=size, etag=etag, extent=extent)
@@ -83,6 +84,7 @@ INPUT_KINDS: tuple[InputKind, ...] = (
               "folders of image files (image_extensions)", is_folder=True),
 )
 FOLDER_KIND = next(kind for kind in INPUT_KINDS if kind.is_folder)
+_KIND_NAMED = {kind.name: kind for kind in INPUT_KINDS}
 
 
 def claimed_kind(name: str) -> InputKind | None:
@@ -123,11 +125,13 @@ def strip_kind_suffix(name: str) -> str:
     return name
 
 
-def input_kind(path: str, size: int | None = None) -> InputKind:
-    """The kind of the input at ``path``: claimed by its name, else a folder (a local directory, or a URL
-    ending in ``/``: a prefix, as ``preprocess.inputs.resolve`` names one), else told from its first bytes (one
-    read); bytes no kind takes go to the tar reader, which says what they look like."""
-    backend = for_path(path)
+def input_kind(place: Place, size: int | None = None) -> InputKind:
+    """The kind of the input at ``place`` (its path, or the input opened already): claimed by its name, else a
+    folder (a local directory, or a URL ending in ``/``: a prefix, as ``preprocess.inputs.resolve`` names
+    one), else told from its first bytes (one read); bytes no kind takes go to the tar reader, which says what
+    they look like."""
+    source = open_input(place)
+    path, backend = source.path, source.storage
     kind = claimed_kind(path)  # a name's word first: a directory named x.tar fails as the tar it claims to be
     if kind is None and (path.endswith("/") or backend.is_local and os.path.isdir(path)):
         return FOLDER_KIND
@@ -141,28 +145,35 @@ def input_kind(path: str, size: int | None = None) -> InputKind:
     return kind
 
 
-def samples_of(path: str, cfg: JobConfig, size: int, etag: str = "",
+def samples_of(place: Place, cfg: JobConfig, size: int, etag: str = "",
                extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
-    """The samples of the input at ``path``, by the reader of its kind (``input_kind``); ``extent``, when
-    given, is told how far the reader is through the input (progress)."""
-    return input_kind(path, size).samples(path, cfg, size, etag, extent)
+    """The samples of the input at ``place`` (its path, or the input opened already: opened here once, and
+    its kind's reader given it), by the reader of its kind (``input_kind``); ``extent``, when given, is told
+    how far the reader is through the input (progress)."""
+    source = open_input(place)
+    return input_kind(source, size).samples(source, cfg, size, etag, extent)
 
 
 @dataclass(frozen=True)
-class NumberedClasses:
-    """A ``SampleReader``: each input by the reader of its kind, a folder's classes numbered by the dataset's
-    class table (name -> id: ``shardio.format.spec``, "Classes") instead of the folder's own order. The job
-    gives its tasks one (put in Ray's object store once) under ``folder_classes``; other kinds are read as
-    ``samples_of`` reads them."""
+class KindReader:
+    """A ``SampleReader`` for a run's paths: each input by the reader of its kind, as the driver found it where
+    the input's name claims none (``told``: path -> kind name, from the first bytes the run's resolution read
+    once, ``ResolvedInputs.kinds``: the task does not read them again); under ``folder_classes`` a folder's
+    classes numbered by the dataset's class table (``class_ids``, name -> id: ``shardio.format.spec``,
+    "Classes") instead of the folder's own order. The job gives its tasks one (put in Ray's object store
+    once); without either, ``samples_of`` is the reader."""
 
-    class_ids: dict[str, int]
+    told: Mapping[str, str] = field(default_factory=dict)
+    class_ids: Mapping[str, int] | None = None
 
-    def __call__(self, path: str, cfg: JobConfig, size: int | None, etag: str,
+    def __call__(self, place: Place, cfg: JobConfig, size: int | None, etag: str,
                  extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
-        kind = input_kind(path, size)
-        if kind.is_folder:
-            return iter_folder_samples(path, cfg, size, etag, extent, class_ids=self.class_ids)
-        return kind.samples(path, cfg, size, etag, extent)
+        source: DatasetRoot = open_input(place)
+        told = self.told.get(source.path)
+        kind = _KIND_NAMED[told] if told else input_kind(source, size)
+        if kind.is_folder and self.class_ids is not None:
+            return iter_folder_samples(source, cfg, size, etag, extent, class_ids=self.class_ids)
+        return kind.samples(source, cfg, size, etag, extent)
 
 
 def accepted_kinds() -> str:

@@ -55,7 +55,7 @@ from preprocess.inputs.raw_sample import SAMPLES, InputExtent, RawSample, Sample
 from shardio.errors import InputError, ShardioError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_input
 
 __all__ = ["PARQUET_SUFFIXES", "is_parquet_head", "iter_parquet_samples", "ParquetLayout", "parquet_layout",
            "IMAGE_NAMES", "CAPTION_NAMES", "LABEL_NAMES", "BATCH_ROWS"]
@@ -182,10 +182,10 @@ def _is_string(pa: Any, kind: Any) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _open(path: str, size: int, pq: Any) -> tuple[Any, Any]:
+def _open(file: DatasetRoot, size: int, pq: Any) -> tuple[Any, Any]:
     """(ParquetFile, the file object to close). A local file by pyarrow's own reads; an object by ranged
     GETs."""
-    backend = for_path(path)
+    path, backend = file.path, file.storage
     handle: Any = open(path, "rb") if backend.is_local else _RangedObject(path, size, backend)
     try:
         return pq.ParquetFile(handle, memory_map=False, pre_buffer=False), handle
@@ -222,21 +222,24 @@ def _is_io_error(error: OSError) -> bool:
     return error.errno is not None
 
 
-def iter_parquet_samples(path: str, cfg: JobConfig, size: int | None = None, etag: str = "",
+def iter_parquet_samples(source: Place, cfg: JobConfig, size: int | None = None, etag: str = "",
                          extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
-    """Yield each row of the Parquet file at ``path`` as a sample, in file order, or why it is unusable;
-    raise ``InputError`` naming the file (and the rows) if the file or a row group cannot be read."""
+    """Yield each row of the Parquet file at ``source`` (its path, or the input opened already) as a sample,
+    in file order, or why it is unusable; raise ``InputError`` naming the file (and the rows) if the file or
+    a row group cannot be read."""
+    file = open_input(source)
+    path = file.path
     pa, pq = _pyarrow(path)
     if os.path.isdir(path):
         raise InputError(path, "is a directory, not a Parquet file")
     if size is None:
         try:
-            size = for_path(path).file_size(path)
+            size = file.storage.file_size(path)
         except FileNotFoundError:
             raise InputError(path, "no such file", lasting=False) from None
     if size == 0:
         raise InputError(path, "empty file (0 bytes), not a Parquet file")
-    parquet, handle = _open(path, size, pq)
+    parquet, handle = _open(file, size, pq)
     try:
         try:  # the rest of the footer: the schema and the row groups' sizes
             schema = parquet.schema_arrow

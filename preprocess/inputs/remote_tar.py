@@ -34,7 +34,6 @@ import tempfile
 import threading
 from typing import Any
 
-from shardio.store.backends import for_path
 from shardio.errors import InputError
 from shardio.store.scratch import scratch_dir
 
@@ -60,12 +59,13 @@ class SpooledObject:
     """One object being downloaded into an anonymous scratch file; ``pread`` waits for its range.
 
     A context manager: leaving it stops the download (after the requests in flight) and frees the file.
-    ``backend`` is the object's ``Storage`` (``read_range``, ``info``); tests pass a stand-in.
+    ``backend`` is the object's ``Storage`` (``read_range``, ``info``), the one its input was opened with;
+    tests pass a stand-in.
     """
 
-    def __init__(self, url: str, size: int, etag: str = "", backend: Any = None) -> None:
+    def __init__(self, url: str, size: int, etag: str = "", *, backend: Any) -> None:
         self.url, self.size, self.etag = url, size, etag
-        self._backend = backend if backend is not None else for_path(url)
+        self._backend = backend
         self._plan = chunk_plan(size, CHUNK_BYTES)
         self._file = tempfile.TemporaryFile(dir=scratch_dir(), prefix=".shardio-spool-")
         self._fd = self._file.fileno()

@@ -58,11 +58,10 @@ from braceexpand import braceexpand
 from preprocess.config import JobConfig
 from preprocess.inputs.folder_samples import FolderFingerprint, FolderSource, folder_source, no_image_reason
 from preprocess.inputs.kinds import (HEAD_BYTES, TAR_SUFFIXES, accepted_kinds, claimed_kind, glob_kinds, glob_takes,
-                                   glob_takes_folders, kind_of, looks_like)
+                                   glob_takes_folders, kind_of, looks_like, FOLDER_KIND)
 from preprocess.inputs.local_glob import local_glob
-from shardio.store.backends import for_path
-from shardio.store.base import FileInfo
-from shardio.store.paths import check_local
+from shardio.store.base import FileInfo, Storage
+from shardio.store.root import DatasetRoot, open_input
 from shardio.errors import NoInputsMatched, UnsupportedInput
 
 __all__ = ["resolve_inputs", "ResolvedInputs", "InputFingerprint", "NoInputsMatched", "TAR_SUFFIXES",
@@ -96,6 +95,9 @@ class ResolvedInputs:
     # folder input -> the names of its first-level sub-folders, sorted (``FolderSource.classes``), from the
     # listing that took its fingerprint: what a run's class table learns (``preprocess.inputs.class_table``)
     classes: dict[str, list[str]] = field(default_factory=dict)
+    # input -> its kind's name, for the inputs whose name claims none: a folder, or what the first bytes read
+    # here once say (the tasks are told it: ``preprocess.inputs.kinds.KindReader``)
+    kinds: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_inputs(patterns: list[str],
@@ -107,24 +109,25 @@ def resolve_inputs(patterns: list[str],
     found: set[str] = set()
     ignored: set[str] = set()
     failed: list[dict[str, str]] = []
-    remote = _RemoteLookup(patterns, image_extensions)
+    # Each expansion opened once, here: its backend chosen, then asked (a URL listed, a local path walked).
+    opened = [(pattern, [(expanded, open_input(expanded)) for expanded in braceexpand(pattern)])
+              for pattern in patterns]
+    remote = _RemoteLookup([e for _, expansions in opened for _, e in expansions], image_extensions)
     on_disk = _LocalLookup(image_extensions)
-    for pattern in patterns:
-        expansions = list(braceexpand(pattern))
-        is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e in expansions)
+    for pattern, expansions in opened:
+        is_pattern = len(expansions) > 1 or any(_GLOB_CHARS & set(e) for e, _ in expansions)
         matched: set[str] = set()
         pattern_failed: list[dict[str, str]] = []
         pattern_ignored: set[str] = set()
         imageless = [0]  # folders a glob matched that hold no image file (said when nothing matched)
-        for expanded in expansions:
-            if not for_path(expanded).is_local:
-                remote.resolve(expanded, matched, pattern_ignored, pattern_failed, imageless)
+        for expanded, place in expansions:
+            if not place.is_local:
+                remote.resolve(place, matched, pattern_ignored, pattern_failed, imageless)
                 continue
-            local = check_local(expanded)
-            if _GLOB_CHARS & set(local):
-                on_disk.glob(local, matched, pattern_ignored, pattern_failed, imageless)
+            if _GLOB_CHARS & set(place.path):
+                on_disk.glob(place, matched, pattern_ignored, pattern_failed, imageless)
             else:
-                problem = on_disk.named(local, matched)
+                problem = on_disk.named(place, matched)
                 if problem:
                     pattern_failed.append({"input": expanded, "reason": problem})
         if is_pattern and not matched:
@@ -147,13 +150,14 @@ def resolve_inputs(patterns: list[str],
     for path in nested:
         listed.pop(path, None)
     listed.update((url, remote.listed[url]) for url in found if url in remote.listed)
-    _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    told = _refuse_unreadable([path for path in found if claimed_kind(path) is None and path not in folders], listed)
+    told.update((path, FOLDER_KIND.name) for path in folders)  # a task is told it, and never stats it again
     fingerprints = {**on_disk.fingerprints, **remote.fingerprints}
     files_ignored = [{"input": path, "reason": entry.reason, "files": entry.files, "first": entry.first}
                      for path in sorted(folders) if path in fingerprints for entry in fingerprints[path].ignored]
     classes = {**on_disk.classes, **remote.classes}
     return ResolvedInputs(sorted(found), failed, sorted(ignored - found), listed, on_disk.links - nested, folders,
-                          files_ignored, {path: classes[path] for path in folders if path in classes})
+                          files_ignored, {path: classes[path] for path in folders if path in classes}, told)
 
 
 def _inside(path: str, folders: set[str]) -> bool:
@@ -163,23 +167,28 @@ def _inside(path: str, folders: set[str]) -> bool:
     return any("/".join(parts[:depth]) + suffix in folders for depth in range(1, len(parts)))
 
 
-def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> None:
+def _refuse_unreadable(unclaimed: list[str], listed: dict[str, InputFingerprint]) -> dict[str, str]:
     """Read the first bytes of each input whose name claims no kind (only an INPUT named explicitly can
-    be one); raise ``UnsupportedInput`` naming those no kind takes (``preprocess.inputs.kinds``). A file
-    that cannot be read now is left to the task, which names it as a failed input."""
-    refused = []
+    be one, opened here to read its head); raise ``UnsupportedInput`` naming those no kind takes
+    (``preprocess.inputs.kinds``). A file that cannot be read now is left to the task, which names it as a
+    failed input. Returns the kind's name of each one read (path -> kind), for the tasks to be told."""
+    refused, told = [], {}
     for path in sorted(unclaimed):
         size = listed[path].size if path in listed else HEAD_BYTES
         try:
-            head = for_path(path).read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
+            head = open_input(path).storage.read_range(path, 0, min(size, HEAD_BYTES)) if size else b""
         except OSError:
             continue
-        if kind_of(head) is None:
+        kind = kind_of(head)
+        if kind is None:
             refused.append(f"{path}: {looks_like(head)}, not an input preprocess reads")
+        else:
+            told[path] = kind.name
     if refused:
         more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
         raise UnsupportedInput(f"{'; '.join(refused[:5])}{more}. INPUT takes: {accepted_kinds()}; nothing was "
                                "read or written")
+    return told
 
 
 class _LocalLookup:
@@ -194,8 +203,9 @@ class _LocalLookup:
         self.fingerprints: dict[str, FolderFingerprint] = {}  # of those folders (what each leaves aside)
         self.classes: dict[str, list[str]] = {}  # their first-level sub-folders (``FolderSource.classes``)
 
-    def glob(self, pattern: str, matched: set[str], ignored: set[str], failed: list[dict[str, str]],
+    def glob(self, opened: DatasetRoot, matched: set[str], ignored: set[str], failed: list[dict[str, str]],
              imageless: list[int]) -> None:
+        pattern = opened.path
         files = 0
         matched_folders: dict[str, bool] = {}  # path -> is a link
         for file in local_glob(pattern, folders=glob_takes_folders(pattern)):
@@ -212,7 +222,7 @@ class _LocalLookup:
         for path in sorted(matched_folders):
             if _inside(path, self.folders):  # a folder inside a folder input is part of it
                 continue
-            taken = self._images_folder(path)
+            taken = self._images_folder(opened.at(path))
             if taken is None:
                 imageless[0] += 1
             else:
@@ -220,13 +230,13 @@ class _LocalLookup:
         if not files:
             failed.append({"input": pattern, "reason": "glob matched no files"})
 
-    def _images_folder(self, path: str) -> tuple[FolderSource, FolderFingerprint] | None:
+    def _images_folder(self, folder: DatasetRoot) -> tuple[FolderSource, FolderFingerprint] | None:
         """A folder a glob matched that holds image files, with its fingerprint, or None (no image, or
         unreadable). Its names are read first (no stat per file: ``data/**`` over a tree of tars stats
         nothing), its walk with a stat per file only for a folder taken."""
-        if claimed_kind(path) is not None:  # a folder named x.tar is no folder input
+        if claimed_kind(folder.path) is not None:  # a folder named x.tar is no folder input
             return None
-        source = folder_source(path)
+        source = folder_source(folder)
         try:
             if not source.holds_images(self.image_extensions):
                 return None
@@ -245,9 +255,10 @@ class _LocalLookup:
         if link:
             self.links.add(path)
 
-    def named(self, local: str, matched: set[str]) -> str:
+    def named(self, opened: DatasetRoot, matched: set[str]) -> str:
         """Take a path named explicitly with one ``lstat`` (a symlink: one ``stat`` more; a folder: a walk,
         a stat per file); returns why it is not an input, or ""."""
+        local = opened.path
         try:
             info = os.lstat(local)
             link = stat.S_ISLNK(info.st_mode)
@@ -263,7 +274,7 @@ class _LocalLookup:
             # of tars, say) is refused, saying what it looked for; one named as a file kind (x.tar) too.
             if claimed_kind(path) is not None:
                 return "is a directory; pass DIR/*.tar"
-            source = folder_source(path)
+            source = folder_source(opened.at(path))
             try:
                 fingerprint = source.fingerprint(self.image_extensions)
                 if not fingerprint.images:
@@ -336,7 +347,7 @@ def _hidden_mismatch(pattern_rest: str, path_rest: str) -> bool:
 class _RemoteLookup:
     """URLs resolved by listing, each folder listed at most once per ``resolve_inputs`` call."""
 
-    def __init__(self, patterns: list[str], image_extensions: tuple[str, ...]) -> None:
+    def __init__(self, expansions: list[DatasetRoot], image_extensions: tuple[str, ...]) -> None:
         self.listed: dict[str, InputFingerprint] = {}
         self.folders: set[str] = set()  # prefixes named as INPUTs that hold images, each named "URL/"
         self.fingerprints: dict[str, FolderFingerprint] = {}  # of those prefixes
@@ -345,19 +356,18 @@ class _RemoteLookup:
         self._listings: dict[tuple[str, bool], dict[str, FileInfo]] = {}
         # Explicit URLs (no glob) per folder: a folder named more than once is listed, not HEADed per name.
         self._named: dict[str, set[str]] = {}
-        for pattern in patterns:
-            for expanded in braceexpand(pattern):
-                if not for_path(expanded).is_local and not _GLOB_CHARS & set(expanded):
-                    self._named.setdefault(expanded.rsplit("/", 1)[0], set()).add(expanded)
+        for expanded in expansions:
+            if not expanded.is_local and not _GLOB_CHARS & set(expanded.path):
+                self._named.setdefault(expanded.path.rsplit("/", 1)[0], set()).add(expanded.path)
 
-    def _listing(self, folder: str, recursive: bool) -> dict[str, FileInfo]:
+    def _listing(self, store: Storage, folder: str, recursive: bool) -> dict[str, FileInfo]:
         key = (folder, recursive)
         if key not in self._listings:
             if not recursive and (folder, True) in self._listings:  # a deeper listing covers this one
                 self._listings[key] = {p: f for p, f in self._listings[(folder, True)].items()
                                        if "/" not in p[len(folder) + 1 :]}
             else:
-                files = for_path(folder).list_files(folder, recursive=recursive)
+                files = store.list_files(folder, recursive=recursive)
                 self._listings[key] = {f.path: f for f in files}
         return self._listings[key]
 
@@ -365,10 +375,11 @@ class _RemoteLookup:
         self.listed[info.path] = InputFingerprint(info.size, info.mtime_ns, info.version)
         return info.path
 
-    def resolve(self, url: str, matched: set[str], ignored: set[str], failed: list[dict[str, str]],
+    def resolve(self, opened: DatasetRoot, matched: set[str], ignored: set[str], failed: list[dict[str, str]],
                 imageless: list[int]) -> None:
+        url, store = opened.path, opened.storage
         if not _GLOB_CHARS & set(url):
-            self._resolve_named(url, matched, failed)
+            self._resolve_named(opened, matched, failed)
             return
         first = min(url.index(c) for c in _GLOB_CHARS if c in url)
         folder = url[:first].rsplit("/", 1)[0]
@@ -377,7 +388,7 @@ class _RemoteLookup:
         rest = url.rstrip("/")[len(folder) + 1 :]
         recursive = "/" in rest or "**" in rest
         regex = _glob_regex(url.rstrip("/"))
-        listing = self._listing(folder, recursive)
+        listing = self._listing(store, folder, recursive)
         files = [] if url.endswith("/") else [
             info for path, info in listing.items()
             if regex.match(path) and not _hidden_mismatch(rest, path[len(folder) + 1 :])]
@@ -386,7 +397,7 @@ class _RemoteLookup:
         prefixes = []
         if glob_takes_folders(url):
             below = (self._prefixes_below(folder, listing) if recursive else
-                     {f"{folder}/{name}" for name in for_path(folder).list_dir(folder)} - set(listing))
+                     {f"{folder}/{name}" for name in store.list_dir(folder)} - set(listing))
             prefixes = [prefix for prefix in below if regex.match(prefix)
                         and not _hidden_mismatch(rest, prefix[len(folder) + 1 :])]
             checked: set[str] = set()
@@ -394,7 +405,7 @@ class _RemoteLookup:
                 # A prefix inside one checked is part of it (no links on object storage: no image there either).
                 if not _inside(prefix, checked | self.folders):
                     checked.add(prefix)
-                    imageless[0] += not self._take_folder(prefix, matched)
+                    imageless[0] += not self._take_folder(opened.at(prefix), matched)
         if not files and not prefixes:
             failed.append({"input": url, "reason": "glob matched no objects"})
 
@@ -408,11 +419,12 @@ class _RemoteLookup:
                 found.add(f"{folder}/{'/'.join(parts[:depth])}")
         return found
 
-    def _take_folder(self, name: str, matched: set[str], source: FolderSource | None = None) -> bool:
-        """Take the prefix ``name`` (ending in "/") as a folder input if it holds images; one LIST."""
+    def _take_folder(self, prefix: DatasetRoot, matched: set[str], source: FolderSource | None = None) -> bool:
+        """Take the prefix (its path ending in "/") as a folder input if it holds images; one LIST."""
+        name = prefix.path
         if claimed_kind(name.rstrip("/")) is not None:
             return False
-        source = source or folder_source(name)
+        source = source or folder_source(prefix)
         fingerprint = source.fingerprint(self._image_extensions)
         if not fingerprint.images:
             return False
@@ -423,30 +435,32 @@ class _RemoteLookup:
         matched.add(name)
         return True
 
-    def _resolve_named(self, url: str, matched: set[str], failed: list[dict[str, str]]) -> None:
+    def _resolve_named(self, opened: DatasetRoot, matched: set[str], failed: list[dict[str, str]]) -> None:
+        url, store = opened.path, opened.storage
         if url.endswith("/"):
-            self._resolve_folder(url, matched, failed)
+            self._resolve_folder(opened, matched, failed)
             return
         folder = url.rsplit("/", 1)[0]
         if len(self._named.get(folder, ())) > 1 or (folder, False) in self._listings:
-            info = self._listing(folder, False).get(url)
+            info = self._listing(store, folder, False).get(url)
             if info is not None:
                 matched.add(self._found(info))
             else:
-                self._resolve_folder(url, matched, failed)
+                self._resolve_folder(opened, matched, failed)
             return
         try:
-            matched.add(self._found(for_path(url).info(url)))
+            matched.add(self._found(store.info(url)))
         except FileNotFoundError:
-            self._resolve_folder(url, matched, failed)
+            self._resolve_folder(opened, matched, failed)
 
-    def _resolve_folder(self, url: str, matched: set[str], failed: list[dict[str, str]]) -> None:
+    def _resolve_folder(self, opened: DatasetRoot, matched: set[str], failed: list[dict[str, str]]) -> None:
         """A URL that names no object: a prefix holding images is one folder input, named ``URL/``, its
         fingerprint from one paged listing (``preprocess.inputs.folder_samples``); a name claiming a file kind
         (``x.tar``) is never taken as a folder, as locally."""
-        name = url.rstrip("/") + "/"
-        source = folder_source(name)
-        if self._take_folder(name, matched, source):
+        url = opened.path
+        prefix = opened.at(url.rstrip("/") + "/")
+        source = folder_source(prefix)
+        if self._take_folder(prefix, matched, source):
             return
         names = [file.relative for file in source.files()]
         if not names:

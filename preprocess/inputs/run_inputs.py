@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 from preprocess.inputs.class_table import extend_class_table, folder_class_names
 from preprocess.config import JobConfig
-from preprocess.inputs.kinds import NumberedClasses, SampleReader
+from preprocess.inputs.kinds import KindReader, SampleReader
 from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs, resolve_inputs
 from preprocess.plan import check_output_apart
 from preprocess.inputs.sources import Source
 from shardio.errors import NoInputsMatched
 from shardio.write.editable_index import EditableIndex
+from shardio.store.root import DatasetRoot
 
 __all__ = ["PathInputs", "SourceInputs", "RunInputs", "resolve_run_inputs"]
 
@@ -31,18 +32,22 @@ class PathInputs:
     resolved: ResolvedInputs
     class_names: dict[str, set[str]] = field(default_factory=dict)
 
-    def check_apart(self, directory: str) -> None:
+    def check_apart(self, output: DatasetRoot) -> None:
         """``OutputUnusable`` if an input lies in the output directory (``plan.check_output_apart``)."""
-        check_output_apart(directory, self.resolved)
+        check_output_apart(output, self.resolved)
 
     def files(self, todo: list[tuple[str, InputFingerprint]]) -> list[str]:
         """The inputs every node must be able to read (``preprocess.cluster.cluster_access``)."""
         return [path for path, _ in todo]
 
     def reader(self, index: EditableIndex, todo: list[tuple[str, InputFingerprint]]) -> SampleReader | None:
-        """None: each kind's own reader (``samples_of``); with folder classes, the dataset's class table with
-        this run's new names appended, before any task (spec, "Classes")."""
-        return NumberedClasses(extend_class_table(index, self.class_names, todo)) if self.class_names else None
+        """The kinds the resolution read of the inputs whose name claims none (``ResolvedInputs.kinds``: the
+        tasks are told, never read them again) and, with folder classes, the dataset's class table with this
+        run's new names appended, before any task (spec, "Classes"); None where there is neither: each kind's
+        own reader (``samples_of``)."""
+        class_ids = extend_class_table(index, self.class_names, todo) if self.class_names else None
+        told = self.resolved.kinds
+        return KindReader(told, class_ids) if told or class_ids is not None else None
 
 
 @dataclass
@@ -52,7 +57,7 @@ class SourceInputs:
     resolved: ResolvedInputs
     source: Source
 
-    def check_apart(self, directory: str) -> None:
+    def check_apart(self, output: DatasetRoot) -> None:
         """Nothing to check: a source's inputs are names, not files near the output."""
 
     def files(self, todo: list[tuple[str, InputFingerprint]]) -> list[str]:

@@ -113,9 +113,11 @@ class _SourceReader:
     def __init__(self, name: str, samples: Callable[[SourceInput], Iterable[Sample]]) -> None:
         self.name, self.samples = name, samples
 
-    def __call__(self, path: str, cfg: JobConfig, size: int, etag: str,
+    def __call__(self, place: Any, cfg: JobConfig, size: int, etag: str,
                  extent: InputExtent | None = None) -> Iterator[RawSample | SampleProblem]:
-        """``extent`` stays unset: a source's function says nothing of how far it is."""
+        """``extent`` stays unset: a source's function says nothing of how far it is. ``place``: the input's
+        name, as a string or as the worker opened it (a name is never read as a file)."""
+        path = str(place)
         item = SourceInput(path[len(self.name) + 1 :], etag)
         seen: set[str] = set()
         try:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from preprocess.inputs.first_bytes import HEAD_BYTES, looks_like
 from preprocess.inputs.raw_sample import BYTES, InputExtent, RawSample, SampleProblem
 from preprocess.inputs.remote_tar import SpooledObject
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_input
 from shardio.errors import InputError
 from shardio.failure_reasons import FailureCode
 from shardio.format import escape_name
@@ -168,9 +168,10 @@ def _kind(info: tarfile.TarInfo) -> str:
     return "file" if info.isfile() and not info.issparse() else "special file"
 
 
-def _check_size(path: str) -> int:
+def _check_size(tar: DatasetRoot) -> int:
+    path = tar.path
     try:
-        size = for_path(path).file_size(path)
+        size = tar.storage.file_size(path)
     except FileNotFoundError:
         raise InputError(path, "no such file", lasting=False) from None
     except OSError as e:
@@ -220,16 +221,18 @@ def _walk_headers(
         raise InputError(path, f"{end_problem}; re-download or re-create it")
 
 
-def index_tar(path: str) -> TarIndex | None:
+def index_tar(source: Place) -> TarIndex | None:
     """The index pass: every member header of the tar at ``path``, reading no member data.
 
     None for a compressed tar (``.tar.gz``...): its members can only be read in order, as they stream by
     (``iter_tar_samples`` does that). Raises ``InputError`` as ``iter_tar_samples`` does. A URL is
     downloaded to scratch for it (the index of an object is only useful to ``diagnose``).
     """
-    archive_bytes = _check_size(path)
-    if not for_path(path).is_local:
-        with SpooledObject(path, archive_bytes) as spool:
+    tar = open_input(source)
+    path = tar.path
+    archive_bytes = _check_size(tar)
+    if not tar.is_local:
+        with SpooledObject(path, archive_bytes, backend=tar.storage) as spool:
             raw = spool.reader()
             try:
                 if _is_compressed(raw):
@@ -237,14 +240,15 @@ def index_tar(path: str) -> TarIndex | None:
             except _READ_ERRORS as e:
                 raise _not_readable(path, e, "(none)", spool.pread(HEAD_BYTES, 0)) from e
             return TarIndex(path, list(_walk_members(path, raw, spool.pread, archive_bytes)))
-    with _open_input(path) as raw:
+    with _open_input(tar) as raw:
         members = _index_open(path, raw, archive_bytes)
     return None if members is None else TarIndex(path, members)
 
 
-def _open_input(path: str) -> BinaryIO:
+def _open_input(tar: DatasetRoot) -> BinaryIO:
+    path = tar.path
     try:
-        return for_path(path).open_read(path)
+        return tar.storage.open_read(path)
     except OSError as e:  # a directory, no permission
         raise InputError(path, f"not a readable tar ({e.strerror or e}; last good member: (none))",
                          lasting=False) from e
@@ -388,10 +392,11 @@ def _group(
 
 
 def iter_tar_samples(
-    path: str, image_extensions: tuple[str, ...], index: TarIndex | None = None, size: int | None = None,
+    source: Place, image_extensions: tuple[str, ...], index: TarIndex | None = None, size: int | None = None,
     etag: str = "", extent: InputExtent | None = None,
 ) -> Iterator[RawSample | SampleProblem]:
-    """Yield each sample of the tar at ``path`` in tar order, or the reason it cannot be used.
+    """Yield each sample of the tar at ``source`` (its path, or the input opened already) in tar order, or the
+    reason it cannot be used.
 
     Raises ``InputError`` if the file is missing, empty, not a tar, or truncated (including a tar cut
     exactly at a member boundary, caught by its missing end-of-archive blocks). An uncompressed tar is
@@ -407,12 +412,14 @@ def iter_tar_samples(
     compressed bytes consumed, for a compressed tar), out of the file's size.
     """
     extent = extent or InputExtent()
-    if not for_path(path).is_local:
-        yield from _iter_remote(path, image_extensions, size, etag, extent)
+    tar = open_input(source)  # a no-op for an input the caller opened
+    path = tar.path
+    if not tar.is_local:
+        yield from _iter_remote(tar, image_extensions, size, etag, extent)
         return
-    archive_bytes = _check_size(path)
+    archive_bytes = _check_size(tar)
     extent.expect(archive_bytes, BYTES)
-    with _open_input(path) as raw:
+    with _open_input(tar) as raw:
         # Indexed and read through one open file: a tar replaced under the same path in between cannot
         # mix two archives' offsets and bytes.
         members = index.members if index is not None else _index_open(path, raw, archive_bytes)
@@ -421,17 +428,18 @@ def iter_tar_samples(
             yield from _read_ranges(path, lambda length, offset: os.pread(fd, length, offset), iter(members),
                                     image_extensions, extent)
             return
-    yield from _stream_compressed(path, image_extensions, lambda: for_path(path).open_read(path), extent)
+    yield from _stream_compressed(path, image_extensions, lambda: tar.storage.open_read(path), extent)
 
 
 def _iter_remote(
-    path: str, image_extensions: tuple[str, ...], size: int | None, etag: str, extent: InputExtent
+    tar: DatasetRoot, image_extensions: tuple[str, ...], size: int | None, etag: str, extent: InputExtent
 ) -> Iterator[RawSample | SampleProblem]:
-    archive_bytes = _check_size(path) if size is None else size
+    path = tar.path
+    archive_bytes = _check_size(tar) if size is None else size
     if archive_bytes == 0:
         raise InputError(path, "empty object (0 bytes), not a tar")
     extent.expect(archive_bytes, BYTES)
-    with SpooledObject(path, archive_bytes, etag) as spool:
+    with SpooledObject(path, archive_bytes, etag, backend=tar.storage) as spool:
         raw = spool.reader()
         try:
             compressed = _is_compressed(raw)

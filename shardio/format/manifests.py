@@ -30,8 +30,8 @@ from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import (parse_json, root_classes, root_dataset_id, root_generation, root_name_fence,
                                         root_shape)
 from shardio.format.spec import FORMAT_NAME, INDEX_VERSIONS, MANIFEST_NAME, MANIFESTS_DIR, SHARDS_DIR
-from shardio.store.backends import for_path
 from shardio.store.base import Storage
+from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.holders import writer_holding
 
 __all__ = ["DatasetIndex", "generation_path", "list_generations", "load_index", "load_manifest", "open_segment",
@@ -72,14 +72,22 @@ class DatasetIndex(ConfigDerived):
         return self.shards.committed_inputs()
 
 
-def generation_path(directory: str, generation: int) -> str:
+def generation_path(place: Place, generation: int) -> str:
     """``DIR/manifests/GEN.json``: the file generation ``generation`` is committed as, once."""
-    return for_path(directory).join(directory, MANIFESTS_DIR, f"{generation:010d}.json")
+    return _generation_path(open_root(place), generation)
 
 
-def list_generations(directory: str) -> list[int]:
+def _generation_path(root: DatasetRoot, generation: int) -> str:
+    return root.join(MANIFESTS_DIR, f"{generation:010d}.json")
+
+
+def list_generations(place: Place) -> list[int]:
     """The generations with a file in ``DIR/manifests/``, oldest first (temp files and strays ignored)."""
-    store = for_path(directory)
+    return _generations(open_root(place))
+
+
+def _generations(root: DatasetRoot) -> list[int]:
+    store, directory = root.storage, root.path
     found = []
     for name in store.list_dir(store.join(directory, MANIFESTS_DIR)):
         stem, dot, ext = name.partition(".")
@@ -88,12 +96,13 @@ def list_generations(directory: str) -> list[int]:
     return sorted(found)
 
 
-def read_root(directory: str, generation: int | None = None) -> dict:
+def read_root(place: Place, generation: int | None = None) -> dict:
     """The JSON of ``manifest.json`` (or of generation ``generation``'s file) without its segments: a
     version 3 root holds the totals (``samples``, ``shard_count``, ``bytes``...), so ``shardio info``
-    on a dataset of millions of shards reads a few KB."""
-    store = for_path(directory)
-    path = store.join(directory, MANIFEST_NAME) if generation is None else generation_path(directory, generation)
+    on a dataset of millions of shards reads a few KB. ``place``: a path, or a root opened already."""
+    root = open_root(place)
+    path = root.join(MANIFEST_NAME) if generation is None else _generation_path(root, generation)
+    store = root.storage
     doc = parse_json(store.read_bytes(path), path)
     if not isinstance(doc, dict):
         raise ShardFormatError(f"{path}: not a shardio manifest (a JSON {type(doc).__name__})")
@@ -206,26 +215,28 @@ def open_segment(store: Storage, directory: str, ref: SegmentRef, segment_cache:
         raise _segment_missing(segment_file) from e
 
 
-def load_manifest(directory: str, generation: int | None = None) -> Manifest:
+def load_manifest(place: Place, generation: int | None = None) -> Manifest:
     """Read and check ``DIR/manifest.json`` (the current generation), or the kept generation ``generation``
     from ``DIR/manifests/``; errors say whether the directory is empty, mid-write or foreign, and which
-    kept generations can restore a corrupt ``manifest.json``."""
-    return _load(directory, generation, _read_manifest)
+    kept generations can restore a corrupt ``manifest.json``. ``place``: a path, or a root opened already."""
+    return _load(open_root(place), generation, _read_manifest)
 
 
-def load_index(directory: str, generation: int | None = None, segment_cache: str | None = None) -> DatasetIndex:
+def load_index(place: Place, generation: int | None = None,
+               segment_cache: str | None = None) -> DatasetIndex:
     """``load_manifest`` for a reader: the same checks and errors, the shards as columns (a format 3 index's
     segments memory-mapped where local), so opening 2.3M shards costs ~30 bytes a shard, not an object.
     ``segment_cache``: a local directory where an object-store dataset's segments are kept for every process
     of the node (``shardio.format.segment_cache``); None reads them whole each time."""
+    root = open_root(place)
     if segment_cache is None:
-        return _load(directory, generation, _read_index)
-    return _load(directory, generation,
+        return _load(root, generation, _read_index)
+    return _load(root, generation,
                  lambda store, path, folder: _read_index(store, path, folder, segment_cache))
 
 
-def _load(directory: str, generation: int | None, read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
-    store = for_path(directory)
+def _load(root: DatasetRoot, generation: int | None, read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
+    store, directory = root.storage, root.path
     if not store.exists(directory):
         raise ShardFormatError(f"{directory}: no such dataset directory")
     if store.is_file(directory):
@@ -235,9 +246,9 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
             "`preprocess run INPUT... --output DIR` writes (DIR holds manifest.json): pass DIR"
         )
     if generation is not None:
-        path = generation_path(directory, generation)
+        path = _generation_path(root, generation)
         try:
-            return _read_generation(store, directory, generation, path, read)
+            return _read_generation(root, generation, path, read)
         except ShardIntegrityError as e:
             gone = _missing_segment(e)
             if gone is None or store.exists(path):
@@ -246,7 +257,7 @@ def _load(directory: str, generation: int | None, read: Callable[[Storage, str, 
                              "it (nothing is damaged): open the current generation, or keep generations longer "
                              "(--retain-hours, --retain-generations)") from e
     path = store.join(directory, MANIFEST_NAME)
-    kept = list_generations(directory)
+    kept = _generations(root)
     restore = (f"; kept generations: {_describe(kept)}: `preprocess verify {directory} --repair` restores the "
                "newest valid one (so does the next `preprocess run`)") if kept else ""
     if not store.exists(path):
@@ -294,10 +305,11 @@ def _read_current(store: Storage, path: str, directory: str, read: Callable[[Sto
                     "committing and collecting its passing roots; nothing is damaged: open it again") from e
 
 
-def _read_generation(store: Storage, directory: str, generation: int, path: str,
+def _read_generation(root: DatasetRoot, generation: int, path: str,
                      read: Callable[[Storage, str, str], _Loaded]) -> _Loaded:
+    store, directory = root.storage, root.path
     if not store.exists(path):
-        kept = list_generations(directory)
+        kept = _generations(root)
         raise ShardFormatError(
             f"{path}: generation {generation} is not kept (kept: {_describe(kept)}); retention collected it, "
             "or it was never committed: open the current generation, or raise --retain-hours/--retain-generations "

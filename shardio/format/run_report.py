@@ -28,7 +28,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardio.store.backends import for_path
+from shardio.store.root import Place, open_root
 from shardio.errors import EXIT_FAILED, EXIT_OK, signal_exit_code
 from shardio.failure_reasons import count_by_category
 from shardio.format.spec import REPORTS_DIR
@@ -124,10 +124,11 @@ def report_json(report: RunReport) -> bytes:
         return json.dumps(doc, indent=1, ensure_ascii=True, default=str).encode("ascii")
 
 
-def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
+def run_history(place: Place) -> tuple[list[dict[str, Any]], list[str]]:
     """Every readable run report of ``directory`` (as JSON objects), oldest first, and one message per
     unreadable one."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     reports_dir = store.join(directory, REPORTS_DIR)
     runs, problems = [], []
     for name in sorted(store.list_dir(reports_dir)):
@@ -147,12 +148,13 @@ def run_history(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
     return runs, problems
 
 
-def latest_report(directory: str) -> dict[str, Any] | None:
+def latest_report(place: Place) -> dict[str, Any] | None:
     """The newest run report of ``directory``, or None if there is none or it cannot be read: one listing of
     ``reports/`` and a read of the reports of the newest second (a run id starts with its UTC start time to
     the second; among runs started in the same second, the greatest ``started``, written to the
     microsecond, is the newest)."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     reports_dir = store.join(directory, REPORTS_DIR)
     try:
         names = [name for name in store.list_dir(reports_dir) if name.endswith(".json") and not name.startswith(".")]

@@ -29,7 +29,7 @@ from shardio.format.entries import ShardEntry, expected_shard_size
 from shardio.format.raw_shard import parse_npy_header
 from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR, YUV420
 from shardio.format.yuv_shard import parse_yuv_header, yuv_sample_bytes
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot
 from shardio.store.base import FileInfo, Storage
 
 __all__ = ["ListedSizes", "shard_problem", "shard_problems"]
@@ -109,7 +109,7 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
             "(the index and the shard disagree: an edited index, or a shard file from elsewhere)")
 
 
-def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int],
+def shard_problem(root: DatasetRoot, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | ListedSizes | None = None,
                   encoding: str = RAW, bucketed: bool = False) -> str | None:
     """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies (at
@@ -117,8 +117,9 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
     each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte) and the
     shard's header against ``shape`` (``bucketed``: said as the entry's bucket). ``listed``
     (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
-    manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped)."""
-    store = for_path(directory)
+    manifest's (a JPEG shard's size is the listed one; its offsets are checked when it is mapped).
+    ``root``: the dataset's, opened by the caller."""
+    store, directory = root.storage, root.path
     expected = expected_shard_size(entry, shape, encoding)
     if entry.bytes != expected:
         return (f"{store.join(directory, entry.path)}: the manifest lists {entry.bytes} bytes, "
@@ -138,15 +139,15 @@ def shard_problem(directory: str, entry: ShardEntry, shape: tuple[int, int, int]
 _CHUNK = 4096
 
 
-def shard_problems(directory: str, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
+def shard_problems(root: DatasetRoot, manifest: Manifest | DatasetIndex, shards: Iterable[ShardEntry] | None = None,
                    checksums: bool = False, threads: int = 1) -> list[tuple[ShardEntry, str]]:
     """``shard_problem`` for each of ``shards`` (default: every listed shard), as (entry, problem) pairs.
     Both hashes release the GIL while they read (xxh3_128: tens of GB/s a core from cache; an old shard's
     sha256: ~1-2 GB/s), so a few ``threads`` keep a disk busy. Entries are taken ``_CHUNK`` at a time (a
     ``DatasetIndex`` makes each when it is reached), so memory holds a chunk, not the dataset."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     listed: ListedSizes | None = None
-    check = lambda entry: shard_problem(directory, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731
+    check = lambda entry: shard_problem(root, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731
                                         checksums, listed, manifest.encoding, manifest.is_bucketed)
     found: list[tuple[ShardEntry, str]] = []
     entries = iter(manifest.shards if shards is None else shards)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, open_root
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_setup import cache_for, default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
@@ -106,7 +106,7 @@ class ShardDataset(IterableDataset):
 
     def __init__(
         self,
-        path: str,
+        path: str | DatasetRoot,
         batch_size: int,
         *,
         shuffle: bool = False,
@@ -129,9 +129,10 @@ class ShardDataset(IterableDataset):
         decode: str = "cpu",
     ) -> None:
         super().__init__()
-        # Whether the dataset is on this host's disk (memory-mapped in place) or read through a cache:
-        # asked of its backend once, here.
-        self.is_local = for_path(path).is_local
+        # The dataset's root, opened once here: its backend says whether the dataset is on this host's disk
+        # (memory-mapped in place) or read through a cache; what opens a snapshot below is given the root.
+        self.root: DatasetRoot = open_root(path)
+        self.is_local = self.root.is_local
         if self.is_local and (cache_dir is not None or cache_limit is not None):
             raise ValueError(f"{path}: cache_dir and cache_limit are for object-storage URLs (s3://, gs://, az://); "
                              "a local dataset is memory-mapped in place: leave them out")
@@ -155,7 +156,7 @@ class ShardDataset(IterableDataset):
         if decode not in DECODE_CHOICES:
             raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {decode!r}")
         self.decode = decode
-        self.path = path
+        self.path = self.root.path
         self.pin_memory = pin_memory
         self.prefetch = prefetch
         self.batch_size = batch_size
@@ -192,10 +193,10 @@ class ShardDataset(IterableDataset):
         return None if self.is_local else (self.cache_dir or default_cache_dir())
 
     def _open(self, generation: int | None, check_ranks: bool = False) -> None:
-        manifest_path = for_path(self.path).join(self.path, MANIFEST_NAME)
+        manifest_path = self.root.join(MANIFEST_NAME)
         error: ShardError | None = None
         try:
-            snapshot = open_dataset(self.path, verify=self.verify, generation=generation,
+            snapshot = open_dataset(self.root, verify=self.verify, generation=generation,
                                     segment_cache=self._segment_cache())
             if len(snapshot) == 0:
                 raise ShardError(f"{manifest_path}: lists no samples; run preprocess on some inputs first")
@@ -245,7 +246,7 @@ class ShardDataset(IterableDataset):
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
         of shards a new generation keeps are content addressed, found again, not downloaded again)."""
-        cache = cache_for(snapshot.directory, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit,
+        cache = cache_for(snapshot.root, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit,
                           buckets=snapshot.buckets if snapshot.is_bucketed else None)
         self.cache_limit = cache.limit  # the default, resolved once
         snapshot.cache = cache
@@ -299,7 +300,7 @@ class ShardDataset(IterableDataset):
     def _newest_generation(self) -> int:
         """The newest generation every rank can open: under DDP the smallest of each rank's newest (a
         commit may land between two ranks' reads; retention keeps the older one)."""
-        newest = int(read_root(self.path).get("generation", 0))
+        newest = int(read_root(self.root).get("generation", 0))
         if self._from_dist and self.world_size > 1:
             everyone: list[Any] = [None] * self.world_size
             torch.distributed.all_gather_object(everyone, newest)
@@ -310,7 +311,7 @@ class ShardDataset(IterableDataset):
         """(samples, identity, layout) of the dataset at ``generation`` (None: the snapshot open now)."""
         if generation is None or generation == self.snapshot.generation:
             return self.samples, self.snapshot.identity, self.layout
-        snapshot = open_dataset(self.path, generation=generation, segment_cache=self._segment_cache())
+        snapshot = open_dataset(self.root, generation=generation, segment_cache=self._segment_cache())
         selected = self._select(snapshot)
         return len(selected), snapshot.identity, layout_of(selected)
 

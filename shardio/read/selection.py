@@ -116,7 +116,7 @@ class SubsetSnapshot(DatasetSnapshot):
     ``selected`` holds their stored indices in ``parent``."""
 
     def __init__(self, parent: DatasetSnapshot, selected: np.ndarray, cache_shards: int = 16) -> None:
-        super().__init__(parent.directory, parent.manifest)
+        super().__init__(parent.root, parent.manifest)
         selected = np.unique(np.asarray(selected, dtype=np.int64))
         shard_of = np.searchsorted(parent.offsets, selected, side="right") - 1
         local = selected - parent.offsets[shard_of]

@@ -41,9 +41,9 @@ from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
 from shardio.read.yuv_pixels import YuvPixels, map_yuv_shard
 from shardio.read.cache.shard_cache import ShardCache
 from shardio.read.shard_meta import ShardMeta
-from shardio.store.backends import for_path
 from shardio.store.base import Storage
 from shardio.store.paths import check_local
+from shardio.store.root import DatasetRoot, Place, open_root
 
 __all__ = ["DatasetSnapshot", "EAGER_CHECK_SHARDS", "ShardMeta", "open_dataset"]
 
@@ -54,10 +54,12 @@ EAGER_CHECK_SHARDS = 10_000
 
 class DatasetSnapshot:
     """The shards one manifest lists, with lazy memory maps and metadata (read through ``cache``, a
-    ``ShardCache``, when the dataset is on object storage)."""
+    ``ShardCache``, when the dataset is on object storage). ``root``: the dataset's, opened by the caller
+    (``open_dataset``)."""
 
-    def __init__(self, directory: str, manifest: DatasetIndex | Manifest) -> None:
-        self.directory = directory
+    def __init__(self, root: DatasetRoot, manifest: DatasetIndex | Manifest) -> None:
+        self.root = root
+        self.directory = root.path
         self.manifest = manifest
         self.cache: ShardCache | None = None
         shards = manifest.shards
@@ -69,8 +71,9 @@ class DatasetSnapshot:
 
     @property
     def store(self) -> Storage:
-        """The backend of ``directory`` (the process's one per scheme: not pickled with the snapshot)."""
-        return for_path(self.directory)
+        """The backend of the dataset's root, chosen when it was opened (a pickled snapshot opens its root
+        again where it is unpickled)."""
+        return self.root.storage
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -227,9 +230,9 @@ class DatasetSnapshot:
         if not self.generation:
             return False
         try:
-            if self.store.exists(generation_path(self.directory, self.generation)):
+            if self.store.exists(generation_path(self.root, self.generation)):
                 return False
-            return int(read_root(self.directory).get("generation", 0)) != self.generation
+            return int(read_root(self.root).get("generation", 0)) != self.generation
         except (ShardError, OSError):
             return False
 
@@ -237,7 +240,7 @@ class DatasetSnapshot:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
         script) one with the defaults (``shardio.read.cache.cache_setup.cache_for``), made at the first read."""
         if self.cache is None and not self.store.is_local:
-            self.cache = cache_for(self.directory, self.shards, self.shape, None, None,
+            self.cache = cache_for(self.root, self.shards, self.shape, None, None,
                                    buckets=self.buckets if self.is_bucketed else None)
         return self.cache
 
@@ -278,9 +281,10 @@ def _check_size(path: str, size: int, expected: int) -> None:
                                   f"{_REBUILD}")
 
 
-def open_dataset(directory: str, *, verify: bool = False, generation: int | None = None,
+def open_dataset(place: Place, *, verify: bool = False, generation: int | None = None,
                  segment_cache: str | None = None) -> DatasetSnapshot:
-    """Open the dataset at ``directory``: manifest checked, every shard's size checked (O(1) each).
+    """Open the dataset at ``place`` (a path, or its root opened already): manifest checked, every shard's size
+    checked (O(1) each).
 
     ``generation``: open that kept generation instead of the current one (``snapshot.generation`` of an
     earlier open). ``verify=True`` also reads every byte and compares its checksum with the manifest's (slow).
@@ -288,27 +292,27 @@ def open_dataset(directory: str, *, verify: bool = False, generation: int | None
     ``segment_cache`` (a local directory: the shard cache's) keeps the index's segments for every process of
     the node, so each is fetched once per node (``shardio.format.segment_cache``).
     """
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     if not store.is_local:
-        manifest = load_index(directory, generation, segment_cache)
+        manifest = load_index(root, generation, segment_cache)
         problem = (_remote_size_problem(store, directory, manifest) if len(manifest.shards) <= EAGER_CHECK_SHARDS
                    else None)
         if problem:
             raise ShardIntegrityError(f"{problem}; HINT: run `preprocess verify {directory} --repair` to rebuild "
                                       "it from its input")
-        return DatasetSnapshot(directory, manifest)
-    directory = check_local(directory)
-    manifest = load_index(directory, generation)
+        return DatasetSnapshot(root, manifest)
+    manifest = load_index(root, generation)
     eager = len(manifest.shards) <= EAGER_CHECK_SHARDS
-    problems = shard_problems(directory, manifest) if eager else []  # O(1) each: sizes only
+    problems = shard_problems(root, manifest) if eager else []  # O(1) each: sizes only
     if problems:
         raise ShardIntegrityError(f"{problems[0][1]}; HINT: run `preprocess verify DIR --repair` to rebuild "
                                   "it from its input")
     if verify:
-        problems = shard_problems(directory, manifest, checksums=True)
+        problems = shard_problems(root, manifest, checksums=True)
         if problems:
             raise ShardIntegrityError("; ".join(problem for _, problem in problems))
-    return DatasetSnapshot(directory, manifest)
+    return DatasetSnapshot(root, manifest)
 
 
 def _remote_size_problem(store: Storage, directory: str, manifest: DatasetIndex) -> str | None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardio.format import INDEX_DIR, MANIFESTS_DIR, REPORTS_DIR, SHARDS_DIR
 from shardio.format.manifests import DatasetIndex
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot
 from shardio.failure_reasons import count_by_category
 from shardio.read.snapshot import open_dataset
 from shardio.format.run_report import run_history, skipped_count
@@ -40,12 +40,12 @@ def bucket_histogram(index: DatasetIndex) -> list[dict[str, Any]]:
              "bytes": int(nbytes[b])} for b, (h, w) in enumerate(index.buckets)]
 
 
-def _directory_bytes(directory: str, index: DatasetIndex) -> int:
+def _directory_bytes(dataset: DatasetRoot, index: DatasetIndex) -> int:
     """The dataset's bytes on disk without a pass over ``shards/`` (2.3M shards are 4.6M files): the listed
     shards' bytes from the root's totals, the retired files kept for older generations (one stat each),
     and every file outside ``shards/`` (the index, the kept roots, reports). A file in ``shards/`` that
     nothing lists (a killed run's leftover, which the next run or ``preprocess gc`` removes) is not counted."""
-    store = for_path(directory)
+    store, directory = dataset.storage, dataset.path
     total = index.totals.get("bytes", 0) + index.totals.get("meta_bytes", 0)
     for retired in index.retired:
         try:
@@ -72,7 +72,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
     """Count, shape, bytes, shards, config, versions, failures by reason and run history, as JSON data."""
     snapshot = open_dataset(directory)
     manifest = snapshot.manifest
-    runs, problems = run_history(snapshot.directory)
+    runs, problems = run_history(snapshot.root)
     failures_of_input: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         processed = set(run.get("inputs_processed", []))
@@ -106,7 +106,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
         "raw_bytes_per_image": raw_per_image,
         "pixel_bytes": pixel_bytes,
         "meta_bytes": meta_bytes,
-        "directory_bytes": _directory_bytes(snapshot.directory, manifest),
+        "directory_bytes": _directory_bytes(snapshot.root, manifest),
         "updated": manifest.updated,
         "config": manifest.config,
         "config_hash": manifest.config_hash,

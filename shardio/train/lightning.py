@@ -49,7 +49,7 @@ from typing import Any, Union
 import lightning.pytorch as pl
 import torch
 
-from shardio.store.backends import for_path
+from shardio.store.root import open_root
 from shardio.read.dataset import ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
 from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
@@ -144,9 +144,9 @@ class ShardDataModule(pl.LightningDataModule):
     def _open(self, source: str | TrainDataset, *, shuffle: bool, drop_last: bool) -> TrainDataset:
         if not isinstance(source, str):
             return source
-        local = for_path(source).is_local
-        cache = {} if local else {"cache_dir": self.cache_dir, "cache_limit": self.cache_limit}
-        return ShardDataset(source, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last,
+        root = open_root(source)  # opened once: the dataset is given the root
+        cache = {} if root.is_local else {"cache_dir": self.cache_dir, "cache_limit": self.cache_limit}
+        return ShardDataset(root, self.batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last,
                             **cache)
 
     def _device(self) -> torch.device:

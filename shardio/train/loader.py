@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader
 from shardio.read.dataset import EpochPass, ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
 from shardio.read.yuv_pixels import YuvPlanes
-from shardio.store.backends import for_path
 from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
@@ -71,7 +70,7 @@ class ShardLoader(DataLoader):
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False would hand batches out of the rank's order; leave it True")
         kwargs.setdefault("collate_fn", _no_collate)
-        if num_workers and not for_path(dataset.path).is_local:
+        if num_workers and not dataset.is_local:
             # The S3 client (obstore's tokio runtime) does not survive fork(): workers start fresh.
             kwargs.setdefault("multiprocessing_context", "spawn")
         super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs)

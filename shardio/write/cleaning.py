@@ -22,7 +22,7 @@ from shardio.format.index import check_segment_path
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, read_root
 from shardio.format.shard_table import ShardTable
 from shardio.format.string_hashes import hashes_in, string_hashes
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.base import TEMP_PREFIX
 from shardio.write.lock import check_held, may_delete, utc_timestamp
 
@@ -58,9 +58,10 @@ class Cleaned:
 _FOREIGN_SHOWN = 10  # foreign files named in a warning; the rest counted
 
 
-def foreign_files_warning(directory: str, foreign: list[str]) -> str:
+def foreign_files_warning(place: Place, foreign: list[str]) -> str:
     """A line naming the files of ``shards/`` a cleaning left as not the dataset's ("" if none), for a
-    run report's warnings, the log and ``gc``'s output."""
+    run report's warnings, the log and ``gc``'s output (the place is named, not opened)."""
+    directory = str(place)
     if not foreign:
         return ""
     shown = ", ".join(foreign[:_FOREIGN_SHOWN])
@@ -69,7 +70,7 @@ def foreign_files_warning(directory: str, foreign: list[str]) -> str:
             f"and no generation lists: {shown}{more}; not deleted: move them out of the dataset folder")
 
 
-def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
+def clean_leftovers(place: Place, committed: Manifest | DatasetIndex | None) -> Cleaned:
     """Remove what a killed run left: temp files, shard files (a shard's name: ``is_shard_file_name``)
     neither listed nor retired by ``committed`` (the committed generation, as a ``Manifest`` or as
     columns, a ``DatasetIndex``: the same files go), and generation files newer than it (a commit killed
@@ -80,8 +81,9 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
     (``listed_hashes``), ``shards/`` read a chunk of names at a time (``Storage.iter_dir``) and each chunk
     hashed and looked up at once; the retired paths (a short list: retention bounds it) as a set. A hash
     collision can only keep a leftover (it looks listed), never remove a listed file."""
+    root = open_root(place)
     if committed is None:
-        return _clean(directory, None, lambda names: names)
+        return _clean(root, None, lambda names: names)
     listed = listed_hashes(committed)
     retired = {r.path for r in committed.retired}
 
@@ -90,7 +92,7 @@ def clean_leftovers(directory: str, committed: Manifest | DatasetIndex | None) -
         rows = np.flatnonzero(~hashes_in(listed, string_hashes(paths))).tolist()
         return [names[i] for i in rows if paths[i] not in retired]
 
-    return _clean(directory, committed, unlisted)
+    return _clean(root, committed, unlisted)
 
 
 def _written_by_a_run(name: str) -> bool:
@@ -104,68 +106,74 @@ def _written_by_a_run(name: str) -> bool:
 RUN_MARK_PREFIX = ".run-"
 
 
-def _run_mark(directory: str, run: str) -> str:
-    return for_path(directory).join(directory, f"{RUN_MARK_PREFIX}{run}.json")
+def _run_mark(root: DatasetRoot, run: str) -> str:
+    return root.join(f"{RUN_MARK_PREFIX}{run}.json")
 
 
-def mark_run(directory: str, run: str) -> None:
+def mark_run(place: Place, run: str) -> None:
     """Before a run's first task: ``.run-RUN.json`` (its id and start time). The caller holds the lock."""
-    check_held(directory)
+    root = open_root(place)
+    check_held(root)
     data = json.dumps({"run": run, "started": utc_timestamp()}).encode()
-    for_path(directory).publish(_run_mark(directory, run), data)
+    root.storage.publish(_run_mark(root, run), data)
 
 
-def unmark_run(directory: str, run: str) -> None:
+def unmark_run(place: Place, run: str) -> None:
     """After a run whose every task ended and whose leftovers are cleaned: its mark goes."""
-    store = for_path(directory)
+    root = open_root(place)
+    store = root.storage
     try:
-        store.remove(_run_mark(directory, run))
+        store.remove(_run_mark(root, run))
     except FileNotFoundError:
         pass
 
 
-def unfinished_runs(directory: str) -> list[str]:
+def unfinished_runs(place: Place) -> list[str]:
     """The ids of runs whose mark is left: killed, or stopped before every task ended."""
-    names = for_path(directory).list_dir(directory)
+    root = open_root(place)
+    directory = root.path
+    names = root.storage.list_dir(directory)
     return sorted(n[len(RUN_MARK_PREFIX):-len(".json")] for n in names
                   if n.startswith(RUN_MARK_PREFIX) and n.endswith(".json"))
 
 
-def clean_after_runs(directory: str, committed: Manifest | DatasetIndex | None) -> Cleaned:
+def clean_after_runs(place: Place, committed: Manifest | DatasetIndex | None) -> Cleaned:
     """A run's leftover cleaning: ``clean_leftovers`` (every shard file against the index) when a run
     left its mark (then the marks go); otherwise the temp files outside ``shards/``, generation files
     newer than ``committed`` and segments no root names, without reading ``shards/`` (on object storage,
     a LIST of every shard). The caller holds the lock."""
-    unfinished = unfinished_runs(directory)
+    root = open_root(place)
+    unfinished = unfinished_runs(root)
     if not unfinished:  # every run ended, its tasks' files handed in or discarded: shards/ is not read
-        return _clean(directory, committed, None)
-    cleaned = clean_leftovers(directory, committed)
+        return _clean(root, committed, None)
+    cleaned = clean_leftovers(root, committed)
     if cleaned.complete:
-        forget_runs(directory, unfinished)
+        forget_runs(root, unfinished)
     return cleaned
 
 
-def forget_runs(directory: str, runs: list[str]) -> None:
+def forget_runs(place: Place, runs: list[str]) -> None:
     """The marks of ``runs`` go, once their leftovers have (``clean_leftovers`` ran after they ended)."""
+    root = open_root(place)
     for run in runs:
-        unmark_run(directory, run)
+        unmark_run(root, run)
 
 
-def _clean(directory: str, committed: Manifest | DatasetIndex | None,
+def _clean(root: DatasetRoot, committed: Manifest | DatasetIndex | None,
            unlisted_shards: Callable[[list[str]], list[str]] | None) -> Cleaned:
     """``unlisted_shards``: of a chunk of names in ``shards/``, those no generation needs (the folder is
     read ``_LISTING_CHUNK`` names at a time, and nothing is removed until it has all been read); of
     these, the names a run writes go and the others are reported; None: leave ``shards/`` unread (no
     run left anything there)."""
-    store = for_path(directory)
-    check_held(directory)
+    store, directory = root.storage, root.path
+    check_held(root)
     cleaned = Cleaned()
     for folder in (directory, store.join(directory, REPORTS_DIR), store.join(directory, MANIFESTS_DIR)):
         for name in store.list_dir(folder):
             if name.startswith(TEMP_PREFIX):
                 store.remove(store.join(folder, name))
                 cleaned.removed += 1
-    if not may_delete(directory):
+    if not may_delete(root):
         cleaned.complete = False  # a previous holder not fenced out yet may still commit what is there
         return cleaned
     names = store.iter_dir(store.join(directory, SHARDS_DIR)) if unlisted_shards is not None else iter(())
@@ -175,32 +183,33 @@ def _clean(directory: str, committed: Manifest | DatasetIndex | None,
             (doomed if _written_by_a_run(name) else cleaned.foreign).append(name)
     cleaned.foreign = sorted(f"{SHARDS_DIR}/{name}" for name in cleaned.foreign)
     for name in sorted(doomed):
-        check_held(directory)
+        check_held(root)
         store.remove(store.join(directory, SHARDS_DIR, name))
         cleaned.removed += 1
     if committed is not None:
-        for generation in list_generations(directory):
+        for generation in list_generations(root):
             if generation > committed.generation:
-                store.remove(generation_path(directory, generation))
+                store.remove(generation_path(root, generation))
                 cleaned.removed += 1
-    cleaned.removed += len(collect_segments(directory, committed))
+    cleaned.removed += len(collect_segments(root, committed))
     return cleaned
 
 
-def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -> list[str]:
+def collect_segments(place: Place, manifest: Manifest | DatasetIndex | None) -> list[str]:
     """Delete the index segments that neither ``manifest`` (the committed one) nor any generation file
     left in ``manifests/`` names: a killed commit's, or those only collected generations named. Deletes
     only ``index/SHA256.npz`` names (and temp files), and nothing when a root cannot be read (what it
     names is unknown, so nothing is surely unused)."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     folder = store.join(directory, INDEX_DIR)
     names = store.list_dir(folder)
-    if not names or not may_delete(directory):
+    if not names or not may_delete(root):
         return []
     named = {ref.path for ref in (manifest.segments or [])} if manifest is not None else set()
-    for generation in list_generations(directory):
+    for generation in list_generations(root):
         try:
-            segments = read_root(directory, generation).get("segments", [])
+            segments = read_root(root, generation).get("segments", [])
             named |= {s["path"] for s in segments}
         except (ShardError, OSError, TypeError, KeyError):
             return []
@@ -215,7 +224,7 @@ def collect_segments(directory: str, manifest: Manifest | DatasetIndex | None) -
         except ShardFormatError:
             continue  # not a segment name: not ours to delete
         if rel not in named:
-            check_held(directory)
+            check_held(root)
             store.remove(store.join(directory, rel))
             removed.append(rel)
     return removed

@@ -31,7 +31,7 @@ from shardio.format.index import Delta, SegmentRef, encode_segment, plan_compact
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, open_segment
 from shardio.format.segment_merge import MergedSegment, merge_columns
 from shardio.format.segment_columns import SegmentColumns
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.base import Storage
 from shardio.write.committed import load_committed, manifest_path
 from shardio.write.editable_index import EditableIndex
@@ -40,7 +40,7 @@ from shardio.write.lock import check_held, fenced_by_commit, shard_name_fence, u
 __all__ = ["commit", "Committer", "drop_inputs", "save_report", "report_path"]
 
 
-def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable[str] | None = None,
+def commit(place: Place, manifest: Manifest | EditableIndex, touched: Iterable[str] | None = None,
            run: str = "", published_here: bool = False) -> int:
     """The one way a dataset is committed: after a storage barrier that makes the promoted shards durable
     first (a power cut, e.g. a preempted VM, must not leave listed shards missing; one fsync, ~0.2 ms
@@ -49,14 +49,16 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     segment holds everything. ``run``: the run committing (its id goes into the root: spec,
     "Retention"); ``published_here``: this writer published the current generation itself. A
     ``Manifest`` given here gets the new generation, version and segments. Returns the new generation."""
+    root = open_root(place)
+    directory = root.path
     if isinstance(manifest, Manifest):
         manifest.shards.sort(key=lambda e: (e.input, e.path))  # dataset order, as the index folds it
         index = EditableIndex.from_manifest(manifest)
-        generation = commit(directory, index, run=run)
+        generation = commit(root, index, run=run)
         index.to_manifest_fields(manifest)
         return generation
     index = manifest
-    store = for_path(directory)
+    store = root.storage
     shards_dir = store.join(directory, SHARDS_DIR)
     if store.exists(shards_dir):
         store.barrier(shards_dir)
@@ -64,14 +66,14 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     segments = list(index.segments or [])
     opened = index.opened_segments()  # by full path: compaction reads these, never fetches them again
     # Spec, "Fencing names": the root names it, and its segments hold it.
-    index.name_fence = shard_name_fence(directory, index)
+    index.name_fence = shard_name_fence(root, index)
     if not delta.empty:
-        segments.append(_write_segment(directory, delta, opened, index.name_fence))
-    segments = _compact(directory, segments, opened, index.name_fence)
+        segments.append(_write_segment(root, delta, opened, index.name_fence))
+    segments = _compact(root, segments, opened, index.name_fence)
     before = index.segments
     index.segments = segments
     try:
-        generation = _publish_generation(directory, index, published_here, run)
+        generation = _publish_generation(root, index, published_here, run)
     except BaseException:
         index.segments = before  # not committed: the next commit writes this delta again
         raise
@@ -82,15 +84,15 @@ def commit(directory: str, manifest: Manifest | EditableIndex, touched: Iterable
     return generation
 
 
-def _write_segment(directory: str, delta: Delta, opened: dict[str, SegmentColumns] | None = None,
+def _write_segment(root: DatasetRoot, delta: Delta, opened: dict[str, SegmentColumns] | None = None,
                    fence: str = "") -> SegmentRef:
     """Create the segment of ``delta`` (create-only: a name that exists already holds these bytes, its
     name being their sha256); named by no root until the commit publishes one."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     data = encode_segment(delta, fence)
     rel = segment_path(data)
     store.makedirs(store.join(directory, INDEX_DIR))
-    check_held(directory)
+    check_held(root)
     try:
         store.publish_new(store.join(directory, rel), data)
     except FileExistsError:
@@ -110,30 +112,30 @@ def _keep_written(store: Storage, directory: str, rel: str, data: bytes,
         opened[path] = SegmentColumns(data, path)
 
 
-def _compact(directory: str, segments: list[SegmentRef],
+def _compact(root: DatasetRoot, segments: list[SegmentRef],
              opened: dict[str, SegmentColumns] | None = None, fence: str = "") -> list[SegmentRef]:
     """Merge the newest segments while ``plan_compaction`` asks (spec: "Compaction"); the merged segment
     is written before the root that names it, so a killed compaction is a killed commit. ``opened``:
     segments this run holds as columns already (by full path), read from there."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     opened = {} if opened is None else opened
     while count := plan_compaction(segments):
         run = [opened.get(store.join(directory, ref.path)) or open_segment(store, directory, ref)
                for ref in segments[-count:]]
         merged = merge_columns(run, from_start=count == len(segments), fence=fence)  # columns: no object per shard
         if merged is not None:
-            ref = _write_merged(directory, merged)
+            ref = _write_merged(root, merged)
             _keep_written(store, directory, ref.path, merged.data, opened)
         segments = segments[:-count] + ([] if merged is None else [ref])
     return segments
 
 
-def _write_merged(directory: str, merged: MergedSegment) -> SegmentRef:
+def _write_merged(root: DatasetRoot, merged: MergedSegment) -> SegmentRef:
     """Create a merged segment as ``_write_segment`` creates a commit's (create-only)."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     rel = segment_path(merged.data)
     store.makedirs(store.join(directory, INDEX_DIR))
-    check_held(directory)
+    check_held(root)
     try:
         store.publish_new(store.join(directory, rel), merged.data)
     except FileExistsError:
@@ -141,19 +143,19 @@ def _write_merged(directory: str, merged: MergedSegment) -> SegmentRef:
     return SegmentRef(rel, len(merged.data), merged.shards, merged.inputs, merged.removed, merged.samples)
 
 
-def _publish_generation(directory: str, index: EditableIndex, published_here: bool, run: str = "") -> int:
+def _publish_generation(root: DatasetRoot, index: EditableIndex, published_here: bool, run: str = "") -> int:
     """The last step of ``commit`` (its only caller): ``index`` as the next generation,
     ``manifests/GEN.json`` (created once: never over an existing one), then ``manifest.json``. Stamps the
     files retired by this commit, drops retired entries whose file ``collect`` already deleted (at a
     writer's first commit: later ones follow its own, and nothing collects while it holds the lock),
     and returns the new generation."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     if published_here:
         # This writer published the newest generation itself: no listing of manifests/ (a run of
         # 18,000 commits would list up to 18,000 files at each); another writer's is a CommitConflict below.
         generation = index.generation + 1
     else:
-        generation = max([index.generation, *list_generations(directory)]) + 1
+        generation = max([index.generation, *list_generations(root)]) + 1
     now = utc_timestamp()
     retired = []
     for entry in index.retired:
@@ -166,11 +168,11 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
     try:
         data = json.dumps(root_json(index, index.totals, run), indent=1, ensure_ascii=False).encode("utf-8")
         store.makedirs(store.join(directory, MANIFESTS_DIR))
-        check_held(directory)
+        check_held(root)
         try:
-            store.publish_new(generation_path(directory, generation), data)
+            store.publish_new(generation_path(root, generation), data)
         except FileExistsError:
-            raise CommitConflict(f"{generation_path(directory, generation)}: another writer committed generation "
+            raise CommitConflict(f"{generation_path(root, generation)}: another writer committed generation "
                                  f"{generation} first; nothing was overwritten: rerun to build on it") from None
         path = store.join(directory, MANIFEST_NAME)
         if index.source_version or store.is_local:
@@ -181,7 +183,7 @@ def _publish_generation(directory: str, index: EditableIndex, published_here: bo
             except FileExistsError:
                 raise CommitConflict(f"{path}: another writer created this dataset first; nothing was "
                                      "overwritten: rerun to build on it") from None
-        fenced_by_commit(directory)  # this commit fenced out any previous holder (``writing``)
+        fenced_by_commit(root)  # this commit fenced out any previous holder (``writing``)
     except BaseException:
         index.generation, index.updated, index.retired = before
         raise
@@ -196,10 +198,11 @@ class Committer:
     shard; a ``Manifest``: a version 1/2 one, upgraded at the first commit), or None for a new dataset (then
     ``shape``, ``config``, ``versions`` say what it is)."""
 
-    def __init__(self, directory: str, committed: DatasetIndex | Manifest | None,
+    def __init__(self, place: Place, committed: DatasetIndex | Manifest | None,
                  interval_s: float = 0.0, run: str = "", *, shape: tuple[int, int, int] = (0, 0, 3),
                  config: dict[str, Any] | None = None, versions: dict[str, Any] | None = None) -> None:
-        self.directory = directory
+        self.root = open_root(place)
+        self.directory = self.root.path
         self.run = run
         self.index = EditableIndex.of(committed, shape, config, versions)
         self.interval_s = interval_s
@@ -251,12 +254,12 @@ class Committer:
         """The generation committed last, as a reader's columns: from the segments this committer holds
         (no second fetch of the index), or read (a version 1/2 dataset nothing was committed to yet)."""
         if self.index.segments is None:
-            return load_index(self.directory)
-        return self.index.as_committed(manifest_path(self.directory))
+            return load_index(self.root)
+        return self.index.as_committed(manifest_path(self.root))
 
     def commit(self) -> int:
         """Commit now, even with nothing changed (a new dataset's empty first generation)."""
-        generation = commit(self.directory, self.index, self.touched, self.run, self.published)
+        generation = commit(self.root, self.index, self.touched, self.run, self.published)
         self.published = True
         self.last_commit = time.monotonic()
         self.dirty = False
@@ -264,14 +267,15 @@ class Committer:
         return generation
 
 
-def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) -> DatasetIndex:
+def drop_inputs(place: Place, inputs: list[str], wait_for_lock: bool = False) -> DatasetIndex:
     """Remove committed inputs (their shards) from the dataset in one commit, under the lock (their files
     are retired, kept for older generations' readers); a later run over them processes them afresh.
     Returns the dataset as committed. (``preprocess verify --repair`` uses this for inputs behind bad
     shards.)"""
-    with writing(directory, wait_for_lock):
-        committed, _ = load_committed(directory)
-        committer = Committer(directory, committed)
+    root = open_root(place)
+    with writing(root, wait_for_lock):
+        committed, _ = load_committed(root)
+        committer = Committer(root, committed)
         for path in inputs:
             if committer.index.input(path) is not None:
                 committer.drop_input(path)
@@ -279,14 +283,15 @@ def drop_inputs(directory: str, inputs: list[str], wait_for_lock: bool = False) 
         return committer.committed_index()
 
 
-def report_path(directory: str, run_id: str) -> str:
-    return for_path(directory).join(directory, REPORTS_DIR, f"{run_id}.json")
+def report_path(place: Place, run_id: str) -> str:
+    return open_root(place).join(REPORTS_DIR, f"{run_id}.json")
 
 
-def save_report(directory: str, run_id: str, data: bytes) -> str:
+def save_report(place: Place, run_id: str, data: bytes) -> str:
     """Publish one run's report (``shardio.format.run_report``) atomically; returns its path."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     store.makedirs(store.join(directory, REPORTS_DIR))
-    path = report_path(directory, run_id)
+    path = report_path(root, run_id)
     store.publish(path, data)
     return path

@@ -4,10 +4,13 @@ writes the protocol down and is its one interface for callers outside ``shardio.
 a module of its own, named below.
 
 Who calls it: ``preprocess`` (``run``, ``verify``, ``gc``) and the writer (``shardio.write.shard_writer`` stages
-shards here); the reader calls only the shard checker. Written once against ``shardio.store.base.Storage``
-(``for_path``); the guarantees it needs from storage, and how the local filesystem gives each, are in
-that module's docstring. The format it writes is ``shardio.format`` (layout, manifest, "Generations",
-"Retention") and ``shardio.format.run_report`` (``reports/RUN_ID.json``).
+shards here); the reader calls only the shard checker. Written once against ``shardio.store.base.Storage``;
+the guarantees it needs from storage, and how the local filesystem gives each, are in that module's
+docstring. Each function takes the dataset's root (``shardio.store.root.DatasetRoot``: the directory with
+the backend chosen when it was opened) or its path, opened once at the call (``open_root``); what it calls
+below is given the root, so a caller holding the root never has the backend chosen again. The lock is
+keyed by the root's path, one spelling per dataset. The format it writes is ``shardio.format`` (layout,
+manifest, "Generations", "Retention") and ``shardio.format.run_report`` (``reports/RUN_ID.json``).
 
 What it owns, in the order of a run:
 

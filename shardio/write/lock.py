@@ -15,7 +15,7 @@ from typing import Any
 from shardio.errors import CommitConflict, OutputUnusable
 from shardio.format import MANIFEST_NAME
 from shardio.format.manifests import generation_path, list_generations
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.base import TEMP_PREFIX
 
 __all__ = [
@@ -30,9 +30,10 @@ def utc_timestamp() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def ensure_output_dir(directory: str) -> None:
+def ensure_output_dir(place: Place) -> None:
     """Create the dataset directory if needed; ``OutputUnusable`` (not a traceback) if it cannot be used."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     if store.exists(directory) and not store.is_dir(directory):
         raise OutputUnusable(f"{directory}: --output is an existing file, not a directory; give a dataset "
                              "directory (created if missing)")
@@ -52,52 +53,53 @@ _unfenced: set[str] = set()
 _FENCE_TRIES = 5
 
 
-def check_writable(directory: str, writer: str) -> None:
+def check_writable(place: Place, writer: str) -> None:
     """Create and remove one small temp file in ``directory`` (``.tmp-access-probe-WRITER``: a killed
     probe's leftover goes with the next run's clean-up, as any temp file): proof that this process, e.g. a
     Ray node's, can write the dataset. Raises what the store raises (``StorageAccessError``, ``OSError``)."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     probe = store.join(directory, f"{TEMP_PREFIX}access-probe-{writer}")
     store.publish_new(probe, b"")
     store.remove(probe)
 
 
-def check_held(directory: str) -> None:
+def check_held(place: Place) -> None:
     """``OutputLocked`` unless this process can prove it still holds the lock of ``directory`` (a lease
     past its proven life, or lost: ``shardio.store.lease``); called before every commit step and deletion."""
-    handle = _held.get(directory)
+    handle = _held.get(open_root(place).path)
     if handle is not None:
         handle.check()
 
 
-def _takeover_fence(directory: str) -> str:
+def _takeover_fence(root: DatasetRoot) -> str:
     """This holder's lease token where it took the lease over from a holder that may live, else ""."""
-    handle = _held.get(directory)
+    handle = _held.get(root.path)
     return handle.token if getattr(handle, "holder_may_live", False) else ""
 
 
-def shard_name_fence(directory: str, committed: Any) -> str:
+def shard_name_fence(place: Place, committed: Any) -> str:
     """The fence the names of the shard files this run writes carry (spec, "Fencing names"): this holder's
     own where it took the lease over from a holder that may live (that holder may still delete the files
     it staged, by name, however late: none of its names is ever written again), else the committed
     root's (``committed``: what ``load_committed`` gave), "" for a dataset that never needed one."""
-    return _takeover_fence(directory) or getattr(committed, "name_fence", "")
+    return _takeover_fence(open_root(place)) or getattr(committed, "name_fence", "")
 
 
-def fenced_by_commit(directory: str) -> None:
+def fenced_by_commit(place: Place) -> None:
     """A commit of this holder published a new generation: any previous holder is fenced out from now on
     (``writing``, "Fencing"), and what no generation needs may be deleted again (``may_delete``)."""
-    _unfenced.discard(directory)
+    _unfenced.discard(open_root(place).path)
 
 
-def may_delete(directory: str) -> bool:
+def may_delete(place: Place) -> bool:
     """Whether this holder may delete what no generation needs: not while it took the lease over from
     another holder it could not fence out yet (``writing``): that holder may still commit what it wrote."""
-    return directory not in _unfenced
+    return open_root(place).path not in _unfenced
 
 
 @contextmanager
-def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
+def writing(place: Place, wait_for_lock: bool = False) -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (``OutputLocked`` if a live run has it, unless waiting).
     On object storage the store is first checked to honour conditional writes (the lease and the commit
     rely on them: ``UnsupportedStore`` otherwise), then the lock is a renewed lease (``shardio.store.lease``).
@@ -111,13 +113,14 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
     uncommitted files deleted as leftovers. With nothing committed yet, the first commit of this holder
     (create-if-absent of ``manifest.json``) is the fence, and nothing but temp files is deleted before it.
     So no committed generation names a file a cleaning removed, whatever happened to the lease."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
     with store.lock(directory, wait_for_lock) as handle:
         _held[directory] = handle
         try:
-            if handle.taken_over and not _fence(directory):
+            if handle.taken_over and not _fence(root):
                 _unfenced.add(directory)
             yield
         finally:
@@ -125,34 +128,34 @@ def writing(directory: str, wait_for_lock: bool = False) -> Iterator[None]:
             _unfenced.discard(directory)
 
 
-def _fence(directory: str) -> bool:
+def _fence(root: DatasetRoot) -> bool:
     """Publish the committed root again as the next generation (``writing``, "Fencing"); False, having
     changed nothing, where nothing is committed (or the root is unreadable: no version to fence on).
     ``CommitConflict`` if the previous holder keeps committing over ``_FENCE_TRIES`` attempts."""
-    store = for_path(directory)
+    store, directory = root.storage, root.path
     path = store.join(directory, MANIFEST_NAME)
     for _ in range(_FENCE_TRIES):
         version: str | None
         try:
             data, version = store.read_versioned(path)
         except FileNotFoundError:  # a first commit killed between its two files: its generation file
-            generations = list_generations(directory)
+            generations = list_generations(root)
             if not generations:
                 return False
-            data, version = store.read_bytes(generation_path(directory, generations[-1])), None
+            data, version = store.read_bytes(generation_path(root, generations[-1])), None
         try:
-            root = json.loads(data)
-            generation = max([int(root.get("generation") or 0), *list_generations(directory)]) + 1
+            doc = json.loads(data)
+            generation = max([int(doc.get("generation") or 0), *list_generations(root)]) + 1
         except (ValueError, TypeError, AttributeError):
             return False
-        root.update(generation=generation, updated=utc_timestamp())
-        root.pop("run", None)  # a commit outside a run (spec, "Retention")
-        if fence := _takeover_fence(directory):
-            root["fence"] = fence
-        fenced = json.dumps(root, indent=1, ensure_ascii=False).encode("utf-8")
-        check_held(directory)
+        doc.update(generation=generation, updated=utc_timestamp())
+        doc.pop("run", None)  # a commit outside a run (spec, "Retention")
+        if fence := _takeover_fence(root):
+            doc["fence"] = fence
+        fenced = json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8")
+        check_held(root)
         try:
-            store.publish_new(generation_path(directory, generation), fenced)
+            store.publish_new(generation_path(root, generation), fenced)
         except FileExistsError:
             continue  # the previous holder numbered a commit after what was read: read again
         try:
@@ -162,6 +165,6 @@ def _fence(directory: str) -> bool:
                 store.publish(path, fenced, if_version=version)
             return True
         except (CommitConflict, FileExistsError):
-            store.remove(generation_path(directory, generation))  # never current: named by nothing
+            store.remove(generation_path(root, generation))  # never current: named by nothing
     raise CommitConflict(f"{path}: another writer kept committing while this run took over its expired lease; "
                          "nothing was overwritten: rerun")

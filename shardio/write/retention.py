@@ -13,7 +13,7 @@ from shardio.errors import ShardError
 from shardio.format import MANIFEST_NAME, Manifest, RetiredFile
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, read_root
 from shardio.format.string_hashes import hashes_in, string_hashes
-from shardio.store.backends import for_path
+from shardio.store.root import Place, open_root
 from shardio.write.cleaning import clean_leftovers, collect_segments, forget_runs, listed_hashes, unfinished_runs
 from shardio.write.lock import check_held, may_delete, writing
 
@@ -71,7 +71,7 @@ def _bucket(moment: datetime, width: timedelta) -> int:
     return int(moment.timestamp() // width.total_seconds())
 
 
-def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retention,
+def collect(place: Place, manifest: Manifest | DatasetIndex, retention: Retention,
             now: datetime | None = None) -> Collected:
     """Delete the retired files and generation files no kept generation needs (see the format spec).
     ``manifest`` is the committed one (a ``Manifest``, or its columns: a ``DatasetIndex``); the caller holds
@@ -79,13 +79,14 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
     ``shards/NAME``) and ``manifests/GEN.json`` files, never a file the current or a kept generation lists:
     each kept generation is opened as columns (``load_index``) and only the candidates are looked up among
     its listed paths' hashes (``listed_hashes``: no object per shard; a hash collision keeps a file)."""
-    store = for_path(directory)
-    check_held(directory)
-    if not may_delete(directory):  # a previous holder of the lease not fenced out yet: delete nothing
-        return Collected(kept_generations=[*list_generations(directory)])
+    root = open_root(place)
+    store, directory = root.storage, root.path
+    check_held(root)
+    if not may_delete(root):  # a previous holder of the lease not fenced out yet: delete nothing
+        return Collected(kept_generations=[*list_generations(root)])
     cutoff = (now or _now()) - timedelta(hours=retention.hours)
     current = manifest.generation
-    generations = [g for g in list_generations(directory) if g < current]
+    generations = [g for g in list_generations(root) if g < current]
 
     commit_times: dict[int, datetime | None] = {}
 
@@ -93,7 +94,7 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
         # A generation file is written once, at its commit: its mtime is the commit time (a copy that
         # resets mtimes only makes retention longer).
         if generation not in commit_times:
-            path = generation_path(directory, generation)
+            path = generation_path(root, generation)
             if not store.exists(path) and generation == current:
                 path = store.join(directory, MANIFEST_NAME)
             try:
@@ -114,7 +115,7 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
         # The run that committed it ("" outside a run, or unreadable: then never a passing one).
         if generation not in runs:
             try:
-                run = read_root(directory, generation if generation != current else None).get("run", "")
+                run = read_root(root, generation if generation != current else None).get("run", "")
             except (ShardError, OSError):
                 run = ""
             runs[generation] = run if isinstance(run, str) else ""
@@ -161,7 +162,7 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
         protected = hashes_in(listed_hashes(manifest), wanted)
         for generation in result.kept_generations[:-1]:
             try:
-                protected |= hashes_in(listed_hashes(load_index(directory, generation)), wanted)
+                protected |= hashes_in(listed_hashes(load_index(root, generation)), wanted)
             except ShardError:
                 pass  # a corrupt old generation cannot be reopened, so it protects nothing
         for entry, listed in zip(candidates, protected.tolist()):
@@ -173,31 +174,32 @@ def collect(directory: str, manifest: Manifest | DatasetIndex, retention: Retent
                 result.bytes += store.file_size(path)
             except FileNotFoundError:
                 continue  # collected earlier: the next commit drops the entry
-            check_held(directory)
+            check_held(root)
             store.remove(path)
             result.files.append(entry.path)
     for generation in doomed:
-        check_held(directory)
-        store.remove(generation_path(directory, generation))
+        check_held(root)
+        store.remove(generation_path(root, generation))
         result.generations.append(generation)
-    result.segments = collect_segments(directory, manifest)
+    result.segments = collect_segments(root, manifest)
     return result
 
 
-def gc(directory: str, retention: Retention, wait_for_lock: bool = False,
+def gc(place: Place, retention: Retention, wait_for_lock: bool = False,
        now: datetime | None = None) -> Collected:
     """``preprocess gc``: remove a killed run's leftovers, then what ``retention`` no longer keeps; returns
     what went, and the files of ``shards/`` it left because no run writes them (``Collected.foreign``). Raises
     ShardFormatError for a dataset whose ``manifest.json`` is unusable (``verify --repair`` restores it:
     collecting against a guessed manifest could delete what the real one lists)."""
-    load_index(directory)  # a missing directory or a broken manifest: say so before taking the lock
-    with writing(directory, wait_for_lock):
-        index = load_index(directory)  # the shards as columns: no object per shard
-        runs = unfinished_runs(directory)
-        cleaned = clean_leftovers(directory, index)
+    root = open_root(place)
+    load_index(root)  # a missing directory or a broken manifest: say so before taking the lock
+    with writing(root, wait_for_lock):
+        index = load_index(root)  # the shards as columns: no object per shard
+        runs = unfinished_runs(root)
+        cleaned = clean_leftovers(root, index)
         if cleaned.complete:
-            forget_runs(directory, runs)  # what a killed run left has just gone
-        collected = collect(directory, index, retention, now)
+            forget_runs(root, runs)  # what a killed run left has just gone
+        collected = collect(root, index, retention, now)
         collected.foreign = cleaned.foreign
         return collected
 

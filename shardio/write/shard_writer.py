@@ -27,6 +27,7 @@ import numpy as np
 
 from shardio.write import staging
 from shardio.write.commit import commit
+from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
@@ -92,8 +93,8 @@ class _OpenFile:
             self.written_back = self.nbytes
 
 
-def _open_temp(directory: str, rel_path: str, hashed: bool) -> _OpenFile:
-    fd, tmp = staging.stage(directory, rel_path)
+def _open_temp(root: DatasetRoot, rel_path: str, hashed: bool) -> _OpenFile:
+    fd, tmp = staging.stage(root, rel_path)
     return _OpenFile(tmp, rel_path, os.fdopen(fd, "wb"), new_hasher(WRITE_ALGORITHM) if hashed else None)
 
 
@@ -103,17 +104,18 @@ class ShardWriter:
 
     pixel_suffix = ".npy"
 
-    def __init__(self, directory: str, name: str, height: int, width: int, bucket: int = 0) -> None:
-        self.directory = directory
+    def __init__(self, place: Place, name: str, height: int, width: int, bucket: int = 0) -> None:
+        self.root = open_root(place)
+        self.directory = self.root.path
         self.rel_path, self.rel_meta = staging.shard_paths(name, self.pixel_suffix)
         self.height, self.width, self.bucket = height, width, bucket
         self.count = 0
-        self._pixels = _open_temp(directory, self.rel_path, hashed=False)
+        self._pixels = _open_temp(self.root, self.rel_path, hashed=False)
         try:
-            self._meta = _open_temp(directory, self.rel_meta, hashed=True)
+            self._meta = _open_temp(self.root, self.rel_meta, hashed=True)
         except BaseException:
             self._pixels.handle.close()
-            staging.discard_staged(directory, self._pixels.tmp_path)
+            staging.discard_staged(self.root, self._pixels.tmp_path)
             raise
         self._start_pixels()
 
@@ -147,8 +149,8 @@ class ShardWriter:
             handle.handle.flush()
             os.fsync(handle.handle.fileno())
             handle.handle.close()
-        staging.promote(self.directory, self._meta.tmp_path, self.rel_meta)
-        staging.promote(self.directory, pixels.tmp_path, self.rel_path)
+        staging.promote(self.root, self._meta.tmp_path, self.rel_meta)
+        staging.promote(self.root, pixels.tmp_path, self.rel_path)
         return ShardEntry(
             path=self.rel_path,
             meta_path=self.rel_meta,
@@ -168,7 +170,7 @@ class ShardWriter:
                 handle.handle.close()
             except OSError:
                 pass  # e.g. ENOSPC flushing the buffer: the file is being removed anyway
-            staging.discard_staged(self.directory, handle.tmp_path)
+            staging.discard_staged(self.root, handle.tmp_path)
 
 
 class JpegShardWriter(ShardWriter):
@@ -254,11 +256,12 @@ class InputShardWriter:
     otherwise wait. At most one commit is pending, so unsynced data stays under two shards.
     """
 
-    def __init__(self, directory: str, stem: str, height: int, width: int, samples_per_shard: int,
+    def __init__(self, place: Place, stem: str, height: int, width: int, samples_per_shard: int,
                  encoding: str = RAW, buckets: Sequence[tuple[int, int]] | None = None) -> None:
         if encoding not in SHARD_WRITERS:
             raise ValueError(f"encoding must be one of {', '.join(map(repr, SHARD_WRITERS))}, got {encoding!r}")
-        self.directory, self.stem = directory, stem
+        self.root, self.stem = open_root(place), stem
+        self.directory = self.root.path
         self.shard_class = SHARD_WRITERS[encoding]
         self.height, self.width = height, width
         self.shapes = [(int(h), int(w)) for h, w in buckets] if buckets is not None else [(height, width)]
@@ -278,7 +281,7 @@ class InputShardWriter:
                 raise ValueError(f"bucket {bucket}: this writer has {len(self.shapes)} bucket(s)")
             name = f"{self.stem}-{len(self._made):05d}"
             height, width = self.shapes[bucket]
-            current = self._open[bucket] = self.shard_class(self.directory, name, height, width, bucket)
+            current = self._open[bucket] = self.shard_class(self.root, name, height, width, bucket)
             self._made.append(current)
         current.add(pixels, meta)
         if current.count >= self.samples_per_shard:
@@ -334,14 +337,14 @@ class InputShardWriter:
         self._open = {}
         for shard in self._made:
             shard.abort()
-            staging.discard(self.directory, shard.rel_path)
-            staging.discard(self.directory, shard.rel_meta)
+            staging.discard(self.root, shard.rel_path)
+            staging.discard(self.root, shard.rel_meta)
         self._made = []
         self.entries = []
 
 
-def write_manifest(directory: str, manifest: Manifest) -> int:
+def write_manifest(place: Place, manifest: Manifest) -> int:
     """Commit the manifest as the dataset's next generation through the directory's one commit
     (``shardio.write.commit.commit``: shards in dataset order, durable before ``manifest.json``, whose
     rename is the commit of everything it lists). Returns the generation."""
-    return commit(directory, manifest)
+    return commit(place, manifest)

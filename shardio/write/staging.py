@@ -6,7 +6,7 @@ files are removed again (``discard_staged``, ``discard``)."""
 from __future__ import annotations
 
 from shardio.format import SHARDS_DIR
-from shardio.store.backends import for_path
+from shardio.store.root import Place, open_root
 
 __all__ = ["shard_paths", "stage", "promote", "discard_staged", "discard"]
 
@@ -17,25 +17,29 @@ def shard_paths(name: str, pixel_suffix: str = ".npy") -> tuple[str, str]:
     return f"{SHARDS_DIR}/{name}{pixel_suffix}", f"{SHARDS_DIR}/{name}.jsonl"
 
 
-def stage(directory: str, rel_path: str) -> tuple[int, str]:
+def stage(place: Place, rel_path: str) -> tuple[int, str]:
     """A new staged file for ``rel_path`` under a unique name no other writer can pick (a ``.tmp-`` name:
     unlisted, so invisible, and removed by ``clean_leftovers`` if its writer dies); (writable fd, path)."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     store.makedirs(store.join(directory, SHARDS_DIR))
     return store.create_temp(store.join(directory, rel_path))
 
 
-def promote(directory: str, staged_path: str, rel_path: str) -> None:
+def promote(place: Place, staged_path: str, rel_path: str) -> None:
     """Give a finished (fsynced) staged file its final name; it is visible once a commit lists it."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     store.promote(staged_path, store.join(directory, rel_path))
 
 
-def discard_staged(directory: str, staged_path: str) -> None:
-    for_path(directory).remove(staged_path)
+def discard_staged(place: Place, staged_path: str) -> None:
+    root = open_root(place)
+    root.storage.remove(staged_path)
 
 
-def discard(directory: str, rel_path: str) -> None:
+def discard(place: Place, rel_path: str) -> None:
     """Remove a promoted file no commit lists (a failed input's shards)."""
-    store = for_path(directory)
+    root = open_root(place)
+    store, directory = root.storage, root.path
     store.remove(store.join(directory, rel_path))

@@ -19,6 +19,7 @@ from shardio.format.manifests import load_manifest
 from shardio.format.segment_merge import merge_columns
 from shardio.format.segment_columns import SegmentColumns
 from shardio.format.entries import InputEntry, ShardEntry
+from shardio.store.root import open_root
 from shardio.write import commit as dataset_commit
 from tests.index_steps import expected_inputs, run_steps
 
@@ -209,14 +210,14 @@ def test_a_malformed_segment_is_named_by_the_columns_merge(damage, message):
     assert message in str(raised.value)
 
 
-def _old_compact(directory, segments, opened=None, fence=""):
+def _old_compact(root, segments, opened=None, fence=""):
     """``_compact`` as it was (decode every row to objects, merge, encode; ``opened`` unused)."""
-    store = dataset_commit.for_path(directory)
+    store = root.storage
     while count := dataset_commit.plan_compaction(segments):
         run = segments[-count:]
-        deltas = [decode_segment(store.read_bytes(store.join(directory, ref.path)), ref.path) for ref in run]
+        deltas = [decode_segment(store.read_bytes(root.join(ref.path)), ref.path) for ref in run]
         merged = merge_segments(deltas, from_start=count == len(segments))
-        written = [] if merged.empty else [dataset_commit._write_segment(directory, merged, None, fence)]
+        written = [] if merged.empty else [dataset_commit._write_segment(root, merged, None, fence)]
         segments = segments[:-count] + written
     return segments
 
@@ -278,7 +279,7 @@ def test_a_corrupt_segment_stops_the_compaction_and_is_named(tmp_path):
     path.write_bytes(bytes(data))
     segments = manifest.segments + [manifest.segments[-1]] * 7  # eight of one tier: a merge is due
     with pytest.raises(Exception, match=victim.split("/")[1].removesuffix(".npz")):
-        dataset_commit._compact(out, segments)
+        dataset_commit._compact(open_root(out), segments)
 
 
 @pytest.mark.parametrize("seed", range(4))

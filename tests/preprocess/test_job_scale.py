@@ -20,6 +20,7 @@ from preprocess.plan import check_output_apart, plan_inputs
 from shardio.errors import DatasetIncompatibleError, OutputUnusable
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED, skipped_count
+from shardio.store import backends
 from shardio.write.directory import report_path
 
 _AUDIT: dict[str, Counter] = {}
@@ -183,3 +184,18 @@ def test_a_run_with_work_makes_objects_only_for_the_inputs_it_adds(ray_cluster, 
     manifest = load_manifest(dataset)
     assert len(manifest.inputs) == 302 and manifest.samples == 305
     assert all(os.path.exists(os.path.join(dataset, e.path)) for e in manifest.shards)
+
+
+def test_a_run_chooses_its_outputs_backend_once_whatever_it_holds(tmp_path, monkeypatch):
+    asked: dict[int, list[str]] = {}
+    for count in (150, 1500):
+        pattern, dataset = make_committed_inputs(str(tmp_path / str(count)), count)
+        calls: list[str] = []
+        scheme = backends.scheme
+        with monkeypatch.context() as patch:
+            patch.setattr(backends, "scheme", lambda path, _calls=calls: _calls.append(path) or scheme(path))
+            report = run_job(RunOptions([pattern], dataset, CONFIG))
+        assert report.inputs_skipped_count == count
+        assert [path for path in calls if path.startswith(dataset)] == [dataset]  # the output: opened once
+        asked[count] = calls
+    assert len(asked[150]) == len(asked[1500]), asked  # and the inputs' backend per pattern, not per input

@@ -337,51 +337,79 @@ def test_bench_has_no_import_circle_and_nothing_imports_it():
     assert any(t.startswith("shardio") for name in bench_graph for t in graph[name]), "bench/ was not read"
 
 
-# Where a path is still turned into its storage backend (``shardio.store.backends.for_path``), by module: a
-# ratchet. The backend is meant to be chosen once, where a dataset or an input is opened, and passed along
-# (docs/CODE_MAP.md, store/); these are the places that still choose it again. A new use is refused, and a
-# module that needs fewer must lower its count here, so the list only shrinks toward the openers alone.
-FOR_PATH_USES = {
-    "preprocess/cluster/cluster_access.py": 5, "preprocess/inputs/folder_samples.py": 1,
-    "preprocess/inputs/kinds.py": 1, "preprocess/inputs/parquet_samples.py": 2, "preprocess/inputs/remote_tar.py": 1,
-    "preprocess/inputs/resolve.py": 6, "preprocess/inputs/tar_samples.py": 5, "preprocess/job.py": 1,
-    "preprocess/plan.py": 1, "preprocess/verify.py": 1, "preprocess/worker.py": 1, "shardio/format/manifests.py": 4,
-    "shardio/format/run_report.py": 2, "shardio/format/shard_check.py": 2, "shardio/read/cache/cache_units.py": 1,
-    "shardio/read/cache/shard_cache.py": 1, "shardio/read/dataset.py": 2, "shardio/read/snapshot.py": 2,
-    "shardio/tools/info.py": 1, "shardio/train/lightning.py": 1, "shardio/train/loader.py": 1,
-    "shardio/write/cleaning.py": 6, "shardio/write/commit.py": 7, "shardio/write/committed.py": 4,
-    "shardio/write/lock.py": 4, "shardio/write/retention.py": 1, "shardio/write/staging.py": 4,
+# The openers: the only functions that turn a path into its storage backend (``shardio.store.backends.for_path``),
+# named with why, as the lazy imports are above. A place is opened once (a ``DatasetRoot``: the path and its
+# backend) and passed down; everything below asks ``root.storage`` and never looks at the scheme again.
+OPENERS = {
+    ("shardio/store/root.py", "open_root"): "a dataset's directory, its path normalised once (one lock key, one "
+                                           "identity per dataset); a public function of format/, read/, write/ "
+                                           "given a path opens it here, given a root passes it on",
+    ("shardio/store/root.py", "open_input"): "an input (a file, a folder, a prefix named URL/, a glob) with its path "
+                                            "as given; a root unpickled in a task or a DataLoader worker",
+}
+
+# Where preprocess opens an input from its path (``open_input``), named as the openers are: the driver
+# resolving the INPUT arguments (each expansion once) and reading the head of a name that claims no kind, the
+# task opening its input once (the stem's fingerprint and the reader are given it), the access probe of every
+# node, ``verify --repair`` and ``diagnose``. The readers of each kind take the input opened already (then
+# ``open_input`` returns it as it is) or, called directly, its path.
+INPUT_OPENERS = {
+    ("preprocess/inputs/resolve.py", "resolve_inputs"), ("preprocess/inputs/resolve.py", "_refuse_unreadable"),
+    ("preprocess/worker.py", "iter_process_input"), ("preprocess/worker.py", "shard_stem"),
+    ("preprocess/cluster/cluster_access.py", "task_env"), ("preprocess/cluster/cluster_access.py", "_inputs_to_probe"),
+    ("preprocess/cluster/cluster_access.py", "probe_access"),
+    ("preprocess/cluster/cluster_access.py", "check_cluster_access"),
+    ("preprocess/verify.py", "repair_dataset"), ("preprocess/diagnose.py", "diagnose"),
+    ("preprocess/inputs/kinds.py", "input_kind"), ("preprocess/inputs/kinds.py", "samples_of"),
+    ("preprocess/inputs/kinds.py", "KindReader.__call__"),
+    ("preprocess/inputs/tar_samples.py", "index_tar"), ("preprocess/inputs/tar_samples.py", "iter_tar_samples"),
+    ("preprocess/inputs/parquet_samples.py", "iter_parquet_samples"),
+    ("preprocess/inputs/folder_samples.py", "folder_source"),
+    ("preprocess/inputs/folder_samples.py", "iter_folder_samples"),
 }
 
 
-def for_path_uses(root: pathlib.Path, packages: tuple[pathlib.Path, ...]) -> dict[str, int]:
-    """Each module's references to ``for_path`` (calls, and the name passed on, as ``map(for_path, ...)``)."""
-    found = {}
+def uses_of(name: str, root: pathlib.Path, packages: tuple[pathlib.Path, ...]) -> dict[tuple[str, str], int]:
+    """Each function's references to ``name`` (calls, and the name passed on, as ``map(for_path, ...)``), by
+    (module, qualified function name; "" at module level)."""
+    found: dict[tuple[str, str], int] = {}
+
+    def visit(node: ast.AST, module: str, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, module, [*scope, child.name])
+                continue
+            if isinstance(child, ast.Name) and child.id == name and isinstance(child.ctx, ast.Load):
+                key = (module, ".".join(scope))
+                found[key] = found.get(key, 0) + 1
+            visit(child, module, scope)
+
     for package in packages:
         for path in sorted(package.rglob("*.py")):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            uses = sum(isinstance(node, ast.Name) and node.id == "for_path" and isinstance(node.ctx, ast.Load)
-                       for node in ast.walk(tree))
-            if uses:
-                found[path.relative_to(root).as_posix()] = uses
+            visit(ast.parse(path.read_text(encoding="utf-8")), path.relative_to(root).as_posix(), [])
     return found
 
 
 def test_the_counter_sees_calls_and_the_name_passed_on(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
-    (package / "a.py").write_text("from s import for_path\nx = for_path(p)\nys = list(map(for_path, ps))\n")
+    (package / "a.py").write_text("from s import for_path\nx = for_path(p)\n\n\nclass A:\n    def f(self):\n"
+                                  "        return list(map(for_path, ps))\n")
     (package / "b.py").write_text("def for_path(p):\n    return p\n")  # a definition is not a use
-    assert for_path_uses(tmp_path, (package,)) == {"pkg/a.py": 2}
+    assert uses_of("for_path", tmp_path, (package,)) == {("pkg/a.py", ""): 1, ("pkg/a.py", "A.f"): 1}
 
 
-def test_a_backend_is_chosen_again_nowhere_new():
-    found = for_path_uses(SHARDIO_DIR.parent, (SHARDIO_DIR, PREPROCESS_DIR))
-    more = {module: (count, FOR_PATH_USES.get(module, 0)) for module, count in found.items()
-            if count > FOR_PATH_USES.get(module, 0)}
-    assert not more, ("for_path used more than allowed (module: (uses, allowed)); pass the Storage the caller "
-                      f"opened instead of resolving the path again: {more}")
-    fewer = {module: (found.get(module, 0), allowed) for module, allowed in FOR_PATH_USES.items()
-             if found.get(module, 0) < allowed}
-    assert not fewer, ("fewer for_path uses than allowed: lower FOR_PATH_USES to match (module: (uses, allowed)): "
-                       f"{fewer}")
+def test_only_the_openers_choose_a_backend():
+    found = uses_of("for_path", SHARDIO_DIR.parent, (SHARDIO_DIR, PREPROCESS_DIR))
+    others = sorted(set(found) - set(OPENERS))
+    assert not others, ("for_path outside the openers (module, function): take the DatasetRoot the caller opened "
+                        f"(shardio.store.root) instead of choosing the backend again: {others}")
+    assert set(found) == set(OPENERS) and all(count == 1 for count in found.values()), f"stale OPENERS: {found}"
+
+
+def test_preprocess_opens_an_input_only_where_named():
+    found = set(uses_of("open_input", SHARDIO_DIR.parent, (PREPROCESS_DIR,)))
+    assert not found - INPUT_OPENERS, ("an input opened from its path again (module, function): pass the input "
+                                       f"its caller opened, or name the new opener in INPUT_OPENERS: "
+                                       f"{sorted(found - INPUT_OPENERS)}")
+    assert found == INPUT_OPENERS, f"stale INPUT_OPENERS: {sorted(INPUT_OPENERS - found)}"

@@ -30,6 +30,7 @@ from shardio.format.manifests import list_generations, load_index
 from shardio.format.shard_check import shard_problems
 from shardio.store import lease
 from shardio.store.backends import for_path
+from shardio.store.root import open_root
 from shardio.write import directory as dataset_dir
 from tests import lease_writer
 from tests.fault_proxy import FaultProxy
@@ -79,7 +80,7 @@ def assert_every_generation_whole(out: str) -> None:
     """Every kept root and ``manifest.json`` name only shard files that are there, whole."""
     for generation in [*list_generations(out), None]:
         index = load_index(out, generation)
-        assert shard_problems(out, index) == [], f"generation {index.generation} names missing or bad shards"
+        assert shard_problems(open_root(out), index) == [], f"generation {index.generation} names missing or bad shards"
 
 
 def input_files(out: str, number: int) -> set[str]:

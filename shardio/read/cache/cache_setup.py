@@ -14,6 +14,7 @@ from shardio.format import ShardEntry
 from shardio.read.cache.cache_dir import Downloader
 from shardio.read.cache.cache_units import ShardUnits
 from shardio.read.cache.shard_cache import ShardCache
+from shardio.store.root import Place
 
 __all__ = ["cache_for", "default_cache_dir", "default_cache_limit", "parse_size"]
 
@@ -50,14 +51,14 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
     return max(1, min(dataset_bytes, shutil.disk_usage(probe).free // 2))
 
 
-def cache_for(directory: str, shards: Sequence[ShardEntry], shape: tuple[int, int, int], cache_dir: str | None,
+def cache_for(place: Place, shards: Sequence[ShardEntry], shape: tuple[int, int, int], cache_dir: str | None,
               cache_limit: int | str | None, store: Downloader | None = None,
               buckets: Sequence[tuple[int, int]] | None = None) -> ShardCache:
     """The cache of a remote snapshot's ``shards`` (a ``ShardTable`` or a list of entries), defaults
     resolved (``default_cache_dir``, ``default_cache_limit``); no shard's unit is made until it is used.
     ``buckets``: a bucketed dataset's (h, w) by bucket id (each shard mapped at its bucket's shape)."""
     cache_dir = cache_dir or default_cache_dir()
-    units = ShardUnits(directory, shards)
+    units = ShardUnits(place, shards)
     if cache_limit is None:
         limit = default_cache_limit(int(units.sizes().sum()), cache_dir)
     else:

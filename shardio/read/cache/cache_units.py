@@ -7,29 +7,29 @@ algorithms) comes from the ``ShardTable``'s columns, and nothing per shard is ke
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
 from shardio.format.shard_table import ShardTable
 from shardio.format.entries import ShardEntry
 from shardio.read.cache.cache_dir import CachedShard
-from shardio.store.backends import for_path
+from shardio.store.root import DatasetRoot, Place, open_root
 
 __all__ = ["ShardUnits", "unit_sizes", "unit_algorithms"]
 
 
 class ShardUnits(Sequence[CachedShard]):
     """``units[i]``: shard ``i``'s ``CachedShard``, made anew at each call (the cache keeps those it
-    uses). ``join`` builds the URLs; by default the directory's backend's, found again after pickling
-    (a bound method of a store does not travel to a spawned worker)."""
+    uses). ``join`` builds the URLs; by default the root's backend's (the root travels to a spawned worker
+    as its path, and is opened again there). Given a path and a ``join``, no backend is asked for."""
 
-    def __init__(self, directory: str, shards: Sequence[ShardEntry],
+    def __init__(self, place: Place, shards: Sequence[ShardEntry],
                  join: Callable[..., str] | None = None) -> None:
-        self.directory = directory
+        self._place = place
+        self.directory = str(place)
         self.shards = shards if isinstance(shards, ShardTable) else ShardTable.from_entries(shards)
         self._join = join
-        self._backend_join: Callable[..., str] | None = None
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -46,19 +46,19 @@ class ShardUnits(Sequence[CachedShard]):
         return CachedShard.of(self.directory, self.shards[index], self.join)
 
     @property
+    def root(self) -> DatasetRoot:
+        """The dataset's root (opened here, once, only for units made from a path)."""
+        if not isinstance(self._place, DatasetRoot):
+            self._place = open_root(self._place)
+        return self._place
+
+    @property
     def join(self) -> Callable[..., str]:
-        if self._join is not None:
-            return self._join
-        if self._backend_join is None:
-            self._backend_join = for_path(self.directory).join
-        return self._backend_join
+        return self._join if self._join is not None else self.root.storage.join
 
     def sizes(self) -> np.ndarray:
         """Every unit's size (its ``.npy`` and ``.jsonl`` bytes), int64, from the table's columns."""
         return self.shards.column("bytes") + self.shards.column("meta_bytes")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_backend_join": None}
 
 
 def unit_sizes(units: Sequence[CachedShard]) -> np.ndarray:

@@ -47,7 +47,6 @@ from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
 from shardio.read.jpeg_pixels import JpegPixels, map_jpeg_shard
 from shardio.read.yuv_pixels import YuvPixels, map_yuv_shard
-from shardio.store.backends import for_path
 
 __all__ = ["ShardCache"]
 
@@ -495,9 +494,11 @@ class ShardCache:
             self.stats[name] += n
 
     def _store(self) -> Downloader:
-        if self.store is None:  # the storage backend of the URLs (not pickled: each process makes its own)
-            return for_path(self.units[0].npy_url)  # a unit made for its URL, not kept
-        return self.store
+        if self.store is not None:
+            return self.store
+        if isinstance(self.units, ShardUnits):  # the root's backend (a pickled root opens again in each process)
+            return self.units.root.storage
+        raise ValueError("a ShardCache over a list of units is given the store they are downloaded from")
 
     def close(self) -> None:
         """Stop the download threads and release this process's hold on its files (they stay on disk

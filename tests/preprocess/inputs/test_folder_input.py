@@ -12,7 +12,7 @@ import pytest
 
 from preprocess.config import JobConfig
 from preprocess.inputs.folder_samples import iter_folder_samples
-from preprocess.inputs.kinds import NumberedClasses
+from preprocess.inputs.kinds import KindReader
 from preprocess.inputs.resolve import resolve_inputs
 from preprocess.plan import check_output_apart
 from preprocess.inputs.raw_sample import SampleProblem
@@ -72,7 +72,7 @@ def test_nested_classes_missing_sidecars_and_orphans(tmp_path):
                                                                ("dog/orphan", "missing_image")]
     assert "not in a class folder" in result.failures[0]["reason"]
     # The job's class table (the dataset's ids, across inputs) numbers them instead of the folder's own order.
-    table = NumberedClasses({"zebra": 0, "dog": 1, "cat": 2, "empty_class": 3})
+    table = KindReader(class_ids={"zebra": 0, "dog": 1, "cat": 2, "empty_class": 3})
     numbered = process_input(str(root), str(tmp_path / "numbered"), cfg, fingerprint(str(root)), reader=table)
     assert [r["cls"] for r in read_shards(str(tmp_path / "numbered"), numbered.shards)[1]] == [2, 2, 1, 0]
     without = process_input(str(root), str(tmp_path / "plain"), CFG, fingerprint(str(root)))
@@ -165,7 +165,7 @@ def test_tiff_bmp_and_gif_are_images_of_a_folder_or_counted_as_ignored_when_imag
     write_file(mixed / "c.txt", b"the bmp's caption")  # a left-out image's sidecar: left out with it
     write_file(mixed / "notes.md", b"not an image: neither a sample nor counted")
     resolved = resolve_inputs([str(mixed)])
-    assert resolved.paths == [str(mixed)]
+    assert resolved.paths == [str(mixed)] and resolved.kinds == {str(mixed): "folder"}  # its task is told
     assert resolved.files_ignored == [
         {"input": str(mixed), "files": 4, "first": "b.tif",
          "reason": "image files image_extensions leaves out (bmp 1, gif 1, tif 1, tiff 1)"}]

@@ -15,13 +15,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from preprocess.config import JobConfig
-from preprocess.inputs.kinds import samples_of
+from preprocess.inputs.kinds import KindReader, samples_of
 from preprocess.inputs.resolve import resolve_inputs
 from preprocess.inputs.parquet_samples import iter_parquet_samples
 from preprocess.inputs.raw_sample import RawSample, SampleProblem
+from preprocess.inputs.run_inputs import PathInputs
 from preprocess.worker import process_input
 from shardio.errors import InputError
 from shardio.store.backends import for_path
+from shardio.write.editable_index import EditableIndex
 from tests.parquet_factory import (hf_table, img2dataset_table, with_non_utf8_column_name,
                                    write_parquet as write)
 from tests.tar_factory import decode_index, index_image, jpeg_bytes, png_bytes, read_shards
@@ -278,3 +280,19 @@ def test_hugging_face_class_names_travel_in_json(tmp_path):
     assert [s.fields.get("cls") for s in found] == [b"1", None, b"0"]  # -1: no label
     assert [json.loads(s.fields["json"]) if "json" in s.fields else None for s in found] == [
         {"class": "dog"}, None, {"class": "cat"}]
+
+
+def test_the_kind_the_resolution_read_is_told_to_the_task_not_read_again(tmp_path, monkeypatch):
+    nameless = tmp_path / "part-0"
+    os.link(write(tmp_path / "a.parquet", hf_table(range(2))), nameless)
+    resolved = resolve_inputs([str(nameless)])
+    assert resolved.kinds == {str(nameless): "parquet"}  # its first bytes, read once by the resolution
+    reader = PathInputs(resolved).reader(EditableIndex.of(None, (8, 8, 3), {}, {}), [])
+    assert isinstance(reader, KindReader)
+
+    def no_head(*args, **kwargs):
+        raise AssertionError("the task read the input's first bytes again")
+
+    monkeypatch.setattr("preprocess.inputs.kinds.input_kind", no_head)
+    found = list(reader(str(nameless), CFG, os.path.getsize(nameless), ""))
+    assert [s.key for s in found] == ["part-0/0", "part-0/1"]
