@@ -51,7 +51,7 @@ def test_a_listed_size_that_is_not_the_buckets_is_inconsistent(tmp_path):
     def forge(arrays):
         arrays["shard_bucket"] = 1 - arrays["shard_bucket"]
 
-    from tests.format.test_bucket_format import rewrite_segment
+    from tests.bucket_fixtures import rewrite_segment
 
     rewrite_segment(out, forge)
     problems = [b.problem for b in verify_dataset(out).bad]
