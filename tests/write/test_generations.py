@@ -1,6 +1,6 @@
 """The dataset-directory protocol without Ray (``shardio.write.directory``): generations, what retention keeps,
 what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``; an input of a
-bucketed dataset replaced with other buckets.
+bucketed dataset replaced with other buckets; a bucketed dataset kept by dropping inputs and restoring a root.
 The end-to-end behaviour through ``preprocess`` is in tests/preprocess/test_retention_job.py."""
 
 from __future__ import annotations
@@ -283,3 +283,22 @@ def test_an_input_replaced_with_other_buckets_is_read_at_its_new_shapes_and_the_
     assert sorted(collected.files) == sorted(p for e in old for p in (e.path, e.meta_path))
     assert not any(os.path.exists(os.path.join(out, e.path)) for e in old)
     assert len(open_dataset(out)) == 7 + 9
+
+
+@pytest.fixture(params=["raw", "jpeg"])
+def bucketed(tmp_path, request) -> str:
+    return make_bucketed_dataset(str(tmp_path / "bucketed"), BUCKETS, (20, 27, 13), encoding=request.param)
+
+
+def test_dropping_inputs_and_restoring_a_root_keep_a_bucketed_dataset(bucketed):
+    dataset_dir.drop_inputs(bucketed, ["input-1.tar"])
+    index = load_index(bucketed)
+    assert index.format_version == 4 and {e.input for e in index.shards} == {"input-0.tar"}
+    assert index.shards.bucket_ids().tolist() == [e.bucket for e in index.shards]
+    with open(os.path.join(bucketed, "manifest.json"), "w") as f:
+        f.write("{not json")
+    restored = dataset_dir.restore_manifest(bucketed)
+    assert restored is not None and restored.buckets == BUCKETS
+    snapshot = open_dataset(bucketed, verify=True)
+    assert snapshot.is_bucketed and len(snapshot) == sum(e.samples for e in index.shards)
+    assert json.load(open(os.path.join(bucketed, "manifest.json")))["format_version"] == 4
