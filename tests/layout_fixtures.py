@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -89,9 +90,13 @@ class LayoutDataset:
     def samples(self) -> int:
         return sum(self.sizes)
 
+    @cached_property
+    def _buckets_in_writing_order(self) -> list[int]:
+        return bucket_order(self.sizes) if self.bucketed else [0] * self.samples
+
     def bucket_of(self, number: int) -> int:
         """The bucket of sample ``number`` (its writing order: ``bucket_fixtures.bucket_order``)."""
-        return bucket_order(self.sizes)[number] if self.bucketed else 0
+        return self._buckets_in_writing_order[number]
 
     def stored_numbers(self, dataset) -> np.ndarray:
         """The sample number at each stored index of ``dataset`` (a ``ShardDataset`` of this one): the index
