@@ -6,7 +6,7 @@ beside a square centre crop's (|log(source w/h)|), with the stored area over the
 bench corpus holds eight web photo sizes (4:3 to 16:9, landscape and portrait); a LAION-like spread, random
 crops of those photos (each side cut to a uniform 37-100% of it, so log aspect spreads to beyond 1:3 and 3:1,
 and a centre crop loses 0.38 / 1.03 at median / p95, as on LAION-like data), is scored from the sizes alone:
-the bucket an image takes depends on its size only (``tests/preprocess/image/test_bucket_transform.py`` checks the
+the bucket an image takes depends on its size only (``tests/preprocess/image/test_transform.py`` checks the
 transform stores exactly that bucket's shape).
 
 Job cost: the job over every tar in bucket mode and in centre-crop mode, interleaved rounds in one Ray

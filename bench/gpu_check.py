@@ -40,8 +40,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CUDA_TEST_FILES = ["tests/train/test_cuda_path.py", "tests/train/test_device_decode.py",
-                   "tests/train/test_dataset_device.py", "tests/read/test_content_box_reader.py",
-                   "tests/train/test_bucket_cuda.py", "tests/read/test_dataset_buckets.py"]
+                   "tests/train/test_dataset_device.py", "tests/read/test_content_box_reader.py"]
 
 # (part, seconds on one H100 with 16 cores, what it does at full size); the dry run prints these.
 PLAN = [

@@ -28,7 +28,7 @@ from shardio.write.shard_writer import InputShardWriter, write_manifest
 from dataset_fixtures import encode_jpeg, jpeg_identifying_pixels, self_identifying_pixels
 
 __all__ = ["make_bucketed_dataset", "bucket_config", "bucket_order", "key_bucket", "key_index",
-           "swap_shard_buckets", "BUCKETS"]
+           "swap_shard_buckets", "BUCKETS", "root", "write_root", "segment_arrays", "rewrite_segment"]
 
 # Three shapes within a 16x16 budget (tall, square, wide): small enough for fast tests.
 BUCKETS = ((20, 12), (16, 16), (12, 20))
@@ -126,3 +126,37 @@ def swap_shard_buckets(directory: str, first: int, second: int) -> None:
             f.write(data)
     with open(manifest_path, "w", encoding="utf-8") as f:
         json.dump(root, f)
+
+
+def root(directory: str) -> dict:
+    """The dataset's root (``manifest.json``) as JSON."""
+    with open(os.path.join(directory, "manifest.json")) as f:
+        return json.load(f)
+
+
+def write_root(directory: str, doc: dict) -> None:
+    """Write ``doc`` as the root, as a forger or an old writer would."""
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(doc, f)
+
+
+def segment_arrays(directory: str, rel: str) -> dict[str, np.ndarray]:
+    """The arrays of index segment ``rel``."""
+    with np.load(os.path.join(directory, rel), allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
+def rewrite_segment(directory: str, mutate) -> str:
+    """Replace the root's (only) segment by ``mutate(arrays)``'s, renamed by its new sha256 as a forger
+    would; returns its path."""
+    doc = root(directory)
+    assert len(doc["segments"]) == 1
+    arrays = segment_arrays(directory, doc["segments"][0]["path"])
+    mutate(arrays)
+    data = segment_bytes(arrays)
+    rel = segment_path(data)
+    with open(os.path.join(directory, rel), "wb") as f:
+        f.write(data)
+    doc["segments"][0].update(path=rel, bytes=len(data))
+    write_root(directory, doc)
+    return rel

@@ -16,6 +16,7 @@ import pytest
 
 from tests.azure_server import AzureServer
 from tests.gcs_server import GCSServer
+from tests.layout_fixtures import LAYOUTS, Layout, LayoutDataset
 from tests.object_stores import CloudBucket
 from tests.s3_server import S3Server
 from tests.tar_factory import TarFactory
@@ -112,3 +113,18 @@ def encoding(request) -> str:
     """The pixel encoding of a test dataset: the reader's behavioural tests run on both (a module fixture, so
     module-scoped datasets are written once per encoding)."""
     return request.param
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def layout(request) -> Layout:
+    """The layout of a test dataset, single shape or aspect-ratio buckets (tests/layout_fixtures.py):
+    ``layout.make(directory, encoding)`` writes it. A module fixture, like ``encoding``; a test that runs
+    only some pairs parametrises ``layout`` itself (``indirect=True``)."""
+    return Layout(request.param)
+
+
+@pytest.fixture(scope="module")
+def layout_dataset(tmp_path_factory, layout: Layout, encoding: str) -> LayoutDataset:
+    """The reader suites' dataset of each layout and encoding, written once per module (``Layout.make``'s
+    defaults: 117 samples of one shape, or 73 in three buckets)."""
+    return layout.make(str(tmp_path_factory.mktemp(f"{layout}-{encoding}") / "ds"), encoding)

@@ -121,12 +121,14 @@ def make_dataset(
 
 
 def indices(batch: dict[str, Any]) -> np.ndarray:
-    """The stored indices of a batch's samples, read from the pixels; checks label and key agree."""
+    """The stored indices of a batch's samples, read from the pixels; checks label and key agree (a key
+    ``s{i:06d}``, or in a bucketed dataset's batch ``b{bucket}-{i:06d}``, ``tests.bucket_fixtures``)."""
     image = batch["image"]
     assert image.dtype == torch.uint8 and image.ndim == 4 and image.shape[-1] == 3
     found = pixel_indices(image)
     assert (batch["cls"].numpy() == found).all(), "label and pixels disagree"
-    assert batch["__key__"] == [f"s{i:06d}" for i in found], "keys and pixels disagree"
+    prefix = f"b{int(batch['bucket'])}-" if "bucket" in batch else "s"
+    assert batch["__key__"] == [f"{prefix}{i:06d}" for i in found], "keys and pixels disagree"
     return found
 
 

@@ -1,4 +1,4 @@
-"""One rank of the DDP tests (``tests/train/test_lightning.py``, ``tests/train/test_bucket_ddp.py``), run under
+"""One rank of the DDP tests (``tests/train/test_lightning.py``: a single-shape and a bucketed dataset), run under
 torchrun: trains one epoch with ``ShardDataModule`` on CPU (gloo) and writes what this rank trained on to
 OUT/rank{R}.json: the sample indices, or with ``buckets`` as third argument each step's bucket, image shape
 and keys (a bucketed dataset's)."""

@@ -1,9 +1,10 @@
 """Compaction as columns (shardio.format.segment_merge): the same bytes as the object path (decode, merge,
-encode) over random histories, no entry object made by a commit's compaction, and malformed segments
-named."""
+encode) over random histories, a bucketed dataset's ``shard_bucket`` carried too, no entry object made by a
+commit's compaction, and malformed segments named."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import random
@@ -22,6 +23,7 @@ from shardio.format.entries import InputEntry, ShardEntry
 from shardio.store.root import open_root
 from shardio.write import commit as dataset_commit
 from tests.index_steps import expected_inputs, run_steps
+from tests.layout_fixtures import Layout
 
 # ASCII, Latin, CJK, an emoji, a name with a NUL inside and one that is another plus a NUL: byte order
 # differs from naive fixed-width order exactly there.
@@ -85,15 +87,49 @@ def columns_merge(blobs: list[bytes], from_start: bool) -> bytes | None:
     return merged.data
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_columns_merge_to_the_same_bytes_as_objects_over_random_histories(seed):
-    blobs = [encode_segment(d) for d in random_history(seed)]
+def bucketed_history(seed: int, segments: int = 12) -> list[Delta]:
+    """``random_history``'s deltas as a bucketed dataset's: each shard in a random one of 5 buckets."""
+    rng = random.Random(seed)
+    out = []
+    for delta in random_history(seed, segments):
+        inputs = {name: (entry, [dataclasses.replace(e, bucket=rng.randrange(5)) for e in shards], listed)
+                  for name, (entry, shards, listed) in delta.inputs.items()}
+        out.append(Delta(inputs, delta.removed, bucketed=True))
+    return out
+
+
+@pytest.mark.parametrize("layout, seed", [*(("single", seed) for seed in range(40)),
+                                          *(("buckets", seed) for seed in range(20))], indirect=["layout"])
+def test_columns_merge_to_the_same_bytes_as_objects_over_random_histories(layout: Layout, seed):
+    """In a bucketed dataset the merge carries ``shard_bucket``: the newest segment naming an input decides its
+    shards' buckets (a single-shape dataset's are all 0)."""
+    history = bucketed_history(seed) if layout.bucketed else random_history(seed)
+    blobs = [encode_segment(d) for d in history]
+    decoded = [decode_segment(blob, "x") for blob in blobs]
     rng = random.Random(seed)
     for _ in range(8):
         start = rng.randrange(len(blobs))
-        run = blobs[start:start + rng.randint(1, 8)]
+        stop = start + rng.randint(1, 8)
+        run = blobs[start:stop]
         for from_start in (start == 0, True, False):
-            assert columns_merge(run, from_start) == object_merge(run, from_start)
+            merged = columns_merge(run, from_start)
+            assert merged == object_merge(run, from_start)
+            if merged is not None:
+                delta = decode_segment(merged, "merged")
+                assert delta.bucketed == layout.bucketed
+                live = {}
+                for d in decoded[start:stop]:  # what the run's segments say, newest last
+                    for name in d.removed:
+                        live.pop(name, None)
+                    live.update({n: [(e.path, e.bucket) for e in v[1]] for n, v in d.inputs.items()})
+                assert {n: [(e.path, e.bucket) for e in v[1]] for n, v in delta.inputs.items()} == live
+
+
+def test_a_single_shape_merge_has_no_bucket_column():
+    blobs = [encode_segment(d) for d in random_history(3)]
+    merged = columns_merge(blobs[:8], True)
+    assert merged is not None and not decode_segment(merged, "m").bucketed
+    assert b"shard_bucket" not in merged
 
 
 @pytest.mark.parametrize("seed", range(6))

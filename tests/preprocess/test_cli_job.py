@@ -1,4 +1,5 @@
-"""The job end to end through the CLI (in-process, typer's CliRunner): exit codes, report, shards."""
+"""The job end to end through the CLI (in-process, typer's CliRunner): exit codes, report, shards; ``mode: bucket``
+puts every sample once in a shard of its bucket's shape (tests/bucket_jobs.py), raw and JPEG."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import shardio
 from preprocess.cluster import ray_tasks
 from preprocess.cli import app
 from preprocess.config import JobConfig
+from preprocess.image.buckets import nearest_bucket
 from preprocess.job import RunOptions, RunReport, report_json, run_job
 from tests.ray_helpers import occupy_node_cpu
+from tests.bucket_jobs import JOB_BUCKETS, SOURCE_SIZES, check_buckets, make_bucket_tars, run_bucket_job
+from tests.dataset_compare import dataset_state
 from tests.tar_factory import Member, decode_index
 from tests.legacy_format import legacy_doc
 from tests.object_stores import unusable_credentials
@@ -242,3 +246,28 @@ def test_the_report_survives_any_content_and_an_error_after_a_commit(ray_cluster
     assert "stopped by an error: RuntimeError: a bug in a progress hook" in saved_report["warnings"]
     assert saved_report["inputs_processed"] == [tars.made[0]] and saved_report["dataset_samples"] == 3
     assert len(shardio.open_dataset(out)) == 3
+
+
+# --- mode: bucket --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_every_sample_lands_once_in_a_shard_of_its_bucket(ray_cluster, tars, tmp_path, encoding) -> None:
+    pattern, samples = make_bucket_tars(tars, [23, 17])
+    out = str(tmp_path / "out")
+    result = run_bucket_job(pattern, "--output", out, "--encoding", encoding)
+    assert result.exit_code == 0, result.output
+    per_bucket = check_buckets(out, samples)
+    expected: dict[int, int] = {}
+    for index in range(samples):
+        bucket = nearest_bucket(*SOURCE_SIZES[index % len(SOURCE_SIZES)], JOB_BUCKETS)
+        expected[bucket] = expected.get(bucket, 0) + 1
+    assert per_bucket == expected and len(expected) >= 4
+    # Within an input: one open shard a bucket, full ones of samples_per_shard, the input's last of each
+    # bucket partial; file numbers count the input's shards across its buckets.
+    state = dataset_state(out)
+    names = sorted(os.path.basename(s["path"]) for s in state["shards"])
+    assert len(names) == len(set(names))
+    # The rerun reads the stored config (the resolved list): nothing to do, nothing changed.
+    again = runner.invoke(app, ["run", pattern, "--output", out, "-q"], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert dataset_state(out) == state

@@ -3,8 +3,9 @@
 The kill loop runs the CLI as subprocesses that join the session's Ray cluster (no Ray start-up per
 run), SIGKILLs them at random moments over the length of an uninterrupted run, checks that what is
 visible in between is always a valid dataset, and finally compares the finished result with that
-uninterrupted run byte for byte. Worker deaths and full disks are simulated inside the Ray task by
-swapping ``ray_tasks._task`` for a wrapper (cloudpickle ships the local function by value).
+uninterrupted run byte for byte (a bucketed run too, its shards' buckets the uninterrupted run's). Worker deaths
+and full disks are simulated inside the Ray task by swapping ``ray_tasks._task`` for a wrapper (cloudpickle ships
+the local function by value).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+import shardio
 from preprocess.cluster import ray_tasks
 from preprocess.cli import app
 from shardio.store.backends import for_path
 from shardio.store.local import LocalStorage, atomic_writer
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset, decoded_indices
+from tests.bucket_jobs import BUCKET_FLAGS, check_buckets, make_bucket_tars
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -217,3 +220,36 @@ def test_disk_full_writing_the_manifest_publishes_nothing(ray_cluster, tars, tmp
     assert open(os.path.join(out, "manifest.json"), "rb").read() == manifest_before
     assert_clean(out)  # b.tar's finished shards were removed with the temp manifest: nothing unlisted
     assert_indices(out, list(range(10)))
+
+
+# --- mode: bucket --------------------------------------------------------------------------------------------------
+
+def _start_bucket_run(pattern: str, out: str, address: str, log: str, encoding: str) -> subprocess.Popen:
+    with open(log, "ab") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "preprocess.cli", "run", pattern, "--output", out, *BUCKET_FLAGS,
+                                 "--encoding", encoding, "-q", "--ray-address", address],
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_kill_9_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tmp_path, encoding) -> None:
+    pattern, samples = make_bucket_tars(tars, [40, 25, 33, 9])
+    log, reference = str(tmp_path / "runs.log"), str(tmp_path / "reference")
+    run = _start_bucket_run(pattern, reference, ray_cluster, log, encoding)
+    startup_s, whole_s = watch(run, reference)
+    assert run.returncode == 0, open(log).read()
+    check_buckets(reference, samples)
+    rng = random.Random(32)
+    for attempt in range(2):
+        # Killed at a random moment after its first shard file appeared: mid-write, mid-commit.
+        out = str(tmp_path / f"out{attempt}")
+        run = _start_bucket_run(pattern, out, ray_cluster, log, encoding)
+        watch(run, out, ("write", rng.uniform(0.0, whole_s - startup_s)))
+        wait_for_dead_runs_tasks()
+        result = runner.invoke(app, ["run", pattern, "--output", out, *BUCKET_FLAGS, "--encoding", encoding, "-q"],
+                               catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert_same_dataset(out, reference)
+        assert_clean(out)
+        assert list(shardio.open_dataset(out).shard_buckets) == list(shardio.open_dataset(reference).shard_buckets)

@@ -1,5 +1,6 @@
 """Reruns over nightly drops: only new or changed inputs are processed, and the result is byte for byte
-what one run over everything gives; a changed input's shards are replaced, a vanished one's kept."""
+what one run over everything gives; a changed input's shards are replaced, a vanished one's kept; a bucketed
+dataset's rerun processes only the new input and counts its samples per bucket, and refuses another bucket list."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from typer.testing import CliRunner
 
 import shardio
 from preprocess.cli import app
+from preprocess.image.buckets import nearest_bucket
 from tests.dataset_compare import assert_clean, assert_indices, assert_same_dataset, dataset_state
+from tests.bucket_jobs import (BUCKET_FLAGS, JOB_BUCKETS, SOURCE_SIZES, check_buckets, make_bucket_tars,
+                               run_bucket_job)
 from tests.legacy_format import legacy_doc
 from tests.paths import REPO_ROOT
+from tests.tar_factory import Member, index_image, jpeg_bytes
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -154,3 +159,42 @@ def test_a_rerun_without_flags_uses_the_datasets_config_and_a_disagreeing_key_is
     for key in ("height: dataset has 16, this run 256", "width:", "samples_per_shard:", "resample:"):
         assert key in said, said
     assert dataset_state(out) == before
+
+
+# --- mode: bucket --------------------------------------------------------------------------------------------------
+
+def test_an_incremental_run_processes_only_the_new_input(ray_cluster, tars, tmp_path) -> None:
+    pattern, samples = make_bucket_tars(tars, [11, 9])
+    out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
+    assert run_bucket_job(pattern, "--output", out).exit_code == 0
+    before = dataset_state(out)
+    tars.write("02.tar", [Member(f"{i:06d}.jpg", jpeg_bytes(index_image(i, *SOURCE_SIZES[i % len(SOURCE_SIZES)])))
+                          for i in range(samples, samples + 7)])
+    result = runner.invoke(app, ["run", pattern, "--output", out, *BUCKET_FLAGS, "--report", report],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    counts: dict[str, int] = {}
+    for index in range(samples, samples + 7):
+        h, w = JOB_BUCKETS[nearest_bucket(*SOURCE_SIZES[index % len(SOURCE_SIZES)], JOB_BUCKETS)]
+        counts[f"{h}x{w}"] = counts.get(f"{h}x{w}", 0) + 1
+    expected = ", ".join(f"{h}x{w} {counts[f'{h}x{w}']}" for h, w in JOB_BUCKETS if f"{h}x{w}" in counts)
+    assert f"samples written per bucket (h x w, as `shardio info`): {expected}" in said
+    with open(report, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["inputs_skipped_count"] == 2 and len(doc["inputs_processed"]) == 1
+    assert doc["samples_per_bucket"] == {f"{h}x{w}": counts[f"{h}x{w}"] for h, w in JOB_BUCKETS if f"{h}x{w}" in counts}
+    check_buckets(out, samples + 7)
+    after = dataset_state(out)
+    assert {k: v for k, v in after["files"].items() if k in before["files"]} == before["files"]
+
+
+def test_another_bucket_list_is_refused(ray_cluster, tars, tmp_path) -> None:
+    pattern, _ = make_bucket_tars(tars, [5])
+    out = str(tmp_path / "out")
+    assert run_bucket_job(pattern, "--output", out).exit_code == 0
+    config = tmp_path / "other.yaml"
+    config.write_text("buckets: [[32, 32], [24, 40], [40, 24]]\n")
+    result = runner.invoke(app, ["run", pattern, "--output", out, "--config", str(config), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "buckets: dataset has" in " ".join(result.output.split())

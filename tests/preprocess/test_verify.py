@@ -1,6 +1,7 @@
 """`preprocess verify`: a flipped bit, a truncated or a missing shard is caught and named; --repair rebuilds only
 that input, byte for byte; an input that is gone is named as unrepairable. Each on a dataset of raw pixels
-and on one of JPEGs (``encoding: jpeg``, ``.jpg.npy`` shards)."""
+and on one of JPEGs (``encoding: jpeg``, ``.jpg.npy`` shards). A bucketed dataset's damaged shard, and shards
+the index lists in a swapped bucket of the same size, are named and rebuilt."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import shardio
 from preprocess.cli import app
 from shardio.format.jpeg_shard import jpeg_data_start
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
 from tests.dataset_fixtures import flip_bits
+from tests.bucket_fixtures import swap_shard_buckets
+from tests.bucket_jobs import JOB_BUCKETS, check_buckets, make_bucket_tars, run_bucket_job
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -117,3 +121,55 @@ def test_verify_on_a_missing_dataset_says_so(tmp_path):
     result = verify(str(tmp_path / "nothing"))
     assert result.exit_code == 1
     assert "no such dataset directory" in " ".join(result.output.split())  # rich wraps long paths
+
+
+# --- mode: bucket --------------------------------------------------------------------------------------------------
+
+def test_verify_names_a_damaged_bucket_shard_and_repair_rebuilds_it(ray_cluster, tars, tmp_path) -> None:
+    pattern, samples = make_bucket_tars(tars, [13, 8])
+    out = str(tmp_path / "out")
+    assert run_bucket_job(pattern, "--output", out).exit_code == 0
+    before = dataset_state(out)
+    # A shard of a bucket whose shape is not the budget's.
+    ds = shardio.open_dataset(out)
+    shard = next(i for i in range(len(ds.shards)) if ds.shard_shape(i) != (32, 32))
+    bad, (h, w) = before["shards"][shard], ds.shard_shape(shard)
+    assert bad["path"] == ds.shards[shard].path
+    path = os.path.join(out, bad["path"])
+    assert os.path.getsize(path) == 128 + bad["samples"] * h * w * 3  # the header's shape is the bucket's
+    flip_bits(path, 128 + h * w * 3 // 2, 0x10)
+    result = runner.invoke(app, ["verify", out])
+    assert result.exit_code == 1 and bad["path"] in result.output, result.output
+    repaired = runner.invoke(app, ["verify", out, "--repair"])
+    assert repaired.exit_code == 0, repaired.output
+    after = dataset_state(out)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
+    assert_clean(out)
+    check_buckets(out, samples)
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_verify_names_shards_listed_in_a_swapped_bucket_and_repair_rebuilds_their_inputs(
+        ray_cluster, tars, tmp_path, encoding) -> None:
+    """16x48 and 48x16 shards have the same sizes: an index whose ids of the two were exchanged passes every
+    size and checksum. verify reads each shard's header; --repair rebuilds the inputs behind them, whose
+    images are given their buckets again (the shard files were right, the index wrong)."""
+    pattern, samples = make_bucket_tars(tars, [13, 8])
+    out = str(tmp_path / "out")
+    assert run_bucket_job(pattern, "--output", out, "--encoding", encoding).exit_code == 0
+    before = dataset_state(out)
+    wide, tall = JOB_BUCKETS.index((16, 48)), JOB_BUCKETS.index((48, 16))
+    swapped = [e.path for e in shardio.open_dataset(out).shards if e.bucket in (wide, tall)]
+    assert swapped and len(swapped) < len(before["shards"])
+    swap_shard_buckets(out, wide, tall)
+    result = runner.invoke(app, ["verify", out])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and said.count("BAD ") == len(swapped), result.output
+    assert all(path in said for path in swapped) and "16x48" in said and "48x16" in said
+    assert "--repair" in said
+    repaired = runner.invoke(app, ["verify", out, "--repair"])
+    assert repaired.exit_code == 0 and "repaired" in repaired.output, repaired.output
+    after = dataset_state(out)
+    assert after["shards"] == before["shards"] and after["files"] == before["files"], "not rebuilt byte for byte"
+    assert_clean(out)
+    check_buckets(out, samples)

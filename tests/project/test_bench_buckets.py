@@ -1,5 +1,6 @@
 """bench.buckets: the aspect figures are the transform's stored shapes against the sources, and the job
-rounds alternate the two modes with a per-round ratio (no Ray: the job is scripted); the bench's rows."""
+rounds alternate the two modes with a per-round ratio (no Ray: the job is scripted); the bench's rows; the
+synthetic bucketed index ``bench.bucket_index`` measures is a valid version 4 index."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from bench import buckets as bench_buckets
 from bench.run import _bucket_figures
 from preprocess.config import JobConfig
+from shardio.format.manifests import load_index
 from tests.tar_factory import index_image, jpeg_bytes
 
 
@@ -68,3 +70,19 @@ def test_the_bench_rows() -> None:
     rows = {row["name"]: row for row in _bucket_figures(result)}
     assert [row["met"] for row in rows.values()] == [True, True, True, False]
     assert rows["job bucket / job center_crop (images/s)"]["target"] == 0.95
+
+
+def test_the_benchs_synthetic_bucketed_index_is_a_valid_version_4_index(tmp_path):
+    """``bench.synthetic_index --buckets``, what ``bench.bucket_index`` measures: it loads, checked, with
+    shard ``i`` in bucket ``7 i % buckets``; without buckets it is a version 3 index."""
+    from bench.bucket_index import child
+    from bench.synthetic_index import write_index
+
+    bucketed, plain = str(tmp_path / "b"), str(tmp_path / "p")
+    write_index(bucketed, 1000, buckets=20)
+    write_index(plain, 1000)
+    index = load_index(bucketed)
+    assert index.format_version == 4 and len(index.buckets) == 20 == len(set(index.buckets))
+    assert index.shards.bucket_ids().tolist() == [(7 * i) % 20 for i in range(1000)]
+    assert load_index(plain).format_version == 3 and not load_index(plain).is_bucketed
+    assert child(bucketed)["buckets"] == 20 and child(plain)["buckets"] == 1

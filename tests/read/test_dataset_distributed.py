@@ -1,14 +1,18 @@
-"""Ranks and workers: equal batch counts, every sample exactly once per epoch, the rank's order kept."""
+"""Ranks and workers: equal batch counts, every sample exactly once per epoch, the rank's order kept; in a
+bucketed dataset every rank reads the same bucket at each step, each bucket's rest dealt or dropped alone."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from bucket_fixtures import make_bucketed_dataset
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
+from layout_fixtures import READ_BUCKETS, LayoutDataset, batch_bucket, every_key
 
 from shardio import ShardDataset, ShardError, ShardLoader
 
@@ -140,3 +144,67 @@ def test_a_rank_that_cannot_open_fails_them_all(dataset_dir: str, tmp_path) -> N
     assert [r[1] for r in got] == ["error", "error"]
     assert "rank 1 could not open" in got[0][2] and "input-0-00000.npy" in got[0][2]
     assert "truncated" in got[1][2]
+
+
+# --- one shape a step: a bucketed dataset's ranks in step (a single-shape dataset is one bucket) ---------------
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_take_the_same_bucket_at_each_step(layout_dataset: LayoutDataset, world_size: int,
+                                                 drop_last: bool) -> None:
+    data, batch_size = layout_dataset, 4
+    ranks = [ShardDataset(data.path, batch_size, shuffle=True, seed=1, rank=r, world_size=world_size,
+                          drop_last=drop_last) for r in range(world_size)]
+    for ds in ranks:
+        ds.set_epoch(2)
+    epochs = [list(ds) for ds in ranks]
+    assert len({len(e) for e in epochs}) == 1 and len(epochs[0]) == len(ranks[0])
+    seen = Counter()
+    for step in range(len(epochs[0])):
+        buckets = set()
+        for r in range(world_size):
+            data.check(epochs[r][step])
+            buckets.add(batch_bucket(epochs[r][step]))
+        assert len(buckets) == 1, f"step {step}: ranks read buckets {buckets}"
+        for r in range(world_size):
+            seen.update(epochs[r][step]["__key__"])
+    every = every_key(ranks[0])
+    per_round = batch_size * world_size
+    if drop_last:  # each bucket's rest is dropped: exactly those samples are missing, the others once
+        assert set(seen.values()) == {1} and set(seen) <= set(every)
+        assert len(every) - len(seen) == sum(n % per_round for n in data.sizes)
+    else:  # every sample; a rank left with nothing in a bucket's short round repeats one of its samples
+        assert set(seen) == set(every)
+        repeats = sum(seen.values()) - len(every)
+        assert repeats == sum(max(0, world_size - n % per_round) for n in data.sizes if n % per_round)
+
+
+def test_workers_keep_order_and_counts(layout_dataset: LayoutDataset) -> None:
+    data = layout_dataset
+    direct = [b["__key__"] for b in ShardDataset(data.path, 4, shuffle=True, seed=3)]
+    ds = ShardDataset(data.path, 4, shuffle=True, seed=3)
+    loader = ShardLoader(ds, num_workers=2)
+    through = []
+    for batch in loader:
+        through.append(batch["__key__"])
+        assert tuple(batch["image"].shape[1:3]) == ds.buckets[batch_bucket(batch)]
+    assert through == direct
+    assert ds.batches_seen == len(ds)
+
+
+def test_an_empty_bucket_takes_no_round(tmp_path) -> None:
+    directory = make_bucketed_dataset(str(tmp_path), buckets=READ_BUCKETS, samples=[9, 0, 6], samples_per_shard=4)
+    for drop_last in (False, True):
+        ranks = [ShardDataset(directory, 2, shuffle=True, rank=r, world_size=2, drop_last=drop_last) for r in range(2)]
+        assert ranks[0].bucket_sizes == [9, 0, 6]
+        epochs = [list(ds) for ds in ranks]
+        assert len(epochs[0]) == len(epochs[1]) == len(ranks[0]) == (2 + 1 if drop_last else 3 + 2)
+        for a, b in zip(*epochs):
+            assert a["bucket"] == b["bucket"] != 1
+
+
+def test_drop_last_with_no_full_round_in_any_bucket_is_refused(tmp_path, encoding: str) -> None:
+    directory = make_bucketed_dataset(str(tmp_path), buckets=READ_BUCKETS, samples=[23, 41, 9], samples_per_shard=6,
+                                      encoding=encoding)
+    with pytest.raises(ValueError, match="in any bucket"):
+        ShardDataset(directory, 16, world_size=3, rank=0, drop_last=True)  # 48 a round, buckets of 23, 41, 9

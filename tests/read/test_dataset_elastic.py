@@ -1,11 +1,14 @@
 """Elastic resume: a state saved at one world size (and number of workers) resumes at another, and the
-new ranks together finish the epoch with every not-yet-seen sample exactly once, equal batch counts."""
+new ranks together finish the epoch with every not-yet-seen sample exactly once, equal batch counts; a
+bucketed dataset's ranks stay in step bucket by bucket across the change."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from bucket_fixtures import make_bucketed_dataset
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
+from layout_fixtures import READ_BUCKET_SIZES, READ_BUCKETS, LayoutDataset, counted, every_key, lockstep
 
 from shardio import ShardDataset, ShardLoader
 
@@ -125,3 +128,93 @@ def test_a_version_1_state_resumes_at_another_world_size(dataset_dir: str) -> No
     assert_exactly_once(np.concatenate(head + [b for batches in tail for b in batches]), SAMPLES)
     order = ShardDataset(dataset_dir, BATCH, shuffle=True, seed=11, **old).sample_order(1)
     assert (tail[0][0] == order[60:65]).all() and (tail[2][1] == order[85:90]).all()
+
+
+# --- either layout: lockstep ranks, a bucket at a time ---------------------------------------------------------
+
+def lockstep_ranks(directory: str, world_size: int, **kwargs) -> list[ShardDataset]:
+    return [ShardDataset(directory, 4, shuffle=True, seed=7, rank=r, world_size=world_size, **kwargs)
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize("old,new", [(3, 2), (2, 5), (1, 4)])
+def test_resume_at_another_world_size_sees_every_remaining_sample_once(layout_dataset: LayoutDataset, old: int,
+                                                                       new: int) -> None:
+    data = layout_dataset
+    first = lockstep_ranks(data.path, old)
+    head = lockstep(first, 4)
+    state = first[0].state_dict()
+    resumed = lockstep_ranks(data.path, new)
+    for ds in resumed:
+        ds.load_state_dict(state)
+    tail = lockstep(resumed)
+    seen, later = counted(head), counted(tail)
+    assert not set(seen) & set(later)
+    assert set(seen) | set(later) == set(every_key(ShardDataset(data.path, 4)))
+    # repeats only where a rank had nothing left of a bucket's short round: at most W - 1 a bucket
+    assert sum(seen.values()) - len(seen) <= (old - 1) * len(data.shapes)
+    assert sum(later.values()) - len(later) <= (new - 1) * len(data.shapes)
+    # the next epoch starts fresh
+    assert all(len(list(ds)) == len(ds) for ds in resumed)
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("buckets-elastic"))
+    return make_bucketed_dataset(directory, buckets=READ_BUCKETS, samples=READ_BUCKET_SIZES, samples_per_shard=6)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("last", [5, 2, 3])
+def test_a_bucketed_state_saved_after_scaling_up_resumes_at_any_world_size(bucketed: str, drop_last: bool,
+                                                                           last: int) -> None:
+    """2 ranks for 9 steps, then 5 ranks for one step, a state, then resumed at ``last`` ranks to the end:
+    the chain's batches see every sample once (repeats only where a rank had nothing left of a short
+    round)."""
+    every = every_key(ShardDataset(bucketed, 4))
+    first = lockstep_ranks(bucketed, 2, drop_last=drop_last)
+    head = lockstep(first, 3 if drop_last else 9)  # drop_last: 5 ranks still have a full round left
+    scaled = lockstep_ranks(bucketed, 5, drop_last=drop_last)
+    for ds in scaled:
+        ds.load_state_dict(first[0].state_dict())
+    middle = lockstep(scaled, 1)
+    state = scaled[0].state_dict()
+    assert state["epoch"] == 0 and 0 <= state["batches_seen"] <= len(scaled[0])
+    resumed = lockstep_ranks(bucketed, last, drop_last=drop_last)
+    for ds in resumed:
+        ds.load_state_dict(state)
+    tail = lockstep(resumed)
+    assert all(0 < ds.batches_seen <= len(ds) for ds in resumed)
+    parts = [counted(part) for part in (head, middle, tail)]
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert not set(parts[a]) & set(parts[b])
+    seen = set().union(*parts)
+    if drop_last:  # each bucket drops less than a round of the layout its rest was cut at
+        assert seen <= set(every)
+        assert len(every) - len(seen) < len(READ_BUCKETS) * 4 * 5
+    else:
+        assert seen == set(every)
+    for part, world in zip(parts, (2, 5, last)):
+        assert sum(part.values()) - len(part) <= (world - 1) * len(READ_BUCKETS)
+
+
+def test_a_bucketed_state_numbered_at_an_earlier_world_size_still_resumes(bucketed: str) -> None:
+    """A state whose ``batches_seen`` counts the batches of a layout before a resume (past this world
+    size's epoch) resumes from its bucket positions, every remaining sample once."""
+    first = lockstep_ranks(bucketed, 2)
+    head = lockstep(first, 9)
+    scaled = lockstep_ranks(bucketed, 5)
+    for ds in scaled:
+        ds.load_state_dict(first[0].state_dict())
+    middle = lockstep(scaled, 1)
+    state = {**scaled[0].state_dict(), "batches_seen": 10}  # 9 steps at 2 ranks, then one at 5
+    assert state["batches_seen"] > len(scaled[0])
+    resumed = lockstep_ranks(bucketed, 5)
+    for ds in resumed:
+        ds.load_state_dict(state)
+    tail = lockstep(resumed)
+    seen = [counted(part) for part in (head, middle, tail)]
+    assert set().union(*seen) == set(every_key(ShardDataset(bucketed, 4)))
+    assert not set(seen[2]) & (set(seen[0]) | set(seen[1]))
+    with pytest.raises(ValueError, match="batches_seen=-1"):
+        lockstep_ranks(bucketed, 5)[0].load_state_dict({**state, "batches_seen": -1})

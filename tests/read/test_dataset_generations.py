@@ -1,9 +1,11 @@
 """Resume while the dataset grows: a state pins its generation, the resumed epoch finishes on it even
-after new drops were committed, the next epoch moves to the newest generation (``follow_updates``)."""
+after new drops were committed, the next epoch moves to the newest generation (``follow_updates``), in either
+layout."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from torch.utils.data import DataLoader
 from typer.testing import CliRunner
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, retire_input
+from tests.layout_fixtures import Layout, every_key
 
 from preprocess.cli import app as preprocess_app
 from shardio import ShardDataset, ShardFormatError, ShardLoader
@@ -226,3 +229,26 @@ def test_gc_deleting_an_open_readers_files_says_so_not_repair(tmp_path) -> None:
             pass
     assert "--repair" not in str(e.value)
     assert sorted(epoch_of(make(directory))) == list(range(40, FIRST))  # the dataset itself is whole
+
+
+def test_a_state_resumes_its_generation_after_a_committed_drop(layout: Layout, tmp_path) -> None:
+    """In either layout: the resumed epoch (through workers) finishes on the state's generation, every
+    sample once; the next epoch moves to the newest generation, without the dropped input."""
+    data = layout.make(str(tmp_path / "ds"))
+    directory = data.path
+    before = every_key(ShardDataset(directory, 4))
+    ds = ShardDataset(directory, 4, shuffle=True, seed=1)
+    iterator = iter(ds)
+    head = [next(iterator)["__key__"] for _ in range(6)]
+    state = ds.state_dict()
+    newer = retire_input(directory, "input-0.tar")  # the fixture's first input
+    assert newer > state["generation"]
+    resumed = ShardDataset(directory, 4, shuffle=True, seed=1)
+    resumed.load_state_dict(state)
+    tail = [b["__key__"] for b in ShardLoader(resumed, num_workers=2)]
+    seen = Counter(k for batch in head + tail for k in batch)
+    assert set(seen) == set(before) and set(seen.values()) == {1}
+    assert resumed.snapshot.generation == state["generation"]
+    after = list(resumed)  # the next epoch moves to the newest generation
+    assert resumed.snapshot.generation == newer
+    assert sum(len(b["__key__"]) for b in after) == resumed.num_samples < len(before)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from dataset_fixtures import indices, make_dataset
+from layout_fixtures import LayoutDataset
 
 from shardio import ShardDataset
 from shardio.read.dataset import rank_batches
@@ -39,6 +40,16 @@ def test_batch_fields(dataset_dir: str) -> None:
     assert batch["image"].shape == (10, 8, 8, 3) and batch["image"].dtype == torch.uint8
     assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (10,)
     assert batch["txt"] == [f"caption {i}" for i in range(10)]
+
+
+def test_only_a_bucketed_datasets_batches_and_state_name_buckets(layout_dataset: LayoutDataset) -> None:
+    """A single-shape dataset is one bucket of its shape, and its batches and state say nothing of buckets."""
+    data = layout_dataset
+    ds = ShardDataset(data.path, 4)
+    assert ds.buckets == data.shapes and ds.bucket_sizes == data.sizes and sum(ds.bucket_sizes) == ds.num_samples
+    batch = next(iter(ds))
+    data.check(batch)
+    assert ("bucket" in batch) == ("bucket_positions" in ds.state_dict()) == data.bucketed
 
 
 def test_json_field(tmp_path) -> None:

@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 from dataset_fixtures import indices, make_dataset
+from layout_fixtures import LayoutDataset
 from torch.utils.data import DataLoader
 
 from shardio import ShardDataset, ShardFormatError, ShardLoader
@@ -101,3 +102,12 @@ def test_shard_loader_pin_memory_without_cuda_is_a_no_op_like_dataloaders(datase
     ds = ShardDataset(dataset_dir, 10)
     got = np.concatenate([indices(b) for b in ShardLoader(ds, pin_memory=True)])
     assert (got == np.arange(117)).all()
+
+
+def test_buffers_are_reused_whatever_the_batchs_shape(layout_dataset: LayoutDataset) -> None:
+    ds = ShardDataset(layout_dataset.path, 4, shuffle=True, prefetch=0)
+    for _ in range(2):
+        for batch in ds:
+            del batch
+    pool = ds._assembler.buffers
+    assert pool.allocations <= pool.size  # made once, then reused whatever the bucket

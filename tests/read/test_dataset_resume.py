@@ -1,5 +1,6 @@
 """Mid-epoch resume: exactly the batches still to come, standalone and with workers; later epochs fresh;
-a batch counts when handed out (``EpochCursor.handed_out``, the one loop every loader uses)."""
+a batch counts when handed out (``EpochCursor.handed_out``, the one loop every loader uses). A bucketed
+dataset's state holds each bucket's position, the same on every rank."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from bucket_fixtures import make_bucketed_dataset
 from dataset_fixtures import indices, make_dataset
+from layout_fixtures import READ_BUCKET_SIZES, READ_BUCKETS, LayoutDataset, lockstep
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
 from shardio.read.resume import ORDER_SETTINGS, EpochCursor
@@ -216,3 +219,61 @@ def test_an_older_pass_counts_nothing_once_another_began(cursor: EpochCursor) ->
     next(new)
     next(old)
     assert (cursor.epoch, cursor.batches_seen) == (1, 1)
+
+
+# --- either layout, and a bucketed dataset's bucket positions ------------------------------------------------
+
+def test_a_state_taken_through_workers_resumes_exactly(layout_dataset: LayoutDataset) -> None:
+    path = layout_dataset.path
+    whole = [b["__key__"] for b in ShardDataset(path, 4, shuffle=True, seed=9)]
+    ds = ShardDataset(path, 4, shuffle=True, seed=9)
+    loader = ShardLoader(ds, num_workers=2)
+    head = []
+    for batch in loader:
+        head.append(batch["__key__"])
+        if len(head) == 5:
+            state = loader.state_dict()
+            break
+    resumed = ShardDataset(path, 4, shuffle=True, seed=9)
+    resumed.load_state_dict(state)
+    rest = [b["__key__"] for b in ShardLoader(resumed, num_workers=2)]
+    assert head + rest == whole
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = str(tmp_path_factory.mktemp("buckets-resume"))
+    return make_bucketed_dataset(directory, buckets=READ_BUCKETS, samples=READ_BUCKET_SIZES, samples_per_shard=6)
+
+
+def bucket_ranks(directory: str, world_size: int, **kwargs) -> list[ShardDataset]:
+    return [ShardDataset(directory, 4, shuffle=True, seed=7, rank=r, world_size=world_size, **kwargs)
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_bucketed_resume_at_the_same_world_size_gives_the_same_batches(bucketed: str, world_size: int) -> None:
+    whole = lockstep(bucket_ranks(bucketed, world_size))
+    first = bucket_ranks(bucketed, world_size)
+    lockstep(first, 5)
+    states = [ds.state_dict() for ds in first]
+    assert states[0]["bucket_positions"] == states[-1]["bucket_positions"]
+    assert sum(states[0]["bucket_positions"]) == states[0]["position"]
+    resumed = bucket_ranks(bucketed, world_size)
+    for ds, state in zip(resumed, states):
+        ds.load_state_dict(state)
+    rest = lockstep(resumed)
+    for rank in range(world_size):
+        assert rest[rank] == whole[rank][5:]
+    assert all(ds.batches_seen == len(ds) for ds in resumed)
+
+
+def test_a_bucketed_state_before_the_first_batch_resumes_at_the_start(bucketed: str) -> None:
+    fresh = bucket_ranks(bucketed, 2)
+    states = [ds.state_dict() for ds in fresh]
+    assert states[0]["bucket_positions"] == [0, 0, 0]
+    whole = lockstep(bucket_ranks(bucketed, 2))
+    resumed = bucket_ranks(bucketed, 2)
+    for ds, state in zip(resumed, states):
+        ds.load_state_dict(state)
+    assert lockstep(resumed) == whole

@@ -1,10 +1,14 @@
-"""shuffle=True: deterministic per (seed, epoch), different between epochs, every sample once, mixed."""
+"""shuffle=True: deterministic per (seed, epoch), different between epochs, every sample once (one bucket a batch
+in a bucketed dataset), mixed."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
 from dataset_fixtures import assert_exactly_once, indices, make_dataset
+from layout_fixtures import LayoutDataset, batch_bucket
 
 from shardio import ShardDataset
 from shardio.read.dataset import epoch_runs
@@ -23,12 +27,33 @@ def read_epoch(ds: ShardDataset, epoch: int) -> np.ndarray:
     return np.concatenate([indices(b) for b in ds])
 
 
-def test_every_sample_once(dataset_dir: str) -> None:
-    ds = ShardDataset(dataset_dir, 10, shuffle=True, seed=3)
+@pytest.mark.parametrize("batch_size", [4, 10])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_sample_once_one_shape_a_batch(layout_dataset: LayoutDataset, shuffle: bool, batch_size: int) -> None:
+    """Each epoch reads every sample once, in ``sample_order``; a batch is one bucket (a single-shape dataset
+    is one), and each bucket gives its own samples in its own batches."""
+    data = layout_dataset
+    ds = ShardDataset(data.path, batch_size, shuffle=shuffle, seed=3)
+    assert ds.buckets == data.shapes and ds.bucket_sizes == data.sizes
+    every = Counter(ds.sample(i)["__key__"] for i in range(ds.num_samples))
+    stored = data.stored_numbers(ds)
     for epoch in range(3):
-        order = read_epoch(ds, epoch)
-        assert_exactly_once(order, 117)
-        assert (order == ds.sample_order(epoch)).all()
+        ds.set_epoch(epoch)
+        batches = list(ds)
+        assert len(batches) == len(ds) == sum(-(-n // batch_size) for n in data.sizes)
+        order = np.concatenate([data.check(b) for b in batches])
+        assert_exactly_once(order, data.samples)
+        # sample_order lists a bucketed epoch bucket after bucket: each bucket's samples come in its order
+        # (a single-shape dataset's, its one bucket, is the whole read order)
+        planned = stored[ds.sample_order(epoch)]
+        for bucket in range(len(data.sizes)):
+            mine = [data.bucket_of(int(i)) == bucket for i in order]
+            assert (order[mine] == planned[[data.bucket_of(int(i)) == bucket for i in planned]]).all()
+        assert Counter(k for b in batches for k in b["__key__"]) == every
+        per_bucket = Counter()
+        for batch in batches:
+            per_bucket[batch_bucket(batch)] += len(batch["__key__"])
+        assert [per_bucket[b] for b in range(len(data.sizes))] == data.sizes
 
 
 def test_deterministic_per_seed_and_epoch(dataset_dir: str) -> None:

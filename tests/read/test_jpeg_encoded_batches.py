@@ -1,6 +1,7 @@
 """JPEG batches handed out encoded (``ShardDataset(decode="device")``): the same samples, order, rank split and
 resume as decoded batches; each sample's bytes are the shard's own, viewed in place; decoding them on the CPU
-gives the decoded batch's pixels exactly; bad input is named by shard and sample."""
+gives the decoded batch's pixels exactly (a bucketed dataset's at each batch's bucket shape); bad input is named by
+shard and sample."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from dataset_fixtures import make_dataset
+from layout_fixtures import Layout, LayoutDataset
 
 from shardio import ShardDataset, ShardLoader
 from shardio.errors import ShardIntegrityError
@@ -24,21 +26,35 @@ def jpeg_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return directory
 
 
-def pairs(jpeg_dir: str, **options) -> list[tuple[dict, dict]]:
+def pairs(jpeg_dir: str, batch_size: int = 10, **options) -> list[tuple[dict, dict]]:
     """An epoch's batches decoded and encoded, side by side."""
-    decoded = list(ShardDataset(jpeg_dir, 10, **options))
-    encoded = list(ShardDataset(jpeg_dir, 10, decode="device", **options))
+    decoded = list(ShardDataset(jpeg_dir, batch_size, **options))
+    encoded = list(ShardDataset(jpeg_dir, batch_size, decode="device", **options))
     assert len(decoded) == len(encoded) > 0
     return list(zip(decoded, encoded))
 
 
+@pytest.fixture(scope="module")
+def jpeg_layouts(tmp_path_factory: pytest.TempPathFactory, jpeg_dir: str) -> dict[str, LayoutDataset]:
+    """This suite's JPEG dataset (16x16) and a bucketed JPEG dataset (three shapes)."""
+    single = LayoutDataset(jpeg_dir, "single", "jpeg", [(16, 16)], [117])
+    return {"single": single, "buckets": Layout("buckets").make(str(tmp_path_factory.mktemp("jpeg-buckets")), "jpeg")}
+
+
+@pytest.mark.parametrize("layout_name", ["single", "buckets"])
 @pytest.mark.parametrize("options", [{}, {"shuffle": True, "seed": 3}, {"shuffle": True, "rank": 1, "world_size": 3},
-                                     {"shuffle": True, "drop_last": True, "world_size": 2}])
-def test_encoded_batches_hold_the_decoded_batches_samples_and_pixels(jpeg_dir, options):
-    for decoded, encoded in pairs(jpeg_dir, **options):
+                                     {"shuffle": True, "drop_last": True, "world_size": 2},
+                                     {"shuffle": True, "seed": 6, "batch_size": 4}])
+def test_encoded_batches_hold_the_decoded_batches_samples_and_pixels(jpeg_layouts, layout_name, options):
+    """Also in a bucketed dataset: an encoded batch carries its bucket and that bucket's shape."""
+    data = jpeg_layouts[layout_name]
+    for decoded, encoded in pairs(data.path, **options):
         images = encoded["image"]
         assert isinstance(images, EncodedImages) and images.shape == tuple(decoded["image"].shape)
         assert encoded["__key__"] == decoded["__key__"] and encoded["txt"] == decoded["txt"]
+        assert encoded.get("bucket") == decoded.get("bucket")
+        data.check(decoded)  # one bucket's shape, every sample of it
+        assert images.shape == (len(decoded["__key__"]), *data.shapes[decoded.get("bucket", 0)], 3)
         assert np.array_equal(encoded["cls"].numpy(), decoded["cls"].numpy())
         assert np.array_equal(images.decode(), decoded["image"].numpy())
 

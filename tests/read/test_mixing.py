@@ -1,4 +1,5 @@
-"""``shardio.read.mixing.MixedDataset``: weights, epoch length, resume and DDP equality.
+"""``shardio.read.mixing.MixedDataset``: weights, epoch length, resume and DDP equality; bucketed datasets mixed
+one bucket a batch, resumed at exactly the next batch.
 
 Two self-identifying datasets: A holds samples 0..116, B samples 1000..1049 (``first_index``), so the
 pixels of every batch tell which dataset and which samples it came from.
@@ -10,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from shardio.read.dataset import ShardDataset
 from shardio.errors import DatasetIncompatibleError
@@ -17,7 +19,9 @@ from shardio.format.manifests import load_manifest
 from shardio.read.mixing import MixedDataset
 from shardio.read.subset import SubsetDataset
 from shardio.write.shard_writer import write_manifest
-from tests.dataset_fixtures import assert_exactly_once, make_dataset
+from tests.bucket_fixtures import key_bucket, key_index, make_bucketed_dataset
+from tests.dataset_fixtures import assert_exactly_once, make_dataset, pixel_indices
+from tests.layout_fixtures import READ_BUCKET_SIZES, READ_BUCKETS, Layout, LayoutDataset
 from tests.training_helpers import ids, make_mixed_dataset
 
 B_FIRST = 1000
@@ -237,3 +241,61 @@ def test_mixed_and_subset_batches_keep_each_samples_source_size_and_crop(tmp_pat
         assert batch["crop_top_left"].tolist() == [[-1, -1] if batch["__source__"] == 0 else [0, 0]] * 4
     subset = SubsetDataset(padded, 4, keys=[f"s{i:06d}" for i in (1, 5, 9, 13)])
     assert [b["crop_top_left"].tolist() for b in subset] == [[[0, 0]] * 4]
+
+
+# --- bucketed datasets: one bucket a batch, whichever dataset it comes from ------------------------------------
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory, encoding: str) -> LayoutDataset:
+    return Layout("buckets").make(str(tmp_path_factory.mktemp("mixing-buckets") / "ds"), encoding)
+
+
+def test_mixing_bucketed_datasets_gives_one_bucket_a_batch(bucketed: LayoutDataset, tmp_path) -> None:
+    other = make_bucketed_dataset(str(tmp_path / "other"), buckets=READ_BUCKETS, samples=[5, 7, 11],
+                                  samples_per_shard=4)
+    a, b = ShardDataset(bucketed.path, 4, shuffle=True), ShardDataset(other, 4, shuffle=True)
+    mixed = MixedDataset([a, b], [1, 1], seed=2)
+    for batch in mixed:
+        source = (a, b)[batch["__source__"]]
+        bucket = batch["bucket"]
+        image = batch["image"]
+        assert image.dtype == torch.uint8 and tuple(image.shape[1:]) == (*source.buckets[bucket], 3)
+        keys = batch["__key__"]
+        assert len(keys) == image.shape[0] and {key_bucket(k) for k in keys} == {bucket}
+        assert pixel_indices(image).tolist() == [key_index(k) for k in keys]
+    different = make_bucketed_dataset(str(tmp_path / "different"), buckets=[(8, 12), (12, 8)], samples=[5, 7],
+                                      samples_per_shard=4)
+    with pytest.raises(DatasetIncompatibleError, match="bucket"):
+        MixedDataset([a, ShardDataset(different, 4)], [1, 1])
+
+
+@pytest.mark.parametrize("epoch, stop", [(0, 7), (2, 3)])
+def test_a_mix_of_bucketed_datasets_resumes_at_exactly_the_next_batch(bucketed: LayoutDataset, tmp_path, epoch: int,
+                                                                      stop: int) -> None:
+    other = make_bucketed_dataset(str(tmp_path / "other"), buckets=READ_BUCKETS, samples=[5, 7, 11],
+                                  samples_per_shard=4)
+    assert bucketed.sizes == READ_BUCKET_SIZES
+
+    def mixed() -> MixedDataset:
+        return MixedDataset([ShardDataset(bucketed.path, 4, shuffle=True), ShardDataset(other, 4, shuffle=True)],
+                            [1, 3], seed=2)
+
+    def keys(source) -> list[list[str]]:
+        return [b["__key__"] for b in source]
+
+    reference = mixed()
+    for e in range(epoch):  # epochs before: each dataset is placed in its own epochs by seek
+        reference.set_epoch(e)
+        keys(reference)
+    reference.set_epoch(epoch)
+    iterator = iter(reference)
+    head = [next(iterator)["__key__"] for _ in range(stop)]
+    state = reference.state_dict()
+    rest = keys(iterator)
+    resumed = mixed()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(epoch)
+    assert keys(resumed) == rest and len(head) + len(rest) == len(reference)
+    placed = mixed()  # a fresh mix asked for this epoch places each dataset by seek, as the reference ran
+    placed.set_epoch(epoch)
+    assert keys(placed) == head + rest

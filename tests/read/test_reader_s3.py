@@ -5,7 +5,9 @@ Checked: the same batches, byte for byte, as the local copy (several epochs, two
 limit that forces evictions, and with DataLoader workers sharing one cache directory); the cache never
 holds more than its limit; a warm cache downloads nothing; a corrupt object and a missing one are clear
 errors naming the URL; cache arguments on a local path and a limit below two shards are refused; the same
-tar uploaded under two names (shards with the same pixels) reads whole at every shuffle and cache size.
+tar uploaded under two names (shards with the same pixels) reads whole at every shuffle and cache size. A
+bucketed dataset reads each shard at its bucket's shape, refuses a shard whose header says another bucket,
+and fits a cache window of every bucket.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import multiprocessing
 import os
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -22,10 +25,13 @@ import torch
 from shardio.read.dataset import ShardDataset
 from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format.manifests import load_index, load_manifest, read_root
+from shardio.read.snapshot import open_dataset
 from shardio.train.loader import ShardLoader
+from tests.bucket_fixtures import BUCKETS, make_bucketed_dataset
 from tests.index_steps import compacted_and_collected
 from tests.read.test_dataset_generations import stale_reads
 from tests.dataset_fixtures import assert_exactly_once, indices, make_dataset, self_identifying_pixels, write_inputs
+from tests.layout_fixtures import READ_BUCKETS, Layout, every_key
 
 
 def upload(s3_server, bucket: str, directory: str, prefix: str = "ds") -> str:
@@ -239,8 +245,6 @@ def test_the_lightning_data_module_passes_the_cache_arguments_to_a_url(local, re
 
 
 def test_a_snapshot_opened_by_url_reads_through_a_default_cache(local, remote, tmp_path, monkeypatch):
-    from shardio.read.snapshot import open_dataset
-
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "env-cache"))
     here, there = open_dataset(local), open_dataset(remote)  # as `shardio preview URL` does
     for shard in (0, 7, 14):
@@ -282,19 +286,25 @@ def test_a_default_window_the_cache_cannot_hold_is_clamped_with_a_warning(local,
     assert kept.shuffle_window == 8
 
 
-def test_a_default_cache_holds_the_whole_dataset_and_reads_the_local_order(local, remote, tmp_path):
-    """The default cache_limit is the dataset's size (15 shards, the last one shorter): the whole dataset
-    fits, so the default window needs no room for two windows and is not shrunk: no warning, and the
-    epoch order is the local copy's for the same seed."""
-    here = ShardDataset(local, 8, shuffle=True, seed=3)
+def test_a_default_cache_holds_the_whole_dataset_and_reads_the_local_order(s3_server, s3_bucket, tmp_path,
+                                                                          layout: Layout, encoding: str):
+    """The default cache_limit is the dataset's size (15 shards, the last one shorter; a bucketed dataset's
+    every bucket's shards): the whole dataset fits, so the default window (one a bucket) needs no room for
+    two windows and is not shrunk: no warning, and the epoch order is the local copy's for the same seed."""
+    data = layout.make(str(tmp_path / "local"), encoding)
+    remote = upload(s3_server, s3_bucket, data.path)
+    here = ShardDataset(data.path, 8, shuffle=True, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         there = ShardDataset(remote, 8, shuffle=True, seed=3, cache_dir=str(tmp_path / "cache"))
-    assert there.cache_limit == sum(shard_bytes(local))
+    assert there.cache_limit == sum(shard_bytes(data.path))
     assert there.shuffle_window == here.shuffle_window
     for a, b in zip(list(here), list(there), strict=True):
         same_batch(a, b)
-    assert there.cache_stats()["downloads"] == 15  # each shard once: the cache kept them all
+        assert a.get("bucket") == b.get("bucket")
+        data.check(b)
+    # each shard once (15 of a single-shape dataset): the cache kept them all
+    assert there.cache_stats()["downloads"] == len(load_manifest(data.path).shards)
 
 
 @pytest.fixture
@@ -371,3 +381,77 @@ def test_a_reader_that_read_a_root_retention_then_collected_reads_the_newest(s3_
     stale_reads(monkeypatch, old_root, lambda n: n == 0)
     index = load_index(url)
     assert index.generation == read_root(directory)["generation"] > old_root["generation"]
+
+
+# --- bucketed datasets --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_a_bucketed_dataset_reads_from_a_bucket_at_each_shards_shape(s3_server, s3_bucket, tmp_path, monkeypatch,
+                                                                     encoding):
+    """Opened by URL, its sizes checked per bucket from the listing, each shard read through the shard cache at
+    its own bucket's shape: the same pixels and keys as the local copy."""
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    local = make_bucketed_dataset(str(tmp_path / "local"), BUCKETS, (10, 9, 7), encoding=encoding)
+    url = upload(s3_server, s3_bucket, local)
+    near, far = open_dataset(local), open_dataset(url)
+    assert far.is_bucketed and far.buckets == BUCKETS
+    assert far.shard_buckets.tolist() == near.shard_buckets.tolist()
+    for shard in range(len(far.shards)):
+        pixels = np.asarray(far.pixels(shard))
+        assert pixels.shape == (far.shards[shard].samples, *far.shard_shape(shard), 3)
+        assert (pixels == np.asarray(near.pixels(shard))).all()
+        assert far.meta(shard).keys == near.meta(shard).keys
+
+
+def test_a_remote_shard_whose_header_says_another_bucket_is_refused(s3_server, s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
+    local = make_bucketed_dataset(str(tmp_path / "local"), ((8, 12), (12, 8)), (8, 8), inputs=1)
+    snapshot = open_dataset(local)
+    shard = int(np.flatnonzero(snapshot.shard_buckets == 0)[0])
+    entry = snapshot.shards[shard]
+    path = os.path.join(local, entry.path)
+    data = open(path, "rb").read().replace(b"(8, 8, 12, 3)", b"(8, 12, 8, 3)", 1)
+    open(path, "wb").write(data)  # same size; the checksum is checked after the header, so fix it too
+    from shardio.store.checksum import file_checksum
+    from tests.format.test_index import rewrite_segment
+
+    digest = bytes.fromhex(file_checksum(path, entry.checksum_algorithm))
+
+    def forge(arrays):
+        arrays["shard_digest"] = arrays["shard_digest"].copy()
+        arrays["shard_digest"][shard, :len(digest)] = np.frombuffer(digest, np.uint8)
+
+    rewrite_segment(local, forge)
+    url = upload(s3_server, s3_bucket, local, prefix="forged")
+    far = open_dataset(url)
+    with pytest.raises(ShardError, match=r"header says \(8, 12, 8\), the shard's images are \(8, 12\)"):
+        far.pixels(shard)
+
+
+def test_a_bucketed_dataset_on_object_storage_reads_as_the_local_copy(s3_server, s3_bucket, tmp_path) -> None:
+    """With a cache that evicts: the same buckets, keys and pixels as the local copy, one bucket a batch."""
+    data = Layout("buckets").make(str(tmp_path / "local"))
+    remote = upload(s3_server, s3_bucket, data.path)
+    here = list(ShardDataset(data.path, 4, shuffle=True, seed=4, shuffle_window=3))
+    there_ds = ShardDataset(remote, 4, shuffle=True, seed=4, shuffle_window=3, cache_dir=str(tmp_path / "cache"),
+                            cache_limit=10**6)
+    there = list(there_ds)
+    assert len(there) == len(here)
+    for a, b in zip(here, there):
+        assert a["bucket"] == b["bucket"] and a["__key__"] == b["__key__"]
+        assert torch.equal(a["image"], b["image"])
+        data.check(b)
+
+
+def test_the_cache_fits_a_window_of_every_bucket(s3_server, s3_bucket, tmp_path) -> None:
+    local = make_bucketed_dataset(str(tmp_path / "local"), buckets=READ_BUCKETS, samples=[23, 41, 9],
+                                  samples_per_shard=6)
+    remote = upload(s3_server, s3_bucket, local)
+    shards = ShardDataset(local, 4).snapshot.shards
+    largest = max(e.bytes + e.meta_bytes for e in shards)
+    # Room for two windows of 4 shards of one bucket, not of all three: the default window is cut to 1.
+    with pytest.warns(UserWarning, match="for each of 3 buckets"):
+        ds = ShardDataset(remote, 4, shuffle=True, cache_dir=str(tmp_path / "cache"), cache_limit=8 * largest)
+    assert ds.shuffle_window == 8 // (2 * 3)
+    keys = Counter(k for batch in ds for k in batch["__key__"])
+    assert keys == every_key(ShardDataset(local, 4))

@@ -1,13 +1,16 @@
 """A resume state names the dataset it was taken on (the identity its roots carry: ``shardio.format.spec``,
 "Identity"): another dataset refuses it naming both identities, whatever its content or generations; a
-copy or a move of the same directory resumes it exactly."""
+copy or a move of the same directory resumes it exactly; a bucketed dataset's state is refused by a single-shape
+dataset."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
+from tests.bucket_fixtures import make_bucketed_dataset
 from tests.dataset_fixtures import indices, make_dataset, set_root_field
+from tests.layout_fixtures import READ_BUCKET_SIZES, READ_BUCKETS
 from tests.legacy_format import as_legacy
 from tests.read.test_dataset_generations import add_input
 
@@ -141,3 +144,17 @@ def test_the_state_names_the_generation_it_pins_not_the_newest(taken) -> None:
     dataset = make(directory)
     dataset.load_state_dict(state)
     assert dataset.state_dict()["dataset"] == state["dataset"]
+
+
+def test_a_bucketed_state_is_refused_by_a_single_shape_dataset(tmp_path) -> None:
+    """A state of the other layout (its identity removed, its counts made to fit) is refused by its kind."""
+    make_dataset(str(tmp_path / "single"))
+    bucketed = make_bucketed_dataset(str(tmp_path / "buckets"), buckets=READ_BUCKETS, samples=READ_BUCKET_SIZES,
+                                     samples_per_shard=6)
+    single = ShardDataset(str(tmp_path / "single"), 4)
+    state = ShardDataset(bucketed, 4).state_dict()
+    state.pop("dataset", None)
+    state["samples"] = single.num_samples
+    state["generation"] = single.snapshot.generation
+    with pytest.raises(ValueError, match="bucketed"):
+        single.load_state_dict(state)

@@ -3,6 +3,8 @@ datasets, over a subset too; the index work per call is a binary search, not a w
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from shardio import ShardDataset
 from shardio.read import sample_access
 from shardio.read.subset import SubsetDataset
 from tests.dataset_fixtures import AWKWARD_INPUTS, make_dataset, pixel_indices, write_inputs
+from tests.layout_fixtures import LayoutDataset
 from tests.legacy_format import as_legacy
 
 TOTAL = sum(AWKWARD_INPUTS)  # 117 samples of three inputs in shards of 8
@@ -38,6 +41,13 @@ def test_every_sample_by_its_index_in_stored_order(dataset):
     for bad in (TOTAL, -TOTAL - 1):
         with pytest.raises(IndexError, match=f"sample {bad} of {TOTAL}"):
             ds.sample(bad)
+
+
+def test_sample_access_is_at_the_samples_own_shape(layout_dataset: LayoutDataset):
+    """A bucketed dataset's sample is at its bucket's shape; a single-shape dataset's all at its one."""
+    ds = ShardDataset(layout_dataset.path, 4)
+    shapes = Counter(tuple(ds.sample(i)["image"].shape[:2]) for i in range(ds.num_samples))
+    assert shapes == layout_dataset.shape_counts()
 
 
 def test_find_gives_the_index_of_a_key_and_says_which_inputs_share_one(dataset, tmp_path):

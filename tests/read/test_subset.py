@@ -7,6 +7,7 @@ in shards of 8 (every input ends in a partial shard).
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from shardio.errors import ShardError
 from shardio.train.loader import ShardLoader
 from shardio.read.subset import SubsetDataset, fraction_member
 from tests.dataset_fixtures import assert_exactly_once, retire_input
+from tests.layout_fixtures import LayoutDataset, batch_bucket, every_key
 from tests.training_helpers import ids, make_mixed_dataset
 
 INPUTS = (40, 45, 32)
@@ -53,6 +55,24 @@ def test_a_key_list_reads_exactly_those_samples(path, shuffle):
     assert_reads_exactly(ds, chosen)
     if not shuffle:
         assert read_epoch(ds).tolist() == sorted(chosen), "unshuffled: stored order"
+
+
+def test_a_selection_keeps_each_samples_bucket(layout_dataset: LayoutDataset):
+    """A key selection of a bucketed dataset reads each chosen sample once, in a batch of its own bucket."""
+    from shardio.read.dataset import ShardDataset
+    from shardio.read.selection import SampleSelection
+
+    data = layout_dataset
+    whole = ShardDataset(data.path, 4)
+    keys = sorted(every_key(whole))[::3]
+    ds = ShardDataset(data.path, 4, shuffle=True, selection=SampleSelection(keys=tuple(keys)))
+    seen = Counter()
+    for batch in ds:
+        data.check(batch)
+        for key in batch["__key__"]:
+            assert tuple(whole.sample(whole.find(key))["image"].shape[:2]) == ds.buckets[batch_bucket(batch)]
+        seen.update(batch["__key__"])
+    assert seen == Counter(keys)
 
 
 def test_an_input_subset_reads_exactly_that_input(path):

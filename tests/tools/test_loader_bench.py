@@ -10,6 +10,7 @@ import json
 import statistics
 
 import pytest
+from bucket_fixtures import BUCKETS, make_bucketed_dataset
 from dataset_fixtures import make_dataset
 
 from shardio.tools.cli import main
@@ -101,3 +102,14 @@ def test_when_no_setting_keeps_up_the_advice_is_the_best_measured_one():
     # Workers that did measure best are the advice even when they fall short of the target too.
     two = summarise(_rounds(2, 5000, 5200, 5400))
     assert suggest([in_process, one, two], 10000)["num_workers"] == 2
+
+
+def test_shardio_bench_reads_a_bucketed_dataset_and_counts_its_bytes(tmp_path):
+    from shardio.tools.loader_bench import measure
+
+    directory = make_bucketed_dataset(str(tmp_path / "ds"), samples=(16, 16, 16))  # all shapes 240 or 256 px
+    rate = measure(directory, batch_size=8, shuffle=True, seconds=0.05, warmup_batches=1)
+    assert rate.batches > 0 and rate.samples > 0
+    # bytes per sample between the smallest and largest bucket's, not the budget's for every sample
+    per_sample = rate.mb_per_s / rate.samples_per_s * 1e6
+    assert min(h * w * 3 for h, w in BUCKETS) * 0.99 <= per_sample <= max(h * w * 3 for h, w in BUCKETS) * 1.01

@@ -1,5 +1,6 @@
 """shardio.train.augment: batched crops that follow torchvision's RandomResizedCrop, flips, determinism per
-(seed, epoch, position), content boxes, and the positions DeviceLoader / PositionedBatches hand over.
+(seed, epoch, position), content boxes, and the positions DeviceLoader / PositionedBatches hand over; batches
+of varying shape (a bucketed dataset's) keep their own shape unless a size is given, each sample its own crop.
 
 torchvision is not installed (it would reinstall stock Pillow): its ``RandomResizedCrop.get_params`` is
 re-implemented below in plain Python as the reference, and distributions are compared with a two-sample
@@ -18,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from bucket_fixtures import BUCKETS, key_bucket, key_index, make_bucketed_dataset
 from dataset_fixtures import indices, make_dataset
+from varying_batches import SHAPES, mixed_batches
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
 from shardio.train.augment import (
@@ -443,3 +446,106 @@ def test_augment_imports_torch_only() -> None:
             "assert not bad, bad\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+# --- batches of varying shape (a bucketed dataset's) -----------------------------------------------------------
+
+@pytest.mark.parametrize("transform", [TrainAugment(seed=3, **IDENTITY), EvalTransform(**IDENTITY)],
+                         ids=["train", "eval"])
+def test_by_default_each_batch_keeps_its_own_shape(transform):
+    for number, batch in enumerate(mixed_batches()):
+        image = batch["image"]
+        positions = torch.arange(number * 4, number * 4 + 4)
+        out = transform(image, epoch=0, positions=positions)
+        assert out.shape == (4, 3, image.shape[1], image.shape[2]) and out.dtype == torch.float32
+        assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("size, expected", [(12, (12, 12)), ((10, 18), (10, 18))])
+@pytest.mark.parametrize("kind", ["train", "eval"])
+def test_an_explicit_size_is_every_batchs_shape(size, expected, kind):
+    transform = TrainAugment(size, seed=3) if kind == "train" else EvalTransform(size)
+    for number, batch in enumerate(mixed_batches()):
+        out = transform(batch["image"], epoch=0, positions=torch.arange(number * 4, number * 4 + 4))
+        assert out.shape == (4, 3, *expected)
+
+
+def test_eval_with_the_whole_image_kept_is_the_image_itself():
+    for batch in mixed_batches():
+        out = EvalTransform(crop_fraction=1.0, **IDENTITY)(batch["image"])
+        # bilinear at exact pixel centres: the pixels, up to float rounding of the grid
+        torch.testing.assert_close(out, batch["image"].permute(0, 3, 1, 2).float(), atol=1e-3, rtol=0)
+
+
+def test_kept_shape_crops_keep_the_batchs_aspect_ratio_within_ratio():
+    """With the shape kept, ``ratio`` is relative to the batch's aspect: a 1:2 bucket's crops are about
+    1:2 (within 3/4..4/3 of it, and so stretched at most that much when resized back), not square."""
+    augment = TrainAugment(seed=1)
+    positions = torch.arange(4000)
+    for height, width in [(32, 64), (64, 32), (48, 48)]:
+        crops = augment.params((height, width), epoch=0, positions=positions)
+        relative = (crops.width / crops.height) / (width / height)
+        inside = (crops.x0 >= 0) & (crops.y0 >= 0) & (crops.x0 + crops.width <= width) \
+            & (crops.y0 + crops.height <= height)
+        assert bool(inside.all())
+        # Rounding to whole pixels moves a small crop's aspect a little past the range.
+        large = crops.width * crops.height >= 0.2 * height * width
+        assert float(relative[large].min()) > 0.7 and float(relative[large].max()) < 1.43
+        assert abs(float(torch.log(relative[large]).median())) < 0.05
+
+
+def test_a_samples_crop_depends_on_its_position_not_on_the_batch_it_is_in():
+    augment = TrainAugment(seed=5, **IDENTITY)
+    image = mixed_batches()[0]["image"]
+    whole = augment(image, epoch=2, positions=torch.arange(10, 14))
+    parts = torch.cat([augment(image[:2], epoch=2, positions=torch.arange(10, 12)),
+                       augment(image[2:], epoch=2, positions=torch.arange(12, 14))])
+    assert torch.equal(whole, parts)
+
+
+def test_device_loader_with_a_transform_carries_every_shape():
+    batches = mixed_batches()
+    for number, batch in enumerate(batches):
+        batch["__position__"], batch["__epoch__"] = torch.arange(number * 4, number * 4 + 4), 0
+    for transform, fixed in [(TrainAugment(seed=0), None), (TrainAugment(10, seed=0), (10, 10))]:
+        out = list(DeviceLoader(batches, "cpu", transform=transform, prefetch=2))
+        assert [tuple(b["image"].shape[2:]) for b in out] == [fixed or shape for shape in SHAPES]
+        assert [b["bucket"] for b in out] == [b["bucket"] for b in batches]
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory) -> str:
+    """``make_bucketed_dataset``'s default: 60 samples in 3 shapes."""
+    return make_bucketed_dataset(str(tmp_path_factory.mktemp("bucketed") / "ds"))  # 60 samples, 3 shapes
+
+
+class PositionNoter:
+    """A transform that notes each batch's positions around a ``TrainAugment``."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.positions = inner, []
+
+    def __call__(self, image, *, epoch, positions, content_box=None):
+        self.positions.append(positions.tolist())
+        return self.inner(image, epoch=epoch, positions=positions, content_box=content_box)
+
+
+def check_epoch(batches: list[dict], fixed: tuple[int, int] | None = None) -> None:
+    keys = [key for batch in batches for key in batch["__key__"]]
+    assert sorted(key_index(k) for k in keys) == list(range(60)), "every sample once"
+    for batch in batches:
+        assert {key_bucket(k) for k in batch["__key__"]} == {batch["bucket"]}, "one bucket per batch"
+        assert tuple(batch["image"].shape[2:]) == (fixed or BUCKETS[batch["bucket"]])
+    assert len({batch["bucket"] for batch in batches}) == 3
+
+
+@pytest.mark.parametrize("wrap", ["dataset", "loader"])
+@pytest.mark.parametrize("size", [None, 10])
+def test_device_loader_with_augment_over_a_bucketed_dataset(bucketed, wrap, size):
+    dataset = ShardDataset(bucketed, 8, shuffle=True, drop_last=False)
+    source = dataset if wrap == "dataset" else ShardLoader(dataset)
+    augment = PositionNoter(TrainAugment(size, seed=0))
+    batches = list(DeviceLoader(source, "cpu", transform=augment, prefetch=2))
+    check_epoch(batches, None if size is None else (size, size))
+    positions = [p for batch in augment.positions for p in batch]
+    assert sorted(positions) == list(range(60)), "each sample its own epoch position: its own crop"

@@ -1,7 +1,9 @@
 """The GPU path on a real GPU (skipped without CUDA; ``make gpu-check`` runs them on a GPU machine): each decode
 library through ``DeviceDecoder``, the default choice, ``DeviceLoader`` decoding on the prefetch thread's own
 stream with no corrupted trial of the stream-safety harness, Lightning decoding a JPEG dataset on the GPU, and
-a corrupt sample named by shard and sample."""
+a corrupt sample named by shard and sample; bucketed datasets: batches of every bucket's shape staged in pinned
+pools per shape and reused, augmentation keeping each batch's shape, a bucketed JPEG dataset decoded at each
+bucket's shape."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import threading
 import numpy as np
 import pytest
 import torch
+from bucket_fixtures import BUCKETS, key_bucket, make_bucketed_dataset
 from dataset_fixtures import assert_exactly_once, make_photo_dataset
+from layout_fixtures import READ_BUCKET_SIZES, READ_BUCKETS
 
-from shardio import DeviceLoader, ShardDataset
+from shardio import DeviceLoader, ShardDataset, ShardLoader
+from shardio.train.augment import TrainAugment
 from shardio.errors import ShardIntegrityError
 from shardio.read.jpeg_pixels import EncodedImages
 from shardio.train import device_decode
@@ -122,3 +127,76 @@ def test_lightning_trains_from_a_jpeg_dataset_decoded_on_the_gpu(photo_dir):
                enable_model_summary=False, enable_checkpointing=False).fit(model, module)
     assert isinstance(module._decoder(module.train_dataset), DeviceDecoder), "decoded on the GPU by default"
     assert_exactly_once(np.array(model.keys), SAMPLES)
+
+
+# --- bucketed datasets ---------------------------------------------------------------------------------------
+
+BUCKET_SAMPLES = (100, 150, 60)
+
+
+@pytest.fixture(scope="module")
+def bucketed_raw_dir(tmp_path_factory) -> str:
+    return make_bucketed_dataset(str(tmp_path_factory.mktemp("cuda-buckets") / "ds"), samples=BUCKET_SAMPLES)
+
+
+@pytest.fixture(scope="module")
+def bucketed_jpeg_dir(tmp_path_factory) -> str:
+    return make_bucketed_dataset(str(tmp_path_factory.mktemp("cuda-buckets-jpeg") / "ds"), samples=BUCKET_SAMPLES,
+                                 encoding="jpeg")
+
+
+def bucketed_dataset(path: str) -> ShardDataset:
+    return ShardDataset(path, 8, shuffle=True, drop_last=False)
+
+
+def test_unpinned_bucketed_batches_are_staged_in_a_pool_per_shape_and_arrive_intact(bucketed_raw_dir):
+    reference = [(b["__key__"], b["image"].clone()) for b in bucketed_dataset(bucketed_raw_dir)]
+    loader = DeviceLoader(ShardLoader(bucketed_dataset(bucketed_raw_dir)), "cuda", prefetch=2, **IDENTITY)  # unpinned
+    got = [(b["__key__"], b["image"]) for b in loader]
+    torch.cuda.synchronize()
+    assert len(got) == len(reference) > 30
+    for (keys, image), (ref_keys, ref_image) in zip(got, reference):
+        assert keys == ref_keys and image.is_cuda
+        assert torch.equal(image.permute(0, 2, 3, 1).to(torch.uint8).cpu(), ref_image)
+    staging = loader.staging
+    assert staging is not None and set(staging.shapes()) == {(h, w, 3) for h, w in BUCKETS}
+    # at most depth buffers a shape, each made again at most once (a short batch of a shape came first)
+    assert staging.allocations <= 2 * len(BUCKETS) * staging.depth < len(got), "reused, not made per step"
+    assert all(slot.buffer.is_pinned() for pool in staging.pools.values() for slot in pool)
+
+
+def test_augment_keeps_each_bucketed_batchs_shape_on_the_gpu(bucketed_raw_dir):
+    for batch in DeviceLoader(bucketed_dataset(bucketed_raw_dir), "cuda", transform=TrainAugment(seed=0)):
+        bucket = batch["bucket"]
+        assert {key_bucket(k) for k in batch["__key__"]} == {bucket}
+        assert batch["image"].is_cuda and tuple(batch["image"].shape[2:]) == BUCKETS[bucket]
+
+
+def test_a_bucketed_jpeg_dataset_decodes_on_the_gpu_at_each_buckets_shape(bucketed_jpeg_dir):
+    if not device_decode.available():
+        pytest.skip("neither torchcodec nor torchvision decodes here")
+    cpu = [b["image"].clone() for b in bucketed_dataset(bucketed_jpeg_dir)]
+    gpu = list(DeviceLoader(bucketed_dataset(bucketed_jpeg_dir), "cuda", decode_on_device=True, **IDENTITY))
+    assert len(gpu) == len(cpu)
+    for batch, reference in zip(gpu, cpu):
+        assert tuple(batch["image"].shape[2:]) == BUCKETS[batch["bucket"]]
+        difference = (batch["image"].permute(0, 2, 3, 1).cpu() - reference.float()).abs()
+        # docs/reader.md, "Decoding JPEG batches on the GPU": every pixel within 8 levels, mean under 1
+        assert float(difference.max()) <= 8 and float(difference.mean()) < 1.0
+    assert np.isfinite(float(gpu[-1]["image"].mean().cpu()))
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_pinned_batches_of_every_bucket_reuse_a_few_blocks(tmp_path, encoding):
+    directory = make_bucketed_dataset(str(tmp_path / "ds"), buckets=READ_BUCKETS, samples=READ_BUCKET_SIZES,
+                                      samples_per_shard=6, encoding=encoding)
+    ds = ShardDataset(directory, 4, shuffle=True, pin_memory=True, prefetch=0)
+    blocks = set()
+    buckets = set()
+    for _ in range(3):
+        for batch in ds:
+            assert batch["image"].is_pinned()
+            blocks.add(batch["image"].untyped_storage().data_ptr())
+            buckets.add(batch["bucket"])
+            del batch
+    assert len(buckets) == len(READ_BUCKETS) and len(blocks) <= 4  # not one block per bucket shape, nor per step

@@ -2,9 +2,10 @@
 
 torchvision is not installed here (it would replace Pillow-SIMD), so the decoder's stacking, layout and error
 paths run with an injected decode function, Pillow's, standing in for ``torchvision.io.decode_jpeg``; the
-real batched nvJPEG decode runs in the CUDA test at the end, skipped only where CUDA is absent. Bound
-asserted there (docs/reader.md, "Decoding JPEG batches on the GPU"): every pixel within 8 levels of the CPU
-decode, mean absolute difference under 1 level.
+real batched nvJPEG decode runs in the CUDA test, skipped only where CUDA is absent. Bound asserted there
+(docs/reader.md, "Decoding JPEG batches on the GPU"): every pixel within 8 levels of the CPU decode, mean
+absolute difference under 1 level. Batches of varying shape (a bucketed dataset's) decode in one call each,
+at their own shape.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import types
 import numpy as np
 import pytest
 import torch
+from bucket_fixtures import BUCKETS, make_bucketed_dataset
 from dataset_fixtures import make_dataset, make_photo_dataset
 from PIL import Image
+
+from varying_batches import SHAPES, jpeg_batch
 
 from shardio import DeviceLoader, ShardDataset, ShardLoader
 from shardio.errors import MissingExtra, ShardIntegrityError
@@ -421,3 +425,57 @@ def test_a_library_is_asked_for_by_name(libraries):
     assert backend is None and "torchvision is not installed" in why
     with pytest.raises(ValueError, match=r"no device decode library 'nvimagecodec': one of torchcodec, torchvision"):
         device_decode.library("nvimagecodec")
+
+
+# --- batches of varying shape (a bucketed dataset's) -----------------------------------------------------------
+
+def test_the_device_decoder_decodes_batches_of_any_shape_in_one_call_each():
+    decode = PillowDecode()
+    decoder = DeviceDecoder("cpu", decode=decode)
+    shapes = [(16, 24), (24, 16), (32, 32), (16, 24)]
+    for index, (h, w) in enumerate(shapes):
+        images, _ = jpeg_batch(h, w, 3 + index, seed=index)
+        out = decoder(images)
+        assert out.shape == (3 + index, h, w, 3) and out.is_contiguous()
+        assert np.array_equal(out.numpy(), images.decode())
+    assert [len(call) for call in decode.calls] == [3, 4, 5, 6]
+
+
+def test_a_sample_of_another_shape_than_its_batch_is_named():
+    images, _ = jpeg_batch(16, 24, 3)
+    other, _ = jpeg_batch(24, 16, 1)
+    mixed = EncodedImages(images.jpegs[:2] + other.jpegs, 16, 24, images.sources)
+    with pytest.raises(Exception, match=r"b-16x24\.jpg\.npy: sample 2: decodes to .*\(3, 24, 16\).*not the "
+                                        r"dataset's uint8 \(3, 16, 24\)"):
+        DeviceDecoder("cpu", decode=PillowDecode())(mixed)
+
+
+def test_device_loader_decodes_encoded_batches_of_varying_shape():
+    batches, expected = [], []
+    for index, (h, w) in enumerate(SHAPES):
+        images, _ = jpeg_batch(h, w, 2, seed=index)
+        batches.append({"image": images, "bucket": index})
+        expected.append(images.decode())
+    loader = DeviceLoader(batches, "cpu", device_decoder=DeviceDecoder("cpu", decode=PillowDecode()),
+                          prefetch=2, **IDENTITY)
+    out = list(loader)
+    assert [b["bucket"] for b in out] == list(range(len(SHAPES)))
+    for got, reference in zip(out, expected):
+        assert torch.equal(got["image"], torch.from_numpy(reference).permute(0, 3, 1, 2).float())
+
+
+@pytest.fixture(scope="module")
+def bucketed_jpeg(tmp_path_factory) -> str:
+    return make_bucketed_dataset(str(tmp_path_factory.mktemp("bucketed-jpeg") / "ds"), encoding="jpeg")
+
+
+def test_a_bucketed_jpeg_dataset_decoded_on_the_device(bucketed_jpeg):
+    cpu = list(DeviceLoader(ShardDataset(bucketed_jpeg, 8, shuffle=True), "cpu", **IDENTITY))
+    decode = PillowDecode()
+    device = list(DeviceLoader(ShardDataset(bucketed_jpeg, 8, shuffle=True), "cpu",
+                               device_decoder=DeviceDecoder("cpu", decode=decode), **IDENTITY))
+    assert len(decode.calls) == len(device) == len(cpu), "one decode call per batch"
+    for on_cpu, on_device in zip(cpu, device):
+        assert on_device["__key__"] == on_cpu["__key__"] and on_device["bucket"] == on_cpu["bucket"]
+        assert tuple(on_device["image"].shape[2:]) == BUCKETS[on_device["bucket"]]
+        assert torch.equal(on_device["image"], on_cpu["image"])  # libjpeg-turbo on both sides here

@@ -1,8 +1,11 @@
 """The index a run edits (``shardio.write.editable_index``): what is committed is read from the segments
 themselves, exactly as ``load_manifest`` folds them; the run's changes are let go at each commit, kept
-when a commit fails; a hand-written segment whose names are not sorted is still searched right."""
+when a commit fails; a hand-written segment whose names are not sorted is still searched right; a shard in a
+bucket the dataset does not have is refused."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from shardio.format.manifests import load_index, load_manifest
 from shardio.write import commit as dataset_commit
 from shardio.write import directory as dataset_dir
 from shardio.write.editable_index import EditableIndex, _SortedNames
+from tests.bucket_fixtures import BUCKETS, make_bucketed_dataset
 from tests.index_steps import entries, expected_inputs, run_steps
 
 
@@ -98,3 +102,21 @@ def test_what_a_run_committed_reads_as_a_fresh_load_would_without_fetching_the_i
     assert (held.generation, held.segments, held.samples, held.totals) == (
         fresh.generation, fresh.segments, fresh.samples, fresh.totals)
     assert held.retired == fresh.retired and held.committed_inputs() == fresh.committed_inputs()
+
+
+def test_the_editable_index_refuses_a_bucket_the_dataset_does_not_have(tmp_path):
+    out = make_bucketed_dataset(str(tmp_path / "ds"), BUCKETS, (2, 2, 2), inputs=1)
+    with dataset_dir.writing(out):
+        committed, _ = dataset_dir.load_committed(out)
+        committer = dataset_dir.Committer(out, committed)
+        bad = dataclasses.replace(entries("x.tar")[0], bucket=len(BUCKETS))
+        with pytest.raises(ValueError, match=r"bucket 3, the dataset has 3"):
+            committer.add_input("x.tar", size=1, mtime_ns=1, shards=[bad])
+    # A single-shape dataset has one bucket: 0.
+    plain = str(tmp_path / "plain")
+    run_steps(plain, 3)
+    with dataset_dir.writing(plain):
+        committer = dataset_dir.Committer(plain, dataset_dir.load_committed(plain)[0])
+        with pytest.raises(ValueError, match=r"bucket 1, the dataset has 1"):
+            committer.add_input("y.tar", size=1, mtime_ns=1,
+                                shards=[dataclasses.replace(entries("y.tar")[0], bucket=1)])

@@ -1,15 +1,19 @@
 """The dataset-directory protocol without Ray (``shardio.write.directory``): generations, what retention keeps,
-what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``.
+what a killed commit leaves, unsafe manifest paths, and restoring a corrupt ``manifest.json``; an input of a
+bucketed dataset replaced with other buckets; a bucketed dataset kept by dropping inputs and restoring a root.
 The end-to-end behaviour through ``preprocess`` is in tests/preprocess/test_retention_job.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 
+from tests.bucket_fixtures import BUCKETS, key_bucket, make_bucketed_dataset
 from tests.legacy_format import as_legacy
 
 import shardio
@@ -18,7 +22,8 @@ from shardio.write import retention
 from shardio.errors import ShardFormatError
 from shardio.format import RetiredFile
 from shardio.format.manifests import generation_path, list_generations, load_index, load_manifest
-from shardio.write.shard_writer import write_manifest
+from shardio.read.snapshot import open_dataset
+from shardio.write.shard_writer import InputShardWriter, write_manifest
 from tests.dataset_fixtures import make_dataset, retire_input
 from tests.index_steps import run_steps
 
@@ -239,3 +244,61 @@ def test_after_several_runs_retention_collects_each_runs_result_and_the_files_on
     assert collected.kept_generations == [newest] and list_generations(out) == [newest]
     assert set(collected.files) == retired and not retired & shard_files(out)
     assert shard_files(out) == _listed(out)
+
+
+def _write_input(directory: str, name: str, assign: list[int], first: int) -> list:
+    """Input ``name`` written through the real writer: sample ``j`` in bucket ``assign[j]``."""
+    writer = InputShardWriter(directory, name.removesuffix(".tar"), 16, 16, 4, buckets=list(BUCKETS))
+    for j, bucket in enumerate(assign):
+        g = first + j
+        pixels = np.full((*BUCKETS[bucket], 3), g % 251, np.uint8)
+        writer.add(pixels, {"key": f"b{bucket}-{g:06d}", "tar": name, "member": f"{g}.jpg", "width": 1,
+                            "height": 1, "cls": g, "txt": None, "json": None}, name, bucket=bucket)
+    return writer.close(name)
+
+
+def test_an_input_replaced_with_other_buckets_is_read_at_its_new_shapes_and_the_old_files_retire(tmp_path):
+    out = make_bucketed_dataset(str(tmp_path / "ds"), BUCKETS, (6, 6, 6), samples_per_shard=4, inputs=2)
+    before = load_manifest(out)
+    old = [e for e in before.shards if e.input == "input-0.tar"]
+    # The same input changed (a new mtime): all its samples now in bucket 2, with a new stem.
+    with dataset_dir.writing(out):
+        committed, _ = dataset_dir.load_committed(out)
+        committer = dataset_dir.Committer(out, committed)
+        shards = _write_input(out, "input-0-v2.tar", [2] * 7, 1000)
+        committer.add_input("input-0.tar", size=7, mtime_ns=1, shards=[dataclasses.replace(e, input="input-0.tar")
+                                                                          for e in shards])
+        committer.maybe_commit(force=True)
+    after = load_manifest(out)
+    mine = [e for e in after.shards if e.input == "input-0.tar"]
+    assert [e.bucket for e in mine] == [2, 2] and [e.samples for e in mine] == [4, 3]
+    assert {r.path for r in after.retired} == {p for e in old for p in (e.path, e.meta_path)}
+    snapshot = open_dataset(out, verify=True)
+    for shard in range(len(snapshot.shards)):
+        assert snapshot.pixels(shard).shape[1:3] == snapshot.shard_shape(shard)
+        assert {key_bucket(k) for k in snapshot.meta(shard).keys} == {int(snapshot.shard_buckets[shard])}
+    # Retention deletes the retired files of the old buckets once no kept generation lists them.
+    with dataset_dir.writing(out):
+        collected = retention.collect(out, load_index(out), retention.Retention(0, 1, 0))
+    assert sorted(collected.files) == sorted(p for e in old for p in (e.path, e.meta_path))
+    assert not any(os.path.exists(os.path.join(out, e.path)) for e in old)
+    assert len(open_dataset(out)) == 7 + 9
+
+
+@pytest.fixture(params=["raw", "jpeg"])
+def bucketed(tmp_path, request) -> str:
+    return make_bucketed_dataset(str(tmp_path / "bucketed"), BUCKETS, (20, 27, 13), encoding=request.param)
+
+
+def test_dropping_inputs_and_restoring_a_root_keep_a_bucketed_dataset(bucketed):
+    dataset_dir.drop_inputs(bucketed, ["input-1.tar"])
+    index = load_index(bucketed)
+    assert index.format_version == 4 and {e.input for e in index.shards} == {"input-0.tar"}
+    assert index.shards.bucket_ids().tolist() == [e.bucket for e in index.shards]
+    with open(os.path.join(bucketed, "manifest.json"), "w") as f:
+        f.write("{not json")
+    restored = dataset_dir.restore_manifest(bucketed)
+    assert restored is not None and restored.buckets == BUCKETS
+    snapshot = open_dataset(bucketed, verify=True)
+    assert snapshot.is_bucketed and len(snapshot) == sum(e.samples for e in index.shards)
+    assert json.load(open(os.path.join(bucketed, "manifest.json")))["format_version"] == 4

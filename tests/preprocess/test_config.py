@@ -1,4 +1,5 @@
-"""``mode: bucket`` in the job's config: the keys, their checks, the resolved list stored and read back."""
+"""The job's config (``preprocess.config``) in ``mode: bucket``: the keys, their checks, the resolved list stored and
+read back."""
 
 from __future__ import annotations
 
