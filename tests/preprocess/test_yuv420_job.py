@@ -19,8 +19,10 @@ from shardio.tools.cli import main as shardio_main
 from tests.dataset_compare import assert_clean, dataset_state
 from tests.dataset_fixtures import flip_bits
 from preprocess.image.buckets import nearest_bucket
-from tests.preprocess.test_bucket_job import BUCKETS, SIZES, make_tars
-from tests.preprocess.test_bucket_job import FLAGS as BUCKET_FLAGS
+from tests.bucket_jobs import JOB_BUCKETS as BUCKETS
+from tests.bucket_jobs import SOURCE_SIZES as SIZES
+from tests.bucket_jobs import make_bucket_tars as make_tars
+from tests.bucket_jobs import BUCKET_FLAGS
 from tests.tar_factory import decode_index
 
 pytestmark = pytest.mark.ray
