@@ -136,6 +136,8 @@ class ShardDataset(IterableDataset):
     the memory map is the only one before the GPU's. Without it, a batch within one shard is a view of the
     memory map (no copy) and a batch spanning runs is one copy into a reused buffer. ``prefetch`` batches
     are assembled ahead on a background thread when iterated in the main process (0: none).
+    ``gather_threads`` is how many threads copy a raw batch's samples into it (default: the cores this
+    process may use, at most 8; one in a DataLoader worker: ``shardio.read.batches.gather_threads``).
     ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
 
@@ -180,6 +182,7 @@ class ShardDataset(IterableDataset):
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
         decode: str = "cpu",
+        gather_threads: int | None = None,
     ) -> None:
         super().__init__()
         # Whether the dataset is on this host's disk (memory-mapped in place) or read through a cache:
@@ -207,7 +210,11 @@ class ShardDataset(IterableDataset):
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
         if decode not in DECODE_CHOICES:
             raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {decode!r}")
+        if gather_threads is not None and (isinstance(gather_threads, bool) or not isinstance(gather_threads, int)
+                                           or gather_threads < 1):
+            raise ValueError(f"gather_threads must be an int >= 1, got {gather_threads!r}")
         self.decode = decode
+        self.gather_threads = gather_threads
         self.path = path
         self.pin_memory = pin_memory
         self.prefetch = prefetch
@@ -298,10 +305,12 @@ class ShardDataset(IterableDataset):
         if self._cache is not None:
             self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
                                                               buffers=self.prefetch + 4, fields=self.fields,
-                                                              batch_size=self.batch_size)
+                                                              batch_size=self.batch_size,
+                                                              threads=self.gather_threads)
         else:
             self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
-                                             fields=self.fields, batch_size=self.batch_size)
+                                             fields=self.fields, batch_size=self.batch_size,
+                                             threads=self.gather_threads)
 
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files

@@ -17,16 +17,21 @@ extension it does nothing.
 
 from __future__ import annotations
 
+import mmap
+import os
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
+
+from shardio.errors import ShardIntegrityError
 
 try:
     from shardio.read import _gather
 except ImportError:  # optional, like the JPEG decoder: setup.py builds it where a C compiler exists
     _gather = None
 
-__all__ = ["gather", "native", "will_need"]
+__all__ = ["ShardFile", "gather", "native", "read", "will_need"]
 
 
 def native() -> bool:
@@ -59,6 +64,55 @@ def _gather_numpy(pieces: Sequence[np.ndarray], out: np.ndarray) -> None:
         size = piece.nbytes
         flat[at : at + size] = piece.reshape(-1).view(np.uint8)  # numpy releases the GIL for the copy
         at += size
+
+
+class ShardFile:
+    """A shard file open for reading at offsets (``read``), and where the rows of one of its memory maps lie in
+    it: row ``i`` of the map is ``nbytes_per_row`` bytes at ``first_row + i * nbytes_per_row``. Closed when the
+    last reference goes (a batch being read holds its files, so an evicted map's file stays open until then)."""
+
+    __slots__ = ("path", "fd", "first_row", "nbytes_per_row", "__weakref__")
+
+    def __init__(self, path: str, first_row: int, nbytes_per_row: int) -> None:
+        self.path, self.first_row, self.nbytes_per_row = path, first_row, nbytes_per_row
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self.fd)
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> ShardFile | None:
+        """The file under ``rows`` (an ``np.memmap`` of whole C-contiguous rows, or a slice of one along its
+        first axis), or None when it is no map of a file (then batches copy from it)."""
+        mapped = getattr(rows, "_mmap", None)
+        if not isinstance(rows, np.memmap) or not isinstance(mapped, mmap.mmap) or not rows.filename:
+            return None
+        if not rows.flags.c_contiguous or rows.ndim < 1:
+            return None
+        # np.memmap maps from the allocation boundary at or before its offset; where the map starts in memory
+        # is that boundary's place in the file.
+        start = np.frombuffer(mapped, np.uint8).ctypes.data
+        mapped_from = rows.offset - rows.offset % mmap.ALLOCATIONGRANULARITY
+        nbytes_per_row = int(np.prod(rows.shape[1:], dtype=np.int64)) * rows.itemsize
+        return cls(rows.filename, mapped_from + rows.ctypes.data - start, nbytes_per_row)
+
+
+def read(pieces: Sequence[tuple[ShardFile, int, int]], out: np.ndarray, threads: int = 1) -> None:
+    """Read the rows ``start:stop`` of each ``(file, start, stop)`` one after the other into ``out``
+    (C-contiguous, exactly their total size) with ``pread``, on up to ``threads`` threads (needs the
+    extension: ``native()``). A file shorter than its rows (cut since it was opened) is a
+    ShardIntegrityError naming it; any other failure an OSError naming it."""
+    if _gather is None:
+        raise RuntimeError("shardio.read.gather.read needs the compiled extension (native())")
+    spans = np.array([(f.fd, f.first_row + start * f.nbytes_per_row, (stop - start) * f.nbytes_per_row)
+                      for f, start, stop in pieces], np.int64).reshape(-1, 3)
+    failed = _gather.read_into(spans, out, threads)
+    if failed is not None:
+        index, code = failed
+        file, start, stop = pieces[index]
+        if code == 0:
+            raise ShardIntegrityError(f"{file.path}: ends before sample {stop - 1}'s last byte (at "
+                                      f"{int(spans[index, 1] + spans[index, 2])}); was it cut after it was "
+                                      "opened?")
+        raise OSError(code, f"{os.strerror(code)} reading samples {start}:{stop}", file.path)
 
 
 def will_need(pieces: Sequence[np.ndarray]) -> int:

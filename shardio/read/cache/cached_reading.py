@@ -66,8 +66,8 @@ class CachedAssembler(BatchAssembler):
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields, batch_size)
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, threads: int | None = None) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, threads)
         self.shard_cache = cache
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
