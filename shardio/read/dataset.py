@@ -8,6 +8,7 @@ background thread (``shardio.read.prefetch``). The design, with its measurements
 
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,7 @@ from shardio.read.order import (
     rank_batches,
 )
 from shardio.read.jpeg_pixels import check_decoded_bytes
-from shardio.read.prefetch import prefetched
+from shardio.read.prefetch import PassPrefetch
 from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
@@ -248,6 +249,8 @@ class ShardDataset(IterableDataset):
         # The epoch each DataLoader worker id last started, shared with the workers (forked or spawned):
         # a plain DataLoader with workers copies the dataset afresh every epoch, so only they can tell.
         self._worker_epochs = torch.full((_WATCHED_WORKERS,), -1, dtype=torch.int64).share_memory_()
+        # Iterated in this process, each pass's thread begins the next pass's first batches at its end.
+        self._passes = PassPrefetch()
 
     # --- opening a snapshot ------------------------------------------------------------------------
 
@@ -546,9 +549,43 @@ class ShardDataset(IterableDataset):
                              f"is {self.snapshot.encoding}")
         # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
-        source = self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
         depth = self.prefetch if prefetch is None else prefetch
-        return prefetched(source, _identity, depth) if depth > 0 else source
+        if depth <= 0:
+            return self._generate(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
+
+        def ahead() -> tuple[tuple[Any, ...], Iterator[Batch]] | None:  # on the prefetch thread
+            following = self.pass_ahead()
+            if following is None:
+                return None
+            return (self.pass_key(following, pinned, encoded),
+                    self._generate(self.plan(following.epoch), following.batches, False, pinned, encoded))
+
+        return self._passes.passes(
+            self.pass_key(epoch_pass, pinned, encoded),
+            lambda: self._generate(self.plan(epoch_pass.epoch), batches, False, pinned, encoded),
+            _identity, depth, ahead)
+
+    def pass_ahead(self) -> EpochPass | None:
+        """The pass the next ``begin_pass()`` begins if nothing changes before it (no ``set_epoch`` of another
+        epoch, no state loaded, no new generation to follow), begun on a copy of the cursor: the cursor, and
+        so ``state_dict``, stay as they are. For a loader that prepares the next epoch's first batches while
+        the last ones of this one are consumed (``shardio.read.prefetch.PassPrefetch``); None in a
+        DataLoader worker."""
+        if get_worker_info() is not None:
+            return None
+        cursor = copy.copy(self.cursor)
+        _, _, generation = cursor.next_pass()
+        if generation is not None and generation != self.snapshot.generation:
+            return None
+        return cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity, self._bucket_sizes)
+
+    def pass_key(self, epoch_pass: EpochPass, *how: Any) -> tuple[Any, ...]:
+        """What fixes a pass's batches, and ``how`` they are made (pinned, encoded...): two passes with equal
+        keys yield the same batches."""
+        return (id(self._assembler), epoch_pass.epoch, epoch_pass.start, epoch_pass.before, epoch_pass.samples,
+                epoch_pass.generation, epoch_pass.dataset, epoch_pass.bucket_sizes, epoch_pass.bucket_start,
+                len(epoch_pass.batches), self.rank, self.world_size, tuple(sorted(self.cursor.settings.items())),
+                *how)
 
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read now, when DataLoader (or the

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from shardio.read.dataset import EpochPass, ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
 from shardio.store.backends import for_path
-from shardio.read.prefetch import Prefetcher, prefetched
+from shardio.read.prefetch import PassPrefetch, Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
 from shardio.train import device_decode
@@ -219,6 +219,8 @@ class DeviceLoader:
         # dataset's batches change shape from step to step); a buffer is reused once its copy has run.
         cuda_pinned = self.pin_memory and self.device.type == "cuda"
         self.staging: StagingPools | None = StagingPools(depth=prefetch + 2) if cuda_pinned else None
+        # Iterated epoch after epoch, each pass's thread prepares the next one's first batches at its end.
+        self.passes = PassPrefetch()
 
     def _device_decoder(self, decode_on_device: bool | None,
                         decoder: Callable[[EncodedImages], torch.Tensor] | None
@@ -329,21 +331,37 @@ class DeviceLoader:
         # Asked for only when decoding on the device: a subclass's iter_pass written before JPEG
         # datasets (examples/train.py's timed loader) keeps working.
         encoded = {"encoded": True} if self.decoder is not None else {}
-        if isinstance(source, ShardDataset):
+        # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
+        pinned = (self.pin_memory and self.device.type == "cuda") or None
+        dataset = source if isinstance(source, ShardDataset) else None
+        if isinstance(source, ShardLoader) and source.num_workers == 0:
+            dataset = source.dataset  # type: ignore[assignment]
+
+        def numbered(epoch_pass: EpochPass) -> Iterator[tuple[dict[str, Any], int]]:
+            if isinstance(source, ShardDataset):
+                batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0, **encoded)
+            else:
+                batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
+            return zip(batches, itertools.count(epoch_pass.before + 1))
+
+        if isinstance(source, (ShardDataset, ShardLoader)):
             epoch_pass: EpochPass | None = source.begin_pass()
-            # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
-            pinned = (self.pin_memory and self.device.type == "cuda") or None
-            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0, **encoded)
-        elif isinstance(source, ShardLoader):
-            epoch_pass = source.begin_pass()
-            batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
         else:
-            epoch_pass, batches = None, iter(source)
-        before = epoch_pass.before if epoch_pass is not None else 0
-        numbered = zip(batches, itertools.count(before + 1))
+            epoch_pass = None
+        if epoch_pass is not None and dataset is not None and self.prefetch > 0:
+            how = (pinned, bool(encoded), type(source).__name__)
+
+            def ahead() -> tuple[tuple[Any, ...], Iterator[tuple[dict[str, Any], int]]] | None:
+                following = dataset.pass_ahead()  # on the prefetch thread, at the end of this pass
+                return None if following is None else (dataset.pass_key(following, *how), numbered(following))
+
+            return epoch_pass, self.passes.passes(dataset.pass_key(epoch_pass, *how),
+                                                  lambda: numbered(epoch_pass), self._prepare, self.prefetch,
+                                                  ahead)
+        items = numbered(epoch_pass) if epoch_pass is not None else zip(iter(source), itertools.count(1))
         if self.prefetch > 0:
-            return epoch_pass, prefetched(numbered, self._prepare, self.prefetch)
-        return epoch_pass, map(self._prepare, numbered)
+            return epoch_pass, prefetched(items, self._prepare, self.prefetch)
+        return epoch_pass, map(self._prepare, items)
 
     def _on_host(self, host: Iterator[tuple[dict[str, Any], int, Any]]) -> Iterator[dict[str, Any]]:
         for batch, number, _ in host:  # on the device already (_prepare), unless a transform takes it there
