@@ -32,6 +32,7 @@ from shardio.read.prefetch import PassPrefetch, Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
 from shardio.train import device_decode
+from shardio.train.device_streams import CudaStreams, LoaderStreams
 from shardio.train.staging import Staged, StagingPools
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceLoader", "PassSource", "ShardLoader", "to_device"]
@@ -195,13 +196,23 @@ class DeviceLoader:
     stream as for any batch. ``True`` without either library is a MissingExtra saying what to install;
     ``False`` decodes on the CPU (the dataset's native threads). A batch that reaches this still encoded
     with device decode off is decoded on the CPU.
+
+    Streams (``shardio.train.device_streams``): on CUDA the prefetch thread's stream has the device's highest
+    priority, each batch's work ends with its own event, the training loop's stream waits for that event
+    (never a device sync), and the batch's tensors are marked used on the loop's stream. ``streams``
+    replaces them (any ``LoaderStreams``; default ``CudaStreams(device)`` on CUDA, none elsewhere).
+
+    Iterated epoch after epoch (the same ``DeviceLoader`` over a ``ShardDataset``, or a ``ShardLoader``
+    without workers), the prefetch thread prepares the next epoch's first ``prefetch`` batches while this
+    epoch's last ones are consumed (``shardio.read.prefetch.PassPrefetch``); they are dropped if the next
+    epoch is not the one that follows (``set_epoch``, ``load_state_dict``).
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
                  pin_memory: bool | None = None, transform: BatchTransform | None = None,
                  decode_on_device: bool | None = None,
                  device_decoder: Callable[[EncodedImages], torch.Tensor] | None = None,
-                 **to_device_kwargs: Any) -> None:
+                 streams: LoaderStreams | None = None, **to_device_kwargs: Any) -> None:
         if transform is not None and to_device_kwargs:
             raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
         self.transform = transform
@@ -214,6 +225,9 @@ class DeviceLoader:
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
+        self.streams: LoaderStreams | None = streams
+        if streams is None and self.device.type == "cuda":
+            self.streams = CudaStreams(self.device)
         self.decoder = self._device_decoder(decode_on_device, device_decoder)
         # Batches not pinned yet are staged in pinned buffers, one pool per sample shape (a bucketed
         # dataset's batches change shape from step to step); a buffer is reused once its copy has run.
@@ -252,7 +266,7 @@ class DeviceLoader:
             return batch
         if self.decoder is None:
             return {**batch, "image": torch.from_numpy(images.decode())}
-        return {**batch, "image": device_decode.decode_finished(self.decoder, images, self.device)}
+        return {**batch, "image": device_decode.decode_finished(self.decoder, images, self.device, self.streams)}
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -269,20 +283,21 @@ class DeviceLoader:
         takes a ready batch: no host work of the batch's (the decode's parsing, nvJPEG's host phase, the
         stream barrier, the transform's kernel launches) delays its next kernel launches."""
         batch, number = item
-        if self.device.type != "cuda":
+        streams = self.streams
+        if streams is None:
             batch = self._decoded(batch)
             if self.transform is not None:
                 return batch, number, None  # transformed in the consumer's thread, with its positions
             return to_device(batch, self.device, **self.to_device_kwargs), number, None
         batch, staged = self._staged(batch)
-        stream = device_decode.thread_stream(self.device)
+        stream = streams.producer()
         try:
-            with torch.cuda.stream(stream):
+            with streams.using(stream):
                 if self.transform is not None:
                     batch = self._transform(batch, number)
                 else:
                     batch = to_device(batch, self.device, **self.to_device_kwargs)
-                ready = torch.cuda.Event()
+                ready = streams.event()  # this batch's own barrier: the loop's stream waits for it
                 ready.record(stream)
         except BaseException:
             if staged is not None:  # a copy may have been queued: free the buffer once it has run
@@ -318,7 +333,7 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # A generator: the pass begins at the first next(), not when the iterator is made.
         epoch_pass, host = self._host_batches()
-        batches = self._on_device(host) if self.device.type == "cuda" else self._on_host(host)
+        batches = self._on_device(host) if self.streams is not None else self._on_host(host)
         if epoch_pass is None:
             yield from batches
         else:  # counted when yielded: not the batches prepared ahead
@@ -371,12 +386,14 @@ class DeviceLoader:
         """The prepared batches, each made usable on the training loop's stream: that stream waits (on the
         GPU, not the host) for the batch's event, and each tensor made on the prefetch thread's stream is
         recorded as used on it, so its memory is not handed out again before the loop's work is done."""
+        streams = self.streams
+        assert streams is not None
         for batch, _, ready in host:
-            current = torch.cuda.current_stream(self.device)
+            current = streams.consumer()
             current.wait_event(ready)
             for value in batch.values():
-                if isinstance(value, torch.Tensor) and value.is_cuda:
-                    value.record_stream(current)
+                if isinstance(value, torch.Tensor) and streams.on_device(value):
+                    streams.record_use(value, current)
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:
