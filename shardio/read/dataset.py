@@ -570,8 +570,9 @@ class ShardDataset(IterableDataset):
         epoch, no state loaded, no new generation to follow), begun on a copy of the cursor: the cursor, and
         so ``state_dict``, stay as they are. For a loader that prepares the next epoch's first batches while
         the last ones of this one are consumed (``shardio.read.prefetch.PassPrefetch``); None in a
-        DataLoader worker."""
-        if get_worker_info() is not None:
+        DataLoader worker, and on object storage (the shard cache plans its downloads a pass at a time: the
+        next pass plans them when it begins)."""
+        if get_worker_info() is not None or self._cache is not None:
             return None
         cursor = copy.copy(self.cursor)
         _, _, generation = cursor.next_pass()

@@ -348,7 +348,9 @@ def test_device_loader_decodes_each_batch_once_with_the_cpu_paths_result(photo_d
     decoder, sizes = counting_decoder()
     loader = DeviceLoader(source(), "cpu", device_decoder=decoder, **IDENTITY)
     got = list(loader)
-    assert sizes == [len(b["cls"]) for b in expected]
+    loader.passes.join_ahead()  # in this process, the next epoch's first two batches are decoded at this one's end
+    ahead = [10, 10] if workers != 2 else []
+    assert sizes == [len(b["cls"]) for b in expected] + ahead
     assert [b["__key__"] for b in got] == [b["__key__"] for b in expected]
     assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, expected))
     assert loader.state_dict() == on_cpu.state_dict() and loader.state_dict()["batches_seen"] == len(expected)
