@@ -15,6 +15,7 @@ import torch
 from dataset_fixtures import make_dataset
 
 from shardio import DeviceLoader, ShardDataset
+from shardio.read.batches import BatchAssembler
 from shardio.train import loader as loader_module
 from shardio.train.device_decode import DeviceDecoder
 from shardio.train.device_streams import CudaStreams, highest_priority, thread_stream
@@ -154,6 +155,13 @@ def test_each_batch_is_copied_on_the_producer_stream_behind_its_own_event(raw_di
     log = Log()
     streams = CpuAsDevice(log)
     copies_logged(monkeypatch, log)
+    assemble = BatchAssembler.assemble
+
+    def assembled(assembler, pieces, *args, **kwargs):
+        log.add("assemble", len(log.entries))
+        return assemble(assembler, pieces, *args, **kwargs)
+
+    monkeypatch.setattr(BatchAssembler, "assemble", assembled)
     ds = ShardDataset(raw_dir, 16)
     loader = DeviceLoader(ds, "cpu", streams=streams, prefetch=2, **IDENTITY)
     got = handed_out(loader, log)
@@ -175,6 +183,12 @@ def test_each_batch_is_copied_on_the_producer_stream_behind_its_own_event(raw_di
         tensors = log.entries[handed][2]
         assert tensors and all(recorded < waited < log.index("record_stream", "consumer", t) < handed for t in tensors)
     assert not [e for e in log.entries if e[0] in ("host sync", "event sync")], "no host waits for a raw batch"
+    # Batch k's copy is queued (its event recorded) before batch k+1 is assembled, and nothing waits in
+    # between: the host assembles the next batch while the device copies this one.
+    steps = [e[0] if e[0] != "record" else ("record", e[2]) for e in log.entries
+             if e[0] in ("assemble", "record")]
+    assert steps == ["assemble", ("record", 1), "assemble", ("record", 2), "assemble", ("record", 3),
+                     "assemble", ("record", 4), "assemble", ("record", 5), "assemble", ("record", 6)]
 
 
 def test_a_jpeg_batch_is_decoded_behind_a_barrier_on_the_producer_stream(jpeg_dir: str,
