@@ -20,6 +20,10 @@ cores (``gather_threads``): ``maps`` (what a dataset whose maps all stay open co
 epoch), ``pread`` (what one with more shards than maps kept reads: ``pread`` from the files straight into
 the batch), ``fresh maps`` (maps opened anew each epoch: a page fault every few pages).
 
+Then the first touch of a shard's pages on one thread, each way a map can be asked to have them
+(``MAP_POPULATE``, ``MADV_POPULATE_READ`` a slice, ``MADV_HUGEPAGE``, ``MADV_WILLNEED``), against maps
+mapped already and ``pread`` (``map_ways``: the figures ``shardio.read.gather`` chose by).
+
 Then a cold batch: 256 random samples not in the page cache (the dataset's files dropped from it, as a
 dataset larger than memory reads), gathered as page faults bring them in, after the read-ahead asked for
 all of them at once (``shardio.read.gather.will_need``), or read with ``pread``.
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import mmap
 import os
 import statistics
 import sys
@@ -219,6 +224,80 @@ def assembly_alone(directory: str, rounds: int) -> dict[str, Any]:
             "native_gather": gather_module.native()}
 
 
+MADV_POPULATE_READ, MAP_POPULATE = 22, 0x8000  # Linux's values (Python's mmap module names neither here)
+
+
+def map_ways(directory: str, rounds: int) -> dict[str, Any]:
+    """The first touch of a shard's pages, the ways a map can be asked to have them, on one thread: the
+    default order's batches of single-sample slices from maps made anew each epoch (a page fault every few
+    pages), made with ``MAP_POPULATE``, with ``MADV_POPULATE_READ`` on each slice before its copy, with
+    ``MADV_HUGEPAGE`` or ``MADV_WILLNEED`` on the whole map, against maps whose pages are mapped already and
+    ``pread`` into the batch; each against ``np.copyto`` of the same bytes, medians of the rounds' ratios.
+    Linux only, with the extension."""
+    if not gather_module.native() or not hasattr(mmap, "MADV_WILLNEED"):
+        return {}
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    paths = sorted(glob.glob(os.path.join(directory, "shards", "*.npy")))
+    row = SIDE * SIDE * 3
+    arrays = warm(directory)
+    whole = np.concatenate(arrays)
+    out = np.empty((BATCH, SIDE, SIDE, 3), np.uint8)
+    rng = np.random.default_rng(0)
+    order = [(int(s), int(i)) for s, i in zip(rng.integers(0, len(paths), len(whole)),
+                                              rng.integers(0, SAMPLES_PER_SHARD, len(whole)))]
+    batches = [order[i : i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH)]
+    files = [gather_module.ShardFile(path, 128, row) for path in paths]
+
+    def maps(flags: int = mmap.MAP_PRIVATE, advice: int | None = None) -> list[np.ndarray]:
+        made = []
+        for path in paths:
+            with open(path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+            if advice is not None:
+                mapped.madvise(advice)
+            made.append(np.frombuffer(mapped, np.uint8, offset=128).reshape(-1, SIDE, SIDE, 3))
+        return made
+
+    def from_maps(made: list[np.ndarray], populate: bool = False) -> None:
+        for batch in batches:
+            pieces = [made[s][i : i + 1] for s, i in batch]
+            if populate:
+                for piece in pieces:
+                    at = piece.ctypes.data
+                    libc.madvise(ctypes.c_void_p(at & ~4095), row + (at & 4095), MADV_POPULATE_READ)
+            gather_module.gather(pieces, out, 1)
+
+    def by_pread() -> None:
+        for batch in batches:
+            gather_module.read([(files[s], i, i + 1) for s, i in batch], out, 1)
+
+    def copyto() -> None:
+        for number in range(len(batches)):
+            np.copyto(out, whole[number * BATCH : (number + 1) * BATCH])
+
+    mapped_already = maps()
+    from_maps(mapped_already)
+    ways: dict[str, Callable[[], None]] = {
+        "maps mapped already": lambda: from_maps(mapped_already),
+        "fresh maps": lambda: from_maps(maps()),
+        "fresh maps + MAP_POPULATE": lambda: from_maps(maps(mmap.MAP_PRIVATE | MAP_POPULATE)),
+        "fresh maps + MADV_POPULATE_READ a slice": lambda: from_maps(maps(), populate=True),
+        "fresh maps + MADV_HUGEPAGE": lambda: from_maps(maps(advice=getattr(mmap, "MADV_HUGEPAGE", 14))),
+        "fresh maps + MADV_WILLNEED": lambda: from_maps(maps(advice=mmap.MADV_WILLNEED)),
+        "pread": by_pread,
+    }
+    ratios: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            copy = _seconds(copyto)
+            ratios[name].append(copy / _seconds(way))
+    return {name: {"of copyto": statistics.median(values), "min": min(values), "max": max(values)}
+            for name, values in ratios.items()}
+
+
 def cold_batches(directory: str, rounds: int) -> dict[str, Any]:
     """A batch of 256 random samples whose pages are not in memory (the dataset's files dropped from the
     page cache with ``posix_fadvise(DONTNEED)``, what a dataset larger than RAM reads), gathered as
@@ -271,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         directory = build(args.directory or tmp, SHARDS, SAMPLES_PER_SHARD, SIDE)
         result = measure(directory, 2 if args.quick else args.rounds, threads)
         result["assembly"] = assembly_alone(directory, 2 if args.quick else args.rounds)
+        result["map_ways"] = map_ways(directory, 2 if args.quick else args.rounds)
         result["cold_batch_ms"] = cold_batches(directory, 2 if args.quick else args.rounds)
     _print(result)
     return result
@@ -298,6 +378,11 @@ def _print(result: dict[str, Any]) -> None:
             verdict = "meets" if assembly["default_meets_target"] else "MISSES"
             print(f"default assembly / np.copyto {assembly['rows'][assembly['default']]['of copyto']:.2f}: "
                   f"{verdict} the target >= {assembly['target']}")
+    ways = result.get("map_ways")
+    if ways:
+        print("\nthe first touch of a shard's pages, one thread, / np.copyto on one thread:")
+        for name, figures in ways.items():
+            print(f"{name:40}" + "".join(f"{figures[c]:10.2f}" for c in ("of copyto", "min", "max")))
     cold = result.get("cold_batch_ms")
     if cold:
         print(f"a cold batch of {result['batch']} (not in the page cache): "

@@ -1,12 +1,13 @@
-/* shardio.read._gather: copy a batch's slices of memory-mapped shards into one buffer in one native call,
- * with the GIL released; and ask the kernel to read ahead the slices of a batch still to come.
+/* shardio.read._gather: copy a batch's slices of shards into one buffer in one native call, with the GIL
+ * released: from memory maps (gather_into) or with pread from the files (read_into); and ask the kernel to
+ * read ahead the slices of a batch still to come (will_need).
  *
  * Why: with the default shuffle (blocks of 1) a batch of 256 is 256 slices of 256 different places in the
  * shards. torch.cat over 256 tensors spread the copy over torch's OpenMP threads, which on a machine whose
  * cores are busy (the training loop's own copy, the step) wait for each other: 0.18 of np.copyto against
- * 0.96 sequential (bench.reader). Here the slices' bytes are split evenly over a few plain threads (the
- * caller says how many; one copies with streaming stores, see copy_streaming); nothing spins, and the
- * training loop's thread runs meanwhile.
+ * 0.96 sequential (bench.reader). Here the slices' bytes are split evenly over a few plain threads of a
+ * pool (the caller says how many; one copies with streaming stores, see copy_streaming); nothing spins,
+ * and the training loop's thread runs meanwhile. Which of maps and pread, and why: shardio/read/gather.py.
  *
  * Optional, like the other extensions (setup.py): without it shardio.read.gather copies with numpy, the
  * same bytes in the same places.
