@@ -563,7 +563,7 @@ class ShardDataset(IterableDataset):
         return self._passes.passes(
             self.pass_key(epoch_pass, pinned, encoded),
             lambda: self._generate(self.plan(epoch_pass.epoch), batches, False, pinned, encoded),
-            _identity, depth, ahead)
+            _identity, depth, ahead, len(batches))
 
     def pass_ahead(self) -> EpochPass | None:
         """The pass the next ``begin_pass()`` begins if nothing changes before it (no ``set_epoch`` of another

@@ -163,10 +163,12 @@ class PassPrefetch:
         self.parked: Prefetcher | None = None
 
     def passes(self, key: Any, source: Callable[[], Iterator[Any]], prepare: Callable[[Any], Any], depth: int,
-               ahead: Callable[[], tuple[Any, Iterator[Any]] | None]) -> Iterator[Any]:
+               ahead: Callable[[], tuple[Any, Iterator[Any]] | None], length: int | None = None) -> Iterator[Any]:
         """``prepare(item)`` for every item of the pass ``key`` (``source()`` makes its items, unless the
         pass was begun ahead), up to ``depth`` items ahead on a thread that then begins ``ahead()``'s
-        ``(key, items)``: the next pass if nothing changes."""
+        ``(key, items)``: the next pass if nothing changes. ``length``: the pass's items, when known; its
+        end is then taken before its last item is handed out, so a consumer that stops after ``length``
+        items without asking for more (Lightning, with a loader's ``len``) still keeps what was begun."""
         parked, self.parked = self.parked, None
         prefetcher = None
         if parked is not None:
@@ -177,16 +179,24 @@ class PassPrefetch:
                 parked.close()
         if prefetcher is None:
             prefetcher = Prefetcher(source(), prepare, depth, ahead)
-        ended = False
+        ended, handed, pending = False, 0, None
         try:
             while True:
-                item = prefetcher.get()
+                item, pending = (pending if pending is not None else prefetcher.get()), None
                 if item is _END:
                     ended = True
                     self.parked = prefetcher  # preparing the next pass's first batches
                     return
                 if isinstance(item, _Failed):
                     raise item.error
+                handed += 1
+                if handed == length:  # the last one: take the end first, then hand it out
+                    pending = prefetcher.get()
+                    if pending is _END:
+                        ended, pending = True, None
+                        self.parked = prefetcher
+                        yield item[0]
+                        return
                 yield item[0]
         finally:
             if not ended:

@@ -372,7 +372,7 @@ class DeviceLoader:
 
             return epoch_pass, self.passes.passes(dataset.pass_key(epoch_pass, *how),
                                                   lambda: numbered(epoch_pass), self._prepare, self.prefetch,
-                                                  ahead)
+                                                  ahead, len(epoch_pass.batches))
         items = numbered(epoch_pass) if epoch_pass is not None else zip(iter(source), itertools.count(1))
         if self.prefetch > 0:
             return epoch_pass, prefetched(items, self._prepare, self.prefetch)

@@ -5,6 +5,7 @@ consumer waits for the thread's recorded events before it takes the epoch's last
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -128,3 +129,17 @@ def test_an_epoch_shorter_than_the_prefetch_depth(dataset_dir: str) -> None:
     ds = ShardDataset(dataset_dir, 50, shuffle=True, seed=1, prefetch=4)  # 3 batches an epoch
     for epoch in range(4):
         assert (np.concatenate([indices(b) for b in ds]) == epochs_order(ds, epoch)).all()
+
+
+def test_a_consumer_that_stops_at_the_epochs_length_keeps_what_was_begun(dataset_dir: str,
+                                                                         assembled: Assembled) -> None:
+    """Lightning takes ``len(loader)`` batches and never asks for the end: dropping the iterator then must
+    not drop the next epoch's batches."""
+    ds = ShardDataset(dataset_dir, 10, shuffle=True, seed=6)
+    batches = iter(ds)
+    first = [indices(next(batches)) for _ in range(len(ds))]
+    del batches
+    gc.collect()
+    assert (np.concatenate(first) == epochs_order(ds, 0)).all()
+    assert (np.concatenate([indices(b) for b in ds]) == epochs_order(ds, 1)).all()
+    assert assembled.count(epochs_order(ds, 1)[:10]) == 1, "the next epoch assembled its first batch again"
