@@ -7,6 +7,7 @@ bucketed; without the extension the fallback is what reads."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -286,3 +287,31 @@ def test_gather_threads_default_and_bad_values(dataset_dir: str) -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="gather_threads must be an int >= 1"):
             ShardDataset(dataset_dir, 10, gather_threads=bad)
+
+
+def _gather_in_child(pieces: list[np.ndarray], expected_sum: int, result) -> None:
+    out = np.empty(sum(p.nbytes for p in pieces), np.uint8)
+    gather._gather.gather_into(pieces, out, 4)  # the pool's threads are the parent's: the child starts its own
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 4
+    result.put((int(out.sum(dtype=np.int64)) == expected_sum, threads))
+
+
+@needs_extension
+def test_a_forked_child_copies_on_threads_of_its_own() -> None:
+    """A DataLoader worker is a fork of a process whose copy threads are started: they do not exist in the
+    child, which starts its own (it copies on 4 threads too, not alone) and never waits for the parent's."""
+    import multiprocessing
+
+    source = np.random.default_rng(3).integers(0, 256, 24 << 20, dtype=np.uint8)
+    pieces = [source[i : i + (1 << 20)] for i in range(0, source.size, 1 << 20)]
+    out = np.empty(source.size, np.uint8)
+    gather._gather.gather_into(pieces, out, 4)  # the parent's pool: 3 threads besides the caller
+    assert (out == source).all()
+    context = multiprocessing.get_context("fork")
+    result = context.Queue()
+    child = context.Process(target=_gather_in_child, args=(pieces, int(source.sum(dtype=np.int64)), result))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    same, threads = result.get(timeout=10)
+    assert same and threads >= 4, threads  # the caller and 3 copy threads of its own
