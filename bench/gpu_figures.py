@@ -19,6 +19,7 @@ import torch
 from bench.gpu_data import encoded_batches
 from shardio import DeviceLoader, ShardDataset
 from shardio.errors import MissingExtra
+from shardio.read.batches import gather_threads
 from shardio.read.jpeg_pixels import decode_threads
 from shardio.train import device_decode
 from shardio.train.augment import TrainAugment
@@ -161,8 +162,6 @@ def gather_rows(raw_dir: str, device: torch.device, batch: int = 256) -> dict[st
     the device (uint8, no model) against a pinned copy of the same bytes. One dataset and one loader per
     thread count, an untimed epoch first (maps opened, pinned blocks made), then a timed one, as a run's
     second epoch reads."""
-    from shardio.read.batches import gather_threads
-
     cuda = device.type == "cuda"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     out: dict[str, Any] = {"default_threads": gather_threads(), "rows": {}}
