@@ -33,10 +33,9 @@
 #define STREAM_MIN_BYTES (8 << 20)
 #define MAX_THREADS 64
 
-/* The copy threads: a small pool of plain pthreads started on first use and kept (dispatching a batch's
- * shares to waiting threads costs a few microseconds each; starting threads per batch cost ~20-50 us each,
- * ~0.5 ms a batch on 16 threads, a fifth of a 50 MB batch's copy at 27 GB/s). One job at a time (a second
- * caller waits its turn, its GIL released); the calling thread takes shares too. A forked child (a DataLoader
+/* The copy threads: a small pool of plain pthreads started on first use and kept, rather than started for
+ * each batch (up to 7 a batch at the default of 8 threads). One job at a time (a second caller waits its
+ * turn, its GIL released); the calling thread takes shares too, and any share no thread took. A forked child (a DataLoader
  * worker) has none of the parent's threads: pthread_atfork empties the pool there, and the child starts its
  * own on its first batch. */
 typedef void (*share_fn)(void *job, int share, int shares);

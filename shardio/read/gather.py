@@ -40,8 +40,9 @@ by ``pread`` on one thread (a loaded VM).
 **Threads**: C threads, a pool kept across batches (``_gather.c``), rather than Python threads each calling
 a GIL-free C routine: a Python thread takes the GIL back to return from each call, and with the training
 loop's thread holding it that waits up to the switch interval (5 ms), more than a 50 MB batch's copy at
-27 GB/s (1.9 ms); the pool's threads never touch Python, and waking them costs microseconds where starting
-threads per batch cost ~20-50 us each.
+27 GB/s (1.9 ms); the pool's threads never touch Python. Kept rather than started per batch: a 16-core host
+would start up to 7 threads a batch; on the 2-core VM the two cost the same within its noise (an 8 MB batch
+on 2 threads: 150-156 us with the pool, 158-176 us starting a thread per call).
 
 ``will_need`` is advice (``madvise(MADV_WILLNEED)``): a shard file not in the page cache is read ahead
 while the batch before is copied, instead of one page fault (or one ``pread``) at a time in the copy.
