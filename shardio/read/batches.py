@@ -22,6 +22,11 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+try:
+    import resource
+except ImportError:  # not on Windows, which has no pread for the extension either
+    resource = None  # type: ignore[assignment]
+
 from shardio.read.gather import ShardFile, gather, native, read, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.shard_meta import rows_columns
@@ -58,6 +63,20 @@ def gather_threads() -> int:
     return max(1, min(MAX_GATHER_THREADS, cores))
 
 
+def room_for_files(cache_shards: int) -> bool:
+    """Whether this process may keep a file open for each of ``cache_shards`` shards besides their maps (each
+    map holds a descriptor of its own): ``pread`` is used only then, the soft ``RLIMIT_NOFILE`` left as it
+    is (1,024 in many login shells: the default 512 kept shards' maps already take half of it)."""
+    if resource is None:
+        return False
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft == resource.RLIM_INFINITY or soft >= 2 * cache_shards + FREE_DESCRIPTORS
+
+
+# Descriptors left for everything else (sockets, logs, checkpoints, a DataLoader's pipes).
+FREE_DESCRIPTORS = 256
+
+
 def has_content_box(snapshot: DatasetSnapshot) -> bool:
     """Whether every batch of this dataset carries ``content_box``: decided once from the manifest's
     config (``mode: pad``), never from the shards a batch happens to touch (one schema per dataset)."""
@@ -91,7 +110,7 @@ class BatchAssembler:
         self.threads = threads
         # (pixels, metadata, the file to pread from or None) per open shard, least recently used first.
         self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels, ShardMeta, ShardFile | None]] = OrderedDict()
-        self.reads_files = native() and len(snapshot.shards) > cache_shards
+        self.reads_files = native() and len(snapshot.shards) > cache_shards and room_for_files(cache_shards)
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
         self.bucketed = bool(snapshot.is_bucketed)

@@ -315,3 +315,18 @@ def test_a_forked_child_copies_on_threads_of_its_own() -> None:
     assert child.exitcode == 0
     same, threads = result.get(timeout=10)
     assert same and threads >= 4, threads  # the caller and 3 copy threads of its own
+
+
+@needs_extension
+def test_pread_only_where_the_process_may_open_a_file_per_kept_shard(dataset_dir: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kept map holds a descriptor; pread adds one a shard: not where that would pass the soft limit
+    (1,024 in many shells, against 2 x 512 kept shards), which is left as it is."""
+    limits = {"soft": 1024}
+    monkeypatch.setattr(batches.resource, "getrlimit", lambda which: (limits["soft"], 1 << 20))
+    assert not batches.room_for_files(512) and batches.room_for_files(384)
+    assert ShardDataset(dataset_dir, 10, cache_shards=4)._assembler.reads_files
+    limits["soft"] = 200
+    ds = ShardDataset(dataset_dir, 10, cache_shards=4)
+    assert not ds._assembler.reads_files
+    assert_exactly_once(np.concatenate([indices(b) for b in ds]), 117)
