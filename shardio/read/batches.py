@@ -95,7 +95,8 @@ class BatchAssembler:
     A raw batch's bytes are copied on ``threads`` threads (default ``gather_threads()``), chosen once: from
     the memory maps when the maps of every shard stay open (``cache_shards`` or more), so their pages are
     mapped once and each later epoch copies at memory speed; else with ``pread`` from the files, since every
-    map would be a first touch, a page fault per few pages (``shardio.read.gather``, the measurements)."""
+    map would be a first touch, a page fault per few pages (``shardio.read.gather``, the measurements), where
+    the process may open a file per kept shard (``room_for_files``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
                  fields: tuple[str, ...] = FIELDS, batch_size: int = 0, threads: int | None = None) -> None:
