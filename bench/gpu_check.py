@@ -11,6 +11,8 @@ Parts, each timed and recorded on its own (a part that fails is recorded with it
   decode         batched 256x256 JPEG decode samples/s per library and through ``DeviceLoader``, against the
                  CPU reader on every core (goal: >= 20k/s on one H100 with one CPU core busy)
   h2d            ``DeviceLoader``'s raw batches to the device against pinned bandwidth (goal: >= 0.8)
+  gather         the raw dataset's batches with 1, 2 and all cores copying each (``gather_threads``): the
+                 host side alone, and ``DeviceLoader`` to the device against a pinned copy (goal: >= 0.5)
   train_step     ``DeviceLoader`` + ``TrainAugment`` feeding a ResNet-50 bf16 step: the share of step time
                  waiting for data, raw and JPEG (goal: < 1%)
   object_store   the reader's cold epoch from a SeaweedFS S3 server on loopback against raw GET, raw and
@@ -50,6 +52,7 @@ PLAN = [
     ("stream_safety", 40, "200 trials x (DeviceLoader; DeviceDecoder barrier on/off and raw, per library)"),
     ("decode", 30, "40 batches of 256 per library (DeviceDecoder and raw), DeviceLoader epoch, CPU reader epoch"),
     ("h2d", 15, "20 pinned copies of a 50 MB batch; a DeviceLoader epoch of uint8 raw batches"),
+    ("gather", 20, "per 1, 2 and all gather threads: 2 epochs of pinned raw batches, 2 of DeviceLoader's uint8"),
     ("train_step", 60, "ResNet-50 bf16, batch 256 at 224: synthetic, raw and JPEG, 5 warm-up + 30 steps each"),
     ("object_store", 60, "SeaweedFS on loopback: raw GET, cold epoch of the raw and JPEG datasets"),
 ]
@@ -168,11 +171,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parts: list[tuple[str, Callable[[], Any]]] = [("cuda_tests", lambda: cuda_tests(collect_only=dry))]
     if dry:
         parts.append(("decode", lambda: gpu_figures.cpu_reader_rate(datasets["jpeg"], batch)))
+        parts.append(("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)))
     else:
         parts += [
             ("stream_safety", lambda: gpu_safety.run(datasets["jpeg"], device, trials=args.trials, batch=64)),
             ("decode", lambda: gpu_figures.decode_rates(datasets["jpeg"], device, batch=batch)),
             ("h2d", lambda: gpu_figures.h2d(datasets["raw"], device, batch=batch)),
+            ("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)),
             ("train_step", lambda: gpu_figures.train_step_wait(datasets, device, _resnet50, batch=batch)),
         ]
     parts.append(("object_store", lambda: gpu_store.run(datasets, os.path.join(work, "s3"), batch, dry=dry)))

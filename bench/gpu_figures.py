@@ -7,6 +7,7 @@ same calls on tiny sizes, rates meaningless), except where it needs CUDA, which 
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -18,6 +19,7 @@ import torch
 from bench.gpu_data import encoded_batches
 from shardio import DeviceLoader, ShardDataset
 from shardio.errors import MissingExtra
+from shardio.read.batches import gather_threads
 from shardio.read.jpeg_pixels import decode_threads
 from shardio.train import device_decode
 from shardio.train.augment import TrainAugment
@@ -154,6 +156,62 @@ def h2d(raw_dir: str, device: torch.device, batch: int = 256, copies: int = 20) 
             "host_assembly_cpu_cores_busy": host["cpu_cores_busy"]}
 
 
+def gather_rows(raw_dir: str, device: torch.device, batch: int = 256) -> dict[str, Any]:
+    """The raw dataset's shuffled batches with 1, 2 and all cores copying each one (``gather_threads``): the
+    host side alone (batches assembled, pinned on CUDA) and, on CUDA, ``DeviceLoader`` delivering them to
+    the device (uint8, no model) against a pinned copy of the same bytes. One dataset and one loader per
+    thread count, an untimed epoch first (maps opened, pinned blocks made), then a timed one, as a run's
+    second epoch reads."""
+    cuda = device.type == "cuda"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    out: dict[str, Any] = {"default_threads": gather_threads(), "rows": {}}
+    if cuda:
+        side = ShardDataset(raw_dir, batch).snapshot.shape[0]
+        out["pinned_GBps"] = round(_pinned_copy_gbps((batch, side, side, 3), device), 2)
+
+    class Uint8:  # the transform hand-off with no arithmetic: the batch's bytes as they arrived
+        def __call__(self, image, *, epoch, positions, content_box=None):
+            return image
+
+    for threads in sorted({1, min(2, cores), cores}):
+        host = ShardDataset(raw_dir, batch, shuffle=True, pin_memory=cuda, gather_threads=threads)
+
+        def assembly(host: ShardDataset = host) -> int:
+            return sum(item["image"].numel() for item in host)
+
+        assembly()
+        timed = _timed(assembly, torch.device("cpu"))
+        row = {"host_GBps": round(timed["samples"] / timed["seconds"] / 1e9, 2),
+               "host_cpu_cores_busy": timed["cpu_cores_busy"]}
+        if cuda:
+            loader = DeviceLoader(ShardDataset(raw_dir, batch, shuffle=True, gather_threads=threads), device,
+                                  transform=Uint8())
+
+            def delivered(loader: DeviceLoader = loader) -> int:
+                return sum(item["image"].numel() for item in loader)
+
+            delivered()
+            timed = _timed(delivered, device)
+            gbps = timed["samples"] / timed["seconds"] / 1e9
+            row.update(device_loader_GBps=round(gbps, 2), ratio=round(gbps / out["pinned_GBps"], 3),
+                       loader_cpu_cores_busy=timed["cpu_cores_busy"])
+        out["rows"][threads] = row
+    return out
+
+
+def _pinned_copy_gbps(shape: tuple[int, ...], device: torch.device, copies: int = 20) -> float:
+    pinned = torch.empty(shape, dtype=torch.uint8).pin_memory()
+    target = torch.empty_like(pinned, device=device)
+    target.copy_(pinned, non_blocking=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(copies):
+        target.copy_(pinned, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return copies * pinned.numel() / (start.elapsed_time(end) / 1e3) / 1e9
+
+
 def _step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -171,14 +229,14 @@ def _step_fn(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Te
 
 
 def _batches(dataset_dir: str, device: torch.device, batch: int, size: int) -> Iterator[tuple[dict[str, Any], bool]]:
-    """(batch, whether it is its epoch's first) for ever: an epoch's first batch waits for the pipeline to
-    fill (~30 ms on an H100 host), once an epoch, which a bench's 32-batch epochs weigh 30x a real one's."""
-    epoch = 0
+    """(batch, whether it is its epoch's first) for ever, from one dataset and one ``DeviceLoader`` iterated
+    epoch after epoch, as a training run does: the loader prepares each epoch's first batches while the last
+    ones of the epoch before are consumed (an epoch's first batch waited 27-52 ms on an H100 host when each
+    epoch made a new loader, which a bench's 32-batch epochs weigh 30x a real one's)."""
+    loader = DeviceLoader(ShardDataset(dataset_dir, batch, shuffle=True), device, transform=TrainAugment(size))
     while True:
-        dataset = ShardDataset(dataset_dir, batch, shuffle=True, seed=epoch)
-        for index, item in enumerate(DeviceLoader(dataset, device, transform=TrainAugment(size, seed=epoch))):
+        for index, item in enumerate(loader):
             yield item, index == 0
-        epoch += 1
 
 
 def train_step_wait(datasets: dict[str, str], device: torch.device, make_model: Callable[[], torch.nn.Module],

@@ -65,6 +65,16 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         if "host_assembly_GBps" in h2d:
             out.append(("host side alone: shuffled batches gathered into pinned memory",
                         f"{h2d['host_assembly_GBps']} GB/s, {h2d['host_assembly_cpu_cores_busy']} cores busy", ""))
+    gather = results.get("gather")
+    if isinstance(gather, dict) and "rows" in gather:
+        for threads, row in gather["rows"].items():
+            default = " (the default)" if str(threads) == str(gather.get("default_threads")) else ""
+            if "ratio" in row:
+                out.append((f"DeviceLoader raw batches, {threads} gather thread(s){default} / pinned copy",
+                            f"{row['device_loader_GBps']} / {gather['pinned_GBps']} GB/s = {row['ratio']}, "
+                            f"{row['loader_cpu_cores_busy']} cores busy", ">= 0.5"))
+            out.append((f"host side alone, {threads} gather thread(s){default}",
+                        f"{row['host_GBps']} GB/s, {row['host_cpu_cores_busy']} cores busy", ""))
     train = results.get("train_step")
     if isinstance(train, dict) and "synthetic_step_ms" in train:
         out.append(("ResNet-50 bf16 step, batch on the device", f"{train['synthetic_step_ms']} ms", ""))

@@ -16,6 +16,7 @@ planes gathered as a raw batch's pixels are (``YuvPlanes``: half the bytes) for 
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -23,8 +24,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
-from shardio.read.gather import gather, will_need
+try:
+    import resource
+except ImportError:  # not on Windows, which has no pread for the extension either
+    resource = None  # type: ignore[assignment]
+
+from shardio.read.gather import ShardFile, gather, native, read, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
@@ -44,13 +51,36 @@ FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
 READ_AHEAD_PROBES = 8
 
 
+# The most threads a batch is copied on by default. A 16-core H100 host's shuffled read with the bench's
+# second copy beside it (against np.copyto): 0.59 on 1 thread, 0.86 on 2, 0.89 on 4, 0.83 on 8; pinned
+# batches alone, what DeviceLoader waits for, were assembled at 27.5 GB/s on 8 threads, half the 54 GB/s a
+# pinned copy to the GPU moves. More threads only take cores from the training loop.
+MAX_GATHER_THREADS = 8
+
+
 def gather_threads() -> int:
-    """Threads one batch's copy takes (``shardio.read.gather``): half of torch's intra-op threads, at
-    least one (in a DataLoader worker, which torch gives one thread: one). The other half is the training
-    loop's. Shuffled epochs against ``np.copyto`` (``python -m bench.reader --shuffled-gather --threads``):
-    on a 16-core H100 host 0.59 with 1 copy thread, 0.86 with 2, 0.89 with 4, 0.83 with 8; on the
-    2-core dev VM a second thread made them slower (0.44 against 0.50)."""
-    return max(1, torch.get_num_threads() // 2)
+    """Threads one batch's copy takes by default (``shardio.read.gather``): the cores this process may run
+    on, at most ``MAX_GATHER_THREADS``; one in a DataLoader worker (the workers are the parallelism there).
+    The copy is a burst of a millisecond or two a batch, on the prefetch thread and the extension's own
+    threads, with the GIL released: the training loop's thread is not held up."""
+    if get_worker_info() is not None:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_GATHER_THREADS, cores))
+
+
+def room_for_files(cache_shards: int) -> bool:
+    """Whether this process may keep a file open for each of ``cache_shards`` shards besides their maps (each
+    map holds a descriptor of its own): ``pread`` is used only then, the soft ``RLIMIT_NOFILE`` left as it
+    is (1,024 in many login shells: the default 512 kept shards' maps already take half of it)."""
+    if resource is None:
+        return False
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft == resource.RLIM_INFINITY or soft >= 2 * cache_shards + FREE_DESCRIPTORS
+
+
+# Descriptors left for everything else (sockets, logs, checkpoints, a DataLoader's pipes).
+FREE_DESCRIPTORS = 256
 
 
 def has_content_box(snapshot: DatasetSnapshot) -> bool:
@@ -66,17 +96,30 @@ class BatchAssembler:
     (height, width) and what its centre crop cut, (top, left) in source pixels; -1 where the dataset does not
     record it: ``shardio.format``, "Metadata") and ``fields``, whatever shards it came from (one schema per
     dataset), and a ``mode: pad`` dataset's every batch ``content_box`` (int32 [B, 4] x0, y0, x1, y1; see
-    ``has_content_box``)."""
+    ``has_content_box``).
+
+    A raw batch's bytes are copied on ``threads`` threads (default ``gather_threads()``), chosen once: from
+    the memory maps when the maps of every shard stay open (``cache_shards`` or more), so their pages are
+    mapped once and each later epoch copies at memory speed; else with ``pread`` from the files, since every
+    map would be a first touch, a page fault per few pages (``shardio.read.gather``, the measurements), where
+    the process may open a file per kept shard (``room_for_files``)."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout) -> None:
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout,
+                 threads: int | None = None) -> None:
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown batch fields {sorted(unknown)}; known: {list(FIELDS)}")
         self.snapshot, self.cache_shards, self.buffer_count = snapshot, cache_shards, buffers
         self.fields = fields
         self.content_box = has_content_box(snapshot)
-        self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]] = OrderedDict()
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"gather_threads must be an int >= 1, got {threads!r}")
+        self.threads = threads
+        # (pixels, metadata, the file to pread from or None) per open shard, least recently used first.
+        self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta, ShardFile | None]] = (
+            OrderedDict())
+        self.reads_files = native() and len(snapshot.shards) > cache_shards and room_for_files(cache_shards)
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
         self.layout = layout  # the snapshot's (``shardio.read.layout.layout_of``, asked once at open)
@@ -84,15 +127,22 @@ class BatchAssembler:
         self.buffers = BufferPool(buffers, self.buffer_bytes)
 
     def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]:
+        """Shard ``shard``'s pixels (a view of its memory map) and metadata."""
+        hit = self._open(shard)
+        return hit[0], hit[1]
+
+    def _open(self, shard: int) -> tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta, ShardFile | None]:
         hit = self.cache.get(shard)
         if hit is None:
             pixels = self.snapshot.pixels(shard)
-            # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
+            file = None
             if isinstance(pixels, YuvPixels):
                 pixels = pixels.with_plain_view()
             elif not isinstance(pixels, JpegPixels):
+                file = ShardFile.of(pixels) if self.reads_files else None
+                # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
                 pixels = np.asarray(pixels)
-            hit = (pixels, self.snapshot.meta(shard))
+            hit = (pixels, self.snapshot.meta(shard), file)
             self.cache[shard] = hit
             if len(self.cache) > self.cache_shards:
                 self.cache.popitem(last=False)
@@ -143,7 +193,7 @@ class BatchAssembler:
         (shared memory; never pinned, CUDA cannot be used in forked workers). ``encoded`` (JPEG datasets):
         ``image`` is the samples' ``EncodedImages``, not decoded; (yuv420 datasets) the samples' ``YuvPlanes``,
         not converted; everything else is the same."""
-        shards = [self.shard(shard) for shard, _, _ in pieces]
+        shards = [self._open(shard) for shard, _, _ in pieces]
         count = sum(stop - start for _, start, stop in pieces)
         pinned = pinned and not shared
         jpeg = isinstance(shards[0][0], JpegPixels)
@@ -153,7 +203,7 @@ class BatchAssembler:
                              "(encoding: jpeg) and yuv420 ones; this one is raw")
         image: torch.Tensor | EncodedImages | YuvPlanes
         if encoded and jpeg:
-            image = EncodedImages.of([pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)])
+            image = EncodedImages.of([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)])
         elif encoded:
             image = self._planes(shards, pieces, count, shared, pinned)
         elif len(pieces) == 1 and not shared and not pinned and not jpeg and not yuv:
@@ -174,15 +224,21 @@ class BatchAssembler:
                 image = pinned_batch(shape, self.buffer_bytes)
             else:
                 image = torch.from_numpy(self.buffers.take(shape))
-            slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
+            threads = self.threads or gather_threads()
             if jpeg:
-                decode_batch(slices, image.numpy())
+                decode_batch([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)],
+                             image.numpy())
             elif yuv:
-                convert_batch(slices, image.numpy(), gather_threads())
+                convert_batch([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)],
+                              image.numpy(), threads)
+            elif all(file is not None for _, _, file in shards):
+                read([(file, start, stop) for (_, _, file), (_, start, stop) in zip(shards, pieces)],
+                     image.numpy(), threads)
             else:
-                gather(slices, image.numpy(), gather_threads())
+                gather([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)],
+                       image.numpy(), threads)
         # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
-        rows = [row for (_, meta), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
+        rows = [row for (_, meta, _), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
         keys, txt, cls, js, box, original_size, crop_top_left = rows_columns(rows)
         batch: Batch = {"image": image, "__key__": keys, "original_size": torch.from_numpy(original_size),
                         "crop_top_left": torch.from_numpy(crop_top_left)}
@@ -197,11 +253,11 @@ class BatchAssembler:
         batch.update(self.layout.batch_fields(self.snapshot, pieces[0][0]))  # a bucketed dataset's: "bucket"
         return batch
 
-    def _planes(self, shards: list[tuple[Any, ShardMeta]], pieces: list[tuple[int, int, int]], count: int,
+    def _planes(self, shards: list[tuple[Any, ShardMeta, Any]], pieces: list[tuple[int, int, int]], count: int,
                 shared: bool, pinned: bool) -> YuvPlanes:
         """A yuv420 batch's planes, (count, S) uint8, gathered as a raw batch's pixels are (a view of the map
         for one slice, else one native copy into shared, pinned or pooled memory)."""
-        slices = [pixels[start:stop] for (pixels, _), (_, start, stop) in zip(shards, pieces)]
+        slices = [pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)]
         height, width = slices[0].height, slices[0].width
         arrays = [np.asarray(piece.planes) for piece in slices]
         sample_bytes = arrays[0].shape[1]

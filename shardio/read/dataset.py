@@ -10,6 +10,7 @@ The design, with its measurements, is docs/reader.md.
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
@@ -36,7 +37,7 @@ from shardio.read.order import (
     rank_batches,
 )
 from shardio.read.jpeg_pixels import check_decoded_bytes
-from shardio.read.prefetch import prefetched
+from shardio.read.prefetch import PassPrefetch
 from shardio.read.ranks import resolve_world
 from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
@@ -80,6 +81,8 @@ class ShardDataset(IterableDataset):
     the memory map is the only one before the GPU's. Without it, a batch within one shard is a view of the
     memory map (no copy) and a batch spanning runs is one copy into a reused buffer. ``prefetch`` batches
     are assembled ahead on a background thread when iterated in the main process (0: none).
+    ``gather_threads`` is how many threads copy a raw batch's samples into it (default: the cores this
+    process may use, at most 8; one in a DataLoader worker: ``shardio.read.batches.gather_threads``).
     ``selection`` (``shardio.read.selection.SampleSelection``) reads only the samples it picks, in every
     generation the dataset opens (``shardio.read.subset.SubsetDataset`` is the shorthand).
 
@@ -127,6 +130,7 @@ class ShardDataset(IterableDataset):
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
         decode: str = "cpu",
+        gather_threads: int | None = None,
     ) -> None:
         super().__init__()
         # The dataset's root, opened once here: its backend says whether the dataset is on this host's disk
@@ -155,7 +159,11 @@ class ShardDataset(IterableDataset):
             raise ValueError("pin_memory=True needs CUDA (pinned memory is for host-to-GPU copies)")
         if decode not in DECODE_CHOICES:
             raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {decode!r}")
+        if gather_threads is not None and (isinstance(gather_threads, bool) or not isinstance(gather_threads, int)
+                                           or gather_threads < 1):
+            raise ValueError(f"gather_threads must be an int >= 1, got {gather_threads!r}")
         self.decode = decode
+        self.gather_threads = gather_threads
         self.path = self.root.path
         self.pin_memory = pin_memory
         self.prefetch = prefetch
@@ -185,6 +193,8 @@ class ShardDataset(IterableDataset):
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,
             "batch_size": batch_size}, defaulted=defaulted)
         self._worker_epochs = WorkerEpochs()  # a plain DataLoader's workers starting an epoch again warn
+        # Iterated in this process, each pass's thread begins the next pass's first batches at its end.
+        self._passes = PassPrefetch()
 
     # --- opening a snapshot ------------------------------------------------------------------------
 
@@ -238,10 +248,12 @@ class ShardDataset(IterableDataset):
         if self._cache is not None:
             self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
                                                               buffers=self.prefetch + 4, fields=self.fields,
-                                                              batch_size=self.batch_size, layout=layout)
+                                                              batch_size=self.batch_size, layout=layout,
+                                                              threads=self.gather_threads)
         else:
             self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
-                                             fields=self.fields, batch_size=self.batch_size, layout=layout)
+                                             fields=self.fields, batch_size=self.batch_size, layout=layout,
+                                             threads=self.gather_threads)
 
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
@@ -463,9 +475,45 @@ class ShardDataset(IterableDataset):
                              f"ones; this one is {self.snapshot.encoding}")
         # The plan is made here, where the batches are read (in a DataLoader worker, by the worker): what
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
-        source = self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
         depth = self.prefetch if prefetch is None else prefetch
-        return prefetched(source, _identity, depth) if depth > 0 else source
+        if depth <= 0:
+            return self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
+
+        def ahead() -> tuple[tuple[Any, ...], Iterator[Batch]] | None:  # on the prefetch thread
+            following = self.pass_ahead()
+            if following is None:
+                return None
+            return (self.pass_key(following, pinned, encoded),
+                    self._assembler.batches(self.plan(following.epoch), following.batches, False, pinned, encoded))
+
+        return self._passes.passes(
+            self.pass_key(epoch_pass, pinned, encoded),
+            lambda: self._assembler.batches(self.plan(epoch_pass.epoch), batches, False, pinned, encoded),
+            _identity, depth, ahead, len(batches))
+
+    def pass_ahead(self) -> EpochPass | None:
+        """The pass the next ``begin_pass()`` begins if nothing changes before it (no ``set_epoch`` of another
+        epoch, no state loaded, no new generation to follow), begun on a copy of the cursor: the cursor, and
+        so ``state_dict``, stay as they are. For a loader that prepares the next epoch's first batches while
+        the last ones of this one are consumed (``shardio.read.prefetch.PassPrefetch``); None in a
+        DataLoader worker, and on object storage (the shard cache plans its downloads a pass at a time: the
+        next pass plans them when it begins)."""
+        if get_worker_info() is not None or self._cache is not None:
+            return None
+        cursor = copy.copy(self.cursor)
+        _, _, generation = cursor.next_pass()
+        if generation is not None and generation != self.snapshot.generation:
+            return None
+        return cursor.begin(self.samples, self.snapshot.generation, self.snapshot.identity, self.layout)
+
+    def pass_key(self, epoch_pass: EpochPass, *how: Any) -> tuple[Any, ...]:
+        """What fixes a pass's batches, and ``how`` they are made (pinned, encoded...): two passes with equal
+        keys yield the same batches."""
+        return (id(self._assembler), epoch_pass.epoch, epoch_pass.start, epoch_pass.before, epoch_pass.samples,
+                epoch_pass.generation, epoch_pass.dataset, epoch_pass.layout,
+                tuple(getattr(epoch_pass.batches, "start", ())),
+                len(epoch_pass.batches), self.rank, self.world_size, tuple(sorted(self.cursor.settings.items())),
+                *how)
 
     def __iter__(self) -> Iterator[Batch]:
         # Not a generator function: the epoch and resume point are read now, when DataLoader (or the

@@ -55,7 +55,8 @@ import torch
 import torch.nn.functional as F
 
 from shardio.read.dataset import ShardDataset
-from shardio.read.prefetch import prefetched
+from shardio.read.prefetch import PassPrefetch, prefetched
+from shardio.read.resume import EpochPass
 from shardio.train.batch_transform import BatchTransform, batch_positions, transform_batch
 from shardio.train.loader import IMAGENET_MEAN, IMAGENET_STD, ShardLoader
 
@@ -381,7 +382,9 @@ class PositionedBatches:
     (``shardio.read.resume``).
 
     ``prepare`` (e.g. the device decode of a JPEG batch handed out ``encoded``) runs on a prefetch thread
-    ``prefetch`` batches ahead; a batch still counts only when this yields it."""
+    ``prefetch`` batches ahead; a batch still counts only when this yields it. Iterated epoch after epoch
+    (without DataLoader workers), that thread prepares the next epoch's first batches while this epoch's last
+    ones are consumed (``shardio.read.prefetch.PassPrefetch``)."""
 
     def __init__(self, loader: ShardLoader | ShardDataset, *,
                  prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None, prefetch: int = 2,
@@ -392,6 +395,7 @@ class PositionedBatches:
         self.loader = loader
         self.dataset: ShardDataset = loader if isinstance(loader, ShardDataset) else loader.dataset
         self.prepare, self.prefetch, self.encoded = prepare, prefetch, encoded
+        self.passes = PassPrefetch()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -400,14 +404,31 @@ class PositionedBatches:
         epoch_pass = self.loader.begin_pass()
         # Asked for only when set: a loader subclass's iter_pass from before JPEG datasets keeps working.
         encoded = {} if self.encoded is None else {"encoded": self.encoded}
-        batches: Iterator[dict[str, Any]] = self.loader.iter_pass(epoch_pass, **encoded)
-        if self.prepare is not None:
-            batches = (prefetched(batches, self.prepare, self.prefetch) if self.prefetch > 0
-                       else map(self.prepare, batches))
+        batches = self._prepared(epoch_pass, encoded)
         for index, batch in enumerate(self.dataset.cursor.handed_out(epoch_pass, batches)):
             positions = epoch_pass.batches[index]
             yield {**batch, "__position__": torch.arange(positions.start, positions.stop, dtype=torch.int64),
                    "__epoch__": epoch_pass.epoch}
+
+    def _prepared(self, epoch_pass: EpochPass, encoded: dict[str, bool]) -> Iterator[dict[str, Any]]:
+        """The pass's batches, ``prepare``d on the prefetch thread."""
+        prepare, loader = self.prepare, self.loader
+        if prepare is None or self.prefetch <= 0:
+            batches: Iterator[dict[str, Any]] = loader.iter_pass(epoch_pass, **encoded)
+            return batches if prepare is None else map(prepare, batches)
+        if isinstance(loader, ShardLoader) and loader.num_workers > 0:
+            return prefetched(loader.iter_pass(epoch_pass, **encoded), prepare, self.prefetch)
+        how = ("positioned", *sorted(encoded.items()))
+
+        def ahead() -> tuple[tuple[Any, ...], Iterator[dict[str, Any]]] | None:  # at the end of this pass
+            following = self.dataset.pass_ahead()
+            if following is None:
+                return None
+            return self.dataset.pass_key(following, *how), loader.iter_pass(following, prefetch=0, **encoded)
+
+        return self.passes.passes(self.dataset.pass_key(epoch_pass, *how),
+                                  lambda: loader.iter_pass(epoch_pass, prefetch=0, **encoded), prepare,
+                                  self.prefetch, ahead, len(epoch_pass.batches))
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         return self.loader.state_dict(batches_seen)

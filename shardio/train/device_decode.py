@@ -33,16 +33,15 @@ synchronize=...)``) so the stacking, layout, barrier and error paths run anywher
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from shardio.errors import MissingExtra, ShardIntegrityError
 from shardio.read.jpeg_pixels import EncodedImages
+from shardio.train.device_streams import CudaStreams, LoaderStreams, thread_stream
 
 __all__ = ["DecodeFn", "DeviceDecoder", "JpegBackend", "LIBRARIES", "MIN_TORCHCODEC", "MIN_TORCHVISION",
            "available", "choose_backend", "library", "decode_finished", "stream_barrier", "thread_stream",
@@ -230,30 +229,19 @@ class DeviceDecoder:
                                    f"failed ({error}), though each sample decodes alone")
 
 
-_thread_streams = threading.local()
-
-
-def thread_stream(device: torch.device) -> Any:
-    """This thread's own CUDA stream on ``device``: work from no other thread is ever queued on it (the
-    prefetch thread's, for everything ``DeviceLoader`` does to a batch on the device)."""
-    streams = getattr(_thread_streams, "streams", None)
-    if streams is None:
-        streams = _thread_streams.streams = {}
-    if device not in streams:
-        streams[device] = torch.cuda.Stream(device)
-    return streams[device]
-
-
 def decode_finished(decoder: Callable[[EncodedImages], torch.Tensor], images: EncodedImages,
-                    device: torch.device) -> torch.Tensor:
-    """``decoder(images)`` run to completion: on CUDA on the calling thread's own stream, waited for before
-    returning, so any stream may read the result at once. The caller calls ``record_stream`` for each
-    stream that uses it (its memory belongs to this one). Meant for the prefetch thread: the decode's host
-    work and the barrier then never hold up the training loop's thread."""
-    if device.type != "cuda":
-        return decoder(images)
-    stream = thread_stream(device)
-    with torch.cuda.stream(stream):
+                    device: torch.device, streams: LoaderStreams | None = None) -> torch.Tensor:
+    """``decoder(images)`` run to completion: on CUDA on the calling thread's own stream (of the highest
+    priority: ``shardio.train.device_streams``; ``streams`` to inject them), waited for before returning, so
+    any stream may read the result at once. The caller calls ``record_stream`` for each stream that uses it
+    (its memory belongs to this one). Meant for the prefetch thread: the decode's host work and the barrier
+    then never hold up the training loop's thread."""
+    if streams is None:
+        if device.type != "cuda":
+            return decoder(images)
+        streams = CudaStreams(device)
+    stream = streams.producer()
+    with streams.using(stream):
         decoded = decoder(images)
     stream.synchronize()
     return decoded

@@ -28,11 +28,12 @@ from torch.utils.data import DataLoader
 
 from shardio.read.dataset import EpochPass, ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
+from shardio.read.prefetch import PassPrefetch, Prefetcher, prefetched
 from shardio.read.yuv_pixels import YuvPlanes
-from shardio.read.prefetch import Prefetcher, prefetched
 from shardio.read.resume import EpochCursor
 from shardio.train.batch_transform import DEVICE_FIELDS, BatchTransform, transform_batch
 from shardio.train import device_decode
+from shardio.train.device_streams import CudaStreams, LoaderStreams
 from shardio.train.staging import Staged, StagingPools
 from shardio.train.yuv_device import yuv420_normalized, yuv420_rgb
 
@@ -209,13 +210,23 @@ class DeviceLoader:
     the device, fused with the normalisation (``shardio.train.yuv_device``; with a ``transform``, converted
     to uint8 RGB there first); ``True`` on the CPU device does the same with torch's CPU ops. Off (the
     default on the CPU), the dataset converts each batch natively. Either way the images are the same.
+
+    Streams (``shardio.train.device_streams``): on CUDA the prefetch thread's stream has the device's highest
+    priority, each batch's work ends with its own event, the training loop's stream waits for that event
+    (never a device sync), and the batch's tensors are marked used on the loop's stream. ``streams``
+    replaces them (any ``LoaderStreams``; default ``CudaStreams(device)`` on CUDA, none elsewhere).
+
+    Iterated epoch after epoch (the same ``DeviceLoader`` over a ``ShardDataset``, or a ``ShardLoader``
+    without workers), the prefetch thread prepares the next epoch's first ``prefetch`` batches while this
+    epoch's last ones are consumed (``shardio.read.prefetch.PassPrefetch``); they are dropped if the next
+    epoch is not the one that follows (``set_epoch``, ``load_state_dict``).
     """
 
     def __init__(self, loader: Any, device: torch.device | str, *, prefetch: int = 2,
                  pin_memory: bool | None = None, transform: BatchTransform | None = None,
                  decode_on_device: bool | None = None,
                  device_decoder: Callable[[EncodedImages], torch.Tensor] | None = None,
-                 **to_device_kwargs: Any) -> None:
+                 streams: LoaderStreams | None = None, **to_device_kwargs: Any) -> None:
         if transform is not None and to_device_kwargs:
             raise ValueError(f"{sorted(to_device_kwargs)} belong to the transform when one is given")
         self.transform = transform
@@ -228,6 +239,9 @@ class DeviceLoader:
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
+        self.streams: LoaderStreams | None = streams
+        if streams is None and self.device.type == "cuda":
+            self.streams = CudaStreams(self.device)
         self.planes_on_device = self._planes_on_device(decode_on_device, device_decoder)
         self.decoder = None if self.planes_on_device is not None else self._device_decoder(decode_on_device,
                                                                                              device_decoder)
@@ -235,6 +249,8 @@ class DeviceLoader:
         # dataset's batches change shape from step to step); a buffer is reused once its copy has run.
         cuda_pinned = self.pin_memory and self.device.type == "cuda"
         self.staging: StagingPools | None = StagingPools(depth=prefetch + 2) if cuda_pinned else None
+        # Iterated epoch after epoch, each pass's thread prepares the next one's first batches at its end.
+        self.passes = PassPrefetch()
 
     def _dataset(self) -> ShardDataset | None:
         source = self.loader
@@ -286,7 +302,7 @@ class DeviceLoader:
             return batch
         if self.decoder is None:
             return {**batch, "image": torch.from_numpy(images.decode())}
-        return {**batch, "image": device_decode.decode_finished(self.decoder, images, self.device)}
+        return {**batch, "image": device_decode.decode_finished(self.decoder, images, self.device, self.streams)}
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -303,20 +319,21 @@ class DeviceLoader:
         takes a ready batch: no host work of the batch's (the decode's parsing, nvJPEG's host phase, the
         stream barrier, the transform's kernel launches) delays its next kernel launches."""
         batch, number = item
-        if self.device.type != "cuda":
+        streams = self.streams
+        if streams is None:
             batch = self._decoded(batch)
             if self.transform is not None:
                 return batch, number, None  # transformed in the consumer's thread, with its positions
             return to_device(batch, self.device, **self.to_device_kwargs), number, None
         batch, staged = self._staged(batch)
-        stream = device_decode.thread_stream(self.device)
+        stream = streams.producer()
         try:
-            with torch.cuda.stream(stream):
+            with streams.using(stream):
                 if self.transform is not None:
                     batch = self._transform(batch, number)
                 else:
                     batch = to_device(batch, self.device, **self.to_device_kwargs)
-                ready = torch.cuda.Event()
+                ready = streams.event()  # this batch's own barrier: the loop's stream waits for it
                 ready.record(stream)
         except BaseException:
             if staged is not None:  # a copy may have been queued: free the buffer once it has run
@@ -357,7 +374,7 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # A generator: the pass begins at the first next(), not when the iterator is made.
         epoch_pass, host = self._host_batches()
-        batches = self._on_device(host) if self.device.type == "cuda" else self._on_host(host)
+        batches = self._on_device(host) if self.streams is not None else self._on_host(host)
         if epoch_pass is None:
             yield from batches
         else:  # counted when yielded: not the batches prepared ahead
@@ -370,21 +387,37 @@ class DeviceLoader:
         # Asked for only when decoding on the device: a subclass's iter_pass written before JPEG
         # datasets (examples/train.py's timed loader) keeps working.
         encoded = {"encoded": True} if self.decoder is not None or self.planes_on_device else {}
-        if isinstance(source, ShardDataset):
+        # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
+        pinned = (self.pin_memory and self.device.type == "cuda") or None
+        dataset = source if isinstance(source, ShardDataset) else None
+        if isinstance(source, ShardLoader) and source.num_workers == 0:
+            dataset = source.dataset  # type: ignore[assignment]
+
+        def numbered(epoch_pass: EpochPass) -> Iterator[tuple[dict[str, Any], int]]:
+            if isinstance(source, ShardDataset):
+                batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0, **encoded)
+            else:
+                batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
+            return zip(batches, itertools.count(epoch_pass.before + 1))
+
+        if isinstance(source, (ShardDataset, ShardLoader)):
             epoch_pass: EpochPass | None = source.begin_pass()
-            # Assembled pinned (one host copy, not two) when this pins; else as the dataset was set up.
-            pinned = (self.pin_memory and self.device.type == "cuda") or None
-            batches = source.iter_pass(epoch_pass, pin_memory=pinned, prefetch=0, **encoded)
-        elif isinstance(source, ShardLoader):
-            epoch_pass = source.begin_pass()
-            batches = source.iter_pass(epoch_pass, prefetch=0, **encoded)
         else:
-            epoch_pass, batches = None, iter(source)
-        before = epoch_pass.before if epoch_pass is not None else 0
-        numbered = zip(batches, itertools.count(before + 1))
+            epoch_pass = None
+        if epoch_pass is not None and dataset is not None and self.prefetch > 0:
+            how = (pinned, bool(encoded), type(source).__name__)
+
+            def ahead() -> tuple[tuple[Any, ...], Iterator[tuple[dict[str, Any], int]]] | None:
+                following = dataset.pass_ahead()  # on the prefetch thread, at the end of this pass
+                return None if following is None else (dataset.pass_key(following, *how), numbered(following))
+
+            return epoch_pass, self.passes.passes(dataset.pass_key(epoch_pass, *how),
+                                                  lambda: numbered(epoch_pass), self._prepare, self.prefetch,
+                                                  ahead, len(epoch_pass.batches))
+        items = numbered(epoch_pass) if epoch_pass is not None else zip(iter(source), itertools.count(1))
         if self.prefetch > 0:
-            return epoch_pass, prefetched(numbered, self._prepare, self.prefetch)
-        return epoch_pass, map(self._prepare, numbered)
+            return epoch_pass, prefetched(items, self._prepare, self.prefetch)
+        return epoch_pass, map(self._prepare, items)
 
     def _on_host(self, host: Iterator[tuple[dict[str, Any], int, Any]]) -> Iterator[dict[str, Any]]:
         for batch, number, _ in host:  # on the device already (_prepare), unless a transform takes it there
@@ -394,12 +427,14 @@ class DeviceLoader:
         """The prepared batches, each made usable on the training loop's stream: that stream waits (on the
         GPU, not the host) for the batch's event, and each tensor made on the prefetch thread's stream is
         recorded as used on it, so its memory is not handed out again before the loop's work is done."""
+        streams = self.streams
+        assert streams is not None
         for batch, _, ready in host:
-            current = torch.cuda.current_stream(self.device)
+            current = streams.consumer()
             current.wait_event(ready)
             for value in batch.values():
-                if isinstance(value, torch.Tensor) and value.is_cuda:
-                    value.record_stream(current)
+                if isinstance(value, torch.Tensor) and streams.on_device(value):
+                    streams.record_use(value, current)
             yield batch
 
     def _transform(self, batch: dict[str, Any], number: int) -> dict[str, Any]:

@@ -31,10 +31,13 @@ def test_the_dry_run_plans_the_gpu_run_and_runs_the_cpu_parts(tmp_path):
     tests = results["cuda_tests"]
     assert tests["exit"] == 0 and tests["counts"].get("tests collected", 0) > 0, tests["tail"]
     assert results["decode"]["samples_per_s"] > 0  # the CPU reader over the JPEG dataset
+    gather = results["gather"]  # the host side of the raw rows, per number of gather threads
+    assert "1" in gather["rows"] and all(row["host_GBps"] > 0 for row in gather["rows"].values())
     for name in ("raw", "jpeg"):
         row = results["object_store"][name]
         assert row["samples"] == results["datasets"]["samples"] and row["ratio"] > 0
     assert "| CUDA tests | exit 0" in (out / "gpu_check.md").read_text()
+    assert "| host side alone, 1 gather thread(s)" in (out / "gpu_check.md").read_text()
     assert "would take" in done.stdout
 
 

@@ -1,11 +1,13 @@
-"""A batch's slices gathered into one buffer (``shardio.read.gather``): the compiled extension and the numpy
-fallback write the same bytes in the same places, whatever the pieces (awkward sizes, empty ones, across
-shards, a partial last shard, split over threads mid-piece, misaligned), refuse the same bad calls, and
-give the same batches; without the extension the fallback is what reads."""
+"""A batch's slices gathered into one buffer (``shardio.read.gather``): the compiled extension (copying from
+the maps, or reading the files with ``pread``) and the numpy fallback write the same bytes in the same
+places, whatever the pieces (awkward sizes, empty ones, across shards, a partial last shard, split over
+threads mid-piece, misaligned), refuse the same bad calls, and give the same batches, single-shape and
+bucketed; without the extension the fallback is what reads."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,9 +15,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from bucket_fixtures import make_bucketed_dataset
 from dataset_fixtures import AWKWARD_INPUTS, assert_exactly_once, indices, make_dataset
 
-from shardio import ShardDataset
+from shardio import ShardDataset, ShardIntegrityError
 from shardio.read import batches, gather
 from tests.paths import REPO_ROOT
 
@@ -185,3 +188,145 @@ def test_read_ahead_is_advice_without_the_extension(shard_maps: list[np.ndarray]
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gather, "_gather", None)
     assert gather.will_need([shard_maps[0][0:3]]) == 0
+
+
+@pytest.fixture(scope="module")
+def mapped_shards(tmp_path_factory: pytest.TempPathFactory) -> list[np.memmap]:
+    """Three shards as np.memmap after a 128-byte header (as ``.npy`` shards are), the last partial: samples
+    of 1x1000x3 (3,000 bytes: no multiple of 16 or 64)."""
+    rng = np.random.default_rng(11)
+    maps = []
+    for number, samples in enumerate((8, 8, 5)):
+        path = str(tmp_path_factory.mktemp("files") / f"shard-{number}.npy")
+        with open(path, "wb") as f:
+            f.write(b"h" * 128)
+            rng.integers(0, 256, (samples, 1, 1000, 3), dtype=np.uint8).tofile(f)
+        maps.append(np.memmap(path, np.uint8, mode="c", offset=128, shape=(samples, 1, 1000, 3)))
+    return maps
+
+
+@needs_extension
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_pread_from_the_files_writes_what_the_maps_hold(mapped_shards: list[np.memmap], threads: int) -> None:
+    """``read`` (pread into the batch) against the copy from the maps: pieces across shards, empty, the
+    partial last shard, a slice of a map (a subset's view) whose rows start past the map's own start."""
+    a, b, last = mapped_shards
+    files = [gather.ShardFile.of(m) for m in mapped_shards]
+    subset = gather.ShardFile.of(b[3:7])  # row 0 of this view is row 3 of the shard
+    assert subset is not None and subset.first_row == files[1].first_row + 3 * 3000
+    pieces = [(files[0], 3, 4), (files[1], 0, 8), (files[0], 5, 5), (files[2], 2, 5), (subset, 1, 3),
+              (files[2], 4, 5), (files[0], 0, 3)]
+    expected = np.concatenate([a[3:4], b[0:8], a[5:5], last[2:5], b[4:6], last[4:5], a[0:3]])
+    out = np.full(expected.shape, 0xAB, np.uint8)
+    gather.read(pieces, out, threads)
+    assert (out == expected).all()
+    assert gather.ShardFile.of(np.asarray(a)) is None and gather.ShardFile.of(np.ones((2, 3), np.uint8)) is None
+
+
+@needs_extension
+def test_pread_says_which_file_failed(tmp_path, mapped_shards: list[np.memmap]) -> None:
+    path = tmp_path / "cut.npy"
+    path.write_bytes(b"h" * 128 + bytes(range(256)) * 10)  # 2,560 bytes of samples: 2 of 1,000 and a part
+    cut = gather.ShardFile(str(path), 128, 1000)
+    with pytest.raises(ShardIntegrityError, match=r"cut\.npy: ends before sample 2's last byte \(at 3128\)"):
+        gather.read([(cut, 0, 2), (cut, 2, 3)], np.empty(3000, np.uint8), 2)
+    out = np.empty(2000, np.uint8)
+    gather.read([(cut, 0, 2)], out)
+    assert (out == np.frombuffer(bytes(range(256)) * 10, np.uint8)[:2000]).all()
+    with pytest.raises(ValueError, match="2000 bytes, out 1999"):
+        gather.read([(cut, 0, 2)], np.empty(1999, np.uint8))
+    with pytest.raises(TypeError, match="writable C-contiguous"):
+        gather.read([(cut, 0, 1)], np.empty(2000, np.uint8)[::2])
+    gather.read([], np.empty(0, np.uint8))
+
+
+def read_epoch(directory: str, batch_size: int, settings: dict, **options) -> list[dict]:
+    ds = ShardDataset(directory, batch_size, **settings, **options)
+    return [{"image": b["image"].clone(), "__key__": b["__key__"], "cls": b["cls"].clone(),
+             "reads_files": ds._assembler.reads_files} for b in ds]
+
+
+@needs_extension
+@pytest.mark.parametrize("settings", SETTINGS, ids=["sequential", "default-shuffle", "blocks-of-3"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_three_ways_give_the_same_batches(dataset_dir: str, settings: dict, threads: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """pread (more shards than maps kept: 15 shards, 4 kept), the maps (all kept), numpy (no extension):
+    one epoch, byte for byte, batches of 117 across every shard end and the partial last shards."""
+    by_pread = read_epoch(dataset_dir, 117, settings, cache_shards=4, gather_threads=threads)
+    by_maps = read_epoch(dataset_dir, 117, settings, gather_threads=threads)
+    monkeypatch.setattr(gather, "_gather", None)
+    monkeypatch.setattr(batches, "native", gather.native)
+    by_numpy = read_epoch(dataset_dir, 117, settings, cache_shards=4)
+    assert by_pread[0]["reads_files"] and not by_maps[0]["reads_files"] and not by_numpy[0]["reads_files"]
+    for one, two, three in zip(by_pread, by_maps, by_numpy, strict=True):
+        assert torch.equal(one["image"], two["image"]) and torch.equal(one["image"], three["image"])
+        assert one["__key__"] == two["__key__"] == three["__key__"]
+    assert_exactly_once(np.concatenate([indices(b) for b in by_pread]), 117)
+
+
+@needs_extension
+def test_a_bucketed_dataset_reads_the_same_by_pread_maps_and_numpy(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = make_bucketed_dataset(str(tmp_path / "buckets"), buckets=[(8, 12), (12, 8), (10, 10)],
+                                      samples=[23, 41, 9], samples_per_shard=6)
+    settings = {"shuffle": True, "seed": 2}
+    by_pread = read_epoch(directory, 7, settings, cache_shards=1, gather_threads=2)
+    by_maps = read_epoch(directory, 7, settings, gather_threads=2)
+    monkeypatch.setattr(gather, "_gather", None)
+    monkeypatch.setattr(batches, "native", gather.native)
+    by_numpy = read_epoch(directory, 7, settings, cache_shards=1)
+    assert by_pread[0]["reads_files"] and not by_maps[0]["reads_files"]
+    for one, two, three in zip(by_pread, by_maps, by_numpy, strict=True):
+        assert torch.equal(one["image"], two["image"]) and torch.equal(one["image"], three["image"])
+        assert one["__key__"] == two["__key__"] == three["__key__"]
+    assert sum(len(b["__key__"]) for b in by_pread) == 73
+
+
+def test_gather_threads_default_and_bad_values(dataset_dir: str) -> None:
+    assert 1 <= batches.gather_threads() <= batches.MAX_GATHER_THREADS
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="gather_threads must be an int >= 1"):
+            ShardDataset(dataset_dir, 10, gather_threads=bad)
+
+
+def _gather_in_child(pieces: list[np.ndarray], expected_sum: int, result) -> None:
+    out = np.empty(sum(p.nbytes for p in pieces), np.uint8)
+    gather._gather.gather_into(pieces, out, 4)  # the pool's threads are the parent's: the child starts its own
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 4
+    result.put((int(out.sum(dtype=np.int64)) == expected_sum, threads))
+
+
+@needs_extension
+def test_a_forked_child_copies_on_threads_of_its_own() -> None:
+    """A DataLoader worker is a fork of a process whose copy threads are started: they do not exist in the
+    child, which starts its own (it copies on 4 threads too, not alone) and never waits for the parent's."""
+    import multiprocessing
+
+    source = np.random.default_rng(3).integers(0, 256, 24 << 20, dtype=np.uint8)
+    pieces = [source[i : i + (1 << 20)] for i in range(0, source.size, 1 << 20)]
+    out = np.empty(source.size, np.uint8)
+    gather._gather.gather_into(pieces, out, 4)  # the parent's pool: 3 threads besides the caller
+    assert (out == source).all()
+    context = multiprocessing.get_context("fork")
+    result = context.Queue()
+    child = context.Process(target=_gather_in_child, args=(pieces, int(source.sum(dtype=np.int64)), result))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    same, threads = result.get(timeout=10)
+    assert same and threads >= 4, threads  # the caller and 3 copy threads of its own
+
+
+@needs_extension
+def test_pread_only_where_the_process_may_open_a_file_per_kept_shard(dataset_dir: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kept map holds a descriptor; pread adds one a shard: not where that would pass the soft limit
+    (1,024 in many shells, against 2 x 512 kept shards), which is left as it is."""
+    limits = {"soft": 1024}
+    monkeypatch.setattr(batches.resource, "getrlimit", lambda which: (limits["soft"], 1 << 20))
+    assert not batches.room_for_files(512) and batches.room_for_files(384)
+    assert ShardDataset(dataset_dir, 10, cache_shards=4)._assembler.reads_files
+    limits["soft"] = 200
+    ds = ShardDataset(dataset_dir, 10, cache_shards=4)
+    assert not ds._assembler.reads_files
+    assert_exactly_once(np.concatenate([indices(b) for b in ds]), 117)

@@ -1,6 +1,7 @@
 """The loop never waits on a copy: iterated in the main process (alone or through a plain
 ``DataLoader(ds, batch_size=None)``), batches are assembled ahead on a background thread; the thread
-stops when the iterator ends, is dropped or raises, and its errors reach the caller as themselves."""
+stops when the iterator is dropped or raises, and its errors reach the caller as themselves; at an epoch's
+end it assembles the next epoch's first batches, then ends by itself."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def test_batches_are_assembled_on_the_prefetch_thread(dataset_dir: str, assembli
     ds = ShardDataset(dataset_dir, 10, shuffle=True)
     order = np.concatenate([indices(b) for b in wrap(ds)])
     assert (order == ds.sample_order(0)).all()
-    assert assembling_threads and set(assembling_threads) == {"shardio-prefetch"}
+    ds._passes.join_ahead()  # the next epoch's first two batches, then the thread ends by itself
+    assert len(assembling_threads) == len(ds) + 2 and set(assembling_threads) == {"shardio-prefetch"}
     assert not prefetch_threads() and not Prefetcher.live
 
 

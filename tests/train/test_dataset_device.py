@@ -252,8 +252,9 @@ class FakeStream:
 
 
 def cuda_path(monkeypatch, events: list, copies: list, fail_at: int | None = None) -> DeviceLoader:
-    """A DeviceLoader whose ``_prepare`` takes its CUDA branch here: the stream, its events and the copy to
-    the device (``to_device``) are stand-ins; each copy records the staging buffer it read."""
+    """A DeviceLoader whose ``_prepare`` takes its CUDA branch here: the streams (``LoaderStreams``), their
+    events and the copy to the device (``to_device``) are stand-ins; each copy records the staging buffer it
+    read."""
     import contextlib
 
     from shardio.train import loader as loader_module
@@ -268,6 +269,16 @@ def cuda_path(monkeypatch, events: list, copies: list, fail_at: int | None = Non
         def record(self, stream) -> None:
             pass
 
+    class Streams:
+        def producer(self):
+            return stream
+
+        def using(self, stream):
+            return contextlib.nullcontext()
+
+        def event(self):
+            return Event()
+
     def to_device(batch, device, **kwargs):
         if fail_at is not None and len(copies) == fail_at:
             copies.append(None)
@@ -275,11 +286,8 @@ def cuda_path(monkeypatch, events: list, copies: list, fail_at: int | None = Non
         copies.append(batch["image"])
         return {**batch, "image": batch["image"].clone()}
 
-    monkeypatch.setattr(loader_module.device_decode, "thread_stream", lambda device: stream)
-    monkeypatch.setattr(loader_module.torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(loader_module.torch.cuda, "Event", Event)
     monkeypatch.setattr(loader_module, "to_device", to_device)
-    loader = DeviceLoader([], "cpu", prefetch=0)
+    loader = DeviceLoader([], "cpu", prefetch=0, streams=Streams())
     loader.device, loader.staging, loader.stream = torch.device("cuda"), plain_pools(depth=2), stream
     return loader
 

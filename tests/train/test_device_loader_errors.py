@@ -110,6 +110,7 @@ def test_dropping_the_iterator_stops_the_thread_and_frees_its_batches(tmp_path):
     # the loader still works afterwards, from the start of the epoch
     again = [b["cls"] for b in loader]
     assert torch.equal(again[0], first["cls"]) and sum(len(c) for c in again) == 200
+    loader.passes.join_ahead()  # after the epoch's end, the next one's first batches; then it ends by itself
     assert not _prefetch_threads()
 
 

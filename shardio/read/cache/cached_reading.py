@@ -78,8 +78,9 @@ class CachedAssembler(BatchAssembler):
     worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
-                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout) -> None:
-        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout=layout)
+                 fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout,
+                 threads: int | None = None) -> None:
+        super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout=layout, threads=threads)
         self.shard_cache = cache
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
@@ -100,10 +101,11 @@ class CachedAssembler(BatchAssembler):
             cache.advance(number)
             yield self.assemble(batch, shared, pinned, encoded)
 
-    def shard(self, shard: int) -> tuple[np.ndarray, ShardMeta]:
+    def _open(self, shard: int) -> tuple[Any, ShardMeta, Any]:
+        # Every way to a shard's map (``shard``, ``assemble``) comes here: maps of doomed files go first.
         if self.shard_cache.dooms != self._seen_dooms:
             self.release_doomed()
-        return super().shard(shard)
+        return super()._open(shard)
 
     def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
                  encoded: bool = False) -> dict[str, Any]:
