@@ -307,7 +307,10 @@ class ShardCache:
                 waited = True
                 self._start_threads()
                 stuck = not self._in[_LOADING]
-                if stuck and self.on_wait is not None:
+                # Files evicted while this reader still maps them free their room only when the maps go: let
+                # them go now, not only when nothing is loading (a download waiting for that room would wait
+                # for this reader, which waits for a download: one download at a time).
+                if (stuck or self._in[_DOOMED]) and self.on_wait is not None:
                     self.on_wait()
                     self._collect()
                 stuck_since = (stuck_since or time.monotonic()) if stuck else None
