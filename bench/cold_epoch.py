@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -66,15 +68,6 @@ def _epoch(dataset: Any, out: np.ndarray) -> tuple[int, float]:
 
 def _rate(runs: list[tuple[int, float]]) -> float:
     return sum(n for n, _ in runs) / sum(s for _, s in runs)
-
-
-def local_rate(directory: str, epochs: int) -> float:
-    from shardio import ShardDataset
-
-    out = np.empty((BATCH, 256, 256, 3), np.uint8)
-    dataset = ShardDataset(directory, BATCH, shuffle=True)
-    _epoch(dataset, out)  # page cache, maps, decoder threads
-    return statistics.median(n / s for n, s in (_epoch(dataset, out) for _ in range(epochs)))
 
 
 def dataset_objects(directory: str) -> tuple[dict[str, int], int]:
@@ -116,58 +109,102 @@ def raw_get(url: str, objects: dict[str, int], rounds: int) -> float:
     return best
 
 
-def cold_rate(url: str, cache_dir: str, limit: int, epochs: int) -> dict[str, Any]:
-    from shardio import ShardDataset
+# One process's cold epochs, run as a child (``--compare`` runs the same script on another checkout's code,
+# alternated with this one's): numpy and shardio only, so any checkout runs it.
+_CHILD = r"""
+import json, os, shutil, sys, time, warnings
+import numpy as np
+from shardio import ShardDataset
+warnings.filterwarnings("ignore", message=".*holds two windows of")
+mode, url, cache_dir, limit, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+out = np.empty((256, 256, 256, 3), np.uint8)
 
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    out = np.empty((BATCH, 256, 256, 3), np.uint8)
-    dataset = ShardDataset(url, BATCH, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
-    runs = [_epoch(dataset, out) for _ in range(epochs)]
-    stats = dataset.cache_stats()
-    del dataset
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    return {"samples/s": round(_rate(runs), 1), "epochs_samples/s": [round(n / s, 1) for n, s in runs],
-            "downloads": stats.get("downloads"), "peak_over_limit": round(stats.get("peak_bytes", 0) / limit, 3)}
+def epoch(dataset):
+    began, samples = time.perf_counter(), 0
+    for batch in dataset:
+        image = batch["image"].numpy()
+        np.copyto(out[: len(image)], image)
+        samples += len(image)
+    return samples, time.perf_counter() - began
 
-
-def _rank(url: str, cache_dir: str, limit: int, rank: int, world: int, start_at: float, out_path: str) -> None:
-    from shardio import ShardDataset
-
-    dataset = ShardDataset(url, BATCH, shuffle=True, rank=rank, world_size=world, cache_dir=cache_dir,
+if mode == "local":
+    dataset = ShardDataset(url, 256, shuffle=True)
+    epoch(dataset)  # page cache, maps, decoder threads
+elif mode == "rank":  # rank RANK of WORLD, sharing cache_dir with the others; all start at START (time.time())
+    rank, world, start = int(sys.argv[6]), int(sys.argv[7]), float(sys.argv[8])
+    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, cache_dir=cache_dir,
                            cache_limit=limit)
-    out = np.empty((BATCH, 256, 256, 3), np.uint8)
-    time.sleep(max(0.0, start_at - time.time()))  # every rank opened: start together
-    began = time.time()
-    samples, _ = _epoch(dataset, out)
-    with open(out_path, "w") as f:
-        json.dump({"samples": samples, "began": began, "ended": time.time(), "stats": dataset.cache_stats()}, f)
-
-
-def ranks_rate(url: str, cache_dir: str, limit: int, world: int, scratch: str) -> dict[str, Any]:
-    """One cold epoch of ``world`` rank processes sharing ``cache_dir``: combined samples/s and downloads."""
+    time.sleep(max(0.0, start - time.time()))
+else:
     shutil.rmtree(cache_dir, ignore_errors=True)
-    context = multiprocessing.get_context("spawn")
-    outs = [os.path.join(scratch, f"rank-{r}.json") for r in range(world)]
-    start_at = time.time() + 15  # spawning and opening a dataset in each of N processes on 2 cores
-    procs = [context.Process(target=_rank, args=(url, cache_dir, limit, r, world, start_at, outs[r]))
-             for r in range(world)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(600)
-    if any(proc.exitcode != 0 for proc in procs):
-        return {"failed": [proc.exitcode for proc in procs]}
+    dataset = ShardDataset(url, 256, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
+began = time.time()
+cpu = os.times()
+runs = [epoch(dataset) for _ in range(epochs)]
+after = os.times()
+stats = dataset.cache_stats() if mode != "local" else {}
+print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + after.system - cpu.system,
+                              "began": began, "ended": time.time(), "downloads": stats.get("downloads"),
+                              "adopted": stats.get("adopted"), "peak_bytes": stats.get("peak_bytes", 0)}))
+if mode == "cold":
+    shutil.rmtree(cache_dir, ignore_errors=True)
+"""
+
+
+def _command(mode: str, url: str, epochs: int, cache_dir: str = "", limit: int = 0, *more: object) -> list[str]:
+    return [sys.executable, "-c", _CHILD, mode, url, cache_dir, str(limit), str(epochs), *map(str, more)]
+
+
+def _result(mode: str, url: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if returncode or line is None:
+        raise RuntimeError(f"{mode} epochs of {url} failed: {stderr.strip()[-800:]}")
+    return json.loads(line[len("RESULT "):])  # type: ignore[no-any-return]
+
+
+def _env(code: str | None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": code or os.path.dirname(HERE)}
+
+
+def _child(mode: str, url: str, epochs: int, code: str | None, cache_dir: str = "", limit: int = 0) -> dict[str, Any]:
+    done = subprocess.run(_command(mode, url, epochs, cache_dir, limit), env=_env(code), capture_output=True,
+                          text=True, timeout=900)
+    found = _result(mode, url, done.returncode, done.stdout, done.stderr)
+    found["samples/s"] = _rate(found["runs"])
+    return found
+
+
+def local_rate(directory: str, epochs: int) -> float:
+    """Samples/s of ``epochs`` shuffled epochs of the local copy, after a warm-up one, in a child process."""
+    return float(_child("local", directory, epochs, None)["samples/s"])
+
+
+def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | None = None) -> dict[str, Any]:
+    """``epochs`` cold epochs in a child process, with this checkout's shardio or ``code``'s (a directory)."""
+    found = _child("cold", url, epochs, code, cache_dir, limit)
+    runs = found["runs"]
+    return {"samples/s": round(found["samples/s"], 1), "epochs_samples/s": [round(n / s, 1) for n, s in runs],
+            "client_cpu_s": round(found["cpu_s"], 2), "downloads": found["downloads"],
+            "peak_over_limit": round(found["peak_bytes"] / limit, 3)}
+
+
+def ranks_rate(url: str, cache_dir: str, limit: int, world: int, code: str | None = None) -> dict[str, Any]:
+    """One cold epoch of ``world`` rank processes sharing ``cache_dir`` (each its own ``limit``), started
+    together once all have opened the dataset: combined samples/s, downloads summed over the ranks."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    start = time.time() + 20  # spawning and opening a dataset in each of N processes on 2 cores
+    procs = [subprocess.Popen(_command("rank", url, 1, cache_dir, limit, rank, world, start), env=_env(code),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
     results = []
-    for path in outs:
-        with open(path) as f:
-            results.append(json.load(f))
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        results.append(_result("rank", url, proc.returncode, stdout, stderr))
     shutil.rmtree(cache_dir, ignore_errors=True)
     seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
-    samples = sum(r["samples"] for r in results)
-    return {"ranks": world, "samples": samples, "seconds": round(seconds, 3),
-            "samples/s": round(samples / seconds, 1),
-            "downloads": sum(r["stats"]["downloads"] for r in results),
-            "adopted": sum(r["stats"]["adopted"] for r in results)}
+    samples = sum(n for r in results for n, _ in r["runs"])
+    return {"ranks": world, "samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1),
+            "late_start_s": round(max(r["began"] for r in results) - start, 3),
+            "downloads": sum(r["downloads"] for r in results), "adopted": sum(r["adopted"] for r in results)}
 
 
 def _servers(clouds: list[str], root: str) -> dict[str, Any]:
@@ -191,11 +228,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     objects = {name: dataset_objects(directory) for name, directory in local.items()}
     result: dict[str, Any] = {"samples": args.samples, "per_shard": args.per_shard, "cores": os.cpu_count(),
                               "local": {}, "clouds": {}}
-    epochs = 1 if args.quick else 3
-    for name, directory in local.items():
-        result["local"][name] = {"samples/s": round(local_rate(directory, epochs), 1),
-                                 "bytes": sum(objects[name][0].values())}
-        _log(f"local {name}: {result['local'][name]['samples/s']:.0f} samples/s")
     servers = _servers(args.clouds.split(","), root)
     try:
         for cloud, server in servers.items():
@@ -211,26 +243,51 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     url = bucket.upload_dir(directory, prefix=name)
                     files, samples = objects[name]
                     nbytes = sum(files.values())
-                    rounds = 1 if args.quick else 2
-                    before = raw_get(url, files, rounds)
-                    cold = cold_rate(url, os.path.join(root, "cache"), nbytes // 3, 1 if args.quick else 2)
-                    after = raw_get(url, files, rounds)
-                    get_rate = (before + after) / 2 * samples / nbytes
-                    row = {"raw_get_samples/s": round(get_rate, 1), "raw_get_MB/s": round((before + after) / 2e6, 1),
-                           "local_samples/s": result["local"][name]["samples/s"], "cold": cold}
-                    limit = min(get_rate, row["local_samples/s"])
+                    rounds = 1 if args.quick else args.rounds
+                    epochs = 1 if args.quick else 2
+                    gets, locals_, colds, befores = [raw_get(url, files, 1 if args.quick else 2)], [], [], []
+                    for _ in range(rounds):  # alternated: a busy moment of a shared machine hits every row
+                        locals_.append(local_rate(directory, epochs))
+                        colds.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs))
+                        if args.compare:
+                            befores.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs,
+                                                     args.compare))
+                    gets.append(raw_get(url, files, 1 if args.quick else 2))
+                    get_rate = statistics.mean(gets) * samples / nbytes
+                    local_samples = statistics.median(locals_)
+                    cold = min(colds, key=lambda c: abs(c["samples/s"] - statistics.median(
+                        x["samples/s"] for x in colds)))  # the median run, with its counters
+                    cold["runs_samples/s"] = [c["samples/s"] for c in colds]
+                    cold["client_cpu_s_per_GB"] = round(statistics.median(
+                        c["client_cpu_s"] / (len(c["epochs_samples/s"]) * nbytes / 1e9) for c in colds), 2)
+                    row = {"raw_get_samples/s": round(get_rate, 1),
+                           "raw_get_MB/s": round(statistics.mean(gets) / 1e6, 1),
+                           "local_samples/s": round(local_samples, 1), "local_runs": [round(x, 1) for x in locals_],
+                           "cold": cold}
+                    limit = min(get_rate, local_samples)
                     row["cold / raw_get"] = round(cold["samples/s"] / get_rate, 3)
-                    row["cold / local"] = round(cold["samples/s"] / row["local_samples/s"], 3)
+                    row["cold / local"] = round(cold["samples/s"] / local_samples, 3)
                     row["cold / limit"] = round(cold["samples/s"] / limit, 3)
+                    if befores:
+                        before = statistics.median(b["samples/s"] for b in befores)
+                        row["before"] = {"code": args.compare, "samples/s": round(before, 1),
+                                         "runs_samples/s": [b["samples/s"] for b in befores],
+                                         "client_cpu_s_per_GB": round(statistics.median(
+                                             b["client_cpu_s"] / (len(b["epochs_samples/s"]) * nbytes / 1e9)
+                                             for b in befores), 2),
+                                         "cold / limit": round(before / limit, 3)}
                     if args.ranks and cloud == "s3":
-                        row["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"), nbytes // 3,
-                                                  args.ranks, root)
+                        row["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"), nbytes // 3, args.ranks)
                         if "samples/s" in row["ranks"]:
                             row["ranks"]["/ limit"] = round(row["ranks"]["samples/s"] / limit, 3)
                             row["ranks"]["shards"] = len(files) // 2
+                        if args.compare:
+                            row["before"]["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"),
+                                                                nbytes // 3, args.ranks, args.compare)
                     rows[name] = row
                     _log(f"{cloud} {name}: cold {cold['samples/s']:.0f}, raw GET {get_rate:.0f}, local "
-                         f"{row['local_samples/s']:.0f} samples/s: cold / limit {row['cold / limit']:.3f}")
+                         f"{row['local_samples/s']:.0f} samples/s: cold / limit {row['cold / limit']:.3f}"
+                         + (f" (before: {row['before']['cold / limit']:.3f})" if "before" in row else ""))
                 result["clouds"][cloud] = rows
             finally:
                 server.stop(crash=True)
@@ -247,16 +304,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = ["| cloud | shards | cold samples/s | raw GET | local | cold / raw GET | cold / local | "
-             "cold / slower limit |", "|---|---|---|---|---|---|---|---|"]
+             "cold / slower limit | before: cold / slower limit | client CPU s/GB (before) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for cloud, rows in result["clouds"].items():
         for name, row in rows.items():
+            before = row.get("before", {})
+            cpu = f"{row['cold']['client_cpu_s_per_GB']:.2f}" + (
+                f" ({before['client_cpu_s_per_GB']:.2f})" if before else "")
             lines.append(f"| {cloud} | {name} | {row['cold']['samples/s']:.0f} | {row['raw_get_samples/s']:.0f} | "
                          f"{row['local_samples/s']:.0f} | {row['cold / raw_get']:.3f} | {row['cold / local']:.3f} | "
-                         f"{row['cold / limit']:.3f} |")
-            ranks = row.get("ranks")
-            if ranks and "samples/s" in ranks:
-                lines.append(f"| {cloud}, {ranks['ranks']} ranks | {name} | {ranks['samples/s']:.0f} | | | | | "
-                             f"{ranks['/ limit']:.3f} (downloads {ranks['downloads']} of {ranks['shards']} shards) |")
+                         f"{row['cold / limit']:.3f} | {before.get('cold / limit', '')} | {cpu} |")
+            limit = min(row["raw_get_samples/s"], row["local_samples/s"])
+            for label, ranks in (("", row.get("ranks")), ("before: ", before.get("ranks"))):
+                if ranks and "samples/s" in ranks:
+                    lines.append(f"| {cloud}, {ranks['ranks']} ranks, {label}one cold epoch | {name} | "
+                                 f"{ranks['samples/s']:.0f} | | | | | {ranks['samples/s'] / limit:.3f} | | "
+                                 f"downloads {ranks['downloads']}, adopted {ranks['adopted']} |")
     return "\n".join(lines)
 
 
@@ -266,9 +328,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--samples", type=int, default=3072)
     parser.add_argument("--per-shard", type=int, default=64)
     parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2, help="alternated runs of each row (medians)")
+    parser.add_argument("--compare", help="a checkout of shardio to run the same cold epochs with, alternated "
+                        "with this one's (e.g. the main branch): its rows are 'before'")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=os.path.join(OUT, "cold_epoch.json"))
     args = parser.parse_args(argv)
+    # A third of a small dataset holds two windows of a few shards: the reader says so, and clamps the window.
+    warnings.filterwarnings("ignore", message=".*holds two windows of")
     result = measure(args)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
