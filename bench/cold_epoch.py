@@ -304,7 +304,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = ["| cloud | shards | cold samples/s | raw GET | local | cold / raw GET | cold / local | "
-             "cold / slower limit | before: cold / slower limit | client CPU s/GB (before) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "cold / slower limit | before: cold / slower limit | client CPU s/GB (before) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for cloud, rows in result["clouds"].items():
         for name, row in rows.items():
             before = row.get("before", {})

@@ -151,9 +151,9 @@ def _rows(store: Any, storage: Any, bucket: str, objects: dict[str, tuple[int, s
             check(key, file_checksum(local(key), XXH3_128))
         return total
 
-    return {"raw_whole": raw_whole, "raw_ranged": raw_ranged, "download": download,
-            "stream_nohash": stream_nohash,
-            "stream_hash_nowrite": stream_hash_nowrite, "stream_small_pwrite": stream_small_pwrite, "stream_nothing": stream_nothing, "ranged_pwrite": ranged_pwrite, "whole_write": whole_write}
+    return {"raw_whole": raw_whole, "raw_ranged": raw_ranged, "download": download, "stream_nohash": stream_nohash,
+            "stream_hash_nowrite": stream_hash_nowrite, "stream_small_pwrite": stream_small_pwrite,
+            "stream_nothing": stream_nothing, "ranged_pwrite": ranged_pwrite, "whole_write": whole_write}
 
 
 def _pages(scratch: str, pages: str, nbytes: int) -> None:
