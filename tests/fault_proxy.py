@@ -45,7 +45,7 @@ class FaultProxy:
         self._fail_left, self._fail_fragment = 0, ""
         self._fail_matching: str | None = None
         self._status = 503
-        self._cut_left, self._cut_fragment = 0, ""
+        self._cut_left, self._cut_fragment, self._cut_after = 0, "", 0
         self._corrupt_left, self._corrupt_fragment = 0, ""
         self._delay_fragment: str | None = None
         self._delay_s = 0.0
@@ -98,6 +98,9 @@ class FaultProxy:
                         proxy.forwarded += 1
                         proxy.methods.append(f"{self.command} {path}")
                     cut = get and not fail and not die and proxy._cut_left > 0 and proxy._cut_fragment in path
+                    if cut and proxy._cut_after > 0:
+                        proxy._cut_after -= 1
+                        cut = False
                     proxy._cut_left -= cut
                     corrupt = (get and not fail and not die and not cut and proxy._corrupt_left > 0
                                and proxy._corrupt_fragment in path)
@@ -202,10 +205,11 @@ class FaultProxy:
         with self._lock:
             self._fail_matching, self._status = fragment, status
 
-    def cut_next(self, count: int, fragment: str = "") -> None:
-        """Cut the body of the next ``count`` GETs whose path contains ``fragment`` half-way."""
+    def cut_next(self, count: int, fragment: str = "", after: int = 0) -> None:
+        """Cut the body of the next ``count`` GETs whose path contains ``fragment`` half-way (once ``after`` of
+        them went through whole)."""
         with self._lock:
-            self._cut_left, self._cut_fragment = count, fragment
+            self._cut_left, self._cut_fragment, self._cut_after = count, fragment, after
 
     def corrupt_next(self, count: int, fragment: str = "") -> None:
         """Flip a byte in the middle of the body of the next ``count`` GETs whose path contains ``fragment``."""
@@ -256,3 +260,21 @@ def proxy_for(server: Any) -> FaultProxy:
     """A proxy in front of ``server`` (S3, GCS or Azure emulator); ``proxied_env`` points a client at it."""
     port = int(server.ports["s3"]) if server.scheme == "s3" else int(server.port)
     return FaultProxy(port, rewrite_host=server.scheme == "gs")
+
+
+def shorten_retries(monkeypatch: Any) -> None:
+    """obstore gives up on a request after ~2 s of retries instead of a minute, on every cloud (for tests
+    whose request must fail)."""
+    from datetime import timedelta
+
+    import shardio.store.azure
+    import shardio.store.gcs
+    import shardio.store.s3
+
+    def fast() -> dict[str, Any]:
+        return {"max_retries": 2, "retry_timeout": timedelta(seconds=2),
+                "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(milliseconds=500),
+                            "base": 2}}
+
+    for module in (shardio.store.s3, shardio.store.gcs, shardio.store.azure):
+        monkeypatch.setattr(module, "retry_config", fast)

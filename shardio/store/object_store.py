@@ -32,9 +32,9 @@ file's checksum, taken from the page cache (~20 GB/s for xxh3_128: what is check
 map). The pieces of every download of the process go to one set of fetch threads, ``FETCH_THREADS`` of them:
 the bytes in flight are bounded (``FETCH_THREADS`` x 8 MB, plus one piece per downloading thread), not the
 number of objects, so a large shard is fetched by many connections at once (a single S3 connection carries
-~100 MB/s) and many small ones are not limited to one request each. A piece cut mid-way (obstore retries a
-request, not a body already flowing) is fetched again, up to ``attempts`` times; a failed download leaves an
-empty file, never one of the right size with holes in it.
+~100 MB/s) and many small ones are not limited to one request each. A piece whose answer is cut or short
+(beyond what obstore's own retries recover) is fetched again, up to ``attempts`` times; a failed download
+leaves an empty file, never one of the right size with holes in it.
 
 How long a fault can last: a request that gets no answer fails after ``CLIENT_OPTIONS["timeout"]`` (300 s:
 an 8 MB piece at 30 KB/s), one that cannot connect after 5 s; obstore retries either for up to 60 s
@@ -386,10 +386,10 @@ class ObjectStorage:
         empty."""
         require(algorithm)  # before any request: a missing xxhash says so at once
         store, key = self._target(path)
-        first = self._piece(store, key, path, 0, PIECE_BYTES, attempts)
-        size = first.size
         fd = os.open(local_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
+            first = self._piece(store, key, path, 0, PIECE_BYTES, attempts)
+            size = first.size
             os.ftruncate(fd, size)  # the pieces land at their offsets, in any order
             _write_at(fd, first.data, 0)
             rest = [(start, min(PIECE_BYTES, size - start)) for start in range(len(first.data), size, PIECE_BYTES)]

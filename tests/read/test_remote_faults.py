@@ -22,15 +22,12 @@ from typing import Any
 import pytest
 import torch
 
-import shardio.store.azure
-import shardio.store.gcs
-import shardio.store.s3
 from shardio.errors import ShardError
 from shardio.format.manifests import load_manifest
 from shardio.read.dataset import ShardDataset
 from shardio.store import backends, object_store
 from tests.dataset_fixtures import indices, make_dataset
-from tests.fault_proxy import FaultProxy, proxied_env, proxy_for
+from tests.fault_proxy import FaultProxy, proxied_env, proxy_for, shorten_retries
 
 SETTINGS = {"shuffle": True, "seed": 5, "shuffle_window": 4, "shuffle_block": 4, "drop_last": False}
 FAILED_WITHIN_S = 120  # generous: the shortened retries take a few seconds on an idle machine
@@ -59,16 +56,7 @@ def through_proxy(cloud_bucket, local, tmp_path, monkeypatch) -> Any:
 
 @pytest.fixture
 def fast_retries(monkeypatch) -> None:
-    """obstore gives up on a request after ~2 s of retries instead of a minute (for the cases that fail)."""
-    def fast() -> dict[str, Any]:
-        from datetime import timedelta
-
-        return {"max_retries": 2, "retry_timeout": timedelta(seconds=2),
-                "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(milliseconds=500),
-                            "base": 2}}
-
-    for module in (shardio.store.s3, shardio.store.gcs, shardio.store.azure):
-        monkeypatch.setattr(module, "retry_config", fast)
+    shorten_retries(monkeypatch)
 
 
 def assert_reads_the_local_copy(local: str, url: str, cache_dir: str) -> dict[str, int]:
