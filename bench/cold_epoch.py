@@ -1,27 +1,32 @@
 """Every epoch cold: the reader streaming a dataset from S3, Google Cloud Storage and Azure Blob (the test
 suite's emulators on loopback: SeaweedFS, fake-gcs-server, Azurite) against its two limits, in one run.
 
-    python -m bench.cold_epoch [--clouds s3,gcs,azure] [--samples 3072] [--per-shard 64] [--ranks 4] [--quick]
+    python -m bench.cold_epoch [--clouds s3,gcs,azure] [--samples 3072] [--per-shard 64] [--ranks 4]
+                               [--rounds 2] [--compare DIR] [--results DIR] [--quick]
 
 The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_data``; shards of
-``--per-shard``), for each cloud and each encoding:
+``--per-shard``: 48 shards), for each cloud and each encoding, every epoch row in a fresh child process
+(``--rounds`` of each, alternated, medians):
 
-- ``local``: ``ShardDataset`` over the local copy, shuffled (default window and block), batches of 256 copied
-  once into a reused buffer (a JPEG batch decoded on the CPU), page cache warm: the local-disk limit;
+- ``local``: ``ShardDataset`` over the local copy, shuffled (the default window and block), batches of 256
+  copied once into a reused buffer (a JPEG batch decoded on the CPU), after a warm-up epoch: the local-disk
+  limit;
 - ``raw_get``: every object of the dataset (shards and their metadata) fetched with parallel GETs into memory
   (obstore, 8 threads; whole objects and 8 MB ranges, the faster counts), before and after the epochs, the
   mean: the network's limit;
 - ``cold``: ``ShardDataset(URL, cache_dir=..., cache_limit=a third of the dataset)``, shuffled, the same
-  batches: the cache holds a third of the shards, so every epoch downloads every shard again; two epochs on
-  one dataset object, the rate over both;
-- ``cold / raw_get``, ``cold / local`` and ``cold / min(raw_get, local)`` (the goal: >= 0.9).
+  batches: the cache holds a third of the shards, so every epoch downloads every shard again (two epochs on one
+  dataset object, the rate over both); the window is the default one as the reader clamps it to such a cache;
+- ``cold / raw_get``, ``cold / local`` and ``cold / min(raw_get, local)`` (the goal: >= 0.9), and the
+  client's CPU seconds per GB of shards (the reader's process: on 2 cores the server takes the rest);
+- ``--compare DIR``: the same cold epochs with the shardio of another checkout (``DIR`` on ``PYTHONPATH``,
+  e.g. the main branch), alternated with this one's: the "before" column;
+- ``--ranks N`` (S3 only): N rank processes of one node sharing one ``cache_dir`` (each its own third), one
+  cold epoch together, started at once: the combined rate, and the downloads summed over the ranks.
 
-``--ranks N`` (S3 only): N processes of one node, ranks of one world, each with its own cache (a third of the
-dataset) in one shared ``cache_dir``; one cold epoch together; the combined rate, and the downloads summed
-over the ranks against the number of shards (each shard is fetched once).
-
-Writes ``bench/out/cold_epoch.json`` and prints a table. On a shared 2-core VM the server and the reader share
-the cores, and the absolute rates drift: the ratios, taken in one run, are the figures.
+Writes ``cold_epoch`` into ``results.json`` and its section into ``results.md`` in ``bench/`` (or
+``--results DIR``; ``--quick``: ``bench/out/quick``), and prints the table. On a shared 2-core VM the server and
+the reader share the cores and the absolute rates drift: the ratios, taken in one run, are the figures.
 """
 
 from __future__ import annotations
@@ -323,6 +328,79 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SECTION = "<!-- cold-epoch: written by python -m bench.cold_epoch -->"
+
+
+def _figure(name: str, value: float | None, target: float | None, detail: str) -> dict[str, Any]:
+    met = None if value is None or target is None else value >= target
+    return {"name": name, "value": None if value is None else round(value, 3), "target": target, "op": ">=",
+            "met": met, "detail": detail}
+
+
+def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for cloud, rows in result["clouds"].items():
+        for name, row in rows.items():
+            cold, before = row["cold"], row.get("before")
+            detail = (f"{cold['samples/s']:.0f} samples/s; / raw GET {row['cold / raw_get']:.3f} "
+                      f"({row['raw_get_samples/s']:.0f}), / local {row['cold / local']:.3f} "
+                      f"({row['local_samples/s']:.0f}); client {cold['client_cpu_s_per_GB']:.2f} CPU s/GB")
+            if before:
+                detail += (f"; before ({before['code']}): {before['cold / limit']:.3f}, "
+                           f"{before['client_cpu_s_per_GB']:.2f} CPU s/GB")
+            out.append(_figure(f"cold epoch from {cloud}, {name} shards / slower limit", row["cold / limit"], GOAL,
+                               detail))
+            ranks = row.get("ranks")
+            if ranks and "samples/s" in ranks:
+                limit = min(row["raw_get_samples/s"], row["local_samples/s"])
+                earlier = (before or {}).get("ranks", {})
+                out.append(_figure(
+                    f"{ranks['ranks']} ranks sharing a cache_dir, {cloud}, {name} shards / slower limit",
+                    ranks["/ limit"], GOAL, f"{ranks['samples/s']:.0f} samples/s together; {ranks['downloads']} "
+                    f"downloads of {ranks['shards']} shards, {ranks['adopted']} adopted"
+                    + (f"; before: {earlier['samples/s'] / limit:.3f}" if "samples/s" in earlier else "")))
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [SECTION, "## Every epoch cold", "",
+             f"`python -m bench.cold_epoch`, {result['date']}: {result['samples']} photo-like 256x256 images in "
+             f"shards of {result['per_shard']}, raw and JPEG, each cloud's emulator on loopback; a cache of a third "
+             f"of the dataset; medians of {result['rounds']} alternated runs" + (" (quick run: too small to quote)"
+                                                                               if result["quick"] else "") + ".",
+             "", "| figure | measured | target | met | detail |", "|---|---|---|---|---|"]
+    for f in result["figures"]:
+        value = "n/a" if f["value"] is None else f"{f['value']:.3g}x"
+        met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
+        lines.append(f"| {f['name']} | {value} | >= {f['target']:g}x | {met} | {f['detail']} |")
+    lines += ["", table(result), "", "Raw numbers in `bench/results.json` under `cold_epoch`.", ""]
+    return "\n".join(lines)
+
+
+def write_results(result: dict[str, Any], directory: str) -> None:
+    """``result`` into DIR/results.json (``cold_epoch``) and its section into DIR/results.md, keeping the rest."""
+    os.makedirs(directory, exist_ok=True)
+    json_path, md_path = os.path.join(directory, "results.json"), os.path.join(directory, "results.md")
+    doc: dict[str, Any] = {}
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            doc = json.load(f)
+    doc["cold_epoch"] = result
+    with open(json_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    text = ""
+    if os.path.exists(md_path):
+        with open(md_path) as f:
+            text = f.read()
+        if SECTION in text:  # this section replaced, any after it kept
+            head, _, tail = text.partition(SECTION)
+            after = tail.find("<!-- ", 1)
+            text = head + (tail[after:] if after >= 0 else "")
+        text = text.rstrip("\n") + "\n\n"
+    with open(md_path, "w") as f:
+        f.write(text + markdown(result))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clouds", default="s3,gcs,azure")
@@ -333,15 +411,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compare", help="a checkout of shardio to run the same cold epochs with, alternated "
                         "with this one's (e.g. the main branch): its rows are 'before'")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=os.path.join(OUT, "cold_epoch.json"))
+    parser.add_argument("--results", help="directory of results.json/.md (default: bench/, or bench/out/quick "
+                        "with --quick)")
     args = parser.parse_args(argv)
     # A third of a small dataset holds two windows of a few shards: the reader says so, and clamps the window.
     warnings.filterwarnings("ignore", message=".*holds two windows of")
+    started = time.perf_counter()
     result = measure(args)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(table(result))
+    result.update(quick=args.quick, rounds=1 if args.quick else args.rounds,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  bench_seconds=round(time.perf_counter() - started, 1))
+    result["figures"] = figures(result)
+    directory = args.results or (os.path.join(OUT, "quick") if args.quick else HERE)
+    write_results(result, directory)
+    print(markdown(result))
     return result
 
 
