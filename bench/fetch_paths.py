@@ -9,8 +9,11 @@ moment of a shared machine hits every row):
 
 - ``raw_whole``: ``obstore.get(...).bytes()`` of each object, ``--threads`` at a time, into memory;
 - ``raw_ranged``: 8 MB ``get_range`` requests over all objects, ``--threads`` at a time, into memory;
-- ``download``: ``Storage.download`` (the cache's fetch path: hashed as it streams into a file);
-- ``stream_nohash``: the same stream written to the file, no checksum (what the hash costs);
+- ``download``: ``Storage.download``, the cache's fetch path (pieces at once, written at their offsets,
+  checked from the file);
+- ``stream_nohash``: obstore's stream (8 MB chunks) written to the file, no checksum;
+- ``stream_hash_nowrite`` / ``stream_nothing``: the same stream hashed only / only received;
+- ``stream_small_pwrite``: the stream in 1 MB chunks, each ``os.pwrite`` at its offset, checked from the file;
 - ``ranged_pwrite``: each object's 8 MB ranges fetched on ``--threads`` threads and ``os.pwrite`` at their
   offsets into a preallocated file, the checksum taken from the file afterwards (page cache, mmap);
 - ``whole_write``: one GET per object into memory, written at once, hashed from memory.
