@@ -10,8 +10,9 @@ moment of a shared machine hits every row):
 - ``raw_whole``: ``obstore.get(...).bytes()`` of each object, ``--threads`` at a time, into memory;
 - ``raw_ranged``: 8 MB ``get_range`` requests over all objects, ``--threads`` at a time, into memory;
 - ``download``: ``Storage.download``, the cache's fetch path (pieces at once, written at their offsets,
-  checked from the file);
-- ``stream_nohash``: obstore's stream (8 MB chunks) written to the file, no checksum;
+  hashed in order as they come);
+- ``streamed_download``: one stream per object (8 MB chunks) written and hashed as it comes;
+- ``stream_nohash``: the same stream written to the file, no checksum;
 - ``stream_hash_nowrite`` / ``stream_nothing``: the same stream hashed only / only received;
 - ``stream_small_pwrite``: the stream in 1 MB chunks, each ``os.pwrite`` at its offset, checked from the file;
 - ``ranged_pwrite``: each object's 8 MB ranges fetched on ``--threads`` threads and ``os.pwrite`` at their
@@ -87,6 +88,16 @@ def _rows(store: Any, storage: Any, bucket: str, objects: dict[str, tuple[int, s
     def download() -> int:
         return in_pool(lambda key: check(key, storage.download(f"s3://{bucket}/{key}", local(key), XXH3_128)), keys)
 
+    def streamed_download() -> int:  # the download before pieces: one stream, hashed as it is written
+        def one(key: str) -> int:
+            digest = new_hasher(XXH3_128)
+            with open(local(key), "wb") as out:
+                for chunk in obstore.get(store, key).stream(min_chunk_size=8 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+            return check(key, digest.hexdigest())
+        return in_pool(one, keys)
+
     def stream_nohash() -> int:
         def one(key: str) -> int:
             with open(local(key), "wb") as out:
@@ -154,7 +165,8 @@ def _rows(store: Any, storage: Any, bucket: str, objects: dict[str, tuple[int, s
             check(key, file_checksum(local(key), XXH3_128))
         return total
 
-    return {"raw_whole": raw_whole, "raw_ranged": raw_ranged, "download": download, "stream_nohash": stream_nohash,
+    return {"raw_whole": raw_whole, "raw_ranged": raw_ranged, "download": download,
+            "streamed_download": streamed_download, "stream_nohash": stream_nohash,
             "stream_hash_nowrite": stream_hash_nowrite, "stream_small_pwrite": stream_small_pwrite,
             "stream_nothing": stream_nothing, "ranged_pwrite": ranged_pwrite, "whole_write": whole_write}
 

@@ -16,7 +16,7 @@ shardio`` (and reading a local dataset without ``verify``) needs numpy and torch
 and ``s3`` extras install it.
 
 It lives in ``store/``, the lower layer: a backend takes checksums itself (``Storage.checksum``, a download
-checked as it is written), and the format names the algorithms from here, importing downwards.
+hashed as it is written), and the format names the algorithms from here, importing downwards.
 """
 
 from __future__ import annotations
