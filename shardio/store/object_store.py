@@ -29,11 +29,14 @@ How a download fetches (``download``, the reader's cache's one way in): the obje
 first with one GET that also says the object's size (an object of 8 MB or less is that one GET), the rest as
 ranged GETs at once, each written with ``pwrite`` at its offset into the file, sized in advance, and hashed
 in order from memory as the pieces arrive (one that comes early waits for those before it; reading the file
-back instead cost 0.1-0.2 CPU s/GB more on 2 cores, ``bench.fetch_paths``). The pieces of every download
-of the process go to one set of fetch threads, ``FETCH_THREADS`` of them: the bytes in flight are bounded
-(``FETCH_THREADS`` x 8 MB, plus one piece per downloading thread, plus pieces that came early and wait to be
-hashed), not the number of objects, so a large shard is fetched by many connections at once (a single S3
-connection carries ~100 MB/s) and many small ones are not limited to one request each. A piece whose
+back instead cost 0.1-0.2 CPU s/GB more on 2 cores, ``bench.fetch_paths``). Every GET of a download,
+in any thread, first takes its length from the process's budget of bytes in flight (``BYTES_IN_FLIGHT``,
+64 MB: eight 8 MB pieces, or 32 small shards of 2 MB): concurrency is set by bytes, not by objects. The
+pieces after a download's first go to the process's fetch threads (``FETCH_THREADS``), so a large shard is
+fetched by many connections at once when few downloads run (a single S3 connection carries ~100 MB/s), and
+when many run they share the same budget instead of adding requests (on a 2-core machine serving its own
+loopback store, more requests at once only cost CPU). Pieces that came early and wait to be hashed are held
+beyond the budget (at most the pieces of one download in flight). A piece whose
 answer is cut or short (beyond what obstore's own retries recover) is fetched again, up to ``attempts``
 times; a failed download leaves an empty file, never one of the right size with holes in it.
 
@@ -64,16 +67,18 @@ from shardio.store.lease import lease
 from shardio.store.s3_errors import StoreSettings, explain, parse, refused_access
 from shardio.store.scratch import scratch_dir
 
-__all__ = ["CLIENT_OPTIONS", "FETCH_THREADS", "PIECE_BYTES", "ObjectStorage", "client_options", "obstore_module",
-           "retry_config", "split_url"]
+__all__ = ["BYTES_IN_FLIGHT", "CLIENT_OPTIONS", "FETCH_THREADS", "PIECE_BYTES", "ObjectStorage", "client_options",
+           "obstore_module", "retry_config", "split_url"]
 
 # Above this a shard is uploaded in parts, 4 at a time (S3 wants parts of 5 MB or more).
 _PART_BYTES = 16 << 20
 _DOWNLOAD_CHUNK = 8 << 20
 # A download's pieces (module docstring): 8 MB, the part size AWS suggests for parallel GETs.
 PIECE_BYTES = 8 << 20
-# The process's fetch threads, shared by all its downloads: at most 16 x 8 MB = 128 MB in flight in pieces.
-FETCH_THREADS = 16
+# The bytes all GETs of the process's downloads may have in flight at once (module docstring), and the fetch
+# threads that take a download's pieces after its first (they wait for the budget like every GET).
+BYTES_IN_FLIGHT = 64 << 20
+FETCH_THREADS = 8
 _LIST_PAGE = 1000  # objects per LIST page (the most S3 gives; GCS and Azure take it)
 
 def retry_config() -> dict[str, Any]:
@@ -408,9 +413,12 @@ class ObjectStorage:
     def _piece(self, store: Any, key: str, path: str, start: int, length: int, attempts: int) -> _Piece:
         """Bytes ``start`` .. ``start + length`` of the object (the first piece: up to ``length``, and the
         object's size), fetched again if the body is cut or comes back short, up to ``attempts`` times."""
+        # A first piece's length is not known before its answer: it holds the size first pieces have had
+        # lately (a 2 MB shard's GET holds 2 MB, not 8).
+        held = _FETCH.first_piece_guess(length) if start == 0 else length
         for attempt in range(attempts):
             try:
-                with self._errors(path, "GET"):
+                with self._errors(path, "GET"), _FETCH.budget(held):
                     try:
                         result = self._ob.get(store, key, options={"range": (start, start + length)})
                     except self._ob.exceptions.BaseError as e:
@@ -423,6 +431,8 @@ class ObjectStorage:
                 if len(data) != expected and not (start == 0 and len(data) == size):  # whole: a range ignored
                     raise StorageUnavailable(f"{path}: GET of bytes {start}-{start + expected} returned "
                                              f"{len(data)} bytes (the object is {size}): a cut or changed answer")
+                if start == 0:
+                    _FETCH.first_piece_was(len(data))
                 return _Piece(data, size)
             except StorageUnavailable:
                 if attempt == attempts - 1:
@@ -583,14 +593,40 @@ def _write_at(fd: int, data: Any, offset: int) -> None:
 
 
 class _FetchThreads:
-    """The process's fetch threads (``FETCH_THREADS``, daemons, started as work comes): every download's
-    pieces after its first go here, so the bytes in flight are bounded by threads, not by objects. Made anew
-    in a forked child (threads do not survive a fork)."""
+    """The process's fetch threads (``FETCH_THREADS``, daemons, started as work comes), which take every
+    download's pieces after its first, and the budget of bytes in flight every GET holds. Made anew in a
+    forked child (threads do not survive a fork)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._started = 0
+        self._room = threading.Condition()
+        self._in_flight = 0
+        self._first_piece: float | None = None  # the recent first pieces' length (a moving average)
+
+    def first_piece_guess(self, length: int) -> int:
+        return length if self._first_piece is None else max(1, min(length, int(self._first_piece)))
+
+    def first_piece_was(self, nbytes: int) -> None:
+        previous = self._first_piece
+        self._first_piece = float(nbytes) if previous is None else 0.8 * previous + 0.2 * nbytes
+
+    @contextmanager
+    def budget(self, nbytes: int) -> Iterator[None]:
+        """Hold ``nbytes`` of ``BYTES_IN_FLIGHT`` while a GET runs (one GET larger than the budget runs
+        alone). Nothing that holds it waits for anything but its own request: no circle."""
+        nbytes = min(nbytes, BYTES_IN_FLIGHT)
+        with self._room:
+            while self._in_flight and self._in_flight + nbytes > BYTES_IN_FLIGHT:
+                self._room.wait()
+            self._in_flight += nbytes
+        try:
+            yield
+        finally:
+            with self._room:
+                self._in_flight -= nbytes
+                self._room.notify_all()
 
     def submit(self, job: Any) -> None:
         self._jobs.put(job)
