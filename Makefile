@@ -131,6 +131,10 @@ bench: $(STAMP)
 	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.
 	-$(PIP) install -q s3fs
 	$(PY) -m bench.object_store
+	# Every epoch cold from S3, GCS and Azure (their emulators): the reader with a cache of a third of the dataset
+	# against raw parallel GETs and the local-disk reader, raw and JPEG shards, and 4 ranks sharing a cache_dir.
+	# Adds cold_epoch to bench/results.json / .md (~10 minutes on 2 cores).
+	$(PY) -m bench.cold_epoch
 
 # The GPU path on a GPU machine, in one call (bench/gpu_check.py: CUDA tests, stream safety, decode rates, H2D,
 # a ResNet-50 step's wait for data, the object-store reader); installs what it needs itself (bench/gpu_env.sh)

@@ -239,7 +239,7 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                     detail=f"{steady_warm:.0f} vs {steady_local:.0f} samples/s" if steady_warm and steady_local
                     else "epochs of one batch"),
             _figure("cache fetch path alone / raw parallel GET", fetch["MB/s"] / raw["MB/s"],
-                    detail=f"Storage.download, hashed as it streams, {fetch['threads']} threads, no reader: "
+                    detail=f"Storage.download, checksum included, {fetch['threads']} threads, no reader: "
                     f"{fetch['MB/s']:.0f} vs {raw['MB/s']:.0f} MB/s"),
             _figure("reader cold epoch / cache fetch path alone", cold / fetch["samples/s"],
                     detail=f"{cold:.0f} vs {fetch['samples/s']:.0f} samples/s"),

@@ -104,7 +104,7 @@ def _median_row(epochs: list[dict[str, float]]) -> dict[str, Any]:
 
 def download_path(url: str, scratch: str, threads: int = DOWNLOAD_THREADS) -> dict[str, Any]:
     """MB/s of the cache's way to fetch a shard without the reader: ``Storage.download`` of each shard
-    object into a file, hashed as it streams (its return value), ``threads`` at a time (the cache's
+    object into a file, checksum included (its return value), ``threads`` at a time (the cache's
     default). Between the raw GET (bytes into memory) and the cold epoch: says whether a gap is the
     download or the rest."""
     from concurrent.futures import ThreadPoolExecutor

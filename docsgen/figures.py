@@ -89,6 +89,18 @@ cores with the client; LitData and Mosaic Streaming run in their own environment
 
 {_table(store['figures'])}
 """
+    cold = results.get("cold_epoch")
+    if cold:
+        store_part += f"""
+## Every epoch cold
+
+`python -m bench.cold_epoch` (run by `make bench`): the reader streaming from the S3, GCS and Azure emulators
+on loopback with a cache of a third of the dataset (every epoch downloads every shard), against the slower of
+raw parallel GETs of the same objects and the local-disk reader, raw and JPEG shards; the emulators share the
+machine's cores with the reader. Run of {cold.get('date', 'n/a')}.
+
+{_table(cold['figures'])}
+"""
     return f"""{GENERATED}
 # Figures
 

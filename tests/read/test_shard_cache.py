@@ -581,3 +581,15 @@ def test_the_download_threads_come_from_the_environment_or_the_default(monkeypat
         monkeypatch.setenv("SHARDIO_DOWNLOAD_THREADS", bad)
         with pytest.raises(ValueError, match=rf"SHARDIO_DOWNLOAD_THREADS='{bad}': a whole number of threads"):
             download_threads()
+
+
+def test_small_shards_get_more_download_threads_set_by_bytes_in_flight(monkeypatch):
+    from shardio.read.cache.shard_cache import (DOWNLOAD_BYTES_IN_FLIGHT, DOWNLOAD_THREADS, MAX_DOWNLOAD_THREADS,
+                                                download_threads)
+
+    monkeypatch.delenv("SHARDIO_DOWNLOAD_THREADS", raising=False)
+    assert download_threads(DOWNLOAD_BYTES_IN_FLIGHT) == DOWNLOAD_THREADS  # large shards: pieces fetched at once
+    assert download_threads(DOWNLOAD_BYTES_IN_FLIGHT // 16) == max(DOWNLOAD_THREADS, 16)
+    assert download_threads(1024) == MAX_DOWNLOAD_THREADS
+    monkeypatch.setenv("SHARDIO_DOWNLOAD_THREADS", "5")
+    assert download_threads(1024) == 5

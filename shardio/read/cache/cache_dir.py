@@ -20,7 +20,7 @@ units; two with both files identical share one (one download, one hold, counted 
 The protocol (``flock`` on the lock file; the kernel drops a dead process's locks, SIGKILL included):
 
 - **Download**: under ``LOCK_EX``, both files into ``.tmp-`` names, each checked (size; the ``.npy``
-  header; the checksum, by the entry's algorithm, that the download computed while streaming), then
+  header; the checksum, by the entry's algorithm, that the download took of the bytes it wrote), then
   renamed into place. A file under its final name is therefore always whole and right, and a warm one
   needs only a size check (O(1), no re-hash).
 - **Hold**: a process keeping a shard holds ``LOCK_SH``. A process that wants a shard another one is
@@ -56,7 +56,7 @@ _READ_ONLY = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 class Downloader(Protocol):
     """What the cache needs from a store: ``Storage.download`` (the whole object into a local file,
     transient errors retried; ``FileNotFoundError`` for a missing object; returns the ``algorithm``
-    checksum of the bytes it wrote, hashed while streaming, so a checked download reads nothing back)."""
+    checksum of the bytes it wrote, hashed as they came, so a checked download reads nothing back)."""
 
     def download(self, path: str, local_path: str, algorithm: str) -> str: ...
 

@@ -69,15 +69,25 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 # Parallel downloads: on the loopback server 4 threads fetched 438 MB/s and 8 fetched 652 MB/s, against
-# 881 MB/s of raw GETs into memory (bench.object_store); each thread streams 8 MB pieces, so memory is flat.
+# 881 MB/s of raw GETs into memory (bench.object_store). A large shard is fetched by many connections at once
+# anyway (the store's fetch threads: ``shardio.store.object_store``); small shards are one request each, so
+# their number in flight is set by bytes: as many threads as shards of the mean size make
+# ``DOWNLOAD_BYTES_IN_FLIGHT`` (a 2 MB JPEG shard: 32), never fewer than ``DOWNLOAD_THREADS`` nor more than
+# ``MAX_DOWNLOAD_THREADS``.
 DOWNLOAD_THREADS = 8
+DOWNLOAD_BYTES_IN_FLIGHT = 64 << 20
+MAX_DOWNLOAD_THREADS = 32
 
 
-def download_threads() -> int:
-    """Parallel downloads of a cache: ``SHARDIO_DOWNLOAD_THREADS``, else ``DOWNLOAD_THREADS``."""
+def download_threads(unit_bytes: int | None = None) -> int:
+    """Parallel downloads of a cache: ``SHARDIO_DOWNLOAD_THREADS``, else enough for
+    ``DOWNLOAD_BYTES_IN_FLIGHT`` of units of ``unit_bytes`` (their mean size) within ``DOWNLOAD_THREADS`` ..
+    ``MAX_DOWNLOAD_THREADS``; ``DOWNLOAD_THREADS`` when the size is not given."""
     configured = os.environ.get("SHARDIO_DOWNLOAD_THREADS", "").strip()
     if not configured:
-        return DOWNLOAD_THREADS
+        if not unit_bytes:
+            return DOWNLOAD_THREADS
+        return max(DOWNLOAD_THREADS, min(MAX_DOWNLOAD_THREADS, DOWNLOAD_BYTES_IN_FLIGHT // unit_bytes))
     if not configured.isdigit() or int(configured) < 1:
         raise ValueError(f"SHARDIO_DOWNLOAD_THREADS={configured!r}: a whole number of threads, at least 1")
     return int(configured)
@@ -99,10 +109,10 @@ class ShardCache:
         self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
         # ``buckets``: a bucketed dataset's (h, w) by bucket id, each unit mapped at its own (None: ``shape``)
         self.shape, self.attempts, self.buckets = shape, attempts, buckets
-        self.threads = download_threads() if threads is None else threads
         self.full_limit = self.limit
         sizes = unit_sizes(self.units)
         self.dataset_bytes = int(sizes.sum())  # every unit's bytes: a limit of at least this holds them all
+        self.threads = download_threads(self.dataset_bytes // max(1, len(sizes))) if threads is None else threads
         self.largest_sizes = _largest_two(sizes)  # the largest unit sizes, largest first
         self._check_limit()
         for algorithm in sorted(unit_algorithms(self.units)):
@@ -321,7 +331,10 @@ class ShardCache:
                 waited = True
                 self._start_threads()
                 stuck = not self._in[_LOADING]
-                if stuck and self.on_wait is not None:
+                # Files evicted while this reader still maps them free their room only when the maps go: let
+                # them go now, not only when nothing is loading (a download waiting for that room would wait
+                # for this reader, which waits for a download: one download at a time).
+                if (stuck or self._in[_DOOMED]) and self.on_wait is not None:
                     self.on_wait()
                     self._collect()
                 stuck_since = (stuck_since or time.monotonic()) if stuck else None

@@ -1,0 +1,432 @@
+"""Every epoch cold: the reader streaming a dataset from S3, Google Cloud Storage and Azure Blob (the test
+suite's emulators on loopback: SeaweedFS, fake-gcs-server, Azurite) against its two limits, in one run.
+
+    python -m bench.cold_epoch [--clouds s3,gcs,azure] [--samples 3072] [--per-shard 64] [--ranks 4]
+                               [--rounds 2] [--compare DIR] [--results DIR] [--quick]
+
+The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_data``; shards of
+``--per-shard``: 48 shards), for each cloud and each encoding, every epoch row in a fresh child process
+(``--rounds`` of each, alternated, medians):
+
+- ``local``: ``ShardDataset`` over the local copy, shuffled (the default window and block), batches of 256
+  copied once into a reused buffer (a JPEG batch decoded on the CPU), after a warm-up epoch: the local-disk
+  limit;
+- ``raw_get``: every object of the dataset (shards and their metadata) fetched with parallel GETs into memory
+  (obstore, 8 threads; whole objects and 8 MB ranges, the faster counts), before and after the epochs, the
+  mean: the network's limit;
+- ``cold``: ``ShardDataset(URL, cache_dir=..., cache_limit=a third of the dataset)``, shuffled, the same
+  batches: the cache holds a third of the shards, so every epoch downloads every shard again (two epochs on one
+  dataset object, the rate over both); the window is the default one as the reader clamps it to such a cache;
+- ``cold / raw_get``, ``cold / local`` and ``cold / min(raw_get, local)`` (the goal: >= 0.9), and the
+  client's CPU seconds per GB of shards (the reader's process: on 2 cores the server takes the rest);
+- ``--compare DIR``: the same cold epochs with the shardio of another checkout (``DIR`` on ``PYTHONPATH``,
+  e.g. the main branch), alternated with this one's: the "before" column;
+- ``--ranks N`` (S3 only): N rank processes of one node sharing one ``cache_dir`` (each its own third), one
+  cold epoch together, started at once: the combined rate, and the downloads summed over the ranks.
+
+Writes ``cold_epoch`` into ``results.json`` and its section into ``results.md`` in ``bench/`` (or
+``--results DIR``; ``--quick``: ``bench/out/quick``), and prints the table. On a shared 2-core VM the server and
+the reader share the cores and the absolute rates drift: the ratios, taken in one run, are the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from bench.gpu_data import build
+from shardio.format.manifests import load_manifest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "out")
+BATCH = 256
+GET_THREADS = 8
+RANGE_BYTES = 8 << 20
+GOAL = 0.9
+
+
+def _log(message: str) -> None:
+    print(f"[cold-epoch {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _epoch(dataset: Any, out: np.ndarray) -> tuple[int, float]:
+    started = time.perf_counter()
+    samples = 0
+    for batch in dataset:
+        image = batch["image"].numpy()
+        np.copyto(out[: len(image)], image)
+        samples += len(image)
+    return samples, time.perf_counter() - started
+
+
+def _rate(runs: list[tuple[int, float]]) -> float:
+    return sum(n for n, _ in runs) / sum(s for _, s in runs)
+
+
+def dataset_objects(directory: str) -> tuple[dict[str, int], int]:
+    """({shard and metadata path relative to the dataset: bytes}, samples)."""
+    manifest = load_manifest(directory)
+    objects = {}
+    for entry in manifest.shards:
+        objects[entry.path] = entry.bytes
+        objects[entry.meta_path] = entry.meta_bytes
+    return objects, manifest.samples
+
+
+def raw_get(url: str, objects: dict[str, int], rounds: int) -> float:
+    """Best bytes/s of parallel GETs of every object (whole, or 8 MB ranges), into memory."""
+    import obstore
+
+    from shardio.store.backends import for_path
+
+    storage = for_path(url)
+    targets = {rel: storage._target(storage.join(url, rel)) for rel in objects}  # (obstore store, key)
+
+    def whole(rel: str) -> int:
+        store, key = targets[rel]
+        return len(obstore.get(store, key).bytes())
+
+    def ranged(piece: tuple[str, int, int]) -> int:
+        store, key = targets[piece[0]]
+        return len(obstore.get_range(store, key, start=piece[1], length=piece[2]))
+
+    ranges = [(rel, start, min(RANGE_BYTES, size - start))
+              for rel, size in objects.items() for start in range(0, size, RANGE_BYTES) if size]
+    best = 0.0
+    for _ in range(rounds):
+        for fn, items in ((whole, list(objects)), (ranged, ranges)):
+            started = time.perf_counter()
+            with ThreadPoolExecutor(GET_THREADS) as pool:
+                nbytes = sum(pool.map(fn, items))
+            best = max(best, nbytes / (time.perf_counter() - started))
+    return best
+
+
+# One process's cold epochs, run as a child (``--compare`` runs the same script on another checkout's code,
+# alternated with this one's): numpy and shardio only, so any checkout runs it.
+_CHILD = r"""
+import json, os, shutil, sys, time, warnings
+import numpy as np
+from shardio import ShardDataset
+warnings.filterwarnings("ignore", message=".*holds two windows of")
+mode, url, cache_dir, limit, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+out = np.empty((256, 256, 256, 3), np.uint8)
+
+def epoch(dataset):
+    began, samples = time.perf_counter(), 0
+    for batch in dataset:
+        image = batch["image"].numpy()
+        np.copyto(out[: len(image)], image)
+        samples += len(image)
+    return samples, time.perf_counter() - began
+
+if mode == "local":
+    dataset = ShardDataset(url, 256, shuffle=True)
+    epoch(dataset)  # page cache, maps, decoder threads
+elif mode == "rank":  # rank RANK of WORLD, sharing cache_dir with the others; all start at START (time.time())
+    rank, world, start = int(sys.argv[6]), int(sys.argv[7]), float(sys.argv[8])
+    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, cache_dir=cache_dir,
+                           cache_limit=limit)
+    time.sleep(max(0.0, start - time.time()))
+else:
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    dataset = ShardDataset(url, 256, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
+began = time.time()
+cpu = os.times()
+runs = [epoch(dataset) for _ in range(epochs)]
+after = os.times()
+stats = dataset.cache_stats() if mode != "local" else {}
+print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + after.system - cpu.system,
+                              "began": began, "ended": time.time(), "downloads": stats.get("downloads"),
+                              "adopted": stats.get("adopted"), "peak_bytes": stats.get("peak_bytes", 0)}))
+if mode == "cold":
+    shutil.rmtree(cache_dir, ignore_errors=True)
+"""
+
+
+def _command(mode: str, url: str, epochs: int, cache_dir: str = "", limit: int = 0, *more: object) -> list[str]:
+    return [sys.executable, "-c", _CHILD, mode, url, cache_dir, str(limit), str(epochs), *map(str, more)]
+
+
+def _result(mode: str, url: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if returncode or line is None:
+        raise RuntimeError(f"{mode} epochs of {url} failed: {stderr.strip()[-800:]}")
+    return json.loads(line[len("RESULT "):])  # type: ignore[no-any-return]
+
+
+def _env(code: str | None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": code or os.path.dirname(HERE)}
+
+
+def _child(mode: str, url: str, epochs: int, code: str | None, cache_dir: str = "", limit: int = 0) -> dict[str, Any]:
+    done = subprocess.run(_command(mode, url, epochs, cache_dir, limit), env=_env(code), capture_output=True,
+                          text=True, timeout=900)
+    found = _result(mode, url, done.returncode, done.stdout, done.stderr)
+    found["samples/s"] = _rate(found["runs"])
+    return found
+
+
+def local_rate(directory: str, epochs: int) -> float:
+    """Samples/s of ``epochs`` shuffled epochs of the local copy, after a warm-up one, in a child process."""
+    return float(_child("local", directory, epochs, None)["samples/s"])
+
+
+def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | None = None) -> dict[str, Any]:
+    """``epochs`` cold epochs in a child process, with this checkout's shardio or ``code``'s (a directory)."""
+    found = _child("cold", url, epochs, code, cache_dir, limit)
+    runs = found["runs"]
+    return {"samples/s": round(found["samples/s"], 1), "epochs_samples/s": [round(n / s, 1) for n, s in runs],
+            "client_cpu_s": round(found["cpu_s"], 2), "downloads": found["downloads"],
+            "peak_over_limit": round(found["peak_bytes"] / limit, 3)}
+
+
+def ranks_rate(url: str, cache_dir: str, limit: int, world: int, code: str | None = None) -> dict[str, Any]:
+    """One cold epoch of ``world`` rank processes sharing ``cache_dir`` (each its own ``limit``), started
+    together once all have opened the dataset: combined samples/s, downloads summed over the ranks."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    start = time.time() + 20  # spawning and opening a dataset in each of N processes on 2 cores
+    procs = [subprocess.Popen(_command("rank", url, 1, cache_dir, limit, rank, world, start), env=_env(code),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=900)
+        results.append(_result("rank", url, proc.returncode, stdout, stderr))
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
+    samples = sum(n for r in results for n, _ in r["runs"])
+    return {"ranks": world, "samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1),
+            "late_start_s": round(max(r["began"] for r in results) - start, 3),
+            "downloads": sum(r["downloads"] for r in results), "adopted": sum(r["adopted"] for r in results)}
+
+
+def _servers(clouds: list[str], root: str) -> dict[str, Any]:
+    from tests.azure_server import AzureServer
+    from tests.gcs_server import GCSServer
+    from tests.s3_server import S3Server
+
+    made = {"s3": S3Server, "gcs": GCSServer, "azure": AzureServer}
+    return {cloud: made[cloud](os.path.join(root, cloud)) for cloud in clouds}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from shardio.store import backends
+    from tests.object_stores import CloudBucket
+
+    root = tempfile.mkdtemp(prefix="shardio-cold-")
+    _log(f"datasets: {args.samples} images, shards of {args.per_shard}")
+    data = build(os.path.join(OUT, f"cold-{args.samples}x{args.per_shard}"), args.samples, distinct=256,
+                 samples_per_shard=args.per_shard, workers=os.cpu_count())
+    local = {"raw": data.raw, "jpeg": data.jpeg}
+    objects = {name: dataset_objects(directory) for name, directory in local.items()}
+    result: dict[str, Any] = {"samples": args.samples, "per_shard": args.per_shard, "cores": os.cpu_count(),
+                              "local": {}, "clouds": {}}
+    servers = _servers(args.clouds.split(","), root)
+    try:
+        for cloud, server in servers.items():
+            os.makedirs(server.root, exist_ok=True)
+            server.start()
+            saved = {key: os.environ.get(key) for key in server.env()}
+            os.environ.update(server.env())
+            backends._OPEN.clear()  # a backend made before this server's variables were set
+            try:
+                bucket = CloudBucket(server, server.new_bucket())
+                rows: dict[str, Any] = {}
+                for name, directory in local.items():
+                    url = bucket.upload_dir(directory, prefix=name)
+                    files, samples = objects[name]
+                    nbytes = sum(files.values())
+                    rounds = 1 if args.quick else args.rounds
+                    epochs = 1 if args.quick else 2
+                    gets, locals_, colds, befores = [raw_get(url, files, 1 if args.quick else 2)], [], [], []
+                    for _ in range(rounds):  # alternated: a busy moment of a shared machine hits every row
+                        locals_.append(local_rate(directory, epochs))
+                        colds.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs))
+                        if args.compare:
+                            befores.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs,
+                                                     args.compare))
+                    gets.append(raw_get(url, files, 1 if args.quick else 2))
+                    get_rate = statistics.mean(gets) * samples / nbytes
+                    local_samples = statistics.median(locals_)
+                    cold = min(colds, key=lambda c: abs(c["samples/s"] - statistics.median(
+                        x["samples/s"] for x in colds)))  # the median run, with its counters
+                    cold["runs_samples/s"] = [c["samples/s"] for c in colds]
+                    cold["client_cpu_s_per_GB"] = round(statistics.median(
+                        c["client_cpu_s"] / (len(c["epochs_samples/s"]) * nbytes / 1e9) for c in colds), 2)
+                    row = {"raw_get_samples/s": round(get_rate, 1),
+                           "raw_get_MB/s": round(statistics.mean(gets) / 1e6, 1),
+                           "local_samples/s": round(local_samples, 1), "local_runs": [round(x, 1) for x in locals_],
+                           "cold": cold}
+                    limit = min(get_rate, local_samples)
+                    row["cold / raw_get"] = round(cold["samples/s"] / get_rate, 3)
+                    row["cold / local"] = round(cold["samples/s"] / local_samples, 3)
+                    row["cold / limit"] = round(cold["samples/s"] / limit, 3)
+                    if befores:
+                        before = statistics.median(b["samples/s"] for b in befores)
+                        row["before"] = {"code": args.compare, "samples/s": round(before, 1),
+                                         "runs_samples/s": [b["samples/s"] for b in befores],
+                                         "client_cpu_s_per_GB": round(statistics.median(
+                                             b["client_cpu_s"] / (len(b["epochs_samples/s"]) * nbytes / 1e9)
+                                             for b in befores), 2),
+                                         "cold / limit": round(before / limit, 3)}
+                    if args.ranks and cloud == "s3":
+                        row["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"), nbytes // 3, args.ranks)
+                        if "samples/s" in row["ranks"]:
+                            row["ranks"]["/ limit"] = round(row["ranks"]["samples/s"] / limit, 3)
+                            row["ranks"]["shards"] = len(files) // 2
+                        if args.compare:
+                            row["before"]["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"),
+                                                                nbytes // 3, args.ranks, args.compare)
+                    rows[name] = row
+                    _log(f"{cloud} {name}: cold {cold['samples/s']:.0f}, raw GET {get_rate:.0f}, local "
+                         f"{row['local_samples/s']:.0f} samples/s: cold / limit {row['cold / limit']:.3f}"
+                         + (f" (before: {row['before']['cold / limit']:.3f})" if "before" in row else ""))
+                result["clouds"][cloud] = rows
+            finally:
+                server.stop(crash=True)
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                backends._OPEN.clear()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| cloud | shards | cold samples/s | raw GET | local | cold / raw GET | cold / local | "
+             "cold / slower limit | before: cold / slower limit | client CPU s/GB (before) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cloud, rows in result["clouds"].items():
+        for name, row in rows.items():
+            before = row.get("before", {})
+            cpu = f"{row['cold']['client_cpu_s_per_GB']:.2f}" + (
+                f" ({before['client_cpu_s_per_GB']:.2f})" if before else "")
+            lines.append(f"| {cloud} | {name} | {row['cold']['samples/s']:.0f} | {row['raw_get_samples/s']:.0f} | "
+                         f"{row['local_samples/s']:.0f} | {row['cold / raw_get']:.3f} | {row['cold / local']:.3f} | "
+                         f"{row['cold / limit']:.3f} | {before.get('cold / limit', '')} | {cpu} |")
+            limit = min(row["raw_get_samples/s"], row["local_samples/s"])
+            for label, ranks in (("", row.get("ranks")), ("before: ", before.get("ranks"))):
+                if ranks and "samples/s" in ranks:
+                    lines.append(f"| {cloud}, {ranks['ranks']} ranks, {label}one cold epoch | {name} | "
+                                 f"{ranks['samples/s']:.0f} | | | | | {ranks['samples/s'] / limit:.3f} | | "
+                                 f"downloads {ranks['downloads']}, adopted {ranks['adopted']} |")
+    return "\n".join(lines)
+
+
+SECTION = "<!-- cold-epoch: written by python -m bench.cold_epoch -->"
+
+
+def _figure(name: str, value: float | None, target: float | None, detail: str) -> dict[str, Any]:
+    met = None if value is None or target is None else value >= target
+    return {"name": name, "value": None if value is None else round(value, 3), "target": target, "op": ">=",
+            "met": met, "detail": detail}
+
+
+def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for cloud, rows in result["clouds"].items():
+        for name, row in rows.items():
+            cold, before = row["cold"], row.get("before")
+            detail = (f"{cold['samples/s']:.0f} samples/s; / raw GET {row['cold / raw_get']:.3f} "
+                      f"({row['raw_get_samples/s']:.0f}), / local {row['cold / local']:.3f} "
+                      f"({row['local_samples/s']:.0f}); client {cold['client_cpu_s_per_GB']:.2f} CPU s/GB")
+            if before:
+                detail += (f"; before ({before['code']}): {before['cold / limit']:.3f}, "
+                           f"{before['client_cpu_s_per_GB']:.2f} CPU s/GB")
+            out.append(_figure(f"cold epoch from {cloud}, {name} shards / slower limit", row["cold / limit"], GOAL,
+                               detail))
+            ranks = row.get("ranks")
+            if ranks and "samples/s" in ranks:
+                limit = min(row["raw_get_samples/s"], row["local_samples/s"])
+                earlier = (before or {}).get("ranks", {})
+                out.append(_figure(
+                    f"{ranks['ranks']} ranks sharing a cache_dir, {cloud}, {name} shards / slower limit",
+                    ranks["/ limit"], GOAL, f"{ranks['samples/s']:.0f} samples/s together; {ranks['downloads']} "
+                    f"downloads of {ranks['shards']} shards, {ranks['adopted']} adopted"
+                    + (f"; before: {earlier['samples/s'] / limit:.3f}" if "samples/s" in earlier else "")))
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [SECTION, "## Every epoch cold", "",
+             f"`python -m bench.cold_epoch`, {result['date']}: {result['samples']} photo-like 256x256 images in "
+             f"shards of {result['per_shard']}, raw and JPEG, each cloud's emulator on loopback; a cache of a third "
+             f"of the dataset; medians of {result['rounds']} alternated runs" + (" (quick run: too small to quote)"
+                                                                               if result["quick"] else "") + ".",
+             "", "| figure | measured | target | met | detail |", "|---|---|---|---|---|"]
+    for f in result["figures"]:
+        value = "n/a" if f["value"] is None else f"{f['value']:.3g}x"
+        met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
+        lines.append(f"| {f['name']} | {value} | >= {f['target']:g}x | {met} | {f['detail']} |")
+    lines += ["", table(result), "", "Raw numbers in `bench/results.json` under `cold_epoch`.", ""]
+    return "\n".join(lines)
+
+
+def write_results(result: dict[str, Any], directory: str) -> None:
+    """``result`` into DIR/results.json (``cold_epoch``) and its section into DIR/results.md, keeping the rest."""
+    os.makedirs(directory, exist_ok=True)
+    json_path, md_path = os.path.join(directory, "results.json"), os.path.join(directory, "results.md")
+    doc: dict[str, Any] = {}
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            doc = json.load(f)
+    doc["cold_epoch"] = result
+    with open(json_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    text = ""
+    if os.path.exists(md_path):
+        with open(md_path) as f:
+            text = f.read()
+        if SECTION in text:  # this section replaced, any after it kept
+            head, _, tail = text.partition(SECTION)
+            after = tail.find("<!-- ", 1)
+            text = head + (tail[after:] if after >= 0 else "")
+        text = text.rstrip("\n") + "\n\n"
+    with open(md_path, "w") as f:
+        f.write(text + markdown(result))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clouds", default="s3,gcs,azure")
+    parser.add_argument("--samples", type=int, default=3072)
+    parser.add_argument("--per-shard", type=int, default=64)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2, help="alternated runs of each row (medians)")
+    parser.add_argument("--compare", help="a checkout of shardio to run the same cold epochs with, alternated "
+                        "with this one's (e.g. the main branch): its rows are 'before'")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--results", help="directory of results.json/.md (default: bench/, or bench/out/quick "
+                        "with --quick)")
+    args = parser.parse_args(argv)
+    # A third of a small dataset holds two windows of a few shards: the reader says so, and clamps the window.
+    warnings.filterwarnings("ignore", message=".*holds two windows of")
+    started = time.perf_counter()
+    result = measure(args)
+    result.update(quick=args.quick, rounds=1 if args.quick else args.rounds,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  bench_seconds=round(time.perf_counter() - started, 1))
+    result["figures"] = figures(result)
+    directory = args.results or (os.path.join(OUT, "quick") if args.quick else HERE)
+    write_results(result, directory)
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
