@@ -28,6 +28,7 @@ import ast
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.format.raw_shard import fixed_npy_header
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
 __all__ = ["JPEG_SUFFIX", "jpeg_header", "jpeg_data_start", "jpeg_min_bytes", "parse_jpeg_header",
@@ -38,9 +39,7 @@ JPEG_SUFFIX = ".jpg.npy"
 
 def jpeg_header(count: int) -> bytes:
     """The 128-byte .npy header of a JPEG shard of ``count`` samples (its N + 1 offsets)."""
-    body = "{'descr': '<u8', 'fortran_order': False, 'shape': (%d,), }" % (count + 1)
-    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
-    return NPY_MAGIC + body_len.to_bytes(2, "little") + (body.ljust(body_len - 1) + "\n").encode("latin1")
+    return fixed_npy_header("<u8", (count + 1,))
 
 
 def jpeg_data_start(count: int) -> int:

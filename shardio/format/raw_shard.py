@@ -8,17 +8,24 @@ import ast
 from shardio.errors import ShardFormatError
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
-__all__ = ["npy_header", "shard_nbytes", "parse_npy_header"]
+__all__ = ["fixed_npy_header", "npy_header", "shard_nbytes", "parse_npy_header"]
+
+
+def fixed_npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The fixed 128-byte .npy v1.0 header of a C-order array of ``descr`` and ``shape``: every shard's pixel
+    file starts with one (raw, JPEG offsets, yuv420 planes), so its data starts at ``HEADER_BYTES``."""
+    dims = tuple(int(n) for n in shape)
+    body = "{'descr': %r, 'fortran_order': False, 'shape': %s, }" % (descr, dims)
+    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
+    if len(body) + 1 > body_len:
+        raise ValueError(f"shape {dims} does not fit a {HEADER_BYTES}-byte header")
+    padded = body.ljust(body_len - 1) + "\n"
+    return NPY_MAGIC + body_len.to_bytes(2, "little") + padded.encode("latin1")
 
 
 def npy_header(count: int, height: int, width: int) -> bytes:
     """The fixed 128-byte .npy v1.0 header of a shard of ``count`` H×W×3 uint8 images."""
-    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d, %d, 3), }" % (count, height, width)
-    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
-    if len(body) + 1 > body_len:
-        raise ValueError(f"shape ({count}, {height}, {width}, 3) does not fit a {HEADER_BYTES}-byte header")
-    padded = body.ljust(body_len - 1) + "\n"
-    return NPY_MAGIC + body_len.to_bytes(2, "little") + padded.encode("latin1")
+    return fixed_npy_header("|u1", (count, height, width, 3))
 
 
 def shard_nbytes(count: int, height: int, width: int) -> int:

@@ -52,6 +52,7 @@ import ast
 import numpy as np
 
 from shardio.errors import ShardFormatError
+from shardio.format.raw_shard import fixed_npy_header
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
 __all__ = ["YUV_SUFFIX", "yuv_sample_bytes", "chroma_shape", "yuv_header", "yuv_shard_nbytes", "parse_yuv_header",
@@ -81,12 +82,7 @@ def yuv_sample_bytes(height: int, width: int) -> int:
 
 def yuv_header(count: int, height: int, width: int) -> bytes:
     """The fixed 128-byte .npy v1.0 header of a yuv420 shard of ``count`` H×W samples: shape (N, S)."""
-    sample_bytes = yuv_sample_bytes(height, width)
-    body = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }" % (count, sample_bytes)
-    body_len = HEADER_BYTES - len(NPY_MAGIC) - 2
-    if len(body) + 1 > body_len:
-        raise ValueError(f"shape ({count}, {sample_bytes}) does not fit a {HEADER_BYTES}-byte header")
-    return NPY_MAGIC + body_len.to_bytes(2, "little") + (body.ljust(body_len - 1) + "\n").encode("latin1")
+    return fixed_npy_header("|u1", (count, yuv_sample_bytes(height, width)))
 
 
 def yuv_shard_nbytes(count: int, height: int, width: int) -> int:
