@@ -223,7 +223,7 @@ def _servers(clouds: list[str], root: str) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from shardio.store import backends
-    from tests.object_stores import CloudBucket
+    from tests.object_stores import CloudBucket, point_environment_at, restore_environment
 
     root = tempfile.mkdtemp(prefix="shardio-cold-")
     _log(f"datasets: {args.samples} images, shards of {args.per_shard}")
@@ -238,8 +238,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for cloud, server in servers.items():
             os.makedirs(server.root, exist_ok=True)
             server.start()
-            saved = {key: os.environ.get(key) for key in server.env()}
-            os.environ.update(server.env())
+            saved = point_environment_at(server)
             backends._OPEN.clear()  # a backend made before this server's variables were set
             try:
                 bucket = CloudBucket(server, server.new_bucket())
@@ -296,11 +295,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 result["clouds"][cloud] = rows
             finally:
                 server.stop(crash=True)
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+                restore_environment(saved)
                 backends._OPEN.clear()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -190,13 +190,13 @@ def _pages(scratch: str, pages: str, nbytes: int) -> None:
 def measure(objects_spec: str, threads: int, rounds: int, pages: str) -> dict[str, Any]:
     from bench.s3_clients import obstore_store
     from shardio.store.s3 import S3Storage
+    from tests.object_stores import point_environment_at, restore_environment
     from tests.s3_server import S3Server
 
     root = tempfile.mkdtemp(prefix="shardio-fetch-paths-")
     server = S3Server(os.path.join(root, "server"))
     server.start()
-    saved = {key: os.environ.get(key) for key in server.env()}
-    os.environ.update(server.env())
+    saved = point_environment_at(server)
     result: dict[str, Any] = {"threads": threads, "rounds": rounds, "pages": pages, "cores": os.cpu_count(), "sets": {}}
     try:
         bucket = server.new_bucket()
@@ -226,11 +226,7 @@ def measure(objects_spec: str, threads: int, rounds: int, pages: str) -> dict[st
             shutil.rmtree(scratch, ignore_errors=True)
     finally:
         server.stop(crash=True)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved)
         shutil.rmtree(root, ignore_errors=True)
     return result
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.s3_clients import obstore_store, raw_get
+from tests.object_stores import point_environment_at, restore_environment
 from tests.s3_server import S3Server
 
 BUCKET = "gpu-check"
@@ -97,8 +98,8 @@ def run(datasets: dict[str, str], work: str, batch: int, dry: bool = False) -> d
         server.start()
     finally:
         os.sched_setaffinity(0, client_cores)
-    saved = {key: os.environ.get(key) for key in (*server.env(), "SHARDIO_DOWNLOAD_THREADS")}
-    os.environ.update(server.env())  # the reader takes the standard AWS variables, as on a cluster
+    # the reader takes the standard AWS variables, as on a cluster
+    saved = point_environment_at(server, "SHARDIO_DOWNLOAD_THREADS")
     out: dict[str, Any] = {"job": "not run here: needs Ray on the GPU machine (make bench measures it)",
                            "client_cores": len(client_cores), "server_cores": len(server_cores)}
     try:
@@ -122,10 +123,6 @@ def run(datasets: dict[str, str], work: str, batch: int, dry: bool = False) -> d
     finally:
         os.sched_setaffinity(0, cores)
         server.stop(crash=True)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved)
         shutil.rmtree(work, ignore_errors=True)
     return out

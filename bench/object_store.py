@@ -42,6 +42,7 @@ from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_g
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows
 from shardio.format.manifests import load_manifest
+from tests.object_stores import point_environment_at, restore_environment
 from tests.s3_server import S3Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,17 +151,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     server = S3Server(os.path.join(WORK, "s3-server"))
     _log("starting SeaweedFS (weed server -s3) on loopback")
     server.start()
-    saved = {key: os.environ.get(key) for key in server.env()}
-    os.environ.update(server.env())  # the product and the peers read the standard AWS variables
+    saved = point_environment_at(server)  # the product and the peers read the standard AWS variables
     try:
         return _measure(args, server)
     finally:
         server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved)
         log = os.path.join(WORK, "s3-server", "weed.log")
         if os.path.exists(log):  # the server's log outlives its data: stalls and errors show there
             shutil.copy(log, os.path.join(WORK, "weed.log"))

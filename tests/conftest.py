@@ -8,7 +8,6 @@ job test a multi-node test: tasks land on both raylets.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 
@@ -17,7 +16,7 @@ import pytest
 from tests.azure_server import AzureServer
 from tests.gcs_server import GCSServer
 from tests.layout_fixtures import LAYOUTS, Layout, LayoutDataset
-from tests.object_stores import CloudBucket
+from tests.object_stores import CloudBucket, point_environment_at, restore_environment
 from tests.s3_server import S3Server
 from tests.tar_factory import TarFactory
 
@@ -28,18 +27,12 @@ def _serve(server) -> Iterator:
     standard environment, as it would on a real cluster. A server that cannot start fails its tests (never
     a skip: ``make test`` installs every emulator)."""
     server.start()
-    env = server.env()
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    saved = point_environment_at(server)
     try:
         yield server
     finally:
         server.stop(crash=True)  # its data is a temp dir: no graceful stop at the end of every session
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved)
 
 
 @pytest.fixture(scope="session")

@@ -62,3 +62,22 @@ def unusable_credentials(cloud: str, tmp_path: Any, monkeypatch: Any) -> tuple[s
         return "az://cred-check-container/ds", "AZURE_STORAGE_ACCOUNT_KEY is not an account key: not base64"
     monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
     return "s3://cred-check-bucket/ds", "AWS_PROFILE names the profile 'no-such-profile', which is in neither"
+
+
+def point_environment_at(server: Any, *also: str) -> dict[str, str | None]:
+    """Set the server's variables (``server.env()``: endpoint, credentials) in this process, as a cluster's
+    nodes would have them; returns what they, and the variables named in ``also``, were before, for
+    ``restore_environment``."""
+    env = server.env()
+    saved = {key: os.environ.get(key) for key in (*env, *also)}
+    os.environ.update(env)
+    return saved
+
+
+def restore_environment(saved: dict[str, str | None]) -> None:
+    """Put back the variables ``point_environment_at`` saved: each as it was, or unset if it was."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
