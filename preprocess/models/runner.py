@@ -110,13 +110,14 @@ class ModelRunner:
             raise ValueError(f"{input}: sample {index} added after end_input")
         if index in state.buckets:
             raise ValueError(f"{input}: sample {index} added twice")
+        item = self._checked_item(item, bucket)
         state.order.append(index)
         state.buckets[index] = bucket
         if state.failure is not None:
             return  # a batch of this input failed: nothing of it will be stored
         key = bucket if self.spec.input == IMAGE else None
         queue = self._queues.setdefault(key, [])
-        queue.append(_Sample(input, index, bucket, self._checked_item(item, bucket)))
+        queue.append(_Sample(input, index, bucket, item))
         state.pending += 1
         if len(queue) >= self.spec.batch_size:
             self._queues[key] = []
