@@ -13,7 +13,8 @@ mapping with ``fn`` and options::
       text_embedding: my_models:make_text_encoder
 
 An output name is an ASCII identifier (it becomes a file name and a batch key) and names no key a batch or a
-sample already carries (``RESERVED_NAMES``, nor any ``__dunder__``). Torch is not imported here: the config of a
+sample already carries (``RESERVED_NAMES``, nor any ``__dunder__``), nor an encoding's file suffix
+(``RESERVED_FILE_NAMES``). Torch is not imported here: the config of a
 run is read by the command line before anything heavy is.
 """
 
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.errors import ConfigError
+from shardio.format.jpeg_shard import JPEG_SUFFIX
+from shardio.format.yuv_shard import YUV_SUFFIX
 
 __all__ = ["ModelSpec", "parse_models", "INPUTS", "IMAGE", "TEXT", "DTYPES", "DEVICES", "RESERVED_NAMES",
-           "DEFAULT_BATCH_SIZE", "OPTION_KEYS"]
+           "DEFAULT_BATCH_SIZE", "OPTION_KEYS", "RESERVED_FILE_NAMES"]
 
 IMAGE, TEXT = "image", "text"
 INPUTS = (IMAGE, TEXT)
@@ -49,6 +52,10 @@ DEFAULT_BATCH_SIZE = 16
 # batches and samples of both layouts and checks that this list covers their keys.
 RESERVED_NAMES = ("image", "__key__", "cls", "txt", "json", "original_size", "crop_top_left", "content_box",
                   "bucket", "shard", "row", "index", "__source__", "__epoch__", "__position__")
+
+# An output's file is named after it beside the shard's own (``STEM-NNNNN.NAME.npy``): a name that would make
+# the file of an encoding's pixels (``STEM-NNNNN.jpg.npy``, ``.yuv.npy``) is refused.
+RESERVED_FILE_NAMES = tuple(suffix.split(".")[1] for suffix in (JPEG_SUFFIX, YUV_SUFFIX))
 
 OPTION_KEYS = ("fn", "input", "batch_size", "dtype", "device")
 
@@ -134,6 +141,9 @@ def _check_name(name: Any) -> None:
     if name in RESERVED_NAMES or (name.startswith("__") and name.endswith("__")):
         raise ConfigError(f"models: output name {name!r} is a key every batch or sample already carries "
                           f"(reserved: {', '.join(RESERVED_NAMES)} and any __name__); choose another")
+    if name.lower() in RESERVED_FILE_NAMES:
+        raise ConfigError(f"models: output name {name!r} would name its files as a shard's pixels are named "
+                          f"(reserved: {', '.join(RESERVED_FILE_NAMES)}); choose another")
 
 
 def _check_fn(fn: Any, where: str) -> None:

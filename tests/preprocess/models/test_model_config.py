@@ -94,6 +94,13 @@ def test_an_output_name_a_batch_already_carries_is_refused_saying_so(name):
     assert f"output name {name!r} is a key every batch or sample already carries" in str(caught.value)
 
 
+@pytest.mark.parametrize("name", ["jpg", "yuv", "JPG"])
+def test_an_output_name_an_encodings_file_suffix_takes_is_refused(name):
+    with pytest.raises(ConfigError, match=f"output name '{name}' would name its files as a shard's pixels are named "
+                                          r"\(reserved: jpg, yuv\)"):
+        parse_models({name: "m:f"})
+
+
 def test_models_must_be_a_mapping():
     with pytest.raises(ConfigError, match="models must be a mapping of output names"):
         parse_models(["latent"])
