@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from bench.gpu_data import build
+from bench.results_file import write_section
 from shardio.format.manifests import load_manifest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -374,26 +375,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def write_results(result: dict[str, Any], directory: str) -> None:
     """``result`` into DIR/results.json (``cold_epoch``) and its section into DIR/results.md, keeping the rest."""
-    os.makedirs(directory, exist_ok=True)
-    json_path, md_path = os.path.join(directory, "results.json"), os.path.join(directory, "results.md")
-    doc: dict[str, Any] = {}
-    if os.path.exists(json_path):
-        with open(json_path) as f:
-            doc = json.load(f)
-    doc["cold_epoch"] = result
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-    text = ""
-    if os.path.exists(md_path):
-        with open(md_path) as f:
-            text = f.read()
-        if SECTION in text:  # this section replaced, any after it kept
-            head, _, tail = text.partition(SECTION)
-            after = tail.find("<!-- ", 1)
-            text = head + (tail[after:] if after >= 0 else "")
-        text = text.rstrip("\n") + "\n\n"
-    with open(md_path, "w") as f:
-        f.write(text + markdown(result))
+    write_section(directory, "cold_epoch", result, SECTION, markdown(result))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from bench.copy_baseline import build
 from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_get
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows
+from bench.results_file import write_section
 from shardio.format.manifests import load_manifest
 from tests.object_stores import point_environment_at, restore_environment
 from tests.s3_server import S3Server
@@ -347,23 +348,8 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def write_results(results: dict[str, Any], directory: str) -> None:
-    """Add ``results["object_store"]`` to DIR/results.json and this section to DIR/results.md, keeping
-    what ``bench.run`` wrote there (an older object-storage section is replaced)."""
-    os.makedirs(directory, exist_ok=True)
-    json_path, md_path = os.path.join(directory, "results.json"), os.path.join(directory, "results.md")
-    doc: dict[str, Any] = {}
-    if os.path.exists(json_path):
-        with open(json_path) as f:
-            doc = json.load(f)
-    doc["object_store"] = results
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-    text = ""
-    if os.path.exists(md_path):
-        with open(md_path) as f:
-            text = f.read().split(SECTION)[0].rstrip("\n") + "\n\n"
-    with open(md_path, "w") as f:
-        f.write(text + markdown(results))
+    """``results`` into DIR/results.json (``object_store``) and its section into DIR/results.md, keeping the rest."""
+    write_section(directory, "object_store", results, SECTION, markdown(results))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

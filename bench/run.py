@@ -33,6 +33,7 @@ from bench.job_jpeg import TARGET as JPEG_JOB_TARGET
 from bench.job_jpeg import jpeg_raw_rounds, summary_line, worker_cpu_rounds
 from bench.paths import PathPool, available_paths
 from bench.reader_figures import reader_figures, webdataset_samples_per_s
+from bench.results_file import write_top
 from bench.stock_pillow import StockPillowPath, ensure_stock_pillow
 from preprocess.config import JobConfig
 from preprocess.image.versions import library_versions, pillow_build
@@ -478,6 +479,10 @@ def _job_floor_only(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+# The keys (and marked results.md sections) other benchmarks add to the files this one writes.
+SECTION_KEYS = ("object_store", "cold_epoch")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny corpus, one round (checks the bench runs)")
@@ -503,11 +508,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results = measure(args)
     results["foreign_load"] = foreign.summary()
     results["bench_seconds"] = round(time.perf_counter() - started, 1)
-    with open(os.path.join(results_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
     text = markdown(results)
-    with open(os.path.join(results_dir, "results.md"), "w") as f:
-        f.write(text)
+    write_top(results_dir, results, text, SECTION_KEYS)
     draw_chart(
         results["figures"],
         f"shardio bench: {results['machine']['cores']} cores, "
