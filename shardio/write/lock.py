@@ -7,6 +7,7 @@ and in the names of the shard files a run writes (``shard_name_fence``)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,7 +20,7 @@ from shardio.store.root import DatasetRoot, Place, open_root
 from shardio.store.base import TEMP_PREFIX
 
 __all__ = [
-    "ensure_output_dir", "check_writable", "writing", "check_held", "may_delete", "shard_name_fence",
+    "ensure_output_dir", "check_writable", "writing", "check_held", "lock_key", "may_delete", "shard_name_fence",
     "fenced_by_commit", "utc_timestamp",
 ]
 
@@ -44,13 +45,20 @@ def ensure_output_dir(place: Place) -> None:
                              "that this user may write its parent") from e
 
 
-# The lock handle of each directory this process holds: commits and deletions check it first (a lease
-# on object storage can be lost by a holder paused past its expiry).
+# The lock handle of each directory this process holds, by its ``lock_key``: commits and deletions check it
+# first (a lease on object storage can be lost by a holder paused past its expiry).
 _held: dict[str, Any] = {}
 # Directories whose lease this process took over from another holder and could not fence yet (nothing
 # committed to publish over): until its first commit, nothing there is deleted but temp files.
 _unfenced: set[str] = set()
 _FENCE_TRIES = 5
+
+
+def lock_key(root: DatasetRoot) -> str:
+    """The one key of a dataset in this process's lock tables: a local directory's real path (``ds``,
+    ``./ds``, ``/abs/ds`` and a symlink to it are one dataset: one lock, one proof it is held); an object
+    store's normalised URL. Messages keep naming the path as the caller gave it."""
+    return os.path.realpath(root.path) if root.storage.is_local else root.path
 
 
 def check_writable(place: Place, writer: str) -> None:
@@ -67,14 +75,14 @@ def check_writable(place: Place, writer: str) -> None:
 def check_held(place: Place) -> None:
     """``OutputLocked`` unless this process can prove it still holds the lock of ``directory`` (a lease
     past its proven life, or lost: ``shardio.store.lease``); called before every commit step and deletion."""
-    handle = _held.get(open_root(place).path)
+    handle = _held.get(lock_key(open_root(place)))
     if handle is not None:
         handle.check()
 
 
 def _takeover_fence(root: DatasetRoot) -> str:
     """This holder's lease token where it took the lease over from a holder that may live, else ""."""
-    handle = _held.get(root.path)
+    handle = _held.get(lock_key(root))
     return handle.token if getattr(handle, "holder_may_live", False) else ""
 
 
@@ -89,13 +97,13 @@ def shard_name_fence(place: Place, committed: Any) -> str:
 def fenced_by_commit(place: Place) -> None:
     """A commit of this holder published a new generation: any previous holder is fenced out from now on
     (``writing``, "Fencing"), and what no generation needs may be deleted again (``may_delete``)."""
-    _unfenced.discard(open_root(place).path)
+    _unfenced.discard(lock_key(open_root(place)))
 
 
 def may_delete(place: Place) -> bool:
     """Whether this holder may delete what no generation needs: not while it took the lease over from
     another holder it could not fence out yet (``writing``): that holder may still commit what it wrote."""
-    return open_root(place).path not in _unfenced
+    return lock_key(open_root(place)) not in _unfenced
 
 
 @contextmanager
@@ -117,15 +125,16 @@ def writing(place: Place, wait_for_lock: bool = False) -> Iterator[None]:
     store, directory = root.storage, root.path
     if not store.is_local:
         store.check_conditional_writes(directory)  # type: ignore[attr-defined]
+    key = lock_key(root)
     with store.lock(directory, wait_for_lock) as handle:
-        _held[directory] = handle
+        _held[key] = handle
         try:
             if handle.taken_over and not _fence(root):
-                _unfenced.add(directory)
+                _unfenced.add(key)
             yield
         finally:
-            _held.pop(directory, None)
-            _unfenced.discard(directory)
+            _held.pop(key, None)
+            _unfenced.discard(key)
 
 
 def _fence(root: DatasetRoot) -> bool:
