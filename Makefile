@@ -40,6 +40,10 @@ $(STAMP): pyproject.toml setup.py preprocess/image/_jpeg_region.c shardio/read/_
 	# Pillow-SIMD before the package, so pip finds `pillow-simd` satisfied and never pulls stock Pillow.
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PIP) install -q -e '.[preprocess,dev,s3]'
+	# The `models` extra for examples/cache_latents.py and its test: diffusers without its dependencies (it
+	# requires stock Pillow, which would replace Pillow-SIMD; transformers brings the others it needs).
+	$(PIP) install -q 'transformers>=4.40' importlib_metadata
+	$(PIP) install -q --no-deps 'diffusers>=0.30'
 	@$(MAKE) --no-print-directory pillow-simd
 	$(PY) -m preprocess.cli doctor
 	touch $(STAMP)
