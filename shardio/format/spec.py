@@ -375,6 +375,7 @@ __all__ = [
     "BUCKET_MODE",
     "JPEG_FORMAT_VERSION",
     "YUV420_FORMAT_VERSION",
+    "OUTPUTS_FORMAT_VERSION",
     "RAW",
     "JPEG",
     "YUV420",
@@ -400,10 +401,10 @@ FORMAT_VERSION = 3
 BUCKET_FORMAT_VERSION = 4
 # Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only;
 # version 2 is the one-document manifest before the index (both upgraded to 3 by the next commit).
-READ_VERSIONS = (1, 2, 3, 4, 5)
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 LEGACY_VERSIONS = (1, 2)
 # The versions whose root names index segments (``shardio.format.index``).
-INDEX_VERSIONS = (3, 4, 5)
+INDEX_VERSIONS = (3, 4, 5, 6)
 # The config ``mode`` of a bucketed dataset; its ``buckets`` is the resolved list of [h, w].
 BUCKET_MODE = "bucket"
 # A JPEG dataset (config ``encoding: jpeg``) exists only from version 3 on: a reader of versions 1 and 2
@@ -412,6 +413,9 @@ JPEG_FORMAT_VERSION = 3
 # A yuv420 dataset (config ``encoding: yuv420``, single-shape or bucketed): its shards hold planes a reader of
 # version 3 or 4 would map as raw pixels, so it must refuse them (spec, "The version rule").
 YUV420_FORMAT_VERSION = 5
+# A dataset with model outputs (a non-empty ``models`` in its config): a reader of versions 3 to 5 would read its
+# pixels and miss the outputs a trainer asks for, so it must refuse it (spec, "Model outputs").
+OUTPUTS_FORMAT_VERSION = 6
 RAW, JPEG, YUV420 = "raw", "jpeg", "yuv420"
 ENCODINGS = (RAW, JPEG, YUV420)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
