@@ -42,7 +42,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 BUCKET_COLUMN = "shard_bucket"
 # The member a version 6 dataset's segments have (spec, "Model outputs"): uint8 (n, K, 16), the xxh3_128 digest
 # of each shard's K output files, in the root's ``outputs`` order.
-OUTPUT_DIGEST_COLUMN = "shard_output_digest"
+OUTPUT_DIGEST_COLUMN = "output_digest"
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Delta:
     removed: set[str]
     # Whether the segment has the ``shard_bucket`` member (a bucketed dataset's: spec, "Buckets").
     bucketed: bool = False
-    # How many output digests each shard row has (the ``shard_output_digest`` member's K; 0: no such member).
+    # How many output digests each shard row has (the ``output_digest`` member's K; 0: no such member).
     outputs: int = 0
 
     @property
@@ -252,7 +252,7 @@ def decode_segment(data: bytes, path: str) -> Delta:
 
 
 def check_output_digests(column: np.ndarray | None, shards: int, path: str) -> int:
-    """The K of a segment's ``shard_output_digest`` member (0 where it has none); ShardFormatError naming
+    """The K of a segment's ``output_digest`` member (0 where it has none); ShardFormatError naming
     ``path`` unless it is uint8 (shards, K, 16)."""
     if column is None:
         return 0
@@ -389,7 +389,7 @@ def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]
 
 def check_segment_outputs(digests: int, has_inputs: bool, outputs: int, path: str) -> None:
     """ShardFormatError naming segment ``path`` unless its output digests a shard (``digests``: the K of its
-    ``shard_output_digest`` member, 0 without one) are the root's ``outputs`` count (spec, "Model outputs"); a
+    ``output_digest`` member, 0 without one) are the root's ``outputs`` count (spec, "Model outputs"); a
     segment of removals alone has no shard rows to carry any."""
     if digests != outputs and (digests or has_inputs):
         raise ShardFormatError(f"{path}: its shards have {digests} output digests, the root lists {outputs} "

@@ -28,7 +28,7 @@ _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its
 _HASH_CHUNK = 1 << 22
 _INPUT_COLUMNS = ("input_name_offsets", "input_name_blob", "input_first_shard", "removed_offsets", "removed_blob")
 BUCKET_COLUMN = "shard_bucket"  # a bucketed dataset's segments only (spec, "Buckets")
-OUTPUT_DIGEST_COLUMN = "shard_output_digest"  # a version 6 dataset's segments only (spec, "Model outputs")
+OUTPUT_DIGEST_COLUMN = "output_digest"  # a version 6 dataset's segments only (spec, "Model outputs")
 _SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offsets", "shard_meta_path_blob",
                   "shard_samples", "shard_bytes", "shard_meta_bytes", "shard_algorithm", "shard_digest",
                   "shard_meta_digest")

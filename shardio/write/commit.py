@@ -11,6 +11,7 @@ published here too (``save_report``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -223,6 +224,10 @@ class Committer:
         for e in new_entries:
             if not 0 <= e.bucket < buckets:
                 raise ValueError(f"{e.path}: bucket {e.bucket}, the dataset has {buckets} (spec, \"Buckets\")")
+            if len(e.outputs) != len(self.index.outputs):
+                raise ValueError(f"{e.path}: {len(e.outputs)} output digests, the dataset has "
+                                 f"{len(self.index.outputs)} outputs (spec, \"Model outputs\")")
+        new_entries = [e if isinstance(e.outputs, tuple) else replace(e, outputs=tuple(e.outputs)) for e in new_entries]
         entry = InputEntry(size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries),
                            failed=failed, shards=[e.path for e in new_entries], etag=etag)
         old = self.index.put(input_path, (entry, new_entries, True))
