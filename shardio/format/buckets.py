@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from shardio.errors import ShardFormatError
-from shardio.format.spec import (BUCKET_FORMAT_VERSION, BUCKET_MODE, MAX_BUCKETS, MAX_SIDE, YUV420,
-                                 YUV420_FORMAT_VERSION)
+from shardio.format.spec import (BUCKET_FORMAT_VERSION, BUCKET_MODE, MAX_BUCKETS, MAX_SIDE, OUTPUTS_FORMAT_VERSION,
+                                 YUV420, YUV420_FORMAT_VERSION)
 from shardio.format.version_rule import dataset_format_version, is_bucketed_config
 
 __all__ = ["config_buckets", "root_buckets"]
@@ -45,6 +45,11 @@ def root_buckets(doc: dict[str, Any], path: str) -> tuple[tuple[int, int], ...] 
     version = doc.get("format_version")
     in_config = config_buckets(doc.get("config"), path)
     config_version = dataset_format_version(doc.get("config"))  # what the root's config makes it
+    if (version == OUTPUTS_FORMAT_VERSION) != (config_version == OUTPUTS_FORMAT_VERSION):
+        raise ShardFormatError(f"{path}: format_version {version!r} with a config that "
+                               f"{'has no' if version == OUTPUTS_FORMAT_VERSION else 'has'} models (a dataset with "
+                               f"model outputs is version {OUTPUTS_FORMAT_VERSION}): edited or forged, nothing was "
+                               "read")
     if version == YUV420_FORMAT_VERSION and config_version != version:
         raise ShardFormatError(f"{path}: format_version {version} with a config whose encoding is not "
                                f"{YUV420!r}: edited or forged, nothing was read")
@@ -54,7 +59,8 @@ def root_buckets(doc: dict[str, Any], path: str) -> tuple[tuple[int, int], ...] 
     if version == BUCKET_FORMAT_VERSION and config_version != version:
         raise ShardFormatError(f"{path}: format_version {version} with a config whose mode is not "
                                f"{BUCKET_MODE!r}: edited or forged, nothing was read")
-    if version in (BUCKET_FORMAT_VERSION, YUV420_FORMAT_VERSION) and is_bucketed_config(doc.get("config")):
+    if version in (BUCKET_FORMAT_VERSION, YUV420_FORMAT_VERSION, OUTPUTS_FORMAT_VERSION) \
+            and is_bucketed_config(doc.get("config")):
         if "buckets" not in doc:
             raise ShardFormatError(f"{path}: format_version {version} without \"buckets\" (a bucketed dataset's "
                                    "root lists them): edited or forged, nothing was read")

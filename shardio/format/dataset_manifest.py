@@ -47,6 +47,8 @@ class Manifest(ConfigDerived):
     name_fence: str = field(default="", compare=False, repr=False)
     # Format 3 only: the root's class table (spec, "Classes"), () where it has none.
     classes: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    # Format 6 only: the root's model outputs (spec, "Model outputs": ``OutputSpec``s), () where it has none.
+    outputs: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def samples(self) -> int:

@@ -38,6 +38,9 @@ class ShardEntry:
     # The shard's bucket (spec, "Buckets"): an index into the dataset's bucket list; 0 in a single-shape
     # dataset (its one shape). Not part of a version 1/2 entry (``to_json``), which never has buckets.
     bucket: int = 0
+    # The xxh3_128 hex digest of each of its output files (spec, "Model outputs"), in the root's ``outputs``
+    # order; () in a dataset without outputs. Not part of a version 1/2 entry, which never has outputs.
+    outputs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's entry: an old ``sha256`` entry comes back with the same keys in the same order."""

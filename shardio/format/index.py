@@ -20,6 +20,7 @@ from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTE
 from shardio.format.buckets import root_buckets
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
+from shardio.format.model_outputs import outputs_json, root_outputs
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import root_classes, root_dataset_id, root_generation, root_name_fence, root_shape
 from shardio.format.spec import FORMAT_NAME, INDEX_DIR
@@ -29,7 +30,7 @@ FENCE_MEMBER = "fence"
 __all__ = ["FENCE_MEMBER", "with_fence", "SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment",
            "segment_path", "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
            "merge_segments", "input_signature", "totals_of", "segment_bytes", "check_shard_buckets",
-           "BUCKET_COLUMN"]
+           "BUCKET_COLUMN", "OUTPUT_DIGEST_COLUMN", "check_output_digests", "check_segment_outputs"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
@@ -39,6 +40,9 @@ COMPACT_FANOUT = 8
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 # The member a bucketed dataset's segments have (spec, "Buckets"): each shard's bucket id, uint16.
 BUCKET_COLUMN = "shard_bucket"
+# The member a version 6 dataset's segments have (spec, "Model outputs"): uint8 (n, K, 16), the xxh3_128 digest
+# of each shard's K output files, in the root's ``outputs`` order.
+OUTPUT_DIGEST_COLUMN = "output_digest"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class Delta:
     removed: set[str]
     # Whether the segment has the ``shard_bucket`` member (a bucketed dataset's: spec, "Buckets").
     bucketed: bool = False
+    # How many output digests each shard row has (the ``output_digest`` member's K; 0: no such member).
+    outputs: int = 0
 
     @property
     def empty(self) -> bool:
@@ -145,7 +151,21 @@ def encode_segment(delta: Delta, fence: str = "") -> bytes:
         arrays[BUCKET_COLUMN] = np.array([e.bucket for e in shards], dtype="<u2")
     elif any(e.bucket for e in shards):
         raise ValueError("a shard of a bucket other than 0 in a segment of a single-shape dataset")
+    if delta.outputs:
+        arrays[OUTPUT_DIGEST_COLUMN] = _output_digests(shards, delta.outputs)
+    elif any(e.outputs for e in shards):
+        raise ValueError("a shard with output digests in a segment of a dataset without outputs")
     return segment_bytes(with_fence(arrays, fence))
+
+
+def _output_digests(shards: list[ShardEntry], outputs: int) -> np.ndarray:
+    column = np.zeros((len(shards), outputs, DIGEST_BYTES[XXH3_128]), dtype=np.uint8)
+    for row, entry in enumerate(shards):
+        if len(entry.outputs) != outputs:
+            raise ValueError(f"shard {entry.path}: {len(entry.outputs)} output digests, the dataset has {outputs} "
+                             "outputs")
+        column[row] = np.frombuffer(bytes.fromhex("".join(entry.outputs)), dtype=np.uint8).reshape(outputs, -1)
+    return column
 
 
 def with_fence(arrays: dict[str, np.ndarray], fence: str) -> dict[str, np.ndarray]:
@@ -182,6 +202,7 @@ def decode_segment(data: bytes, path: str) -> Delta:
                                          "shard_meta_digest")}
             bucketed = BUCKET_COLUMN in z.files
             buckets = z[BUCKET_COLUMN] if bucketed else np.zeros(len(paths), np.uint16)
+            output_column = z[OUTPUT_DIGEST_COLUMN] if OUTPUT_DIGEST_COLUMN in z.files else None
     except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise ShardFormatError(f"{path}: not a readable index segment ({type(e).__name__}: {e})") from e
     first = columns["input_first_shard"]
@@ -202,6 +223,9 @@ def decode_segment(data: bytes, path: str) -> Delta:
         raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {buckets.dtype} {buckets.shape}, "
                                f"not ({len(paths)},) integers")
     bucket_ids = buckets.tolist()
+    outputs = check_output_digests(output_column, len(paths), path)
+    output_hex = output_column.tobytes().hex() if output_column is not None else ""
+    per_output = 2 * DIGEST_BYTES[XXH3_128]
     width = columns["shard_digest"].shape[1]
     digests, meta_digests = columns["shard_digest"].tobytes().hex(), columns["shard_meta_digest"].tobytes().hex()
     samples, sizes = columns["shard_samples"].tolist(), columns["shard_bytes"].tolist()
@@ -215,7 +239,8 @@ def decode_segment(data: bytes, path: str) -> Delta:
         shards.append(ShardEntry(
             check_dataset_path(rel, path), check_dataset_path(meta, path), samples[row], sizes[row],
             digests[start:stop], meta_sizes[row], meta_digests[start:stop], names[owners[row]], algorithm,
-            bucket_ids[row]))
+            bucket_ids[row], tuple(output_hex[(row * outputs + k) * per_output:(row * outputs + k + 1) * per_output]
+                                   for k in range(outputs))))
     inputs: dict[str, tuple[InputEntry, list[ShardEntry], bool]] = {}
     for i, name in enumerate(names):
         own = shards[first[i]:first[i + 1]]
@@ -223,7 +248,19 @@ def decode_segment(data: bytes, path: str) -> Delta:
                            samples=int(columns["input_samples"][i]), failed=int(columns["input_failed"][i]),
                            shards=[e.path for e in own], etag=etags[i])
         inputs[name] = (entry, own, bool(columns["input_listed"][i]))
-    return Delta(inputs, removed, bucketed)
+    return Delta(inputs, removed, bucketed, outputs)
+
+
+def check_output_digests(column: np.ndarray | None, shards: int, path: str) -> int:
+    """The K of a segment's ``output_digest`` member (0 where it has none); ShardFormatError naming
+    ``path`` unless it is uint8 (shards, K, 16)."""
+    if column is None:
+        return 0
+    if column.ndim != 3 or column.shape[0] != shards or column.shape[2] != DIGEST_BYTES[XXH3_128] \
+            or column.dtype != np.uint8:
+        raise ShardFormatError(f"{path}: {OUTPUT_DIGEST_COLUMN} is {column.dtype} {column.shape}, not uint8 "
+                               f"({shards}, K, {DIGEST_BYTES[XXH3_128]})")
+    return int(column.shape[1])
 
 
 def fold(deltas: Iterable[Delta]) -> dict[str, tuple[InputEntry, list[ShardEntry], bool]]:
@@ -244,7 +281,7 @@ def merge_segments(deltas: list[Delta], from_start: bool) -> Delta:
     removed: set[str] = set()
     if not from_start:
         removed = set().union(*(d.removed for d in deltas)) - set(live)
-    return Delta(live, removed, any(d.bucketed for d in deltas))
+    return Delta(live, removed, any(d.bucketed for d in deltas), max((d.outputs for d in deltas), default=0))
 
 
 def plan_compaction(segments: list[SegmentRef]) -> int:
@@ -259,7 +296,7 @@ def input_signature(entry: InputEntry, shards: list[ShardEntry], listed: bool) -
     """What makes an input's index entry: equal signatures, equal segment rows (a commit skips it)."""
     return (entry.size, entry.mtime_ns, entry.samples, entry.failed, entry.etag, listed,
             tuple(sorted((e.path, e.meta_path, e.samples, e.bytes, e.checksum, e.meta_bytes, e.meta_checksum,
-                          e.checksum_algorithm, e.bucket) for e in shards)))
+                          e.checksum_algorithm, e.bucket, e.outputs) for e in shards)))
 
 
 def current_inputs(manifest: Manifest, only: set[str] | None = None,
@@ -318,6 +355,7 @@ def root_json(manifest: Manifest, totals: dict[str, int] | None = None, run: str
         **({"dataset": manifest.dataset_id} if manifest.dataset_id else {}),
         **({"fence": manifest.name_fence} if manifest.name_fence else {}),
         **({"classes": list(manifest.classes)} if manifest.classes else {}),
+        **({"outputs": outputs_json(manifest.outputs)} if manifest.outputs else {}),
         "segments": [vars(s).copy() for s in manifest.segments],
         "retired": [vars(r).copy() for r in manifest.retired],
         **({"run": run} if run else {}),
@@ -349,6 +387,15 @@ def _check_listed_once(live: dict[str, tuple[InputEntry, list[ShardEntry], bool]
                 owner[rel] = name
 
 
+def check_segment_outputs(digests: int, has_inputs: bool, outputs: int, path: str) -> None:
+    """ShardFormatError naming segment ``path`` unless its output digests a shard (``digests``: the K of its
+    ``output_digest`` member, 0 without one) are the root's ``outputs`` count (spec, "Model outputs"); a
+    segment of removals alone has no shard rows to carry any."""
+    if digests != outputs and (digests or has_inputs):
+        raise ShardFormatError(f"{path}: its shards have {digests} output digests, the root lists {outputs} "
+                               "outputs: edited or forged, nothing was read")
+
+
 def check_shard_buckets(column: np.ndarray | None, shards: int, buckets: tuple[tuple[int, int], ...] | None,
                         path: str) -> None:
     """ShardFormatError naming segment ``path`` unless its ``shard_bucket`` member (``column``; None: the
@@ -375,6 +422,7 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
     bytes. Every segment's size and sha256 are checked (a corrupt segment is named, never half-read)."""
     refs = parse_segment_refs(doc, path)
     buckets = root_buckets(doc, path)
+    outputs = root_outputs(doc, len(buckets) if buckets else 1, path)
     deltas = []
     for ref in refs:
         data = read_segment(ref.path)
@@ -386,6 +434,7 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
         shards = [e for value in delta.inputs.values() for e in value[1]]
         check_shard_buckets(np.array([e.bucket for e in shards], np.int64) if delta.bucketed else None, len(shards),
                             buckets, ref.path)
+        check_segment_outputs(delta.outputs, bool(delta.inputs), len(outputs), ref.path)
         deltas.append(delta)
     live = fold(deltas)
     try:
@@ -394,7 +443,7 @@ def manifest_from_root(doc: dict[str, Any], path: str, read_segment: Any) -> Man
                             updated=doc.get("updated", ""), generation=root_generation(doc, path),
                             retired=[RetiredFile(**r) for r in doc.get("retired", [])],
                             dataset_id=root_dataset_id(doc, path), name_fence=root_name_fence(doc, path),
-                            classes=root_classes(doc, path))
+                            classes=root_classes(doc, path), outputs=outputs)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for name in sorted(live, key=lambda n: n.encode("utf-8")):

@@ -14,7 +14,9 @@ from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
 from shardio.store.checksum import SHA256, XXH3_128
 from shardio.format.index import (
     BUCKET_COLUMN,
+    OUTPUT_DIGEST_COLUMN,
     SegmentRef,
+    check_segment_outputs,
     check_shard_buckets,
     manifest_from_root,
     parse_segment_refs,
@@ -26,6 +28,7 @@ from shardio.format.buckets import root_buckets
 from shardio.format.dataset_config import ConfigDerived
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile
+from shardio.format.model_outputs import OutputSpec, root_outputs
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import (parse_json, root_classes, root_dataset_id, root_generation, root_name_fence,
                                         root_shape)
@@ -61,6 +64,7 @@ class DatasetIndex(ConfigDerived):
     dataset_id: str = ""  # the root's ``dataset`` ("" where it has none: spec, "Identity")
     name_fence: str = ""  # the root's ``fence`` ("" where it has none: spec, "Fencing names")
     classes: tuple[str, ...] = ()  # the root's class table (() where it has none: spec, "Classes")
+    outputs: tuple[OutputSpec, ...] = ()  # the root's model outputs (() where it has none: spec, "Model outputs")
 
     @property
     def samples(self) -> int:
@@ -176,11 +180,15 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
                             version)
     refs = parse_segment_refs(doc, path)
     buckets = root_buckets(doc, path)
+    outputs = root_outputs(doc, len(buckets) if buckets else 1, path)
     segments = _segments_of_root(doc, path, lambda: [open_segment(store, directory, ref, segment_cache)
                                                      for ref in refs])
     for segment in segments:
         check_shard_buckets(segment.arrays.get(BUCKET_COLUMN), len(segment.arrays["shard_samples"]), buckets,
                             segment.path)
+        digests = segment.arrays.get(OUTPUT_DIGEST_COLUMN)
+        check_segment_outputs(0 if digests is None else digests.shape[1], segment.input_count > 0, len(outputs),
+                              segment.path)
     table = fold_segments(segments, path)
     try:
         h, w, c = root_shape(doc, path)
@@ -188,7 +196,7 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
                              root_generation(doc, path), table, [RetiredFile(**r) for r in doc.get("retired", [])],
                              {k: int(doc.get(k, 0)) for k in ("input_count", "failed", "bytes", "meta_bytes")},
                              version, refs, root_dataset_id(doc, path), root_name_fence(doc, path),
-                             root_classes(doc, path))
+                             root_classes(doc, path), outputs)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ShardFormatError(f"{path}: malformed root ({type(e).__name__}: {e})") from e
     for retired in index.retired:

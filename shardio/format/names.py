@@ -52,12 +52,13 @@ _SHARDS_PREFIX = f"{SHARDS_DIR}/"
 
 # A shard's file name as writers give it (spec, "What a run of a dataset writes"): the cleaning of a
 # killed run's leftovers removes only these (and staged ``.tmp-`` files), never a user's file.
-_SHARD_FILE_NAME = re.compile(r"[^./][^/]*-[0-9]{5,}(\.npy|\.jpg\.npy|\.yuv\.npy|\.jsonl)")
+_SHARD_FILE_NAME = re.compile(r"[^./][^/]*-[0-9]{5,}(\.npy|\.jpg\.npy|\.yuv\.npy|\.jsonl"
+                              r"|\.[A-Za-z_][A-Za-z0-9_]*\.npy)")  # the last: a model output's file
 
 
 def is_shard_file_name(name: str) -> bool:
     """Whether ``name`` (a file name in ``shards/``, no folder) is one a writer gives a shard's file:
-    ``STEM-NNNNN.npy``, ``.jpg.npy``, ``.yuv.npy`` or ``.jsonl``."""
+    ``STEM-NNNNN.npy``, ``.jpg.npy``, ``.yuv.npy``, ``.jsonl``, or an output's ``.NAME.npy``."""
     return _SHARD_FILE_NAME.fullmatch(name) is not None and "\\" not in name and "\0" not in name
 
 

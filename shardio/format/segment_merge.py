@@ -19,7 +19,7 @@ import numpy as np
 
 from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
-from shardio.format.index import BUCKET_COLUMN, segment_bytes, with_fence
+from shardio.format.index import BUCKET_COLUMN, OUTPUT_DIGEST_COLUMN, segment_bytes, with_fence
 from shardio.format.segment_columns import SegmentColumns
 from shardio.format.names import check_dataset_path
 from shardio.format.spec import SHARDS_DIR
@@ -134,6 +134,17 @@ def merge_columns(segments: list[SegmentColumns], from_start: bool, fence: str =
             if column is not None:
                 buckets[position] = column[rows]
         arrays[BUCKET_COLUMN] = buckets
+    widths = {s.arrays[OUTPUT_DIGEST_COLUMN].shape[1] for s in segments if OUTPUT_DIGEST_COLUMN in s.arrays}
+    if widths:  # a version 6 dataset's output digests: carried row for row (spec, "Model outputs")
+        if len(widths) > 1:
+            raise ShardFormatError(f"segments {', '.join(s.path for s in segments)}: {OUTPUT_DIGEST_COLUMN} of "
+                                   f"{sorted(widths)} outputs (a dataset has one list of outputs)")
+        outputs = np.zeros((shards, widths.pop(), 16), dtype=np.uint8)
+        for k, position, rows in shard_parts:
+            column = segments[k].arrays.get(OUTPUT_DIGEST_COLUMN)
+            if column is not None:
+                outputs[position] = column[rows]
+        arrays[OUTPUT_DIGEST_COLUMN] = outputs
 
     for table, parts, count in (("input_name", input_parts, inputs), ("input_etag", input_parts, inputs),
                                 ("shard_path", shard_parts, shards), ("shard_meta_path", shard_parts, shards),

@@ -20,8 +20,9 @@ import numpy as np
 from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.entries import InputEntry, ShardEntry
+from shardio.format.model_outputs import output_path, shard_files
 from shardio.format.names import check_dataset_path
-from shardio.format.segment_columns import BUCKET_COLUMN, SegmentColumns
+from shardio.format.segment_columns import BUCKET_COLUMN, OUTPUT_DIGEST_COLUMN, SegmentColumns
 from shardio.format.string_hashes import string_hashes
 
 __all__ = ["ShardTable", "check_listed_once", "fold_segments", "shard_entry"]
@@ -140,18 +141,24 @@ class ShardTable(Sequence[ShardEntry]):
             codes = self._gather("shard_algorithm")
         return {name for code, name in ALGORITHM_NAMES.items() if (codes == code).any()}
 
-    def path_hashes(self) -> np.ndarray:
-        """The sorted, distinct ``string_hashes`` of the live shards' paths and meta paths: what a check of
-        which files under ``shards/`` are listed needs (~16 bytes a shard while it runs, 8 after), with no
-        Python object per shard (a table over entries hashes their paths)."""
+    def path_hashes(self, output_names: Sequence[str] = ()) -> np.ndarray:
+        """The sorted, distinct ``string_hashes`` of the live shards' paths and meta paths (and of their output
+        files, ``output_names`` the root's outputs): what a check of which files under ``shards/`` are listed
+        needs (~16 bytes a shard while it runs, 8 after), with no Python object per shard (a table over entries
+        hashes their paths; an output file's path is made from its shard's, a string a shard)."""
         if self._entries is not None:
-            return np.unique(string_hashes([p for e in self._entries for p in (e.path, e.meta_path)]))
+            return np.unique(string_hashes([p for e in self._entries
+                                            for p in shard_files(e.path, e.meta_path, output_names)]))
         parts = []
         for k, segment in enumerate(self.segments):
             rows = None if self.sources is None else self.rows[self.sources == k]
             if rows is not None and not len(rows):
                 continue
             parts += [segment.hashes("shard_path", rows), segment.hashes("shard_meta_path", rows)]
+            if output_names:
+                paths = [segment.string("shard_path", int(r))
+                         for r in (range(len(segment.arrays["shard_samples"])) if rows is None else rows)]
+                parts += [string_hashes([output_path(p, name) for p in paths]) for name in output_names]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
 
     def _gather(self, column: str) -> np.ndarray:
@@ -180,10 +187,12 @@ def shard_entry(segment: SegmentColumns, row: int) -> ShardEntry:
     first = arrays["input_first_shard"]
     owner = int(np.searchsorted(first, row, side="right")) - 1
     bucket = int(arrays[BUCKET_COLUMN][row]) if BUCKET_COLUMN in arrays else 0
+    column = arrays.get(OUTPUT_DIGEST_COLUMN)
+    outputs = () if column is None else tuple(digest.tobytes().hex() for digest in column[row])
     return ShardEntry(path, meta, int(arrays["shard_samples"][row]), int(arrays["shard_bytes"][row]),
                       arrays["shard_digest"][row, :size].tobytes().hex(), int(arrays["shard_meta_bytes"][row]),
                       arrays["shard_meta_digest"][row, :size].tobytes().hex(), segment.string("input_name", owner),
-                      algorithm, bucket)
+                      algorithm, bucket, outputs)
 
 
 def fold_segments(segments: list[SegmentColumns], where: str) -> ShardTable:

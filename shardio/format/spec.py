@@ -1,4 +1,4 @@
-"""The shardio dataset format, versions 3, 4 and 5: the spec, and the constants it fixes (names, versions, limits).
+"""The shardio dataset format, versions 3 to 6: the spec, and the constants it fixes (names, versions, limits).
 
 A dataset is a directory::
 
@@ -15,6 +15,9 @@ A dataset is a directory::
       shards/NAME.yuv.npy      or, ``encoding: yuv420``: the N images' Y, Cb, Cr planes, N×S uint8, a .npy
                                v1.0 file with a 128-byte header (``shardio.format.yuv_shard``)
       shards/NAME.jsonl        metadata: N lines, one JSON object per sample, in the same order
+      shards/NAME.OUT.npy      in a dataset with model outputs (format version 6): output OUT of the N
+                               samples, N×(its shape) of its dtype, a .npy v1.0 file with a 128-byte header
+                               ("Model outputs")
       reports/RUN.json         each run's report (the run history, ``shardio.format.run_report``); not needed to read
       .lock                    held (flock) by a running job; on object storage a lease object (JSON:
                                holder, host, pid, expires), present only while a run holds it
@@ -29,7 +32,8 @@ One module writes, renames and removes files here, in the order this spec requir
 
 What a run of a dataset writes, so what its cleaning may remove (nothing else is ever deleted: a user's notes
 or a stray tar kept inside the folder are reported, by name, not removed). In ``shards/``: a shard's files,
-named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy``, ``STEM-NNNNN.yuv.npy`` and ``STEM-NNNNN.jsonl`` (``STEM`` a
+named ``STEM-NNNNN.npy``, ``STEM-NNNNN.jpg.npy``, ``STEM-NNNNN.yuv.npy``, ``STEM-NNNNN.jsonl`` and an output's
+``STEM-NNNNN.OUT.npy`` (``OUT`` an ASCII identifier; ``STEM`` a
 non-empty name not starting with a dot, ``NNNNN`` the shard's number within its input, five or more
 decimal digits: ``is_shard_file_name``), and staged files, whose names start with ``.tmp-``. Beside
 them: ``.tmp-`` files in the directory, ``reports/`` and ``manifests/``, ``manifests/GEN.json`` roots,
@@ -90,8 +94,9 @@ slice of one memory map. What changes against version 3:
   generations, retention, object storage, verify. An input replaced by a rerun is a new entry, its shards
   in whatever buckets its samples now fall.
 
-**The version rule**: a root is ``format_version`` 5 exactly when its config says ``encoding: yuv420``;
-else 4 exactly when its config says ``mode: bucket``; else 3. ``buckets`` is present exactly when the
+**The version rule**: a root is ``format_version`` 6 exactly when its config has a non-empty ``models``
+("Model outputs"); else 5 exactly when its config says ``encoding: yuv420``; else 4 exactly when its config
+says ``mode: bucket``; else 3. ``buckets`` is present exactly when the
 config says ``mode: bucket`` (version 4, or 5 bucketed), equal to the config's, and then each of its
 segments has ``shard_bucket``, every value below ``len(buckets)``; a root without ``buckets`` has no
 segment with ``shard_bucket``. A root breaking the rule, or a ``shard_bucket`` out of range, is refused
@@ -100,6 +105,39 @@ what it was before buckets, so older readers keep reading it; a bucketed raw or 
 version 4. Older readers refuse version 4 (a reader of version 3 would map each shard at the root's one
 shape) and version 5 (a reader of versions 3 and 4 would map a yuv420 shard's planes as raw pixels).
 Buckets and yuv420 are never written in a version 1/2 one-document manifest.
+
+Model outputs (format version 6; a dataset whose config has ``models``: an output name to the model that
+makes it, ``preprocess.models.model_config``). Each output is a fixed-shape tensor per sample, computed once by
+the job from exactly what a reader yields (an image model: the stored pixels of the sample's bucket, uint8
+[h, w, 3], decoded back for ``jpeg`` and ``yuv420``; a text model: the caption), stored in the dtype its model
+returned, so a batch of it is a slice of a memory map as raw pixels are. What changes against version 5:
+
+- The config keeps ``models`` (each output's ``fn``, ``input``, ``batch_size``, ``dtype``, ``device``), so
+  ``config_hash`` fixes the list; a config without models stores no ``models`` key (its bytes and hash are what
+  they were before outputs existed).
+- The root has ``outputs`` (after ``classes``): a list, in the config's order, of ``{name, input, dtype,
+  descr, shapes, identity}``: ``name`` the output's (an ASCII identifier, the batch key it is read under),
+  ``input`` ``"image"`` or ``"text"``, ``dtype`` the torch dtype's name (``float16``, ``bfloat16``, ``float32``,
+  ``float64``, ``uint8``, ``int8``, ``int16``, ``int32``, ``int64``, ``bool``) and ``descr`` the ``.npy`` descr
+  its files store (little-endian: ``<f2``, ``<f4``...; ``bfloat16``, which numpy lacks, as its raw bits
+  ``<u2``), ``shapes`` one entry per bucket (one in a single-shape dataset): the per-sample shape, a list of
+  1..``MAX_OUTPUT_DIMS`` (8) ints >= 1, or null for a bucket no committed sample has reached yet (a text
+  model's is one shape, in every bucket a sample reached), and ``identity`` the model's ``{function, weights,
+  version}`` (``preprocess.models.identity``: ``weights`` an ``xxh3_128:HEX`` digest of a torch module's
+  parameters and buffers, ``version`` a string the model carries; null where it has none). The names and their
+  order are the dataset's for its life; a run records a bucket's shape with its first sample.
+- A shard ``shards/STEM-NNNNN.npy`` (or ``.jpg.npy``, ``.yuv.npy``) has, for each output ``OUT``, the file
+  ``shards/STEM-NNNNN.OUT.npy``: the shard's N samples' outputs, in its order, a .npy v1.0 file of shape
+  (N, *shape of the shard's bucket), C order, that descr, with a header of exactly ``HEADER_BYTES`` (so its
+  exact size is ``128 + N * prod(shape) * itemsize``: one ``stat`` checks it). It belongs to its shard: written,
+  listed, retired, cleaned and collected with it (a shard's files are its pixels, its ``.jsonl`` and its
+  outputs').
+- Every index segment of the dataset has the member ``output_digest``: uint8 (n, K, 16), the xxh3_128
+  digest of each shard's K output files, in the root's ``outputs`` order (K = ``len(outputs)``); a segment of
+  removals alone may have none. Compaction carries it row for row. A root without ``outputs`` has no segment
+  with the member.
+- Everything else is version 5's (and, for a single-shape raw dataset, version 3's): pixels, ``.jsonl``,
+  commits, generations, retention, object storage, buckets.
 
 Metadata (``.jsonl``). UTF-8, one object per line, line i describes image i of the ``.npy``:
 ``key`` (str, the sample key as in its source tar), ``tar`` (str, the input it came from: a tar, or any
@@ -156,6 +194,8 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
                           every row is xxh3_128, else 32 (an xxh3_128 row then uses the first 16)
   ``shard_meta_digest``   uint8 (n, W): the ``.jsonl``'s, likewise
   ``shard_bucket``        uint16 (n): the bucket id of each shard (format version 4 only: "Buckets")
+  ``output_digest``       uint8 (n, K, 16): each shard's output files' xxh3_128 digests (version 6:
+                          "Model outputs")
   ``removed``             string table (r): inputs this segment removes from the segments before it
   ``fence``               uint8 (16), optional: the dataset's fence as ASCII ("Fencing names"), in every
                           segment of a dataset whose root has one; a reader ignores it
@@ -163,7 +203,8 @@ generation). Version 3 splits it into a small root and immutable segments, so a 
 
 - The **root** (``manifest.json``, and ``manifests/GEN.json`` a copy per generation) is JSON: ``format``,
   ``format_version`` 3 (4 for a bucketed dataset, which adds ``buckets`` after ``shape``: "Buckets"; 5 for
-  ``encoding: yuv420``, with ``buckets`` when bucketed: "The version rule"),
+  ``encoding: yuv420``, with ``buckets`` when bucketed: "The version rule"; 6 with model outputs, which adds
+  ``outputs``: "Model outputs"),
   ``layout``, ``dtype``, ``shape``, ``config``, ``config_hash``, ``versions``,
   ``updated``, ``generation``, ``retired`` as in version 2, ``run`` (the committing run's id; absent outside
   a run: "Retention"), the totals (``samples``, ``shard_count``,
@@ -360,9 +401,9 @@ all (``from shardio.format import Manifest``): a raw shard's ``.npy`` header (``
 which ``format_version`` a dataset has (``shardio.format.version_rule``, the one place it is decided),
 bucket lists (``shardio.format.buckets``), a root's fields (``shardio.format.root_fields``), what a stored
 config implies (``shardio.format.dataset_config``), a yuv420 shard's layout and colour conversion
-(``shardio.format.yuv_shard``), names and safe paths (``shardio.format.names``),
-manifest entries (``shardio.format.entries``), and the dataset as objects with its version 1/2 document
-(``shardio.format.dataset_manifest``).
+(``shardio.format.yuv_shard``), model outputs (``shardio.format.model_outputs``), names and safe paths
+(``shardio.format.names``), manifest entries (``shardio.format.entries``), and the dataset as objects with its
+version 1/2 document (``shardio.format.dataset_manifest``).
 """
 
 __all__ = [
@@ -375,6 +416,7 @@ __all__ = [
     "BUCKET_MODE",
     "JPEG_FORMAT_VERSION",
     "YUV420_FORMAT_VERSION",
+    "OUTPUTS_FORMAT_VERSION",
     "RAW",
     "JPEG",
     "YUV420",
@@ -400,10 +442,10 @@ FORMAT_VERSION = 3
 BUCKET_FORMAT_VERSION = 4
 # Version 1 manifests (before xxh3_128 checksums) are read and checked as before: they list sha256 only;
 # version 2 is the one-document manifest before the index (both upgraded to 3 by the next commit).
-READ_VERSIONS = (1, 2, 3, 4, 5)
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 LEGACY_VERSIONS = (1, 2)
 # The versions whose root names index segments (``shardio.format.index``).
-INDEX_VERSIONS = (3, 4, 5)
+INDEX_VERSIONS = (3, 4, 5, 6)
 # The config ``mode`` of a bucketed dataset; its ``buckets`` is the resolved list of [h, w].
 BUCKET_MODE = "bucket"
 # A JPEG dataset (config ``encoding: jpeg``) exists only from version 3 on: a reader of versions 1 and 2
@@ -412,6 +454,9 @@ JPEG_FORMAT_VERSION = 3
 # A yuv420 dataset (config ``encoding: yuv420``, single-shape or bucketed): its shards hold planes a reader of
 # version 3 or 4 would map as raw pixels, so it must refuse them (spec, "The version rule").
 YUV420_FORMAT_VERSION = 5
+# A dataset with model outputs (a non-empty ``models`` in its config): a reader of versions 3 to 5 would read its
+# pixels and miss the outputs a trainer asks for, so it must refuse it (spec, "Model outputs").
+OUTPUTS_FORMAT_VERSION = 6
 RAW, JPEG, YUV420 = "raw", "jpeg", "yuv420"
 ENCODINGS = (RAW, JPEG, YUV420)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")

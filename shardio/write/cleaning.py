@@ -35,13 +35,13 @@ _LISTING_CHUNK = 1 << 16  # names of shards/ hashed and looked up at a time (cle
 
 
 def listed_hashes(committed: Manifest | DatasetIndex) -> np.ndarray:
-    """The files under ``shards/`` that ``committed`` lists (pixels and metadata), as the sorted 64-bit
+    """The files under ``shards/`` that ``committed`` lists (pixels, metadata and outputs), as the sorted 64-bit
     hashes of their paths (``ShardTable.path_hashes``): from the index's columns for a ``DatasetIndex``,
     no Python object per shard (8 bytes a file). Ask with ``hashes_in(listed, string_hashes(paths))``.
     A hash says "maybe listed": two paths with one hash make an unlisted file look listed, so a check
     through it can only keep a file that could have gone (never delete one that is listed)."""
     table = committed.shards if isinstance(committed, DatasetIndex) else ShardTable.from_entries(committed.shards)
-    return table.path_hashes()
+    return table.path_hashes([o.name for o in committed.outputs])
 
 
 @dataclass

@@ -11,6 +11,7 @@ published here too (``save_report``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +28,7 @@ from shardio.format import (
     RetiredFile,
     ShardEntry,
 )
+from shardio.format.model_outputs import shard_files
 from shardio.format.index import Delta, SegmentRef, encode_segment, plan_compaction, root_json, segment_path
 from shardio.format.manifests import DatasetIndex, generation_path, list_generations, load_index, open_segment
 from shardio.format.segment_merge import MergedSegment, merge_columns
@@ -222,14 +224,20 @@ class Committer:
         for e in new_entries:
             if not 0 <= e.bucket < buckets:
                 raise ValueError(f"{e.path}: bucket {e.bucket}, the dataset has {buckets} (spec, \"Buckets\")")
+            if len(e.outputs) != len(self.index.outputs):
+                raise ValueError(f"{e.path}: {len(e.outputs)} output digests, the dataset has "
+                                 f"{len(self.index.outputs)} outputs (spec, \"Model outputs\")")
+        new_entries = [e if isinstance(e.outputs, tuple) else replace(e, outputs=tuple(e.outputs)) for e in new_entries]
         entry = InputEntry(size=size, mtime_ns=mtime_ns, samples=sum(e.samples for e in new_entries),
                            failed=failed, shards=[e.path for e in new_entries], etag=etag)
         old = self.index.put(input_path, (entry, new_entries, True))
         # The same name is the same bytes (input path, size, mtime, config): a retired file listed again
         # (an input restored to its old state, a repair) is live again, not retention's to collect.
-        relisted = {e.path for e in new_entries} | {e.meta_path for e in new_entries}
+        names = [o.name for o in self.index.outputs]
+        relisted = {p for e in new_entries for p in shard_files(e.path, e.meta_path, names)}
         if old is not None:
-            self.index.retire([p for e in old[1] if e.path not in relisted for p in (e.path, e.meta_path)])
+            self.index.retire([p for e in old[1] if e.path not in relisted
+                               for p in shard_files(e.path, e.meta_path, names)])
         self.index.unretire(relisted)
         self.touched.add(input_path)
         self.dirty = True
@@ -241,7 +249,8 @@ class Committer:
             raise KeyError(input_path)
         old = self.index.remove(input_path)
         assert old is not None
-        self.index.retire([p for e in old[1] if e.path not in keep for p in (e.path, e.meta_path)])
+        names = [o.name for o in self.index.outputs]
+        self.index.retire([p for e in old[1] if e.path not in keep for p in shard_files(e.path, e.meta_path, names)])
         self.touched.add(input_path)
         self.dirty = True
 

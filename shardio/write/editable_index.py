@@ -27,6 +27,7 @@ from shardio.format.shard_table import fold_segments, shard_entry
 from shardio.format.dataset_config import ConfigDerived
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
+from shardio.format.model_outputs import OutputSpec
 from shardio.format.root_fields import new_dataset_id
 
 __all__ = ["EditableIndex", "Group"]
@@ -112,7 +113,7 @@ class EditableIndex(ConfigDerived):
                  stack: _SegmentStack | None = None, updated: str = "", generation: int = 0,
                  retired: list[RetiredFile] | None = None, segments: list[SegmentRef] | None = None,
                  source_version: str = "", totals: dict[str, int] | None = None, dataset_id: str = "",
-                 name_fence: str = "", classes: tuple[str, ...] = ()) -> None:
+                 name_fence: str = "", classes: tuple[str, ...] = (), outputs: tuple[OutputSpec, ...] = ()) -> None:
         self.shape, self.config, self.versions = shape, config, versions
         # The dataset's identity (spec, "Identity"): the committed root's, or drawn now for a new dataset
         # (or one whose roots predate identities): its first commit writes it, every later one copies it.
@@ -123,6 +124,9 @@ class EditableIndex(ConfigDerived):
         # The class table (spec, "Classes"): copied by every commit; a run appends its new names (never
         # reorders or removes one: ``add_classes``).
         self.classes: tuple[str, ...] = tuple(classes)
+        # The model outputs (spec, "Model outputs"): copied by every commit; a run sets them (``set_outputs``:
+        # a bucket's first shape, a new dataset's list) before the commit that first holds such samples.
+        self.outputs: tuple[OutputSpec, ...] = tuple(outputs)
         self.updated, self.generation, self.source_version = updated, generation, source_version
         self.retired: list[RetiredFile] = list(retired or [])
         self._retired_paths = {r.path for r in self.retired}
@@ -153,7 +157,7 @@ class EditableIndex(ConfigDerived):
                    stack=_SegmentStack(list(committed.shards.segments)), updated=committed.updated,
                    generation=committed.generation, retired=committed.retired, segments=list(committed.segments),
                    source_version=committed.source_version, totals=totals, dataset_id=committed.dataset_id,
-                   name_fence=committed.name_fence, classes=committed.classes)
+                   name_fence=committed.name_fence, classes=committed.classes, outputs=committed.outputs)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> EditableIndex:
@@ -163,11 +167,19 @@ class EditableIndex(ConfigDerived):
                     generation=manifest.generation, retired=manifest.retired,
                     segments=None if manifest.segments is None else list(manifest.segments),
                     source_version=manifest.source_version, totals=totals_of(manifest), dataset_id=manifest.dataset_id,
-                    name_fence=manifest.name_fence, classes=manifest.classes)
+                    name_fence=manifest.name_fence, classes=manifest.classes, outputs=manifest.outputs)
         index.changed = current_inputs(manifest)
         index._indexed = dict(manifest.indexed) if manifest.segments is not None else {}
         index.gone = set(index._indexed) - set(index.changed)
         return index
+
+    def set_outputs(self, outputs: tuple[OutputSpec, ...]) -> None:
+        """The outputs the next commit writes into its root (spec, "Model outputs"). The list's names and order
+        are the dataset's for its life: ValueError for another list than the committed one."""
+        if self.outputs and [o.name for o in outputs] != [o.name for o in self.outputs]:
+            raise ValueError(f"outputs {[o.name for o in outputs]} differ from the dataset's "
+                             f"{[o.name for o in self.outputs]}")
+        self.outputs = tuple(outputs)
 
     def add_classes(self, names: list[str] | set[str]) -> dict[str, int]:
         """Append the ``names`` the class table lacks, sorted (spec, "Classes": a run killed and rerun
@@ -254,7 +266,7 @@ class EditableIndex(ConfigDerived):
         ``touched`` names, those whose content differs from what the segments say, and those removed.
         Before the first commit of a version 1/2 manifest or a new dataset (no segments): everything."""
         if self.segments is None:
-            return Delta(dict(self.changed), set(), self.is_bucketed)
+            return Delta(dict(self.changed), set(), self.is_bucketed, len(self.outputs))
         changed: dict[str, Group] = {}
         removed: set[str] = set()
         for name in touched:
@@ -265,7 +277,7 @@ class EditableIndex(ConfigDerived):
                     removed.add(name)
             elif was != input_signature(*now):
                 changed[name] = now
-        return Delta(changed, removed, self.is_bucketed)
+        return Delta(changed, removed, self.is_bucketed, len(self.outputs))
 
     def _indexed_signature(self, name: str) -> tuple[Any, ...] | None:
         if self._stack is None:
@@ -290,7 +302,7 @@ class EditableIndex(ConfigDerived):
         totals = {k: self.totals[k] for k in ("input_count", "failed", "bytes", "meta_bytes")}
         return DatasetIndex(path, self.shape, self.config, self.versions, self.updated, self.generation, table,
                             list(self.retired), totals, self.source_version, list(self.segments), self.dataset_id,
-                            self.name_fence, self.classes)
+                            self.name_fence, self.classes, self.outputs)
 
     def opened_segments(self) -> dict[str, SegmentColumns]:
         """The segments already open, by path (a commit reopens only the ones it wrote)."""
@@ -302,6 +314,6 @@ class EditableIndex(ConfigDerived):
         manifest.generation, manifest.updated, manifest.source_version = (
             self.generation, self.updated, self.source_version)
         manifest.dataset_id, manifest.name_fence = self.dataset_id, self.name_fence
-        manifest.classes = self.classes
+        manifest.classes, manifest.outputs = self.classes, self.outputs
         manifest.retired, manifest.segments = list(self.retired), list(self.segments or [])
         manifest.indexed = {name: input_signature(*group) for name, group in current_inputs(manifest).items()}
