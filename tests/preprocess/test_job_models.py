@@ -7,6 +7,7 @@ only."""
 from __future__ import annotations
 
 import json
+import random
 import os
 
 import numpy as np
@@ -21,7 +22,7 @@ from shardio.format.model_outputs import output_path
 from shardio.read.jpeg_pixels import map_jpeg_shard
 from shardio.store.checksum import WRITE_ALGORITHM, file_checksum
 from tests.bucket_jobs import BUCKET_FLAGS, JOB_BUCKETS, SOURCE_SIZES
-from tests.dataset_compare import assert_clean, dataset_state
+from tests.dataset_compare import assert_clean, assert_same_dataset, dataset_state
 from tests.preprocess.models import job_models
 from tests.preprocess.models.toy_models import LatentNet, caption_hash, latent_of
 from tests.tar_factory import Member, index_image, jpeg_bytes
@@ -197,3 +198,28 @@ def test_a_model_raising_on_a_batch_fails_that_input_only(ray_cluster, tars, tmp
     names = os.listdir(os.path.join(out, "shards"))
     assert not [n for n in names if n.startswith("01-")], f"the failed input left files: {names}"
     assert check_outputs(out) == 4
+
+
+def test_kill_9_then_rerun_gives_the_uninterrupted_outputs(ray_cluster, tars, tmp_path) -> None:
+    from tests.preprocess.test_crash_safety import start_run, wait_for_dead_runs_tasks, watch
+
+    pattern = make_tars(tars, [30, 21, 9])
+    config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{TOY}:make_text", "input": "text"}})
+    bucketed = ("--mode", "bucket", "--bucket-step", "8")  # start_run adds --size 32 --samples-per-shard 8
+    flags = ("--config", config, *bucketed)
+    log, reference = str(tmp_path / "runs.log"), str(tmp_path / "reference")
+    run_ = start_run(pattern, reference, ray_cluster, log, flags)
+    startup_s, whole_s = watch(run_, reference)
+    assert run_.returncode == 0, open(log).read()
+    assert check_outputs(reference) == 60
+    rng = random.Random(43)
+    for attempt in range(2):
+        out = str(tmp_path / f"out{attempt}")
+        run_ = start_run(pattern, out, ray_cluster, log, flags)
+        watch(run_, out, ("write", rng.uniform(0.0, whole_s - startup_s)))
+        wait_for_dead_runs_tasks()
+        result = run(pattern, "--output", out, *flags, "--size", "32", "--samples-per-shard", "8")
+        assert result.exit_code == 0, result.output
+        assert_same_dataset(out, reference)
+        assert root_of(out)["outputs"] == root_of(reference)["outputs"]
+        assert_clean(out)
