@@ -84,6 +84,7 @@ from preprocess.committed import Committed, check_compatible, read_committed
 from preprocess.config import JobConfig
 from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
+from preprocess.models.loading import load_model
 from preprocess.plan import plan_inputs
 from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
 from preprocess.cluster.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
@@ -276,8 +277,7 @@ def _check_models(run: _Run, committed: Committed) -> None:
     specs = run.options.config.model_specs
     if not specs:
         return
-    from preprocess.models.identity import ModelIdentity, model_identity
-    from preprocess.models.loading import load_model
+    from preprocess.models.identity import ModelIdentity, model_identity  # torch: a run with models only
 
     recorded = {o.name: o.identity for o in getattr(committed.index, "outputs", ())}
     for spec in specs:

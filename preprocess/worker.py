@@ -24,6 +24,7 @@ from preprocess.config import JobConfig
 from preprocess.image.decode_watch import (Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s,
                                            stuck_reason)
 from preprocess.inputs.resolve import InputFingerprint
+from preprocess.models.loading import load_model
 from preprocess.image.jpeg_encode import stored_pixels
 from preprocess.inputs.kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
@@ -35,6 +36,7 @@ from shardio.failure_reasons import FailureCode
 from shardio.format import JPEG, YUV420, ShardEntry
 from shardio.format.model_outputs import TORCH_DTYPES
 from shardio.format.yuv_shard import yuv420_to_rgb
+from shardio.read.jpeg_pixels import EncodedImages
 from shardio.write.shard_writer import InputShardWriter
 from shardio.store.root import Place, open_input
 
@@ -245,8 +247,7 @@ class _InputModels:
     Torch is imported only here, so a job without models never loads it."""
 
     def __init__(self, cfg: JobConfig, input_path: str) -> None:
-        from preprocess.models.loading import load_model
-        from preprocess.models.runner import ModelRunner
+        from preprocess.models.runner import ModelRunner  # torch: imported by a run with models only
 
         self.cfg, self.input = cfg, input_path
         self.runners = [ModelRunner(spec, load_model(spec)) for spec in cfg.model_specs]
@@ -269,7 +270,6 @@ class _InputModels:
         """What the reader yields for a sample stored as ``stored``."""
         height, width = self.cfg.shapes[bucket]
         if self.cfg.encoding == JPEG:
-            from shardio.read.jpeg_pixels import EncodedImages
             return EncodedImages([stored], height, width, [(self.input, 0, 1)]).decode()[0]
         if self.cfg.encoding == YUV420:
             return yuv420_to_rgb(np.asarray(stored), height, width)
