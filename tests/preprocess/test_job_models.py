@@ -223,3 +223,15 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_outputs(ray_cluster, tars, tm
         assert_same_dataset(out, reference)
         assert root_of(out)["outputs"] == root_of(reference)["outputs"]
         assert_clean(out)
+
+
+def test_an_unversioned_model_is_said_and_recorded_by_its_function_alone(ray_cluster, tars, tmp_path):
+    pattern = make_tars(tars, [3])
+    config = write_config(tmp_path / "c.yaml", {"plain": {"fn": f"{TOY}:make_plain", "device": "cpu"}})
+    out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
+    result = run(pattern, "--output", out, "--config", config, "--size", "16", "--report", report)
+    assert result.exit_code == 0, result.output
+    assert any("plain" in w and "no weights digest nor version" in w for w in json.load(open(report))["warnings"])
+    (plain,) = root_of(out)["outputs"]
+    assert plain["identity"] == {"function": f"{TOY}:make_plain", "weights": None, "version": None}
+    assert plain["dtype"] == "float32" and plain["shapes"] == [[2]]

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 
 from preprocess.config import JobConfig, load_config
-from preprocess.worker import process_input
+from preprocess.job import fold_result
+from preprocess.worker import InputResult, process_input
 from shardio.errors import ConfigError
 from shardio.format import dataset_format_version
 from shardio.format.model_outputs import output_path, parse_output_header
+from shardio.format.run_report import RunReport
 from shardio.format.yuv_shard import yuv420_to_rgb
 from shardio.read.jpeg_pixels import map_jpeg_shard
 from shardio.store.checksum import WRITE_ALGORITHM, file_checksum
+from shardio.write.commit import Committer
 from shardio.write.shard_writer import InputShardWriter, OutputFileWriter
 from tests.preprocess.models.toy_models import caption_hash, latent_of
 from tests.tar_factory import Member, TarFactory, index_image, jpeg_bytes
@@ -126,3 +129,36 @@ def test_an_output_file_is_its_header_then_its_values_and_goes_with_an_aborted_i
     with pytest.raises(ValueError, match="output dtype"):
         OutputFileWriter(str(tmp_path), "shards/x-00000.npy", "z").write(np.zeros((2, 3), np.float16), "<f4")
     assert os.listdir(tmp_path / "shards") == []
+
+
+def _folded(tmp_path, *outputs: list) -> Committer:
+    """A new dataset's committer after folding one empty result per ``outputs`` (InputResult.outputs)."""
+    cfg = JobConfig(height=16, width=16, mode="bucket", bucket_step=8, models=MODELS)
+    committer = Committer(str(tmp_path / "d"), None, interval_s=1e9, shape=(16, 16, 3), config=cfg.output_dict())
+    report = RunReport("run", str(tmp_path / "d"), "", cfg.to_dict(), versions={"format_version": 6})
+    identities = {"latent": {"function": "f", "weights": "w", "version": None},
+                  "text": {"function": "t", "weights": None, "version": "1"}}
+    for number, result_outputs in enumerate(outputs):
+        fold_result(report, committer, InputResult(f"/in/{number}.tar", 1, 1, outputs=result_outputs), identities)
+    return committer
+
+
+def _outputs(latent_shapes, latent_dtype="float16", text_shapes=((0, [8]),)) -> list:
+    return [{"name": "latent", "input": "image", "dtype": latent_dtype if latent_shapes else None,
+             "shapes": [[b, s] for b, s in latent_shapes]},
+            {"name": "text", "input": "text", "dtype": "float32" if latent_shapes else None,
+             "shapes": [[b, s] for b, s in text_shapes] if latent_shapes else []}]
+
+
+def test_the_roots_outputs_gather_each_buckets_first_shape_and_refuse_another(tmp_path) -> None:
+    buckets = len(JobConfig(height=16, width=16, mode="bucket", bucket_step=8).buckets)
+    assert _folded(tmp_path, _outputs([])).index.outputs == ()  # no sample yet: no dtype to record
+    committer = _folded(tmp_path, _outputs([(0, [4, 1, 3])]), _outputs([(2, [4, 2, 2]), (0, [4, 1, 3])]))
+    latent, text = committer.index.outputs
+    assert latent.shapes == ((4, 1, 3), None, (4, 2, 2)) + (None,) * (buckets - 3)
+    assert latent.identity == {"function": "f", "weights": "w", "version": None} and latent.dtype == "float16"
+    assert text.shapes[0] == (8,) and text.input == "text"
+    with pytest.raises(ConfigError, match=r"models: latent: /in/1.tar: .*bucket 0 holds samples of \[4, 1, 3\]"):
+        _folded(tmp_path / "b", _outputs([(0, [4, 1, 3])]), _outputs([(0, [4, 1, 4])]))
+    with pytest.raises(ConfigError, match="models: latent: the model returned float32 .* float16"):
+        _folded(tmp_path / "c", _outputs([(0, [4, 1, 3])]), _outputs([(1, [4, 1, 3])], "float32"))
