@@ -64,6 +64,13 @@ inputs in a fixed order (input path, then shard name): an interrupted-then-rerun
 byte the uninterrupted one. A dead run's tasks still finishing on a shared cluster can only rename
 identical bytes over a name, or leave unlisted files that the next run removes.
 
+Model outputs (``models:``, spec "Model outputs"): a run with inputs to process loads each model once in the
+driver and identifies it (``preprocess.models.identity``) before the output is touched; a model whose identity
+differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
+and both identities). The workers run the models (``preprocess.worker``); each finished input's output dtypes
+and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or another shape for a
+bucket is refused. A rerun with nothing to do loads no model.
+
 Disk full (ENOSPC / EDQUOT) in a worker or in the driver stops the run: finished inputs are committed if
 the manifest still fits, unlisted files are removed, and ``OutputFull`` says so; the dataset stays as of
 its last commit.

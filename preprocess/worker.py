@@ -5,6 +5,12 @@ and pixels never leave the worker: it returns only the shard entries and per-sam
 library versions it ran with, which the manifest records). Memory is one image plus the tar member being
 read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
 8 MB: ``preprocess.inputs.remote_tar``), never the whole tar.
+
+With ``models:`` (``preprocess.models``) each model runs here, in the task, over every sample as the reader
+would yield it (the stored pixels, decoded back for ``encoding: jpeg`` and ``yuv420``; a text model the caption),
+and each shard gets one output file per model (``shardio.write.shard_writer.OutputFileWriter``) once the input's
+samples are through: an input's outputs are held until then (a latent is a small fraction of its pixels). A
+model raising on a batch fails its input, which leaves no file, like any other failed input.
 """
 
 from __future__ import annotations
