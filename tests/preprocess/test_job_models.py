@@ -235,3 +235,17 @@ def test_an_unversioned_model_is_said_and_recorded_by_its_function_alone(ray_clu
     (plain,) = root_of(out)["outputs"]
     assert plain["identity"] == {"function": f"{TOY}:make_plain", "weights": None, "version": None}
     assert plain["dtype"] == "float32" and plain["shapes"] == [[2]]
+
+
+def test_outputs_in_a_bucket_are_the_bytes_of_a_local_run(ray_cluster, writable_cloud_bucket, tars, tmp_path):
+    pattern = make_tars(tars, [5, 4])
+    config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{TOY}:make_text", "input": "text"}})
+    flags = ["--config", config, "--size", "16", "--samples-per-shard", "4", "--ray-address", ray_cluster]
+    local = str(tmp_path / "local")
+    assert run(pattern, "--output", local, *flags).exit_code == 0
+    result = run(pattern, "--output", writable_cloud_bucket.url("ds"), *flags)
+    assert result.exit_code == 0, result.output
+    copy = writable_cloud_bucket.fetch("ds", str(tmp_path / "copy"))
+    assert_same_dataset(copy, local)
+    assert root_of(copy)["outputs"] == root_of(local)["outputs"]
+    assert check_outputs(copy) == 9
