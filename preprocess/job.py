@@ -67,7 +67,9 @@ identical bytes over a name, or leave unlisted files that the next run removes.
 Model outputs (``models:``, spec "Model outputs"): a run with inputs to process loads each model once in the
 driver and identifies it (``preprocess.models.identity``) before the output is touched; a model whose identity
 differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
-and both identities). The workers run the models (``preprocess.worker``); each finished input's output dtypes
+and both identities). The workers run the models (``preprocess.worker``) and say which they ran: an input
+processed with another model than the driver's (a node with another copy) fails, not committed. Each finished
+input's output dtypes
 and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or another shape for a
 bucket is refused. A rerun with nothing to do loads no model.
 
@@ -556,6 +558,7 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
                     emit("warning", warning)
                     continue
                 _check_worker_build(message, expected_build)
+                _check_worker_models(message, run.identities)
                 fold_result(report, committer, message, run.identities)
                 emit("input", message)
                 if message.error is not None and is_disk_full(message.error):
@@ -574,6 +577,21 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
         result.error = (f"processed on node {result.node} with other pixel libraries than the run's ({diff}); "
                         "not committed: install the same build on that node and rerun")
         result.shards, result.failures = [], []
+
+
+def _check_worker_models(result: InputResult, identities: dict[str, dict[str, Any]]) -> None:
+    """An input whose models were not the ones the driver identified (a node with another copy of a model's code
+    or weights) fails instead of being committed: its outputs would mix two models."""
+    if result.error is not None:
+        return
+    for output in result.outputs:
+        expected = identities.get(output["name"])
+        if expected is not None and output.get("identity") != expected:
+            result.error = (f"processed on node {result.node} with another model for output {output['name']!r} "
+                            f"({output.get('identity')}) than the run's ({expected}); not committed: install the "
+                            "same model on every node and rerun")
+            result.shards, result.failures = [], []
+            return
 
 
 def _stop_on_full_disk(run: _Run, reason: str) -> None:

@@ -82,8 +82,9 @@ class InputResult:
     # remembers it by the input's fingerprint instead of reading it again (preprocess.job).
     lasting: bool = False
     samples_lost: int = 0  # samples decoded before the input failed, not kept (all or nothing per input)
-    # One per output of ``models:``, in the config's order: {"name", "input", "dtype": the torch dtype's name (None: no
-    # sample), "shapes": [[bucket, per-sample shape], ...]} for the buckets the input's samples reached.
+    # One per output of ``models:``, in the config's order: {"name", "input", "identity" (of the model that ran here),
+    # "dtype": the torch dtype's name (None: no sample), "shapes": [[bucket, per-sample shape], ...]} for the
+    # buckets the input's samples reached.
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -245,6 +246,9 @@ def iter_process_input(
     return result
 
 
+_IDENTITIES: dict[str, dict[str, Any]] = {}  # a model's fn -> its identity, in this process
+
+
 class _InputModels:
     """The ``models:`` of ``cfg`` over one input's samples (``preprocess.models.runner.ModelRunner``, one per
     output, on the device its spec names): each sample given as the reader yields it (an image model: its stored
@@ -253,10 +257,18 @@ class _InputModels:
     Torch is imported only here, so a job without models never loads it."""
 
     def __init__(self, cfg: JobConfig, input_path: str) -> None:
-        from preprocess.models.runner import ModelRunner  # torch: imported by a run with models only
+        from preprocess.models.identity import model_identity  # torch: imported by a run with models only
+        from preprocess.models.runner import ModelRunner
 
         self.cfg, self.input = cfg, input_path
         self.runners = [ModelRunner(spec, load_model(spec)) for spec in cfg.model_specs]
+        # Each model's identity, digested once per process (a model is loaded once per process too): the driver
+        # refuses an input processed with another model than the one it identified (another node's copy).
+        self.identities = {}
+        for spec in cfg.model_specs:
+            if spec.fn not in _IDENTITIES:
+                _IDENTITIES[spec.fn] = model_identity(spec, load_model(spec)).to_dict()
+            self.identities[spec.name] = _IDENTITIES[spec.fn]
         self.rows: dict[str, list[int]] = {}  # a shard's pixel file -> the indices of its samples, in order
         self.shapes: dict[str, dict[int, list[int]]] = {spec.name: {} for spec in cfg.model_specs}
         self.descrs: dict[str, str] = {}
@@ -307,7 +319,8 @@ class _InputModels:
     def summary(self) -> list[dict[str, Any]]:
         """``InputResult.outputs``: each output's dtype and the shapes of the buckets its samples reached."""
         names = {descr: name for name, descr in TORCH_DTYPES.items()}
-        return [{"name": spec.name, "input": spec.input, "dtype": names.get(self.descrs.get(spec.name, "")),
+        return [{"name": spec.name, "input": spec.input, "identity": self.identities[spec.name],
+                 "dtype": names.get(self.descrs.get(spec.name, "")),
                  "shapes": [[bucket, shape] for bucket, shape in sorted(self.shapes[spec.name].items())]}
                 for spec in self.cfg.model_specs]
 

@@ -180,6 +180,23 @@ def test_a_changed_model_is_refused_before_anything_is_touched(ray_cluster, tars
     assert dataset_state(out) == state and sorted(os.listdir(out)) == listing, "a refused run touched the dataset"
 
 
+def test_an_input_processed_with_another_model_than_the_drivers_is_not_committed(ray_cluster, tars, tmp_path,
+                                                                                  monkeypatch):
+    pattern = make_tars(tars, [3, 2])
+    config = write_config(tmp_path / "c.yaml", {"latent": {"fn": f"{JOB}:make_other_latent", "device": "cpu"}})
+    # The driver (this process) identifies other weights than the workers' (Ray's processes) load.
+    monkeypatch.setitem(job_models.OTHER_WEIGHTS, "on", True)
+    from preprocess.models import loading
+    monkeypatch.setattr(loading, "_LOADED", {})
+    out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
+    result = run(pattern, "--output", out, "--config", config, "--size", "16", "--report", report)
+    assert result.exit_code == 1, result.output
+    failed = json.load(open(report))["inputs_failed"]
+    assert len(failed) == 2 and all("another model for output 'latent'" in f["reason"] for f in failed)
+    assert load_manifest(out).shards == [] and "outputs" not in root_of(out)
+    assert_clean(out)
+
+
 def test_a_model_raising_on_a_batch_fails_that_input_only(ray_cluster, tars, tmp_path):
     pattern = make_tars(tars, [4, 3], caption=lambda index: "explode" if index == 5 else f"caption {index}")
     config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{JOB}:make_fragile_text",

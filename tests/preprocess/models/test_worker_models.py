@@ -21,7 +21,8 @@ from shardio.read.jpeg_pixels import map_jpeg_shard
 from shardio.store.checksum import WRITE_ALGORITHM, file_checksum
 from shardio.write.commit import Committer
 from shardio.write.shard_writer import InputShardWriter, OutputFileWriter
-from tests.preprocess.models.toy_models import caption_hash, latent_of
+from preprocess.models.identity import weights_digest
+from tests.preprocess.models.toy_models import LatentNet, caption_hash, latent_of
 from tests.tar_factory import Member, TarFactory, index_image, jpeg_bytes
 
 TOY = "tests.preprocess.models.toy_models"
@@ -83,8 +84,11 @@ def test_each_shards_outputs_are_the_models_on_what_the_reader_yields(tmp_path, 
     out = str(tmp_path / "out")
     result = process_input(path, out, cfg, fingerprint)
     assert result.error is None and result.samples == 7 and len(result.shards) == 3
+    identities = [output.pop("identity") for output in result.outputs]
     assert result.outputs == [{"name": "latent", "input": "image", "dtype": "float16", "shapes": [[0, [4, 2, 3]]]},
                               {"name": "text", "input": "text", "dtype": "float32", "shapes": [[0, [8]]]}]
+    assert identities == [{"function": f"{TOY}:make_latent", "weights": weights_digest(LatentNet()), "version": None},
+                          {"function": f"{TOY}:make_text", "weights": None, "version": "caption-hash-1"}]
     row = 0
     for shard in result.shards:
         pixels = _reader_pixels(out, shard, encoding, 16, 24)
