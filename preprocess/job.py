@@ -487,7 +487,8 @@ def _fold_outputs(committer: Committer, result: InputResult, identities: dict[st
         name, dtype = info["name"], info["dtype"]
         output = current.get(name)
         if output is None and dtype is not None:
-            output = OutputSpec(name, info["input"], dtype, (None,) * buckets, identities[name])
+            identity = identities.get(name) or info["identity"]  # the driver's; else what the worker ran
+            output = OutputSpec(name, info["input"], dtype, (None,) * buckets, identity)
         if output is not None:
             if dtype is not None and dtype != output.dtype:
                 raise ConfigError(f"models: {name}: the model returned {dtype} for {result.input}, the dataset's "

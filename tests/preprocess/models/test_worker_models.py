@@ -149,8 +149,9 @@ def _folded(tmp_path, *outputs: list) -> Committer:
 
 def _outputs(latent_shapes, latent_dtype="float16", text_shapes=((0, [8]),)) -> list:
     return [{"name": "latent", "input": "image", "dtype": latent_dtype if latent_shapes else None,
-             "shapes": [[b, s] for b, s in latent_shapes]},
+             "shapes": [[b, s] for b, s in latent_shapes], "identity": {"function": "worker's"}},
             {"name": "text", "input": "text", "dtype": "float32" if latent_shapes else None,
+             "identity": {"function": "worker's"},
              "shapes": [[b, s] for b, s in text_shapes] if latent_shapes else []}]
 
 
