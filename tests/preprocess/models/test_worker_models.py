@@ -167,3 +167,20 @@ def test_the_roots_outputs_gather_each_buckets_first_shape_and_refuse_another(tm
         _folded(tmp_path / "b", _outputs([(0, [4, 1, 3])]), _outputs([(0, [4, 1, 4])]))
     with pytest.raises(ConfigError, match="models: latent: the model returned float32 .* float16"):
         _folded(tmp_path / "c", _outputs([(0, [4, 1, 3])]), _outputs([(1, [4, 1, 3])], "float32"))
+
+
+def test_a_bfloat16_output_is_stored_as_its_raw_bits(tmp_path) -> None:
+    import torch
+
+    path, fingerprint = _tar(str(tmp_path), 4)
+    models = {"latent": {**MODELS["latent"], "dtype": "bfloat16"}}
+    out = str(tmp_path / "out")
+    result = process_input(path, out, JobConfig(height=16, width=16, samples_per_shard=4, models=models), fingerprint)
+    assert result.error is None and result.outputs[0]["dtype"] == "bfloat16"
+    (shard,) = result.shards
+    file = os.path.join(out, output_path(shard["path"], "latent"))
+    with open(file, "rb") as f:
+        assert parse_output_header(f.read(128), file) == ("<u2", (4, 4, 2, 2))
+    want = [torch.from_numpy(latent_of(p)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            for p in np.load(os.path.join(out, shard["path"]))]
+    np.testing.assert_array_equal(np.load(file), np.stack(want))
