@@ -266,3 +266,18 @@ def test_outputs_in_a_bucket_are_the_bytes_of_a_local_run(ray_cluster, writable_
     assert_same_dataset(copy, local)
     assert root_of(copy)["outputs"] == root_of(local)["outputs"]
     assert check_outputs(copy) == 9
+
+
+def test_repair_rebuilds_a_damaged_shards_outputs_byte_for_byte(ray_cluster, tars, tmp_path):
+    pattern = make_tars(tars, [5, 3])
+    config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{TOY}:make_text", "input": "text"}})
+    out = str(tmp_path / "out")
+    assert run(pattern, "--output", out, "--config", config, "--size", "16", "--samples-per-shard", "2").exit_code == 0
+    before = dataset_state(out)
+    os.truncate(os.path.join(out, before["shards"][1]["path"]), 200)
+    repaired = runner.invoke(app, ["verify", out, "--repair"], catch_exceptions=False)
+    assert repaired.exit_code == 0, repaired.output
+    after = dataset_state(out)
+    assert after["files"] == before["files"] and after["output_files"] == before["output_files"]
+    assert after["outputs"] == before["outputs"]
+    assert_clean(out)
