@@ -217,9 +217,9 @@ def iter_process_input(
                 else:
                     pixels, bucket = meta.pop("__pixels__"), meta.pop("__bucket__")
                     shard = writer.add(pixels, meta, input_path, bucket)
-                    if models is not None:
-                        models.add(done, pixels, meta["txt"], bucket, shard)
                     done += 1
+                    if models is not None:
+                        models.add(done - 1, pixels, meta["txt"], bucket, shard)
             if (done + failed) % PROGRESS_EVERY == 0:
                 yield InputProgress(done, failed, extent.fraction(done + failed), extent.expected_samples())
         entries: list[ShardEntry] = writer.close(input_path)
@@ -283,6 +283,9 @@ class _InputModels:
                 if pixels is None:
                     pixels = self._pixels(stored, bucket)
                 runner.add(self.input, index, pixels, bucket)
+            failure = runner.failure(self.input)
+            if failure is not None:  # nothing of the input will be stored: stop reading it
+                raise failure
 
     def _pixels(self, stored: np.ndarray | bytes, bucket: int) -> np.ndarray:
         """What the reader yields for a sample stored as ``stored``."""

@@ -110,6 +110,12 @@ def test_a_model_raising_fails_the_input_and_leaves_no_file(tmp_path) -> None:
     assert result.error is not None and "exploded" in result.error and "'text'" in result.error
     assert not result.lasting and result.shards == []
     assert os.listdir(os.path.join(out, "shards")) == []
+    # A batch failing mid-input stops the input there: its later samples are not decoded.
+    path, fingerprint = _tar(str(tmp_path / "early"), 6, caption=lambda i: "explode" if i == 1 else f"caption {i}")
+    models = {**MODELS, "text": {**models["text"], "batch_size": 2}}
+    result = process_input(path, out, JobConfig(height=16, width=16, models=models), fingerprint)
+    assert "exploded" in result.error and result.samples_lost == 2
+    assert os.listdir(os.path.join(out, "shards")) == []
 
 
 def test_an_output_file_is_its_header_then_its_values_and_goes_with_an_aborted_input(tmp_path) -> None:
