@@ -63,6 +63,11 @@ KEY_DOCS: dict[str, str] = {
     "bucket_step": "`mode: bucket` only: derived bucket sides are multiples of this; each short side takes the "
                    "longest side whose area stays within the budget",
     "bucket_max_ratio": "`mode: bucket` only: the largest long side / short side of a derived bucket",
+    "models": "model outputs stored beside the pixels: an output name to `MODULE:FUNCTION` (`FUNCTION()` returns "
+              "the model) or to a mapping with `fn`, `input` (`image`: the stored pixels, uint8 [B, h, w, 3] of one "
+              "bucket; `text`: the captions), `batch_size`, `dtype` and `device`; each shard gets one file per "
+              "output, and a rerun with another model for an output is refused. `batch_size` and `device` may "
+              "change between runs",
 }
 # Keys described ahead of the code that adds them: absent from JobConfig only while `bucket` is no mode.
 BUCKET_KEYS = ("buckets", "bucket_step", "bucket_max_ratio")

@@ -28,6 +28,7 @@ import yaml
 from shardio.errors import ConfigError
 from preprocess.image.buckets import (DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets,
                                       nearest_bucket)
+from preprocess.models.model_config import ModelSpec, parse_models
 from shardio.format import BUCKET_MODE, ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS", "BUCKET"]
@@ -102,6 +103,12 @@ class JobConfig:
     buckets: list[Bucket] | None = None
     bucket_step: int = DEFAULT_STEP
     bucket_max_ratio: float = DEFAULT_MAX_RATIO
+    # Model outputs (preprocess.models.model_config): an output name to ``MODULE:FUNCTION`` or to a mapping with
+    # ``fn`` and options; each sample's output is stored beside its pixels (shardio.format, "Model outputs").
+    # Normalised at load to the canonical mapping (every option spelled out); None or empty: no models, stored
+    # only when non-empty, so a dataset without models keeps its config bytes. What must match to append is
+    # each output's ``fn``, ``input`` and ``dtype``; ``batch_size`` and ``device`` are how it runs.
+    models: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.fill = tuple(self.fill)  # YAML gives lists
@@ -124,6 +131,13 @@ class JobConfig:
         self._bucket_configs: dict[int, JobConfig] = {}
         self._nearest: dict[tuple[int, int], int] = {}
         self._max_side = max(max(shape) for shape in self.shapes)
+        self._model_specs = parse_models(self.models)
+        self.models = {spec.name: spec.to_dict() for spec in self._model_specs} or None
+
+    @property
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """The ``models:`` outputs, in the config's order (``preprocess.models.model_config``; () without models)."""
+        return self._model_specs
 
     @property
     def shapes(self) -> list[Bucket]:
@@ -217,6 +231,8 @@ class JobConfig:
         else:
             for key in _BUCKET_KEYS:
                 del d[key]
+        if not self.models:  # stored only when there are models: every other dataset keeps its config bytes
+            del d["models"]
         return d
 
     def output_dict(self) -> dict[str, Any]:
@@ -224,6 +240,8 @@ class JobConfig:
         d = self.to_dict()
         d.pop("max_failed_fraction")  # a run policy, not part of the data
         d.pop("max_decode_seconds")  # a run policy too: what it fails depends on the machine's load
+        if "models" in d:  # batch_size and device are how a model runs, not what it stores
+            d["models"] = {spec.name: spec.output_dict() for spec in self._model_specs}
         return d
 
     def full_output_dict(self) -> dict[str, Any]:
@@ -233,7 +251,8 @@ class JobConfig:
                 "subsampling": self.subsampling, "image_column": self.image_column,
                 "label_column": self.label_column, "folder_classes": self.folder_classes,
                 "buckets": [list(b) for b in self.buckets] if self.buckets else None,
-                "bucket_step": self.bucket_step, "bucket_max_ratio": self.bucket_max_ratio}
+                "bucket_step": self.bucket_step, "bucket_max_ratio": self.bucket_max_ratio,
+                "models": self.output_dict().get("models")}
 
 
 _COLUMN_KEYS = ("image_column", "label_column")

@@ -64,6 +64,15 @@ inputs in a fixed order (input path, then shard name): an interrupted-then-rerun
 byte the uninterrupted one. A dead run's tasks still finishing on a shared cluster can only rename
 identical bytes over a name, or leave unlisted files that the next run removes.
 
+Model outputs (``models:``, spec "Model outputs"): a run with inputs to process loads each model once in the
+driver and identifies it (``preprocess.models.identity``) before the output is touched; a model whose identity
+differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
+and both identities). The workers run the models (``preprocess.worker``) and say which they ran: an input
+processed with another model than the driver's (a node with another copy) fails, not committed. Each finished
+input's output dtypes
+and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or another shape for a
+bucket is refused. A rerun with nothing to do loads no model.
+
 Disk full (ENOSPC / EDQUOT) in a worker or in the driver stops the run: finished inputs are committed if
 the manifest still fits, unlisted files are removed, and ``OutputFull`` says so; the dataset stays as of
 its last commit.
@@ -84,6 +93,7 @@ from preprocess.committed import Committed, check_compatible, read_committed
 from preprocess.config import JobConfig
 from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
+from preprocess.models.loading import load_model
 from preprocess.plan import plan_inputs
 from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
 from preprocess.cluster.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
@@ -96,8 +106,10 @@ from shardio.write import directory as dataset_dir
 from shardio.store.local import is_disk_full
 from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
-from shardio.errors import NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError, VersionDrift
+from shardio.errors import (ConfigError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError,
+                            VersionDrift)
 from shardio.format import InputEntry, config_buckets, dataset_format_version
+from shardio.format.model_outputs import OutputSpec
 from shardio.store.root import DatasetRoot, open_root
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
@@ -181,6 +193,8 @@ def run_job(
         committed = read_committed(root)
         _check_committed(run, committed)
         work = _plan(run, inputs, committed)
+        if work.todo:
+            _check_models(run, committed)  # ConfigError before anything is touched
         if work.nothing_to_do and committed.columns is not None:
             _answer_unchanged(run, committed.columns, work)
             return run.report
@@ -203,6 +217,8 @@ class _Run:
     started: float
     stop_requested: Callable[[], str]
     routes_ray: bool  # an event hook takes what a Ray this run starts prints (the CLI: quiet, JSON)
+    # Each output of ``models:`` -> its model's identity as a root records it (``_check_models``).
+    identities: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def directory(self) -> str:
@@ -260,6 +276,33 @@ def _check_committed(run: _Run, committed: Committed) -> None:
     if committed.index is not None:
         check_compatible(committed.index, run.options.config, run.root)
         _note_drift(run, committed.index.versions)
+
+
+def _check_models(run: _Run, committed: Committed) -> None:
+    """Each model of ``models:`` loaded once here and identified (``preprocess.models.identity``); one whose
+    identity differs from the one the dataset records for its output is refused (ConfigError naming the output
+    and both identities) before anything is touched: its outputs would mix with the other model's. A model with
+    neither weights nor version is said in a warning (another model under the same name would go unnoticed)."""
+    specs = run.options.config.model_specs
+    if not specs:
+        return
+    from preprocess.models.identity import ModelIdentity, model_identity  # torch: a run with models only
+
+    recorded = {o.name: o.identity for o in getattr(committed.index, "outputs", ())}
+    for spec in specs:
+        identity = model_identity(spec, load_model(spec))
+        found = recorded.get(spec.name)
+        if found is not None and ModelIdentity.from_dict(found) != identity:
+            raise ConfigError(
+                f"{dataset_dir.manifest_path(run.root)}: models: {spec.name}: the dataset's outputs were made by "
+                f"{ModelIdentity.from_dict(found)}, this run's model is {identity}; outputs of two models never mix "
+                "in one dataset: use the dataset's model, or a new --output")
+        if identity.unversioned:
+            warning = (f"models: {spec.name}: {spec.fn} has no weights digest nor version string: a changed model "
+                       "under the same name would go unnoticed (give the callable a `version` attribute)")
+            run.report.warnings.append(warning)
+            run.emit("warning", warning)
+        run.identities[spec.name] = identity.to_dict()
 
 
 def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
@@ -414,17 +457,50 @@ def _close_report(run: _Run, samples: int, generation: int) -> None:
                          f"is committed ({samples} samples); free space before the next run") from e
 
 
-def fold_result(report: RunReport, committer: Committer, result: InputResult) -> None:
+def fold_result(report: RunReport, committer: Committer, result: InputResult,
+                identities: dict[str, dict[str, Any]] | None = None) -> None:
     """A finished input into the report and the next commit (at most every ``COMMIT_INTERVAL_S``). The
     job's own share is O(1) per input, whatever the dataset holds: no totals recomputed over every input
     and no manifest re-read (``python -m bench.scale_job`` measures it at 300 / 3k / 30k committed inputs);
-    the commit itself is ``shardio.write.directory``'s."""
+    the commit itself is ``shardio.write.directory``'s. ``identities``: each output's model identity (a run
+    with ``models:``), what the root records of a new output."""
     _record(report, result)
     if result.error is None:
         # What the workers used, not the driver; the format version is the one this run writes.
         committer.index.versions = {**result.versions, "format_version": report.versions["format_version"]}
+        if result.outputs:
+            _fold_outputs(committer, result, identities or {})
         _commit_input(committer, result)
         committer.maybe_commit()
+
+
+def _fold_outputs(committer: Committer, result: InputResult, identities: dict[str, dict[str, Any]]) -> None:
+    """An input's output dtypes and per-bucket shapes into the root's ``outputs``: a bucket's first shape is
+    recorded; another dtype, or another shape for a bucket that has one, is a ConfigError naming the output (the
+    model returns one per dataset and bucket). A new dataset's outputs are made from the first input with
+    samples (its dtypes are the models' own)."""
+    index = committer.index
+    buckets = len(index.buckets)
+    current = {o.name: o for o in index.outputs}
+    made: list[OutputSpec | None] = []
+    for info in result.outputs:
+        name, dtype = info["name"], info["dtype"]
+        output = current.get(name)
+        if output is None and dtype is not None:
+            identity = identities.get(name) or info["identity"]  # the driver's; else what the worker ran
+            output = OutputSpec(name, info["input"], dtype, (None,) * buckets, identity)
+        if output is not None:
+            if dtype is not None and dtype != output.dtype:
+                raise ConfigError(f"models: {name}: the model returned {dtype} for {result.input}, the dataset's "
+                                  f"output is {output.dtype}: an output has one dtype (set dtype: to cast to one)")
+            for bucket, shape in info["shapes"]:
+                try:
+                    output = output.with_shape(bucket, shape)
+                except ValueError as e:
+                    raise ConfigError(f"models: {name}: {result.input}: {e}") from e
+        made.append(output)
+    if all(o is not None for o in made) and tuple(made) != index.outputs:
+        index.set_outputs(tuple(o for o in made if o is not None))
 
 
 def _commit_input(committer: Committer, result: InputResult) -> None:
@@ -483,7 +559,8 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
                     emit("warning", warning)
                     continue
                 _check_worker_build(message, expected_build)
-                fold_result(report, committer, message)
+                _check_worker_models(message, run.identities)
+                fold_result(report, committer, message, run.identities)
                 emit("input", message)
                 if message.error is not None and is_disk_full(message.error):
                     return f"{message.input}: {message.error}"
@@ -501,6 +578,21 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
         result.error = (f"processed on node {result.node} with other pixel libraries than the run's ({diff}); "
                         "not committed: install the same build on that node and rerun")
         result.shards, result.failures = [], []
+
+
+def _check_worker_models(result: InputResult, identities: dict[str, dict[str, Any]]) -> None:
+    """An input whose models were not the ones the driver identified (a node with another copy of a model's code
+    or weights) fails instead of being committed: its outputs would mix two models."""
+    if result.error is not None:
+        return
+    for output in result.outputs:
+        expected = identities.get(output["name"])
+        if expected is not None and output.get("identity") != expected:
+            result.error = (f"processed on node {result.node} with another model for output {output['name']!r} "
+                            f"({output.get('identity')}) than the run's ({expected}); not committed: install the "
+                            "same model on every node and rerun")
+            result.shards, result.failures = [], []
+            return
 
 
 def _stop_on_full_disk(run: _Run, reason: str) -> None:

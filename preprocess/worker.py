@@ -5,6 +5,12 @@ and pixels never leave the worker: it returns only the shard entries and per-sam
 library versions it ran with, which the manifest records). Memory is one image plus the tar member being
 read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
 8 MB: ``preprocess.inputs.remote_tar``), never the whole tar.
+
+With ``models:`` (``preprocess.models``) each model runs here, in the task, over every sample as the reader
+would yield it (the stored pixels, decoded back for ``encoding: jpeg`` and ``yuv420``; a text model the caption),
+and each shard gets one output file per model (``shardio.write.shard_writer.OutputFileWriter``) once the input's
+samples are through: an input's outputs are held until then (a latent is a small fraction of its pixels). A
+model raising on a batch fails its input, which leaves no file, like any other failed input.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from preprocess.config import JobConfig
 from preprocess.image.decode_watch import (Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s,
                                            stuck_reason)
 from preprocess.inputs.resolve import InputFingerprint
+from preprocess.models.loading import load_model
 from preprocess.image.jpeg_encode import stored_pixels
 from preprocess.inputs.kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
@@ -30,7 +39,10 @@ from preprocess.image.transform import process_image
 from preprocess.image.versions import library_versions
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import ShardEntry
+from shardio.format import JPEG, YUV420, ShardEntry
+from shardio.format.model_outputs import TORCH_DTYPES
+from shardio.format.yuv_shard import yuv420_to_rgb
+from shardio.read.jpeg_pixels import EncodedImages
 from shardio.write.shard_writer import InputShardWriter
 from shardio.store.root import Place, open_input
 
@@ -70,6 +82,10 @@ class InputResult:
     # remembers it by the input's fingerprint instead of reading it again (preprocess.job).
     lasting: bool = False
     samples_lost: int = 0  # samples decoded before the input failed, not kept (all or nothing per input)
+    # One per output of ``models:``, in the config's order: {"name", "input", "identity" (of the model that ran here),
+    # "dtype": the torch dtype's name (None: no sample), "shapes": [[bucket, per-sample shape], ...]} for the
+    # buckets the input's samples reached.
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def shard_stem(source: Place, size: int, mtime_ns: int, etag: str = "", name_fence: str = "") -> str:
@@ -174,6 +190,8 @@ def iter_process_input(
     done = failed = 0
     extent = InputExtent()  # a kind's reader says how far it is; a Python source's leaves it unset
     heartbeat = heartbeat or Heartbeat()
+    # models: (preprocess.models): loaded once per process, run over each sample as the reader yields it.
+    models = _InputModels(cfg, input_path) if cfg.model_specs else None
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
@@ -198,11 +216,16 @@ def iter_process_input(
                     failed += 1
                 else:
                     pixels, bucket = meta.pop("__pixels__"), meta.pop("__bucket__")
-                    writer.add(pixels, meta, input_path, bucket)
+                    shard = writer.add(pixels, meta, input_path, bucket)
                     done += 1
+                    if models is not None:
+                        models.add(done - 1, pixels, meta["txt"], bucket, shard)
             if (done + failed) % PROGRESS_EVERY == 0:
                 yield InputProgress(done, failed, extent.fraction(done + failed), extent.expected_samples())
         entries: list[ShardEntry] = writer.close(input_path)
+        if models is not None:
+            entries = writer.add_outputs(models.finish())
+            result.outputs = models.summary()
     except InputError as e:
         writer.abort()
         result.error = e.reason
@@ -221,6 +244,88 @@ def iter_process_input(
     result.shards = [asdict(e) for e in entries]
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+_IDENTITIES: dict[str, dict[str, Any]] = {}  # a model's fn -> its identity, in this process
+
+
+class _InputModels:
+    """The ``models:`` of ``cfg`` over one input's samples (``preprocess.models.runner.ModelRunner``, one per
+    output, on the device its spec names): each sample given as the reader yields it (an image model: its stored
+    pixels, uint8 [h, w, 3] of its bucket, decoded back from the stored JPEG or yuv420 planes for those
+    encodings; a text model: its caption, "" without one), and its outputs gathered per shard at the end.
+    Torch is imported only here, so a job without models never loads it."""
+
+    def __init__(self, cfg: JobConfig, input_path: str) -> None:
+        from preprocess.models.identity import model_identity  # torch: imported by a run with models only
+        from preprocess.models.runner import ModelRunner
+
+        self.cfg, self.input = cfg, input_path
+        self.runners = [ModelRunner(spec, load_model(spec)) for spec in cfg.model_specs]
+        # Each model's identity, digested once per process (a model is loaded once per process too): the driver
+        # refuses an input processed with another model than the one it identified (another node's copy).
+        self.identities = {}
+        for spec in cfg.model_specs:
+            if spec.fn not in _IDENTITIES:
+                _IDENTITIES[spec.fn] = model_identity(spec, load_model(spec)).to_dict()
+            self.identities[spec.name] = _IDENTITIES[spec.fn]
+        self.rows: dict[str, list[int]] = {}  # a shard's pixel file -> the indices of its samples, in order
+        self.shapes: dict[str, dict[int, list[int]]] = {spec.name: {} for spec in cfg.model_specs}
+        self.descrs: dict[str, str] = {}
+
+    def add(self, index: int, stored: np.ndarray | bytes, caption: str | None, bucket: int, shard: str) -> None:
+        self.rows.setdefault(shard, []).append(index)
+        pixels = None
+        for runner in self.runners:
+            if runner.spec.input == "text":
+                runner.add(self.input, index, caption or "", bucket)
+            else:
+                if pixels is None:
+                    pixels = self._pixels(stored, bucket)
+                runner.add(self.input, index, pixels, bucket)
+            failure = runner.failure(self.input)
+            if failure is not None:  # nothing of the input will be stored: stop reading it
+                raise failure
+
+    def _pixels(self, stored: np.ndarray | bytes, bucket: int) -> np.ndarray:
+        """What the reader yields for a sample stored as ``stored``."""
+        height, width = self.cfg.shapes[bucket]
+        if self.cfg.encoding == JPEG:
+            return EncodedImages([stored], height, width, [(self.input, 0, 1)]).decode()[0]
+        if self.cfg.encoding == YUV420:
+            return yuv420_to_rgb(np.asarray(stored), height, width)
+        pixels = np.asarray(stored)
+        return pixels if pixels.flags.writeable else pixels.copy()  # torch takes no read-only array
+
+    def finish(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+        """Every model run over the rest of its samples: each shard's (name, values) in the config's order;
+        the input's InputError when a model raised on a batch of it."""
+        values: list[dict[int, np.ndarray]] = []
+        for runner in self.runners:
+            runner.end_input(self.input)
+            done = runner.finish().get(self.input)
+            if done is None:  # no sample
+                values.append({})
+                continue
+            if done.failure is not None:
+                raise done.failure
+            by_index = dict(zip(done.indices, done.values))
+            for index, bucket in zip(done.indices, done.buckets):
+                self.shapes[runner.spec.name].setdefault(bucket, list(by_index[index].shape))
+            if done.values:
+                self.descrs[runner.spec.name] = np.dtype(done.values[0].dtype).str
+            values.append(by_index)
+        return {shard: [(runner.spec.name, np.stack([found[i] for i in rows]))
+                        for runner, found in zip(self.runners, values)]
+                for shard, rows in self.rows.items()}
+
+    def summary(self) -> list[dict[str, Any]]:
+        """``InputResult.outputs``: each output's dtype and the shapes of the buckets its samples reached."""
+        names = {descr: name for name, descr in TORCH_DTYPES.items()}
+        return [{"name": spec.name, "input": spec.input, "identity": self.identities[spec.name],
+                 "dtype": names.get(self.descrs.get(spec.name, "")),
+                 "shapes": [[bucket, shape] for bucket, shape in sorted(self.shapes[spec.name].items())]}
+                for spec in self.cfg.model_specs]
 
 
 def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputResult) -> dict[str, Any] | None:

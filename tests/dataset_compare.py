@@ -13,20 +13,24 @@ from typing import Any
 
 import shardio
 from shardio.format.manifests import load_manifest
+from shardio.format.model_outputs import shard_files
 from tests.tar_factory import decode_index
 
 __all__ = ["dataset_state", "assert_same_dataset", "assert_clean", "decoded_indices", "assert_indices"]
 
 
 def dataset_state(directory: str) -> dict[str, Any]:
-    manifest = load_manifest(directory).to_json()  # the logical content, whatever the format version
+    loaded = load_manifest(directory)
+    manifest = loaded.to_json()  # the logical content, whatever the format version
     shards_dir = os.path.join(directory, "shards")
     files = {}
     for name in sorted(os.listdir(shards_dir)) if os.path.isdir(shards_dir) else []:
         with open(os.path.join(shards_dir, name), "rb") as f:
             files[name] = hashlib.sha256(f.read()).hexdigest()
     return {"shards": manifest["shards"], "inputs": manifest["inputs"], "samples": manifest["samples"],
-            "config": manifest["config"], "files": files}
+            "config": manifest["config"], "files": files,
+            "outputs": [o.to_json() for o in loaded.outputs],  # model outputs (spec, "Model outputs")
+            "output_files": [list(e.outputs) for e in loaded.shards] if loaded.outputs else []}
 
 
 def assert_same_dataset(actual: str, expected: str) -> None:
@@ -40,14 +44,16 @@ def assert_same_dataset(actual: str, expected: str) -> None:
 
 def assert_clean(directory: str, run_stopped_early: bool = False) -> None:
     """No temp file anywhere, no run's mark (spec, "Layout": the last run ended; one stopped early keeps
-    its mark), and shards/ holds exactly the files the manifest lists."""
+    its mark), and shards/ holds exactly the files the manifest lists (with each shard's model outputs)."""
     for root, _, names in os.walk(directory):
         leftovers = [n for n in names if n.startswith(".tmp-")]
         assert not leftovers, f"temp files left in {root}: {leftovers}"
     marks = [n for n in os.listdir(directory) if n.startswith(".run-")]
     assert bool(marks) == run_stopped_early, f"run marks in {directory}: {marks}"
     state = dataset_state(directory)
-    listed = {os.path.basename(p) for s in state["shards"] for p in (s["path"], s["meta_path"])}
+    names = [o["name"] for o in state["outputs"]]
+    listed = {os.path.basename(p) for s in state["shards"]
+              for p in shard_files(s["path"], s["meta_path"], names)}
     assert set(state["files"]) == listed, f"unlisted shard files: {set(state['files']) - listed}"
 
 

@@ -127,6 +127,12 @@ class ModelRunner:
         """No sample of ``input`` comes after this: it is handed back once its samples are through."""
         self._inputs.setdefault(input, _Input()).ended = True
 
+    def failure(self, input: str) -> InputError | None:
+        """The InputError of ``input`` once a batch holding one of its samples failed (None otherwise): its caller
+        may stop feeding it, as nothing of it will be stored."""
+        state = self._inputs.get(input)
+        return None if state is None else state.failure
+
     def take_done(self) -> dict[str, ModelOutputs]:
         """The inputs ended and wholly through the model (or failed) since the last call, and forgets them."""
         done = [name for name, state in self._inputs.items() if state.ended and state.pending == 0]

@@ -10,6 +10,10 @@ header), so a worker holds one image at a time, not a shard: memory stays flat w
 ``xxh3_128`` (``shardio.store.checksum.WRITE_ALGORITHM``): the ``.jsonl``'s streams as it is written; the
 pixel file's (of the whole file, so ``xxh128sum`` agrees) is taken at commit from the page cache, once the
 header is final.
+
+An ``OutputFileWriter`` writes one shard's model outputs (spec, "Model outputs"): ``shards/STEM-NNNNN.NAME.npy``
+beside the shard, staged, fsynced and promoted as a shard file is; ``InputShardWriter.add_outputs`` writes every
+output file of an input's shards once its models are through, and its ``abort`` removes them with the shards.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import ctypes
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,10 +42,12 @@ from shardio.format import (
     ShardEntry,
     npy_header,
 )
+from shardio.format.model_outputs import TORCH_DTYPES, output_header, output_path
 from shardio.format.jpeg_shard import JPEG_SUFFIX, jpeg_data_start, jpeg_header
 from shardio.format.yuv_shard import YUV_SUFFIX, rgb_to_yuv420, yuv_header, yuv_sample_bytes
 
-__all__ = ["ShardWriter", "JpegShardWriter", "YuvShardWriter", "SHARD_WRITERS", "InputShardWriter", "write_manifest"]
+__all__ = ["ShardWriter", "JpegShardWriter", "YuvShardWriter", "SHARD_WRITERS", "InputShardWriter", "OutputFileWriter",
+           "write_manifest"]
 
 
 # Bytes written between two requests to start writing a shard back to disk (see ``_start_writeback``).
@@ -233,6 +239,40 @@ class YuvShardWriter(ShardWriter):
 SHARD_WRITERS: dict[str, type[ShardWriter]] = {RAW: ShardWriter, JPEG: JpegShardWriter, YUV420: YuvShardWriter}
 
 
+class OutputFileWriter:
+    """The file of output ``name`` of the shard whose pixel file is ``shard_path`` (``output_path``): ``write``
+    its samples' values, an array (N, *sample shape) of one of the output dtypes (``TORCH_DTYPES``' descrs;
+    bfloat16 as its raw ``uint16`` bits), as the fixed 128-byte header then the values, C order; staged, fsynced
+    and promoted as a shard file is. Returns the file's xxh3_128 hex digest (what the shard's entry lists)."""
+
+    def __init__(self, place: Place, shard_path: str, name: str) -> None:
+        self.root = open_root(place)
+        self.rel_path = output_path(shard_path, name)
+
+    def write(self, values: np.ndarray, descr: str | None = None) -> str:
+        """Write the file; ``descr``: the file's dtype (default: the array's, which must be an output dtype)."""
+        descr = np.dtype(values.dtype).str if descr is None else descr
+        if descr not in TORCH_DTYPES.values() or np.dtype(values.dtype) != np.dtype(descr) or values.ndim < 2:
+            raise ValueError(f"{self.rel_path}: values {values.dtype} {list(values.shape)} are not (N, ...) of an "
+                             f"output dtype ({', '.join(sorted(set(TORCH_DTYPES.values())))}), as {descr!r}")
+        out = _open_temp(self.root, self.rel_path, hashed=True)
+        try:
+            out.write(output_header(descr, values.shape[0], values.shape[1:]))
+            out.write(memoryview(np.ascontiguousarray(values)).cast("B"))
+            out.handle.flush()
+            os.fsync(out.handle.fileno())
+            out.handle.close()
+        except BaseException:
+            try:
+                out.handle.close()
+            except OSError:
+                pass
+            staging.discard_staged(self.root, out.tmp_path)
+            raise
+        staging.promote(self.root, out.tmp_path, self.rel_path)
+        return str(out.digest.hexdigest())
+
+
 # Partial shards an input's close commits at once (fsyncs or uploads in flight together).
 _CLOSE_THREADS = 8
 
@@ -271,10 +311,12 @@ class InputShardWriter:
         self._made: list[ShardWriter] = []
         self._pending: Future[ShardEntry] | None = None
         self._committer: ThreadPoolExecutor | None = None
+        self._outputs: list[str] = []  # output files promoted (``add_outputs``), removed by ``abort``
 
-    def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], input_name: str, bucket: int = 0) -> None:
+    def add(self, pixels: np.ndarray | bytes, meta: dict[str, Any], input_name: str, bucket: int = 0) -> str:
         """``pixels``: an h×w×3 uint8 array of ``bucket``'s shape, a JPEG's bytes for ``encoding: jpeg``, its
-        planes (or its RGB) for ``encoding: yuv420``."""
+        planes (or its RGB) for ``encoding: yuv420``. Returns the pixel file of the shard it went to (what its
+        entry's ``path`` will be)."""
         current = self._open.get(bucket)
         if current is None:
             if not 0 <= bucket < len(self.shapes):
@@ -287,6 +329,25 @@ class InputShardWriter:
         if current.count >= self.samples_per_shard:
             del self._open[bucket]
             self._commit_in_background(current, input_name)
+        return current.rel_path
+
+    def add_outputs(self, outputs: Mapping[str, Sequence[tuple[str, np.ndarray]]]) -> list[ShardEntry]:
+        """After ``close``: write each shard's output files (``outputs``: a shard's ``path`` -> its (name, values)
+        in the dataset's outputs order, values (samples, ...) in the shard's order) and return every entry
+        with its ``outputs`` digests. ``abort`` removes these files too."""
+        entries = []
+        for entry in self.entries:
+            digests = []
+            for name, values in outputs[entry.path]:
+                if len(values) != entry.samples:
+                    raise ValueError(f"{entry.path}: {len(values)} values of output {name!r} for its "
+                                     f"{entry.samples} samples")
+                writer = OutputFileWriter(self.root, entry.path, name)
+                self._outputs.append(writer.rel_path)
+                digests.append(writer.write(values))
+            entries.append(replace(entry, outputs=tuple(digests)))
+        self.entries = entries
+        return entries
 
     def _commit_in_background(self, shard: ShardWriter, input_name: str) -> None:
         self._wait_pending()
@@ -339,7 +400,9 @@ class InputShardWriter:
             shard.abort()
             staging.discard(self.root, shard.rel_path)
             staging.discard(self.root, shard.rel_meta)
-        self._made = []
+        for rel_path in self._outputs:
+            staging.discard(self.root, rel_path)
+        self._made, self._outputs = [], []
         self.entries = []
 
 

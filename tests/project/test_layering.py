@@ -211,6 +211,9 @@ def test_compatibility_bases_are_kept():
 # dependencies (obstore, boto3, xxhash, lightning, PIL, ray, typer...) are third-party: not checked here.
 LAZY_FIRST_PARTY = {
     ("shardio.tools.commands", "shardio.tools.loader_bench"): "imports torch (~1 s): only `shardio bench` pays for it",
+    ("preprocess.worker", "preprocess.models.runner"): "imports torch (~1 s): only a run with `models:` pays for it",
+    ("preprocess.worker", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
+    ("preprocess.job", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
 }
 
 

@@ -1,0 +1,56 @@
+"""Models for the job's tests (tests/preprocess/test_job_models.py), importable as ``MODULE:FUNCTION`` by the Ray
+workers of a run as by the driver.
+
+``make_logged_text`` is ``toy_models.caption_hash`` that also appends every caption it is given to the file a
+caption names (``LOG=PATH|text``): the test reads which samples the model saw, whichever process ran it.
+``make_fragile_text`` raises on a batch holding a caption with ``explode`` in it. ``make_other_latent`` is
+``make_latent`` with other weights while ``OTHER_WEIGHTS`` is set (the driver's own process: the identity check).
+"""
+
+from __future__ import annotations
+
+import fcntl
+
+import torch
+
+from tests.preprocess.models.toy_models import LatentNet, caption_hash
+
+OTHER_WEIGHTS = {"on": False}
+
+
+def _logged(captions: list[str]) -> torch.Tensor:
+    for caption in captions:
+        if caption.startswith("LOG="):
+            path = caption[4:].partition("|")[0]
+            with open(path, "a", encoding="utf-8") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                f.write(caption + "\n")
+    return caption_hash(captions)
+
+
+_logged.version = "logged-caption-hash-1"  # type: ignore[attr-defined]
+
+
+def make_logged_text():
+    return _logged
+
+
+def _fragile(captions: list[str]) -> torch.Tensor:
+    if any("explode" in caption for caption in captions):
+        raise RuntimeError("this batch exploded")
+    return caption_hash(captions)
+
+
+_fragile.version = "fragile-1"  # type: ignore[attr-defined]
+
+
+def make_fragile_text():
+    return _fragile
+
+
+def make_other_latent() -> LatentNet:
+    net = LatentNet()
+    if OTHER_WEIGHTS["on"]:
+        with torch.no_grad():
+            net.conv.bias.add_(1.0)
+    return net
