@@ -14,7 +14,7 @@ shapes may share: 8x16 and 16x8 both take 192), checked against the bucket's."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
@@ -26,11 +26,13 @@ from shardio.format.manifests import DatasetIndex
 from shardio.format.string_hashes import string_hashes
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import ShardEntry, expected_shard_size
+from shardio.format.model_outputs import OutputSpec, output_header, output_nbytes, output_path, parse_output_header
 from shardio.format.raw_shard import parse_npy_header
 from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR, YUV420
 from shardio.format.yuv_shard import parse_yuv_header, yuv_sample_bytes
 from shardio.store.root import DatasetRoot
 from shardio.store.base import FileInfo, Storage
+from shardio.store.checksum import XXH3_128
 
 __all__ = ["ListedSizes", "shard_problem", "shard_problems"]
 
@@ -111,9 +113,9 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
 
 def shard_problem(root: DatasetRoot, entry: ShardEntry, shape: tuple[int, int, int],
                   checksums: bool = False, listed: dict[str, int] | ListedSizes | None = None,
-                  encoding: str = RAW, bucketed: bool = False) -> str | None:
-    """What is wrong with one listed shard (its .npy and .jsonl), or None: the size the format implies (at
-    ``shape``, the shard's own: its bucket's in a bucketed dataset) and
+                  encoding: str = RAW, bucketed: bool = False, outputs: Sequence[OutputSpec] = ()) -> str | None:
+    """What is wrong with one listed shard (its .npy, its .jsonl and its model ``outputs``' files), or None: the
+    size the format implies (at ``shape``, the shard's own: its bucket's in a bucketed dataset) and
     each file's size, O(1); with ``checksums`` also each file's checksum (reads every byte) and the
     shard's header against ``shape`` (``bucketed``: said as the entry's bucket). ``listed``
     (path -> size, from one listing) saves a request per file on object storage. ``encoding``: the
@@ -131,7 +133,38 @@ def shard_problem(root: DatasetRoot, entry: ShardEntry, shape: tuple[int, int, i
         if problem is not None:
             return problem
     if checksums:
-        return _header_problem(store, store.join(directory, entry.path), entry, shape, encoding, bucketed)
+        problem = _header_problem(store, store.join(directory, entry.path), entry, shape, encoding, bucketed)
+        if problem is not None:
+            return problem
+    return _outputs_problem(root, entry, outputs, checksums, listed)
+
+
+def _outputs_problem(root: DatasetRoot, entry: ShardEntry, outputs: Sequence[OutputSpec], checksums: bool,
+                     listed: dict[str, int] | ListedSizes | None) -> str | None:
+    """What is wrong with a shard's output files (spec, "Model outputs"): the size its count and its bucket's
+    shape imply, O(1); with ``checksums`` each file's xxh3_128 and its header too."""
+    store = root.storage
+    if len(entry.outputs) != len(outputs):
+        return (f"{root.join(entry.path)}: the index lists {len(entry.outputs)} output digests, the dataset has "
+                f"{len(outputs)} outputs (inconsistent)")
+    for output, digest in zip(outputs, entry.outputs):
+        path = root.join(output_path(entry.path, output.name))
+        shape = output.shapes[entry.bucket]
+        if shape is None:
+            return f"{path}: the root records no shape of output {output.name!r} for bucket {entry.bucket}"
+        problem = _file_problem(store, path, output_nbytes(entry.samples, shape, output.descr), XXH3_128,
+                                digest if checksums else None, listed)
+        if problem is not None:
+            return problem
+        if checksums:
+            header = store.read_range(path, 0, HEADER_BYTES)
+            if header != output_header(output.descr, entry.samples, shape):
+                try:
+                    descr, found = parse_output_header(header, path)
+                except ShardFormatError as e:
+                    return str(e)
+                return (f"{path}: its header says {descr} {list(found)}, the index says {output.descr} "
+                        f"{[entry.samples, *shape]} (the index and the file disagree)")
     return None
 
 
@@ -148,7 +181,8 @@ def shard_problems(root: DatasetRoot, manifest: Manifest | DatasetIndex, shards:
     store, directory = root.storage, root.path
     listed: ListedSizes | None = None
     check = lambda entry: shard_problem(root, entry, manifest.bucket_shape(entry.bucket),  # noqa: E731
-                                        checksums, listed, manifest.encoding, manifest.is_bucketed)
+                                        checksums, listed, manifest.encoding, manifest.is_bucketed,
+                                        getattr(manifest, "outputs", ()))
     found: list[tuple[ShardEntry, str]] = []
     entries = iter(manifest.shards if shards is None else shards)
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:

@@ -31,6 +31,7 @@ try:
 except ImportError:  # not on Windows, which has no pread for the extension either
     resource = None  # type: ignore[assignment]
 
+from shardio.format.model_outputs import OutputSpec
 from shardio.read.gather import ShardFile, gather, native, read, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
@@ -42,6 +43,11 @@ __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box", "pinned_batch
 
 Batch = dict[str, Any]
 
+
+# The torch dtype of each .npy descr an output is stored in (``shardio.format.model_outputs.TORCH_DTYPES``;
+# bfloat16's bits are uint16, viewed as bfloat16 after).
+_TORCH_OF = {"<f2": torch.float16, "<u2": torch.uint16, "<f4": torch.float32, "<f8": torch.float64, "|u1": torch.uint8,
+             "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32, "<i8": torch.int64, "|b1": torch.bool}
 
 # The metadata fields a batch can carry, and what a sample without one holds.
 FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
@@ -119,6 +125,8 @@ class BatchAssembler:
         # (pixels, metadata, the file to pread from or None) per open shard, least recently used first.
         self.cache: OrderedDict[int, tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta, ShardFile | None]] = (
             OrderedDict())
+        # Each open shard's model outputs (``DatasetSnapshot.output_arrays``), kept and let go with its entry above.
+        self.output_maps: dict[int, dict[str, np.ndarray]] = {}
         self.reads_files = native() and len(snapshot.shards) > cache_shards and room_for_files(cache_shards)
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
@@ -144,8 +152,12 @@ class BatchAssembler:
                 pixels = np.asarray(pixels)
             hit = (pixels, self.snapshot.meta(shard), file)
             self.cache[shard] = hit
+            if self.snapshot.outputs:
+                self.output_maps[shard] = {name: np.asarray(array)
+                                           for name, array in self.snapshot.output_arrays(shard).items()}
             if len(self.cache) > self.cache_shards:
-                self.cache.popitem(last=False)
+                gone, _ = self.cache.popitem(last=False)
+                self.output_maps.pop(gone, None)
         else:
             self.cache.move_to_end(shard)
         return hit
@@ -251,7 +263,31 @@ class BatchAssembler:
         if self.content_box:
             batch["content_box"] = torch.from_numpy(box)
         batch.update(self.layout.batch_fields(self.snapshot, pieces[0][0]))  # a bucketed dataset's: "bucket"
+        for output in self.snapshot.outputs:
+            batch[output.name] = self.output_rows(output, pieces, count, shared, pinned)
         return batch
+
+    def output_rows(self, output: OutputSpec, pieces: list[tuple[int, int, int]], count: int, shared: bool,
+                pinned: bool) -> torch.Tensor:
+        """Model output ``output`` of the batch's samples, [count, *shape] of its dtype, gathered from the open
+        shards' output maps as raw pixels are: a view of the map for one slice, else one copy into shared,
+        pinned or fresh memory (a bfloat16 output's raw bits viewed as torch.bfloat16)."""
+        slices = [self.output_maps[shard][output.name][start:stop] for shard, start, stop in pieces]
+        if len(slices) == 1 and not shared and not pinned:
+            values = torch.from_numpy(slices[0])
+        else:
+            shape = (count, *slices[0].shape[1:])
+            dtype = np.dtype(output.descr)
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            if shared:
+                raw = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+            elif pinned:
+                raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            else:
+                raw = torch.empty(nbytes, dtype=torch.uint8)
+            gather(slices, raw.numpy(), self.threads or gather_threads())
+            values = raw.view(_TORCH_OF[dtype.str]).view(shape)
+        return values.view(torch.bfloat16) if output.dtype == "bfloat16" else values
 
     def _planes(self, shards: list[tuple[Any, ShardMeta, Any]], pieces: list[tuple[int, int, int]], count: int,
                 shared: bool, pinned: bool) -> YuvPlanes:

@@ -39,6 +39,7 @@ from shardio.read.order import (
 from shardio.read.jpeg_pixels import check_decoded_bytes
 from shardio.read.prefetch import PassPrefetch
 from shardio.read.ranks import resolve_world
+from shardio.format.model_outputs import OutputSpec
 from shardio.read.sample_access import KeyFinder, sample_at
 from shardio.read.snapshot import EAGER_CHECK_SHARDS, DatasetSnapshot, open_dataset
 from shardio.read.resume import EpochCursor, EpochPass
@@ -328,6 +329,12 @@ class ShardDataset(IterableDataset):
         return len(selected), snapshot.identity, layout_of(selected)
 
     @property
+    def outputs(self) -> tuple[OutputSpec, ...]:
+        """The dataset's model outputs (name, input, dtype, a shape per bucket, the model's identity): each batch
+        holds each under its name, a tensor [B, *shape] of its dtype; () where the dataset has none."""
+        return self.snapshot.outputs
+
+    @property
     def classes(self) -> list[str]:
         """The class names by id, ``classes[cls]`` (a ``folder_classes`` dataset's table: one id per name
         across every input; ``[]`` where the dataset keeps none)."""
@@ -540,8 +547,14 @@ class ShardDataset(IterableDataset):
         """Sample ``index`` (0..``num_samples``-1; negative from the end) in the stored order, whatever the
         epoch's shuffle: ``image`` (uint8 H×W×3), ``__key__``, ``cls`` (-1: none), ``txt``, ``json``,
         ``original_size``, ``crop_top_left`` (int64 [2]), ``shard``, ``row``, ``index``
-        (``shardio.read.sample_access``: one binary search, no epoch plan)."""
-        return sample_at(self._assembler.shard, self.snapshot.offsets, index)
+        (``shardio.read.sample_access``: one binary search, no epoch plan), and each model output under its name
+        (a tensor of its shape and dtype, a copy)."""
+        sample = sample_at(self._assembler.shard, self.snapshot.offsets, index)
+        for output in self.snapshot.outputs:
+            row = self._assembler.output_rows(output, [(sample["shard"], sample["row"], sample["row"] + 1)], 1, False,
+                                          False)
+            sample[output.name] = row[0].clone()
+        return sample
 
     def find(self, key: str, input: str | None = None) -> int:
         """The stored index of the sample with ``key`` (of ``input``, a committed input's name, where keys

@@ -74,6 +74,11 @@ class MixedDataset(IterableDataset):
             refusal = mix_refusal(first.path, first.layout, other.path, other.layout)
             if refusal is not None:
                 raise DatasetIncompatibleError(refusal)
+            if not _same_outputs(first.outputs, other.outputs):
+                raise DatasetIncompatibleError(
+                    f"cannot mix {first.path} (model outputs {_outputs_said(first.outputs)}) with {other.path} "
+                    f"({_outputs_said(other.outputs)}): every batch of a mix holds the same outputs, of one dtype "
+                    "and shape per bucket, made by one model")
             for name in ("batch_size", "rank", "world_size"):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
@@ -228,3 +233,15 @@ def _endless(dataset: ShardDataset) -> Iterator[tuple[EpochPass, int, Batch]]:
             raise ValueError(f"{dataset.path}: an epoch of this rank has no batch to mix")
         for index, batch in enumerate(dataset.cursor.handed_out(epoch_pass, dataset.iter_pass(epoch_pass))):
             yield epoch_pass, index, batch
+
+
+def _same_outputs(first: Sequence[Any], other: Sequence[Any]) -> bool:
+    """Whether two datasets' outputs mix: the same names in order, each of one dtype and model identity, and one
+    shape in each bucket both have reached."""
+    if [(o.name, o.dtype, o.identity) for o in first] != [(o.name, o.dtype, o.identity) for o in other]:
+        return False
+    return all(a is None or b is None or a == b for x, y in zip(first, other) for a, b in zip(x.shapes, y.shapes))
+
+
+def _outputs_said(outputs: Sequence[Any]) -> str:
+    return ", ".join(f"{o.name} {o.dtype} {[list(s) if s else None for s in o.shapes]}" for o in outputs) or "none"

@@ -171,6 +171,11 @@ class SubsetSnapshot(DatasetSnapshot):
         shard, start, stop = (int(v) for v in self.segments[shard_index])
         return self._parent(shard, with_meta=False)[0][start:stop]
 
+    def output_arrays(self, shard_index: int) -> dict[str, np.ndarray]:
+        """The segment's rows of each model output of its parent shard (the parent's maps, sliced)."""
+        shard, start, stop = (int(v) for v in self.segments[shard_index])
+        return {name: array[start:stop] for name, array in self.parent.output_arrays(shard).items()}
+
     def meta(self, shard_index: int) -> ShardMeta:
         shard, start, stop = (int(v) for v in self.segments[shard_index])
         meta = self._parent(shard, with_meta=True)[1]

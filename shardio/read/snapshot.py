@@ -30,10 +30,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shardio.errors import ShardError, ShardIntegrityError
+from shardio.errors import ShardError, ShardIntegrityError, UnsupportedPath
 from shardio.format import (HEADER_BYTES, JPEG, YUV420, Manifest, ShardEntry, expected_shard_size,
                             line_crop_default, npy_header, parse_npy_header)
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
+from shardio.format.model_outputs import OutputSpec, output_header, output_nbytes, output_path, parse_output_header
 from shardio.format.shard_table import ShardTable
 from shardio.format.shard_check import shard_problems
 from shardio.read.cache.cache_setup import cache_for
@@ -118,6 +119,44 @@ class DatasetSnapshot:
         """The dataset's class names by id (``shardio.format.spec``, "Classes": a ``folder_classes`` dataset's
         table; () where it has none): ``classes[cls]`` is a sample's class name."""
         return getattr(self.manifest, "classes", ())
+
+    @property
+    def outputs(self) -> tuple[OutputSpec, ...]:
+        """The dataset's model outputs (``shardio.format.spec``, "Model outputs"; () where it has none)."""
+        return tuple(getattr(self.manifest, "outputs", ()))
+
+    def output_arrays(self, shard_index: int) -> dict[str, np.ndarray]:
+        """Each output of shard ``shard_index`` as a copy-on-write memory map (N, *its bucket's shape), of the
+        output's stored dtype (bfloat16: its raw bits, uint16), its size and header checked against the index
+        first (a missing, truncated or rewritten file is named). {} for a dataset without outputs."""
+        if not self.outputs:
+            return {}
+        entry = self.shards[shard_index]
+        if not self.store.is_local:
+            names = ", ".join(o.name for o in self.outputs)
+            raise UnsupportedPath(f"{self.directory}: reading model outputs ({names}) from object storage is not "
+                                  "supported yet: copy the dataset to a local disk (a dataset without outputs reads "
+                                  "from there)")
+        arrays = {}
+        for output in self.outputs:
+            rel = output_path(entry.path, output.name)
+            path = self.store.join(self.directory, rel)
+            shape = output.sample_shape(entry.bucket)
+            local = check_local(path)
+            try:
+                with open(local, "rb") as f:
+                    header = f.read(HEADER_BYTES)
+                    size = os.fstat(f.fileno()).st_size
+            except FileNotFoundError as e:
+                raise self._missing(path) from e
+            _check_size(path, size, output_nbytes(entry.samples, shape, output.descr))
+            if header != output_header(output.descr, entry.samples, shape):
+                descr, found = parse_output_header(header, path)
+                raise ShardIntegrityError(f"{path}: header says {descr} {list(found)}, the index says {output.descr} "
+                                          f"{[entry.samples, *shape]} (the index and the file disagree); {_REBUILD}")
+            arrays[output.name] = np.memmap(local, dtype=np.dtype(output.descr), mode="c", offset=HEADER_BYTES,
+                                            shape=(entry.samples, *shape))
+        return arrays
 
     def __len__(self) -> int:
         return int(self.offsets[-1])

@@ -127,6 +127,7 @@ def dataset_info(directory: str) -> dict[str, Any]:
         "report_problems": problems,
         **bucketed,
         **({"classes": list(snapshot.classes)} if snapshot.classes else {}),
+        **({"outputs": [o.to_json() for o in snapshot.outputs]} if snapshot.outputs else {}),
     }
 
 
@@ -179,6 +180,19 @@ def _classes_line(classes: list[str]) -> str:
     return f"classes      {len(classes)}: {shown}{more}"
 
 
+def _output_lines(outputs: list[dict[str, Any]]) -> list[str]:
+    """Each model output (spec, "Model outputs"): its name, input, dtype, shape per bucket and model identity."""
+    lines = [f"outputs      {len(outputs)}: " + ", ".join(o["name"] for o in outputs)]
+    for o in outputs:
+        shapes = sorted({tuple(s) for s in o["shapes"] if s is not None})
+        shown = " ".join("x".join(map(str, s)) for s in shapes[:6]) + (" ..." if len(shapes) > 6 else "")
+        identity = o["identity"]
+        made_by = " ".join([identity["function"], *(f"{k} {identity[k]}" for k in ("weights", "version")
+                                                   if identity.get(k))])
+        lines.append(f"  {o['name']}: {o['input']} -> {o['dtype']} [{shown or 'no sample yet'}]; made by {made_by}")
+    return lines
+
+
 def format_info(info: dict[str, Any]) -> str:
     """``dataset_info`` as the lines ``shardio info`` prints."""
     h, w, c = info["shape"]
@@ -194,6 +208,7 @@ def format_info(info: dict[str, Any]) -> str:
         _encoding_line(info),
         *(_bucket_lines(info) if "buckets" in info else []),
         *([_classes_line(info["classes"])] if "classes" in info else []),
+        *(_output_lines(info["outputs"]) if "outputs" in info else []),
         f"updated      {info['updated']}",
         "config       " + ", ".join(f"{k}={v}" for k, v in info["config"].items()),
         f"config hash  {info['config_hash'][:16]}",

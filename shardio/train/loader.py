@@ -239,6 +239,9 @@ class DeviceLoader:
         # Pin what the loader did not (a ShardDataset used directly: assembled pinned, one host copy).
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.to_device_kwargs = to_device_kwargs
+        # The dataset's model outputs (spec, "Model outputs"): moved to the device as they are, never normalised.
+        source = getattr(loader, "dataset", loader)
+        self.output_names = tuple(o.name for o in getattr(source, "outputs", ()))
         self.streams: LoaderStreams | None = streams
         if streams is None and self.device.type == "cuda":
             self.streams = CudaStreams(self.device)
@@ -321,7 +324,7 @@ class DeviceLoader:
         batch, number = item
         streams = self.streams
         if streams is None:
-            batch = self._decoded(batch)
+            batch = self._outputs_moved(self._decoded(batch))
             if self.transform is not None:
                 return batch, number, None  # transformed in the consumer's thread, with its positions
             return to_device(batch, self.device, **self.to_device_kwargs), number, None
@@ -329,6 +332,7 @@ class DeviceLoader:
         stream = streams.producer()
         try:
             with streams.using(stream):
+                batch = self._outputs_moved(batch)
                 if self.transform is not None:
                     batch = self._transform(batch, number)
                 else:
@@ -343,6 +347,14 @@ class DeviceLoader:
         if staged is not None:  # its copy to the device is queued before ``ready``: reusable after it
             self.staging.release(staged, ready)  # type: ignore[union-attr]
         return batch, number, ready
+
+    def _outputs_moved(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with its model outputs on the device, their values as stored (a latent is no picture to
+        normalise); copied on the calling thread's stream, as the image is."""
+        if not self.output_names:
+            return batch
+        return {**batch, **{name: batch[name].to(self.device, non_blocking=True) for name in self.output_names
+                            if name in batch}}
 
     def _staged(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Staged | None]:
         """The batch decoded (``_decoded``) with a host ``image`` in pinned memory: one not pinned yet is

@@ -61,10 +61,10 @@ def test_other_format_version(dataset_dir: str) -> None:
     path = os.path.join(dataset_dir, "manifest.json")
     with open(path) as f:
         doc = json.load(f)
-    doc["format_version"] = 6
+    doc["format_version"] = 7
     with open(path, "w") as f:
         json.dump(doc, f)
-    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 6.*reads versions 1, 2, 3, 4, 5"):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json.*format_version 7.*reads versions 1, 2, 3, 4, 5, 6"):
         ShardDataset(dataset_dir, 4)
 
 
