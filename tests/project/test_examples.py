@@ -119,3 +119,42 @@ def test_train_buckets_py_trains_on_a_bucketed_dataset_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "resumed at epoch 0, batch 8" in resumed.stdout
     assert "batch shapes: 8x8: 2" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_cache_latents_py_caches_latents_per_bucket_and_trains_from_them(tmp_path):
+    """examples/cache_latents.py with its tiny random-weight diffusers VAE and CLIP text encoder: the job stores
+    a latent per bucket and a text embedding per sample, the reader yields them, and its loop trains on them."""
+    pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    import torch
+
+    from preprocess.sample_data import make_sample_dataset
+    from shardio import ShardDataset
+
+    make_sample_dataset(str(tmp_path / "tars"), tars=2, samples_per_tar=16)
+    env = {"CACHE_LATENTS_VAE": "tiny", "CACHE_LATENTS_TEXT_ENCODER": "tiny"}
+    out = str(tmp_path / "latents")
+    done = run_example_env(env, "cache_latents.py", "cache", str(tmp_path / "tars" / "*.tar"), "--output", out,
+                           "--size", "256", "--device", "cpu")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    ds = ShardDataset(out, batch_size=4, shuffle=True)
+    assert [o.name for o in ds.outputs] == ["latent", "text_embedding"]
+    assert ds.outputs[0].identity["weights"].startswith("xxh3_128:")
+    buckets = set()
+    for batch in ds:
+        h, w = batch["image"].shape[1:3]
+        assert batch["latent"].dtype == torch.bfloat16 and batch["latent"].shape[1:] == (4, h // 8, w // 8)
+        assert batch["text_embedding"].shape[1:] == (77, 32) and batch["text_embedding"].dtype == torch.bfloat16
+        assert torch.isfinite(batch["latent"].float()).all()
+        buckets.add(batch["bucket"])
+    assert len(buckets) > 1, "the sample images should fall into several buckets"
+    done = run_example_env(env, "cache_latents.py", "train", out, "--steps", "4")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert re.search(r"4 steps, loss [0-9.]+ -> [0-9.]+", done.stdout), done.stdout
+
+
+def run_example_env(extra: dict[str, str], script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT, **extra}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args], env=env,
+                          capture_output=True, text=True, timeout=400)
