@@ -142,14 +142,7 @@ class DatasetSnapshot:
             rel = output_path(entry.path, output.name)
             path = self.store.join(self.directory, rel)
             shape = output.sample_shape(entry.bucket)
-            local = check_local(path)
-            try:
-                with open(local, "rb") as f:
-                    header = f.read(HEADER_BYTES)
-                    size = os.fstat(f.fileno()).st_size
-            except FileNotFoundError as e:
-                raise self._missing(path) from e
-            _check_size(path, size, output_nbytes(entry.samples, shape, output.descr))
+            local, header = self._checked_head(path, output_nbytes(entry.samples, shape, output.descr))
             if header != output_header(output.descr, entry.samples, shape):
                 descr, found = parse_output_header(header, path)
                 raise ShardIntegrityError(f"{path}: header says {descr} {list(found)}, the index says {output.descr} "
@@ -222,8 +215,9 @@ class DatasetSnapshot:
         else:
             self._raw_header(path, entry.bytes, entry.samples, self._entry_shape(entry))
 
-    def _raw_header(self, path: str, nbytes: int, samples: int,
-                    shape: tuple[int, int]) -> tuple[str, tuple[int, int, int]]:
+    def _checked_head(self, path: str, nbytes: int) -> tuple[str, bytes]:
+        """A local file's path and first ``HEADER_BYTES``, its size checked to be ``nbytes`` (a missing or
+        truncated file named)."""
         local = check_local(path)
         try:
             with open(local, "rb") as f:
@@ -232,6 +226,11 @@ class DatasetSnapshot:
         except FileNotFoundError as e:
             raise self._missing(path) from e
         _check_size(path, size, nbytes)
+        return local, header
+
+    def _raw_header(self, path: str, nbytes: int, samples: int,
+                    shape: tuple[int, int]) -> tuple[str, tuple[int, int, int]]:
+        local, header = self._checked_head(path, nbytes)
         if header == npy_header(samples, *shape):  # the writer's own bytes: no parse (~130 µs)
             return local, (samples, *shape)
         n, h, w = parse_npy_header(header, path)
