@@ -55,10 +55,11 @@ _FENCE_TRIES = 5
 
 
 def lock_key(root: DatasetRoot) -> str:
-    """The one key of a dataset in this process's lock tables: a local directory's real path (``ds``,
-    ``./ds``, ``/abs/ds`` and a symlink to it are one dataset: one lock, one proof it is held); an object
-    store's normalised URL. Messages keep naming the path as the caller gave it."""
-    return os.path.realpath(root.path) if root.storage.is_local else root.path
+    """The one key of a dataset in this process's lock tables: a local directory's absolute path (``ds``,
+    ``./ds`` and ``/abs/ds`` are one dataset: one lock, one proof it is held; made without a system call, as
+    it is asked before every commit step); an object store's normalised URL. Messages keep naming the path as
+    the caller gave it."""
+    return os.path.abspath(root.path) if root.storage.is_local else root.path
 
 
 def check_writable(place: Place, writer: str) -> None:
