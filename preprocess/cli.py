@@ -143,8 +143,9 @@ def run(
     samples_per_shard: Annotated[Optional[int], typer.Option(
         help="Samples per shard file (the last one per input is partial).")] = None,
     encoding: Annotated[Optional[str], typer.Option(
-        help="How shards hold pixels: raw (default; 196 KB an image "
-             "at 256²) | jpeg (~24 KB, decoded by the reader) | yuv420 (98 KB, converted by the reader).")] = None,
+        help="How shards hold pixels: raw (default; 196 KB an image at 256²) | jpeg (~24 KB, decoded by "
+             "the reader) | yuv420 (98 KB, converted by the reader) | none (model outputs only: models in "
+             "--config).")] = None,
     quality: Annotated[Optional[int], typer.Option(help="JPEG quality 1-100 (encoding jpeg; default 90).")] = None,
     subsampling: Annotated[Optional[str], typer.Option(
         help="JPEG chroma subsampling 4:4:4 | 4:2:0 (encoding jpeg; default 4:4:4).")] = None,

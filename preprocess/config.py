@@ -29,7 +29,7 @@ from shardio.errors import ConfigError
 from preprocess.image.buckets import (DEFAULT_MAX_RATIO, DEFAULT_STEP, Bucket, check_buckets, derive_buckets,
                                       nearest_bucket)
 from preprocess.models.model_config import ModelSpec, parse_models
-from shardio.format import BUCKET_MODE, ENCODINGS, JPEG, MAX_SIDE, RAW, SUBSAMPLINGS
+from shardio.format import BUCKET_MODE, ENCODINGS, JPEG, MAX_SIDE, NONE, RAW, SUBSAMPLINGS
 
 __all__ = ["JobConfig", "ConfigError", "load_config", "RESIZE_MODES", "RESAMPLE_FILTERS", "BUCKET"]
 
@@ -82,7 +82,8 @@ class JobConfig:
     max_failed_fraction: float = 1.0
     # How the shards hold the pixels (shardio.format, "Pixel encodings"): raw H×W×3 bytes (196 KB an image
     # at 256², no decode to read), each image once as a JPEG, or yuv420 (Y full size, Cb and Cr half size each
-    # way: 98 KB at 256², converted back to RGB by the reader). quality and subsampling apply to jpeg only;
+    # way: 98 KB at 256², converted back to RGB by the reader), or none (with models only: the outputs are the
+    # dataset, no pixels kept). quality and subsampling apply to jpeg only;
     # the defaults were chosen at 256² from the curve python -m bench.jpeg_quality prints (photo-like images:
     # q90 4:4:4 about 24 KB, median PSNR about 42 dB against raw; q90 4:2:0 is smaller and loses more).
     encoding: str = RAW
@@ -195,6 +196,9 @@ class JobConfig:
             raise ConfigError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if self.encoding not in ENCODINGS:
             raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
+        if self.encoding == NONE and not self.models:
+            raise ConfigError("encoding: none keeps no pixels, only model outputs: give models (the outputs to "
+                              "store), or another encoding")
         _check_number("quality", self.quality, int, 1)
         if self.quality > 100:
             raise ConfigError(f"quality must be 1..100, got {self.quality}")
@@ -220,7 +224,7 @@ class JobConfig:
             # before encodings existed: older datasets keep appending, the golden dataset is unchanged.
             for key in ("encoding", "quality", "subsampling"):
                 del d[key]
-        elif self.encoding != JPEG:  # yuv420: quality and subsampling say nothing of its pixels
+        elif self.encoding != JPEG:  # yuv420, none: quality and subsampling say nothing of their pixels
             for key in ("quality", "subsampling"):
                 del d[key]
         for key in (*_COLUMN_KEYS, "folder_classes"):

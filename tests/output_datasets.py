@@ -63,13 +63,15 @@ def _stored(name: str, index: int, bucketed: bool) -> np.ndarray:
 
 
 def make_output_dataset(directory: str, inputs: tuple[int, ...] = (7, 5), *, bucketed: bool = False,
-                        samples_per_shard: int = 3, with_outputs: bool = True) -> Manifest:
+                        samples_per_shard: int = 3, with_outputs: bool = True, encoding: str = "raw") -> Manifest:
     """Write the dataset (input ``n``: ``inputs[n]`` samples, ``input-{n}.tar``); return its manifest.
     ``with_outputs`` False: the same samples without models (format version 3 or 4)."""
     os.makedirs(directory, exist_ok=True)
     config: dict[str, Any] = {"height": SHAPE[0], "width": SHAPE[1]}
     if bucketed:
         config.update(mode="bucket", buckets=[list(b) for b in BUCKETS])
+    if encoding != "raw":
+        config["encoding"] = encoding
     if with_outputs:
         config["models"] = {o.name: {"fn": o.identity["function"], "input": o.input, "dtype": o.dtype}
                             for o in output_specs(bucketed)}
@@ -78,7 +80,7 @@ def make_output_dataset(directory: str, inputs: tuple[int, ...] = (7, 5), *, buc
     index = 0
     for number, count in enumerate(inputs):
         name = f"input-{number}.tar"
-        writer = InputShardWriter(directory, f"input-{number}", *SHAPE, samples_per_shard,
+        writer = InputShardWriter(directory, f"input-{number}", *SHAPE, samples_per_shard, encoding,
                                   buckets=BUCKETS if bucketed else None)
         for i in range(index, index + count):
             bucket = i % 2 if bucketed else 0

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from shardio.errors import ShardFormatError
-from shardio.format.spec import (BUCKET_FORMAT_VERSION, BUCKET_MODE, MAX_BUCKETS, MAX_SIDE, OUTPUTS_FORMAT_VERSION,
-                                 YUV420, YUV420_FORMAT_VERSION)
+from shardio.format.spec import (BUCKET_FORMAT_VERSION, BUCKET_MODE, MAX_BUCKETS, MAX_SIDE, NONE,
+                                 OUTPUTS_FORMAT_VERSION, YUV420, YUV420_FORMAT_VERSION)
 from shardio.format.version_rule import dataset_format_version, is_bucketed_config
 
 __all__ = ["config_buckets", "root_buckets"]
@@ -50,6 +50,10 @@ def root_buckets(doc: dict[str, Any], path: str) -> tuple[tuple[int, int], ...] 
                                f"{'has no' if version == OUTPUTS_FORMAT_VERSION else 'has'} models (a dataset with "
                                f"model outputs is version {OUTPUTS_FORMAT_VERSION}): edited or forged, nothing was "
                                "read")
+    if isinstance(doc.get("config"), dict) and doc["config"].get("encoding") == NONE \
+            and config_version != OUTPUTS_FORMAT_VERSION:
+        raise ShardFormatError(f"{path}: config encoding {NONE!r} without models (a dataset without pixels holds "
+                               "model outputs): edited or forged, nothing was read")
     if version == YUV420_FORMAT_VERSION and config_version != version:
         raise ShardFormatError(f"{path}: format_version {version} with a config whose encoding is not "
                                f"{YUV420!r}: edited or forged, nothing was read")

@@ -10,7 +10,7 @@ from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHMS
 from shardio.format.jpeg_shard import jpeg_min_bytes
 from shardio.format.raw_shard import shard_nbytes
-from shardio.format.spec import JPEG, RAW, YUV420
+from shardio.format.spec import JPEG, NONE, RAW, YUV420
 from shardio.format.yuv_shard import yuv_shard_nbytes
 
 __all__ = ["ShardEntry", "InputEntry", "RetiredFile", "expected_shard_size"]
@@ -112,4 +112,6 @@ def expected_shard_size(entry: ShardEntry, shape: tuple[int, int, int], encoding
         return max(entry.bytes, jpeg_min_bytes(entry.samples))
     if encoding == YUV420:
         return yuv_shard_nbytes(entry.samples, shape[0], shape[1])
+    if encoding == NONE:  # the header alone: (N, 0, 0, 3) (spec, "Model outputs")
+        return shard_nbytes(entry.samples, 0, 0)
     return shard_nbytes(entry.samples, shape[0], shape[1])

@@ -28,7 +28,7 @@ from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import ShardEntry, expected_shard_size
 from shardio.format.model_outputs import OutputSpec, output_header, output_nbytes, output_path, parse_output_header
 from shardio.format.raw_shard import parse_npy_header
-from shardio.format.spec import HEADER_BYTES, RAW, SHARDS_DIR, YUV420
+from shardio.format.spec import HEADER_BYTES, NONE, RAW, SHARDS_DIR, YUV420
 from shardio.format.yuv_shard import parse_yuv_header, yuv_sample_bytes
 from shardio.store.root import DatasetRoot
 from shardio.store.base import FileInfo, Storage
@@ -81,7 +81,7 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
                     bucketed: bool) -> str | None:
     """A shard file's own word on its count and image size (a raw ``.npy`` header's shape, a JPEG shard's
     header and its first image's frame size) against its index row's, or None when they agree."""
-    height, width = shape[0], shape[1]
+    height, width = (0, 0) if encoding == NONE else (shape[0], shape[1])  # none: the header alone (N, 0, 0, 3)
     listed = (f"the index lists {entry.samples} of bucket {entry.bucket} ({height}x{width})" if bucketed
               else f"the manifest lists {entry.samples} of {height}x{width}")
     try:
@@ -92,7 +92,7 @@ def _header_problem(store: Storage, path: str, entry: ShardEntry, shape: tuple[i
             return (f"{path}: its header says {count} samples of {sample_bytes} bytes, {listed} "
                     f"({yuv_sample_bytes(height, width)} bytes each: the index and the shard disagree: an edited "
                     "index, or a shard file from elsewhere)")
-        if encoding == RAW:
+        if encoding in (RAW, NONE):
             count, found_h, found_w = parse_npy_header(store.read_range(path, 0, HEADER_BYTES), path)
         else:
             start = jpeg_data_start(entry.samples)

@@ -136,6 +136,11 @@ returned, so a batch of it is a slice of a memory map as raw pixels are. What ch
   digest of each shard's K output files, in the root's ``outputs`` order (K = ``len(outputs)``); a segment of
   removals alone may have none. Compaction carries it row for row. A root without ``outputs`` has no segment
   with the member.
+- ``encoding: none`` (a dataset with outputs only): no pixels are kept, the outputs are the dataset (a latent
+  is a tenth of a raw picture, or less). Each shard's pixel file ``shards/STEM-NNNNN.npy`` is then its header
+  alone, a .npy of shape (N, 0, 0, 3) uint8, exactly ``HEADER_BYTES``, so a shard still has its three kinds of
+  files and every check above holds unchanged; a reader's batches and samples have no ``image``. A root whose
+  config says ``encoding: none`` without ``models`` is refused (edited or forged).
 - Everything else is version 5's (and, for a single-shape raw dataset, version 3's): pixels, ``.jsonl``,
   commits, generations, retention, object storage, buckets.
 
@@ -420,6 +425,7 @@ __all__ = [
     "RAW",
     "JPEG",
     "YUV420",
+    "NONE",
     "ENCODINGS",
     "SUBSAMPLINGS",
     "HEADER_BYTES",
@@ -457,8 +463,8 @@ YUV420_FORMAT_VERSION = 5
 # A dataset with model outputs (a non-empty ``models`` in its config): a reader of versions 3 to 5 would read its
 # pixels and miss the outputs a trainer asks for, so it must refuse it (spec, "Model outputs").
 OUTPUTS_FORMAT_VERSION = 6
-RAW, JPEG, YUV420 = "raw", "jpeg", "yuv420"
-ENCODINGS = (RAW, JPEG, YUV420)
+RAW, JPEG, YUV420, NONE = "raw", "jpeg", "yuv420", "none"
+ENCODINGS = (RAW, JPEG, YUV420, NONE)
 SUBSAMPLINGS = ("4:4:4", "4:2:0")
 HEADER_BYTES = 128
 # The largest height or width a dataset may have: the writer's config refuses more (preprocess.config),

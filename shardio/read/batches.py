@@ -32,6 +32,7 @@ except ImportError:  # not on Windows, which has no pread for the extension eith
     resource = None  # type: ignore[assignment]
 
 from shardio.format.model_outputs import OutputSpec
+from shardio.format.spec import NONE
 from shardio.read.gather import ShardFile, gather, native, read, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
@@ -131,7 +132,9 @@ class BatchAssembler:
         # A bucketed dataset's batches differ in shape: each buffer is made large enough for a batch of the
         # largest bucket, so one pool serves every bucket and no step allocates once the pool is full.
         self.layout = layout  # the snapshot's (``shardio.read.layout.layout_of``, asked once at open)
-        self.buffer_bytes = self.layout.buffer_bytes(batch_size)
+        # A dataset without pixels (``encoding: none``) assembles no image: no buffer is made for one.
+        self.pixels_kept = snapshot.encoding != NONE
+        self.buffer_bytes = self.layout.buffer_bytes(batch_size) if self.pixels_kept else 0
         self.buffers = BufferPool(buffers, self.buffer_bytes)
 
     def shard(self, shard: int) -> tuple[np.ndarray | JpegPixels | YuvPixels, ShardMeta]:
@@ -147,7 +150,7 @@ class BatchAssembler:
             if isinstance(pixels, YuvPixels):
                 pixels = pixels.with_plain_view()
             elif not isinstance(pixels, JpegPixels):
-                file = ShardFile.of(pixels) if self.reads_files else None
+                file = ShardFile.of(pixels) if self.reads_files and self.pixels_kept else None
                 # A plain ndarray view of the memory map: slicing a np.memmap costs ~3 µs more per piece.
                 pixels = np.asarray(pixels)
             hit = (pixels, self.snapshot.meta(shard), file)
@@ -169,6 +172,8 @@ class BatchAssembler:
         already open (a window's shards are, after its first batch or two), which it neither opens nor
         moves up the cache. A few slices spread over the batch are looked at first: when they are all in
         memory (a dataset the page cache holds) the rest are not (each look is a system call, ~0.8 us)."""
+        if not self.pixels_kept:
+            return
         step = max(1, len(pieces) // READ_AHEAD_PROBES)
         probe = self._mapped_slices(pieces[::step][:READ_AHEAD_PROBES])
         if probe and will_need(probe):
@@ -213,8 +218,10 @@ class BatchAssembler:
         if encoded and not (jpeg or yuv):
             raise ValueError(f"{self.snapshot.directory}: encoded batches are for JPEG datasets "
                              "(encoding: jpeg) and yuv420 ones; this one is raw")
-        image: torch.Tensor | EncodedImages | YuvPlanes
-        if encoded and jpeg:
+        image: torch.Tensor | EncodedImages | YuvPlanes | None
+        if not self.pixels_kept:
+            image = None
+        elif encoded and jpeg:
             image = EncodedImages.of([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)])
         elif encoded:
             image = self._planes(shards, pieces, count, shared, pinned)
@@ -252,8 +259,10 @@ class BatchAssembler:
         # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
         rows = [row for (_, meta, _), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
         keys, txt, cls, js, box, original_size, crop_top_left = rows_columns(rows)
-        batch: Batch = {"image": image, "__key__": keys, "original_size": torch.from_numpy(original_size),
+        batch: Batch = {"__key__": keys, "original_size": torch.from_numpy(original_size),
                         "crop_top_left": torch.from_numpy(crop_top_left)}
+        if image is not None:
+            batch = {"image": image, **batch}
         if "cls" in self.fields:
             batch["cls"] = torch.from_numpy(cls)
         if "txt" in self.fields:

@@ -25,7 +25,7 @@ from shardio.read.cache.cache_setup import cache_for, default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
 from shardio.errors import ShardError
-from shardio.format import JPEG, MANIFEST_NAME, YUV420
+from shardio.format import JPEG, MANIFEST_NAME, NONE, YUV420
 from shardio.format.manifests import read_root
 from shardio.read.layout import EpochOrder, Layout, layout_of
 from shardio.read.order import (
@@ -550,6 +550,8 @@ class ShardDataset(IterableDataset):
         (``shardio.read.sample_access``: one binary search, no epoch plan), and each model output under its name
         (a tensor of its shape and dtype, a copy)."""
         sample = sample_at(self._assembler.shard, self.snapshot.offsets, index)
+        if self.snapshot.encoding == NONE:  # no pixels kept: the outputs are the sample
+            del sample["image"]
         for output in self.snapshot.outputs:
             row = self._assembler.output_rows(output, [(sample["shard"], sample["row"], sample["row"] + 1)], 1, False,
                                           False)

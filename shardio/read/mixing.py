@@ -45,6 +45,7 @@ from shardio.read.batches import FIELDS, has_content_box
 from shardio.read.dataset import ShardDataset
 from shardio.read.layout import mix_refusal
 from shardio.errors import DatasetIncompatibleError
+from shardio.format import NONE
 from shardio.read.resume import EpochPass
 
 __all__ = ["MixedDataset"]
@@ -74,6 +75,10 @@ class MixedDataset(IterableDataset):
             refusal = mix_refusal(first.path, first.layout, other.path, other.layout)
             if refusal is not None:
                 raise DatasetIncompatibleError(refusal)
+            if (first.snapshot.encoding == NONE) != (other.snapshot.encoding == NONE):
+                raise DatasetIncompatibleError(
+                    f"cannot mix {first.path} (encoding {first.snapshot.encoding}) with {other.path} (encoding "
+                    f"{other.snapshot.encoding}): a dataset without pixels gives batches without image")
             if not _same_outputs(first.outputs, other.outputs):
                 raise DatasetIncompatibleError(
                     f"cannot mix {first.path} (model outputs {_outputs_said(first.outputs)}) with {other.path} "

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from shardio.errors import ShardError, ShardIntegrityError, UnsupportedPath
-from shardio.format import (HEADER_BYTES, JPEG, YUV420, Manifest, ShardEntry, expected_shard_size,
+from shardio.format import (HEADER_BYTES, JPEG, NONE, YUV420, Manifest, ShardEntry, expected_shard_size,
                             line_crop_default, npy_header, parse_npy_header)
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
 from shardio.format.model_outputs import OutputSpec, output_header, output_nbytes, output_path, parse_output_header
@@ -170,6 +170,12 @@ class DatasetSnapshot:
         from ``torch.from_numpy``; pages stay shared with the page cache until someone writes). A JPEG
         dataset's: ``JpegPixels`` over the mapped shard, which slices alike and decodes when indexed; a
         yuv420 dataset's: ``YuvPixels`` over the mapped planes, which slices alike and converts when indexed."""
+        if self.encoding == NONE:  # no pixels kept (spec, "Model outputs"): the header alone, checked
+            entry = self.shards[shard_index]
+            if not self.store.is_local:
+                self.output_arrays(shard_index)  # says what object storage does not serve yet
+            self._raw_header(self.store.join(self.directory, entry.path), entry.bytes, entry.samples, (0, 0))
+            return np.zeros((entry.samples, 0, 0, 3), np.uint8)
         cache = self._remote_cache()
         if cache is not None:
             with self._reading_remote(self.shards[shard_index].path):
@@ -210,7 +216,7 @@ class DatasetSnapshot:
         it (~10 µs: ``ShardDataset`` checks every shard of a small dataset at open)."""
         entry = self.shards[shard_index]
         path = self.store.join(self.directory, entry.path)
-        if self.encoding in (JPEG, YUV420):
+        if self.encoding in (JPEG, YUV420, NONE):
             self.pixels(shard_index)
         else:
             self._raw_header(path, entry.bytes, entry.samples, self._entry_shape(entry))

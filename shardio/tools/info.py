@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.format import INDEX_DIR, MANIFESTS_DIR, REPORTS_DIR, SHARDS_DIR
+from shardio.format import INDEX_DIR, MANIFESTS_DIR, NONE, REPORTS_DIR, SHARDS_DIR
 from shardio.format.manifests import DatasetIndex
 from shardio.store.root import DatasetRoot
 from shardio.failure_reasons import count_by_category
@@ -140,6 +140,8 @@ def _size(nbytes: int) -> str:
 
 
 def _encoding_line(info: dict[str, Any]) -> str:
+    if info["encoding"] == NONE:
+        return "encoding     none: no pixels kept (the model outputs below are the dataset)"
     per_image, raw = info["bytes_per_image"], info["raw_bytes_per_image"]
     ratio = f", {raw / per_image:.1f}x smaller than raw" if info["encoding"] != "raw" and per_image else ""
     projected = f"this dataset raw: {_size(int(raw * info['samples']))}" if info["encoding"] != "raw" else ""

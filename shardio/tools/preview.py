@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardError, UsageError
+from shardio.format import NONE
 from shardio.read.snapshot import DatasetSnapshot, open_dataset
 
 __all__ = ["encode_png", "bucket_samples", "bucket_sheet", "contact_sheet", "write_preview", "PreviewResult"]
@@ -220,6 +221,9 @@ def write_preview(
         raise UsageError(f"{out}: the preview is a PNG (shardio writes no other image format), so its name "
                          "must end in .png; HINT: --out grid.png")
     snapshot = open_dataset(directory)
+    if snapshot.encoding == NONE:
+        raise UsageError(f"{directory}: this dataset keeps no pixels (encoding: none: its model outputs are the "
+                         "dataset), so there is no picture to preview; `shardio info` lists its outputs")
     total = len(snapshot)
     if total == 0:
         raise ShardError(f"{directory}: the manifest lists no samples; nothing to preview")

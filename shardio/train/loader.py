@@ -144,7 +144,9 @@ def to_device(
     device = torch.device(device)
     scale, shift = _affine(tuple(mean), tuple(std), device, dtype)
     out = dict(batch)
-    if isinstance(batch["image"], YuvPlanes):
+    if "image" not in batch:  # a dataset of model outputs alone (encoding: none): nothing to normalise
+        pass
+    elif isinstance(batch["image"], YuvPlanes):
         planes = batch["image"]
         out["image"] = yuv420_normalized(planes.planes.to(device, non_blocking=True), planes.height, planes.width,
                                          scale, shift, dtype)
@@ -372,7 +374,9 @@ class DeviceLoader:
                 raise
             return {**batch, "image": staged.tensor}, staged
         batch = self._decoded(batch)
-        image = batch["image"]
+        image = batch.get("image")
+        if image is None:  # encoding: none: no pixels to stage (its outputs are moved as they are)
+            return batch, None
         if isinstance(image, YuvPlanes):  # the planes are what is copied: staged as a (B, S) batch
             if image.planes.is_cuda or image.planes.is_pinned():
                 return batch, None

@@ -36,6 +36,7 @@ from shardio.store.checksum import WRITE_ALGORITHM, file_checksum, new_hasher
 from shardio.format import (
     HEADER_BYTES,
     JPEG,
+    NONE,
     RAW,
     YUV420,
     Manifest,
@@ -46,8 +47,8 @@ from shardio.format.model_outputs import TORCH_DTYPES, output_header, output_pat
 from shardio.format.jpeg_shard import JPEG_SUFFIX, jpeg_data_start, jpeg_header
 from shardio.format.yuv_shard import YUV_SUFFIX, rgb_to_yuv420, yuv_header, yuv_sample_bytes
 
-__all__ = ["ShardWriter", "JpegShardWriter", "YuvShardWriter", "SHARD_WRITERS", "InputShardWriter", "OutputFileWriter",
-           "write_manifest"]
+__all__ = ["ShardWriter", "JpegShardWriter", "YuvShardWriter", "NoPixelShardWriter", "SHARD_WRITERS",
+           "InputShardWriter", "OutputFileWriter", "write_manifest"]
 
 
 # Bytes written between two requests to start writing a shard back to disk (see ``_start_writeback``).
@@ -235,8 +236,28 @@ class YuvShardWriter(ShardWriter):
         self.count += 1
 
 
-# Each encoding's shard writer (the config's ``encoding``: spec, "Pixel encodings").
-SHARD_WRITERS: dict[str, type[ShardWriter]] = {RAW: ShardWriter, JPEG: JpegShardWriter, YUV420: YuvShardWriter}
+class NoPixelShardWriter(ShardWriter):
+    """One shard of a dataset without pixels (``encoding: none``: spec, "Model outputs"): ``add`` takes each
+    image (the job's models were given it) and keeps its metadata only; the pixel file is its header alone,
+    shape (N, 0, 0, 3)."""
+
+    def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
+        if pixels.shape != (self.height, self.width, 3) or pixels.dtype != np.uint8:
+            raise ValueError(f"image {pixels.shape} {pixels.dtype} != ({self.height}, {self.width}, 3) uint8")
+        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._meta.write(line.encode("utf-8"))
+        self.count += 1
+
+    def _finish_pixels(self) -> int:
+        pixels = self._pixels
+        pixels.handle.seek(0)
+        pixels.handle.write(npy_header(self.count, 0, 0))
+        return HEADER_BYTES
+
+
+# Each encoding's shard writer (the config's ``encoding``: spec, "Pixel encodings", "Model outputs").
+SHARD_WRITERS: dict[str, type[ShardWriter]] = {RAW: ShardWriter, JPEG: JpegShardWriter, YUV420: YuvShardWriter,
+                                               NONE: NoPixelShardWriter}
 
 
 class OutputFileWriter:

@@ -216,3 +216,30 @@ class TestFilesOfAShard:
         retired = {r["path"] for r in _root(directory)["retired"]}
         old_shard = old.shards[0].path
         assert {old_shard, output_path(old_shard, "latent"), output_path(old_shard, "embed")} <= retired
+
+
+def test_a_root_without_pixels_and_without_models_is_refused(tmp_path) -> None:
+    directory = str(tmp_path / "ds")
+    _dataset(directory)
+    root = _root(directory)
+    root.update(format_version=3)
+    root["config"].pop("models")
+    root["config"]["encoding"] = "none"
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(root, f)
+    with pytest.raises(ShardFormatError, match="manifest.json: config encoding 'none' without models"):
+        load_index(directory)
+
+
+def test_a_shard_without_pixels_is_its_header_alone(tmp_path) -> None:
+    from shardio.format import NONE, expected_shard_size, npy_header
+
+    writer = InputShardWriter(str(tmp_path), "in", H, W, 3, NONE)
+    for i in range(5):
+        writer.add(np.full((H, W, 3), i, np.uint8), {"key": f"s{i}"}, "in.tar")
+    entries = writer.close("in.tar")
+    for entry in entries:
+        data = (tmp_path / entry.path).read_bytes()
+        assert data == npy_header(entry.samples, 0, 0) and entry.bytes == 128
+        assert expected_shard_size(entry, (H, W, 3), NONE) == 128
+        assert np.load(tmp_path / entry.path).shape == (entry.samples, 0, 0, 3)

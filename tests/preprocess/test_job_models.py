@@ -311,3 +311,38 @@ def test_repair_rebuilds_a_damaged_shards_outputs_byte_for_byte(ray_cluster, tar
     assert after["files"] == before["files"] and after["output_files"] == before["output_files"]
     assert after["outputs"] == before["outputs"]
     assert_clean(out)
+
+
+def test_encoding_none_keeps_the_outputs_of_the_pixels_it_does_not_keep(ray_cluster, tars, tmp_path):
+    """``encoding: none``: each shard's pixel file is its 128-byte header alone, and the outputs are those a
+    raw run of the same tars stores (the models were given the same pixels); verify finds nothing wrong."""
+    import torch
+
+    from shardio import ShardDataset
+
+    pattern = make_tars(tars, [7, 5])
+    config = write_config(tmp_path / "c.yaml", {"latent": LATENT})
+    raw, none = str(tmp_path / "raw"), str(tmp_path / "none")
+    assert run(pattern, "--output", raw, "--config", config, *BUCKET_FLAGS).exit_code == 0
+    result = run(pattern, "--output", none, "--config", config, *BUCKET_FLAGS, "--encoding", "none")
+    assert result.exit_code == 0, result.output
+    assert root_of(none)["config"]["encoding"] == "none" and root_of(none)["format_version"] == 6
+    shards = load_manifest(none).shards
+    assert shards and all(os.path.getsize(os.path.join(none, s.path)) == 128 for s in shards)
+
+    def latents(out: str) -> dict[str, bytes]:
+        return {key: bytes(row.view(torch.int16).numpy().tobytes()) for batch in ShardDataset(out, batch_size=5)
+                for key, row in zip(batch["__key__"], batch["latent"])}
+
+    assert latents(none) == latents(raw)
+    assert all("image" not in batch for batch in ShardDataset(none, batch_size=5))
+    verified = runner.invoke(app, ["verify", none], catch_exceptions=False)
+    assert verified.exit_code == 0, verified.output
+    assert_clean(none)
+
+
+def test_encoding_none_without_models_is_refused_before_anything_is_touched(tars, tmp_path):
+    pattern = make_tars(tars, [2])
+    result = runner.invoke(app, ["run", pattern, "--output", str(tmp_path / "out"), "--encoding", "none"])
+    assert result.exit_code == 2 and "encoding: none keeps no pixels" in result.output
+    assert not os.path.exists(tmp_path / "out")

@@ -159,3 +159,37 @@ def test_a_bfloat16_output_holds_the_bits_written(dataset, bucketed) -> None:
     indices = [int(key[1:]) for key in batch["__key__"]]
     assert (bits[:, 0] == np.array([expected("bits", i).view(torch.int16)[0].item() for i in indices],
                                    dtype=np.int64).astype(np.uint16)).all()
+
+
+def test_a_dataset_without_pixels_gives_its_outputs_alone(tmp_path, bucketed) -> None:
+    directory = str(tmp_path / "none")
+    manifest = make_output_dataset(directory, bucketed=bucketed, encoding="none")
+    assert all(os.path.getsize(os.path.join(directory, e.path)) == 128 for e in manifest.shards)
+    ds = ShardDataset(directory, batch_size=4, shuffle=True)
+    seen = []
+    for batch in ds:
+        assert "image" not in batch
+        seen += check_batch(batch, bucketed)
+    assert sorted(seen) == list(range(12))
+    assert "image" not in ds.sample(0) and torch.equal(ds.sample(0)["embed"], expected("embed", 0))
+    for batch in DeviceLoader(ShardDataset(directory, batch_size=4), device="cpu"):
+        assert "image" not in batch
+        check_batch(batch, bucketed)
+    root = open_root(directory)
+    assert shard_problems(root, load_index(directory), checksums=True) == []
+    assert "encoding     none: no pixels kept" in format_info(dataset_info(directory))
+    make_output_dataset(str(tmp_path / "raw"), bucketed=bucketed)
+    with pytest.raises(DatasetIncompatibleError, match="without image"):
+        MixedDataset([ShardDataset(directory, batch_size=2), ShardDataset(str(tmp_path / "raw"), batch_size=2)],
+                     [1, 1])
+
+
+def test_a_dataset_without_pixels_has_no_preview(tmp_path) -> None:
+    from shardio.errors import UsageError
+    from shardio.tools.preview import write_preview
+
+    directory = str(tmp_path / "none")
+    make_output_dataset(directory, encoding="none")
+    with pytest.raises(UsageError, match="keeps no pixels"):
+        write_preview(directory, str(tmp_path / "p.png"))
+    assert not os.path.exists(tmp_path / "p.png")
