@@ -139,6 +139,9 @@ bench: $(STAMP)
 	# against raw parallel GETs and the local-disk reader, raw and JPEG shards, and 4 ranks sharing a cache_dir.
 	# Adds cold_epoch to bench/results.json / .md (~10 minutes on 2 cores).
 	$(PY) -m bench.cold_epoch
+	# models: in the job on the CPU: one worker's images/s with a cheap model and a small convolution against
+	# none (goal: cheap >= 0.8). Adds models_job to bench/results.json / .md (~2 minutes).
+	$(PY) -m bench.models_job
 
 # The GPU path on a GPU machine, in one call (bench/gpu_check.py: CUDA tests, stream safety, decode rates, H2D,
 # a ResNet-50 step's wait for data, the object-store reader); installs what it needs itself (bench/gpu_env.sh)

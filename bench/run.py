@@ -480,7 +480,7 @@ def _job_floor_only(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # The keys (and marked results.md sections) other benchmarks add to the files this one writes.
-SECTION_KEYS = ("object_store", "cold_epoch")
+SECTION_KEYS = ("object_store", "cold_epoch", "models_job")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
