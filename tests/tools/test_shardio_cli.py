@@ -227,10 +227,11 @@ GAP = 4
 
 
 class StubSnapshot:
-    """The snapshot surface preview reads: shard counts and buckets, pixels and metadata per shard."""
+    """The snapshot surface preview reads: its encoding, shard counts and buckets, pixels and metadata per shard."""
 
     is_bucketed = True
     shape = (10, 10, 3)
+    encoding = "raw"
 
     def __init__(self) -> None:
         self.buckets = ((8, 12), (12, 8), (10, 10), (6, 16))
