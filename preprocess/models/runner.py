@@ -33,7 +33,7 @@ import torch
 
 from shardio.errors import ConfigError, InputError
 from preprocess.models.identity import torch_module_of
-from preprocess.models.model_config import IMAGE, ModelSpec
+from preprocess.models.model_config import DTYPES, IMAGE, ModelSpec
 
 __all__ = ["ModelRunner", "ModelOutputs", "resolve_device"]
 
@@ -215,6 +215,9 @@ class ModelRunner:
                 raise ConfigError(f"{where}: the model returned {_name(output.dtype)}, dtype is "
                                   f"{_name(self.target_dtype)} (only a floating output is cast to a floating dtype)")
             output = output.to(self.target_dtype)
+        if _name(output.dtype) not in DTYPES:
+            raise ConfigError(f"{where}: the model returned {_name(output.dtype)}, which no output stores (the "
+                              f"dtypes: {', '.join(DTYPES)}): set dtype: to cast a floating output to one")
         if self._dtype is None:
             self._dtype = output.dtype
         elif output.dtype != self._dtype:

@@ -193,6 +193,16 @@ def test_an_integer_output_is_not_cast_to_a_floating_dtype():
         runner.add("a.tar", 0, "x")
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.complex64, torch.uint32])
+def test_a_dtype_no_output_stores_is_refused(dtype):
+    """Stored as it is, a uint16 output would read back as bfloat16 (both are ``<u2`` bits)."""
+    runner = ModelRunner(ModelSpec(name="text", fn="m:make", input="text", batch_size=1, device="cpu"),
+                         lambda captions: torch.zeros(len(captions), 3, dtype=dtype))
+    with pytest.raises(ConfigError, match=f"models: text: the model returned {str(dtype)[6:]}, which no output "
+                                          "stores"):
+        runner.add("a.tar", 0, "x")
+
+
 def test_a_dtype_that_changes_between_batches_is_refused_without_a_dtype_configured():
     dtypes = iter([torch.float32, torch.float16])
     runner = ModelRunner(ModelSpec(name="text", fn="m:make", input="text", batch_size=1, device="cpu"),
