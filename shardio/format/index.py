@@ -20,7 +20,7 @@ from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTE
 from shardio.format.buckets import root_buckets
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
-from shardio.format.model_outputs import outputs_json, root_outputs
+from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, check_output_digests, outputs_json, root_outputs
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import root_classes, root_dataset_id, root_generation, root_name_fence, root_shape
 from shardio.format.spec import FORMAT_NAME, INDEX_DIR
@@ -30,7 +30,7 @@ FENCE_MEMBER = "fence"
 __all__ = ["FENCE_MEMBER", "with_fence", "SegmentRef", "Delta", "COMPACT_FANOUT", "encode_segment", "decode_segment",
            "segment_path", "check_segment_path", "root_json", "manifest_from_root", "current_inputs", "plan_compaction",
            "merge_segments", "input_signature", "totals_of", "segment_bytes", "check_shard_buckets",
-           "BUCKET_COLUMN", "OUTPUT_DIGEST_COLUMN", "check_output_digests", "check_segment_outputs"]
+           "BUCKET_COLUMN", "check_segment_outputs"]
 
 # Merge the newest 8 segments when they share a tier (a factor of 8 in rows): a root then names at most
 # 7 per tier, ~42 at 2.3M shards, and each entry is rewritten ~log8(N / rows per commit) times (4 at 30k
@@ -40,9 +40,6 @@ COMPACT_FANOUT = 8
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 # The member a bucketed dataset's segments have (spec, "Buckets"): each shard's bucket id, uint16.
 BUCKET_COLUMN = "shard_bucket"
-# The member a version 6 dataset's segments have (spec, "Model outputs"): uint8 (n, K, 16), the xxh3_128 digest
-# of each shard's K output files, in the root's ``outputs`` order.
-OUTPUT_DIGEST_COLUMN = "output_digest"
 
 
 @dataclass(frozen=True)
@@ -249,18 +246,6 @@ def decode_segment(data: bytes, path: str) -> Delta:
                            shards=[e.path for e in own], etag=etags[i])
         inputs[name] = (entry, own, bool(columns["input_listed"][i]))
     return Delta(inputs, removed, bucketed, outputs)
-
-
-def check_output_digests(column: np.ndarray | None, shards: int, path: str) -> int:
-    """The K of a segment's ``output_digest`` member (0 where it has none); ShardFormatError naming
-    ``path`` unless it is uint8 (shards, K, 16)."""
-    if column is None:
-        return 0
-    if column.ndim != 3 or column.shape[0] != shards or column.shape[2] != DIGEST_BYTES[XXH3_128] \
-            or column.dtype != np.uint8:
-        raise ShardFormatError(f"{path}: {OUTPUT_DIGEST_COLUMN} is {column.dtype} {column.shape}, not uint8 "
-                               f"({shards}, K, {DIGEST_BYTES[XXH3_128]})")
-    return int(column.shape[1])
 
 
 def fold(deltas: Iterable[Delta]) -> dict[str, tuple[InputEntry, list[ShardEntry], bool]]:

@@ -14,7 +14,6 @@ from shardio.errors import ShardError, ShardFormatError, ShardIntegrityError
 from shardio.store.checksum import SHA256, XXH3_128
 from shardio.format.index import (
     BUCKET_COLUMN,
-    OUTPUT_DIGEST_COLUMN,
     SegmentRef,
     check_segment_outputs,
     check_shard_buckets,
@@ -28,7 +27,7 @@ from shardio.format.buckets import root_buckets
 from shardio.format.dataset_config import ConfigDerived
 from shardio.format.dataset_manifest import Manifest
 from shardio.format.entries import InputEntry, RetiredFile
-from shardio.format.model_outputs import OutputSpec, root_outputs
+from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, OutputSpec, check_output_digests, root_outputs
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import (parse_json, root_classes, root_dataset_id, root_generation, root_name_fence,
                                         root_shape)
@@ -186,9 +185,9 @@ def _read_index(store: Storage, path: str, directory: str, segment_cache: str | 
     for segment in segments:
         check_shard_buckets(segment.arrays.get(BUCKET_COLUMN), len(segment.arrays["shard_samples"]), buckets,
                             segment.path)
-        digests = segment.arrays.get(OUTPUT_DIGEST_COLUMN)
-        check_segment_outputs(0 if digests is None else digests.shape[1], segment.input_count > 0, len(outputs),
-                              segment.path)
+        digests = check_output_digests(segment.arrays.get(OUTPUT_DIGEST_COLUMN), len(segment.arrays["shard_samples"]),
+                                       segment.path)
+        check_segment_outputs(digests, segment.input_count > 0, len(outputs), segment.path)
     table = fold_segments(segments, path)
     try:
         h, w, c = root_shape(doc, path)

@@ -15,12 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shardio.errors import ShardFormatError
 from shardio.format.raw_shard import fixed_npy_header
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
+from shardio.store.checksum import DIGEST_BYTES, XXH3_128
 
 __all__ = ["OutputSpec", "root_outputs", "outputs_json", "output_path", "output_header", "output_nbytes",
-           "parse_output_header", "shard_files", "TORCH_DTYPES", "OUTPUT_INPUTS", "MAX_OUTPUT_DIMS", "OUTPUT_SUFFIX"]
+           "parse_output_header", "shard_files", "OUTPUT_DIGEST_COLUMN", "check_output_digests", "TORCH_DTYPES",
+           "OUTPUT_INPUTS", "MAX_OUTPUT_DIMS", "OUTPUT_SUFFIX"]
 
 # The torch dtype an output is returned in -> the ``.npy`` descr its file stores (little-endian; one byte has
 # no order). bfloat16 has no numpy dtype: its raw bits, ``<u2``, viewed as torch.bfloat16 by the reader.
@@ -33,6 +37,10 @@ _ITEMSIZE = {descr: int(descr[2:]) for descr in TORCH_DTYPES.values()}
 OUTPUT_INPUTS = ("image", "text")  # what a model is given: a batch's pixels, or its captions
 MAX_OUTPUT_DIMS = 8  # dimensions of one sample's output (a latent: 3; a text embedding: 2)
 OUTPUT_SUFFIX = ".npy"  # shards/STEM-NNNNN.NAME.npy
+# The index member of a version 6 dataset's segments: uint8 (n, K, 16), the xxh3_128 digest of each shard's K
+# output files, in the root's ``outputs`` order (``shardio.format.index`` writes it).
+OUTPUT_DIGEST_COLUMN = "output_digest"
+_DIGEST_BYTES = DIGEST_BYTES[XXH3_128]
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,17 @@ def root_outputs(doc: dict[str, Any], buckets: int, path: str) -> tuple[OutputSp
 
 def outputs_json(outputs: Sequence[OutputSpec]) -> list[dict[str, Any]]:
     return [o.to_json() for o in outputs]
+
+
+def check_output_digests(column: np.ndarray | None, shards: int, path: str) -> int:
+    """The K of a segment's ``output_digest`` member (0 where it has none); ShardFormatError naming
+    ``path`` unless it is uint8 (shards, K, 16)."""
+    if column is None:
+        return 0
+    if column.ndim != 3 or column.shape[0] != shards or column.shape[2] != _DIGEST_BYTES or column.dtype != np.uint8:
+        raise ShardFormatError(f"{path}: {OUTPUT_DIGEST_COLUMN} is {column.dtype} {column.shape}, not uint8 "
+                               f"({shards}, K, {_DIGEST_BYTES})")
+    return int(column.shape[1])
 
 
 def output_path(shard_path: str, name: str) -> str:

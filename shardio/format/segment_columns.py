@@ -19,16 +19,15 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
+from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, check_output_digests
 from shardio.format.string_hashes import fnv1a
 
-__all__ = ["SegmentColumns", "BUCKET_COLUMN", "OUTPUT_DIGEST_COLUMN", "map_segment", "segment_from_bytes",
-           "check_segment"]
+__all__ = ["SegmentColumns", "BUCKET_COLUMN", "map_segment", "segment_from_bytes", "check_segment"]
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # a zip local file header, up to its name
 _HASH_CHUNK = 1 << 22
 _INPUT_COLUMNS = ("input_name_offsets", "input_name_blob", "input_first_shard", "removed_offsets", "removed_blob")
 BUCKET_COLUMN = "shard_bucket"  # a bucketed dataset's segments only (spec, "Buckets")
-OUTPUT_DIGEST_COLUMN = "output_digest"  # a version 6 dataset's segments only (spec, "Model outputs")
 _SHARD_COLUMNS = ("shard_path_offsets", "shard_path_blob", "shard_meta_path_offsets", "shard_meta_path_blob",
                   "shard_samples", "shard_bytes", "shard_meta_bytes", "shard_algorithm", "shard_digest",
                   "shard_meta_digest")
@@ -107,11 +106,7 @@ class SegmentColumns:
         if bucket is not None and (bucket.shape != (shards,) or bucket.dtype.kind not in "iu"):
             raise ShardFormatError(f"{path}: {BUCKET_COLUMN} is {bucket.dtype} {bucket.shape}, not ({shards},) "
                                    "integers")
-        outputs = self.arrays.get(OUTPUT_DIGEST_COLUMN)
-        if outputs is not None and (outputs.ndim != 3 or outputs.shape[0] != shards or outputs.shape[2] != 16
-                                    or outputs.dtype != np.uint8):
-            raise ShardFormatError(f"{path}: {OUTPUT_DIGEST_COLUMN} is {outputs.dtype} {outputs.shape}, not uint8 "
-                                   f"({shards}, K, 16)")
+        check_output_digests(self.arrays.get(OUTPUT_DIGEST_COLUMN), shards, path)
         for name in ("shard_digest", "shard_meta_digest"):
             if self.arrays[name].ndim != 2 or self.arrays[name].shape[1] not in (16, 32):
                 raise ShardFormatError(f"{path}: {name} is {self.arrays[name].shape}, not ({shards}, 16 or 32)")

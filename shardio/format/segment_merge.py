@@ -19,7 +19,8 @@ import numpy as np
 
 from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_CODES, ALGORITHM_NAMES, DIGEST_BYTES, XXH3_128
-from shardio.format.index import BUCKET_COLUMN, OUTPUT_DIGEST_COLUMN, segment_bytes, with_fence
+from shardio.format.index import BUCKET_COLUMN, segment_bytes, with_fence
+from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN
 from shardio.format.segment_columns import SegmentColumns
 from shardio.format.names import check_dataset_path
 from shardio.format.spec import SHARDS_DIR
@@ -139,7 +140,7 @@ def merge_columns(segments: list[SegmentColumns], from_start: bool, fence: str =
         if len(widths) > 1:
             raise ShardFormatError(f"segments {', '.join(s.path for s in segments)}: {OUTPUT_DIGEST_COLUMN} of "
                                    f"{sorted(widths)} outputs (a dataset has one list of outputs)")
-        outputs = np.zeros((shards, widths.pop(), 16), dtype=np.uint8)
+        outputs = np.zeros((shards, widths.pop(), DIGEST_BYTES[XXH3_128]), dtype=np.uint8)
         for k, position, rows in shard_parts:
             column = segments[k].arrays.get(OUTPUT_DIGEST_COLUMN)
             if column is not None:

@@ -20,9 +20,9 @@ import numpy as np
 from shardio.errors import ShardFormatError
 from shardio.store.checksum import ALGORITHM_NAMES, DIGEST_BYTES
 from shardio.format.entries import InputEntry, ShardEntry
-from shardio.format.model_outputs import output_path, shard_files
+from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, output_path, shard_files
 from shardio.format.names import check_dataset_path
-from shardio.format.segment_columns import BUCKET_COLUMN, OUTPUT_DIGEST_COLUMN, SegmentColumns
+from shardio.format.segment_columns import BUCKET_COLUMN, SegmentColumns
 from shardio.format.string_hashes import string_hashes
 
 __all__ = ["ShardTable", "check_listed_once", "fold_segments", "shard_entry"]
