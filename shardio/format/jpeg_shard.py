@@ -23,13 +23,12 @@ offsets, and the writer holds one shard's JPEGs (~23 KB each at 256², 23 MB for
 
 from __future__ import annotations
 
-import ast
 
 import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
-from shardio.format.raw_shard import fixed_npy_header
-from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
+from shardio.format.raw_shard import fixed_npy_header, npy_header_fields
+from shardio.format.spec import HEADER_BYTES
 
 __all__ = ["JPEG_SUFFIX", "jpeg_header", "jpeg_data_start", "jpeg_min_bytes", "parse_jpeg_header",
            "check_offsets", "jpeg_frame_size"]
@@ -54,16 +53,10 @@ def jpeg_min_bytes(count: int) -> int:
 
 def parse_jpeg_header(header: bytes, path: str) -> int:
     """N from a JPEG shard's first 128 bytes, or ShardFormatError saying what is wrong with them."""
-    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
-        raise ShardFormatError(
-            f"{path}: not a shardio JPEG shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
-            "HINT: the file is corrupt - run `preprocess verify DIR --repair`")
-    try:
-        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
-        shape = tuple(meta["shape"])
-        ok = meta["descr"] == "<u8" and not meta["fortran_order"] and len(shape) == 1 and shape[0] >= 1
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
-        raise ShardFormatError(f"{path}: unreadable JPEG shard header: {e}") from e
+    meta = npy_header_fields(header, path, "a shardio JPEG shard", "the file is corrupt - run `preprocess verify DIR "
+                             "--repair`", "JPEG shard header")
+    shape = meta["shape"]
+    ok = meta["descr"] == "<u8" and not meta["fortran_order"] and len(shape) == 1 and shape[0] >= 1
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected the uint64 offsets (N+1,) of a "
                                "JPEG shard (is this a raw shard in a dataset whose config says encoding: jpeg?)")

@@ -9,7 +9,6 @@ never imported (bfloat16, which numpy lacks, is stored as its raw 16 bits, ``<u2
 
 from __future__ import annotations
 
-import ast
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import ShardFormatError
-from shardio.format.raw_shard import fixed_npy_header
-from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
+from shardio.format.raw_shard import fixed_npy_header, npy_header_fields
+from shardio.format.spec import HEADER_BYTES
 from shardio.store.checksum import DIGEST_BYTES, XXH3_128
 
 __all__ = ["OutputSpec", "root_outputs", "outputs_json", "output_path", "output_header", "output_nbytes",
@@ -181,13 +180,13 @@ def output_nbytes(samples: int, sample_shape: Sequence[int], descr: str) -> int:
 
 def parse_output_header(header: bytes, where: str) -> tuple[str, tuple[int, ...]]:
     """The (descr, shape) of an output file's 128-byte header; ShardFormatError naming ``where`` otherwise."""
-    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
-        raise ShardFormatError(f"{where}: not an output file (no 128-byte .npy v1.0 header)")
+    meta = npy_header_fields(header, where, "a model output file", "the file is corrupt - run `preprocess verify "
+                             "DIR --repair`", "output file header")
+    descr, fortran = meta["descr"], meta["fortran_order"]
     try:
-        doc = ast.literal_eval(header[10:HEADER_BYTES].decode("latin-1").strip())
-        descr, shape, fortran = doc["descr"], tuple(int(d) for d in doc["shape"]), doc["fortran_order"]
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
-        raise ShardFormatError(f"{where}: unreadable .npy header ({type(e).__name__}: {e})") from e
+        shape = tuple(int(d) for d in meta["shape"])
+    except (ValueError, TypeError) as e:
+        raise ShardFormatError(f"{where}: unreadable output file header: {e}") from e
     if fortran or descr not in _ITEMSIZE or not shape:
         raise ShardFormatError(f"{where}: header says {descr!r} {list(shape)} fortran_order={fortran}: not an "
                                "output file's (C order, one of the output dtypes)")

@@ -4,11 +4,12 @@ bytes, so a shard's exact size follows from its sample count and one ``stat`` ca
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from shardio.errors import ShardFormatError
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
-__all__ = ["fixed_npy_header", "npy_header", "shard_nbytes", "parse_npy_header"]
+__all__ = ["fixed_npy_header", "npy_header_fields", "npy_header", "shard_nbytes", "parse_npy_header"]
 
 
 def fixed_npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
@@ -23,6 +24,22 @@ def fixed_npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     return NPY_MAGIC + body_len.to_bytes(2, "little") + padded.encode("latin1")
 
 
+def npy_header_fields(header: bytes, path: str, what: str, hint: str, header_name: str) -> dict[str, Any]:
+    """The fields of a fixed 128-byte .npy v1.0 header (``descr``, ``fortran_order``, ``shape`` as a tuple): what
+    every shard file's parser reads before it checks what its kind needs. ShardFormatError naming ``path`` when
+    the magic is missing (``what``: the kind of file expected; ``hint``: the fix) or ``header_name`` is unreadable."""
+    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
+        raise ShardFormatError(f"{path}: not {what} (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
+                               f"HINT: {hint}")
+    try:
+        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
+        meta["shape"] = tuple(meta["shape"])
+        _ = meta["descr"], meta["fortran_order"]  # each present, or KeyError
+    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        raise ShardFormatError(f"{path}: unreadable {header_name}: {e}") from e
+    return meta
+
+
 def npy_header(count: int, height: int, width: int) -> bytes:
     """The fixed 128-byte .npy v1.0 header of a shard of ``count`` H×W×3 uint8 images."""
     return fixed_npy_header("|u1", (count, height, width, 3))
@@ -35,17 +52,10 @@ def shard_nbytes(count: int, height: int, width: int) -> int:
 
 def parse_npy_header(header: bytes, path: str) -> tuple[int, int, int]:
     """Return (N, H, W) from a shard's first 128 bytes, or say exactly what is wrong with them."""
-    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
-        raise ShardFormatError(
-            f"{path}: not a shardio shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
-            "HINT: the file is corrupt or was not written by preprocess - re-run `preprocess verify --repair`"
-        )
-    try:
-        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
-        shape = tuple(meta["shape"])
-        ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 4 and shape[3] == 3
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
-        raise ShardFormatError(f"{path}: unreadable .npy header: {e}") from e
+    meta = npy_header_fields(header, path, "a shardio shard", "the file is corrupt or was not written by preprocess "
+                             "- re-run `preprocess verify --repair`", ".npy header")
+    shape = meta["shape"]
+    ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 4 and shape[3] == 3
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected uint8 N×H×W×3 in C order")
     return int(shape[0]), int(shape[1]), int(shape[2])

@@ -47,13 +47,12 @@ conversion keeps up with a raw shard's copy and the device conversion is a view 
 
 from __future__ import annotations
 
-import ast
 
 import numpy as np
 
 from shardio.errors import ShardFormatError
-from shardio.format.raw_shard import fixed_npy_header
-from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
+from shardio.format.raw_shard import fixed_npy_header, npy_header_fields
+from shardio.format.spec import HEADER_BYTES
 
 __all__ = ["YUV_SUFFIX", "yuv_sample_bytes", "chroma_shape", "yuv_header", "yuv_shard_nbytes", "parse_yuv_header",
            "split_planes", "rgb_to_yuv420", "yuv420_to_rgb", "chroma_offsets"]
@@ -92,16 +91,10 @@ def yuv_shard_nbytes(count: int, height: int, width: int) -> int:
 
 def parse_yuv_header(header: bytes, path: str) -> tuple[int, int]:
     """(N, S) from a yuv420 shard's first 128 bytes, or ShardFormatError saying what is wrong with them."""
-    if len(header) < HEADER_BYTES or not header.startswith(NPY_MAGIC):
-        raise ShardFormatError(
-            f"{path}: not a shardio yuv420 shard (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
-            "HINT: the file is corrupt - run `preprocess verify DIR --repair`")
-    try:
-        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
-        shape = tuple(meta["shape"])
-        ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 2
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
-        raise ShardFormatError(f"{path}: unreadable yuv420 shard header: {e}") from e
+    meta = npy_header_fields(header, path, "a shardio yuv420 shard", "the file is corrupt - run `preprocess verify "
+                             "DIR --repair`", "yuv420 shard header")
+    shape = meta["shape"]
+    ok = meta["descr"] == "|u1" and not meta["fortran_order"] and len(shape) == 2
     if not ok:
         raise ShardFormatError(f"{path}: header describes {meta!r}, expected the uint8 (N, S) planes of a yuv420 "
                                "shard (is this a raw shard in a dataset whose config says encoding: yuv420?)")
