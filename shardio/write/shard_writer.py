@@ -130,17 +130,28 @@ class ShardWriter:
         # Placeholder: the real header (with the final count) is written at commit.
         self._pixels.handle.write(b"\0" * HEADER_BYTES)
 
+    def _header(self) -> bytes:
+        """The pixel file's final 128-byte header, for the samples added."""
+        return npy_header(self.count, self.height, self.width)
+
     def _finish_pixels(self) -> int:
         """Make the pixel file final (before its checksum); returns its size."""
         pixels = self._pixels
         pixels.handle.seek(0)
-        pixels.handle.write(npy_header(self.count, self.height, self.width))
+        pixels.handle.write(self._header())
         return HEADER_BYTES + pixels.nbytes
 
     def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
         if pixels.shape != (self.height, self.width, 3) or pixels.dtype != np.uint8:
             raise ValueError(f"image {pixels.shape} {pixels.dtype} != ({self.height}, {self.width}, 3) uint8")
+        self._write_pixels(pixels)
+        self._add_meta(meta)
+
+    def _write_pixels(self, pixels: np.ndarray) -> None:
         self._pixels.write(memoryview(np.ascontiguousarray(pixels)).cast("B"))
+
+    def _add_meta(self, meta: dict[str, Any]) -> None:
+        """The sample's ``.jsonl`` line, after its pixels: it counts once both are written."""
         line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
         self._meta.write(line.encode("utf-8"))
         self.count += 1
@@ -194,9 +205,7 @@ class JpegShardWriter(ShardWriter):
         if not isinstance(jpeg, (bytes, bytearray)) or not jpeg.startswith(b"\xff\xd8"):
             raise ValueError(f"{self.rel_path}: sample {self.count} is not JPEG bytes")
         self._jpegs.append(bytes(jpeg))
-        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
-        self._meta.write(line.encode("utf-8"))
-        self.count += 1
+        self._add_meta(meta)
 
     def _finish_pixels(self) -> int:
         sizes = np.fromiter((len(j) for j in self._jpegs), np.uint64, len(self._jpegs))
@@ -217,11 +226,8 @@ class YuvShardWriter(ShardWriter):
 
     pixel_suffix = YUV_SUFFIX
 
-    def _finish_pixels(self) -> int:
-        pixels = self._pixels
-        pixels.handle.seek(0)
-        pixels.handle.write(yuv_header(self.count, self.height, self.width))
-        return HEADER_BYTES + pixels.nbytes
+    def _header(self) -> bytes:
+        return yuv_header(self.count, self.height, self.width)
 
     def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
         if pixels.shape == (self.height, self.width, 3) and pixels.dtype == np.uint8:
@@ -230,10 +236,8 @@ class YuvShardWriter(ShardWriter):
         if pixels.shape != (sample_bytes,) or pixels.dtype != np.uint8:
             raise ValueError(f"{self.rel_path}: sample {self.count} is {pixels.shape} {pixels.dtype}, not the "
                              f"({sample_bytes},) uint8 planes of a {self.height}x{self.width} image (nor its RGB)")
-        self._pixels.write(memoryview(np.ascontiguousarray(pixels)).cast("B"))
-        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
-        self._meta.write(line.encode("utf-8"))
-        self.count += 1
+        self._write_pixels(pixels)
+        self._add_meta(meta)
 
 
 class NoPixelShardWriter(ShardWriter):
@@ -241,18 +245,11 @@ class NoPixelShardWriter(ShardWriter):
     image (the job's models were given it) and keeps its metadata only; the pixel file is its header alone,
     shape (N, 0, 0, 3)."""
 
-    def add(self, pixels: np.ndarray, meta: dict[str, Any]) -> None:
-        if pixels.shape != (self.height, self.width, 3) or pixels.dtype != np.uint8:
-            raise ValueError(f"image {pixels.shape} {pixels.dtype} != ({self.height}, {self.width}, 3) uint8")
-        line = json.dumps(meta, ensure_ascii=False, separators=(",", ":")) + "\n"
-        self._meta.write(line.encode("utf-8"))
-        self.count += 1
+    def _write_pixels(self, pixels: np.ndarray) -> None:
+        pass  # checked by ``add``, given to the models, not kept
 
-    def _finish_pixels(self) -> int:
-        pixels = self._pixels
-        pixels.handle.seek(0)
-        pixels.handle.write(npy_header(self.count, 0, 0))
-        return HEADER_BYTES
+    def _header(self) -> bytes:
+        return npy_header(self.count, 0, 0)
 
 
 # Each encoding's shard writer (the config's ``encoding``: spec, "Pixel encodings", "Model outputs").
