@@ -45,11 +45,6 @@ __all__ = ["FIELDS", "Batch", "BatchAssembler", "has_content_box", "pinned_batch
 Batch = dict[str, Any]
 
 
-# The torch dtype of each .npy descr an output is stored in (``shardio.format.model_outputs.TORCH_DTYPES``;
-# bfloat16's bits are uint16, viewed as bfloat16 after).
-_TORCH_OF = {"<f2": torch.float16, "<u2": torch.uint16, "<f4": torch.float32, "<f8": torch.float64, "|u1": torch.uint8,
-             "|i1": torch.int8, "<i2": torch.int16, "<i4": torch.int32, "<i8": torch.int64, "|b1": torch.bool}
-
 # The metadata fields a batch can carry, and what a sample without one holds.
 FIELDS = ("cls", "txt", "json")  # cls: -1; txt, json: None
 
@@ -282,21 +277,19 @@ class BatchAssembler:
         shards' output maps as raw pixels are: a view of the map for one slice, else one copy into shared,
         pinned or fresh memory (a bfloat16 output's raw bits viewed as torch.bfloat16)."""
         slices = [self.output_maps[shard][output.name][start:stop] for shard, start, stop in pieces]
+        dtype = getattr(torch, output.dtype)  # the output's own (bfloat16: the map's uint16 bits viewed as it)
         if len(slices) == 1 and not shared and not pinned:
-            values = torch.from_numpy(slices[0])
+            return torch.from_numpy(slices[0]).view(dtype)
+        shape = (count, *slices[0].shape[1:])
+        nbytes = int(np.prod(shape)) * slices[0].itemsize
+        if shared:
+            raw = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+        elif pinned:
+            raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         else:
-            shape = (count, *slices[0].shape[1:])
-            dtype = np.dtype(output.descr)
-            nbytes = int(np.prod(shape)) * dtype.itemsize
-            if shared:
-                raw = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
-            elif pinned:
-                raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-            else:
-                raw = torch.empty(nbytes, dtype=torch.uint8)
-            gather(slices, raw.numpy(), self.threads or gather_threads())
-            values = raw.view(_TORCH_OF[dtype.str]).view(shape)
-        return values.view(torch.bfloat16) if output.dtype == "bfloat16" else values
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+        gather(slices, raw.numpy(), self.threads or gather_threads())
+        return raw.view(dtype).view(shape)
 
     def _planes(self, shards: list[tuple[Any, ShardMeta, Any]], pieces: list[tuple[int, int, int]], count: int,
                 shared: bool, pinned: bool) -> YuvPlanes:
