@@ -69,9 +69,8 @@ driver and identifies it (``preprocess.models.identity``) before the output is t
 differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
 and both identities). The workers run the models (``preprocess.worker``) and say which they ran: an input
 processed with another model than the driver's (a node with another copy) fails, not committed. Each finished
-input's output dtypes
-and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or another shape for a
-bucket is refused. A rerun with nothing to do loads no model.
+input's output dtypes and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or
+another shape for a bucket is refused. A rerun with nothing to do loads no model.
 
 Disk full (ENOSPC / EDQUOT) in a worker or in the driver stops the run: finished inputs are committed if
 the manifest still fits, unlisted files are removed, and ``OutputFull`` says so; the dataset stays as of

@@ -40,7 +40,6 @@ from preprocess.image.versions import library_versions
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
 from shardio.format import JPEG, YUV420, ShardEntry
-from shardio.format.model_outputs import TORCH_DTYPES
 from shardio.format.yuv_shard import yuv420_to_rgb
 from shardio.read.jpeg_pixels import EncodedImages
 from shardio.write.shard_writer import InputShardWriter
@@ -271,7 +270,7 @@ class _InputModels:
             self.identities[spec.name] = _IDENTITIES[spec.fn]
         self.rows: dict[str, list[int]] = {}  # a shard's pixel file -> the indices of its samples, in order
         self.shapes: dict[str, dict[int, list[int]]] = {spec.name: {} for spec in cfg.model_specs}
-        self.descrs: dict[str, str] = {}
+        self.dtypes: dict[str, str | None] = {}  # an output's torch dtype, once a sample of this input has one
 
     def add(self, index: int, stored: np.ndarray | bytes, caption: str | None, bucket: int, shard: str) -> None:
         self.rows.setdefault(shard, []).append(index)
@@ -313,7 +312,7 @@ class _InputModels:
             for index, bucket in zip(done.indices, done.buckets):
                 self.shapes[runner.spec.name].setdefault(bucket, list(by_index[index].shape))
             if done.values:
-                self.descrs[runner.spec.name] = np.dtype(done.values[0].dtype).str
+                self.dtypes[runner.spec.name] = runner.dtype
             values.append(by_index)
         return {shard: [(runner.spec.name, np.stack([found[i] for i in rows]))
                         for runner, found in zip(self.runners, values)]
@@ -321,9 +320,8 @@ class _InputModels:
 
     def summary(self) -> list[dict[str, Any]]:
         """``InputResult.outputs``: each output's dtype and the shapes of the buckets its samples reached."""
-        names = {descr: name for name, descr in TORCH_DTYPES.items()}
         return [{"name": spec.name, "input": spec.input, "identity": self.identities[spec.name],
-                 "dtype": names.get(self.descrs.get(spec.name, "")),
+                 "dtype": self.dtypes.get(spec.name),
                  "shapes": [[bucket, shape] for bucket, shape in sorted(self.shapes[spec.name].items())]}
                 for spec in self.cfg.model_specs]
 

@@ -127,6 +127,12 @@ class ModelRunner:
         """No sample of ``input`` comes after this: it is handed back once its samples are through."""
         self._inputs.setdefault(input, _Input()).ended = True
 
+    @property
+    def dtype(self) -> str | None:
+        """The torch dtype's name the outputs are handed back in (``dtype:``, else the first batch's; None before
+        any batch without ``dtype:``)."""
+        return None if self._dtype is None else _name(self._dtype)
+
     def failure(self, input: str) -> InputError | None:
         """The InputError of ``input`` once a batch holding one of its samples failed (None otherwise): its caller
         may stop feeding it, as nothing of it will be stored."""
