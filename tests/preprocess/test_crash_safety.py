@@ -82,6 +82,25 @@ def wait_for_dead_runs_tasks(timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def kill_while_writing_then_rerun(start, rerun, reference: str, directory, seed: int, write_s: float,
+                                  attempts: int = 2) -> list[str]:
+    """``attempts`` times, on a fresh output: the run ``start(out)`` starts is SIGKILLed at a random moment of
+    its ``write_s`` seconds after its first shard file appeared (mid-write, mid-commit), its tasks waited out,
+    then ``rerun(out)`` (a CliRunner result) must exit 0 and give ``reference`` byte for byte, nothing left
+    behind. Returns the outputs, for a caller's own checks."""
+    rng, outs = random.Random(seed), []
+    for attempt in range(attempts):
+        out = str(directory / f"out{attempt}")
+        watch(start(out), out, ("write", rng.uniform(0.0, write_s)))
+        wait_for_dead_runs_tasks()
+        result = rerun(out)
+        assert result.exit_code == 0, result.output
+        assert_same_dataset(out, reference)
+        assert_clean(out)
+        outs.append(out)
+    return outs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_sigkill_at_random_moments_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tmp_path, encoding):
@@ -240,16 +259,10 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_dataset(ray_cluster, tars, tm
     startup_s, whole_s = watch(run, reference)
     assert run.returncode == 0, open(log).read()
     check_buckets(reference, samples)
-    rng = random.Random(32)
-    for attempt in range(2):
-        # Killed at a random moment after its first shard file appeared: mid-write, mid-commit.
-        out = str(tmp_path / f"out{attempt}")
-        run = _start_bucket_run(pattern, out, ray_cluster, log, encoding)
-        watch(run, out, ("write", rng.uniform(0.0, whole_s - startup_s)))
-        wait_for_dead_runs_tasks()
-        result = runner.invoke(app, ["run", pattern, "--output", out, *BUCKET_FLAGS, "--encoding", encoding, "-q"],
-                               catch_exceptions=False)
-        assert result.exit_code == 0, result.output
-        assert_same_dataset(out, reference)
-        assert_clean(out)
+    outs = kill_while_writing_then_rerun(
+        lambda out: _start_bucket_run(pattern, out, ray_cluster, log, encoding),
+        lambda out: runner.invoke(app, ["run", pattern, "--output", out, *BUCKET_FLAGS, "--encoding", encoding, "-q"],
+                                  catch_exceptions=False),
+        reference, tmp_path, seed=32, write_s=whole_s - startup_s)
+    for out in outs:
         assert list(shardio.open_dataset(out).shard_buckets) == list(shardio.open_dataset(reference).shard_buckets)

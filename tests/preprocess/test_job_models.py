@@ -7,7 +7,6 @@ only."""
 from __future__ import annotations
 
 import json
-import random
 import os
 
 import numpy as np
@@ -248,7 +247,7 @@ def test_a_model_raising_on_a_batch_fails_that_input_only(ray_cluster, tars, tmp
 
 
 def test_kill_9_then_rerun_gives_the_uninterrupted_outputs(ray_cluster, tars, tmp_path) -> None:
-    from tests.preprocess.test_crash_safety import start_run, wait_for_dead_runs_tasks, watch
+    from tests.preprocess.test_crash_safety import kill_while_writing_then_rerun, start_run, watch
 
     pattern = make_tars(tars, [30, 21, 9])
     config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{TOY}:make_text", "input": "text"}})
@@ -259,17 +258,12 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_outputs(ray_cluster, tars, tm
     startup_s, whole_s = watch(run_, reference)
     assert run_.returncode == 0, open(log).read()
     assert check_outputs(reference) == 60
-    rng = random.Random(43)
-    for attempt in range(2):
-        out = str(tmp_path / f"out{attempt}")
-        run_ = start_run(pattern, out, ray_cluster, log, flags)
-        watch(run_, out, ("write", rng.uniform(0.0, whole_s - startup_s)))
-        wait_for_dead_runs_tasks()
-        result = run(pattern, "--output", out, *flags, "--size", "32", "--samples-per-shard", "8")
-        assert result.exit_code == 0, result.output
-        assert_same_dataset(out, reference)
+    outs = kill_while_writing_then_rerun(
+        lambda out: start_run(pattern, out, ray_cluster, log, flags),
+        lambda out: run(pattern, "--output", out, *flags, "--size", "32", "--samples-per-shard", "8"),
+        reference, tmp_path, seed=43, write_s=whole_s - startup_s)
+    for out in outs:
         assert root_of(out)["outputs"] == root_of(reference)["outputs"]
-        assert_clean(out)
 
 
 def test_an_unversioned_model_is_said_and_recorded_by_its_function_alone(ray_cluster, tars, tmp_path):
