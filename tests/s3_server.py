@@ -21,6 +21,13 @@ ACCESS_KEY = "shardio-test"
 SECRET_KEY = "shardio-test-secret"
 REGION = "us-east-1"
 
+# Every bucket is a SeaweedFS collection, and a collection's first write grows 7 volumes by default; with the
+# volume count derived from free disk (-volume.max=0) a suite of a few hundred buckets ran out of volumes on a
+# machine with a smaller disk, and every later PUT got HTTP 500. One volume per growth and a fixed ceiling
+# make the server's capacity the same on every machine (volumes are sparse: the ceiling reserves no disk).
+GROW_ONE_VOLUME = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+MAX_VOLUMES = 5000
+
 
 def free_port() -> int:
     """A free loopback port whose +10000 neighbour is free too (weed's gRPC default; we pass it explicitly
@@ -89,12 +96,12 @@ class S3Server:
             f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-iam.port={p['iam']}",
-            "-master.volumeSizeLimitMB=64", "-master.telemetry=false", "-volume.max=0",
+            "-master.volumeSizeLimitMB=64", "-master.telemetry=false", f"-volume.max={MAX_VOLUMES}",
             "-volume.preStopSeconds=0", "-master.electionTimeout=1s",
         ]
         log = open(os.path.join(self.root, "weed.log"), "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        start_new_session=True, env={**os.environ, **GROW_ONE_VOLUME})
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
