@@ -1,4 +1,4 @@
-"""``make gpu-check``: the GPU path measured in one call on a GPU machine (~3 minutes on one H100 with 16
+"""``make gpu-check``: the GPU path measured in one call on a GPU machine (~6 minutes on one H100 with 16
 cores), writing ``gpu_check.json`` and ``gpu_check.md`` (a table) into ``--out``.
 
 Parts, each timed and recorded on its own (a part that fails is recorded with its error; the rest run):
@@ -15,6 +15,7 @@ Parts, each timed and recorded on its own (a part that fails is recorded with it
                  host side alone, and ``DeviceLoader`` to the device against a pinned copy (goal: >= 0.5)
   train_step     ``DeviceLoader`` + ``TrainAugment`` feeding a ResNet-50 bf16 step: the share of step time
                  waiting for data, raw and JPEG (goal: < 1%)
+  train_step_resnet18  the same with ResNet-18
   object_store   the reader's cold epoch from a SeaweedFS S3 server on loopback against raw GET, raw and
                  JPEG shards (goal: >= 0.7), where ``weed`` and obstore are installed (``bench.gpu_store``)
 
@@ -54,6 +55,8 @@ PLAN = [
     ("h2d", 15, "20 pinned copies of a 50 MB batch; a DeviceLoader epoch of uint8 raw batches"),
     ("gather", 20, "per 1, 2 and all gather threads: 2 epochs of pinned raw batches, 2 of DeviceLoader's uint8"),
     ("train_step", 60, "ResNet-50 bf16, batch 256 at 224: synthetic, raw and JPEG, 5 warm-up + 30 steps each"),
+    ("train_step_resnet18", 35, "ResNet-18 bf16, batch 256 at 224: the same rows as train_step (less compute to hide "
+                                "the data wait behind)"),
     ("object_store", 60, "SeaweedFS on loopback: raw GET, cold epoch of the raw and JPEG datasets"),
 ]
 
@@ -172,6 +175,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dry:
         parts.append(("decode", lambda: gpu_figures.cpu_reader_rate(datasets["jpeg"], batch)))
         parts.append(("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)))
+        # The wait-share loop (every row: sync every step and every 10, switch interval) at tiny size with a
+        # stand-in model: the ResNets are torchvision's, which only the GPU machine's image has.
+        parts.append(("train_step", lambda: gpu_figures.train_step_wait(
+            datasets, device, _tiny_model, batch=4, size=32, warmup=1, steps=10)))
     else:
         parts += [
             ("stream_safety", lambda: gpu_safety.run(datasets["jpeg"], device, trials=args.trials, batch=64)),
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("h2d", lambda: gpu_figures.h2d(datasets["raw"], device, batch=batch)),
             ("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)),
             ("train_step", lambda: gpu_figures.train_step_wait(datasets, device, _resnet50, batch=batch)),
+            ("train_step_resnet18",
+             lambda: gpu_figures.train_step_wait(datasets, device, _resnet18, batch=batch)),
         ]
     parts.append(("object_store", lambda: gpu_store.run(datasets, os.path.join(work, "s3"), batch, dry=dry)))
     for name, run in parts:
@@ -193,6 +202,17 @@ def _resnet50() -> torch.nn.Module:
     import torchvision  # the model only; the GPU machine's training image has it
 
     return torchvision.models.resnet50()
+
+
+def _tiny_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 1000))
+
+
+def _resnet18() -> torch.nn.Module:
+    import torchvision
+
+    return torchvision.models.resnet18()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ def bucket_config(buckets: Sequence[tuple[int, int]], budget: tuple[int, int], e
                               "bucket_max_ratio": 4.0}
     if encoding == "jpeg":
         config.update(encoding="jpeg", quality=90, subsampling="4:4:4")
+    elif encoding != "raw":
+        config.update(encoding=encoding)
     return config
 
 
@@ -83,7 +85,8 @@ def make_bucketed_dataset(path: str, buckets: Sequence[tuple[int, int]] = BUCKET
     manifest = Manifest(shape=(budget[0], budget[1], 3), config=bucket_config(buckets, budget, encoding),
                         versions={"shardio": "test"})
     order = bucket_order(samples)
-    identifying = jpeg_identifying_pixels if jpeg else self_identifying_pixels
+    # a lossy encoding (JPEG; yuv420's halved chroma) keeps only a flat colour exact to a few levels
+    identifying = jpeg_identifying_pixels if encoding in ("jpeg", "yuv420") else self_identifying_pixels
     cuts = np.linspace(0, len(order), inputs + 1).round().astype(int).tolist()
     os.makedirs(path, exist_ok=True)
     for number in range(inputs):

@@ -101,9 +101,9 @@ def tars(tmp_path) -> TarFactory:
     return TarFactory(str(tmp_path / "tars"))
 
 
-@pytest.fixture(scope="module", params=["raw", "jpeg"])
+@pytest.fixture(scope="module", params=["raw", "jpeg", "yuv420"])
 def encoding(request) -> str:
-    """The pixel encoding of a test dataset: the reader's behavioural tests run on both (a module fixture, so
+    """The pixel encoding of a test dataset: the reader's behavioural tests run on each (a module fixture, so
     module-scoped datasets are written once per encoding)."""
     return request.param
 

@@ -78,10 +78,13 @@ def write_inputs(
     ``inputs[n]`` samples; sample ``i`` gets ``pixels_for(i)`` (default: self-identifying) and the metadata
     line ``meta_for(i, n, tar name)``. Returns the committed manifest."""
     jpeg = encoding == "jpeg"
-    default_config = jpeg_config(height, width) if jpeg else {"height": height, "width": width}
+    default_config = (jpeg_config(height, width) if jpeg
+                      else {"height": height, "width": width, "encoding": encoding} if encoding == "yuv420"
+                      else {"height": height, "width": width})
     manifest = Manifest(shape=(height, width, 3), config=config or default_config,
                         versions={"shardio": "test"})
-    identifying = jpeg_identifying_pixels if jpeg else self_identifying_pixels
+    # a lossy encoding (JPEG; yuv420's halved chroma) keeps only a flat colour exact to a few levels
+    identifying = jpeg_identifying_pixels if encoding in ("jpeg", "yuv420") else self_identifying_pixels
     index = first_index
     for number, count in enumerate(inputs):
         name = f"input-{number}.tar"

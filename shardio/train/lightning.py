@@ -52,9 +52,11 @@ import torch
 from shardio.store.root import open_root
 from shardio.read.dataset import ShardDataset
 from shardio.read.jpeg_pixels import EncodedImages
+from shardio.read.yuv_pixels import YuvPlanes
 from shardio.train.augment import BatchTransform, PositionedBatches, transform_batch
 from shardio.train import device_decode
 from shardio.train.loader import ShardLoader, to_device
+from shardio.train.yuv_device import yuv420_rgb
 from shardio.read.mixing import MixedDataset
 
 __all__ = ["EpochLoader", "ShardDataModule", "TrainDataset"]
@@ -108,7 +110,8 @@ class ShardDataModule(pl.LightningDataModule):
     usually fastest: a batch is a slice of a memory map). ``cache_dir`` / ``cache_limit``: the shard
     cache of a ``train`` / ``val`` given as an object-storage URL (``ShardDataset``'s; not passed for a
     local directory). ``decode_on_device`` / ``device_decoder``: where a JPEG ``ShardDataset``'s batches
-    are decoded, as ``DeviceLoader``'s (a ``MixedDataset`` decodes on the CPU).
+    are decoded, as ``DeviceLoader``'s (a ``MixedDataset`` decodes on the CPU); for a yuv420 ``ShardDataset``,
+    ``decode_on_device`` (default: on CUDA) moves each batch's planes and converts them on the device.
     """
 
     def __init__(self, train: str | TrainDataset, batch_size: int = 256, *,
@@ -163,18 +166,31 @@ class ShardDataModule(pl.LightningDataModule):
         if on is None:
             on = self.device_decoder is not None or (dataset.is_jpeg and device.type == "cuda"
                                                      and device_decode.available())
-        if not on:
+        if not on or dataset.is_yuv420:
             return None
         if not dataset.is_jpeg:
             raise ValueError(f"{dataset.path}: decode_on_device=True is for JPEG datasets (encoding: jpeg); "
                              f"this one is {dataset.snapshot.encoding}")
         return self.device_decoder or device_decode.DeviceDecoder(device)
 
+    def _planes_on_device(self, dataset: ShardDataset) -> bool:
+        """Whether a yuv420 dataset's planes are moved and converted on the device (default: on CUDA)."""
+        if not dataset.is_yuv420:
+            return False
+        if self.device_decoder is not None:
+            raise ValueError(f"{dataset.path}: device_decoder= decodes JPEG batches; this dataset is yuv420 (its "
+                             "planes are converted on the device by shardio.train.yuv_device)")
+        if self.decode_on_device is None:
+            return self._device().type == "cuda"
+        return self.decode_on_device
+
     def _loader(self, dataset: TrainDataset) -> PositionedBatches | MixedDataset:
         if not isinstance(dataset, ShardDataset):
             return dataset  # a MixedDataset counts itself and adds "__position__"/"__epoch__"
         # Positions ride along so the transform after the transfer knows each sample's place.
         loader = ShardLoader(dataset, num_workers=self.num_workers, pin_memory=self._pinned())
+        if self._planes_on_device(dataset):
+            return PositionedBatches(loader, prepare=self._converter(), encoded=True)
         decoder = self._decoder(dataset)
         if decoder is None:
             return PositionedBatches(loader)
@@ -187,6 +203,23 @@ class ShardDataModule(pl.LightningDataModule):
             return {**batch, "image": device_decode.decode_finished(decoder, images, device)}
 
         return PositionedBatches(loader, prepare=decode, encoded=True)
+
+    def _converter(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """On the prefetch thread: a yuv420 batch's planes (half a raw batch's bytes) moved to the device and
+        converted to uint8 RGB there (``shardio.train.yuv_device``), the bytes the CPU conversion gives; the
+        normalisation or transform follows on the device in ``on_after_batch_transfer``."""
+        device = self._device()
+
+        def convert(batch: dict[str, Any]) -> dict[str, Any]:
+            planes = batch["image"]
+            if not isinstance(planes, YuvPlanes):
+                return batch
+            image = yuv420_rgb(planes.planes.to(device, non_blocking=True), planes.height, planes.width)
+            if device.type == "cuda":  # the pinned planes may be reused once the batch is handed on
+                torch.cuda.current_stream(device).synchronize()
+            return {**batch, "image": image}
+
+        return convert
 
     def train_dataloader(self) -> EpochLoader:
         if self.train_dataset is None:

@@ -2,7 +2,8 @@
 
 Against the session's S3 server and Azure emulator (``writable_cloud_bucket``: the job, two writers and
 kill -9 run on both; the GCS emulator takes no writes, tests/store/test_clouds.py), and S3 alone for the fault
-injection: the same tars give the same bytes in a bucket as on local disk;
+injection: the same tars give the same bytes in a bucket as on local disk (a yuv420 dataset too, read back
+as the local one);
 kill -9 at random moments, then a rerun, gives the uninterrupted result with no orphan object; a burst
 of 503s and a server restart mid-run are ridden out; two concurrent runs never both commit; refused
 credentials and a missing bucket are usage errors within seconds.
@@ -106,6 +107,28 @@ def test_the_same_tars_give_the_same_bytes_in_a_bucket_and_a_rerun_is_a_no_op(
     monkeypatch.setenv("SHARDIO_CACHE_DIR", str(tmp_path / "cache"))
     assert shardio_main(["preview", url, "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_yuv420_dataset_written_to_a_bucket_has_the_local_bytes_and_reads_back_the_same(
+        ray_cluster, s3_server, s3_bucket, tars, tmp_path):
+    import torch
+
+    from shardio import ShardDataset
+
+    pattern, total = make_inputs(tars, (20, 14))
+    local, url = str(tmp_path / "local"), f"s3://{s3_bucket}/yuv"
+    for out in (local, url):
+        assert run_cli(pattern, "--output", out, "--encoding", "yuv420", ray=ray_cluster).exit_code == 0
+    assert_same_dataset(fetch(CloudBucket(s3_server, s3_bucket), "yuv", str(tmp_path / "copy")), local)
+    assert_no_orphans(CloudBucket(s3_server, s3_bucket), "yuv")
+    for decode in ("cpu", "device"):  # RGB converted on the CPU, and the planes left for the device
+        here = list(ShardDataset(local, 8, shuffle=True, seed=2, decode=decode))
+        there = list(ShardDataset(url, 8, shuffle=True, seed=2, decode=decode, cache_dir=str(tmp_path / decode)))
+        assert sum(len(b["__key__"]) for b in there) == total and len(here) == len(there)
+        for a, b in zip(here, there):
+            assert a["__key__"] == b["__key__"]
+            pixels = (a["image"].planes, b["image"].planes) if decode == "device" else (a["image"], b["image"])
+            assert torch.equal(*pixels)
 
 
 def test_two_writers_from_the_same_manifest_never_both_commit(writable_cloud_bucket):

@@ -1,7 +1,8 @@
 """`preprocess verify`: a flipped bit, a truncated or a missing shard is caught and named; --repair rebuilds only
-that input, byte for byte; an input that is gone is named as unrepairable. Each on a dataset of raw pixels
-and on one of JPEGs (``encoding: jpeg``, ``.jpg.npy`` shards). A bucketed dataset's damaged shard, and shards
-the index lists in a swapped bucket of the same size, are named and rebuilt."""
+that input, byte for byte; an input that is gone is named as unrepairable. Each on a dataset of raw pixels,
+of yuv420 planes (``.yuv.npy`` shards) and of JPEGs (``encoding: jpeg``, ``.jpg.npy`` shards). A bucketed
+dataset's damaged shard, and shards the index lists in a swapped bucket of the same size, are named and
+rebuilt."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 import shardio
 from preprocess.cli import app
 from shardio.format.jpeg_shard import jpeg_data_start
+from shardio.format.yuv_shard import yuv_sample_bytes
 from tests.dataset_compare import assert_clean, assert_indices, dataset_state
 from tests.dataset_fixtures import flip_bits
 from tests.bucket_fixtures import swap_shard_buckets
@@ -29,9 +31,11 @@ def verify(out: str, *flags: str):
 
 
 def pixel_byte(path: str, sample: int, samples: int, encoding: str) -> int:
-    """The file offset of a byte in the middle of ``sample``'s pixels (raw) or JPEG data (jpeg)."""
+    """The file offset of a byte in the middle of ``sample``'s pixels (raw), planes (yuv420) or JPEG data (jpeg)."""
     if encoding == "raw":
         return 128 + sample * 16 * 16 * 3 + 5
+    if encoding == "yuv420":
+        return 128 + sample * yuv_sample_bytes(16, 16) + 5
     offsets = np.load(path, mmap_mode="r")  # a JPEG shard's .npy header describes its offsets
     return jpeg_data_start(samples) + int(offsets[sample] + offsets[sample + 1]) // 2
 

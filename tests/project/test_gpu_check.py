@@ -33,6 +33,10 @@ def test_the_dry_run_plans_the_gpu_run_and_runs_the_cpu_parts(tmp_path):
     assert results["decode"]["samples_per_s"] > 0  # the CPU reader over the JPEG dataset
     gather = results["gather"]  # the host side of the raw rows, per number of gather threads
     assert "1" in gather["rows"] and all(row["host_GBps"] > 0 for row in gather["rows"].values())
+    steps = results["train_step"]  # the wait-share loop with a stand-in model: each sync and interval row
+    for row in ("raw", "jpeg", "raw, host sync every 10 steps", "jpeg, switch interval 0.5 ms"):
+        assert 0 <= steps[row]["wait_share"] <= 1 and steps[row]["samples_per_s"] > 0, row
+    assert "train_step_resnet18" in [part["part"] for part in results["plan"]]
     for name in ("raw", "jpeg"):
         row = results["object_store"][name]
         assert row["samples"] == results["datasets"]["samples"] and row["ratio"] > 0

@@ -253,6 +253,52 @@ def test_a_device_decoded_run_resumes_mid_epoch_at_exactly_the_next_batch(jpeg_d
     assert all(torch.equal(a, b) for a, b in zip(interrupted.images + resumed.images, reference.images))
 
 
+# --- yuv420 datasets: planes moved and converted on the device (the CPU here: the same path as CUDA's) ---
+
+@pytest.fixture(scope="module")
+def yuv_dataset(tmp_path_factory) -> str:
+    from tests.dataset_fixtures import make_dataset
+
+    path = str(tmp_path_factory.mktemp("lightning-yuv") / "ds")
+    make_dataset(path, (SAMPLES,), height=16, width=16, samples_per_shard=BATCH, encoding="yuv420")
+    return path
+
+
+class PlaneNotingModule(ShardDataModule):
+    """Notes the type of the image each batch has before the device conversion (planes or RGB)."""
+
+    def _converter(self):
+        convert = super()._converter()
+        self.before: list[str] = []
+
+        def noting(batch):
+            self.before.append(type(batch["image"]).__name__)
+            return convert(batch)
+
+        return noting
+
+
+def fit_yuv(path: str, on_device: bool) -> tuple[ImageRecorder, ShardDataModule]:
+    torch.manual_seed(0)
+    model = ImageRecorder()
+    module = PlaneNotingModule(path, BATCH, shuffle=True, seed=3, drop_last=False, decode_on_device=on_device,
+                               train_transform=TrainAugment(12, seed=1))
+    trainer(max_epochs=2).fit(model, module)
+    from shardio.read.prefetch import Prefetcher
+
+    for prefetcher in list(Prefetcher.live):
+        prefetcher.thread.join(60)
+    return model, module
+
+
+def test_a_yuv420_datasets_planes_are_converted_on_the_device_with_the_cpu_conversions_result(yuv_dataset):
+    on_cpu, _ = fit_yuv(yuv_dataset, on_device=False)
+    on_device, module = fit_yuv(yuv_dataset, on_device=True)
+    assert module.before and set(module.before) == {"YuvPlanes"}, module.before
+    assert on_device.seen == on_cpu.seen and len(on_device.images) == 2 * BATCHES
+    assert all(torch.equal(a, b) for a, b in zip(on_device.images, on_cpu.images))
+
+
 def test_device_decode_is_refused_for_a_raw_dataset_and_a_contradiction(dataset):
     with pytest.raises(ValueError, match=r"contradicts decode_on_device=False"):
         ShardDataModule(dataset, BATCH, decode_on_device=False, device_decoder=lambda images: images)
