@@ -162,6 +162,9 @@ static void copy_streaming(char *dst, const char *src, size_t n) {
     dst += head, src += head, n -= head;
     size_t blocks = n / 64;
     for (size_t i = 0; i < blocks; i++, dst += 64, src += 64) {
+#ifdef PREFETCH_AHEAD
+        _mm_prefetch(src + PREFETCH_AHEAD, _MM_HINT_T0);
+#endif
         __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
         __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
         _mm_stream_si128((__m128i *)dst, a);

@@ -81,14 +81,21 @@ BYTES_IN_FLIGHT = 64 << 20
 FETCH_THREADS = 8
 _LIST_PAGE = 1000  # objects per LIST page (the most S3 gives; GCS and Azure take it)
 
+MAX_RETRIES = 50
+
+
 def retry_config() -> dict[str, Any]:
     """obstore's retries, the same on every cloud: up to ~60 s in all, so a server restart is ridden out
-    (a new dict each time: a caller may change its copy)."""
+    (a new dict each time: a caller may change its copy). The count is not what bounds them: obstore's
+    backoff is jittered (each wait drawn from [init, previous x base)), so 8 retries of a refused connection
+    give up after 3-5 s; 50 retries wait at least 50 x 200 ms = 10 s, and the timeout ends them."""
     return {
-        "max_retries": 8,
+        "max_retries": MAX_RETRIES,
         "retry_timeout": timedelta(seconds=60),
         "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=8), "base": 2},
     }
+
+
 CLIENT_OPTIONS: dict[str, Any] = {"connect_timeout": "5s", "timeout": "300s"}
 
 

@@ -138,6 +138,40 @@ def fast_retries(monkeypatch):
     monkeypatch.setattr(backend, "_store_options", fast)
 
 
+@pytest.mark.parametrize("write", ["put", "create"])
+def test_a_server_that_refuses_connections_for_three_seconds_is_ridden_out(write, s3_server, s3_bucket, monkeypatch):
+    """A restart closes the port for seconds: a write (a plain one, and a conditional create such as a
+    commit's manifest) started while it is closed is retried until it answers again."""
+    import threading
+
+    from tests.fault_proxy import FaultProxy
+
+    proxy = FaultProxy(s3_server.ports["s3"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = S3Storage()
+        proxy.go_down()
+        outcome: list[BaseException | None] = []
+        path = f"s3://{s3_bucket}/ds/manifest.json"
+
+        def written() -> None:
+            try:
+                store.publish_new(path, b"{}") if write == "create" else store.publish(path, b"{}")
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+                outcome.append(e)
+
+        writer = threading.Thread(target=written)
+        writer.start()
+        time.sleep(3.0)  # the retries' floor is 10 s (50 x 200 ms): this outage never outlasts them
+        proxy.come_back()
+        writer.join(120)
+        assert outcome == [None]
+        assert S3Storage().read_bytes(path) == b"{}"
+    finally:
+        proxy.close()
+
+
 def test_an_unreachable_store_fails_naming_url_endpoint_cause_and_fix(monkeypatch, s3_server, fast_retries):
     from tests.s3_server import free_port
 
