@@ -16,9 +16,11 @@ shards, which is what the native gather (``shardio.read.gather``) is for. Rows:
 
 Then the assembly alone, no copy after it and no prefetch thread (``prefetch=0``), against ``np.copyto`` of
 the same bytes on one thread (goal: the default >= 0.8): each way a raw batch can be copied, on 1, 2 and all
-cores (``gather_threads``): ``maps`` (what a dataset whose maps all stay open copies from, after its first
-epoch), ``pread`` (what one with more shards than maps kept reads: ``pread`` from the files straight into
-the batch), ``fresh maps`` (maps opened anew each epoch: a page fault every few pages).
+cores (``gather_threads``): ``copy, then metadata`` (one thread: the maps' copy finished before the batch's
+metadata is built, where the default builds it during the copy, ``gather_started``), ``maps`` (what a dataset
+whose maps all stay open copies from, after its first epoch), ``pread`` (what one with more shards than maps
+kept reads: ``pread`` from the files straight into the batch), ``fresh maps`` (maps opened anew each epoch: a
+page fault every few pages).
 
 Then the first touch of a shard's pages on one thread, each way a map can be asked to have them
 (``MAP_POPULATE``, ``MADV_POPULATE_READ`` a slice, ``MADV_HUGEPAGE``, ``MADV_WILLNEED``), against maps
@@ -80,9 +82,15 @@ def _assembly(gather: Callable[..., None] | None = None, read_ahead: bool = True
               threads: int | None = None) -> Iterator[None]:
     """Batches assembled with ``gather`` (default: as shipped), with or without the read-ahead, on
     ``threads`` copy threads (default: ``gather_threads()``)."""
-    saved = batch_module.gather, batch_module.BatchAssembler.read_ahead, batch_module.gather_threads
-    if gather is not None:
-        batch_module.gather = gather
+    saved = (batch_module.gather, batch_module.gather_started, batch_module.BatchAssembler.read_ahead,
+             batch_module.gather_threads)
+    if gather is not None:  # copied at once, in place of the copy begun before the metadata and waited for after
+
+        def started(pieces: list[np.ndarray], out: np.ndarray, threads: int = 1) -> Callable[[], None]:
+            gather(pieces, out, threads)
+            return lambda: None
+
+        batch_module.gather, batch_module.gather_started = gather, started
     if not read_ahead:
         batch_module.BatchAssembler.read_ahead = lambda self, pieces: None
     if threads is not None:
@@ -90,7 +98,8 @@ def _assembly(gather: Callable[..., None] | None = None, read_ahead: bool = True
     try:
         yield
     finally:
-        batch_module.gather, batch_module.BatchAssembler.read_ahead, batch_module.gather_threads = saved
+        (batch_module.gather, batch_module.gather_started, batch_module.BatchAssembler.read_ahead,
+         batch_module.gather_threads) = saved
 
 
 def _seconds(fn: Callable[[], Any]) -> float:
@@ -124,6 +133,7 @@ def rows_to_measure(threads: list[int]) -> dict[str, Row]:
         "old default w=8 b=16": Row({"shuffle": True, "shuffle_window": 8, "shuffle_block": 16}),
         DEFAULT: Row(default),
         "numpy gather": Row(default, lambda: _assembly(_numpy_gather), variant=True),
+        "copy, then metadata": Row(default, lambda: _assembly(gather_module.gather), variant=True),
         "torch.cat (before)": Row(default, lambda: _assembly(_torch_cat), variant=True),
         "no read-ahead": Row(default, lambda: _assembly(read_ahead=False), variant=True),
         "fresh maps": Row(default, variant=True, fresh_maps=True),
@@ -203,7 +213,10 @@ def assembly_alone(directory: str, rounds: int) -> dict[str, Any]:
 
     rows: dict[str, tuple[ShardDataset, str]] = {}
     for threads in assembly_threads():
-        for way in ("maps", "pread", "fresh maps"):
+        ways = ["maps", "pread", "fresh maps"]
+        if threads == 1:
+            ways.insert(1, "copy, then metadata")
+        for way in ways:
             ds = ShardDataset(directory, BATCH, shuffle=True, prefetch=0, gather_threads=threads)
             ds._assembler.reads_files = way == "pread" and gather_module.native()
             rows[f"{way}, {threads} thread(s)"] = (ds, way)
@@ -215,7 +228,9 @@ def assembly_alone(directory: str, rounds: int) -> dict[str, Any]:
             if way == "fresh maps":
                 ds._assembler.cache.clear()  # every slice a first touch of a new map
             copy = _seconds(copyto)
-            ratios[name].append(copy / _seconds(lambda ds=ds: assemble(ds)))
+            # "copy, then metadata": the maps' copy done before the batch's metadata is built, not during it
+            with _assembly(gather_module.gather) if way == "copy, then metadata" else _assembly():
+                ratios[name].append(copy / _seconds(lambda ds=ds: assemble(ds)))
     default = f"maps, {batch_module.gather_threads()} thread(s)"
     table = {name: {"of copyto": statistics.median(values), "min": min(values), "max": max(values)}
              for name, values in ratios.items()}

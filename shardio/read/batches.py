@@ -33,7 +33,7 @@ except ImportError:  # not on Windows, which has no pread for the extension eith
 
 from shardio.format.model_outputs import OutputSpec
 from shardio.format.spec import NONE
-from shardio.read.gather import ShardFile, gather, native, read, will_need
+from shardio.read.gather import ShardFile, gather, gather_started, native, read, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
@@ -89,6 +89,10 @@ def has_content_box(snapshot: DatasetSnapshot) -> bool:
     """Whether every batch of this dataset carries ``content_box``: decided once from the manifest's
     config (``mode: pad``), never from the shards a batch happens to touch (one schema per dataset)."""
     return isinstance(snapshot.manifest.config, dict) and snapshot.manifest.config.get("mode") == "pad"
+
+
+def _nothing_to_wait_for() -> None:
+    """``assemble``'s wait where no copy was started."""
 
 
 class BatchAssembler:
@@ -214,6 +218,7 @@ class BatchAssembler:
             raise ValueError(f"{self.snapshot.directory}: encoded batches are for JPEG datasets "
                              "(encoding: jpeg) and yuv420 ones; this one is raw")
         image: torch.Tensor | EncodedImages | YuvPlanes | None
+        copied = _nothing_to_wait_for  # a copy from the maps runs while the metadata is built: waited for below
         if not self.pixels_kept:
             image = None
         elif encoded and jpeg:
@@ -249,11 +254,14 @@ class BatchAssembler:
                 read([(file, start, stop) for (_, _, file), (_, start, stop) in zip(shards, pieces)],
                      image.numpy(), threads)
             else:
-                gather([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)],
-                       image.numpy(), threads)
-        # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
-        rows = [row for (_, meta, _), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
-        keys, txt, cls, js, box, original_size, crop_top_left = rows_columns(rows)
+                copied = gather_started([pixels[start:stop] for (pixels, _, _), (_, start, stop) in
+                                         zip(shards, pieces)], image.numpy(), threads)
+        try:
+            # Only the lines of these rows are parsed (a shuffled batch takes one or two of a shard's 1,000).
+            rows = [row for (_, meta, _), (_, start, stop) in zip(shards, pieces) for row in meta.rows(start, stop)]
+            keys, txt, cls, js, box, original_size, crop_top_left = rows_columns(rows)
+        finally:
+            copied()
         batch: Batch = {"__key__": keys, "original_size": torch.from_numpy(original_size),
                         "crop_top_left": torch.from_numpy(crop_top_left)}
         if image is not None:

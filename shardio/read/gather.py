@@ -54,7 +54,7 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ try:
 except ImportError:  # optional, like the JPEG decoder: setup.py builds it where a C compiler exists
     _gather = None
 
-__all__ = ["ShardFile", "gather", "native", "read", "will_need"]
+__all__ = ["ShardFile", "gather", "gather_started", "native", "read", "will_need"]
 
 
 def native() -> bool:
@@ -80,6 +80,21 @@ def gather(pieces: Sequence[np.ndarray], out: np.ndarray, threads: int = 1) -> N
         _gather.gather_into(pieces, out, threads)
         return
     _gather_numpy(pieces, out)
+
+
+def gather_started(pieces: Sequence[np.ndarray], out: np.ndarray, threads: int = 1) -> Callable[[], None]:
+    """``gather`` begun on the copy threads, returning the function that waits for it: the caller builds the
+    rest of the batch (its metadata, ~0.6 ms a batch of 256 in Python) while the bytes are copied, instead of
+    after. The wait must come before ``out`` is read and before this thread copies again (a second copy
+    started first is refused with RuntimeError). Without the extension the copy is done here, at once."""
+    if _gather is not None:
+        return _gather.gather_start(pieces, out, threads).wait
+    _gather_numpy(pieces, out)
+    return _copied
+
+
+def _copied() -> None:
+    """What ``gather_started`` returns where it copied at once: nothing to wait for."""
 
 
 def _gather_numpy(pieces: Sequence[np.ndarray], out: np.ndarray) -> None:

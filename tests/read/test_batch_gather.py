@@ -37,6 +37,12 @@ def fallback(pieces: list[np.ndarray], out: np.ndarray, threads: int = 1) -> Non
     gather._gather_numpy(pieces, out)
 
 
+def started(pieces: list[np.ndarray], out: np.ndarray, threads: int = 1) -> None:
+    """The copy begun on the pool's threads and waited for (``gather_started``: a batch's metadata is built
+    in between)."""
+    gather.gather_started(pieces, out, threads)()
+
+
 @pytest.fixture(scope="module")
 def shard_maps(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     """Three memory-mapped "shards" of random 1x1000x3 samples (3,000 bytes: no multiple of 16 or 64), the
@@ -64,6 +70,7 @@ def test_slices_of_shards_gather_alike(shard_maps: list[np.ndarray], threads: in
     pieces = [a[3:4], b[0:8], a[5:5], last[2:5], a[0:3], b[7:8], last[4:5], last[0:0], a[4:5], b[1:3]]
     expected = np.concatenate(pieces)
     assert (gathered(native, pieces, threads) == expected).all()
+    assert (gathered(started, pieces, threads) == expected).all()
     assert (gathered(fallback, pieces) == expected).all()
 
 
@@ -87,9 +94,14 @@ def test_large_misaligned_pieces_gather_alike(threads: int) -> None:
     again = np.full(total, 0xCD, np.uint8)
     fallback(pieces, again)
     assert (again == out).all()
+    begun = np.full(total, 0xEF, np.uint8)
+    started(pieces, begun, threads)
+    assert (begun == out).all()
 
 
-@pytest.mark.parametrize("how", [pytest.param(native, marks=needs_extension), fallback], ids=["native", "numpy"])
+@pytest.mark.parametrize("how", [pytest.param(native, marks=needs_extension),
+                                 pytest.param(started, marks=needs_extension), fallback],
+                         ids=["native", "started", "numpy"])
 def test_bad_calls_are_refused_alike(how: Callable[..., None]) -> None:
     pieces = [np.arange(10, dtype=np.uint8), np.arange(6, dtype=np.uint8)]
     with pytest.raises(ValueError, match="16 bytes, out 17"):
@@ -280,6 +292,46 @@ def test_a_bucketed_dataset_reads_the_same_by_pread_maps_and_numpy(tmp_path, mon
         assert torch.equal(one["image"], two["image"]) and torch.equal(one["image"], three["image"])
         assert one["__key__"] == two["__key__"] == three["__key__"]
     assert sum(len(b["__key__"]) for b in by_pread) == 73
+
+
+@needs_extension
+def test_a_second_copy_before_the_first_is_waited_for_is_refused_and_a_dropped_one_is_finished() -> None:
+    """Waiting is what ends a started copy and gives the copy threads back: a second copy on the same thread
+    before it would wait for ever, so it is refused; a job let go unwaited is waited for as it goes (its
+    threads write into out)."""
+    source = np.random.default_rng(5).integers(0, 256, 12 << 20, dtype=np.uint8)
+    pieces = [source[i : i + (1 << 20)] for i in range(0, source.size, 1 << 20)]
+    out, second = np.empty_like(source), np.empty_like(source)
+    job = gather._gather.gather_start(pieces, out, 2)
+    with pytest.raises(RuntimeError, match="not waited for"):
+        gather._gather.gather_start(pieces, second, 2)
+    with pytest.raises(RuntimeError, match="not waited for"):
+        gather._gather.gather_into(pieces, second, 3)
+    job.wait()
+    job.wait()  # once is enough; again is nothing
+    assert (out == source).all()
+    out[:] = 0
+    job = gather._gather.gather_start(pieces, out, 1)
+    del job  # let go unwaited: finished as it goes, and the threads are free again
+    assert (out == source).all()
+    gather._gather.gather_into(pieces, second, 3)
+    assert (second == source).all()
+
+
+@needs_extension
+def test_a_copy_on_another_thread_waits_for_a_started_one_then_runs() -> None:
+    import threading
+
+    source = np.random.default_rng(6).integers(0, 256, 24 << 20, dtype=np.uint8)
+    pieces = [source[i : i + (1 << 20)] for i in range(0, source.size, 1 << 20)]
+    first, second = np.empty_like(source), np.empty_like(source)
+    job = gather._gather.gather_start(pieces, first, 4)
+    other = threading.Thread(target=gather._gather.gather_into, args=(pieces, second, 4))
+    other.start()  # its turn comes when the started copy is waited for, whatever runs first
+    job.wait()
+    other.join(120)
+    assert not other.is_alive()
+    assert (first == source).all() and (second == source).all()
 
 
 def test_gather_threads_default_and_bad_values(dataset_dir: str) -> None:
