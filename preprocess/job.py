@@ -192,8 +192,9 @@ def run_job(
         committed = read_committed(root)
         _check_committed(run, committed)
         work = _plan(run, inputs, committed)
-        if work.todo:
-            _check_models(run, committed)  # ConfigError before anything is touched
+        # ConfigError before anything is touched; with nothing new too: "unchanged" would say a dataset made by
+        # another model is up to date
+        _check_models(run, committed)
         if work.nothing_to_do and committed.columns is not None:
             _answer_unchanged(run, committed.columns, work)
             return run.report

@@ -187,14 +187,16 @@ def test_a_rerun_runs_the_models_on_the_new_input_only(ray_cluster, tars, tmp_pa
     assert_clean(out)
 
 
-def test_a_changed_model_is_refused_before_anything_is_touched(ray_cluster, tars, tmp_path, monkeypatch):
+@pytest.mark.parametrize("new_input", [True, False], ids=["with-a-new-input", "nothing-new"])
+def test_a_changed_model_is_refused_before_anything_is_touched(new_input, ray_cluster, tars, tmp_path, monkeypatch):
     pattern = make_tars(tars, [4])
     config = write_config(tmp_path / "c.yaml", {"latent": {"fn": f"{JOB}:make_other_latent", "device": "cpu"}})
     out = str(tmp_path / "out")
     flags = ["--size", "16", "--samples-per-shard", "4"]
     assert run(pattern, "--output", out, "--config", config, *flags).exit_code == 0
     recorded = root_of(out)["outputs"][0]["identity"]
-    make_tars(tars, [3], first=4, names=["01.tar"])
+    if new_input:
+        make_tars(tars, [3], first=4, names=["01.tar"])
     state = dataset_state(out)
     listing = sorted(os.listdir(out))
     # Same function, other weights (in this process: the driver identifies the model before any task runs).
