@@ -36,6 +36,7 @@ from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import largest_first_key
 from preprocess.cluster.ray_cluster import node_name
 from preprocess.worker import InputResult, iter_process_input
+from shardio.errors import ConfigError
 from shardio.store.root import Place
 
 __all__ = ["stream_inputs", "Progress", "TaskEvent", "AttemptTracker", "TASK_MAX_RETRIES", "TASK_OPTIONS",
@@ -200,48 +201,56 @@ def stream_inputs(
         stuck_members.pop(path, None)
         return InputFingerprint(*fingerprints.pop(path))
 
-    while next_item < len(queue) or running:
-        if should_stop():
-            for generator in running:
-                ray.cancel(generator)
-            return
-        while next_item < len(queue) and len(running) < limit:
-            path, fingerprint = queue[next_item]
-            queue[next_item] = None  # type: ignore[call-overload]  # not needed again: let it go
-            next_item += 1
-            fingerprints[path] = fingerprint
-            submit(path)
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
-        for generator in ready:
-            try:
-                ref = next(generator)
-            except StopIteration:
-                ended(running.pop(generator))
-                continue
-            try:
-                message = ray.get(ref)
-            except ray.exceptions.RayError as e:
-                # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
-                path = running.pop(generator)
-                size, mtime_ns, etag = ended(path)
-                reason = _failure_reason(e)
-                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
-                continue
-            if isinstance(message, StuckDecode):
-                path = running.pop(generator)
-                ray.cancel(generator, force=True)
-                stuck = stuck_members.setdefault(path, [])
-                stuck.append(message.member)
-                yield message
-                if len(stuck) <= MAX_STUCK_DECODES:
-                    submit(path)
+    try:
+        while next_item < len(queue) or running:
+            if should_stop():
+                for generator in running:
+                    ray.cancel(generator)
+                return
+            while next_item < len(queue) and len(running) < limit:
+                path, fingerprint = queue[next_item]
+                queue[next_item] = None  # type: ignore[call-overload]  # not needed again: let it go
+                next_item += 1
+                fingerprints[path] = fingerprint
+                submit(path)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
+            for generator in ready:
+                try:
+                    ref = next(generator)
+                except StopIteration:
+                    ended(running.pop(generator))
                     continue
-                size, mtime_ns, etag = ended(path)
-                bound = hard_bound_s(cfg.max_decode_seconds)
-                yield InputResult(input=path, size=size, mtime_ns=mtime_ns, etag=etag, error=(
-                    f"{len(stuck)} decodes did not finish within {bound:g} s ({', '.join(stuck)}); the input was "
-                    f"given up after {MAX_STUCK_DECODES} restarts without them and not committed"))
-                continue
-            if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
-                yield event
-            yield message
+                try:
+                    message = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
+                    path = running.pop(generator)
+                    size, mtime_ns, etag = ended(path)
+                    if isinstance(getattr(e, "cause", None), ConfigError):
+                        # A model breaking its contract (preprocess.models.runner) would break it on every
+                        # input: the run stops, and no input is remembered as failed for it.
+                        raise e.cause from None
+                    reason = _failure_reason(e)
+                    yield InputResult(input=path, size=size, mtime_ns=mtime_ns, error=reason, etag=etag)
+                    continue
+                if isinstance(message, StuckDecode):
+                    path = running.pop(generator)
+                    ray.cancel(generator, force=True)
+                    stuck = stuck_members.setdefault(path, [])
+                    stuck.append(message.member)
+                    yield message
+                    if len(stuck) <= MAX_STUCK_DECODES:
+                        submit(path)
+                        continue
+                    size, mtime_ns, etag = ended(path)
+                    bound = hard_bound_s(cfg.max_decode_seconds)
+                    yield InputResult(input=path, size=size, mtime_ns=mtime_ns, etag=etag, error=(
+                        f"{len(stuck)} decodes did not finish within {bound:g} s ({', '.join(stuck)}); the input was "
+                        f"given up after {MAX_STUCK_DECODES} restarts without them and not committed"))
+                    continue
+                if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
+                    yield event
+                yield message
+    finally:  # the consumer stopped (an error, a stop): no task keeps running for a run that is over
+        for generator in running:
+            ray.cancel(generator)

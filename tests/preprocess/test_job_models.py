@@ -342,3 +342,24 @@ def test_encoding_none_without_models_is_refused_before_anything_is_touched(tars
     result = runner.invoke(app, ["run", pattern, "--output", str(tmp_path / "out"), "--encoding", "none"])
     assert result.exit_code == 2 and "encoding: none keeps no pixels" in result.output
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_model_breaking_its_contract_stops_the_run_and_no_input_is_remembered_as_failed(ray_cluster, tars,
+                                                                                          tmp_path):
+    """The same model would break it on every input: the run stops (exit 2) naming the output, commits nothing,
+    and records no input as failed, so the run with a mended model takes every input without --retry-failed."""
+    pattern = make_tars(tars, [3, 2])
+    broken = write_config(tmp_path / "broken.yaml", {"text": {"fn": f"{JOB}:make_one_short_text", "input": "text"}})
+    out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
+    flags = ["--size", "16", "--samples-per-shard", "2"]
+    result = run(pattern, "--output", out, "--config", broken, *flags, "--report", report)
+    assert result.exit_code == 2, result.output
+    words = " ".join(result.output.split())
+    assert "models: text" in words and "returned" in words, words
+    assert not os.path.exists(os.path.join(out, "manifest.json")) or load_manifest(out).shards == []
+    mended = write_config(tmp_path / "mended.yaml", {"text": {"fn": f"{TOY}:make_text", "input": "text"}})
+    result = run(pattern, "--output", out, "--config", mended, *flags, "--report", report)
+    assert result.exit_code == 0, result.output
+    doc = json.load(open(report))
+    assert sorted(os.path.basename(p) for p in doc["inputs_processed"]) == ["00.tar", "01.tar"]
+    assert sum(s.samples for s in load_manifest(out).shards) == 5

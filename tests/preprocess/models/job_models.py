@@ -3,7 +3,8 @@ workers of a run as by the driver.
 
 ``make_logged_text`` is ``toy_models.caption_hash`` that also appends every caption it is given to the file a
 caption names (``LOG=PATH|text``): the test reads which samples the model saw, whichever process ran it.
-``make_fragile_text`` raises on a batch holding a caption with ``explode`` in it. ``make_other_latent`` is
+``make_fragile_text`` raises on a batch holding a caption with ``explode`` in it; ``make_one_short_text`` returns a
+row fewer than its batch (a broken contract). ``make_other_latent`` is
 ``make_latent`` with other weights while ``OTHER_WEIGHTS`` is set (the driver's own process: the identity check).
 """
 
@@ -54,3 +55,15 @@ def make_other_latent() -> LatentNet:
         with torch.no_grad():
             net.conv.bias.add_(1.0)
     return net
+
+
+def _one_short(captions: list[str]) -> torch.Tensor:
+    return caption_hash(captions)[1:]  # a row fewer than the batch's captions: the contract broken
+
+
+_one_short.version = "one-short-1"  # type: ignore[attr-defined]
+
+
+def make_one_short_text():
+    """A text model breaking the contract: one row fewer than the batch holds."""
+    return _one_short
