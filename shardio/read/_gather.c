@@ -454,13 +454,15 @@ static PyObject *will_need(PyObject *self, PyObject *sequence) {
  * dropped unwaited is waited for by its deallocation (the threads write into out). */
 typedef struct {
     PyObject_HEAD
-    PyObject *seq;
+    PyObject *seq;     /* gather_start: the pieces */
     Py_buffer out;
-    Py_buffer *views;
+    Py_buffer *views;  /* gather_start: a view of each piece */
+    Py_buffer files;   /* read_start: the (fd, offset, nbytes) triples */
     Py_ssize_t *offsets;
     gather_job job;
     int running; /* submitted to the pool, not yet waited for */
-    int holding; /* seq, out and views held */
+    int holding; /* seq, out and views (or files) held */
+    int reading; /* read_start's: pread from files, not a copy from views */
 } GatherJob;
 
 static void gather_job_finish(GatherJob *self) {
@@ -471,7 +473,8 @@ static void gather_job_finish(GatherJob *self) {
         self->running = 0;
     }
     if (self->holding) {
-        release_views(self->views, self->job.count);
+        if (self->reading) PyBuffer_Release(&self->files);
+        else release_views(self->views, self->job.count);
         PyBuffer_Release(&self->out);
         Py_CLEAR(self->seq);
         self->holding = 0;
@@ -482,9 +485,11 @@ static void gather_job_finish(GatherJob *self) {
     self->offsets = NULL;
 }
 
+/* None; for read_start's job, (piece, errno) of the first piece that failed (0: its file ended first). */
 static PyObject *gather_job_wait(GatherJob *self, PyObject *unused) {
     (void)unused;
     gather_job_finish(self);
+    if (self->reading && self->job.failed >= 0) return Py_BuildValue("(ni)", self->job.failed, self->job.failed_errno);
     Py_RETURN_NONE;
 }
 
@@ -494,7 +499,8 @@ static void gather_job_dealloc(GatherJob *self) {
 }
 
 static PyMethodDef gather_job_methods[] = {
-    {"wait", (PyCFunction)gather_job_wait, METH_NOARGS, "wait() -> None: returns once every byte is copied."},
+    {"wait", (PyCFunction)gather_job_wait, METH_NOARGS,
+     "wait() -> None | (piece, errno): returns once every byte is copied (a read's first failed piece)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -518,6 +524,7 @@ static PyObject *gather_start(PyObject *module, PyObject *args) {
     GatherJob *self = PyObject_New(GatherJob, &GatherJobType);
     if (self == NULL) return NULL;
     self->seq = NULL, self->views = NULL, self->offsets = NULL, self->running = 0, self->holding = 0;
+    self->reading = 0;
     memset(&self->job, 0, sizeof(self->job));
     if (PyObject_GetBuffer(destination, &self->out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_SetString(PyExc_TypeError, "gather_start: out must be a writable C-contiguous buffer");
@@ -566,7 +573,77 @@ static PyObject *gather_start(PyObject *module, PyObject *args) {
     return (PyObject *)self;
 }
 
+/* read_start(files, out, threads) -> GatherJob: what read_into reads, on up to `threads` threads of the pool
+ * (never the calling one); GatherJob.wait() returns read_into's answer. The files must stay open until then. */
+static PyObject *read_start(PyObject *module, PyObject *args) {
+    PyObject *spans, *destination;
+    int threads;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOi", &spans, &destination, &threads)) return NULL;
+    GatherJob *self = PyObject_New(GatherJob, &GatherJobType);
+    if (self == NULL) return NULL;
+    self->seq = NULL, self->views = NULL, self->offsets = NULL, self->running = 0, self->holding = 0;
+    self->reading = 1;
+    memset(&self->job, 0, sizeof(self->job));
+    self->job.failed = -1;
+    if (PyObject_GetBuffer(spans, &self->files, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        self->reading = 0;
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(destination, &self->out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_SetString(PyExc_TypeError, "read_start: out must be a writable C-contiguous buffer");
+        PyBuffer_Release(&self->files);
+        self->reading = 0;
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->holding = 1;
+    if (self->files.itemsize != 8 || self->files.len % 24 != 0) {
+        PyErr_SetString(PyExc_TypeError, "read_start: files must be int64 (fd, offset, nbytes) triples");
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_ssize_t count = self->files.len / 24;
+    const int64_t *triples = (const int64_t *)self->files.buf;
+    self->offsets = PyMem_Calloc(count + 1, sizeof(Py_ssize_t));
+    if (self->offsets == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (triples[3 * i + 1] < 0 || triples[3 * i + 2] < 0) {
+            PyErr_Format(PyExc_ValueError, "read_start: piece %zd has a negative offset or size", i);
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->offsets[i + 1] = self->offsets[i] + (Py_ssize_t)triples[3 * i + 2];
+    }
+    if (self->offsets[count] != self->out.len) {
+        PyErr_Format(PyExc_ValueError, "read_start: the pieces hold %zd bytes, out %zd", self->offsets[count],
+                     self->out.len);
+        Py_DECREF(self);
+        return NULL;
+    }
+    gather_job job = {self->offsets, count, (char *)self->out.buf, NULL, triples, 0, -1, 0};
+    self->job = job;
+    if (self->offsets[count] == 0) return (PyObject *)self; /* nothing to read */
+    int shares = shares_for(self->offsets[count], threads);
+    int submitted;
+    Py_BEGIN_ALLOW_THREADS
+    submitted = pool_submit(read_share, &self->job, shares, shares, 1);
+    Py_END_ALLOW_THREADS
+    if (submitted != 0) {
+        Py_DECREF(self);
+        return not_waited();
+    }
+    self->running = 1;
+    return (PyObject *)self;
+}
+
 static PyMethodDef methods[] = {
+    {"read_start", read_start, METH_VARARGS,
+     "read_start(files, out, threads) -> GatherJob: read_into on the pool's threads; .wait() for its answer."},
     {"gather_start", gather_start, METH_VARARGS,
      "gather_start(pieces, out, threads) -> GatherJob: gather_into on the pool's threads; .wait() for it."},
     {"gather_into", gather_into, METH_VARARGS,

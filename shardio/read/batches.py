@@ -33,7 +33,7 @@ except ImportError:  # not on Windows, which has no pread for the extension eith
 
 from shardio.format.model_outputs import OutputSpec
 from shardio.format.spec import NONE
-from shardio.read.gather import ShardFile, gather, gather_started, native, read, will_need
+from shardio.read.gather import ShardFile, gather, gather_started, native, read_started, will_need
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
@@ -251,8 +251,8 @@ class BatchAssembler:
                 convert_batch([pixels[start:stop] for (pixels, _, _), (_, start, stop) in zip(shards, pieces)],
                               image.numpy(), threads)
             elif all(file is not None for _, _, file in shards):
-                read([(file, start, stop) for (_, _, file), (_, start, stop) in zip(shards, pieces)],
-                     image.numpy(), threads)
+                copied = read_started([(file, start, stop) for (_, _, file), (_, start, stop) in zip(shards, pieces)],
+                                      image.numpy(), threads)
             else:
                 copied = gather_started([pixels[start:stop] for (pixels, _, _), (_, start, stop) in
                                          zip(shards, pieces)], image.numpy(), threads)

@@ -65,7 +65,7 @@ try:
 except ImportError:  # optional, like the JPEG decoder: setup.py builds it where a C compiler exists
     _gather = None
 
-__all__ = ["ShardFile", "gather", "gather_started", "native", "read", "will_need"]
+__all__ = ["ShardFile", "gather", "gather_started", "native", "read", "read_started", "will_need"]
 
 
 def native() -> bool:
@@ -151,17 +151,43 @@ def read(pieces: Sequence[tuple[ShardFile, int, int]], out: np.ndarray, threads:
     ShardIntegrityError naming it; any other failure an OSError naming it."""
     if _gather is None:
         raise RuntimeError("shardio.read.gather.read needs the compiled extension (native())")
-    spans = np.array([(f.fd, f.first_row + start * f.nbytes_per_row, (stop - start) * f.nbytes_per_row)
-                      for f, start, stop in pieces], np.int64).reshape(-1, 3)
-    failed = _gather.read_into(spans, out, threads)
-    if failed is not None:
-        index, code = failed
-        file, start, stop = pieces[index]
-        if code == 0:
-            raise ShardIntegrityError(f"{file.path}: ends before sample {stop - 1}'s last byte (at "
-                                      f"{int(spans[index, 1] + spans[index, 2])}); was it cut after it was "
-                                      "opened?")
-        raise OSError(code, f"{os.strerror(code)} reading samples {start}:{stop}", file.path)
+    spans = _spans(pieces)
+    _raise_read_failure(pieces, spans, _gather.read_into(spans, out, threads))
+
+
+def read_started(pieces: Sequence[tuple[ShardFile, int, int]], out: np.ndarray,
+                 threads: int = 1) -> Callable[[], None]:
+    """``read`` begun on the copy threads, returning the function that waits for it and raises what ``read``
+    raises (as ``gather_started``: the batch's metadata is built meanwhile). The pieces' files are held open
+    until the wait."""
+    if _gather is None:
+        raise RuntimeError("shardio.read.gather.read_started needs the compiled extension (native())")
+    spans = _spans(pieces)
+    job = _gather.read_start(spans, out, threads)
+
+    def wait() -> None:
+        _raise_read_failure(pieces, spans, job.wait())
+
+    return wait
+
+
+def _spans(pieces: Sequence[tuple[ShardFile, int, int]]) -> np.ndarray:
+    """Each piece's (fd, offset, nbytes), int64 [n, 3]: what the extension reads."""
+    return np.array([(f.fd, f.first_row + start * f.nbytes_per_row, (stop - start) * f.nbytes_per_row)
+                     for f, start, stop in pieces], np.int64).reshape(-1, 3)
+
+
+def _raise_read_failure(pieces: Sequence[tuple[ShardFile, int, int]], spans: np.ndarray,
+                        failed: tuple[int, int] | None) -> None:
+    """The extension's answer for a read: nothing, or the error naming the file of the piece that failed."""
+    if failed is None:
+        return
+    index, code = failed
+    file, start, stop = pieces[index]
+    if code == 0:
+        raise ShardIntegrityError(f"{file.path}: ends before sample {stop - 1}'s last byte (at "
+                                  f"{int(spans[index, 1] + spans[index, 2])}); was it cut after it was opened?")
+    raise OSError(code, f"{os.strerror(code)} reading samples {start}:{stop}", file.path)
 
 
 def will_need(pieces: Sequence[np.ndarray]) -> int:

@@ -232,24 +232,36 @@ def test_pread_from_the_files_writes_what_the_maps_hold(mapped_shards: list[np.m
     out = np.full(expected.shape, 0xAB, np.uint8)
     gather.read(pieces, out, threads)
     assert (out == expected).all()
+    begun = np.full(expected.shape, 0xAB, np.uint8)
+    gather.read_started(pieces, begun, threads)()  # on the pool's threads, waited for after
+    assert (begun == expected).all()
     assert gather.ShardFile.of(np.asarray(a)) is None and gather.ShardFile.of(np.ones((2, 3), np.uint8)) is None
 
 
+def read_at_once(pieces, out: np.ndarray, threads: int = 1) -> None:
+    gather.read(pieces, out, threads)
+
+
+def read_begun(pieces, out: np.ndarray, threads: int = 1) -> None:
+    gather.read_started(pieces, out, threads)()
+
+
 @needs_extension
-def test_pread_says_which_file_failed(tmp_path, mapped_shards: list[np.memmap]) -> None:
+@pytest.mark.parametrize("how", [read_at_once, read_begun], ids=["read", "read_started"])
+def test_pread_says_which_file_failed(how, tmp_path, mapped_shards: list[np.memmap]) -> None:
     path = tmp_path / "cut.npy"
     path.write_bytes(b"h" * 128 + bytes(range(256)) * 10)  # 2,560 bytes of samples: 2 of 1,000 and a part
     cut = gather.ShardFile(str(path), 128, 1000)
     with pytest.raises(ShardIntegrityError, match=r"cut\.npy: ends before sample 2's last byte \(at 3128\)"):
-        gather.read([(cut, 0, 2), (cut, 2, 3)], np.empty(3000, np.uint8), 2)
+        how([(cut, 0, 2), (cut, 2, 3)], np.empty(3000, np.uint8), 2)
     out = np.empty(2000, np.uint8)
-    gather.read([(cut, 0, 2)], out)
+    how([(cut, 0, 2)], out)
     assert (out == np.frombuffer(bytes(range(256)) * 10, np.uint8)[:2000]).all()
     with pytest.raises(ValueError, match="2000 bytes, out 1999"):
-        gather.read([(cut, 0, 2)], np.empty(1999, np.uint8))
+        how([(cut, 0, 2)], np.empty(1999, np.uint8))
     with pytest.raises(TypeError, match="writable C-contiguous"):
-        gather.read([(cut, 0, 1)], np.empty(2000, np.uint8)[::2])
-    gather.read([], np.empty(0, np.uint8))
+        how([(cut, 0, 1)], np.empty(2000, np.uint8)[::2])
+    how([], np.empty(0, np.uint8))
 
 
 def read_epoch(directory: str, batch_size: int, settings: dict, **options) -> list[dict]:
