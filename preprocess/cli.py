@@ -196,6 +196,11 @@ def run(
         "--pass-credentials",
         help="Give the Ray tasks this machine's object-store credentials (kept in their "
              "runtime_env: visible in the Ray dashboard); default: each node's own.")] = False,
+    rewrite_output: Annotated[Optional[str], typer.Option(
+        "--rewrite-output", metavar="NAME",
+        help="Run the model that models: now gives for output NAME over every committed input (all must be "
+             "listed) and commit the new outputs at once, as a new generation: the old one stays whole for its "
+             "readers until retention collects it.")] = None,
 ) -> None:
     """Preprocess INPUTS (tars, Parquet files, folders) into OUTPUT; a rerun does only what changed."""
     flags = {"--wait": wait, "--prune": prune, "--quiet": quiet, "--strict-versions": strict_versions,
@@ -230,7 +235,7 @@ def run(
                          confirm_large_prune=confirm_large_prune, retry_failed=retry_failed,
                          retention=Retention(hours=retain_hours, generations=retain_generations,
                                              passing_minutes=retain_passing_minutes),
-                         pass_credentials=pass_credentials)
+                         pass_credentials=pass_credentials, rewrite_output=rewrite_output)
     # The first Ctrl-C / SIGTERM stops the run cleanly (report, exit 130 / 143), a second exits at once.
     # JSON log on stderr: every line of stderr is JSON (no summary; the run_finished record carries it).
     json_stderr = event_log is not None and event_log.log_format == "json" and log_file is None

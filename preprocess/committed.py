@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from preprocess.config import JobConfig
+from preprocess.rewrite import config_to_compare
 from shardio.errors import DatasetIncompatibleError, ShardError
 from shardio.format import InputEntry, Manifest
 from shardio.format.manifests import DatasetIndex, load_index
@@ -64,10 +65,14 @@ def _committed_inputs(existing: DatasetIndex | Manifest | None) -> dict[str, Inp
     return existing.committed_inputs() if isinstance(existing, DatasetIndex) else dict(existing.inputs)
 
 
-def check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, place: Place) -> None:
-    """``DatasetIncompatibleError`` naming every key in which ``cfg`` differs from the dataset's config."""
+def check_compatible(manifest: Manifest | DatasetIndex, cfg: JobConfig, place: Place,
+                     rewriting: str | None = None) -> None:
+    """``DatasetIncompatibleError`` naming every key in which ``cfg`` differs from the dataset's config; a rewrite
+    of output ``rewriting`` may change that output's ``models:`` entry (``preprocess.rewrite``)."""
     wanted = cfg.output_dict()
     stored = {**JobConfig().output_dict(), **manifest.config}  # keys newer than the dataset: their defaults
+    if rewriting is not None:
+        stored = config_to_compare(stored, wanted, rewriting)
     if stored == wanted:
         return
     # Said over the full form: a raw dataset stores no encoding keys (JobConfig.to_dict), which a JPEG run

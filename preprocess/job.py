@@ -94,6 +94,7 @@ from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
 from preprocess.models.loading import load_model
 from preprocess.plan import plan_inputs
+from preprocess.rewrite import check_rewrite, config_to_compare, new_fence, rewrite_todo
 from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
 from preprocess.cluster.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
 from preprocess.remembered_failures import remembered_failures, set_aside_remembered
@@ -141,6 +142,8 @@ class RunOptions:
     retry_failed: bool = False
     # Inputs from Python instead of paths (preprocess.inputs.sources): its inputs are the run's, ``inputs`` stays empty.
     source: Source | None = None
+    # An output of ``models:`` rewritten by its (new) model for every input, committed once (preprocess.rewrite).
+    rewrite_output: str | None = None
 
 
 def dataset_config(output: str) -> dict[str, Any] | None:
@@ -190,11 +193,15 @@ def run_job(
     dataset_dir.ensure_output_dir(root)
     with dataset_dir.writing(root, options.wait_for_lock):
         committed = read_committed(root)
+        if options.rewrite_output is not None:  # ConfigError before anything else is said or touched
+            check_rewrite(options.rewrite_output, [spec.name for spec in options.config.model_specs],
+                          [o.name for o in getattr(committed.index, "outputs", ())], committed.inputs,
+                          set(inputs.resolved.paths), options.prune, dataset_dir.manifest_path(root))
         _check_committed(run, committed)
-        work = _plan(run, inputs, committed)
         # ConfigError before anything is touched; with nothing new too: "unchanged" would say a dataset made by
         # another model is up to date
         _check_models(run, committed)
+        work = _plan(run, inputs, committed)
         if work.nothing_to_do and committed.columns is not None:
             _answer_unchanged(run, committed.columns, work)
             return run.report
@@ -274,7 +281,7 @@ def _check_committed(run: _Run, committed: Committed) -> None:
         run.report.warnings.append(committed.restored)
         run.emit("warning", committed.restored)
     if committed.index is not None:
-        check_compatible(committed.index, run.options.config, run.root)
+        check_compatible(committed.index, run.options.config, run.root, run.options.rewrite_output)
         _note_drift(run, committed.index.versions)
 
 
@@ -292,7 +299,7 @@ def _check_models(run: _Run, committed: Committed) -> None:
     for spec in specs:
         identity = model_identity(spec, load_model(spec))
         found = recorded.get(spec.name)
-        if found is not None and ModelIdentity.from_dict(found) != identity:
+        if found is not None and spec.name != run.options.rewrite_output and ModelIdentity.from_dict(found) != identity:
             raise ConfigError(
                 f"{dataset_dir.manifest_path(run.root)}: models: {spec.name}: the dataset's outputs were made by "
                 f"{ModelIdentity.from_dict(found)}, this run's model is {identity}; outputs of two models never mix "
@@ -312,6 +319,15 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     resolved, report = inputs.resolved, run.report
     report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
+    name = run.options.rewrite_output
+    if name is not None and _made_by(committed, name, run.identities[name]):
+        # Already this model's (the rewrite done, a rerun of its command): a run as any other, nothing rewritten
+        message = f"--rewrite-output {name}: the dataset's {name} is this model's already: nothing to rewrite"
+        report.warnings.append(message)
+        run.emit("warning", message)
+        run.options = replace(run.options, rewrite_output=None)
+    elif name is not None:  # every listed input again, the remembered failures included
+        return _Work(rewrite_todo(resolved), [], 0, 0)
     planned = plan_inputs(resolved, committed.inputs)
     remembered = set_aside_remembered(planned, {} if run.options.retry_failed else remembered_failures(run.root),
                                       report)
@@ -319,6 +335,15 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     # the only set of paths
     to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []
     return _Work(planned.todo, to_prune, planned.skipped, remembered)
+
+
+def _made_by(committed: Committed, name: str, identity: dict[str, Any]) -> bool:
+    """Whether the dataset's output ``name`` is the model of ``identity``'s."""
+    from preprocess.models.identity import ModelIdentity  # torch: a run with models only
+
+    wanted = ModelIdentity.from_dict(identity)
+    return any(o.name == name and ModelIdentity.from_dict(o.identity) == wanted
+               for o in getattr(committed.index, "outputs", ()))
 
 
 def _answer_unchanged(run: _Run, index: DatasetIndex, work: _Work) -> None:
@@ -335,10 +360,16 @@ def _open_commit(run: _Run, committed: Committed, work: _Work) -> Committer:
     """The committer over what is committed (a version 1/2 manifest is upgraded at its first commit); then,
     in this order, the prune guard (refused: nothing changed, not even cleaned), a killed run's leftovers
     cleaned, and the inputs to prune dropped."""
-    cfg, report = run.options.config, run.report
+    options, cfg, report = run.options, run.options.config, run.report
     committer = Committer(run.root, committed.index, COMMIT_INTERVAL_S, run=report.run_id,
                           shape=(cfg.height, cfg.width, 3), config=cfg.output_dict(), versions=report.versions)
     committer.index.versions = report.versions
+    if options.rewrite_output is not None:
+        # One commit at the end, every file under a fence none of the dataset's files carries (preprocess.rewrite)
+        committer.held = True
+        committer.index.name_fence = new_fence(committer.index.dataset_id, committer.index.generation,
+                                               options.rewrite_output, run.identities[options.rewrite_output])
+        committer.index.config = config_to_compare(committer.index.config, cfg.output_dict(), options.rewrite_output)
     if work.to_prune and not run.options.confirm_large_prune:
         _check_prune(committed.inputs, committer.index.totals, work.to_prune, run.directory)
     _note_foreign(run, dataset_dir.clean_after_runs(run.root, committed.index))
@@ -357,6 +388,7 @@ def _run_and_commit(run: _Run, work: _Work, committer: Committer, files: list[st
     try:
         disk_full, left_files = _run_tasks(run, work, committer, files, reader)
         _commit(run, committer, work.todo)
+        left_files = left_files or committer.held  # a rewrite not committed: its files are a dead run's
         if disk_full is None:
             _tidy(run, committer, work.todo, left_files)
     except OSError as e:
@@ -399,11 +431,21 @@ def _run_tasks(run: _Run, work: _Work, committer: Committer, files: list[str],
 
 
 def _commit(run: _Run, committer: Committer, todo: list[tuple[str, InputFingerprint]]) -> None:
-    """What finished committed; an empty, valid dataset if nothing ever was (readers get a clear answer)."""
+    """What finished committed; an empty, valid dataset if nothing ever was (readers get a clear answer). A
+    rewrite commits only whole: every input done, none failed, no stop."""
     if run.stop_requested():
         _note_interrupted(run, todo)
+    if committer.held:
+        done = set(run.report.inputs_processed)
+        if not run.stop_requested() and all(path in done for path, _ in todo):
+            committer.held = False
+        else:
+            message = (f"--rewrite-output {run.options.rewrite_output}: {len(todo) - len(done)} of {len(todo)} "
+                       "input(s) not rewritten: nothing was committed (the dataset is as it was); rerun the rewrite")
+            run.report.warnings.append(message)
+            run.emit("warning", message)
     committer.maybe_commit(force=True)
-    if committer.index.generation == 0:  # nothing committed yet
+    if committer.index.generation == 0 and not committer.held:  # nothing committed yet
         committer.commit()
 
 
@@ -486,6 +528,10 @@ def _fold_outputs(committer: Committer, result: InputResult, identities: dict[st
     for info in result.outputs:
         name, dtype = info["name"], info["dtype"]
         output = current.get(name)
+        if output is not None and name in identities and output.identity != identities[name]:
+            # Only a rewrite's output gets here (any other model of another identity is refused first): its
+            # record starts anew from the new model's first input with samples (its dtype, its shapes).
+            output = None
         if output is None and dtype is not None:
             identity = identities.get(name) or info["identity"]  # the driver's; else what the worker ran
             output = OutputSpec(name, info["input"], dtype, (None,) * buckets, identity)

@@ -214,6 +214,9 @@ class Committer:
         # compares them all with the segments it was read from)
         self.touched: set[str] = self.index.pending() if isinstance(committed, Manifest) else set()
         self.dirty = False
+        # Held: ``maybe_commit`` commits nothing, forced or not, until the caller lets go (a run whose changes
+        # are whole only together: every input's output rewritten by a new model).
+        self.held = False
 
     def add_input(self, input_path: str, size: int, mtime_ns: int,
                   shards: Iterable[ShardEntry | dict[str, Any]], failed: int = 0, etag: str = "") -> None:
@@ -255,7 +258,7 @@ class Committer:
         self.dirty = True
 
     def maybe_commit(self, force: bool = False) -> None:
-        if not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
+        if self.held or not self.dirty or (not force and time.monotonic() - self.last_commit < self.interval_s):
             return
         self.commit()
 

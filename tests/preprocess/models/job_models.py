@@ -67,3 +67,27 @@ _one_short.version = "one-short-1"  # type: ignore[attr-defined]
 def make_one_short_text():
     """A text model breaking the contract: one row fewer than the batch holds."""
     return _one_short
+
+
+class WideLatent(torch.nn.Module):
+    """Another image model for the rewrite tests: a fixed 3x3 convolution to 2 channels, 8x8 average pooling,
+    float32 [B, 2, h/8, w/8] (other weights, shape and dtype than ``LatentNet``; exact, as it is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3, padding=1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_((torch.arange(2 * 3 * 3 * 3).reshape(2, 3, 3, 3) % 3 - 1).float())
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.avg_pool2d(self.conv(pixels.permute(0, 3, 1, 2).float()), 8)
+
+
+def make_wide_latent() -> WideLatent:
+    return WideLatent()
+
+
+def wide_latent_of(pixels) -> torch.Tensor:
+    """What ``WideLatent`` gives for one sample's pixels [h, w, 3], computed alone."""
+    with torch.inference_mode():
+        return WideLatent()(torch.from_numpy(pixels)[None]).numpy()[0]
