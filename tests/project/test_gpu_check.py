@@ -1,5 +1,7 @@
 """``make gpu-check``'s CPU side: the dry run plans and runs what a CPU can (datasets, the CUDA tests collected,
-the CPU reader, the S3 part), the environment script parses, and the table reads a GPU run's results."""
+the CPU reader, the decode ceiling's threads with the CPU decoder, yuv420 against raw, the wait-share loops and
+a Lightning Trainer with a stand-in model, the S3 part), the environment script parses, and the table reads a
+GPU run's results."""
 
 from __future__ import annotations
 
@@ -30,18 +32,54 @@ def test_the_dry_run_plans_the_gpu_run_and_runs_the_cpu_parts(tmp_path):
     assert results["datasets"]["samples"] > 0
     tests = results["cuda_tests"]
     assert tests["exit"] == 0 and tests["counts"].get("tests collected", 0) > 0, tests["tail"]
-    assert results["decode"]["samples_per_s"] > 0  # the CPU reader over the JPEG dataset
+    assert results["datasets"]["encodings"] == ["jpeg", "raw", "yuv420"]
+    decode = results["decode"]
+    assert decode["cpu_reader_all_cores"]["samples_per_s"] > 0  # the CPU reader over the JPEG dataset
+    # The decoder's ceiling by host threads at two sizes (the CPU decoder stands in off CUDA), DeviceLoader
+    # against it, and what each library says of a backend choice (here: neither is installed).
+    ceiling = decode["ceiling"]
+    side = results["datasets"]["side"]
+    assert list(ceiling["sizes"]) == [f"{side}²", f"{2 * side}²"]
+    for size in ceiling["sizes"].values():
+        rows_by_threads = size["cpu (stand-in off CUDA)"]["by_threads"]
+        assert list(rows_by_threads) == ["1", "2", "4", "8"]
+        assert all(row["samples_per_s"] > 0 and row["samples"] > 0 for row in rows_by_threads.values())
+        assert size["device_loader"]["samples_per_s"] > 0 and size["device_loader_over_ceiling"] > 0
+    assert set(ceiling["backend_choice"]) == {"torchcodec", "torchvision"}
+    assert all("exposed" in choice for choice in ceiling["backend_choice"].values())
+    yuv = results["yuv420"]  # DeviceLoader epochs of yuv420 against raw, and the read-back's quality
+    for way in ("normalised", "uint8"):
+        assert yuv[way]["ratio"] > 0 and len(yuv[way]["rounds"]) == yuv["rounds"]
+        assert yuv[way]["raw_samples_per_s"] > 0 and yuv[way]["yuv420_samples_per_s"] > 0
+    quality = yuv["quality"]
+    assert quality["images"] == 24 and quality["psnr_db"]["median"] >= 30, quality
+    assert quality["bytes_per_image"] == quality["raw_bytes_per_image"] / 2  # 1.5 bytes a pixel against 3
     gather = results["gather"]  # the host side of the raw rows, per number of gather threads
     assert "1" in gather["rows"] and all(row["host_GBps"] > 0 for row in gather["rows"].values())
     steps = results["train_step"]  # the wait-share loop with a stand-in model: each sync and interval row
-    for row in ("raw", "jpeg", "raw, host sync every 10 steps", "jpeg, switch interval 0.5 ms"):
+    for row in ("raw", "jpeg", "yuv420", "raw, host sync every 10 steps", "jpeg, switch interval 0.5 ms",
+                "yuv420, host sync every 10 steps"):
         assert 0 <= steps[row]["wait_share"] <= 1 and steps[row]["samples_per_s"] > 0, row
-    assert "train_step_resnet18" in [part["part"] for part in results["plan"]]
+    planned = [part["part"] for part in results["plan"]]
+    assert {"train_step_resnet18", "yuv420", "lightning_wait"} <= set(planned)
+    lightning = results["lightning_wait"]  # a Trainer over each dataset, the tiny model on the CPU
+    for name in ("raw", "jpeg", "yuv420"):
+        row = lightning[name]
+        assert row["steps"] == lightning["steps"] - 1, row  # the warm-up left out, each step to the next start
+        assert 0 <= row["data_wait_share"] <= row["between_steps_share"] <= 1, row
+        assert row["step_ms"] > 0 and row["samples_per_s"] > 0, row
     for name in ("raw", "jpeg"):
         row = results["object_store"][name]
         assert row["samples"] == results["datasets"]["samples"] and row["ratio"] > 0
     assert "| CUDA tests | exit 0" in (out / "gpu_check.md").read_text()
-    assert "| host side alone, 1 gather thread(s)" in (out / "gpu_check.md").read_text()
+    table = (out / "gpu_check.md").read_text()
+    assert "| host side alone, 1 gather thread(s)" in table
+    for figure in (f"| decode ceiling {side}² JPEG, cpu (stand-in off CUDA), samples/s by host threads | 1: ",
+                   f"| DeviceLoader {2 * side}² JPEG / the decoder's ceiling |",
+                   "| yuv420 / raw samples/s to the device, DeviceLoader, normalised (cpu) |",
+                   "| yuv420 against raw, PSNR on the photos | median ",
+                   "| Lightning Trainer, tiny stand-in model (the dry run) from the yuv420 dataset: time waiting"):
+        assert figure in table, figure
     assert "would take" in done.stdout
 
 
