@@ -136,6 +136,15 @@ def _part(results: dict[str, Any], name: str, run: Callable[[], Any], out: str) 
     _save(results, out)  # after each part: a call cut short still brings back what it measured
 
 
+def _recorded(run: Callable[[], Any]) -> Any:
+    """``run()``, or its error recorded in its place: a figure added to a part does not lose the part's others."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - recorded
+        traceback.print_exc()
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
 def _save(results: dict[str, Any], out: str) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gpu_check.json"), "w") as f:
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip", action="append", default=[], help="a part to leave out (repeatable)")
     parser.add_argument("--trials", type=int, default=200)
     args = parser.parse_args(argv)
-    from bench import gpu_data, gpu_decode, gpu_figures, gpu_lightning, gpu_safety, gpu_store, gpu_yuv
+    from bench import gpu_data, gpu_decode, gpu_figures, gpu_safety, gpu_store, gpu_yuv
 
     dry = args.dry_run
     device = torch.device("cuda" if torch.cuda.is_available() and not dry else "cpu")
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dry:
         parts.append(("decode", lambda: {
             "cpu_reader_all_cores": gpu_figures.cpu_reader_rate(datasets["jpeg"], batch),
-            "ceiling": gpu_decode.ceiling(jpeg_sizes, device, batch=batch, batches=16)}))
+            "ceiling": _recorded(lambda: gpu_decode.ceiling(jpeg_sizes, device, batch=batch, batches=16))}))
         parts.append(("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)))
         parts.append(("yuv420", lambda: gpu_yuv.run(datasets["raw"], datasets["yuv420"], device, distinct,
                                                      batch=batch)))
@@ -211,21 +220,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # image has.
         parts.append(("train_step", lambda: {**gpu_figures.train_step_wait(
             datasets, device, _tiny_model, batch=4, size=32, warmup=1, steps=10), "model": TINY}))
-        parts.append(("lightning_wait", lambda: gpu_lightning.run(
+        parts.append(("lightning_wait", lambda: _lightning_wait(
             datasets, device, _tiny_model, lightning_work, batch=4, size=32, warmup=2, steps=30, model=TINY)))
     else:
         parts += [
             ("stream_safety", lambda: gpu_safety.run(datasets["jpeg"], device, trials=args.trials, batch=64)),
             ("decode", lambda: {**gpu_figures.decode_rates(datasets["jpeg"], device, batch=batch),
-                                "ceiling": gpu_decode.ceiling(jpeg_sizes, device, batch=batch)}),
+                                "ceiling": _recorded(lambda: gpu_decode.ceiling(jpeg_sizes, device, batch=batch))}),
             ("h2d", lambda: gpu_figures.h2d(datasets["raw"], device, batch=batch)),
             ("gather", lambda: gpu_figures.gather_rows(datasets["raw"], device, batch=batch)),
             ("yuv420", lambda: gpu_yuv.run(datasets["raw"], datasets["yuv420"], device, distinct, batch=batch)),
             ("train_step", lambda: gpu_figures.train_step_wait(datasets, device, _resnet50, batch=batch)),
             ("train_step_resnet18",
              lambda: gpu_figures.train_step_wait(datasets, device, _resnet18, batch=batch)),
-            ("lightning_wait", lambda: gpu_lightning.run(datasets, device, _resnet50, lightning_work,
-                                                         batch=batch)),
+            ("lightning_wait", lambda: _lightning_wait(datasets, device, _resnet50, lightning_work, batch=batch)),
         ]
     parts.append(("object_store", lambda: gpu_store.run(datasets, os.path.join(work, "s3"), batch, dry=dry)))
     for name, run in parts:
@@ -234,6 +242,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table(results), flush=True)
     _log(f"wrote {args.out}/gpu_check.json and gpu_check.md")
     return results
+
+
+def _lightning_wait(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from bench import gpu_lightning  # Lightning, imported for its part alone: an image without it loses one part
+
+    return gpu_lightning.run(*args, **kwargs)
 
 
 def _resnet50() -> torch.nn.Module:

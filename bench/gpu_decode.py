@@ -57,7 +57,15 @@ def backend_choice(name: str) -> dict[str, Any]:
             from torchvision.io import decode_jpeg
     except Exception as error:  # noqa: BLE001 - recorded: absent, or not loadable with this torch
         return {"exposed": None, "why": f"{type(error).__name__}: {error}"}
-    signature = inspect.signature(decode_jpeg)
+    return choice_in_signature(decode_jpeg, name)
+
+
+def choice_in_signature(decode_jpeg: Callable[..., Any], name: str) -> dict[str, Any]:
+    """``backend_choice``'s reading of one ``decode_jpeg``'s signature."""
+    try:  # the annotations as objects (a Literal's values), where they evaluate
+        signature = inspect.signature(decode_jpeg, eval_str=True)
+    except Exception:  # noqa: BLE001 - a name the module does not define at run time: read them as text
+        signature = inspect.signature(decode_jpeg)
     for parameter in signature.parameters.values():
         if "backend" in parameter.name.lower() or "hardware" in parameter.name.lower():
             values = _listed_values(parameter.annotation)

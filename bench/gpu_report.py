@@ -114,6 +114,8 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
 def _ceiling_rows(ceiling: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The decoder alone per host thread count, per size and library; DeviceLoader against it; the backends."""
     out: list[tuple[str, str, str]] = []
+    if "error" in ceiling:
+        return [("decode ceiling failed", str(ceiling["error"])[:300], "")]
     for label, size in ceiling.get("sizes", {}).items():
         for name, row in size.items():
             if isinstance(row, dict) and "by_threads" in row:

@@ -9,10 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from typing import Literal
 
 import pytest
+import torch
 
 from bench.gpu_check import PLAN
+from bench.gpu_decode import choice_in_signature, threaded_rate
 from bench.gpu_report import rows
 from tests.paths import REPO_ROOT
 
@@ -96,3 +100,64 @@ def test_the_table_reads_a_gpu_runs_results():
     assert on and all(value.startswith("0 of ") for value in on)
     raw = [value for name, value in table.items() if name.endswith("torchvision 0.26.0+cu130 (raw)")]
     assert raw and all(not value.startswith("0 of ") for value in raw), "the harness bites raw torchvision"
+
+
+def test_the_ceiling_splits_the_batches_over_threads_each_with_its_own_decoder():
+    prepared = [list(range(5)), list(range(7)), list(range(3))]
+    made_on = []
+
+    def make():
+        made_on.append(threading.get_ident())
+        return len
+
+    row = threaded_rate(prepared, make, threads=4, batches=10, device=torch.device("cpu"))
+    # threads 0, 1 take 3 batches, 2 and 3 take 2; thread i decodes batches i, i + 4, i + 8 (cycled over 3)
+    expected = sum(len(prepared[(index + number * 4) % 3]) for index, count in enumerate((3, 3, 2, 2))
+                   for number in range(count))
+    assert row["samples"] == expected and row["samples_per_s"] > 0
+    assert len(made_on) == 4 and len(set(made_on)) == 4, "one decoder made on each thread"
+
+
+def test_the_ceiling_says_whether_a_library_exposes_the_decode_backend():
+    def plain(input, mode=None, device="cpu"):
+        return input
+
+    def chooser(input, mode=None, device="cpu", backend: Literal["hardware", "cuda"] = "hardware"):
+        return input
+
+    assert choice_in_signature(plain, "lib") == {
+        "exposed": False, "parameters": ["input", "mode", "device"],
+        "note": "lib's decode_jpeg takes no backend: nvJPEG picks it (measured once, as it picks)"}
+    choice = choice_in_signature(chooser, "lib")
+    assert choice["exposed"] and choice["parameter"] == "backend"
+    assert choice["default"] == "'hardware'" and choice["values"] == ["'hardware'", "'cuda'"]
+
+
+def test_the_table_reads_the_ceiling_yuv420_and_lightning_rows():
+    by_threads = {str(n): {"samples": 8192, "seconds": 1.0, "samples_per_s": 10000.0 * n, "cpu_cores_busy": n}
+                  for n in (1, 2, 4, 8)}
+    by_threads["8"] = {"error": "RuntimeError: nvJPEG refused"}
+    results = {
+        "decode": {"ceiling": {"sizes": {"512²": {
+            "torchcodec 0.17.0": {"by_threads": by_threads, "best_threads": 4, "best_samples_per_s": 40000.0},
+            "torchvision": "not available: torchvision is not installed",
+            "device_loader": {"samples_per_s": 34000.0}, "device_loader_over_ceiling": 0.85}},
+            "backend_choice": {"torchcodec": {"exposed": False, "parameters": ["input"]}}}},
+        "yuv420": {"device": "cuda", "normalised": {"ratio": 1.9, "raw_samples_per_s": 50000.0,
+                                                    "yuv420_samples_per_s": 95000.0},
+                   "quality": {"images": 2048, "bytes_per_image": 98304.0, "raw_bytes_per_image": 196608,
+                               "psnr_db": {"median": 45.1, "p5": 41.0, "min": 38.2}, "max_abs_error": 40}},
+        "lightning_wait": {"jpeg": {"data_wait_share": 0.004, "between_steps_share": 0.01, "step_ms": 65.0,
+                                    "samples_per_s": 3900.0}},
+    }
+    table = {name: (value, goal) for name, value, goal in rows(results)}
+    assert table["decode ceiling 512² JPEG, torchcodec 0.17.0, samples/s by host threads"][0] == (
+        "1: 10,000, 2: 20,000, 4: 40,000, 8: RuntimeError: nvJPEG refused (best 4 threads)")
+    assert table["decode ceiling 512² JPEG, torchvision"][0].startswith("not available")
+    assert table["DeviceLoader 512² JPEG / the decoder's ceiling"] == ("34,000 samples/s = 0.85", ">= 0.8")
+    assert table["decode backend choice (hardware / CUDA), torchcodec"][0].startswith("not exposed")
+    assert table["yuv420 / raw samples/s to the device, DeviceLoader, normalised (cuda)"] == (
+        "95,000 / 50,000 = 1.9", ">= 1.8")
+    assert table["yuv420 against raw, PSNR on the photos"][0].startswith("median 45.1 dB, p5 41.0, min 38.2")
+    value, goal = table["Lightning Trainer, ResNet-50 bf16 from the jpeg dataset: time waiting for data"]
+    assert value.startswith("0.40% (step 65.0 ms") and goal == "< 0.5%"
