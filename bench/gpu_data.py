@@ -1,10 +1,13 @@
-"""The GPU check's datasets: the same photo-like images as a raw and as a JPEG dataset, written with shardio's
-writer (no Ray, no Pillow-SIMD: the GPU machine's stock Pillow encodes, as the job's encoder would).
+"""The GPU check's datasets: the same photo-like images as a raw, a JPEG and a yuv420 dataset, written with
+shardio's writer (no Ray, no Pillow-SIMD: the GPU machine's stock Pillow encodes, as the job's encoder would),
+and a small JPEG dataset of larger images for the decoder's ceiling at a second size (``build_jpeg``).
 
 ``distinct`` images (``preprocess.sample_data.photo_like``: soft shapes, texture and grain, ~1.5 bits/pixel
 like a photo) are encoded once at the compact config (``configs/jpeg.yaml``: quality 90, 4:4:4) and repeated
 up to ``samples``: a decode's cost depends on the bytes, not on whether it saw them before. The raw dataset
-holds the JPEGs' CPU decodes, so both datasets carry the same pixels.
+holds the JPEGs' CPU decodes, so all three datasets carry the same pixels; the yuv420 one stores them as its
+planes (``shardio.format.yuv_shard.rgb_to_yuv420``, the writer's conversion), so its read-back against the raw
+dataset is the encoding's own loss.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ QUALITY, SUBSAMPLING = 90, "4:4:4"
 class GpuDatasets:
     raw: str
     jpeg: str
+    yuv420: str
     samples: int
     side: int
     jpeg_bytes_mean: float
@@ -53,6 +57,8 @@ def _write(directory: str, side: int, samples: int, samples_per_shard: int, item
     config: dict = {"height": side, "width": side}
     if encoding == "jpeg":
         config.update(encoding="jpeg", quality=QUALITY, subsampling=SUBSAMPLING)
+    elif encoding == "yuv420":
+        config.update(encoding="yuv420")
     manifest = Manifest(shape=(side, side, 3), config=config, versions={"shardio": "gpu-check"})
     writer = InputShardWriter(directory, "gpu", side, side, samples_per_shard, encoding)
     for index in range(samples):
@@ -64,17 +70,34 @@ def _write(directory: str, side: int, samples: int, samples_per_shard: int, item
 
 def build(root: str, samples: int, distinct: int, side: int = 256, samples_per_shard: int = 1024,
           workers: int | None = None) -> GpuDatasets:
-    """``root/raw`` and ``root/jpeg`` (made once: an existing pair is reused)."""
-    raw, jpeg = os.path.join(root, "raw"), os.path.join(root, "jpeg")
+    """``root/raw``, ``root/jpeg`` and ``root/yuv420`` (each made once: an existing one is reused)."""
+    raw, jpeg, yuv420 = (os.path.join(root, name) for name in ("raw", "jpeg", "yuv420"))
     workers = workers or min(16, os.cpu_count() or 1)
     with ProcessPoolExecutor(workers) as pool:
         jpegs = list(pool.map(_encoded, [(i, side) for i in range(distinct)], chunksize=16))
-        if not os.path.exists(os.path.join(jpeg, "manifest.json")):
+        if not _made(jpeg):
             _write(jpeg, side, samples, samples_per_shard, jpegs, "jpeg")
-        if not os.path.exists(os.path.join(raw, "manifest.json")):
+        if not (_made(raw) and _made(yuv420)):
             pixels = list(pool.map(_pixels, jpegs, chunksize=16))
-            _write(raw, side, samples, samples_per_shard, pixels, "raw")
-    return GpuDatasets(raw, jpeg, samples, side, float(np.mean([len(j) for j in jpegs])))
+            for directory, encoding in ((raw, "raw"), (yuv420, "yuv420")):
+                if not _made(directory):
+                    _write(directory, side, samples, samples_per_shard, pixels, encoding)
+    return GpuDatasets(raw, jpeg, yuv420, samples, side, float(np.mean([len(j) for j in jpegs])))
+
+
+def build_jpeg(directory: str, samples: int, distinct: int, side: int, samples_per_shard: int = 1024,
+               workers: int | None = None) -> float:
+    """A JPEG dataset alone at ``directory`` (made once), as ``build``'s; returns its JPEGs' mean bytes."""
+    workers = workers or min(16, os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers) as pool:
+        jpegs = list(pool.map(_encoded, [(i, side) for i in range(distinct)], chunksize=16))
+    if not _made(directory):
+        _write(directory, side, samples, samples_per_shard, jpegs, "jpeg")
+    return float(np.mean([len(j) for j in jpegs]))
+
+
+def _made(directory: str) -> bool:
+    return os.path.exists(os.path.join(directory, "manifest.json"))
 
 
 def encoded_batches(jpeg_dir: str, batch: int, count: int) -> list[EncodedImages]:

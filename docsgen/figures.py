@@ -165,11 +165,30 @@ def gpu_section(path: Path = GPU_RESULTS) -> str:
     if h2d:
         rows.append(f"| host to device: the loader's pinned batches / a pinned copy | {h2d['copy_stage_ratio']:.2f} |")
         rows.append(f"| host to device end to end, `DeviceLoader` raw batches / a pinned copy | {h2d['ratio']:.2f} |")
+    for label, size in g.get("decode", {}).get("ceiling", {}).get("sizes", {}).items():
+        ceilings = [f"{row['best_samples_per_s']:,.0f} samples/s ({name}, {row['best_threads']} host threads)"
+                    for name, row in size.items() if isinstance(row, dict) and "best_samples_per_s" in row]
+        if ceilings:
+            rows.append(f"| the JPEG decoder's ceiling at {label}, batched over host bytes | {'; '.join(ceilings)} |")
+        if "device_loader_over_ceiling" in size:
+            rows.append(f"| `DeviceLoader` over the JPEG dataset at {label} / the decoder's ceiling | "
+                        f"{size['device_loader_over_ceiling']:.2f} |")
+    yuv = g.get("yuv420", {})
+    if "normalised" in yuv:
+        rows.append("| `DeviceLoader` samples/s, yuv420 / raw (normalised batches) | "
+                    f"{yuv['normalised']['ratio']:.2f} |")
+    if yuv.get("quality", {}).get("psnr_db"):
+        rows.append(f"| yuv420 against raw on the photos, median PSNR | {yuv['quality']['psnr_db']['median']} dB |")
     step = g.get("train_step", {})
-    for name in ("raw", "jpeg"):
+    for name in ("raw", "jpeg", "yuv420"):
         if name in step:
             rows.append(f"| ResNet-50 step ({step['batch']} at {step['size']}²), share of step time waiting for "
                         f"data, {name} | {step[name]['wait_share']:.1%} |")
+    lightning = g.get("lightning_wait", {})
+    for name in ("raw", "jpeg", "yuv420"):
+        if name in lightning:
+            rows.append(f"| Lightning `Trainer`, ResNet-50 ({lightning['batch']} at {lightning['size']}²), share of "
+                        f"step time waiting for data, {name} | {lightning[name]['data_wait_share']:.2%} |")
     machine = f"{env.get('card', 'n/a')} with {env.get('cpu_count', 'n/a')} cores, torch {env.get('torch', 'n/a')}"
     return f"""
 ## The GPU path
