@@ -157,3 +157,24 @@ def test_kill_9_mid_rewrite_then_rerun_gives_the_uninterrupted_rewrite(ray_clust
 
     kill_while_writing_then_rerun(start, lambda out: run(pattern, "--output", out, *rewrite, *sized), reference,
                                   tmp_path, seed=47, write_s=whole_s, attempts=3)
+
+
+def test_a_rewrite_of_a_dataset_without_pixels_gives_what_a_run_with_the_new_model_gives(ray_cluster, tars, tmp_path):
+    """``encoding: none`` keeps no pixels to run an image model on: the rewrite reads the inputs again, and each
+    shard's new latent is the one a fresh run with the new model writes."""
+    pattern = make_tars(tars, [5, 4])
+    flags = [*FLAGS, "--encoding", "none"]
+    out, fresh = str(tmp_path / "out"), str(tmp_path / "fresh")
+    old = write_config(tmp_path / "old.yaml", {"latent": LATENT, "text": TEXT})
+    new = write_config(tmp_path / "new.yaml", {"latent": WIDE, "text": TEXT})
+    assert run(pattern, "--output", out, "--config", old, *flags).exit_code == 0
+    result = run(pattern, "--output", out, "--config", new, *flags, "--rewrite-output", "latent")
+    assert result.exit_code == 0, result.output
+    assert run(pattern, "--output", fresh, "--config", new, *flags).exit_code == 0
+    rewritten, made_fresh = load_manifest(out).shards, load_manifest(fresh).shards
+    assert [s.samples for s in rewritten] == [s.samples for s in made_fresh] and sum(s.samples for s in made_fresh) == 9
+    for one, two in zip(rewritten, made_fresh):
+        for name in ("latent", "text"):
+            np.testing.assert_array_equal(np.load(os.path.join(out, output_path(one.path, name))),
+                                          np.load(os.path.join(fresh, output_path(two.path, name))))
+    assert root_of(out)["outputs"] == root_of(fresh)["outputs"]
