@@ -25,6 +25,8 @@ Parts, each timed and recorded on its own (a part that fails is recorded with it
   lightning_wait a Lightning ``Trainer`` (default logging) fed by ``ShardDataModule`` training ResNet-50 bf16:
                  the share of step time waiting for data, raw, JPEG and yuv420 (goal: < 0.5%;
                  ``bench.gpu_lightning``)
+  models         ``preprocess run`` with a bf16 encoder on the GPU against the encoder alone on the same decoded
+                 batches (goal: >= 0.8; ``bench.gpu_models``)
   object_store   the reader's cold epoch from a SeaweedFS S3 server on loopback against raw GET, raw and
                  JPEG shards (goal: >= 0.7), where ``weed`` and obstore are installed (``bench.gpu_store``)
 
@@ -67,12 +69,14 @@ PLAN = [
     ("gather", 20, "per 1, 2 and all gather threads: 2 epochs of pinned raw batches, 2 of DeviceLoader's uint8"),
     ("yuv420", 15, "DeviceLoader epochs of the yuv420 and raw datasets, normalised and uint8, 3 rounds; the "
                    "PSNR of the 2,048 distinct images on the CPU"),
-    ("train_step", 85, "ResNet-50 bf16, batch 256 at 224: synthetic, raw, JPEG and yuv420, 5 warm-up + 30 steps "
+    ("train_step", 70, "ResNet-50 bf16, batch 256 at 224: synthetic, raw, JPEG and yuv420, 5 warm-up + 30 steps "
                        "each"),
-    ("train_step_resnet18", 50, "ResNet-18 bf16, batch 256 at 224: the same rows as train_step (less compute to "
+    ("train_step_resnet18", 40, "ResNet-18 bf16, batch 256 at 224: the same rows as train_step (less compute to "
                                 "hide the data wait behind)"),
-    ("lightning_wait", 40, "Trainer (default logging, bf16-mixed) + ShardDataModule + TrainAugment, ResNet-50, "
+    ("lightning_wait", 35, "Trainer (default logging, bf16-mixed) + ShardDataModule + TrainAugment, ResNet-50, "
                            "batch 256 at 224: raw, JPEG and yuv420, 5 warm-up + 40 steps each"),
+    ("models", 45, "preprocess run with a bf16 encoder (160 GFLOP an image) on the GPU over 3,200 LAION-like "
+                   "images at 256² against the encoder alone on the same decoded batches"),
     ("object_store", 60, "SeaweedFS on loopback: raw GET, cold epoch of the raw and JPEG datasets"),
 ]
 
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip", action="append", default=[], help="a part to leave out (repeatable)")
     parser.add_argument("--trials", type=int, default=200)
     args = parser.parse_args(argv)
-    from bench import gpu_data, gpu_decode, gpu_figures, gpu_safety, gpu_store, gpu_yuv
+    from bench import gpu_data, gpu_decode, gpu_figures, gpu_models, gpu_safety, gpu_store, gpu_yuv
 
     dry = args.dry_run
     device = torch.device("cuda" if torch.cuda.is_available() and not dry else "cpu")
@@ -222,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             datasets, device, _tiny_model, batch=4, size=32, warmup=1, steps=10), "model": TINY}))
         parts.append(("lightning_wait", lambda: _lightning_wait(
             datasets, device, _tiny_model, lightning_work, batch=4, size=32, warmup=2, steps=30, model=TINY)))
+        parts.append(("models", lambda: gpu_models.run(os.path.join(work, "models"), device, dry=True)))
     else:
         parts += [
             ("stream_safety", lambda: gpu_safety.run(datasets["jpeg"], device, trials=args.trials, batch=64)),
@@ -234,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("train_step_resnet18",
              lambda: gpu_figures.train_step_wait(datasets, device, _resnet18, batch=batch)),
             ("lightning_wait", lambda: _lightning_wait(datasets, device, _resnet50, lightning_work, batch=batch)),
+            ("models", lambda: gpu_models.run(os.path.join(work, "models"), device)),
         ]
     parts.append(("object_store", lambda: gpu_store.run(datasets, os.path.join(work, "s3"), batch, dry=dry)))
     for name, run in parts:

@@ -78,6 +78,7 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append((f"host side alone, {threads} gather thread(s){default}",
                         f"{row['host_GBps']} GB/s, {row['host_cpu_cores_busy']} cores busy", ""))
     out += _yuv420_rows(results.get("yuv420"))
+    out += _models_rows(results.get("models"))
     steps = (("train_step", "ResNet-50 bf16", "< 1%"), ("train_step_resnet18", "ResNet-18 bf16", "< 2%"))
     for part, model, goal in steps:
         train = results.get(part)
@@ -139,6 +140,19 @@ def _ceiling_rows(ceiling: dict[str, Any]) -> list[tuple[str, str, str]]:
             value = f"not known: {str(choice.get('why'))[:120]}"
         out.append((f"decode backend choice (hardware / CUDA), {name}", value, ""))
     return out
+
+
+def _models_rows(models: Any) -> list[tuple[str, str, str]]:
+    """The job with a model against the model alone (``bench.gpu_models``)."""
+    if not isinstance(models, dict):
+        return []
+    if "error" in models:
+        return [("the job with a model / the model alone", f"error: {str(models['error'])[:200]}", ">= 0.8")]
+    return [(f"the job with a model / the model alone, {models['model'].split(':')[-1]} at {models['side']}² "
+             f"({models['device']})",
+             f"{models['job_samples_per_s']:,.0f} / {models['model_alone_samples_per_s']:,.0f} samples/s = "
+             f"{models['ratio']} ({models['samples']} samples; job start-up {models['job_startup_s']} s)",
+             f">= {models['goal']}")]
 
 
 def _yuv420_rows(yuv: Any) -> list[tuple[str, str, str]]:

@@ -65,7 +65,10 @@ def test_the_dry_run_plans_the_gpu_run_and_runs_the_cpu_parts(tmp_path):
                 "yuv420, host sync every 10 steps"):
         assert 0 <= steps[row]["wait_share"] <= 1 and steps[row]["samples_per_s"] > 0, row
     planned = [part["part"] for part in results["plan"]]
-    assert {"train_step_resnet18", "yuv420", "lightning_wait"} <= set(planned)
+    assert {"train_step_resnet18", "yuv420", "lightning_wait", "models"} <= set(planned)
+    models = results["models"]  # the job with the stand-in encoder on the CPU, and the encoder alone
+    assert models["samples"] == 48 and models["job_samples_per_s"] > 0 and models["model_alone_samples_per_s"] > 0
+    assert models["ratio"] == round(models["job_samples_per_s"] / models["model_alone_samples_per_s"], 3)
     lightning = results["lightning_wait"]  # a Trainer over each dataset, the tiny model on the CPU
     for name in ("raw", "jpeg", "yuv420"):
         row = lightning[name]
