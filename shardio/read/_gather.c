@@ -513,6 +513,34 @@ static PyTypeObject GatherJobType = {
     .tp_methods = gather_job_methods,
 };
 
+/* A new job, nothing held yet. */
+static GatherJob *new_job(int reading) {
+    GatherJob *self = PyObject_New(GatherJob, &GatherJobType);
+    if (self == NULL) return NULL;
+    self->seq = NULL, self->views = NULL, self->offsets = NULL, self->running = 0, self->holding = 0;
+    self->reading = reading;
+    memset(&self->job, 0, sizeof(self->job));
+    self->job.failed = -1;
+    return self;
+}
+
+/* The job handed to the pool's threads (all of its shares: the caller returns at once), or, where this thread
+ * has a started job it has not waited for, refused (RuntimeError) and let go. */
+static PyObject *submitted_job(GatherJob *self, share_fn fn, int threads) {
+    if (self->offsets[self->job.count] == 0) return (PyObject *)self; /* nothing to copy */
+    int shares = shares_for(self->offsets[self->job.count], threads);
+    int submitted;
+    Py_BEGIN_ALLOW_THREADS
+    submitted = pool_submit(fn, &self->job, shares, shares, 1);
+    Py_END_ALLOW_THREADS
+    if (submitted != 0) {
+        Py_DECREF(self);
+        return not_waited();
+    }
+    self->running = 1;
+    return (PyObject *)self;
+}
+
 /* gather_start(pieces, out, threads) -> GatherJob: what gather_into copies, on up to `threads` threads of the
  * pool (never the calling one, which returns at once); GatherJob.wait() for it before reading out or starting
  * another copy on this thread (which is refused with RuntimeError until then). */
@@ -521,11 +549,8 @@ static PyObject *gather_start(PyObject *module, PyObject *args) {
     int threads;
     (void)module;
     if (!PyArg_ParseTuple(args, "OOi", &sequence, &destination, &threads)) return NULL;
-    GatherJob *self = PyObject_New(GatherJob, &GatherJobType);
+    GatherJob *self = new_job(0);
     if (self == NULL) return NULL;
-    self->seq = NULL, self->views = NULL, self->offsets = NULL, self->running = 0, self->holding = 0;
-    self->reading = 0;
-    memset(&self->job, 0, sizeof(self->job));
     if (PyObject_GetBuffer(destination, &self->out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_SetString(PyExc_TypeError, "gather_start: out must be a writable C-contiguous buffer");
         Py_DECREF(self);
@@ -556,21 +581,11 @@ static PyObject *gather_start(PyObject *module, PyObject *args) {
         Py_DECREF(self);
         return NULL;
     }
-    if (self->offsets[count] == 0) return (PyObject *)self; /* nothing to copy */
-    int shares = shares_for(self->offsets[count], threads);
     gather_job job = {self->offsets, count, (char *)self->out.buf, self->views, NULL,
-                      shares == 1 && self->offsets[count] >= STREAM_MIN_BYTES, -1, 0};
+                      shares_for(self->offsets[count], threads) == 1 && self->offsets[count] >= STREAM_MIN_BYTES,
+                      -1, 0};
     self->job = job;
-    int submitted;
-    Py_BEGIN_ALLOW_THREADS
-    submitted = pool_submit(copy_share, &self->job, shares, shares, 1);
-    Py_END_ALLOW_THREADS
-    if (submitted != 0) {
-        Py_DECREF(self);
-        return not_waited();
-    }
-    self->running = 1;
-    return (PyObject *)self;
+    return submitted_job(self, copy_share, threads);
 }
 
 /* read_start(files, out, threads) -> GatherJob: what read_into reads, on up to `threads` threads of the pool
@@ -580,12 +595,8 @@ static PyObject *read_start(PyObject *module, PyObject *args) {
     int threads;
     (void)module;
     if (!PyArg_ParseTuple(args, "OOi", &spans, &destination, &threads)) return NULL;
-    GatherJob *self = PyObject_New(GatherJob, &GatherJobType);
+    GatherJob *self = new_job(1);
     if (self == NULL) return NULL;
-    self->seq = NULL, self->views = NULL, self->offsets = NULL, self->running = 0, self->holding = 0;
-    self->reading = 1;
-    memset(&self->job, 0, sizeof(self->job));
-    self->job.failed = -1;
     if (PyObject_GetBuffer(spans, &self->files, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         self->reading = 0;
         Py_DECREF(self);
@@ -627,18 +638,7 @@ static PyObject *read_start(PyObject *module, PyObject *args) {
     }
     gather_job job = {self->offsets, count, (char *)self->out.buf, NULL, triples, 0, -1, 0};
     self->job = job;
-    if (self->offsets[count] == 0) return (PyObject *)self; /* nothing to read */
-    int shares = shares_for(self->offsets[count], threads);
-    int submitted;
-    Py_BEGIN_ALLOW_THREADS
-    submitted = pool_submit(read_share, &self->job, shares, shares, 1);
-    Py_END_ALLOW_THREADS
-    if (submitted != 0) {
-        Py_DECREF(self);
-        return not_waited();
-    }
-    self->running = 1;
-    return (PyObject *)self;
+    return submitted_job(self, read_share, threads);
 }
 
 static PyMethodDef methods[] = {
