@@ -23,6 +23,8 @@ from shardio.read.cache.cache_dir import CachedShard, cache_key
 from shardio.read.cache.cache_units import ShardUnits
 from shardio.read.dataset import ShardDataset
 from shardio.read.snapshot import open_dataset
+from shardio.read.subset import SubsetDataset
+from shardio.train.loader import ShardLoader
 from tests.output_datasets import expected, make_output_dataset, output_specs
 from tests.read.test_reader_s3 import upload
 
@@ -123,6 +125,19 @@ def test_batches_of_one_slice_copy_their_outputs_out_of_the_maps(local, remote, 
     batches = list(ds)
     assert sorted(i for b in batches for i in check_outputs(b, bucketed)) == list(range(sum(INPUTS)))
     assert ds.cache_stats()["peak_bytes"] <= limit
+
+
+@pytest.mark.parametrize("kind", [(True, "raw")], ids=["buckets"])
+def test_a_subset_and_spawned_workers_keep_outputs_with_their_samples(local, remote, tmp_path):
+    limit = 4 * max(unit_bytes(local))
+    keys = [f"s{i}" for i in (1, 2, 5, 8, 11, 20, 26)]
+    subset = SubsetDataset(remote, batch_size=3, keys=keys, cache_dir=str(tmp_path / "cache"), cache_limit=limit,
+                           **SETTINGS)
+    assert sorted(i for batch in subset for i in check_outputs(batch, True)) == [1, 2, 5, 8, 11, 20, 26]
+    # Spawned: each worker its own cache over the shared directory, with half the limit.
+    loader = ShardLoader(ShardDataset(remote, 4, cache_dir=str(tmp_path / "cache"), cache_limit=2 * limit,
+                                      **SETTINGS), num_workers=2)
+    assert sorted(i for batch in loader for i in check_outputs(batch, True)) == list(range(sum(INPUTS)))
 
 
 def test_the_snapshot_maps_the_cached_output_files(local, remote, kind, tmp_path, monkeypatch):
