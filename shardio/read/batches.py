@@ -323,6 +323,7 @@ class BatchAssembler:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["cache"] = OrderedDict()  # each process maps its own shards
+        state["output_maps"] = {}  # and their outputs (a pickled map is a full copy)
         state["buffers"] = BufferPool(self.buffer_count, self.buffer_bytes)
         return state
 

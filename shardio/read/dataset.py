@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.store.root import DatasetRoot, open_root
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cache.cache_setup import cache_for, default_cache_dir
+from shardio.read.cache.cache_setup import default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
 from shardio.errors import ShardError
@@ -259,8 +259,7 @@ class ShardDataset(IterableDataset):
     def _attach_cache(self, snapshot: DatasetSnapshot) -> None:
         """A snapshot on object storage reads through a new cache (same directory and limit: the files
         of shards a new generation keeps are content addressed, found again, not downloaded again)."""
-        cache = cache_for(snapshot.root, snapshot.shards, snapshot.shape, self.cache_dir, self.cache_limit,
-                          buckets=snapshot.buckets if snapshot.is_bucketed else None)
+        cache = snapshot.new_cache(self.cache_dir, self.cache_limit)
         self.cache_limit = cache.limit  # the default, resolved once
         snapshot.cache = cache
         if self._cache is not None:

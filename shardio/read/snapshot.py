@@ -18,8 +18,9 @@ at the shard's own shape. A single-shape dataset is the one bucket ``((H, W),)``
 
 On object storage (``s3://``) the manifest is read the same way and the sizes come from one LIST per
 1,000 objects; the bytes are read through a ``shardio.read.cache.shard_cache.ShardCache`` that ``ShardDataset``
-attaches (``snapshot.cache``): it downloads each shard to local disk, checked against the manifest's
-size and checksum, and ``pixels`` maps the cached file exactly as a local shard.
+attaches (``snapshot.cache``): it downloads each shard (with its model outputs' files) to local disk, checked
+against the manifest's size and checksum, and ``pixels`` (``output_arrays``) maps the cached file exactly as a
+local shard's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shardio.errors import ShardError, ShardIntegrityError, UnsupportedPath
+from shardio.errors import ShardError, ShardIntegrityError
 from shardio.format import (HEADER_BYTES, JPEG, NONE, YUV420, Manifest, ShardEntry, expected_shard_size,
                             line_crop_default, npy_header, parse_npy_header)
 from shardio.format.manifests import DatasetIndex, generation_path, load_index, read_root
@@ -128,15 +129,15 @@ class DatasetSnapshot:
     def output_arrays(self, shard_index: int) -> dict[str, np.ndarray]:
         """Each output of shard ``shard_index`` as a copy-on-write memory map (N, *its bucket's shape), of the
         output's stored dtype (bfloat16: its raw bits, uint16), its size and header checked against the index
-        first (a missing, truncated or rewritten file is named). {} for a dataset without outputs."""
+        first (a missing, truncated or rewritten file is named); on object storage, a map of the file the cache
+        downloaded and checked. {} for a dataset without outputs."""
         if not self.outputs:
             return {}
         entry = self.shards[shard_index]
-        if not self.store.is_local:
-            names = ", ".join(o.name for o in self.outputs)
-            raise UnsupportedPath(f"{self.directory}: reading model outputs ({names}) from object storage is not "
-                                  "supported yet: copy the dataset to a local disk (a dataset without outputs reads "
-                                  "from there)")
+        cache = self._remote_cache()
+        if cache is not None:
+            with self._reading_remote(entry.path):
+                return cache.output_arrays(shard_index)  # sizes, headers and digests checked at download
         arrays = {}
         for output in self.outputs:
             rel = output_path(entry.path, output.name)
@@ -172,9 +173,13 @@ class DatasetSnapshot:
         yuv420 dataset's: ``YuvPixels`` over the mapped planes, which slices alike and converts when indexed."""
         if self.encoding == NONE:  # no pixels kept (spec, "Model outputs"): the header alone, checked
             entry = self.shards[shard_index]
-            if not self.store.is_local:
-                self.output_arrays(shard_index)  # says what object storage does not serve yet
-            self._raw_header(self.store.join(self.directory, entry.path), entry.bytes, entry.samples, (0, 0))
+            path = self.store.join(self.directory, entry.path)
+            cache = self._remote_cache()
+            if cache is None:
+                self._raw_header(path, entry.bytes, entry.samples, (0, 0))
+            else:
+                with self._reading_remote(entry.path):
+                    _check_raw_header(path, cache.header(shard_index), entry.samples, (0, 0))
             return np.zeros((entry.samples, 0, 0, 3), np.uint8)
         cache = self._remote_cache()
         if cache is not None:
@@ -237,13 +242,8 @@ class DatasetSnapshot:
     def _raw_header(self, path: str, nbytes: int, samples: int,
                     shape: tuple[int, int]) -> tuple[str, tuple[int, int, int]]:
         local, header = self._checked_head(path, nbytes)
-        if header == npy_header(samples, *shape):  # the writer's own bytes: no parse (~130 µs)
-            return local, (samples, *shape)
-        n, h, w = parse_npy_header(header, path)
-        if (n, h, w) != (samples, *shape):
-            raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *shape)} "
-                                      f"(the index and the shard disagree); {_REBUILD}")
-        return local, (n, h, w)
+        _check_raw_header(path, header, samples, shape)
+        return local, (samples, *shape)
 
     @contextmanager
     def _reading_remote(self, rel: str) -> Iterator[None]:
@@ -282,11 +282,19 @@ class DatasetSnapshot:
 
     def _remote_cache(self) -> ShardCache | None:
         """The cache a URL's shards are read through: ``ShardDataset``'s, else (``shardio preview``, a
-        script) one with the defaults (``shardio.read.cache.cache_setup.cache_for``), made at the first read."""
+        script) one with the defaults (``new_cache``), made at the first read."""
         if self.cache is None and not self.store.is_local:
-            self.cache = cache_for(self.root, self.shards, self.shape, None, None,
-                                   buckets=self.buckets if self.is_bucketed else None)
+            self.cache = self.new_cache(None, None)
         return self.cache
+
+    def new_cache(self, cache_dir: str | None, cache_limit: int | str | None) -> ShardCache:
+        """A cache of this remote snapshot's shards (``shardio.read.cache.cache_setup.cache_for``; None: its
+        defaults): each unit at its bucket's shape (a dataset without pixels: its header's (0, 0)), with its
+        model outputs' files."""
+        if self.encoding == NONE:
+            return cache_for(self.root, self.shards, (0, 0, 3), cache_dir, cache_limit, outputs=self.outputs)
+        return cache_for(self.root, self.shards, self.shape, cache_dir, cache_limit,
+                         buckets=self.buckets if self.is_bucketed else None, outputs=self.outputs)
 
     def meta(self, shard_index: int) -> ShardMeta:
         """The shard's metadata: its ``.jsonl`` read and its lines counted now (a count that is not the
@@ -316,6 +324,16 @@ _REBUILD = "HINT: run `preprocess verify DIR --repair` to rebuild it from its in
 
 def _missing(path: str) -> ShardIntegrityError:
     return ShardIntegrityError(f"{path}: listed in the manifest but missing; {_REBUILD}")
+
+
+def _check_raw_header(path: str, header: bytes, samples: int, shape: tuple[int, int]) -> None:
+    """A raw shard's header against its entry's sample count and shape."""
+    if header == npy_header(samples, *shape):  # the writer's own bytes: no parse (~130 µs)
+        return
+    n, h, w = parse_npy_header(header, path)
+    if (n, h, w) != (samples, *shape):
+        raise ShardIntegrityError(f"{path}: header says {(n, h, w)}, manifest says {(samples, *shape)} "
+                                  f"(the index and the shard disagree); {_REBUILD}")
 
 
 def _check_size(path: str, size: int, expected: int) -> None:
@@ -360,8 +378,8 @@ def open_dataset(place: Place, *, verify: bool = False, generation: int | None =
 
 
 def _remote_size_problem(store: Storage, directory: str, manifest: DatasetIndex) -> str | None:
-    """The first listed file missing or of the wrong size, from one LIST of each folder holding shards
-    (1,000 objects a request), not a HEAD per file."""
+    """The first listed file (a shard's, its metadata's or one of its model outputs') missing or of the wrong
+    size, from one LIST of each folder holding shards (1,000 objects a request), not a HEAD per file."""
     wanted = {}
     for entry in manifest.shards:
         expected = expected_shard_size(entry, manifest.bucket_shape(entry.bucket), manifest.encoding)
@@ -370,6 +388,12 @@ def _remote_size_problem(store: Storage, directory: str, manifest: DatasetIndex)
                     f"{entry.samples} samples imply {expected} (inconsistent)")
         wanted[store.join(directory, entry.path)] = entry.bytes
         wanted[store.join(directory, entry.meta_path)] = entry.meta_bytes
+        for output in manifest.outputs:  # model outputs' files, beside their shards (spec, "Model outputs")
+            path = store.join(directory, output_path(entry.path, output.name))
+            shape = output.shapes[entry.bucket]
+            if shape is None:
+                return f"{path}: the root records no shape of output {output.name!r} for bucket {entry.bucket}"
+            wanted[path] = output_nbytes(entry.samples, shape, output.descr)
     folders = sorted({path.rsplit("/", 1)[0] for path in wanted})
     found = {info.path: info.size for folder in folders for info in store.list_files(folder)}
     for path, size in wanted.items():

@@ -8,21 +8,26 @@ stale file can never stand for another shard)::
                           and of its .jsonl (hex: 32 digits each for xxh3_128, 64 for the sha256 of an
                           older shard, so the two never meet)
     KEY.jsonl             its metadata
+    KEY.NAME.npy          its model output NAME (spec, "Model outputs"), where the dataset has outputs; then KEY
+                          ends in a third part, ``-OUTSUM``: 32 hex digits of the sha256 of the outputs' xxh3_128
+                          digests (a dataset without outputs keeps the two-part key, and its warm files)
     .tmp-KEY.RANDOM       a download in progress (or killed); never read
     locks/KEY.lock        the unit's lock file (empty; never removed)
     index/                the dataset indexes' segments, shared by the node's processes
                           (``shardio.format.segment_cache``; not counted in ``cache_limit``)
 
-Why the pair: a unit is two files, and a name must stand for both. Two shards with the same pixels but
-different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar) are two
-units; two with both files identical share one (one download, one hold, counted once).
+Why the pair: a unit is two files (and its outputs'), and a name must stand for all of them. Two shards with the
+same pixels but different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar)
+are two units, as are two with the same pixels and metadata but outputs of another model; two with every file
+identical share one (one download, one hold, counted once).
 
 The protocol (``flock`` on the lock file; the kernel drops a dead process's locks, SIGKILL included):
 
-- **Download**: under ``LOCK_EX``, both files into ``.tmp-`` names, each checked (size; the ``.npy``
-  header; the checksum, by the entry's algorithm, that the download took of the bytes it wrote), then
-  renamed into place. A file under its final name is therefore always whole and right, and a warm one
-  needs only a size check (O(1), no re-hash).
+- **Download**: under ``LOCK_EX``, every file of the unit into ``.tmp-`` names, each checked (size; the
+  ``.npy`` header, an output file's against its dtype and shape; the checksum, by the entry's algorithm or
+  an output's xxh3_128, that the download took of the bytes it wrote), then renamed into place. A file
+  under its final name is therefore always whole and right, and a warm one needs only a size check (O(1),
+  no re-hash).
 - **Hold**: a process keeping a shard holds ``LOCK_SH``. A process that wants a shard another one is
   downloading (``LOCK_EX``) or holds waits for ``LOCK_SH`` and adopts the finished file.
 - **Remove**: only under ``LOCK_EX`` taken without waiting, i.e. when no other process holds the shard.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import secrets
 import threading
@@ -40,12 +46,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from shardio.errors import MissingExtra, ShardError, ShardIntegrityError, StorageAccessError
+from shardio.errors import MissingExtra, ShardError, ShardFormatError, ShardIntegrityError, StorageAccessError
 from shardio.format import HEADER_BYTES, ShardEntry, parse_npy_header
 from shardio.format.jpeg_shard import JPEG_SUFFIX, parse_jpeg_header
+from shardio.format.model_outputs import OutputSpec, output_header, output_nbytes, output_path, parse_output_header
 from shardio.format.yuv_shard import YUV_SUFFIX, parse_yuv_header, yuv_sample_bytes
+from shardio.store.checksum import XXH3_128
 
-__all__ = ["CacheDir", "CachedShard", "Downloader", "cache_key"]
+__all__ = ["CacheDir", "CachedOutput", "CachedShard", "Downloader", "cache_key"]
 
 TEMP_PREFIX = ".tmp-"
 # A cache directory this process may read but not write: another user's (EACCES, EPERM), or on a read-only
@@ -62,8 +70,22 @@ class Downloader(Protocol):
 
 
 @dataclass(frozen=True)
+class CachedOutput:
+    """One model output file of a cache unit: its ``name``, ``url``, exact size, xxh3_128 ``digest`` (the shard's
+    entry lists it), the ``descr`` it stores and one sample's ``shape`` (its shard's bucket's)."""
+
+    name: str
+    url: str
+    nbytes: int
+    digest: str
+    descr: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CachedShard:
-    """One cache unit: a shard's ``.npy`` and ``.jsonl``, named by both files' checksums (``cache_key``)."""
+    """One cache unit: a shard's ``.npy`` and ``.jsonl`` and its model ``outputs``' files, named by their
+    checksums (``cache_key``)."""
 
     npy_checksum: str  # both checksums by ``algorithm`` (``shardio.store.checksum``)
     npy_url: str
@@ -74,29 +96,50 @@ class CachedShard:
     samples: int
     algorithm: str
     bucket: int = 0  # the shard's bucket (its images' shape: a bucketed dataset's ``buckets[bucket]``)
+    outputs: tuple[CachedOutput, ...] = ()  # in the root's ``outputs`` order
 
     @property
     def key(self) -> str:
         """The unit's name in the cache directory (``cache_key``)."""
-        return _key(self.npy_checksum, self.meta_checksum)
+        return _key(self.npy_checksum, self.meta_checksum, tuple(o.digest for o in self.outputs))
 
     @property
     def size(self) -> int:
-        return self.npy_bytes + self.meta_bytes
+        return self.npy_bytes + self.meta_bytes + sum(o.nbytes for o in self.outputs)
 
     @classmethod
-    def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str]) -> CachedShard:
-        return cls(entry.checksum, join(directory, entry.path), join(directory, entry.meta_path), entry.bytes,
-                   entry.meta_bytes, entry.meta_checksum, entry.samples, entry.checksum_algorithm, entry.bucket)
+    def of(cls, directory: str, entry: ShardEntry, join: Callable[..., str],
+           outputs: Sequence[OutputSpec] = ()) -> CachedShard:
+        """The unit of ``entry``, a shard of the dataset at ``directory`` whose root lists ``outputs``;
+        ShardFormatError where the entry's output digests or the root's shapes do not fit them."""
+        url = join(directory, entry.path)
+        if len(entry.outputs) != len(outputs):
+            raise ShardFormatError(f"{url}: the index lists {len(entry.outputs)} output digests, the dataset has "
+                                   f"{len(outputs)} outputs (inconsistent)")
+        files = []
+        for spec, digest in zip(outputs, entry.outputs):
+            shape = spec.shapes[entry.bucket] if 0 <= entry.bucket < len(spec.shapes) else None
+            if shape is None:
+                raise ShardFormatError(f"{url}: the root records no shape of output {spec.name!r} for bucket "
+                                       f"{entry.bucket}")
+            files.append(CachedOutput(spec.name, join(directory, output_path(entry.path, spec.name)),
+                                      output_nbytes(entry.samples, shape, spec.descr), digest, spec.descr, shape))
+        return cls(entry.checksum, url, join(directory, entry.meta_path), entry.bytes, entry.meta_bytes,
+                   entry.meta_checksum, entry.samples, entry.checksum_algorithm, entry.bucket, tuple(files))
 
 
 def cache_key(entry: ShardEntry) -> str:
-    """The cache's name for a shard's unit: what both of its files hold, whatever shard lists them."""
-    return _key(entry.checksum, entry.meta_checksum)
+    """The cache's name for a shard's unit: what all of its files hold, whatever shard lists them."""
+    return _key(entry.checksum, entry.meta_checksum, entry.outputs)
 
 
-def _key(npy_checksum: str, meta_checksum: str) -> str:
-    return f"{npy_checksum}-{meta_checksum}"  # hex digits and one dash: no dot (``usage`` splits at it)
+def _key(npy_checksum: str, meta_checksum: str, output_digests: Sequence[str] = ()) -> str:
+    # Hex digits and dashes: no dot (``usage`` splits at it). The outputs' part only where there are outputs: a
+    # dataset without them keeps the keys (and so the warm files) it always had.
+    if not output_digests:
+        return f"{npy_checksum}-{meta_checksum}"
+    outputs = hashlib.sha256(",".join(output_digests).encode()).hexdigest()[:32]
+    return f"{npy_checksum}-{meta_checksum}-{outputs}"
 
 
 class CacheDir:
@@ -125,6 +168,26 @@ class CacheDir:
 
     def meta_path(self, unit: CachedShard) -> str:
         return os.path.join(self.root, f"{unit.key}.jsonl")
+
+    def output_path(self, unit: CachedShard, output: CachedOutput) -> str:
+        """Where output ``output`` of ``unit`` is cached: beside its ``.npy``, ``KEY.NAME.npy``."""
+        return os.path.join(self.root, f"{unit.key}.{output.name}.npy")
+
+    def _files(self, unit: CachedShard) -> list[tuple[str, str, int, str, str, Callable[[str, str], None]]]:
+        """(url, cached path, size, checksum algorithm, expected checksum, header check) of each file of the unit."""
+        def pixels(url: str, path: str) -> None:
+            self._check_pixel_header(url, path, self.unit_shape(unit))
+
+        def no_header(url: str, path: str) -> None:
+            pass
+
+        files = [(unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.algorithm, unit.npy_checksum, pixels),
+                 (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.algorithm, unit.meta_checksum,
+                  no_header)]
+        for output in unit.outputs:
+            files.append((output.url, self.output_path(unit, output), output.nbytes, XXH3_128, output.digest,
+                          lambda url, path, output=output: _check_output_header(url, path, unit.samples, output)))
+        return files
 
     def _lock_fd(self, key: str) -> int:
         path = os.path.join(self.root, "locks", f"{key}.lock")
@@ -186,10 +249,10 @@ class CacheDir:
             raise
 
     def present(self, unit: CachedShard) -> bool:
-        return _size(self.path(unit.key)) == unit.npy_bytes and _size(self.meta_path(unit)) == unit.meta_bytes
+        return all(_size(path) == size for _, path, size, _, _, _ in self._files(unit))
 
     def _download(self, unit: CachedShard) -> None:
-        """Both files, checked, renamed into place; ``attempts`` tries (a missing object, refused
+        """Every file of the unit, checked, renamed into place; ``attempts`` tries (a missing object, refused
         credentials or a full disk: none more). Holding the unit's ``LOCK_EX``."""
         self._remove_temps(unit.key)  # a killed download's leftovers (only we write them now)
         last: ShardError | None = None
@@ -201,13 +264,11 @@ class CacheDir:
             try:
                 temps = []
                 try:
-                    for url, final, size, expected in (
-                            (unit.npy_url, self.path(unit.key), unit.npy_bytes, unit.npy_checksum),
-                            (unit.meta_url, self.meta_path(unit), unit.meta_bytes, unit.meta_checksum)):
+                    for url, final, size, algorithm, expected, check_header in self._files(unit):
                         temp = os.path.join(self.root, f"{TEMP_PREFIX}{unit.key}.{secrets.token_hex(4)}")
                         temps.append((temp, final))
-                        digest = self.store().download(url, temp, unit.algorithm)
-                        self._check(url, temp, size, unit.algorithm, expected, digest, self.unit_shape(unit))
+                        digest = self.store().download(url, temp, algorithm)
+                        self._check(url, temp, size, algorithm, expected, digest, check_header)
                         self.count("bytes_downloaded", size)
                     for temp, final in temps:
                         os.replace(temp, final)
@@ -250,10 +311,17 @@ class CacheDir:
         return height, width
 
     def _check(self, url: str, path: str, size: int, algorithm: str, expected: str, digest: str,
-               shape: tuple[int, int]) -> None:
+               check_header: Callable[[str, str], None]) -> None:
         actual = _size(path)
         if actual != size:
             raise ShardIntegrityError(f"{url}: downloaded {actual} bytes, the manifest says {size}")
+        check_header(url, path)
+        if digest != expected:
+            raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
+                                      "store, or changed after the commit); HINT: run `preprocess verify DIR "
+                                      "--repair`")
+
+    def _check_pixel_header(self, url: str, path: str, shape: tuple[int, int]) -> None:
         if url.endswith(JPEG_SUFFIX):
             with open(path, "rb") as f:
                 parse_jpeg_header(f.read(HEADER_BYTES), url)  # the offsets are checked when it is mapped
@@ -272,10 +340,6 @@ class CacheDir:
                 raise ShardIntegrityError(f"{url}: header says {(n, h, w)}, the shard's images are {shape} "
                                           "(the index and the shard disagree); HINT: run `preprocess verify "
                                           "DIR --repair` to rebuild it from its input")
-        if digest != expected:
-            raise ShardIntegrityError(f"{url}: {algorithm} differs from the manifest (corrupt object in the "
-                                      "store, or changed after the commit); HINT: run `preprocess verify DIR "
-                                      "--repair`")
 
     # --- giving a shard up --------------------------------------------------------------------------
 
@@ -284,8 +348,8 @@ class CacheDir:
         holds them too."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while another process holds it
-            _remove(self.path(unit.key))
-            _remove(self.meta_path(unit))
+            for _, path, _, _, _, _ in self._files(unit):
+                _remove(path)
         except BlockingIOError:
             pass
         finally:
@@ -332,6 +396,21 @@ class CacheDir:
                     key = name.split(".", 1)[0]
                     sizes[key] = sizes.get(key, 0) + size
         return sizes, temps
+
+
+def _check_output_header(url: str, path: str, samples: int, output: CachedOutput) -> None:
+    """An output file's header is the one its dtype, sample count and shape make (spec, "Model outputs")."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_BYTES)
+    if header == output_header(output.descr, samples, output.shape):
+        return
+    try:
+        descr, found = parse_output_header(header, url)
+    except ShardFormatError as e:  # a corrupt object: refused as one, not retried as a failed download
+        raise ShardIntegrityError(str(e)) from e
+    raise ShardIntegrityError(f"{url}: header says {descr} {list(found)}, the index says {output.descr} "
+                              f"{[samples, *output.shape]} (the index and the file disagree); HINT: run `preprocess "
+                              "verify DIR --repair` to rebuild it from its input")
 
 
 def _size(path: str) -> int:

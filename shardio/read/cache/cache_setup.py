@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Sequence
 
 from shardio.format import ShardEntry
+from shardio.format.model_outputs import OutputSpec
 from shardio.read.cache.cache_dir import Downloader
 from shardio.read.cache.cache_units import ShardUnits
 from shardio.read.cache.shard_cache import ShardCache
@@ -53,12 +54,13 @@ def default_cache_limit(dataset_bytes: int, cache_dir: str) -> int:
 
 def cache_for(place: Place, shards: Sequence[ShardEntry], shape: tuple[int, int, int], cache_dir: str | None,
               cache_limit: int | str | None, store: Downloader | None = None,
-              buckets: Sequence[tuple[int, int]] | None = None) -> ShardCache:
+              buckets: Sequence[tuple[int, int]] | None = None, outputs: Sequence[OutputSpec] = ()) -> ShardCache:
     """The cache of a remote snapshot's ``shards`` (a ``ShardTable`` or a list of entries), defaults
     resolved (``default_cache_dir``, ``default_cache_limit``); no shard's unit is made until it is used.
-    ``buckets``: a bucketed dataset's (h, w) by bucket id (each shard mapped at its bucket's shape)."""
+    ``buckets``: a bucketed dataset's (h, w) by bucket id (each shard mapped at its bucket's shape);
+    ``outputs``: the root's model outputs (cached with their shards)."""
     cache_dir = cache_dir or default_cache_dir()
-    units = ShardUnits(place, shards)
+    units = ShardUnits(place, shards, outputs=outputs)
     if cache_limit is None:
         limit = default_cache_limit(int(units.sizes().sum()), cache_dir)
     else:

@@ -13,7 +13,10 @@ import numpy as np
 
 from shardio.format.shard_table import ShardTable
 from shardio.format.entries import ShardEntry
+from shardio.format.model_outputs import OutputSpec
+from shardio.format.spec import HEADER_BYTES
 from shardio.read.cache.cache_dir import CachedShard
+from shardio.store.checksum import XXH3_128
 from shardio.store.root import DatasetRoot, Place, open_root
 
 __all__ = ["ShardUnits", "unit_sizes", "unit_algorithms"]
@@ -22,14 +25,16 @@ __all__ = ["ShardUnits", "unit_sizes", "unit_algorithms"]
 class ShardUnits(Sequence[CachedShard]):
     """``units[i]``: shard ``i``'s ``CachedShard``, made anew at each call (the cache keeps those it
     uses). ``join`` builds the URLs; by default the root's backend's (the root travels to a spawned worker
-    as its path, and is opened again there). Given a path and a ``join``, no backend is asked for."""
+    as its path, and is opened again there). Given a path and a ``join``, no backend is asked for.
+    ``outputs``: the root's model outputs (each unit holds its shard's output files too)."""
 
     def __init__(self, place: Place, shards: Sequence[ShardEntry],
-                 join: Callable[..., str] | None = None) -> None:
+                 join: Callable[..., str] | None = None, outputs: Sequence[OutputSpec] = ()) -> None:
         self._place = place
         self.directory = str(place)
         self.shards = shards if isinstance(shards, ShardTable) else ShardTable.from_entries(shards)
         self._join = join
+        self.outputs = tuple(outputs)
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -43,7 +48,7 @@ class ShardUnits(Sequence[CachedShard]):
     def __getitem__(self, index: int | slice) -> CachedShard | list[CachedShard]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return CachedShard.of(self.directory, self.shards[index], self.join)
+        return CachedShard.of(self.directory, self.shards[index], self.join, self.outputs)
 
     @property
     def root(self) -> DatasetRoot:
@@ -57,8 +62,21 @@ class ShardUnits(Sequence[CachedShard]):
         return self._join if self._join is not None else self.root.storage.join
 
     def sizes(self) -> np.ndarray:
-        """Every unit's size (its ``.npy`` and ``.jsonl`` bytes), int64, from the table's columns."""
-        return self.shards.column("bytes") + self.shards.column("meta_bytes")
+        """Every unit's size (its ``.npy`` and ``.jsonl`` bytes, and its output files'), int64, from the table's
+        columns: an output file is its header and its samples' bytes at their bucket's shape."""
+        sizes = self.shards.column("bytes") + self.shards.column("meta_bytes")
+        if self.outputs:
+            # bytes of one sample of every output, by bucket (a bucket no sample reached has no shape, and no shard)
+            sample_bytes = np.array([sum(o.sample_bytes(b) for o in self.outputs if o.shapes[b] is not None)
+                                     for b in range(len(self.outputs[0].shapes))], dtype=np.int64)
+            buckets = self.shards.column("bucket")
+            sizes = sizes + len(self.outputs) * HEADER_BYTES + self.shards.column("samples") * sample_bytes[buckets]
+        return sizes
+
+    def algorithms(self) -> set[str]:
+        """The checksum algorithms the units' files are checked by: the shards' (a count over the table's codes)
+        and xxh3_128 where the dataset has outputs."""
+        return self.shards.checksum_algorithms() | ({XXH3_128} if self.outputs else set())
 
 
 def unit_sizes(units: Sequence[CachedShard]) -> np.ndarray:
@@ -71,5 +89,5 @@ def unit_sizes(units: Sequence[CachedShard]) -> np.ndarray:
 def unit_algorithms(units: Sequence[CachedShard]) -> set[str]:
     """The checksum algorithms the units name: a count over the table's codes for ``ShardUnits``."""
     if isinstance(units, ShardUnits):
-        return units.shards.checksum_algorithms()
-    return {u.algorithm for u in units}
+        return units.algorithms()
+    return {u.algorithm for u in units} | ({XXH3_128} if any(u.outputs for u in units) else set())

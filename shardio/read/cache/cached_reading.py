@@ -74,8 +74,8 @@ class CachedAssembler(BatchAssembler):
     then). A batch of one slice is copied (into a reused buffer), not handed out as a view of the map: a
     view would keep the cached file's blocks on disk for as long as the program keeps the batch (a
     ``list(ds)`` would hold every shard), and the limit could not be kept; an encoded batch's JPEG bytes
-    (a yuv420 batch's planes of one slice) are copied out for the same reason. The pinned (CUDA) and
-    worker paths copy anyway."""
+    (a yuv420 batch's planes, a model output's rows, of one slice) are copied out for the same reason. The
+    pinned (CUDA) and worker paths copy anyway."""
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
                  fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout,
@@ -110,9 +110,15 @@ class CachedAssembler(BatchAssembler):
     def assemble(self, pieces: list[tuple[int, int, int]], shared: bool, pinned: bool,
                  encoded: bool = False) -> dict[str, Any]:
         batch = super().assemble(pieces, shared, pinned, encoded)
+        one_view = len(pieces) == 1 and not shared and not pinned
+        if one_view:  # each model output of one slice is a view of its map too: copied out for the same reason
+            for output in self.snapshot.outputs:
+                batch[output.name] = batch[output.name].clone()
+        if "image" not in batch:  # a dataset without pixels (``encoding: none``)
+            return batch
         if isinstance(batch["image"], YuvPlanes):  # a yuv420 batch's planes: a view only for one slice
             planes = batch["image"]
-            if len(pieces) == 1 and not shared and not pinned:
+            if one_view:
                 copy = torch.from_numpy(self.buffers.take(tuple(planes.planes.shape)))
                 copy.copy_(planes.planes)
                 batch["image"] = replace(planes, planes=copy)
@@ -123,7 +129,7 @@ class CachedAssembler(BatchAssembler):
             bounds = np.cumsum([0] + [len(jpeg) for jpeg in images.jpegs]).tolist()
             batch["image"] = replace(images, jpegs=[flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
             return batch
-        if len(pieces) == 1 and not shared and not pinned:  # the one case BatchAssembler gives a view
+        if one_view:  # the one case BatchAssembler gives a view
             view = batch["image"]
             image = torch.from_numpy(self.buffers.take(tuple(view.shape)))
             image.copy_(view)
@@ -135,6 +141,7 @@ class CachedAssembler(BatchAssembler):
         doomed = self.shard_cache.doomed()
         for shard in [s for s in self.cache if cache_key(self.snapshot.shards[s]) in doomed]:
             del self.cache[shard]
+            self.output_maps.pop(shard, None)  # its model outputs' maps hold the unit as its pixels' do
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
             self.snapshot.forget(doomed)
 

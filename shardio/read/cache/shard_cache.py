@@ -17,9 +17,11 @@ needed, which no LRU cache of a streaming loader can know.
 - **Checked, shared, warm** (``shardio.read.cache.cache_dir``): files are content addressed and appear only whole
   and checked (size, header, checksum); processes sharing the directory download a shard once and never
   remove one another holds; a file already there is used at once. Failures are retried ``attempts``
-  times; then every ``pixels``/``meta_bytes`` call for that shard raises ``ShardError`` naming the URL
-  (a waiting reader is woken, never left hanging). ``plan`` first trims the directory to ``limit``:
-  files no process holds, those this pass does not need first, then those needed last.
+  times; then every ``pixels``/``output_arrays``/``meta_bytes`` call for that shard raises ``ShardError``
+  naming the URL (a waiting reader is woken, never left hanging). ``plan`` first trims the directory to
+  ``limit``: files no process holds, those this pass does not need first, then those needed last.
+- **A unit is all of a shard's files**: its ``.npy``, its ``.jsonl`` and its model outputs' files (spec,
+  "Model outputs"), downloaded, counted, held and evicted together; a map of any of them holds the unit.
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
 ``limit / num_workers``, or the whole limit where it holds the whole dataset: the workers' files are
@@ -95,8 +97,8 @@ def download_threads(unit_bytes: int | None = None) -> int:
 
 class ShardCache:
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
-    ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``
-    and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads.
+    ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``,
+    ``output_arrays`` and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads.
 
     ``units`` is a list, or a ``ShardUnits`` over a ``ShardTable``: then opening costs column operations
     and no unit, a shard's unit is made when a plan or a read first names it (``unit``), and per-shard
@@ -283,6 +285,36 @@ class ShardCache:
             self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
             weakref.finalize(mapped.planes._mmap, self._released.append, unit.key).atexit = False
         return mapped
+
+    def output_arrays(self, shard: int) -> dict[str, np.ndarray]:
+        """Shard ``shard``'s model outputs by name, each (N, *its bucket's shape) of its stored dtype: copy-on-write
+        maps of the cached files (waits for the unit); each map holds the unit, like ``pixels``' maps, until the
+        last view of it is gone."""
+        unit = self.unit(shard)
+        arrays: dict[str, np.ndarray] = {}
+        with self._cond:  # held from the check to the maps: no eviction in between
+            self._acquire(unit)
+            for output in unit.outputs:
+                shape = (unit.samples, *output.shape)
+                if unit.samples == 0:
+                    arrays[output.name] = np.empty(shape, np.dtype(output.descr))
+                    continue
+                mapped = np.memmap(self.files.output_path(unit, output), dtype=np.dtype(output.descr), mode="c",
+                                   offset=HEADER_BYTES, shape=shape)
+                self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
+                weakref.finalize(mapped._mmap, self._released.append, unit.key).atexit = False
+                arrays[output.name] = mapped
+        return arrays
+
+    def header(self, shard: int) -> bytes:
+        """The first ``HEADER_BYTES`` of shard ``shard``'s cached ``.npy`` (waits for it): all there is of a
+        dataset without pixels (``encoding: none``)."""
+        unit = self.unit(shard)
+        with self._cond:  # an open file stays readable even if evicted once the lock is released
+            self._acquire(unit)
+            f = open(self.path(unit.key), "rb")  # noqa: SIM115 - read outside the lock
+        with f:
+            return f.read(HEADER_BYTES)
 
     def meta_bytes(self, shard: int) -> bytes:
         """Shard ``shard``'s ``.jsonl`` bytes (waits for it)."""
