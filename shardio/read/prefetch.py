@@ -90,7 +90,13 @@ class Prefetcher:
         self.source = None  # the thread holds it; a parked prefetcher holds only the pass begun ahead
         try:
             while True:
-                if not self._produce(source) or not self._put(_END):
+                if not self._produce(source):
+                    return
+                # The key of the pass that ends here (claimed, so this thread prepared it) is no key of a pass
+                # begun ahead: cleared before the end is seen, a consumer that begins that same pass again
+                # (set_epoch of the same epoch) never claims the one ``ahead()`` is still choosing.
+                self.next_key = None
+                if not self._put(_END):
                     return
                 following = self.ahead() if self.ahead is not None else None
                 if following is None:

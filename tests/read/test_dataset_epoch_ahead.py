@@ -143,3 +143,38 @@ def test_a_consumer_that_stops_at_the_epochs_length_keeps_what_was_begun(dataset
     assert (np.concatenate(first) == epochs_order(ds, 0)).all()
     assert (np.concatenate([indices(b) for b in ds]) == epochs_order(ds, 1)).all()
     assert assembled.count(epochs_order(ds, 1)[:10]) == 1, "the next epoch assembled its first batch again"
+
+
+def test_a_pass_begun_again_while_the_next_one_is_still_chosen_is_not_the_next_one(monkeypatch) -> None:
+    """Pass B, claimed from A's look-ahead, ends; its thread is still asking ``ahead()`` which pass follows when
+    the consumer begins B once more (``set_epoch`` of the same epoch): B's key must not claim what the thread
+    is about to begin (C). The thread is held inside ``ahead()`` until the consumer has chosen."""
+    from shardio.read.prefetch import PassPrefetch
+
+    gate, armed, calls = threading.Event(), threading.Event(), []
+    claim, close = Prefetcher.claim, Prefetcher.close
+
+    def chose_then_release(real):
+        def chosen(prefetcher):
+            if armed.is_set():  # the consumer chose (claimed or dropped): the thread may finish choosing now
+                gate.set()
+            return real(prefetcher)
+        return chosen
+
+    monkeypatch.setattr(Prefetcher, "claim", chose_then_release(claim))
+    monkeypatch.setattr(Prefetcher, "close", chose_then_release(close))
+
+    def ahead():
+        calls.append(len(calls))
+        if len(calls) == 1:
+            return "B", iter(["b1", "b2"])
+        assert gate.wait(WAIT_S), "the consumer never chose"
+        return "C", iter(["c1", "c2"])
+
+    prefetch = PassPrefetch()
+    assert list(prefetch.passes("A", lambda: iter(["a1", "a2"]), lambda x: x, 1, ahead)) == ["a1", "a2"]
+    prefetch.parked.thread.join(WAIT_S)  # B chosen ahead and its first item made: the thread parked it and ended
+    assert list(prefetch.passes("B", lambda: iter(["fresh b1", "fresh b2"]), lambda x: x, 1, ahead)) == ["b1", "b2"]
+    armed.set()  # B ended; its thread waits in ahead() until the consumer has chosen the next pass
+    again = prefetch.passes("B", lambda: iter(["fresh b1", "fresh b2"]), lambda x: x, 1, ahead)
+    assert list(again) == ["fresh b1", "fresh b2"]
