@@ -60,7 +60,8 @@ def test_a_rerun_with_replicas_appends_to_a_dataset_the_tasks_made(ray_cluster, 
     pattern = make_tars(tars, [4])
     out = str(tmp_path / "out")
     flags = ["--size", "16", "--samples-per-shard", "3"]
-    assert run(pattern, "--output", out, "--config", write_config(tmp_path / "0.yaml", models(0)), *flags).exit_code == 0
+    result = run(pattern, "--output", out, "--config", write_config(tmp_path / "0.yaml", models(0)), *flags)
+    assert result.exit_code == 0, result.output
     make_tars(tars, [3], first=4, names=["01.tar"])
     result = run(pattern, "--output", out, "--config", write_config(tmp_path / "1.yaml", models(1)), *flags)
     assert result.exit_code == 0, result.output

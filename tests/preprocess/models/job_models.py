@@ -4,8 +4,8 @@ workers of a run as by the driver.
 ``make_logged_text`` is ``toy_models.caption_hash`` that also appends every caption it is given to the file a
 caption names (``LOG=PATH|text``): the test reads which samples the model saw, whichever process ran it.
 ``make_batch_logged_text`` appends the size of every batch it is called with, one line a batch, to the file its
-first caption names the same way. ``make_fragile_text`` raises on a batch holding a caption with ``explode`` in it; ``make_one_short_text`` returns a
-row fewer than its batch (a broken contract). ``make_other_latent`` is
+first caption names the same way. ``make_fragile_text`` raises on a batch holding a caption with ``explode`` in
+it; ``make_one_short_text`` returns a row fewer than its batch (a broken contract). ``make_other_latent`` is
 ``make_latent`` with other weights while ``OTHER_WEIGHTS`` is set (the driver's own process: the identity check).
 """
 

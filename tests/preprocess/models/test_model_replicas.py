@@ -76,7 +76,8 @@ def test_replica_count_follows_the_device_and_the_clusters_gpus(device, replicas
 
 
 def test_more_gpu_replicas_than_gpus_or_a_gpu_where_there_is_none_is_refused():
-    with pytest.raises(ConfigError, match=r"models: latent: replicas: 3 on the GPU, but the Ray cluster has 2 GPU\(s\)"):
+    with pytest.raises(ConfigError, match=r"models: latent: replicas: 3 on the GPU, but the Ray cluster has 2 "
+                                          r"GPU\(s\)"):
         replica_counts([ModelSpec(name="latent", fn="m:f", replicas=3)], 2)
     with pytest.raises(ConfigError, match="models: latent: device cuda with replicas: 1, but the Ray cluster has no "
                                           "GPU: use device: auto or cpu"):
