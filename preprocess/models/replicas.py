@@ -164,8 +164,12 @@ class ReplicaFeed:
         return outputs
 
     def abandon(self) -> None:
-        """The task stops without ending the input: the replica forgets its samples (no reply waited for)."""
-        self.replica.drop.remote(self.input)
+        """The task stops without ending the input: the replica forgets its samples (no reply waited for; never
+        raises, as the task is already failing for another reason)."""
+        try:
+            self.replica.drop.remote(self.input)
+        except Exception:  # noqa: BLE001 - a replica gone, or Ray shutting down: nothing left to forget
+            pass
 
     def _send(self) -> None:
         indices, items, buckets = self._chunk
