@@ -18,8 +18,9 @@ stuck so far to skip; the worker records those as failed samples and the input c
 one bound (61 s by default) per image.
 
 Models with replicas (``preprocess.models.replicas``): the job starts them; input number ``i`` (in submission
-order, kept by a retry) feeds replica ``i mod N`` of each such model, and an input whose task fails for good is
-dropped from its replicas, whose short batches would otherwise wait for it.
+order, kept by a retry) feeds replica ``i mod N`` of each such model, and an input whose task has ended, however,
+is dropped from its replicas (a no-op after a task that took its outputs), whose short batches would otherwise
+wait for it.
 
 The cluster itself (joined or started, one build on every node) is ``preprocess.cluster.ray_cluster``'s.
 """
@@ -209,11 +210,10 @@ def stream_inputs(
             keywords["model_replicas"] = fed[path]
         running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra, **keywords)] = path
 
-    def ended(path: str, failed: bool = False) -> InputFingerprint:
+    def ended(path: str) -> InputFingerprint:
         stuck_members.pop(path, None)
-        if failed and path in fed and replicas is not None:  # its samples queued there would keep a batch waiting
-            replicas.drop(path, fed[path])
-        fed.pop(path, None)
+        if path in fed and replicas is not None:  # a dead task's samples there would keep a short batch waiting
+            replicas.drop(path, fed.pop(path))
         return InputFingerprint(*fingerprints.pop(path))
 
     try:
@@ -242,7 +242,7 @@ def stream_inputs(
                 except ray.exceptions.RayError as e:
                     # The task failed for good (worker died more than TASK_MAX_RETRIES times, or a bug).
                     path = running.pop(generator)
-                    size, mtime_ns, etag = ended(path, failed=True)
+                    size, mtime_ns, etag = ended(path)
                     if isinstance(getattr(e, "cause", None), ConfigError):
                         # A model breaking its contract (preprocess.models.runner) would break it on every
                         # input: the run stops, and no input is remembered as failed for it.
@@ -259,7 +259,7 @@ def stream_inputs(
                     if len(stuck) <= MAX_STUCK_DECODES:
                         submit(path)
                         continue
-                    size, mtime_ns, etag = ended(path, failed=True)
+                    size, mtime_ns, etag = ended(path)
                     bound = hard_bound_s(cfg.max_decode_seconds)
                     yield InputResult(input=path, size=size, mtime_ns=mtime_ns, etag=etag, error=(
                         f"{len(stuck)} decodes did not finish within {bound:g} s ({', '.join(stuck)}); the input was "

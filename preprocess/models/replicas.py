@@ -12,7 +12,7 @@ A task (``ReplicaFeed``, one per model and input) sends its samples, as the read
 ``CHUNK_SAMPLES`` (or ``CHUNK_BYTES``) without waiting, at most ``CHUNKS_IN_FLIGHT`` unanswered at once (the
 object store holds ~64 MB per task at most; a task faster than its replica waits), then ends the input and
 takes its outputs back. The replica batches the samples of every input it serves together (``ReplicaCore``:
-a full batch runs as it fills, a short one only once no input queued may still fill it), so batches stay full
+a full batch runs as it fills, a short one only once every input begun there has ended), so batches stay full
 whatever the inputs' sizes; the decode tasks never load the model nor import torch.
 
 The actor is an asyncio one: a task waiting in ``take`` for its batch to fill holds no thread, so any number of

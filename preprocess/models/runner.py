@@ -22,8 +22,8 @@ samples have been through the model, and by ``finish`` at the end. A bfloat16 ou
 handed back as its raw bits, ``uint16``, as a file stores it.
 
 A runner serving many inputs at once (a replica, ``preprocess.models.replicas``) decides itself when a short
-batch runs: ``queued_inputs`` and ``ended`` say whether more samples may still come to fill a queue, ``flush``
-runs the queues' rests, ``discard`` forgets an input whose task is gone.
+batch runs (``preprocess.models.replica_core``): ``queued_inputs`` says whether a sample waits, ``flush`` runs
+the queues' rests, ``discard`` forgets an input whose task is gone.
 """
 
 from __future__ import annotations
@@ -152,11 +152,6 @@ class ModelRunner:
     def queued_inputs(self) -> set[str]:
         """The inputs with a sample waiting in a queue for its batch to fill."""
         return {sample.input for queue in self._queues.values() for sample in queue}
-
-    def ended(self, input: str) -> bool:
-        """Whether ``end_input`` was called for ``input`` (and it was not handed back or discarded since)."""
-        state = self._inputs.get(input)
-        return state is not None and state.ended
 
     def discard(self, input: str) -> None:
         """Forgets ``input``: its queued samples are dropped and nothing of it is handed back (its task is gone;

@@ -124,13 +124,28 @@ def test_batches_fill_across_inputs_and_the_rest_runs_once_no_queued_input_can_f
     assert core.dtype("text") == "float32"
 
 
+def test_an_input_begun_holds_the_short_batch_back_until_it_ends_even_with_nothing_queued(tmp_path):
+    core, log = logged_core(tmp_path)
+    a = core.begin("text", "a")
+    b = core.begin("text", "b")  # its task runs: its next chunk may fill a's batch
+    add_all(core, "a", a, captions(log, "a", 3))
+    core.end("text", "a", a)
+    assert batches(log) == [] and not core.ready("text", "a", a)
+    add_all(core, "b", b, captions(log, "b", 6))
+    assert batches(log) == [8] and core.ready("text", "a", a)  # a's samples went in b's full batch
+    core.end("text", "b", b)
+    assert batches(log) == [8, 1] and core.take("text", "b", b).indices == list(range(6))
+
+
 def test_an_input_ending_alone_runs_its_short_batch_at_once(tmp_path):
     core, log = logged_core(tmp_path)
     a = core.begin("text", "a")
-    b = core.begin("text", "b")  # begun, nothing queued: it cannot hold a's batch back
     add_all(core, "a", a, captions(log, "a", 3))
     core.end("text", "a", a)
-    assert batches(log) == [3] and core.ready("text", "a", a) and not core.ready("text", "b", b)
+    assert batches(log) == [3] and core.ready("text", "a", a)
+    b = core.begin("text", "b")  # a later input never holds back a batch that ran
+    add_all(core, "b", b, captions(log, "b", 2))
+    assert core.take("text", "a", a).indices == [0, 1, 2] and not core.ready("text", "b", b)
 
 
 def test_a_new_attempt_forgets_the_old_ones_samples_and_ignores_its_late_chunks(tmp_path):
@@ -141,14 +156,14 @@ def test_a_new_attempt_forgets_the_old_ones_samples_and_ignores_its_late_chunks(
     add_all(core, "b", other, captions(log, "b", 2))
     core.end("text", "b", other)
     assert not core.ready("text", "b", other), "a's queued samples may still fill the batch"
-    new = core.begin("text", "a")  # Ray retried a's task: the old samples go, b's batch runs
-    assert batches(log) == [2] and core.ready("text", "b", other)
+    new = core.begin("text", "a")  # Ray retried a's task: the old samples go
     assert add_all(core, "a", old, captions(log, "a", 3)) is None  # a late chunk of the dead attempt
     assert core.take("text", "a", old) == STALE
     add_all(core, "a", new, captions(log, "a", 4))
+    assert batches(log) == [] and not core.ready("text", "b", other)
     core.end("text", "a", new)
-    out = core.take("text", "a", new)
-    assert batches(log) == [2, 4] and out.indices == [0, 1, 2, 3]
+    assert batches(log) == [6], "b's 2 and the new attempt's 4, none of the old attempt's"
+    assert core.take("text", "a", new).indices == [0, 1, 2, 3] and core.take("text", "b", other).indices == [0, 1]
 
 
 def test_dropping_an_input_whose_task_is_gone_lets_the_others_batch_run(tmp_path):
