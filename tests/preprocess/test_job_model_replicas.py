@@ -1,7 +1,7 @@
 """``models:`` with ``replicas:`` through the job (Ray): the models run in Ray actors fed by the tasks, and the
 dataset is the one the tasks' own models write, byte for byte; one replica batches the samples of several
-inputs together; a broken contract stops the run with the tasks' message; a raising batch fails its inputs
-only. On this cluster (no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
+inputs together; a task Ray runs again after its worker died gives the replica its samples once; a broken
+contract stops the run with the tasks' message; a raising batch fails its inputs only. On this cluster (no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
 
 from __future__ import annotations
 
@@ -66,6 +66,36 @@ def test_a_rerun_with_replicas_appends_to_a_dataset_the_tasks_made(ray_cluster, 
     result = run(pattern, "--output", out, "--config", write_config(tmp_path / "1.yaml", models(1)), *flags)
     assert result.exit_code == 0, result.output
     assert check_outputs(out) == 7
+    assert_clean(out)
+
+
+def test_a_task_retried_after_its_worker_died_gives_its_replica_its_samples_once(ray_cluster, tars, tmp_path,
+                                                                                 monkeypatch):
+    """The worker dies after sending 64 samples of the big input; Ray runs the task again, which begins a new
+    attempt on the replica: the old attempt's queued samples are forgotten and its late chunks ignored, so the
+    outputs are the tasks' own, byte for byte."""
+    from preprocess.cluster import ray_tasks
+
+    pattern = make_tars(tars, [70, 5])
+    flags = ["--size", "16", "--samples-per-shard", "16"]
+    reference, out = str(tmp_path / "reference"), str(tmp_path / "out")
+    result = run(pattern, "--output", reference, "--config", write_config(tmp_path / "0.yaml", models(0)), *flags)
+    assert result.exit_code == 0, result.output
+    real_task, marker = ray_tasks._task, str(tmp_path / "died-once")
+
+    def task_whose_worker_dies_once(input_path, *args, **kwargs):
+        for number, message in enumerate(real_task(input_path, *args, **kwargs)):
+            yield message
+            if number == 2 and input_path.endswith("00.tar") and not os.path.exists(marker):  # 64 samples sent
+                open(marker, "w").close()
+                os._exit(1)
+
+    monkeypatch.setattr(ray_tasks, "_task", task_whose_worker_dies_once)
+    result = run(pattern, "--output", out, "--config", write_config(tmp_path / "1.yaml", models(1)), *flags)
+    assert result.exit_code == 0, result.output
+    assert os.path.exists(marker), "the worker never died: the test did not test anything"
+    assert_same_dataset(out, reference)
+    assert check_outputs(out) == 75
     assert_clean(out)
 
 
