@@ -1,7 +1,8 @@
 """``models:`` with ``replicas:`` through the job (Ray): the models run in Ray actors fed by the tasks, and the
 dataset is the one the tasks' own models write, byte for byte; one replica batches the samples of several
 inputs together; a task Ray runs again after its worker died gives the replica its samples once; a broken
-contract stops the run with the tasks' message; a raising batch fails its inputs only. On this cluster (no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
+contract stops the run with the tasks' message; a raising batch fails its inputs only; a run that ends, however,
+kills its replicas. On this cluster (no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
 
 from __future__ import annotations
 
@@ -203,3 +204,27 @@ def test_a_bad_replicas_is_refused_before_anything_is_touched(tars, tmp_path):
     assert result.exit_code == 2
     assert "models: latent: replicas must be auto or an integer >= 0" in " ".join(result.output.split())
     assert not os.path.exists(out)
+
+
+def test_a_run_stopped_early_kills_its_replicas(ray_cluster, tars, tmp_path, monkeypatch):
+    from preprocess.config import JobConfig
+    from preprocess.job import RunOptions, run_job
+
+    killed = spy_kills(monkeypatch)
+    pattern = make_tars(tars, [3, 3, 3, 3])
+    out, stop = str(tmp_path / "out"), {"why": ""}
+
+    def on_event(kind, payload):
+        if kind == "input":  # the first input finished: stop as Ctrl-C does
+            stop["why"] = "SIGINT"
+
+    cfg = JobConfig(height=16, width=16, samples_per_shard=4, models=models(1))
+    report = run_job(RunOptions(inputs=[pattern], output=out, config=cfg), on_event, lambda: stop["why"])
+    assert report.interrupted == "SIGINT" and report.inputs_processed
+    assert len(killed) == 1, "the replica outlived its stopped run"
+    assert check_outputs(out) == 3 * len(report.inputs_processed)
+    # A cancelled task may still have written its files: the next run's cleaning removes them.
+    again = run_job(RunOptions(inputs=[pattern], output=out, config=cfg))
+    assert not again.interrupted and not again.inputs_failed and len(killed) == 2
+    assert check_outputs(out) == 12
+    assert_clean(out)
