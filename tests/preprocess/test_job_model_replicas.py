@@ -57,14 +57,16 @@ def test_outputs_from_two_replicas_are_the_bytes_the_tasks_write(ray_cluster, ta
 
 
 def test_a_rerun_with_replicas_appends_to_a_dataset_the_tasks_made(ray_cluster, tars, tmp_path):
-    """``replicas`` is how a model runs, not what it stores: another value on a rerun is the same dataset."""
+    """``replicas`` is how a model runs, not what it stores: another value on a rerun is the same dataset; one
+    model in a replica and the other in the tasks is a run like any other."""
     pattern = make_tars(tars, [4])
     out = str(tmp_path / "out")
     flags = ["--size", "16", "--samples-per-shard", "3"]
     result = run(pattern, "--output", out, "--config", write_config(tmp_path / "0.yaml", models(0)), *flags)
     assert result.exit_code == 0, result.output
     make_tars(tars, [3], first=4, names=["01.tar"])
-    result = run(pattern, "--output", out, "--config", write_config(tmp_path / "1.yaml", models(1)), *flags)
+    mixed = {"latent": {**LATENT, "replicas": 1}, "text": {**TEXT, "replicas": 0}}
+    result = run(pattern, "--output", out, "--config", write_config(tmp_path / "1.yaml", mixed), *flags)
     assert result.exit_code == 0, result.output
     assert check_outputs(out) == 7
     assert_clean(out)
