@@ -65,9 +65,10 @@ KEY_DOCS: dict[str, str] = {
     "bucket_max_ratio": "`mode: bucket` only: the largest long side / short side of a derived bucket",
     "models": "model outputs stored beside the pixels: an output name to `MODULE:FUNCTION` (`FUNCTION()` returns "
               "the model) or to a mapping with `fn`, `input` (`image`: the stored pixels, uint8 [B, h, w, 3] of one "
-              "bucket; `text`: the captions), `batch_size`, `dtype` and `device`; each shard gets one file per "
-              "output, and a rerun with another model for an output is refused. `batch_size` and `device` may "
-              "change between runs",
+              "bucket; `text`: the captions), `batch_size`, `dtype`, `device` and `replicas` (`auto`: one Ray "
+              "actor per GPU of the cluster, else none: the model runs in each input's task; or a count); each "
+              "shard gets one file per output, and a rerun with another model for an output is refused. "
+              "`batch_size`, `device` and `replicas` may change between runs",
 }
 # Keys described ahead of the code that adds them: absent from JobConfig only while `bucket` is no mode.
 BUCKET_KEYS = ("buckets", "bucket_step", "bucket_max_ratio")

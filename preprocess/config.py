@@ -108,7 +108,7 @@ class JobConfig:
     # ``fn`` and options; each sample's output is stored beside its pixels (shardio.format, "Model outputs").
     # Normalised at load to the canonical mapping (every option spelled out); None or empty: no models, stored
     # only when non-empty, so a dataset without models keeps its config bytes. What must match to append is
-    # each output's ``fn``, ``input`` and ``dtype``; ``batch_size`` and ``device`` are how it runs.
+    # each output's ``fn``, ``input`` and ``dtype``; ``batch_size``, ``device`` and ``replicas`` are how it runs.
     models: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -244,7 +244,7 @@ class JobConfig:
         d = self.to_dict()
         d.pop("max_failed_fraction")  # a run policy, not part of the data
         d.pop("max_decode_seconds")  # a run policy too: what it fails depends on the machine's load
-        if "models" in d:  # batch_size and device are how a model runs, not what it stores
+        if "models" in d:  # batch_size, device and replicas are how a model runs, not what it stores
             d["models"] = {spec.name: spec.output_dict() for spec in self._model_specs}
         return d
 

@@ -67,7 +67,9 @@ identical bytes over a name, or leave unlisted files that the next run removes.
 Model outputs (``models:``, spec "Model outputs"): a run with inputs to process loads each model once in the
 driver and identifies it (``preprocess.models.identity``) before the output is touched; a model whose identity
 differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
-and both identities). The workers run the models (``preprocess.worker``) and say which they ran: an input
+and both identities). The models run in the tasks (``preprocess.worker``), or, for a model with replicas (one
+per GPU of the cluster by default: ``preprocess.models.replicas``), in Ray actors the run starts once Ray is up,
+before any task, and kills at its end, however it ends; either way each input says which model ran it: an input
 processed with another model than the driver's (a node with another copy) fails, not committed. Each finished
 input's output dtypes and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or
 another shape for a bucket is refused. A rerun with nothing to do loads no model.
@@ -83,6 +85,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -93,6 +96,7 @@ from preprocess.config import JobConfig
 from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
 from preprocess.models.loading import load_model
+from preprocess.models.replicas import start_replicas
 from preprocess.plan import plan_inputs
 from preprocess.rewrite import check_rewrite, config_to_compare, new_fence, rewrite_todo
 from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
@@ -575,20 +579,24 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
     options, report, emit = run.options, run.report, run.emit
     # With no event hook (library use) Ray prints as it always does; the CLI routes it (quiet, JSON).
     ray_output = (lambda line: emit("ray", line)) if run.routes_ray else None
-    with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster:
+    with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster, ExitStack() as stack:
         report.cluster = cluster
         cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
         env = task_env(files + [committer.directory], options.pass_credentials)
         # NodeAccessError: a node that cannot read the inputs or write the output, before any task.
         check_cluster_access(files, committer.directory, env, options.pass_credentials)
         expected_build = pixel_build()
+        should_stop = lambda: bool(run.stop_requested())  # noqa: E731
+        # ConfigError (a model that fails to load there, more GPU replicas than GPUs): before any task.
+        replicas = stack.enter_context(start_replicas(options.config.model_specs, should_stop))
+        if replicas is not None:
+            cluster["model_replicas"] = replicas.counts
         emit("plan", {**work.event(), "cluster": cluster})  # after Ray's start-up chatter, so the bar is clean
         processing_started = time.perf_counter()
         report.startup_s = round(processing_started - run.started, 3)
-        stream = stream_inputs(work.todo, committer.root, options.config,
-                               should_stop=lambda: bool(run.stop_requested()), task_env=env,
+        stream = stream_inputs(work.todo, committer.root, options.config, should_stop=should_stop, task_env=env,
                                name_fence=dataset_dir.shard_name_fence(committer.root, committer.index),
-                               reader=reader)
+                               reader=reader, replicas=replicas)
         try:
             for message in stream:
                 if isinstance(message, Progress):

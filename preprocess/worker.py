@@ -6,11 +6,12 @@ library versions it ran with, which the manifest records). Memory is one image p
 read (the shard writer streams to disk); a tar in a bucket adds the chunks being downloaded (at most two of
 8 MB: ``preprocess.inputs.remote_tar``), never the whole tar.
 
-With ``models:`` (``preprocess.models``) each model runs here, in the task, over every sample as the reader
-would yield it (the stored pixels, decoded back for ``encoding: jpeg`` and ``yuv420``; a text model the caption),
-and each shard gets one output file per model (``shardio.write.shard_writer.OutputFileWriter``) once the input's
-samples are through: an input's outputs are held until then (a latent is a small fraction of its pixels). A
-model raising on a batch fails its input, which leaves no file, like any other failed input.
+With ``models:`` (``preprocess.models``) each model is given every sample as the reader would yield it (the
+stored pixels, decoded back for ``encoding: jpeg`` and ``yuv420``; a text model the caption): a model with
+replicas in its replica (``preprocess.models.replicas.ReplicaFeed``, given by the task), any other here, in
+the task. Each shard gets one output file per model (``shardio.write.shard_writer.OutputFileWriter``) once the
+input's samples are through: an input's outputs are held until then (a latent is a small fraction of its
+pixels). A model raising on a batch fails its input, which leaves no file, like any other failed input.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Collection, Generator
+from collections.abc import Collection, Generator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from preprocess.image.decode_watch import (Heartbeat, hang_if_test_member, hang_
                                            stuck_reason)
 from preprocess.inputs.resolve import InputFingerprint
 from preprocess.models.loading import load_model
+from preprocess.models.model_config import ModelSpec
+from preprocess.models.outputs import ModelOutputs
 from preprocess.image.jpeg_encode import stored_pixels
 from preprocess.inputs.kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
@@ -46,7 +49,7 @@ from shardio.write.shard_writer import InputShardWriter
 from shardio.store.root import Place, open_input
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
-           "parse_fields", "PROGRESS_EVERY"]
+           "parse_fields", "PROGRESS_EVERY", "ModelFeed"]
 
 # Samples between progress reports from a worker: often enough for a live images/s, rare enough to cost
 # nothing (one small message per ~0.1 s of decode at ~4 ms per image).
@@ -143,12 +146,13 @@ def _reject_constant(name: str) -> None:
 
 def process_input(input_path: str, output_dir: Place, cfg: JobConfig,
                   fingerprint: InputFingerprint | tuple[int, int], skip_members: Collection[str] = (),
-                  reader: SampleReader | None = None, name_fence: str = "") -> InputResult:
+                  reader: SampleReader | None = None, name_fence: str = "",
+                  model_feeds: Mapping[str, ModelFeed] | None = None) -> InputResult:
     """Decode every sample of ``input_path`` into shards under ``output_dir`` (the output's root, opened by the
     job and sent as its path, or a path); never raises for bad data.
     (Unwatched: ``iter_process_input`` says how the Ray task bounds each decode.)"""
     steps = iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, reader=reader,
-                               name_fence=name_fence)
+                               name_fence=name_fence, model_feeds=model_feeds)
     while True:
         try:
             next(steps)
@@ -159,7 +163,7 @@ def process_input(input_path: str, output_dir: Place, cfg: JobConfig,
 def iter_process_input(
     input_path: str, output_dir: Place, cfg: JobConfig, fingerprint: InputFingerprint | tuple[int, int],
     skip_members: Collection[str] = (), heartbeat: Heartbeat | None = None, reader: SampleReader | None = None,
-    name_fence: str = "",
+    name_fence: str = "", model_feeds: Mapping[str, ModelFeed] | None = None,
 ) -> Generator[InputProgress, None, InputResult]:
     """``process_input`` as a generator: yields an ``InputProgress`` every ``PROGRESS_EVERY`` samples and
     returns the ``InputResult``; the Ray task streams these to the driver (its progress bar and log).
@@ -172,7 +176,8 @@ def iter_process_input(
     not decoded but recorded as failed samples, so the input still commits and a rerun skips it.
     ``reader``: the input's samples from a source written in Python (``preprocess.inputs.sources``); by default
     the reader of the input's kind (``preprocess.inputs.kinds.samples_of``). ``name_fence``: what the shards'
-    names carry (``shard_stem``).
+    names carry (``shard_stem``). ``model_feeds``: output name -> where its model runs for this input, for the
+    models with replicas (``preprocess.models.replicas.ReplicaFeed``); the others run here.
     """
     started = time.perf_counter()
     size, mtime_ns, etag = InputFingerprint(*fingerprint)
@@ -190,7 +195,7 @@ def iter_process_input(
     extent = InputExtent()  # a kind's reader says how far it is; a Python source's leaves it unset
     heartbeat = heartbeat or Heartbeat()
     # models: (preprocess.models): loaded once per process, run over each sample as the reader yields it.
-    models = _InputModels(cfg, input_path) if cfg.model_specs else None
+    models = _InputModels(cfg, input_path, model_feeds or {}) if cfg.model_specs else None
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
@@ -227,6 +232,8 @@ def iter_process_input(
             result.outputs = models.summary()
     except InputError as e:
         writer.abort()
+        if models is not None:
+            models.abandon()
         result.error = e.reason
         result.lasting = e.lasting
         result.samples_lost = done
@@ -238,6 +245,8 @@ def iter_process_input(
         return result
     except BaseException:
         writer.abort()
+        if models is not None:
+            models.abandon()
         raise
     result.samples = done
     result.shards = [asdict(e) for e in entries]
@@ -248,26 +257,70 @@ def iter_process_input(
 _IDENTITIES: dict[str, dict[str, Any]] = {}  # a model's fn -> its identity, in this process
 
 
-class _InputModels:
-    """The ``models:`` of ``cfg`` over one input's samples (``preprocess.models.runner.ModelRunner``, one per
-    output, on the device its spec names): each sample given as the reader yields it (an image model: its stored
-    pixels, uint8 [h, w, 3] of its bucket, decoded back from the stored JPEG or yuv420 planes for those
-    encodings; a text model: its caption, "" without one), and its outputs gathered per shard at the end.
-    Torch is imported only here, so a job without models never loads it."""
+class ModelFeed(Protocol):
+    """Where one model runs over one input's samples: ``add`` each sample (raising the input's InputError once a
+    batch of it failed, or the model's ConfigError), ``end`` once, then ``take`` its outputs; ``abandon`` when the
+    input stops unfinished. ``identity``: the model's, where it runs; ``dtype``: its outputs' (after ``take``)."""
 
-    def __init__(self, cfg: JobConfig, input_path: str) -> None:
-        from preprocess.models.identity import model_identity  # torch: imported by a run with models only
+    @property
+    def identity(self) -> dict[str, Any]: ...
+    @property
+    def dtype(self) -> str | None: ...
+
+    def add(self, index: int, item: Any, bucket: int) -> None: ...
+    def end(self) -> None: ...
+    def take(self) -> ModelOutputs: ...
+    def abandon(self) -> None: ...
+
+
+class _LocalModel:
+    """A model run here, in the task (``replicas: 0``): a ``ModelRunner`` of its own (on the device its spec
+    names) as a ``ModelFeed``. Torch is imported only here, so a task without such a model never loads it."""
+
+    def __init__(self, spec: ModelSpec, input_path: str) -> None:
+        from preprocess.models.identity import model_identity  # torch: a task running a model only
         from preprocess.models.runner import ModelRunner
 
+        self.input = input_path
+        self.runner = ModelRunner(spec, load_model(spec))
+        # Digested once per process (a model is loaded once per process too): the driver refuses an input
+        # processed with another model than the one it identified (another node's copy).
+        if spec.fn not in _IDENTITIES:
+            _IDENTITIES[spec.fn] = model_identity(spec, load_model(spec)).to_dict()
+        self.identity = _IDENTITIES[spec.fn]
+
+    @property
+    def dtype(self) -> str | None:
+        return self.runner.dtype
+
+    def add(self, index: int, item: Any, bucket: int) -> None:
+        self.runner.add(self.input, index, item, bucket)
+        failure = self.runner.failure(self.input)
+        if failure is not None:  # nothing of the input will be stored: stop reading it
+            raise failure
+
+    def end(self) -> None:
+        self.runner.end_input(self.input)
+
+    def take(self) -> ModelOutputs:
+        return self.runner.finish().get(self.input) or ModelOutputs(self.input)
+
+    def abandon(self) -> None:
+        pass
+
+
+class _InputModels:
+    """The ``models:`` of ``cfg`` over one input's samples, each where it runs (``model_feeds`` for a model with
+    replicas, else ``_LocalModel``): each sample given as the reader yields it (an image model: its stored pixels,
+    uint8 [h, w, 3] of its bucket, decoded back from the stored JPEG or yuv420 planes for those encodings; a text
+    model: its caption, "" without one), and its outputs gathered per shard at the end."""
+
+    def __init__(self, cfg: JobConfig, input_path: str, model_feeds: Mapping[str, ModelFeed]) -> None:
         self.cfg, self.input = cfg, input_path
-        self.runners = [ModelRunner(spec, load_model(spec)) for spec in cfg.model_specs]
-        # Each model's identity, digested once per process (a model is loaded once per process too): the driver
-        # refuses an input processed with another model than the one it identified (another node's copy).
-        self.identities = {}
-        for spec in cfg.model_specs:
-            if spec.fn not in _IDENTITIES:
-                _IDENTITIES[spec.fn] = model_identity(spec, load_model(spec)).to_dict()
-            self.identities[spec.name] = _IDENTITIES[spec.fn]
+        self.models: list[tuple[ModelSpec, ModelFeed]] = [
+            (spec, model_feeds[spec.name] if spec.name in model_feeds else _LocalModel(spec, input_path))
+            for spec in cfg.model_specs]
+        self.identities = {spec.name: model.identity for spec, model in self.models}
         self.rows: dict[str, list[int]] = {}  # a shard's pixel file -> the indices of its samples, in order
         self.shapes: dict[str, dict[int, list[int]]] = {spec.name: {} for spec in cfg.model_specs}
         self.dtypes: dict[str, str | None] = {}  # an output's torch dtype, once a sample of this input has one
@@ -275,16 +328,13 @@ class _InputModels:
     def add(self, index: int, stored: np.ndarray | bytes, caption: str | None, bucket: int, shard: str) -> None:
         self.rows.setdefault(shard, []).append(index)
         pixels = None
-        for runner in self.runners:
-            if runner.spec.input == "text":
-                runner.add(self.input, index, caption or "", bucket)
+        for spec, model in self.models:
+            if spec.input == "text":
+                model.add(index, caption or "", bucket)
             else:
                 if pixels is None:
                     pixels = self._pixels(stored, bucket)
-                runner.add(self.input, index, pixels, bucket)
-            failure = runner.failure(self.input)
-            if failure is not None:  # nothing of the input will be stored: stop reading it
-                raise failure
+                model.add(index, pixels, bucket)
 
     def _pixels(self, stored: np.ndarray | bytes, bucket: int) -> np.ndarray:
         """What the reader yields for a sample stored as ``stored``."""
@@ -299,24 +349,27 @@ class _InputModels:
     def finish(self) -> dict[str, list[tuple[str, np.ndarray]]]:
         """Every model run over the rest of its samples: each shard's (name, values) in the config's order;
         the input's InputError when a model raised on a batch of it."""
+        for _, model in self.models:  # every model ended before any is waited for: no replica waits on another
+            model.end()
         values: list[dict[int, np.ndarray]] = []
-        for runner in self.runners:
-            runner.end_input(self.input)
-            done = runner.finish().get(self.input)
-            if done is None:  # no sample
-                values.append({})
-                continue
+        for spec, model in self.models:
+            done = model.take()
             if done.failure is not None:
                 raise done.failure
             by_index = dict(zip(done.indices, done.values))
             for index, bucket in zip(done.indices, done.buckets):
-                self.shapes[runner.spec.name].setdefault(bucket, list(by_index[index].shape))
+                self.shapes[spec.name].setdefault(bucket, list(by_index[index].shape))
             if done.values:
-                self.dtypes[runner.spec.name] = runner.dtype
+                self.dtypes[spec.name] = model.dtype
             values.append(by_index)
-        return {shard: [(runner.spec.name, np.stack([found[i] for i in rows]))
-                        for runner, found in zip(self.runners, values)]
+        return {shard: [(spec.name, np.stack([found[i] for i in rows]))
+                        for (spec, _), found in zip(self.models, values)]
                 for shard, rows in self.rows.items()}
+
+    def abandon(self) -> None:
+        """The input stops unfinished: its samples are forgotten where its models run."""
+        for _, model in self.models:
+            model.abandon()
 
     def summary(self) -> list[dict[str, Any]]:
         """``InputResult.outputs``: each output's dtype and the shapes of the buckets its samples reached."""

@@ -17,6 +17,11 @@ stuck so far to skip; the worker records those as failed samples and the input c
 ``MAX_STUCK_DECODES`` per input: a tar whose decodes keep sticking fails as an input instead of costing
 one bound (61 s by default) per image.
 
+Models with replicas (``preprocess.models.replicas``): the job starts them; input number ``i`` (in submission
+order, kept by a retry) feeds replica ``i mod N`` of each such model, and an input whose task has ended, however,
+is dropped from its replicas (a no-op after a task that took its outputs), whose short batches would otherwise
+wait for it.
+
 The cluster itself (joined or started, one build on every node) is ``preprocess.cluster.ray_cluster``'s.
 """
 
@@ -35,6 +40,7 @@ from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
 from preprocess.plan import largest_first_key
 from preprocess.cluster.ray_cluster import node_name
+from preprocess.models.replicas import ModelReplicas, ReplicaFeed
 from preprocess.worker import InputResult, iter_process_input
 from shardio.errors import ConfigError
 from shardio.store.root import Place
@@ -102,14 +108,16 @@ class AttemptTracker:
         return TaskEvent("retried", message.input, message.node, message.worker, attempt + 1, worker)
 
 def _task(input_path: str, output_dir: Place, cfg_dict: dict[str, Any], fingerprint: InputFingerprint,
-          skip_members: tuple[str, ...] = (), reader: SampleReader | None = None, name_fence: str = ""):
+          skip_members: tuple[str, ...] = (), reader: SampleReader | None = None, name_fence: str = "",
+          model_replicas: dict[str, Any] | None = None):
     context = ray.get_runtime_context()
     node = node_name(context.get_node_id())
     worker = context.get_worker_id()[:8]
     cfg = JobConfig(**cfg_dict)
     heartbeat = Heartbeat()
+    feeds = {name: ReplicaFeed(replica, name, input_path) for name, replica in (model_replicas or {}).items()}
     steps = watch_steps(iter_process_input(input_path, output_dir, cfg, fingerprint, skip_members, heartbeat, reader,
-                                           name_fence),
+                                           name_fence, model_feeds=feeds),
                         heartbeat, hard_bound_s(cfg.max_decode_seconds))
     size = fingerprint[0]
     yield Progress(input_path, 0, 0, node, worker, size=size)  # "started", with where
@@ -157,6 +165,7 @@ def stream_inputs(
     task_env: dict[str, str] | None = None,
     reader: SampleReader | None = None,
     name_fence: str = "",
+    replicas: ModelReplicas | None = None,
 ) -> Iterator[Progress | TaskEvent | InputResult]:
     """Run every (input, fingerprint) as a task, largest input first; yield Progress messages, a TaskEvent when an
     input's task starts or is retried, and each InputResult as it ends.
@@ -170,7 +179,8 @@ def stream_inputs(
     ``output_dir``: the output's root (sent to each task as its path, opened there once), or its path.
     ``reader``: a Python source's (``preprocess.inputs.sources``), put in the object store once, not pickled
     into every task. ``name_fence``: what the names of the shard files carry (``shardio.format.spec``,
-    "Fencing names"; ``shardio.write.directory.shard_name_fence``).
+    "Fencing names"; ``shardio.write.directory.shard_name_fence``). ``replicas``: the run's model replicas
+    (``preprocess.models.replicas.start_replicas``), None when no model has any.
     """
     remote = ray.remote(**TASK_OPTIONS)(_task)
     reader_ref = ray.put(reader) if reader is not None else None
@@ -188,17 +198,22 @@ def stream_inputs(
     cfg_dict = cfg.to_dict()
     attempts = AttemptTracker()
     stuck_members: dict[str, list[str]] = {}  # input -> members whose decode never finished, in order
+    fed: dict[str, dict[str, Any]] = {}  # input -> output -> its replica (chosen at its first submission)
 
     def submit(path: str) -> None:
         # The members to skip only when there are some: a first attempt is called with the 4 arguments it
         # always had (wrappers of _task, as the crash-safety tests use, keep working).
         skip = tuple(stuck_members.get(path, ()))
         extra = [skip, reader_ref] if reader_ref is not None else [skip] if skip else []
-        fence = {"name_fence": name_fence} if name_fence else {}
-        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra, **fence)] = path
+        keywords: dict[str, Any] = {"name_fence": name_fence} if name_fence else {}
+        if path in fed:
+            keywords["model_replicas"] = fed[path]
+        running[remote.remote(path, output_dir, cfg_dict, fingerprints[path], *extra, **keywords)] = path
 
     def ended(path: str) -> InputFingerprint:
         stuck_members.pop(path, None)
+        if path in fed and replicas is not None:  # a dead task's samples there would keep a short batch waiting
+            replicas.drop(path, fed.pop(path))
         return InputFingerprint(*fingerprints.pop(path))
 
     try:
@@ -210,8 +225,10 @@ def stream_inputs(
             while next_item < len(queue) and len(running) < limit:
                 path, fingerprint = queue[next_item]
                 queue[next_item] = None  # type: ignore[call-overload]  # not needed again: let it go
-                next_item += 1
                 fingerprints[path] = fingerprint
+                if replicas is not None:
+                    fed[path] = replicas.for_input(next_item)
+                next_item += 1
                 submit(path)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
             for generator in ready:

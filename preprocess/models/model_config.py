@@ -10,6 +10,7 @@ mapping with ``fn`` and options::
         batch_size: 16             # samples per call (default 16)
         dtype: float16             # the dtype stored: a floating output is cast to it, any other must be it
         device: auto               # auto (a GPU when there is one), cpu, cuda or cuda:N
+        replicas: auto             # Ray actors running it: auto (one per GPU of the cluster, else none), or N
       text_embedding: my_models:make_text_encoder
 
 An output name is an ASCII identifier (it becomes a file name and a batch key) and names no key a batch or a
@@ -30,7 +31,7 @@ from shardio.format.jpeg_shard import JPEG_SUFFIX
 from shardio.format.yuv_shard import YUV_SUFFIX
 
 __all__ = ["ModelSpec", "parse_models", "INPUTS", "IMAGE", "TEXT", "DTYPES", "DEVICES", "RESERVED_NAMES",
-           "DEFAULT_BATCH_SIZE", "OPTION_KEYS", "RESERVED_FILE_NAMES"]
+           "DEFAULT_BATCH_SIZE", "OPTION_KEYS", "RESERVED_FILE_NAMES", "AUTO"]
 
 IMAGE, TEXT = "image", "text"
 INPUTS = (IMAGE, TEXT)
@@ -57,13 +58,17 @@ RESERVED_NAMES = ("image", "__key__", "cls", "txt", "json", "original_size", "cr
 # the file of an encoding's pixels (``STEM-NNNNN.jpg.npy``, ``.yuv.npy``) is refused.
 RESERVED_FILE_NAMES = tuple(suffix.split(".")[1] for suffix in (JPEG_SUFFIX, YUV_SUFFIX))
 
-OPTION_KEYS = ("fn", "input", "batch_size", "dtype", "device")
+OPTION_KEYS = ("fn", "input", "batch_size", "dtype", "device", "replicas")
+
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """One output of ``models:``: its ``name``, the ``fn`` (``"MODULE:FUNCTION"``) whose call returns the model,
-    what it reads (``input``), ``batch_size``, the ``dtype`` stored (None: the model's own) and ``device``."""
+    what it reads (``input``), ``batch_size``, the ``dtype`` stored (None: the model's own), ``device`` and
+    ``replicas``: how many Ray actors run it (``preprocess.models.replicas``; ``"auto"``: one per GPU of the
+    cluster where ``device`` is ``auto`` or ``cuda`` and the cluster has GPUs, else 0; 0: in each input's task)."""
 
     name: str
     fn: str
@@ -71,6 +76,7 @@ class ModelSpec:
     batch_size: int = DEFAULT_BATCH_SIZE
     dtype: str | None = None
     device: str = "auto"
+    replicas: int | str = AUTO
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -85,6 +91,13 @@ class ModelSpec:
                               f"got {self.dtype!r}")
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError(f"{where}: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.replicas != AUTO and (isinstance(self.replicas, bool) or not isinstance(self.replicas, int)
+                                      or self.replicas < 0):
+            raise ConfigError(f"{where}: replicas must be auto or an integer >= 0 (0: the model runs in each "
+                              f"input's task), got {_shown(self.replicas)}")
+        if self.replicas not in (AUTO, 0) and self.device.startswith("cuda:"):
+            raise ConfigError(f"{where}: device {self.device} names one GPU, but replicas run on the GPUs Ray "
+                              f"gives them: use device: cuda with replicas: {self.replicas}, or replicas: 0")
 
     @property
     def module(self) -> str:
@@ -96,15 +109,28 @@ class ModelSpec:
         """The function ``fn`` names in its module (dotted for an attribute of an attribute)."""
         return self.fn.partition(":")[2]
 
+    def runs_on_gpu(self, cluster_gpus: int) -> bool:
+        """Whether a replica of this model takes a GPU on a cluster with ``cluster_gpus`` GPUs: ``device`` is auto
+        or cuda and the cluster has one."""
+        return cluster_gpus > 0 and self.device in (AUTO, "cuda")
+
+    def replica_count(self, cluster_gpus: int) -> int:
+        """How many replicas run this model on a cluster with ``cluster_gpus`` GPUs: ``replicas``, where ``auto`` is
+        one per GPU when the model runs on one (``runs_on_gpu``), else 0 (in each input's task; so is a model
+        pinned to one GPU, ``cuda:N``)."""
+        if self.replicas == AUTO:
+            return cluster_gpus if self.runs_on_gpu(cluster_gpus) else 0
+        return int(self.replicas)
+
     def to_dict(self) -> dict[str, Any]:
         """The canonical form, every option spelled out (JSON types)."""
         return {"fn": self.fn, "input": self.input, "batch_size": self.batch_size, "dtype": self.dtype,
-                "device": self.device}
+                "device": self.device, "replicas": self.replicas}
 
     def output_dict(self) -> dict[str, Any]:
         """What decides the stored values (the weights aside: ``preprocess.models.identity``): the function,
-        what it reads and the dtype stored. ``batch_size`` and ``device`` are how it runs: a run may change
-        them (their float results may differ in the last bits; the CPU alone is bitwise repeatable)."""
+        what it reads and the dtype stored. ``batch_size``, ``device`` and ``replicas`` are how it runs: a run may
+        change them (their float results may differ in the last bits; the CPU alone is bitwise repeatable)."""
         return {"fn": self.fn, "input": self.input, "dtype": self.dtype}
 
 

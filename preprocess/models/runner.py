@@ -20,6 +20,10 @@ Outputs come back per input, as numpy arrays on the CPU, in the order the input'
 (``ModelOutputs``): an input is handed back by ``take_done`` once ``end_input`` was called for it and all its
 samples have been through the model, and by ``finish`` at the end. A bfloat16 output (numpy has none) is
 handed back as its raw bits, ``uint16``, as a file stores it.
+
+A runner serving many inputs at once (a replica, ``preprocess.models.replicas``) decides itself when a short
+batch runs (``preprocess.models.replica_core``): ``queued_inputs`` says whether a sample waits, ``flush`` runs
+the queues' rests, ``discard`` forgets an input whose task is gone.
 """
 
 from __future__ import annotations
@@ -34,21 +38,9 @@ import torch
 from shardio.errors import ConfigError, InputError
 from preprocess.models.identity import torch_module_of
 from preprocess.models.model_config import DTYPES, IMAGE, ModelSpec
+from preprocess.models.outputs import ModelOutputs
 
 __all__ = ["ModelRunner", "ModelOutputs", "resolve_device"]
-
-
-@dataclass
-class ModelOutputs:
-    """One input's outputs of one model: sample ``indices[i]`` (of bucket ``buckets[i]``) gave ``values[i]``, in
-    the order they were added; ``failure`` when a batch holding one of its samples failed (``values`` then
-    holds what was computed before, and nothing should be stored for the input)."""
-
-    input: str
-    indices: list[int] = field(default_factory=list)
-    buckets: list[int] = field(default_factory=list)
-    values: list[np.ndarray] = field(default_factory=list)
-    failure: InputError | None = None
 
 
 def resolve_device(spec: ModelSpec) -> torch.device:
@@ -145,13 +137,28 @@ class ModelRunner:
         return {name: self._hand_back(name) for name in done}
 
     def finish(self) -> dict[str, ModelOutputs]:
-        """Runs the model on every queue's rest (one short batch a queue, buckets in order) and hands back every
-        input not handed back yet, ended or not."""
+        """Runs the model on every queue's rest (``flush``) and hands back every input not handed back yet, ended
+        or not."""
+        self.flush()
+        return {name: self._hand_back(name) for name in list(self._inputs)}
+
+    def flush(self) -> None:
+        """Runs the model on every queue's rest: one short batch a queue, buckets in order."""
         for key in sorted(self._queues, key=lambda k: -1 if k is None else k):
             queue, self._queues[key] = self._queues[key], []
             for start in range(0, len(queue), self.spec.batch_size):  # a full batch is run as it fills
                 self._run(key, queue[start:start + self.spec.batch_size])
-        return {name: self._hand_back(name) for name in list(self._inputs)}
+
+    def queued_inputs(self) -> set[str]:
+        """The inputs with a sample waiting in a queue for its batch to fill."""
+        return {sample.input for queue in self._queues.values() for sample in queue}
+
+    def discard(self, input: str) -> None:
+        """Forgets ``input``: its queued samples are dropped and nothing of it is handed back (its task is gone;
+        another attempt of it may start afresh)."""
+        if self._inputs.pop(input, None) is not None:
+            for key, queue in self._queues.items():
+                self._queues[key] = [s for s in queue if s.input != input]
 
     def _hand_back(self, name: str) -> ModelOutputs:
         state = self._inputs.pop(name)

@@ -214,6 +214,8 @@ LAZY_FIRST_PARTY = {
     ("preprocess.worker", "preprocess.models.runner"): "imports torch (~1 s): only a run with `models:` pays for it",
     ("preprocess.worker", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
     ("preprocess.job", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
+    ("preprocess.models.replicas", "preprocess.models.replica_core"): "imports torch (~1 s): only a replica's process "
+                                                                      "pays for it, never a task or the driver",
 }
 
 

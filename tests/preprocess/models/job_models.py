@@ -3,8 +3,9 @@ workers of a run as by the driver.
 
 ``make_logged_text`` is ``toy_models.caption_hash`` that also appends every caption it is given to the file a
 caption names (``LOG=PATH|text``): the test reads which samples the model saw, whichever process ran it.
-``make_fragile_text`` raises on a batch holding a caption with ``explode`` in it; ``make_one_short_text`` returns a
-row fewer than its batch (a broken contract). ``make_other_latent`` is
+``make_batch_logged_text`` appends the size of every batch it is called with, one line a batch, to the file its
+first caption names the same way. ``make_fragile_text`` raises on a batch holding a caption with ``explode`` in
+it; ``make_one_short_text`` returns a row fewer than its batch (a broken contract). ``make_other_latent`` is
 ``make_latent`` with other weights while ``OTHER_WEIGHTS`` is set (the driver's own process: the identity check).
 """
 
@@ -34,6 +35,21 @@ _logged.version = "logged-caption-hash-1"  # type: ignore[attr-defined]
 
 def make_logged_text():
     return _logged
+
+
+def _batch_logged(captions: list[str]) -> torch.Tensor:
+    if captions and captions[0].startswith("LOG="):
+        with open(captions[0][4:].partition("|")[0], "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(f"{len(captions)}\n")
+    return caption_hash(captions)
+
+
+_batch_logged.version = "batch-logged-caption-hash-1"  # type: ignore[attr-defined]
+
+
+def make_batch_logged_text():
+    return _batch_logged
 
 
 def _fragile(captions: list[str]) -> torch.Tensor:

@@ -41,13 +41,13 @@ def test_models_are_stored_by_what_decides_the_outputs_and_read_back_by_a_rerun(
     cfg = JobConfig(models={"latent": f"{TOY}:make_latent", **{k: v for k, v in MODELS.items() if k == "text"}})
     assert [s.name for s in cfg.model_specs] == ["latent", "text"]
     assert cfg.to_dict()["models"]["text"] == {"fn": f"{TOY}:make_text", "input": "text", "batch_size": 3,
-                                               "dtype": None, "device": "cpu"}
+                                               "dtype": None, "device": "cpu", "replicas": "auto"}
     stored = cfg.output_dict()
     assert stored["models"] == {"latent": {"fn": f"{TOY}:make_latent", "input": "image", "dtype": None},
                                 "text": {"fn": f"{TOY}:make_text", "input": "text", "dtype": None}}
     assert dataset_format_version(stored) == 6
     again = load_config(base=stored)
-    assert again.output_dict() == stored  # batch_size and device are how a model runs: a rerun may change them
+    assert again.output_dict() == stored  # batch_size, device, replicas: how a model runs; a rerun may change them
     config = tmp_path / "c.yaml"
     config.write_text(f"models:\n  latent: {{fn: '{TOY}:make_latent', batch_size: 64}}\n"
                       f"  text: {{fn: '{TOY}:make_text', input: text}}\n")
