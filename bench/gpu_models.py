@@ -2,8 +2,9 @@
 pre-decoded batches (goal: >= 0.8, issue "Model outputs as shards": the job keeps the model busy).
 
 - **The job**: ``preprocess run`` (local Ray, every core) over LAION-like tars (``bench.corpus``) at 256² with
-  ``models: {latent: bench.gpu_models:make_encoder}`` on the device; its rate is the run report's
-  ``processing_images_per_s`` (after start-up: Ray, the model loaded in every process that runs it).
+  ``models: {latent: bench.gpu_models:make_encoder}`` on the device (``replicas: auto``: one Ray actor per GPU,
+  fed by every core's decode tasks); its rate is the run report's ``processing_images_per_s`` (after start-up:
+  Ray, the replica's model loaded).
 - **The model alone**: the dataset that run wrote, its pixels in memory as uint8 batches (what the job hands the
   model), moved and run batch after batch, synchronised at the end.
 

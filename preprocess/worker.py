@@ -23,17 +23,14 @@ import re
 import time
 from collections.abc import Collection, Generator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
-import numpy as np
 
 from preprocess.config import JobConfig
 from preprocess.image.decode_watch import (Heartbeat, hang_if_test_member, hang_pattern_for_tests, hard_bound_s,
                                            stuck_reason)
 from preprocess.inputs.resolve import InputFingerprint
-from preprocess.models.loading import load_model
-from preprocess.models.model_config import ModelSpec
-from preprocess.models.outputs import ModelOutputs
+from preprocess.models.input_models import InputModels, ModelFeed
 from preprocess.image.jpeg_encode import stored_pixels
 from preprocess.inputs.kinds import SampleReader, samples_of, strip_kind_suffix
 from preprocess.inputs.raw_sample import InputExtent, RawSample, SampleProblem
@@ -42,14 +39,12 @@ from preprocess.image.transform import process_image
 from preprocess.image.versions import library_versions
 from shardio.errors import InputError, SampleError
 from shardio.failure_reasons import FailureCode
-from shardio.format import JPEG, YUV420, ShardEntry
-from shardio.format.yuv_shard import yuv420_to_rgb
-from shardio.read.jpeg_pixels import EncodedImages
+from shardio.format import ShardEntry
 from shardio.write.shard_writer import InputShardWriter
 from shardio.store.root import Place, open_input
 
 __all__ = ["InputResult", "InputProgress", "shard_stem", "process_input", "iter_process_input",
-           "parse_fields", "PROGRESS_EVERY", "ModelFeed"]
+           "parse_fields", "PROGRESS_EVERY"]
 
 # Samples between progress reports from a worker: often enough for a live images/s, rare enough to cost
 # nothing (one small message per ~0.1 s of decode at ~4 ms per image).
@@ -195,7 +190,7 @@ def iter_process_input(
     extent = InputExtent()  # a kind's reader says how far it is; a Python source's leaves it unset
     heartbeat = heartbeat or Heartbeat()
     # models: (preprocess.models): loaded once per process, run over each sample as the reader yields it.
-    models = _InputModels(cfg, input_path, model_feeds or {}) if cfg.model_specs else None
+    models = InputModels(cfg, input_path, model_feeds or {}) if cfg.model_specs else None
     bound_s = hard_bound_s(cfg.max_decode_seconds)
     hang_pattern = hang_pattern_for_tests()
     try:
@@ -252,131 +247,6 @@ def iter_process_input(
     result.shards = [asdict(e) for e in entries]
     result.elapsed_s = time.perf_counter() - started
     return result
-
-
-_IDENTITIES: dict[str, dict[str, Any]] = {}  # a model's fn -> its identity, in this process
-
-
-class ModelFeed(Protocol):
-    """Where one model runs over one input's samples: ``add`` each sample (raising the input's InputError once a
-    batch of it failed, or the model's ConfigError), ``end`` once, then ``take`` its outputs; ``abandon`` when the
-    input stops unfinished. ``identity``: the model's, where it runs; ``dtype``: its outputs' (after ``take``)."""
-
-    @property
-    def identity(self) -> dict[str, Any]: ...
-    @property
-    def dtype(self) -> str | None: ...
-
-    def add(self, index: int, item: Any, bucket: int) -> None: ...
-    def end(self) -> None: ...
-    def take(self) -> ModelOutputs: ...
-    def abandon(self) -> None: ...
-
-
-class _LocalModel:
-    """A model run here, in the task (``replicas: 0``): a ``ModelRunner`` of its own (on the device its spec
-    names) as a ``ModelFeed``. Torch is imported only here, so a task without such a model never loads it."""
-
-    def __init__(self, spec: ModelSpec, input_path: str) -> None:
-        from preprocess.models.identity import model_identity  # torch: a task running a model only
-        from preprocess.models.runner import ModelRunner
-
-        self.input = input_path
-        self.runner = ModelRunner(spec, load_model(spec))
-        # Digested once per process (a model is loaded once per process too): the driver refuses an input
-        # processed with another model than the one it identified (another node's copy).
-        if spec.fn not in _IDENTITIES:
-            _IDENTITIES[spec.fn] = model_identity(spec, load_model(spec)).to_dict()
-        self.identity = _IDENTITIES[spec.fn]
-
-    @property
-    def dtype(self) -> str | None:
-        return self.runner.dtype
-
-    def add(self, index: int, item: Any, bucket: int) -> None:
-        self.runner.add(self.input, index, item, bucket)
-        failure = self.runner.failure(self.input)
-        if failure is not None:  # nothing of the input will be stored: stop reading it
-            raise failure
-
-    def end(self) -> None:
-        self.runner.end_input(self.input)
-
-    def take(self) -> ModelOutputs:
-        return self.runner.finish().get(self.input) or ModelOutputs(self.input)
-
-    def abandon(self) -> None:
-        pass
-
-
-class _InputModels:
-    """The ``models:`` of ``cfg`` over one input's samples, each where it runs (``model_feeds`` for a model with
-    replicas, else ``_LocalModel``): each sample given as the reader yields it (an image model: its stored pixels,
-    uint8 [h, w, 3] of its bucket, decoded back from the stored JPEG or yuv420 planes for those encodings; a text
-    model: its caption, "" without one), and its outputs gathered per shard at the end."""
-
-    def __init__(self, cfg: JobConfig, input_path: str, model_feeds: Mapping[str, ModelFeed]) -> None:
-        self.cfg, self.input = cfg, input_path
-        self.models: list[tuple[ModelSpec, ModelFeed]] = [
-            (spec, model_feeds[spec.name] if spec.name in model_feeds else _LocalModel(spec, input_path))
-            for spec in cfg.model_specs]
-        self.identities = {spec.name: model.identity for spec, model in self.models}
-        self.rows: dict[str, list[int]] = {}  # a shard's pixel file -> the indices of its samples, in order
-        self.shapes: dict[str, dict[int, list[int]]] = {spec.name: {} for spec in cfg.model_specs}
-        self.dtypes: dict[str, str | None] = {}  # an output's torch dtype, once a sample of this input has one
-
-    def add(self, index: int, stored: np.ndarray | bytes, caption: str | None, bucket: int, shard: str) -> None:
-        self.rows.setdefault(shard, []).append(index)
-        pixels = None
-        for spec, model in self.models:
-            if spec.input == "text":
-                model.add(index, caption or "", bucket)
-            else:
-                if pixels is None:
-                    pixels = self._pixels(stored, bucket)
-                model.add(index, pixels, bucket)
-
-    def _pixels(self, stored: np.ndarray | bytes, bucket: int) -> np.ndarray:
-        """What the reader yields for a sample stored as ``stored``."""
-        height, width = self.cfg.shapes[bucket]
-        if self.cfg.encoding == JPEG:
-            return EncodedImages([stored], height, width, [(self.input, 0, 1)]).decode()[0]
-        if self.cfg.encoding == YUV420:
-            return yuv420_to_rgb(np.asarray(stored), height, width)
-        pixels = np.asarray(stored)
-        return pixels if pixels.flags.writeable else pixels.copy()  # torch takes no read-only array
-
-    def finish(self) -> dict[str, list[tuple[str, np.ndarray]]]:
-        """Every model run over the rest of its samples: each shard's (name, values) in the config's order;
-        the input's InputError when a model raised on a batch of it."""
-        for _, model in self.models:  # every model ended before any is waited for: no replica waits on another
-            model.end()
-        values: list[dict[int, np.ndarray]] = []
-        for spec, model in self.models:
-            done = model.take()
-            if done.failure is not None:
-                raise done.failure
-            by_index = dict(zip(done.indices, done.values))
-            for index, bucket in zip(done.indices, done.buckets):
-                self.shapes[spec.name].setdefault(bucket, list(by_index[index].shape))
-            if done.values:
-                self.dtypes[spec.name] = model.dtype
-            values.append(by_index)
-        return {shard: [(spec.name, np.stack([found[i] for i in rows]))
-                        for (spec, _), found in zip(self.models, values)]
-                for shard, rows in self.rows.items()}
-
-    def abandon(self) -> None:
-        """The input stops unfinished: its samples are forgotten where its models run."""
-        for _, model in self.models:
-            model.abandon()
-
-    def summary(self) -> list[dict[str, Any]]:
-        """``InputResult.outputs``: each output's dtype and the shapes of the buckets its samples reached."""
-        return [{"name": spec.name, "input": spec.input, "identity": self.identities[spec.name],
-                 "dtype": self.dtypes.get(spec.name),
-                 "shapes": [[bucket, shape] for bucket, shape in sorted(self.shapes[spec.name].items())]}
-                for spec in self.cfg.model_specs]
 
 
 def _decode(sample: RawSample, input_path: str, cfg: JobConfig, result: InputResult) -> dict[str, Any] | None:

@@ -112,7 +112,8 @@ the job from exactly what a reader yields (an image model: the stored pixels of 
 [h, w, 3], decoded back for ``jpeg`` and ``yuv420``; a text model: the caption), stored in the dtype its model
 returned, so a batch of it is a slice of a memory map as raw pixels are. What changes against version 5:
 
-- The config keeps ``models`` (each output's ``fn``, ``input``, ``batch_size``, ``dtype``, ``device``), so
+- The config keeps ``models`` (each output's ``fn``, ``input`` and ``dtype``: what it stores; ``batch_size``,
+  ``device`` and ``replicas`` say how a run runs it and are not kept), so
   ``config_hash`` fixes the list; a config without models stores no ``models`` key (its bytes and hash are what
   they were before outputs existed).
 - The root has ``outputs`` (after ``classes``): a list, in the config's order, of ``{name, input, dtype,

@@ -211,8 +211,10 @@ def test_compatibility_bases_are_kept():
 # dependencies (obstore, boto3, xxhash, lightning, PIL, ray, typer...) are third-party: not checked here.
 LAZY_FIRST_PARTY = {
     ("shardio.tools.commands", "shardio.tools.loader_bench"): "imports torch (~1 s): only `shardio bench` pays for it",
-    ("preprocess.worker", "preprocess.models.runner"): "imports torch (~1 s): only a run with `models:` pays for it",
-    ("preprocess.worker", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
+    ("preprocess.models.input_models", "preprocess.models.runner"):
+        "imports torch (~1 s): only a task running a model itself (replicas: 0) pays for it",
+    ("preprocess.models.input_models", "preprocess.models.identity"):
+        "imports torch (~1 s): only a task running a model itself (replicas: 0) pays for it",
     ("preprocess.job", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
     ("preprocess.models.replicas", "preprocess.models.replica_core"): "imports torch (~1 s): only a replica's process "
                                                                       "pays for it, never a task or the driver",
