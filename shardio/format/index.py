@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import struct
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
 from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, check_output_digests, outputs_json, root_outputs
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import root_classes, root_dataset_id, root_generation, root_name_fence, root_shape
+from shardio.format.segment_columns import npz_arrays
 from shardio.format.spec import FORMAT_NAME, INDEX_DIR
 
 FENCE_MEMBER = "fence"
@@ -188,19 +190,18 @@ def segment_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def decode_segment(data: bytes, path: str) -> Delta:
     """The delta a segment's bytes say; ShardFormatError naming ``path`` for anything malformed."""
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            names = _read_strings(z, "input_name")
-            etags = _read_strings(z, "input_etag")
-            paths, meta_paths = _read_strings(z, "shard_path"), _read_strings(z, "shard_meta_path")
-            removed = set(_read_strings(z, "removed"))
-            columns = {k: z[k] for k in ("input_size", "input_mtime_ns", "input_samples", "input_failed",
-                                         "input_listed", "input_first_shard", "shard_samples", "shard_bytes",
-                                         "shard_meta_bytes", "shard_algorithm", "shard_digest",
-                                         "shard_meta_digest")}
-            bucketed = BUCKET_COLUMN in z.files
-            buckets = z[BUCKET_COLUMN] if bucketed else np.zeros(len(paths), np.uint16)
-            output_column = z[OUTPUT_DIGEST_COLUMN] if OUTPUT_DIGEST_COLUMN in z.files else None
-    except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        z = npz_arrays(data)
+        names = _read_strings(z, "input_name")
+        etags = _read_strings(z, "input_etag")
+        paths, meta_paths = _read_strings(z, "shard_path"), _read_strings(z, "shard_meta_path")
+        removed = set(_read_strings(z, "removed"))
+        columns = {k: z[k] for k in ("input_size", "input_mtime_ns", "input_samples", "input_failed",
+                                     "input_listed", "input_first_shard", "shard_samples", "shard_bytes",
+                                     "shard_meta_bytes", "shard_algorithm", "shard_digest", "shard_meta_digest")}
+        bucketed = BUCKET_COLUMN in z
+        buckets = z[BUCKET_COLUMN] if bucketed else np.zeros(len(paths), np.uint16)
+        output_column = z.get(OUTPUT_DIGEST_COLUMN)
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError, struct.error) as e:
         raise ShardFormatError(f"{path}: not a readable index segment ({type(e).__name__}: {e})") from e
     first = columns["input_first_shard"]
     if len(first) != len(names) + 1 or first[0] != 0 or first[-1] != len(paths) or np.any(np.diff(first) < 0):

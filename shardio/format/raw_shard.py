@@ -3,13 +3,21 @@ bytes, so a shard's exact size follows from its sample count and one ``stat`` ca
 
 from __future__ import annotations
 
-import ast
+import re
 from typing import Any
 
 from shardio.errors import ShardFormatError
 from shardio.format.spec import HEADER_BYTES, NPY_MAGIC
 
-__all__ = ["fixed_npy_header", "npy_header_fields", "npy_header", "shard_nbytes", "parse_npy_header"]
+__all__ = ["fixed_npy_header", "npy_header_fields", "npy_header", "shard_nbytes", "parse_npy_header",
+           "npy_header_dict"]
+
+# A .npy header's dictionary, read without ``ast``: CPython 3.11 keeps the AST builder's recursion depth in state
+# all threads share, and a header parsed in one thread while another compiles (a module imported for the first
+# time, from source: a fresh checkout has no .pyc) fails with "SystemError: AST constructor recursion depth
+# mismatch". The grammar is the one numpy writes: {'descr': STR, 'fortran_order': BOOL, 'shape': (INT, ...), }.
+_VALUE = r"""'[^'\\]*'|True|False|\(\s*(?:\d+\s*,\s*)*(?:\d+\s*)?\)"""  # a str, a bool, a tuple of ints
+_ENTRY = re.compile(r"\s*'(descr|fortran_order|shape)'\s*:\s*(" + _VALUE + r")\s*(,|\})")
 
 
 def fixed_npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
@@ -32,12 +40,43 @@ def npy_header_fields(header: bytes, path: str, what: str, hint: str, header_nam
         raise ShardFormatError(f"{path}: not {what} (no .npy v1.0 magic in the first {HEADER_BYTES} bytes); "
                                f"HINT: {hint}")
     try:
-        meta = ast.literal_eval(header[10:HEADER_BYTES].decode("latin1").strip())
-        meta["shape"] = tuple(meta["shape"])
-        _ = meta["descr"], meta["fortran_order"]  # each present, or KeyError
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        return npy_header_dict(header[10:HEADER_BYTES].decode("latin1"))
+    except ValueError as e:
         raise ShardFormatError(f"{path}: unreadable {header_name}: {e}") from e
-    return meta
+
+
+def npy_header_dict(text: str) -> dict[str, Any]:
+    """A .npy header's dictionary (``descr`` str, ``fortran_order`` bool, ``shape`` tuple of ints), each key
+    once and all three present; ValueError for anything else (a structured dtype's list ``descr`` included:
+    no shardio file has one)."""
+    body = text.strip()
+    if not body.startswith("{"):
+        raise ValueError(f"the header {body[:40]!r} is not a dictionary")
+    found: dict[str, Any] = {}
+    at, end = 1, len(body)
+    while at < end:
+        match = _ENTRY.match(body, at)
+        if match is None:
+            if body[at:].strip() == "}":  # the closing brace after a trailing comma
+                at = end
+                break
+            raise ValueError(f"the header {body[:80]!r} is not descr, fortran_order and shape")
+        key, value, after = match.groups()
+        if key in found:
+            raise ValueError(f"the header names {key} twice")
+        if value.startswith("'"):
+            found[key] = value[1:-1]
+        elif value.startswith("("):
+            found[key] = tuple(int(d) for d in value[1:-1].replace(",", " ").split())
+        else:
+            found[key] = value == "True"
+        at = match.end()
+        if after == "}":
+            break
+    kinds = {"descr": str, "fortran_order": bool, "shape": tuple}
+    if body[at:].strip() or set(found) != set(kinds) or any(not isinstance(found[k], t) for k, t in kinds.items()):
+        raise ValueError(f"the header {body[:80]!r} is not descr, fortran_order and shape")
+    return found
 
 
 def npy_header(count: int, height: int, width: int) -> bytes:

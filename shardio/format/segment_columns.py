@@ -20,6 +20,7 @@ import numpy as np
 
 from shardio.errors import ShardFormatError, ShardIntegrityError
 from shardio.format.model_outputs import OUTPUT_DIGEST_COLUMN, check_output_digests
+from shardio.format.raw_shard import npy_header_dict
 from shardio.format.string_hashes import fnv1a
 
 __all__ = ["SegmentColumns", "BUCKET_COLUMN", "map_segment", "segment_from_bytes", "check_segment"]
@@ -119,13 +120,7 @@ class SegmentColumns:
             raise ValueError(f"member {info.filename}: no local header at {info.header_offset}")
         start = info.header_offset + _LOCAL_HEADER.size + header[9] + header[10]
         stream = io.BytesIO(bytes(memoryview(self.buffer)[start:start + min(info.file_size, 4096)]))
-        version = np.lib.format.read_magic(stream)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read_header:
-            raise ValueError(f"member {info.filename}: .npy version {version}")
-        shape, fortran, dtype = read_header[version](stream, max_header_size=4096)
-        if dtype.hasobject or fortran:
-            raise ValueError(f"member {info.filename}: dtype {dtype} / fortran order (a segment holds plain arrays)")
+        shape, dtype = read_npy_header(stream, info.filename)
         count = int(np.prod(shape))
         offset = start + stream.tell()
         if offset + count * dtype.itemsize > start + info.file_size:
@@ -263,3 +258,39 @@ def _check(path: str, size: int, digest: str, expected_bytes: int, expected_name
         raise ShardIntegrityError(f"{path}: {size} bytes with sha256 {digest}; the root says {expected_bytes} bytes "
                                   f"and sha256 {expected_name} (corrupt or truncated): HINT: `preprocess verify DIR "
                                   "--repair` restores a kept generation")
+
+
+def read_npy_header(stream: io.BytesIO, name: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """(shape, dtype) of the .npy member ``name`` whose bytes ``stream`` starts at, left at its data: a plain
+    C-order array of version 1.0 or 2.0. The header is read without ``ast`` (``npy_header_dict`` says why);
+    ValueError naming the member otherwise."""
+    version = np.lib.format.read_magic(stream)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"member {name}: .npy version {version}")
+    size = struct.unpack("<H" if version == (1, 0) else "<I", stream.read(2 if version == (1, 0) else 4))[0]
+    if size > 4096:
+        raise ValueError(f"member {name}: a header of {size} bytes")
+    try:
+        meta = npy_header_dict(stream.read(size).decode("latin1"))
+        dtype = np.dtype(meta["descr"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"member {name}: {e}") from e
+    if dtype.hasobject or meta["fortran_order"]:
+        raise ValueError(f"member {name}: dtype {dtype} / fortran order (a segment holds plain arrays)")
+    return meta["shape"], dtype
+
+
+def npz_arrays(data: bytes) -> dict[str, np.ndarray]:
+    """Every member of an ``.npz`` (stored or deflated), by name without ``.npy``, as a read-only array; what
+    ``np.load`` gives, without its ``ast`` header parse (``read_npy_header``)."""
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            raw = archive.read(info)
+            stream = io.BytesIO(raw)
+            shape, dtype = read_npy_header(stream, info.filename)
+            count = int(np.prod(shape))
+            if stream.tell() + count * dtype.itemsize > len(raw):
+                raise ValueError(f"member {info.filename}: its header claims more bytes than it holds")
+            arrays[info.filename.removesuffix(".npy")] = np.frombuffer(raw, dtype, count, stream.tell()).reshape(shape)
+    return arrays
