@@ -64,15 +64,16 @@ inputs in a fixed order (input path, then shard name): an interrupted-then-rerun
 byte the uninterrupted one. A dead run's tasks still finishing on a shared cluster can only rename
 identical bytes over a name, or leave unlisted files that the next run removes.
 
-Model outputs (``models:``, spec "Model outputs"): a run with inputs to process loads each model once in the
-driver and identifies it (``preprocess.models.identity``) before the output is touched; a model whose identity
-differs from the one the dataset records for its output is refused (``ConfigError``, exit 2, naming the output
-and both identities). The models run in the tasks (``preprocess.worker``), or, for a model with replicas (one
-per GPU of the cluster by default: ``preprocess.models.replicas``), in Ray actors the run starts once Ray is up,
-before any task, and kills at its end, however it ends; either way each input says which model ran it: an input
-processed with another model than the driver's (a node with another copy) fails, not committed. Each finished
-input's output dtypes and per-bucket shapes go into the root's ``outputs`` at its commit, where another dtype or
-another shape for a bucket is refused. A rerun with nothing to do loads no model.
+Model outputs (``models:``, spec "Model outputs"): a run loads each model once in the driver and identifies it
+(``preprocess.models.identity``) before the output is touched, a run with nothing new to do too (it would
+otherwise call a dataset made by another model up to date); a model whose identity differs from the one the
+dataset records for its output is refused (``ConfigError``, exit 2, naming the output and both identities), unless
+the run rewrites that output for every input (``--rewrite-output``: ``preprocess.rewrite``). The models run in the
+tasks (``preprocess.worker``), or, for a model with replicas (one per GPU of the cluster by default:
+``preprocess.models.replicas``), in Ray actors the run starts once Ray is up, before any task, and kills at its
+end, however it ends; either way each input says which model ran it: an input processed with another model than
+the driver's (a node with another copy) fails, not committed. Each finished input's output dtypes and per-bucket
+shapes go into the root's ``outputs`` at its commit, where another dtype or another shape for a bucket is refused.
 
 Disk full (ENOSPC / EDQUOT) in a worker or in the driver stops the run: finished inputs are committed if
 the manifest still fits, unlisted files are removed, and ``OutputFull`` says so; the dataset stays as of
