@@ -1,8 +1,9 @@
 """``models:`` with ``replicas:`` through the job (Ray): the models run in Ray actors fed by the tasks, and the
 dataset is the one the tasks' own models write, byte for byte; one replica batches the samples of several
 inputs together; a task Ray runs again after its worker died gives the replica its samples once; a broken
-contract stops the run with the tasks' message; a raising batch fails its inputs only; a run that ends, however,
-kills its replicas. On this cluster (no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
+contract stops the run with the tasks' message (a raising batch failing its input only is in
+test_job_models.py, with and without replicas); a run that ends, however, kills its replicas. On this cluster
+(no GPU) ``replicas: auto`` is 0: the tests ask for replicas explicitly."""
 
 from __future__ import annotations
 
@@ -174,28 +175,6 @@ def test_a_model_breaking_its_contract_in_a_replica_stops_the_run_as_in_a_task(r
     assert outputs[2] == outputs[0] and outputs[0], outputs
     assert len(killed) == 2, "a replica outlived the run it stopped"
     assert "models: text: the model returned [2, 8] for a batch of 3 samples" in outputs[0][0]
-
-
-def test_a_model_raising_on_a_batch_in_a_replica_fails_that_input_only(ray_cluster, tars, tmp_path):
-    """Two inputs, two replicas: each input is batched alone (input i feeds replica i mod 2), so the batch that
-    raises holds the second input's samples only."""
-    pattern = make_tars(tars, [4, 3], caption=lambda index: "explode" if index == 5 else f"caption {index}")
-    config = write_config(tmp_path / "c.yaml", {"latent": {**LATENT, "replicas": 2},
-                                                "text": {"fn": f"{JOB}:make_fragile_text", "input": "text",
-                                                         "replicas": 2}})
-    out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
-    result = run(pattern, "--output", out, "--config", config, "--size", "16", "--samples-per-shard", "2",
-                 "--report", report)
-    assert result.exit_code == 1, result.output
-    doc = json.load(open(report))
-    assert [os.path.basename(p) for p in doc["inputs_processed"]] == ["00.tar"]
-    (failed,) = doc["inputs_failed"]
-    assert failed["input"].endswith("01.tar") and "text" in failed["reason"] and "exploded" in failed["reason"]
-    assert "fingerprint" not in failed  # not the bytes' own failure: a rerun tries it again
-    assert {os.path.basename(s.input) for s in load_manifest(out).shards} == {"00.tar"}
-    names = os.listdir(os.path.join(out, "shards"))
-    assert not [n for n in names if n.startswith("01-")], f"the failed input left files: {names}"
-    assert check_outputs(out) == 4
 
 
 def test_a_bad_replicas_is_refused_before_anything_is_touched(tars, tmp_path):

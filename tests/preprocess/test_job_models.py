@@ -228,10 +228,14 @@ def test_an_input_processed_with_another_model_than_the_drivers_is_not_committed
     assert_clean(out)
 
 
-def test_a_model_raising_on_a_batch_fails_that_input_only(ray_cluster, tars, tmp_path):
+@pytest.mark.parametrize("replicas", [0, 2], ids=["in-the-tasks", "in-two-replicas"])
+def test_a_model_raising_on_a_batch_fails_that_input_only(replicas, ray_cluster, tars, tmp_path):
+    """With two replicas each input is batched alone (input i feeds replica i mod 2), so the batch that raises
+    holds the second input's samples only, as in the tasks."""
     pattern = make_tars(tars, [4, 3], caption=lambda index: "explode" if index == 5 else f"caption {index}")
-    config = write_config(tmp_path / "c.yaml", {"latent": LATENT, "text": {"fn": f"{JOB}:make_fragile_text",
-                                                                           "input": "text"}})
+    config = write_config(tmp_path / "c.yaml", {"latent": {**LATENT, "replicas": replicas},
+                                                "text": {"fn": f"{JOB}:make_fragile_text", "input": "text",
+                                                         "replicas": replicas}})
     out, report = str(tmp_path / "out"), str(tmp_path / "report.json")
     result = run(pattern, "--output", out, "--config", config, "--size", "16", "--samples-per-shard", "2",
                  "--report", report)
