@@ -33,7 +33,8 @@ except ImportError:  # not on Windows, which has no pread for the extension eith
 
 from shardio.format.model_outputs import OutputSpec
 from shardio.format.spec import NONE
-from shardio.read.gather import ShardFile, gather, gather_started, native, read_started, will_need
+from shardio.read.gather import (ShardFile, gather, gather_started, native, nothing_to_wait_for, read_started,
+                                 will_need)
 from shardio.read.jpeg_pixels import EncodedImages, JpegPixels, check_decoded_bytes, decode_batch
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.shard_meta import rows_columns
@@ -89,10 +90,6 @@ def has_content_box(snapshot: DatasetSnapshot) -> bool:
     """Whether every batch of this dataset carries ``content_box``: decided once from the manifest's
     config (``mode: pad``), never from the shards a batch happens to touch (one schema per dataset)."""
     return isinstance(snapshot.manifest.config, dict) and snapshot.manifest.config.get("mode") == "pad"
-
-
-def _nothing_to_wait_for() -> None:
-    """``assemble``'s wait where no copy was started."""
 
 
 class BatchAssembler:
@@ -218,7 +215,7 @@ class BatchAssembler:
             raise ValueError(f"{self.snapshot.directory}: encoded batches are for JPEG datasets "
                              "(encoding: jpeg) and yuv420 ones; this one is raw")
         image: torch.Tensor | EncodedImages | YuvPlanes | None
-        copied = _nothing_to_wait_for  # a copy from the maps runs while the metadata is built: waited for below
+        copied = nothing_to_wait_for  # a copy from the maps runs while the metadata is built: waited for below
         if not self.pixels_kept:
             image = None
         elif encoded and jpeg:

@@ -65,7 +65,8 @@ try:
 except ImportError:  # optional, like the JPEG decoder: setup.py builds it where a C compiler exists
     _gather = None
 
-__all__ = ["ShardFile", "gather", "gather_started", "native", "read", "read_started", "will_need"]
+__all__ = ["ShardFile", "gather", "gather_started", "native", "nothing_to_wait_for", "read", "read_started",
+           "will_need"]
 
 
 def native() -> bool:
@@ -90,11 +91,11 @@ def gather_started(pieces: Sequence[np.ndarray], out: np.ndarray, threads: int =
     if _gather is not None:
         return _gather.gather_start(pieces, out, threads).wait
     _gather_numpy(pieces, out)
-    return _copied
+    return nothing_to_wait_for
 
 
-def _copied() -> None:
-    """What ``gather_started`` returns where it copied at once: nothing to wait for."""
+def nothing_to_wait_for() -> None:
+    """The wait of a copy already done (``gather_started`` without the extension), or of none started."""
 
 
 def _gather_numpy(pieces: Sequence[np.ndarray], out: np.ndarray) -> None:
