@@ -219,9 +219,7 @@ def stream_inputs(
     try:
         while next_item < len(queue) or running:
             if should_stop():
-                for generator in running:
-                    ray.cancel(generator)
-                return
+                return  # the tasks still running are cancelled below
             while next_item < len(queue) and len(running) < limit:
                 path, fingerprint = queue[next_item]
                 queue[next_item] = None  # type: ignore[call-overload]  # not needed again: let it go
@@ -268,6 +266,6 @@ def stream_inputs(
                 if isinstance(message, Progress) and (event := attempts.see(message)) is not None:
                     yield event
                 yield message
-    finally:  # the consumer stopped (an error, a stop): no task keeps running for a run that is over
+    finally:  # asked to stop, or the consumer stopped (an error): no task keeps running for a run that is over
         for generator in running:
             ray.cancel(generator)
