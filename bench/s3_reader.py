@@ -46,7 +46,7 @@ __all__ = ["CacheSizeSampler", "reader_rows"]
 
 BATCH = 256
 try:  # the cache's own number of download threads, so this row measures what the reader does
-    from shardio.read.cache.shard_cache import DOWNLOAD_THREADS
+    from shardio.read.cache.cache_units import DOWNLOAD_THREADS
 except ImportError:
     DOWNLOAD_THREADS = 4
 BOUNDED_MIN_SHARDS = 9  # the default shuffle window (8 shards) and one ahead

@@ -96,9 +96,9 @@ from preprocess.committed import Committed, check_compatible, read_committed
 from preprocess.config import JobConfig
 from preprocess.inputs.kinds import SampleReader
 from preprocess.inputs.resolve import InputFingerprint
-from preprocess.models.loading import load_model
+from preprocess.models.recorded_outputs import check_worker_models, fold_outputs, identify_models, made_by
 from preprocess.models.replicas import start_replicas
-from preprocess.plan import plan_inputs
+from preprocess.plan import check_prune, plan_inputs
 from preprocess.rewrite import check_rewrite, config_to_compare, new_fence, rewrite_todo
 from preprocess.cluster.ray_cluster import check_cluster_address, check_cluster_build, ray_session
 from preprocess.cluster.ray_tasks import Progress, StuckDecode, TaskEvent, stream_inputs
@@ -111,10 +111,9 @@ from shardio.write import directory as dataset_dir
 from shardio.store.local import is_disk_full
 from shardio.write.directory import Committer, drop_inputs
 from shardio.write.retention import Retention, collect
-from shardio.errors import (ConfigError, NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError,
+from shardio.errors import (NodeBuildMismatch, OutputFull, PruneRefused, RayUnavailable, ShardioError,
                             VersionDrift)
-from shardio.format import InputEntry, config_buckets, dataset_format_version
-from shardio.format.model_outputs import OutputSpec
+from shardio.format import config_buckets, dataset_format_version
 from shardio.store.root import DatasetRoot, open_root
 from shardio.format.manifests import DatasetIndex, load_index, read_root
 from shardio.format.run_report import RunReport, report_json
@@ -291,30 +290,14 @@ def _check_committed(run: _Run, committed: Committed) -> None:
 
 
 def _check_models(run: _Run, committed: Committed) -> None:
-    """Each model of ``models:`` loaded once here and identified (``preprocess.models.identity``); one whose
-    identity differs from the one the dataset records for its output is refused (ConfigError naming the output
-    and both identities) before anything is touched: its outputs would mix with the other model's. A model with
-    neither weights nor version is said in a warning (another model under the same name would go unnoticed)."""
-    specs = run.options.config.model_specs
-    if not specs:
-        return
-    from preprocess.models.identity import ModelIdentity, model_identity  # torch: a run with models only
-
-    recorded = {o.name: o.identity for o in getattr(committed.index, "outputs", ())}
-    for spec in specs:
-        identity = model_identity(spec, load_model(spec))
-        found = recorded.get(spec.name)
-        if found is not None and spec.name != run.options.rewrite_output and ModelIdentity.from_dict(found) != identity:
-            raise ConfigError(
-                f"{dataset_dir.manifest_path(run.root)}: models: {spec.name}: the dataset's outputs were made by "
-                f"{ModelIdentity.from_dict(found)}, this run's model is {identity}; outputs of two models never mix "
-                "in one dataset: use the dataset's model, or a new --output")
-        if identity.unversioned:
-            warning = (f"models: {spec.name}: {spec.fn} has no weights digest nor version string: a changed model "
-                       "under the same name would go unnoticed (give the callable a `version` attribute)")
-            run.report.warnings.append(warning)
-            run.emit("warning", warning)
-        run.identities[spec.name] = identity.to_dict()
+    """Each model loaded once and identified, one that is not the dataset's refused before anything is touched
+    (``identify_models``); a model with neither weights nor version is said in a warning."""
+    identities, warnings = identify_models(run.options.config.model_specs, getattr(committed.index, "outputs", ()),
+                                           run.options.rewrite_output, dataset_dir.manifest_path(run.root))
+    for warning in warnings:
+        run.report.warnings.append(warning)
+        run.emit("warning", warning)
+    run.identities.update(identities)
 
 
 def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
@@ -325,7 +308,7 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
     name = run.options.rewrite_output
-    if name is not None and _made_by(committed, name, run.identities[name]):
+    if name is not None and made_by(getattr(committed.index, "outputs", ()), name, run.identities[name]):
         # Already this model's (the rewrite done, a rerun of its command): a run as any other, nothing rewritten
         message = f"--rewrite-output {name}: the dataset's {name} is this model's already: nothing to rewrite"
         report.warnings.append(message)
@@ -340,15 +323,6 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     # the only set of paths
     to_prune = sorted(committed.inputs.keys() - set(resolved.paths)) if run.options.prune else []
     return _Work(planned.todo, to_prune, planned.skipped, remembered)
-
-
-def _made_by(committed: Committed, name: str, identity: dict[str, Any]) -> bool:
-    """Whether the dataset's output ``name`` is the model of ``identity``'s."""
-    from preprocess.models.identity import ModelIdentity  # torch: a run with models only
-
-    wanted = ModelIdentity.from_dict(identity)
-    return any(o.name == name and ModelIdentity.from_dict(o.identity) == wanted
-               for o in getattr(committed.index, "outputs", ()))
 
 
 def _answer_unchanged(run: _Run, index: DatasetIndex, work: _Work) -> None:
@@ -376,7 +350,7 @@ def _open_commit(run: _Run, committed: Committed, work: _Work) -> Committer:
                                                options.rewrite_output, run.identities[options.rewrite_output])
         committer.index.config = config_to_compare(committer.index.config, cfg.output_dict(), options.rewrite_output)
     if work.to_prune and not run.options.confirm_large_prune:
-        _check_prune(committed.inputs, committer.index.totals, work.to_prune, run.directory)
+        check_prune(committed.inputs, committer.index.totals, work.to_prune, run.directory)
     _note_foreign(run, dataset_dir.clean_after_runs(run.root, committed.index))
     for path in work.to_prune:
         committer.drop_input(path)
@@ -516,60 +490,15 @@ def fold_result(report: RunReport, committer: Committer, result: InputResult,
         # What the workers used, not the driver; the format version is the one this run writes.
         committer.index.versions = {**result.versions, "format_version": report.versions["format_version"]}
         if result.outputs:
-            _fold_outputs(committer, result, identities or {})
+            fold_outputs(committer, result, identities or {})
         _commit_input(committer, result)
         committer.maybe_commit()
-
-
-def _fold_outputs(committer: Committer, result: InputResult, identities: dict[str, dict[str, Any]]) -> None:
-    """An input's output dtypes and per-bucket shapes into the root's ``outputs``: a bucket's first shape is
-    recorded; another dtype, or another shape for a bucket that has one, is a ConfigError naming the output (the
-    model returns one per dataset and bucket). A new dataset's outputs are made from the first input with
-    samples (its dtypes are the models' own)."""
-    index = committer.index
-    buckets = len(index.buckets)
-    current = {o.name: o for o in index.outputs}
-    made: list[OutputSpec | None] = []
-    for info in result.outputs:
-        name, dtype = info["name"], info["dtype"]
-        output = current.get(name)
-        if output is not None and name in identities and output.identity != identities[name]:
-            # Only a rewrite's output gets here (any other model of another identity is refused first): its
-            # record starts anew from the new model's first input with samples (its dtype, its shapes).
-            output = None
-        if output is None and dtype is not None:
-            identity = identities.get(name) or info["identity"]  # the driver's; else what the worker ran
-            output = OutputSpec(name, info["input"], dtype, (None,) * buckets, identity)
-        if output is not None:
-            if dtype is not None and dtype != output.dtype:
-                raise ConfigError(f"models: {name}: the model returned {dtype} for {result.input}, the dataset's "
-                                  f"output is {output.dtype}: an output has one dtype (set dtype: to cast to one)")
-            for bucket, shape in info["shapes"]:
-                try:
-                    output = output.with_shape(bucket, shape)
-                except ValueError as e:
-                    raise ConfigError(f"models: {name}: {result.input}: {e}") from e
-        made.append(output)
-    if all(o is not None for o in made) and tuple(made) != index.outputs:
-        index.set_outputs(tuple(o for o in made if o is not None))
 
 
 def _commit_input(committer: Committer, result: InputResult) -> None:
     """List a finished input's shards; an object's entry also keeps the ETag it was read at."""
     committer.add_input(result.input, result.size, result.mtime_ns, result.shards, failed=len(result.failures),
                         etag=result.etag)
-
-
-def _check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_prune: list[str],
-                 directory: str) -> None:
-    """More than half of the inputs or samples: refuse unless confirmed (see the module docstring)."""
-    samples = sum(committed[p].samples for p in to_prune)
-    if 2 * len(to_prune) > len(committed) or 2 * samples > totals["samples"]:
-        raise PruneRefused(
-            f"{directory}: --prune would drop {len(to_prune)} of {len(committed)} committed inputs "
-            f"({samples} of {totals['samples']} samples), e.g. {to_prune[0]}; nothing was changed. If the inputs "
-            "really are gone, rerun with --confirm-large-prune; if not, check that the source is mounted"
-        )
 
 
 def _process(run: _Run, work: _Work, committer: Committer, files: list[str], reader: SampleReader | None) -> str | None:
@@ -614,7 +543,7 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
                     emit("warning", warning)
                     continue
                 _check_worker_build(message, expected_build)
-                _check_worker_models(message, run.identities)
+                check_worker_models(message, run.identities)
                 fold_result(report, committer, message, run.identities)
                 emit("input", message)
                 if message.error is not None and is_disk_full(message.error):
@@ -633,21 +562,6 @@ def _check_worker_build(result: InputResult, expected: dict[str, Any]) -> None:
         result.error = (f"processed on node {result.node} with other pixel libraries than the run's ({diff}); "
                         "not committed: install the same build on that node and rerun")
         result.shards, result.failures = [], []
-
-
-def _check_worker_models(result: InputResult, identities: dict[str, dict[str, Any]]) -> None:
-    """An input whose models were not the ones the driver identified (a node with another copy of a model's code
-    or weights) fails instead of being committed: its outputs would mix two models."""
-    if result.error is not None:
-        return
-    for output in result.outputs:
-        expected = identities.get(output["name"])
-        if expected is not None and output.get("identity") != expected:
-            result.error = (f"processed on node {result.node} with another model for output {output['name']!r} "
-                            f"({output.get('identity')}) than the run's ({expected}); not committed: install the "
-                            "same model on every node and rerun")
-            result.shards, result.failures = [], []
-            return
 
 
 def _stop_on_full_disk(run: _Run, reason: str) -> None:

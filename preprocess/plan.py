@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from preprocess.inputs.resolve import InputFingerprint, ResolvedInputs
-from shardio.errors import OutputUnusable
+from shardio.errors import OutputUnusable, PruneRefused
 from shardio.format import InputEntry
 from shardio.format.run_report import NAMED_SKIPPED
 from shardio.store.root import Place, open_root
 
-__all__ = ["Plan", "plan_inputs", "largest_first_key", "check_output_apart"]
+__all__ = ["Plan", "plan_inputs", "largest_first_key", "check_output_apart", "check_prune"]
 
 
 @dataclass
@@ -102,3 +102,17 @@ def _comparable(path: str, fingerprint: InputFingerprint) -> str:
     """``path`` as the output is compared with it: a local one with its links resolved, a URL as it is (an
     object's fingerprint carries its ETag, a local file's none: ``_same_input``'s rule)."""
     return path.rstrip("/") if fingerprint.etag else os.path.realpath(path)
+
+
+def check_prune(committed: dict[str, InputEntry], totals: dict[str, int], to_prune: list[str],
+                 directory: str) -> None:
+    """``--prune`` dropping more than half of the committed inputs or samples is refused (``PruneRefused``,
+    before anything is touched) unless confirmed: an input list that shrank by accident (a source mount half
+    down) must not empty a dataset."""
+    samples = sum(committed[p].samples for p in to_prune)
+    if 2 * len(to_prune) > len(committed) or 2 * samples > totals["samples"]:
+        raise PruneRefused(
+            f"{directory}: --prune would drop {len(to_prune)} of {len(committed)} committed inputs "
+            f"({samples} of {totals['samples']} samples), e.g. {to_prune[0]}; nothing was changed. If the inputs "
+            "really are gone, rerun with --confirm-large-prune; if not, check that the source is mounted"
+        )

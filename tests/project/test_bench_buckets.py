@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from bench import buckets as bench_buckets
-from bench.run import _bucket_figures
+from bench.run_figures import _bucket_figures
 from preprocess.config import JobConfig
 from shardio.format.manifests import load_index
 from tests.tar_factory import index_image, jpeg_bytes

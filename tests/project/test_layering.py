@@ -215,7 +215,8 @@ LAZY_FIRST_PARTY = {
         "imports torch (~1 s): only a task running a model itself (replicas: 0) pays for it",
     ("preprocess.models.input_models", "preprocess.models.identity"):
         "imports torch (~1 s): only a task running a model itself (replicas: 0) pays for it",
-    ("preprocess.job", "preprocess.models.identity"): "imports torch (~1 s): only a run with `models:` pays for it",
+    ("preprocess.models.recorded_outputs", "preprocess.models.identity"):
+        "imports torch (~1 s): only a run with `models:` pays for it",
     ("preprocess.models.replicas", "preprocess.models.replica_core"): "imports torch (~1 s): only a replica's process "
                                                                       "pays for it, never a task or the driver",
 }

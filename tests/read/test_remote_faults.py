@@ -6,10 +6,10 @@ never a wrong pixel). And four rank processes sharing one ``cache_dir`` GET each
 proxy.
 
 The shards are a few KB and the download's pieces are made 2 KB here, so every shard is fetched in several
-ranged GETs at once (``shardio.store.object_store``: the pieces, the fetch threads) and a fault can land on
+ranged GETs at once (``shardio.store.piece_download``: the pieces, the fetch threads) and a fault can land on
 any of them. The faults are counted requests, not timings: a test waits on nothing but the outcome. The
 failing cases shorten obstore's retries (a few seconds instead of a minute) so the bound is quick to check;
-the bound itself is the module docstring of ``shardio.store.object_store``.
+the bound itself is the module docstring of ``shardio.store.piece_download``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from shardio.errors import ShardError
 from shardio.format.manifests import load_manifest
 from shardio.read.dataset import ShardDataset
-from shardio.store import backends, object_store
+from shardio.store import backends, object_store, piece_download
 from tests.dataset_fixtures import indices, make_dataset
 from tests.fault_proxy import FaultProxy, proxied_env, proxy_for, shorten_retries
 
@@ -49,7 +49,7 @@ def through_proxy(cloud_bucket, local, tmp_path, monkeypatch) -> Any:
     for name, value in proxied_env(cloud_bucket.server, proxy, str(tmp_path)).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(backends, "_OPEN", {})  # a new client, which reads the variables above
-    monkeypatch.setattr(object_store, "PIECE_BYTES", 2048)
+    monkeypatch.setattr(piece_download, "PIECE_BYTES", 2048)
     yield url, proxy
     proxy.close()
 

@@ -571,7 +571,7 @@ def test_twins_under_a_tight_limit_read_right_and_stay_under_it(twins, tmp_path)
 
 
 def test_the_download_threads_come_from_the_environment_or_the_default(monkeypatch):
-    from shardio.read.cache.shard_cache import DOWNLOAD_THREADS, download_threads
+    from shardio.read.cache.cache_units import DOWNLOAD_THREADS, download_threads
 
     monkeypatch.delenv("SHARDIO_DOWNLOAD_THREADS", raising=False)
     assert download_threads() == DOWNLOAD_THREADS
@@ -584,7 +584,7 @@ def test_the_download_threads_come_from_the_environment_or_the_default(monkeypat
 
 
 def test_small_shards_get_more_download_threads_set_by_bytes_in_flight(monkeypatch):
-    from shardio.read.cache.shard_cache import (DOWNLOAD_BYTES_IN_FLIGHT, DOWNLOAD_THREADS, MAX_DOWNLOAD_THREADS,
+    from shardio.read.cache.cache_units import (DOWNLOAD_BYTES_IN_FLIGHT, DOWNLOAD_THREADS, MAX_DOWNLOAD_THREADS,
                                                 download_threads)
 
     monkeypatch.delenv("SHARDIO_DOWNLOAD_THREADS", raising=False)

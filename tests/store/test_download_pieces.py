@@ -1,4 +1,4 @@
-"""``Storage.download`` on every cloud (``shardio.store.object_store``): the object fetched in pieces at
+"""``Storage.download`` on every cloud (``shardio.store.piece_download``): the object fetched in pieces at
 once, written at their offsets, byte for byte what was uploaded at every size around the piece size (empty,
 one byte, a piece less one, a piece, a piece and one, several), its checksum the file's; a missing object is
 ``FileNotFoundError``; a download that fails leaves an empty file, never one of the right size with a hole."""
@@ -10,7 +10,7 @@ import os
 import pytest
 
 from shardio.errors import StorageUnavailable
-from shardio.store import backends, object_store
+from shardio.store import backends, piece_download
 from shardio.store.checksum import file_checksum
 from tests.fault_proxy import proxied_env, proxy_for, shorten_retries
 
@@ -19,7 +19,7 @@ PIECE = 1024
 
 @pytest.fixture
 def small_pieces(monkeypatch) -> None:
-    monkeypatch.setattr(object_store, "PIECE_BYTES", PIECE)
+    monkeypatch.setattr(piece_download, "PIECE_BYTES", PIECE)
 
 
 def test_every_size_downloads_byte_for_byte(cloud_bucket, tmp_path, small_pieces):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from shardio.read.cache.cache_dir import CacheDir, CachedShard, Downloader
-from shardio.read.cache.cache_units import ShardUnits, unit_algorithms, unit_sizes
+from shardio.read.cache.cache_units import ShardUnits, download_threads, largest_two, unit_algorithms, unit_sizes
 from shardio.store.checksum import require
 from shardio.errors import ShardError
 from shardio.format import HEADER_BYTES
@@ -70,31 +70,6 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-# Parallel downloads: on the loopback server 4 threads fetched 438 MB/s and 8 fetched 652 MB/s, against
-# 881 MB/s of raw GETs into memory (bench.object_store). A large shard is fetched by many connections at once
-# anyway (the store's fetch threads: ``shardio.store.object_store``); small shards are one request each, so
-# their number in flight is set by bytes: as many threads as shards of the mean size make
-# ``DOWNLOAD_BYTES_IN_FLIGHT`` (a 2 MB JPEG shard: 32), never fewer than ``DOWNLOAD_THREADS`` nor more than
-# ``MAX_DOWNLOAD_THREADS``.
-DOWNLOAD_THREADS = 8
-DOWNLOAD_BYTES_IN_FLIGHT = 64 << 20
-MAX_DOWNLOAD_THREADS = 32
-
-
-def download_threads(unit_bytes: int | None = None) -> int:
-    """Parallel downloads of a cache: ``SHARDIO_DOWNLOAD_THREADS``, else enough for
-    ``DOWNLOAD_BYTES_IN_FLIGHT`` of units of ``unit_bytes`` (their mean size) within ``DOWNLOAD_THREADS`` ..
-    ``MAX_DOWNLOAD_THREADS``; ``DOWNLOAD_THREADS`` when the size is not given."""
-    configured = os.environ.get("SHARDIO_DOWNLOAD_THREADS", "").strip()
-    if not configured:
-        if not unit_bytes:
-            return DOWNLOAD_THREADS
-        return max(DOWNLOAD_THREADS, min(MAX_DOWNLOAD_THREADS, DOWNLOAD_BYTES_IN_FLIGHT // unit_bytes))
-    if not configured.isdigit() or int(configured) < 1:
-        raise ValueError(f"SHARDIO_DOWNLOAD_THREADS={configured!r}: a whole number of threads, at least 1")
-    return int(configured)
-
-
 class ShardCache:
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
     ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``,
@@ -115,7 +90,7 @@ class ShardCache:
         sizes = unit_sizes(self.units)
         self.dataset_bytes = int(sizes.sum())  # every unit's bytes: a limit of at least this holds them all
         self.threads = download_threads(self.dataset_bytes // max(1, len(sizes))) if threads is None else threads
-        self.largest_sizes = _largest_two(sizes)  # the largest unit sizes, largest first
+        self.largest_sizes = largest_two(sizes)  # the largest unit sizes, largest first
         self._check_limit()
         for algorithm in sorted(unit_algorithms(self.units)):
             require(algorithm)  # every download is checked: a missing xxhash fails here, not in a thread
@@ -256,8 +231,7 @@ class ShardCache:
                 return np.empty((0, height, width, 3), np.uint8)
             mapped = np.memmap(self.path(unit.key), dtype=np.uint8, mode="c", offset=HEADER_BYTES,
                                shape=(unit.samples, height, width, 3))
-            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
-            weakref.finalize(mapped._mmap, self._released.append, unit.key).atexit = False
+            self._hold_map(unit.key, mapped._mmap)
         return mapped
 
     def jpeg_pixels(self, shard: int) -> JpegPixels:
@@ -268,8 +242,7 @@ class ShardCache:
         with self._cond:  # held from the check to the map: no eviction in between
             self._acquire(unit)
             mapped = map_jpeg_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)
-            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
-            weakref.finalize(mapped.data._mmap, self._released.append, unit.key).atexit = False
+            self._hold_map(unit.key, mapped.data._mmap)
         return mapped
 
     def yuv_pixels(self, shard: int) -> YuvPixels:
@@ -282,8 +255,7 @@ class ShardCache:
             mapped = map_yuv_shard(unit.npy_url, self.path(unit.key), unit.samples, height, width)
             if unit.samples == 0:
                 return mapped
-            self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
-            weakref.finalize(mapped.planes._mmap, self._released.append, unit.key).atexit = False
+            self._hold_map(unit.key, mapped.planes._mmap)
         return mapped
 
     def output_arrays(self, shard: int) -> dict[str, np.ndarray]:
@@ -301,10 +273,14 @@ class ShardCache:
                     continue
                 mapped = np.memmap(self.files.output_path(unit, output), dtype=np.dtype(output.descr), mode="c",
                                    offset=HEADER_BYTES, shape=shape)
-                self._maps[unit.key] = self._maps.get(unit.key, 0) + 1
-                weakref.finalize(mapped._mmap, self._released.append, unit.key).atexit = False
+                self._hold_map(unit.key, mapped._mmap)
                 arrays[output.name] = mapped
         return arrays
+
+    def _hold_map(self, key: str, mapping: Any) -> None:
+        """A map of ``key``'s unit (under the lock, after ``_acquire``): the unit is held until the map is gone."""
+        self._maps[key] = self._maps.get(key, 0) + 1
+        weakref.finalize(mapping, self._released.append, key).atexit = False
 
     def header(self, shard: int) -> bytes:
         """The first ``HEADER_BYTES`` of shard ``shard``'s cached ``.npy`` (waits for it): all there is of a
@@ -560,12 +536,3 @@ class ShardCache:
         stop = self.__dict__.get("_stop")
         if stop is not None:
             stop.set()
-
-
-def _largest_two(sizes: np.ndarray) -> tuple[int, ...]:
-    """The two largest of ``sizes`` (fewer if there are fewer), largest first: a partition in place (the
-    array is the caller's own, made for this), not a sort."""
-    if len(sizes) > 2:
-        sizes.partition(len(sizes) - 2)
-        sizes = sizes[-2:]
-    return tuple(sorted((int(s) for s in sizes), reverse=True))
