@@ -144,6 +144,7 @@ class CachedAssembler(BatchAssembler):
             self.output_maps.pop(shard, None)  # its model outputs' maps hold the unit as its pixels' do
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
             self.snapshot.forget(doomed)
+        self.shard_cache.maps_dropped()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -108,7 +108,11 @@ class ShardCache:
         self._stop = threading.Event()
         self.files = CacheDir(self.cache_dir, self.shape, self._store, self._count, self._stop, self.attempts,
                               self.buckets)
-        self._cond = threading.Condition(threading.RLock())
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # readers wait on it for a download's end
+        # Download threads wait on this one, each woken alone: one with a job wakes the next (``_work``), so an
+        # event wakes as many as there is work for, not every thread (32 for small shards) to find none.
+        self._jobs = threading.Condition(lock)
         self._units: dict[int, CachedShard] = {}  # shard index -> unit, for the shards used (``unit``)
         self._by_key: dict[str, CachedShard] = {}
         self._state: dict[str, str] = {}  # key -> state; a key not here is absent
@@ -195,6 +199,7 @@ class ShardCache:
             self._forget(set(sequence))
             self._trim()
             self._cond.notify_all()
+            self._jobs.notify()
         self._start_threads()
 
     def advance(self, batch: int) -> None:
@@ -203,7 +208,7 @@ class ShardCache:
             self._batch = batch
             self._position = self._starts[batch]
             self._scan = max(self._scan, self._position)
-            self._cond.notify_all()
+            self._jobs.notify()
         self._start_threads()
 
     def share(self, parts: int) -> None:
@@ -352,7 +357,7 @@ class ShardCache:
                         f"({self.cache_dir}, cache_limit {self.limit}): {self._used} bytes are held by shards "
                         "still memory-mapped by batches the program keeps; raise cache_limit or release old "
                         "batches")
-                self._cond.notify_all()
+                self._jobs.notify()
                 self._cond.wait(0.05)
 
     # --- planning (under the lock) ----------------------------------------------------------------
@@ -361,6 +366,13 @@ class ShardCache:
         """Keys of files waiting for their maps to go before they are removed."""
         with self._cond:
             return set(self._in[_DOOMED])
+
+    def maps_dropped(self) -> None:
+        """A reader dropped maps of doomed files: their room is counted free at once and the download threads
+        waiting for it are woken (a map's finalizer only notes it; it may run anywhere, so it takes no lock)."""
+        with self._cond:
+            self._collect()
+            self._jobs.notify()
 
     def _set(self, key: str, state: str) -> None:
         old = self._state.pop(key, _ABSENT)
@@ -491,8 +503,9 @@ class ShardCache:
                 if unit is None:
                     if time.monotonic() - idle_since > 30:
                         return  # restarted by the next plan or wait
-                    self._cond.wait(0.2)  # woken by plan, advance, a reader waiting, a download done
+                    self._jobs.wait(0.2)  # woken by plan, advance, a reader waiting, room given back
                     continue
+                self._jobs.notify()  # there may be more: the next idle thread looks
             idle_since = time.monotonic()
             fd, error = None, None
             try:

@@ -1,0 +1,95 @@
+"""Room a download waits for is given back at once (shardio/read/cache/shard_cache.py, cached_reading.py): a
+reader lets go of its maps of a file the cache doomed at the next batch, even when that batch opens no new shard,
+and the room is counted free then, not when a download thread next polls; the download threads take the
+sequence's shards at once, each woken one with work waking the next."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from shardio import ShardDataset
+from shardio.read.cache.cache_dir import cache_key
+from shardio.read.cache.shard_cache import ShardCache
+from tests.dataset_fixtures import make_dataset
+from tests.read.test_reader_s3 import upload
+from tests.read.test_shard_cache import FolderStore, dataset, local_pixels, units_of  # noqa: F401
+
+
+def doom(cache: ShardCache, key: str) -> None:
+    """What a download thread making room does to a file a reader still maps (``ShardCache._reserve``)."""
+    with cache._cond:
+        cache._set(key, "doomed")
+        cache.dooms += 1
+
+
+def test_a_doomed_map_is_let_go_at_the_next_batch_that_opens_no_shard(s3_server, s3_bucket, tmp_path):
+    local = str(tmp_path / "local")
+    make_dataset(local, inputs=(24,), samples_per_shard=8, height=8, width=8)  # shards 0, 1, 2 of 8 samples
+    url = upload(s3_server, s3_bucket, local)
+    # Batches of 4 in order: 0 and 1 read shard 0, 2 and 3 shard 1. The cache holds the whole dataset, so only
+    # the test dooms a file; no prefetch thread, so each batch is assembled when asked for.
+    ds = ShardDataset(url, 4, cache_dir=str(tmp_path / "cache"), prefetch=0)
+    batches = iter(ds)
+    for _ in range(3):
+        next(batches)
+    assembler, cache = ds._assembler, ds._cache
+    assert set(assembler.cache) == {0, 1}  # the maps kept open for the next batches
+    key = cache_key(ds.snapshot.shards[0])
+    doom(cache, key)  # shard 0 is read no more this pass: a download waits for its room
+    batch = next(batches)  # shard 1 only: already mapped, nothing opened
+    assert set(assembler.cache) == {1}
+    assert key not in cache.doomed() and key not in cache._state  # its room counted free, the file let go
+    assert batch["image"][:, 0, 0, 0].tolist() == [12, 13, 14, 15]  # self-identifying pixels: samples 12-15
+    assert len(list(batches)) == 2  # the rest of the pass reads on
+
+
+def test_dropped_maps_free_their_room_when_the_reader_says_so(dataset, tmp_path):  # noqa: F811
+    units, shape = units_of(dataset)
+    cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), sum(u.size for u in units), shape=shape)
+    try:
+        cache.plan([[0], [1]])
+        pixels = cache.pixels(0)
+        key = units[0].key
+        doom(cache, key)
+        del pixels  # the map's finalizer only notes it: it takes no lock
+        assert key in cache.doomed()
+        cache.maps_dropped()
+        assert key not in cache.doomed() and not os.path.exists(cache.path(key))
+        assert bytes(np.ascontiguousarray(cache.pixels(1))) == local_pixels(dataset, units[1]).tobytes()
+    finally:
+        cache.close()
+
+
+class MeetingStore(FolderStore):
+    """Each download waits until ``parties`` downloads are under way at once (a barrier): one at a time, the
+    first would wait for the others and break it."""
+
+    def __init__(self, root: str, parties: int) -> None:
+        super().__init__(root)
+        self.barrier = threading.Barrier(parties, timeout=60)
+        self.lock = threading.Lock()
+        self.started = 0
+
+    def download(self, path: str, local_path: str, algorithm: str) -> str:
+        with self.lock:
+            meets, self.started = self.started < self.barrier.parties, self.started + 1
+        if meets:  # the first ``parties`` downloads
+            self.barrier.wait()
+        return super().download(path, local_path, algorithm)
+
+
+def test_the_download_threads_fetch_the_sequence_at_once(dataset, tmp_path):  # noqa: F811
+    units, shape = units_of(dataset)
+    store = MeetingStore(dataset, parties=4)
+    cache = ShardCache(units, store, str(tmp_path / "cache"), sum(u.size for u in units), shape=shape, threads=4)
+    try:
+        cache.plan([[shard] for shard in range(len(units))])
+        for shard in range(len(units)):
+            cache.advance(shard)
+            assert bytes(np.ascontiguousarray(cache.pixels(shard))) == local_pixels(dataset, units[shard]).tobytes()
+        assert store.started >= len(units) and not store.barrier.broken  # each unit: its .npy and its .jsonl
+    finally:
+        cache.close()
