@@ -99,6 +99,7 @@ class CachedAssembler(BatchAssembler):
         cache.plan(shards)
         for number, batch in enumerate(pieces):
             cache.advance(number)
+            self.release_read(unit_of)
             yield self.assemble(batch, shared, pinned, encoded)
 
     def _open(self, shard: int) -> tuple[Any, ShardMeta, Any]:
@@ -135,6 +136,22 @@ class CachedAssembler(BatchAssembler):
             image.copy_(view)
             batch["image"] = image
         return batch
+
+    def release_read(self, unit_of: Sequence[int]) -> None:
+        """Let go of the maps of shards this pass reads no more (``ShardCache.read_no_more``): their room is the
+        next window's to take while this batch is assembled (decoded), not after."""
+        cache = self.shard_cache
+        keys = {cache.unit(unit_of[shard]).key: shard for shard in self.cache}
+        finished = cache.read_no_more(keys)
+        if not finished:
+            return
+        for key in finished:
+            shard = keys[key]
+            del self.cache[shard]
+            self.output_maps.pop(shard, None)
+        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
+            self.snapshot.forget(finished)
+        cache.maps_dropped()
 
     def release_doomed(self) -> None:
         self._seen_dooms = self.shard_cache.dooms

@@ -37,7 +37,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -367,6 +367,13 @@ class ShardCache:
         with self._cond:
             return set(self._in[_DOOMED])
 
+    def read_no_more(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` the planned pass reads no more from the batch begun last (``advance``): a reader
+        that lets go of their maps now leaves their room free to take at once, instead of doomed until it next
+        opens a shard (after a whole JPEG batch's decode, say: the next window's downloads waited for it)."""
+        with self._cond:
+            return {key for key in keys if self._next_use(key) == float("inf")}
+
     def maps_dropped(self) -> None:
         """A reader dropped maps of doomed files: their room is counted free at once and the download threads
         waiting for it are woken (a map's finalizer only notes it; it may run anywhere, so it takes no lock)."""
@@ -438,9 +445,13 @@ class ShardCache:
                     victims.append((use, k not in current, not self._maps.get(k), k))
             if not victims:
                 return None
-            _, free_now, _, victim = max(victims)
+            use, free_now, _, victim = max(victims)
             if not free_now:
                 return None  # the farthest is the shard in use: wait for the batch to end, then evict it
+            if freeing and use != float("inf"):
+                # Room is coming from doomed files' maps: wait for it rather than throw away a shard this pass
+                # still reads (shards differ in size, so one doomed file may not make all the room).
+                return None
             self.stats["evictions"] += 1
             if self._maps.get(victim):
                 self.dooms += 1
