@@ -16,7 +16,9 @@ The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_d
   mean: the network's limit;
 - ``cold``: ``ShardDataset(URL, cache_dir=..., cache_limit=a third of the dataset)``, shuffled, the same
   batches: the cache holds a third of the shards, so every epoch downloads every shard again (two epochs on one
-  dataset object, the rate over both); the window is the default one as the reader clamps it to such a cache;
+  dataset object after an untimed one, as ``local``: the process's start and the cache's first fill are not an
+  epoch's; the rate over both, and the downloads they made); the window is the default one as the reader clamps
+  it to such a cache;
 - ``cold / raw_get``, ``cold / local`` and ``cold / min(raw_get, local)`` (the goal: >= 0.9), and the
   client's CPU seconds per GB of shards (the reader's process: on 2 cores the server takes the rest);
 - the whole machine's CPU seconds per GB (``/proc/stat``: the server's too) for the raw GETs and for the cold
@@ -157,13 +159,25 @@ elif mode == "rank":  # rank RANK of WORLD, sharing cache_dir with the others; a
 else:
     shutil.rmtree(cache_dir, ignore_errors=True)
     dataset = ShardDataset(url, 256, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
+    if mode == "cold":  # as the local row: the process's start (threads, buffers, connections, the first fill) is
+        epoch(dataset)  # not an epoch's; the cache holds a third, so the epochs after download again
+warm = dataset.cache_stats()["downloads"] if mode == "cold" else 0
+def machine_cpu_s():  # every process's CPU seconds (the server's too), less idle and iowait
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
 began = time.time()
-cpu = os.times()
+cpu, machine = os.times(), machine_cpu_s()
 runs = [epoch(dataset) for _ in range(epochs)]
-after = os.times()
+after, machine = os.times(), machine_cpu_s() - machine
 stats = dataset.cache_stats() if mode != "local" else {}
 print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + after.system - cpu.system,
-                              "began": began, "ended": time.time(), "downloads": stats.get("downloads"),
+                              "machine_cpu_s": machine,
+                              "began": began, "ended": time.time(), "downloads": stats.get("downloads", 0) - warm,
                               "adopted": stats.get("adopted"), "peak_bytes": stats.get("peak_bytes", 0)}))
 if mode == "cold":
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -193,9 +207,10 @@ def _child(mode: str, url: str, epochs: int, code: str | None, cache_dir: str = 
     return found
 
 
-def local_rate(directory: str, epochs: int) -> float:
-    """Samples/s of ``epochs`` shuffled epochs of the local copy, after a warm-up one, in a child process."""
-    return float(_child("local", directory, epochs, None)["samples/s"])
+def local_rate(directory: str, epochs: int) -> dict[str, Any]:
+    """``epochs`` shuffled epochs of the local copy, after a warm-up one, in a child process: samples/s and the
+    machine's CPU seconds over them."""
+    return _child("local", directory, epochs, None)
 
 
 def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | None = None) -> dict[str, Any]:
@@ -203,7 +218,8 @@ def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | Non
     found = _child("cold", url, epochs, code, cache_dir, limit)
     runs = found["runs"]
     return {"samples/s": round(found["samples/s"], 1), "epochs_samples/s": [round(n / s, 1) for n, s in runs],
-            "client_cpu_s": round(found["cpu_s"], 2), "downloads": found["downloads"],
+            "client_cpu_s": round(found["cpu_s"], 2), "machine_cpu_s": round(found["machine_cpu_s"], 2),
+            "downloads": found["downloads"],
             "peak_over_limit": round(found["peak_bytes"] / limit, 3)}
 
 
@@ -268,14 +284,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     began = _machine_cpu_s()
                     gets, locals_, colds, befores = [raw_get(url, files, get_rounds)], [], [], []
                     machine["raw_get"] += _machine_cpu_s() - began
-                    for _ in range(rounds):  # alternated: a busy moment of a shared machine hits every row
-                        locals_.append(local_rate(directory, epochs))
-                        began = _machine_cpu_s()
-                        colds.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs))
-                        machine["cold"] += _machine_cpu_s() - began
-                        if args.compare:
-                            befores.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs,
-                                                     args.compare))
+                    for turn in range(rounds):  # alternated: a busy moment of a shared machine hits every row
+                        local_run = local_rate(directory, epochs)
+                        locals_.append(float(local_run["samples/s"]))
+                        machine["local"] = machine.get("local", 0.0) + local_run["machine_cpu_s"]
+                        # this checkout and the other in turns, each first every other round (the second of a
+                        # round runs against a server that has just served the same objects)
+                        codes = [None, args.compare] if args.compare else [None]
+                        for code in codes if turn % 2 == 0 else codes[::-1]:
+                            if code is None:
+                                colds.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs))
+                                machine["cold"] += colds[-1]["machine_cpu_s"]
+                            else:
+                                befores.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs,
+                                                         code))
                     began = _machine_cpu_s()
                     gets.append(raw_get(url, files, get_rounds))
                     machine["raw_get"] += _machine_cpu_s() - began
@@ -294,14 +316,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     row["cold / raw_get"] = round(cold["samples/s"] / get_rate, 3)
                     row["cold / local"] = round(cold["samples/s"] / local_samples, 3)
                     row["cold / limit"] = round(cold["samples/s"] / limit, 3)
-                    # The machine's CPU per GB each way (whole and ranged GETs each round; the cold children's
-                    # start and open included): where the server shares the client's cores, cold / raw GET cannot
-                    # pass their ratio, what both reach when they keep every core busy.
+                    # The machine's CPU per GB each way (whole and ranged GETs each round; a cold child's epochs
+                    # only): where the server shares the client's cores, cold / raw GET cannot pass their ratio,
+                    # what both reach when they keep every core busy.
                     per_gb = {"raw_get": machine["raw_get"] / (2 * 2 * get_rounds * nbytes / 1e9),
                               "cold": machine["cold"] / (rounds * epochs * nbytes / 1e9)}
                     row["machine_cpu_s_per_GB"] = {k: round(v, 2) for k, v in per_gb.items()}
                     if per_gb["cold"]:
                         row["cpu_allows / raw_get"] = round(per_gb["raw_get"] / per_gb["cold"], 3)
+                        # The same for the local row (the decode's CPU, for JPEG): per GB of the same shards.
+                        per_gb["local"] = machine["local"] / (rounds * epochs * nbytes / 1e9)
+                        row["machine_cpu_s_per_GB"]["local"] = round(per_gb["local"], 2)
+                        row["cpu_allows / local"] = round(per_gb["local"] / per_gb["cold"], 3)
+                        allows = row["cpu_allows / raw_get"] if get_rate <= local_samples else row["cpu_allows / local"]
+                        row["cold / what the CPU allows"] = round(row["cold / limit"] / allows, 3)
                     if befores:
                         before = statistics.median(b["samples/s"] for b in befores)
                         row["before"] = {"code": args.compare, "samples/s": round(before, 1),
@@ -370,11 +398,12 @@ def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
             detail = (f"{cold['samples/s']:.0f} samples/s; / raw GET {row['cold / raw_get']:.3f} "
                       f"({row['raw_get_samples/s']:.0f}), / local {row['cold / local']:.3f} "
                       f"({row['local_samples/s']:.0f}); client {cold['client_cpu_s_per_GB']:.2f} CPU s/GB")
-            if "cpu_allows / raw_get" in row:
+            if "cpu_allows / local" in row:
                 used = row["machine_cpu_s_per_GB"]
-                detail += (f"; the machine's CPU s/GB (server included) {used['cold']:.2f} cold against "
-                           f"{used['raw_get']:.2f} for raw GET: on cores the two share, cold / raw GET can reach "
-                           f"{row['cpu_allows / raw_get']:.3f}")
+                detail += (f"; the machine's CPU s/GB (server included) {used['cold']:.2f} cold, {used['raw_get']:.2f} "
+                           f"raw GET, {used['local']:.2f} local: on cores they share, cold can reach "
+                           f"{row['cpu_allows / raw_get']:.3f} of raw GET and {row['cpu_allows / local']:.3f} of "
+                           f"local, and reaches {row['cold / what the CPU allows']:.3f} of the slower")
             if before:
                 detail += (f"; before ({before['code']}): {before['cold / limit']:.3f}, "
                            f"{before['client_cpu_s_per_GB']:.2f} CPU s/GB")

@@ -95,9 +95,11 @@ cores with the client; LitData and Mosaic Streaming run in their own environment
 ## Every epoch cold
 
 `python -m bench.cold_epoch` (run by `make bench`): the reader streaming from the S3, GCS and Azure emulators
-on loopback with a cache of a third of the dataset (every epoch downloads every shard), against the slower of
-raw parallel GETs of the same objects and the local-disk reader, raw and JPEG shards; the emulators share the
-machine's cores with the reader. Run of {cold.get('date', 'n/a')}.
+on loopback with a cache of a third of the dataset (every epoch downloads every shard; timed after one untimed
+epoch, as the local reader is), against the slower of raw parallel GETs of the same objects and the local-disk
+reader, raw and JPEG shards. The emulators share the machine's cores with the reader, so each row also gives the
+whole machine's CPU seconds per GB each way and what their ratio allows: where the server and the reader share two
+cores, the cold epoch cannot pass it. Run of {cold.get('date', 'n/a')}.
 
 {_table(cold['figures'])}
 """
