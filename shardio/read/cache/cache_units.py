@@ -6,8 +6,8 @@ algorithms) comes from the ``ShardTable``'s columns, and nothing per shard is ke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import os
+from collections.abc import Callable, Sequence
 from typing import overload
 
 import numpy as np

@@ -99,7 +99,7 @@ class CachedAssembler(BatchAssembler):
         cache.plan(shards)
         for number, batch in enumerate(pieces):
             cache.advance(number)
-            self.release_read(unit_of)
+            self.release_read()
             yield self.assemble(batch, shared, pinned, encoded)
 
     def _open(self, shard: int) -> tuple[Any, ShardMeta, Any]:
@@ -137,30 +137,25 @@ class CachedAssembler(BatchAssembler):
             batch["image"] = image
         return batch
 
-    def release_read(self, unit_of: Sequence[int]) -> None:
+    def release_read(self) -> None:
         """Let go of the maps of shards this pass reads no more (``ShardCache.read_no_more``): their room is the
         next window's to take while this batch is assembled (decoded), not after."""
-        cache = self.shard_cache
-        keys = {cache.unit(unit_of[shard]).key: shard for shard in self.cache}
-        finished = cache.read_no_more(keys)
-        if not finished:
-            return
-        for key in finished:
-            shard = keys[key]
-            del self.cache[shard]
-            self.output_maps.pop(shard, None)
-        if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
-            self.snapshot.forget(finished)
-        cache.maps_dropped()
+        finished = self.shard_cache.read_no_more({cache_key(self.snapshot.shards[s]) for s in self.cache})
+        if finished:
+            self._let_go(finished)
 
     def release_doomed(self) -> None:
         self._seen_dooms = self.shard_cache.dooms
-        doomed = self.shard_cache.doomed()
-        for shard in [s for s in self.cache if cache_key(self.snapshot.shards[s]) in doomed]:
+        self._let_go(self.shard_cache.doomed())
+
+    def _let_go(self, keys: set[str]) -> None:
+        """Drop every map this assembler keeps of the units with these cache keys (all the shards, or a subset's
+        segments, that share one), and tell the cache, which counts their room free at once."""
+        for shard in [s for s in self.cache if cache_key(self.snapshot.shards[s]) in keys]:
             del self.cache[shard]
             self.output_maps.pop(shard, None)  # its model outputs' maps hold the unit as its pixels' do
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
-            self.snapshot.forget(doomed)
+            self.snapshot.forget(keys)
         self.shard_cache.maps_dropped()
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -40,7 +40,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-
 from shardio.read.cache.cache_dir import CacheDir, CachedShard, Downloader
 from shardio.read.cache.cached_views import CachedViews
 from shardio.read.cache.cache_units import ShardUnits, download_threads, largest_two, unit_algorithms, unit_sizes
