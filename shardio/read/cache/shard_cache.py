@@ -285,8 +285,9 @@ class ShardCache(CachedViews):
             return {key for key in keys if self._next_use(key) == float("inf")}
 
     def maps_dropped(self) -> None:
-        """A reader dropped maps of doomed files: their room is counted free at once and the download threads
-        waiting for it are woken (a map's finalizer only notes it; it may run anywhere, so it takes no lock)."""
+        """A reader dropped maps (of doomed files, or of shards the pass reads no more): a doomed file's room is
+        counted free at once, and the download threads waiting for room are woken (a map's finalizer only notes
+        its end; it may run anywhere, so it takes no lock)."""
         with self._cond:
             self._collect()
             self._jobs.notify()
