@@ -25,7 +25,7 @@ from tests.azure_server import AzureServer
 from tests.dataset_fixtures import make_dataset
 from tests.gcs_server import GCSServer
 from tests.object_stores import CloudBucket
-from tests.s3_server import S3Server
+from tests.s3_server import BENCH_VOLUME_MB, S3Server
 from tests.tar_factory import TarFactory
 
 
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=4000)
     args = parser.parse_args(argv)
     root = tempfile.mkdtemp(prefix="shardio-clouds-")
-    servers = {"s3": S3Server(os.path.join(root, "s3")), "gcs": GCSServer(os.path.join(root, "gcs")),
-               "azure": AzureServer(os.path.join(root, "azure"))}
+    servers = {"s3": S3Server(os.path.join(root, "s3"), volume_size_mb=BENCH_VOLUME_MB),
+               "gcs": GCSServer(os.path.join(root, "gcs")), "azure": AzureServer(os.path.join(root, "azure"))}
     try:
         for server in servers.values():
             os.makedirs(server.root, exist_ok=True)

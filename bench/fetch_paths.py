@@ -191,10 +191,10 @@ def measure(objects_spec: str, threads: int, rounds: int, pages: str) -> dict[st
     from bench.s3_clients import obstore_store
     from shardio.store.s3 import S3Storage
     from tests.object_stores import point_environment_at, restore_environment
-    from tests.s3_server import S3Server
+    from tests.s3_server import BENCH_VOLUME_MB, S3Server
 
     root = tempfile.mkdtemp(prefix="shardio-fetch-paths-")
-    server = S3Server(os.path.join(root, "server"))
+    server = S3Server(os.path.join(root, "server"), volume_size_mb=BENCH_VOLUME_MB)
     server.start()
     saved = point_environment_at(server)
     result: dict[str, Any] = {"threads": threads, "rounds": rounds, "pages": pages, "cores": os.cpu_count(), "sets": {}}

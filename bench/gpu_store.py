@@ -18,7 +18,7 @@ import numpy as np
 
 from bench.s3_clients import obstore_store, raw_get
 from tests.object_stores import point_environment_at, restore_environment
-from tests.s3_server import S3Server
+from tests.s3_server import BENCH_VOLUME_MB, S3Server
 
 BUCKET = "gpu-check"
 
@@ -92,7 +92,7 @@ def run(datasets: dict[str, str], work: str, batch: int, dry: bool = False) -> d
     # The server on its own cores (the upper half), the client on the rest, as a bucket is another machine.
     client_cores, server_cores = (cores[: len(cores) // 2], cores[len(cores) // 2:]) if len(cores) >= 4 \
         else (cores, cores)
-    server = ObstoreServer(os.path.join(work, "server"))
+    server = ObstoreServer(os.path.join(work, "server"), volume_size_mb=BENCH_VOLUME_MB)
     os.sched_setaffinity(0, server_cores)  # inherited by the server's process
     try:
         server.start()

@@ -19,7 +19,7 @@ import tempfile
 
 from bench.synthetic_index import write_index
 from tests.object_stores import CloudBucket
-from tests.s3_server import S3Server
+from tests.s3_server import BENCH_VOLUME_MB, S3Server
 
 # One process: open the index through the cache, report the bytes it fetched and its open time.
 _OPEN = """
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--buckets", type=int, default=0)
     args = parser.parse_args(argv)
     root = tempfile.mkdtemp(prefix="shardio-index-open-")
-    server = S3Server(os.path.join(root, "s3"))
+    server = S3Server(os.path.join(root, "s3"), volume_size_mb=BENCH_VOLUME_MB)
     os.makedirs(server.root)
     server.start()
     os.environ.update(server.env())

@@ -27,6 +27,11 @@ REGION = "us-east-1"
 # make the server's capacity the same on every machine (volumes are sparse: the ceiling reserves no disk).
 GROW_ONE_VOLUME = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
 MAX_VOLUMES = 5000
+# A volume holds 64 MB in the test suite (a few hundred buckets, each its own volumes). SeaweedFS holds a write
+# for about a second while it grows a new volume, a pause no cloud store has, every 64 MB at that size: a bench
+# writing hundreds of MB into one bucket runs the server with 1 GB volumes.
+TEST_VOLUME_MB = 64
+BENCH_VOLUME_MB = 1024
 
 
 def free_port() -> int:
@@ -51,6 +56,7 @@ class S3Server:
     root: str
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    volume_size_mb: int = TEST_VOLUME_MB
     scheme = "s3"
 
     @property
@@ -96,7 +102,7 @@ class S3Server:
             f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-iam.port={p['iam']}",
-            "-master.volumeSizeLimitMB=64", "-master.telemetry=false", f"-volume.max={MAX_VOLUMES}",
+            f"-master.volumeSizeLimitMB={self.volume_size_mb}", "-master.telemetry=false", f"-volume.max={MAX_VOLUMES}",
             "-volume.preStopSeconds=0", "-master.electionTimeout=1s",
         ]
         log = open(os.path.join(self.root, "weed.log"), "ab")
