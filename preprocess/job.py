@@ -511,8 +511,9 @@ def _process(run: _Run, work: _Work, committer: Committer, files: list[str], rea
     ray_output = (lambda line: emit("ray", line)) if run.routes_ray else None
     with ray_session(options.ray_address, options.workers, on_output=ray_output) as cluster, ExitStack() as stack:
         report.cluster = cluster
-        cluster["nodes_checked"] = len(check_cluster_build())  # NodeBuildMismatch: before any task
         env = task_env(files + [committer.directory], options.pass_credentials)
+        # NodeBuildMismatch: before any task (in the tasks' environment: the worker started for it runs them).
+        cluster["nodes_checked"] = len(check_cluster_build(env=env))
         # NodeAccessError: a node that cannot read the inputs or write the output, before any task.
         check_cluster_access(files, committer.directory, env, options.pass_credentials)
         expected_build = pixel_build()

@@ -81,8 +81,7 @@ def check_cluster_access(inputs: list[str], output: str, env: dict[str, str],
     naming each node that cannot read the inputs or write the output. Returns how many nodes were checked."""
     sample = _inputs_to_probe(inputs)
     try:
-        answers: dict[str, Any] = on_every_node(probe_access, sample, output,
-                                                runtime_env={"env_vars": env} if env else None)
+        answers: dict[str, Any] = on_every_node(probe_access, sample, output, env=env)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
         raise NodeAccessError(
             f"could not check that every Ray node reaches {output} ({str(e).splitlines()[0]}; waited up to "

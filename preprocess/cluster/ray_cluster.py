@@ -300,29 +300,31 @@ def _probe_node(probe: Callable[..., Any], *args: Any) -> tuple[str, Any]:
     return node_name(ray.get_runtime_context().get_node_id()), probe(*args)
 
 
-def on_every_node(probe: Callable[..., Any], *args: Any, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``probe(*args)`` once on every alive node with CPUs, pinned there (a hard node affinity), in
-    ``runtime_env``; returns {node name: its answer}. Raises Ray's error, or ``GetTimeoutError`` after
-    ``BUILD_CHECK_TIMEOUT_S``."""
+def on_every_node(probe: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``probe(*args)`` once on every alive node with CPUs, pinned there (a hard node affinity), with the
+    run's task environment ``env`` (``preprocess.cluster.cluster_access.task_env``): Ray keeps a worker per
+    environment, so the probes and then the tasks run on the same started workers. Returns {node name: its
+    answer}. Raises Ray's error, or ``GetTimeoutError`` after ``BUILD_CHECK_TIMEOUT_S``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(num_cpus=0, max_retries=1)(_probe_node)
-    extra = {"runtime_env": runtime_env} if runtime_env else {}
+    extra = {"runtime_env": {"env_vars": env}} if env else {}
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
     refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **extra)
             .remote(probe, *args) for node_id in nodes]
     return dict(ray.get(refs, timeout=BUILD_CHECK_TIMEOUT_S))
 
 
-def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """Run ``probe`` (the pixel libraries) once on every alive node with CPUs, pinned there, and compare each
-    answer with the driver's own; raises ``NodeBuildMismatch`` naming every node that differs and how.
-    Returns {node name: its answer}. (``probe``, default ``pixel_build``, is a parameter so a test can make
-    one node differ.)"""
+def check_cluster_build(probe: Callable[[], dict[str, Any]] | None = None,
+                        env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run ``probe`` (the pixel libraries) once on every alive node with CPUs, pinned there, in the tasks'
+    environment ``env``, and compare each answer with the driver's own; raises ``NodeBuildMismatch`` naming
+    every node that differs and how. Returns {node name: its answer}. (``probe``, default ``pixel_build``, is a
+    parameter so a test can make one node differ.)"""
     probe = probe or pixel_build
     expected = probe()
     try:
-        answers = on_every_node(probe)
+        answers = on_every_node(probe, env=env)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
         raise NodeBuildMismatch(
             f"could not check the pixel libraries of every Ray node ({str(e).splitlines()[0]}): a node that cannot "
