@@ -61,9 +61,12 @@ class FileInfo:
 
 class Storage(Protocol):
     """What ``shardio.write.directory``, the reader and the job need from a backend (guarantees: module
-    docstring). ``is_local``: its paths are files on this host (a memory map, an fd work on them)."""
+    docstring). ``is_local``: its paths are files on this host (a memory map, an fd work on them).
+    ``stages_in_place``: a staged file becomes the dataset's file by a rename, so its bytes must be on disk
+    before a commit lists it; otherwise it is a scratch copy, and ``promote``'s upload is what makes it durable."""
 
     is_local: bool
+    stages_in_place: bool
 
     def join(self, *parts: str) -> str: ...
     def info(self, path: str) -> FileInfo: ...

@@ -94,6 +94,7 @@ class LocalStorage:
     """``Storage`` on a local (or mounted) filesystem."""
 
     is_local = True
+    stages_in_place = True
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)

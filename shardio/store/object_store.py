@@ -109,6 +109,7 @@ class ObjectStorage:
     version is named: ``_version``, ``_replace_mode``)."""
 
     is_local = False
+    stages_in_place = False  # a shard is staged in local scratch and uploaded by promote
     scheme = ""  # "s3", "gs", "az"
     # What this cloud's settings and credentials are called in the environment (``carried_settings``:
     # non-secret ones, given to a cluster's tasks; ``driver_credentials``: only with --pass-credentials).

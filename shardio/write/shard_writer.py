@@ -85,6 +85,7 @@ class _OpenFile:
     rel_path: str  # its name in the dataset directory once promoted
     handle: Any
     digest: Any  # None: hashed at commit instead
+    in_place: bool  # the dataset's own file once renamed (to disk before a commit), not a scratch copy to upload
     nbytes: int = 0
     written_back: int = 0  # ``nbytes`` when writeback was last started
 
@@ -93,16 +94,25 @@ class _OpenFile:
         if self.digest is not None:
             self.digest.update(data)
         self.nbytes += len(data)
-        if self.nbytes - self.written_back >= WRITEBACK_BYTES:
+        if self.in_place and self.nbytes - self.written_back >= WRITEBACK_BYTES:
             self.handle.flush()
             # ``nbytes`` counts this file's data bytes, which start at or after file offset ``nbytes``.
             _start_writeback(self.handle.fileno(), self.written_back)
             self.written_back = self.nbytes
 
+    def finish(self) -> None:
+        """Flush and close; a file staged in place is fsynced first. A scratch copy is not: the upload that
+        promotes it is the durable step, and its pages are read from memory and dropped with the file."""
+        self.handle.flush()
+        if self.in_place:
+            os.fsync(self.handle.fileno())
+        self.handle.close()
+
 
 def _open_temp(root: DatasetRoot, rel_path: str, hashed: bool) -> _OpenFile:
     fd, tmp = staging.stage(root, rel_path)
-    return _OpenFile(tmp, rel_path, os.fdopen(fd, "wb"), new_hasher(WRITE_ALGORITHM) if hashed else None)
+    return _OpenFile(tmp, rel_path, os.fdopen(fd, "wb"), new_hasher(WRITE_ALGORITHM) if hashed else None,
+                     root.storage.stages_in_place)
 
 
 class ShardWriter:
@@ -164,9 +174,7 @@ class ShardWriter:
         # Hashed once, here, from the page cache: the exact bytes on disk, header included.
         checksum = file_checksum(pixels.tmp_path, WRITE_ALGORITHM)
         for handle in (pixels, self._meta):
-            handle.handle.flush()
-            os.fsync(handle.handle.fileno())
-            handle.handle.close()
+            handle.finish()
         staging.promote(self.root, self._meta.tmp_path, self.rel_meta)
         staging.promote(self.root, pixels.tmp_path, self.rel_path)
         return ShardEntry(
@@ -277,9 +285,7 @@ class OutputFileWriter:
         try:
             out.write(output_header(descr, values.shape[0], values.shape[1:]))
             out.write(memoryview(np.ascontiguousarray(values)).cast("B"))
-            out.handle.flush()
-            os.fsync(out.handle.fileno())
-            out.handle.close()
+            out.finish()
         except BaseException:
             try:
                 out.handle.close()

@@ -70,3 +70,28 @@ def test_the_real_call_accepts_a_shard_file(tmp_path, monkeypatch):
     [entry] = _write(str(tmp_path / "out"), images)
     assert calls and all(result == 0 for result in calls)
     assert np.array_equal(np.load(tmp_path / "out" / entry.path), np.stack(images))
+
+
+def test_a_shard_staged_for_an_upload_is_neither_written_back_nor_fsynced_but_a_local_one_is(
+        tmp_path, s3_bucket, monkeypatch):
+    """The upload is a bucket's durable step, so its scratch copy costs no disk writes; a local shard's staged
+    file is the dataset's own, on disk before a commit lists it."""
+    import io
+
+    from shardio.store.root import open_root
+
+    asked: list[str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(writer_module, "_sync_file_range", lambda *args: asked.append("writeback") or 0)
+    monkeypatch.setattr(os, "fsync", lambda fd: asked.append("fsync") or fsync(fd))
+    monkeypatch.setattr(writer_module, "WRITEBACK_BYTES", 1 << 20)
+    images = _images(12, 256, 256)
+
+    url = f"s3://{s3_bucket}/out"
+    [entry] = _write(url, images)
+    assert asked == []
+    uploaded = open_root(url).storage.read_bytes(f"{url}/{entry.path}")
+    assert np.array_equal(np.load(io.BytesIO(uploaded)), np.stack(images))
+
+    _write(str(tmp_path / "out"), images)
+    assert "writeback" in asked and asked.count("fsync") == 2  # the pixels and the metadata
