@@ -1,4 +1,4 @@
-"""This process's local scratch folder: staged shards before their upload, spooled tars (object storage).
+"""This process's local scratch folder: staged shards before their upload (object storage).
 
 ``($SHARDIO_SCRATCH or the temp dir)/shardio-scratch-UID/PID-RANDOM``:
 

@@ -53,7 +53,6 @@ ALLOWED = {
     ("sample_data.py", "os.replace"): "... renames a finished input tar into place",
     ("sample_data.py", "os.makedirs"): "... creates the inputs' folder",
     ("sample_data.py", "open"): "... writes .sample-dataset.json beside the tars (its deliberate failures)",
-    ("inputs/remote_tar.py", "tempfile.TemporaryFile"): "spools an input tar being downloaded: anonymous, in scratch",
     ("inputs/folder_samples.py", "os.open"): "reads a file of an input folder (O_RDONLY)",
 }
 

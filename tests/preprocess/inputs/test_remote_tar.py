@@ -109,6 +109,40 @@ def test_samples_come_out_while_later_chunks_are_still_downloading(tars, scratch
     assert all(length <= CHUNK for _, length in fake.ranges)
 
 
+def test_memory_stays_at_the_window_however_large_the_object(scratch, monkeypatch):
+    """Read front to back with jumps (a long member skipped): the window holds at most BACK_BYTES behind the
+    furthest read, the read itself and WINDOW_CHUNKS chunks ahead of it, and no chunk is asked for twice."""
+    monkeypatch.setattr(remote_tar, "BACK_BYTES", 2 * CHUNK)
+    data = os.urandom(200 * CHUNK)
+    fake = FakeObject(data)
+    # behind, the longest read itself (9 chunks), the chunks ahead of it and one landing
+    bound = remote_tar.BACK_BYTES + 9 * CHUNK + (remote_tar.WINDOW_CHUNKS + 1) * CHUNK
+    held = []
+    with remote_tar.SpooledObject(URL, len(data), backend=fake) as spool:
+        offset = 0
+        while offset < len(data):
+            length = 700 if offset % (40 * CHUNK) else 9 * CHUNK  # now and then one read over several chunks
+            assert spool.pread(length, offset) == data[offset:offset + length]
+            held.append(spool.held_bytes)
+            offset += length + (30 * CHUNK if offset % 7 == 0 else 0)  # and now and then a jump
+        spool.finish()
+    assert max(held) <= bound
+    assert sorted(fake.ranges) == remote_tar.chunk_plan(len(data), CHUNK)
+
+
+def test_a_read_behind_the_window_is_fetched_again_and_right(scratch, monkeypatch):
+    monkeypatch.setattr(remote_tar, "BACK_BYTES", CHUNK)
+    data = os.urandom(64 * CHUNK)
+    fake = FakeObject(data)
+    with remote_tar.SpooledObject(URL, len(data), backend=fake) as spool:
+        assert spool.pread(100, 40 * CHUNK) == data[40 * CHUNK:40 * CHUNK + 100]
+        asked = len(fake.ranges)
+        assert spool.pread(5000, 10) == data[10:5010]  # long let go: one ranged GET of exactly this
+        assert fake.ranges[asked:] == [(10, 5000)]
+        assert spool.read_some(1 << 20, 40 * CHUNK + 100)[:50] == data[40 * CHUNK + 100:40 * CHUNK + 150]
+        spool.finish()
+
+
 def test_chunks_ramp_up_to_the_chunk_size_and_cover_the_object_once():
     plan = remote_tar.chunk_plan(20 << 20, 8 << 20)
     assert [length >> 20 for _, length in plan] == [1, 2, 4, 8, 5]
@@ -116,7 +150,7 @@ def test_chunks_ramp_up_to_the_chunk_size_and_cover_the_object_once():
     assert remote_tar.chunk_plan(100, 8 << 20) == [(0, 100)]
 
 
-def test_the_scratch_file_goes_however_the_input_ends(tars, scratch, monkeypatch):
+def test_nothing_is_left_open_or_in_scratch_however_the_input_ends(tars, scratch, monkeypatch):
     path = tars.make("0001.tar", range(20))
     data = open(path, "rb").read()
     fake = _serve(monkeypatch, data)
@@ -131,7 +165,7 @@ def test_the_scratch_file_goes_however_the_input_ends(tars, scratch, monkeypatch
     with pytest.raises(InputError):
         _samples(URL, size=len(data))  # failed mid-way
     deadline = threading.Event()
-    for _ in range(100):  # the download thread closes the file when its request returns: bounded wait
+    for _ in range(100):  # a download thread ends when its request returns: bounded wait
         if _open_fds() == before:
             break
         deadline.wait(0.05)
