@@ -53,6 +53,23 @@ def test_every_node_is_probed_on_the_node_itself(ray_cluster):
     assert all(build == versions.pixel_build() for build in answers.values())
 
 
+def _probe_reporting(name: str):
+    """The real probe, plus the value of the environment variable ``name`` where it ran."""
+    real = versions.pixel_build
+
+    def probe() -> dict:
+        return {**real(), name: os.environ.get(name)}
+
+    return probe
+
+
+def test_the_probe_runs_in_the_tasks_environment(ray_cluster):
+    """The tasks' environment (an object-store run's settings): Ray keeps a worker per environment, so the
+    probe's worker is then the tasks' own instead of one more started for it."""
+    answers = cluster.check_cluster_build(_probe_reporting("SHARDIO_PROBE_ENV"), env={"SHARDIO_PROBE_ENV": "tasks"})
+    assert len(answers) == 2 and all(build["SHARDIO_PROBE_ENV"] == "tasks" for build in answers.values())
+
+
 def test_a_node_with_another_build_is_named_and_refused(ray_cluster):
     other = _other_node()
     with pytest.raises(NodeBuildMismatch) as caught:
