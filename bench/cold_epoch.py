@@ -40,24 +40,21 @@ the reader share the cores and the absolute rates drift: the ratios, taken in on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 
+from bench.cold_child import cold_rate, dataset_objects, local_rate
+from bench.cold_ranks import ranks_rows
 from bench.gpu_data import build
 from bench.machine_cpu import machine_cpu_s
 from bench.results_file import write_section
-from shardio.format.manifests import load_manifest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "out")
@@ -65,35 +62,10 @@ BATCH = 256
 GET_THREADS = 8
 RANGE_BYTES = 8 << 20
 GOAL = 0.9
-RANK_EPOCHS = 2  # timed, after an untimed one
 
 
 def _log(message: str) -> None:
     print(f"[cold-epoch {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _epoch(dataset: Any, out: np.ndarray) -> tuple[int, float]:
-    started = time.perf_counter()
-    samples = 0
-    for batch in dataset:
-        image = batch["image"].numpy()
-        np.copyto(out[: len(image)], image)
-        samples += len(image)
-    return samples, time.perf_counter() - started
-
-
-def _rate(runs: list[tuple[int, float]]) -> float:
-    return sum(n for n, _ in runs) / sum(s for _, s in runs)
-
-
-def dataset_objects(directory: str) -> tuple[dict[str, int], int]:
-    """({shard and metadata path relative to the dataset: bytes}, samples)."""
-    manifest = load_manifest(directory)
-    objects = {}
-    for entry in manifest.shards:
-        objects[entry.path] = entry.bytes
-        objects[entry.meta_path] = entry.meta_bytes
-    return objects, manifest.samples
 
 
 def raw_get(url: str, objects: dict[str, int], rounds: int) -> float:
@@ -123,177 +95,6 @@ def raw_get(url: str, objects: dict[str, int], rounds: int) -> float:
                 nbytes = sum(pool.map(fn, items))
             best = max(best, nbytes / (time.perf_counter() - started))
     return best
-
-
-# One process's cold epochs, run as a child (``--compare`` runs the same script on another checkout's code,
-# alternated with this one's): numpy and shardio only, so any checkout runs it.
-_CHILD = r"""
-import json, os, shutil, sys, time, warnings
-import numpy as np
-from shardio import ShardDataset
-warnings.filterwarnings("ignore", message=".*holds two windows of")
-mode, url, cache_dir, limit, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-out = np.empty((256, 256, 256, 3), np.uint8)
-
-step = lambda: None  # after each batch
-
-def epoch(dataset):
-    began, samples = time.perf_counter(), 0
-    for batch in dataset:
-        image = batch["image"].numpy()
-        np.copyto(out[: len(image)], image)
-        samples += len(image)
-        step()
-    return samples, time.perf_counter() - began
-
-if mode == "local":
-    dataset = ShardDataset(url, 256, shuffle=True)
-    epoch(dataset)  # page cache, maps, decoder threads
-elif mode == "rank":  # rank RANK of WORLD (sharing cache_dir with the others, or of a local copy)
-    import datetime
-    import torch.distributed as dist
-    rank, world, rendezvous = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
-    cache = {"cache_dir": cache_dir, "cache_limit": limit} if cache_dir else {}
-    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, **cache)
-    step = dist.barrier  # as DDP's all-reduce at every step: the ranks go through the epoch in lockstep
-    epoch(dataset)  # as the cold row's: the processes' start and the cache's first fill are no epoch's
-    dist.barrier()
-else:
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    dataset = ShardDataset(url, 256, shuffle=True, cache_dir=cache_dir, cache_limit=limit)
-    if mode == "cold":  # as the local row: the process's start (threads, buffers, connections, the first fill) is
-        epoch(dataset)  # not an epoch's; the cache holds a third, so the epochs after download again
-cached = mode == "cold" or (mode == "rank" and bool(cache_dir))
-warm = dataset.cache_stats() if cached else {}
-def machine_cpu_s():  # every process's CPU seconds (the server's too), less idle and iowait
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-began = time.time()
-cpu, machine = os.times(), machine_cpu_s()
-runs = [epoch(dataset) for _ in range(epochs)]
-after, machine = os.times(), machine_cpu_s() - machine
-stats = dataset.cache_stats() if cached else {}
-print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + after.system - cpu.system,
-                              "machine_cpu_s": machine, "began": began, "ended": time.time(),
-                              "downloads": stats.get("downloads", 0) - warm.get("downloads", 0),
-                              "adopted": stats.get("adopted", 0) - warm.get("adopted", 0),
-                              "peak_bytes": stats.get("peak_bytes", 0)}))
-if mode == "cold":
-    shutil.rmtree(cache_dir, ignore_errors=True)
-"""
-
-
-def _command(mode: str, url: str, epochs: int, cache_dir: str = "", limit: int = 0, *more: object) -> list[str]:
-    return [sys.executable, "-c", _CHILD, mode, url, cache_dir, str(limit), str(epochs), *map(str, more)]
-
-
-def _result(mode: str, url: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
-    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if returncode or line is None:
-        raise RuntimeError(f"{mode} epochs of {url} failed: {stderr.strip()[-800:]}")
-    return json.loads(line[len("RESULT "):])  # type: ignore[no-any-return]
-
-
-def _env(code: str | None) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": code or os.path.dirname(HERE)}
-
-
-def _child(mode: str, url: str, epochs: int, code: str | None, cache_dir: str = "", limit: int = 0) -> dict[str, Any]:
-    done = subprocess.run(_command(mode, url, epochs, cache_dir, limit), env=_env(code), capture_output=True,
-                          text=True, timeout=900)
-    found = _result(mode, url, done.returncode, done.stdout, done.stderr)
-    found["samples/s"] = _rate(found["runs"])
-    return found
-
-
-def local_rate(directory: str, epochs: int) -> dict[str, Any]:
-    """``epochs`` shuffled epochs of the local copy, after a warm-up one, in a child process: samples/s and the
-    machine's CPU seconds over them."""
-    return _child("local", directory, epochs, None)
-
-
-def cold_rate(url: str, cache_dir: str, limit: int, epochs: int, code: str | None = None) -> dict[str, Any]:
-    """``epochs`` cold epochs in a child process, with this checkout's shardio or ``code``'s (a directory)."""
-    found = _child("cold", url, epochs, code, cache_dir, limit)
-    runs = found["runs"]
-    return {"samples/s": round(found["samples/s"], 1), "epochs_samples/s": [round(n / s, 1) for n, s in runs],
-            "client_cpu_s": round(found["cpu_s"], 2), "machine_cpu_s": round(found["machine_cpu_s"], 2),
-            "downloads": found["downloads"],
-            "peak_over_limit": round(found["peak_bytes"] / limit, 3)}
-
-
-def ranks_rate(url: str, cache_dir: str, limit: int, world: int, epochs: int,
-               code: str | None = None) -> dict[str, Any]:
-    """``epochs`` epochs of ``world`` rank processes in lockstep (a barrier after every batch, as DDP's all-reduce
-    at every step), sharing ``cache_dir`` (each its own ``limit``; none: ``url`` is a local copy), after an untimed
-    one: combined samples/s from the first timed epoch's start to the last one's end, downloads summed over the
-    ranks."""
-    if cache_dir:
-        shutil.rmtree(cache_dir, ignore_errors=True)
-    folder = tempfile.mkdtemp(prefix="shardio-ranks-")
-    rendezvous = os.path.join(folder, "store")  # torch.distributed's FileStore: a fresh file each time
-    try:
-        procs = [subprocess.Popen(_command("rank", url, epochs, cache_dir, limit, rank, world, rendezvous),
-                                  env=_env(code), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(world)]
-        results = []
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=900)
-            results.append(_result("rank", url, proc.returncode, stdout, stderr))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        if cache_dir:
-            shutil.rmtree(cache_dir, ignore_errors=True)
-    seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
-    samples = sum(n for r in results for n, _ in r["runs"])
-    downloads = sum(r["downloads"] for r in results)
-    return {"ranks": world, "epochs": epochs, "samples": samples, "seconds": round(seconds, 3),
-            "samples/s": round(samples / seconds, 1), "downloads": downloads,
-            "adopted": sum(r["adopted"] for r in results),
-            "machine_cpu_s": round(max(r["machine_cpu_s"] for r in results), 2)}
-
-
-def ranks_rows(bucket: Any, local: dict[str, str], worlds: list[int], rows: dict[str, Any], root: str,
-               compare: str | None) -> dict[str, Any]:
-    """For each encoding and each number of ranks: the ranks' cold epochs (a node's cache of a third of the
-    dataset: ``cache_limit`` is per process, so each rank's is a third over the ranks) against the same ranks
-    reading the local copy and the raw GETs of ``rows`` (per sample: the same images), and the whole machine's
-    CPU per GB against the raw GETs' (the server shares the cores)."""
-    out: dict[str, Any] = {}
-    for name, directory in local.items():
-        url = bucket.upload_dir(directory, prefix=f"ranks-{name}")
-        files, _ = dataset_objects(directory)
-        nbytes, shards = sum(files.values()), len(files) // 2
-        get_rate = rows[name]["raw_get_samples/s"]
-        for world in worlds:
-            shared = os.path.join(root, "shared-cache")
-            cold = ranks_rate(url, shared, nbytes // 3 // world, world, RANK_EPOCHS)
-            local_run = ranks_rate(directory, "", 0, world, RANK_EPOCHS)
-            limit = min(get_rate, local_run["samples/s"])
-            row = {"ranks": world, "shards": shards, "cold": cold, "local_samples/s": local_run["samples/s"],
-                   "raw_get_samples/s": get_rate, "cold / limit": round(cold["samples/s"] / limit, 3),
-                   "downloads / shards, an epoch": round(cold["downloads"] / (RANK_EPOCHS * shards), 3)}
-            per_gb = cold["machine_cpu_s"] / (RANK_EPOCHS * nbytes / 1e9)
-            get_per_gb = rows[name].get("machine_cpu_s_per_GB", {}).get("raw_get")
-            if per_gb and get_per_gb and get_rate <= local_run["samples/s"]:
-                row["machine_cpu_s_per_GB"] = round(per_gb, 2)
-                row["cpu_allows / raw_get"] = round(get_per_gb / per_gb, 3)
-                row["cold / what the CPU allows"] = round(row["cold / limit"] / row["cpu_allows / raw_get"], 3)
-            if compare:
-                before = ranks_rate(url, shared, nbytes // 3 // world, world, RANK_EPOCHS, compare)
-                row["before"] = {"samples/s": before["samples/s"],
-                                 "cold / limit": round(before["samples/s"] / limit, 3)}
-            out[f"{name}, {world} ranks"] = row
-            _log(f"{world} ranks, {name}: cold {cold['samples/s']:.0f}, local {local_run['samples/s']:.0f}, raw GET "
-                 f"{get_rate:.0f} samples/s: cold / limit {row['cold / limit']:.3f}")
-    return out
 
 
 def _servers(clouds: list[str], root: str) -> dict[str, Any]:
@@ -406,6 +207,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if worlds and cloud == "s3":
                     _log(f"ranks: {args.ranks_samples} images, {worlds} rank processes")
                     result["ranks"] = ranks_rows(bucket, ranks_data, worlds, rows, root, args.compare)
+                    for label, row in result["ranks"].items():
+                        _log(f"{label}: cold {row['cold']['samples/s']:.0f}, local {row['local_samples/s']:.0f}, "
+                             f"raw GET {row['raw_get_samples/s']:.0f} samples/s: "
+                             f"cold / limit {row['cold / limit']:.3f}")
             finally:
                 server.stop(crash=True)
                 restore_environment(saved)

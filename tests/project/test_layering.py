@@ -223,10 +223,13 @@ LAZY_FIRST_PARTY = {
 
 def _module_names(folders: tuple[pathlib.Path, ...] = (SHARDIO_DIR, PREPROCESS_DIR)) -> dict[str, pathlib.Path]:
     """Every module of ``folders`` (``shardio`` and ``preprocess`` unless told) by dotted name (a package by
-    its ``__init__``)."""
+    its ``__init__``); not what the benches write under ``bench/out`` (a peer's virtual environment, a stock
+    Pillow)."""
     found = {}
     for folder in folders:
         for path in folder.rglob("*.py"):
+            if path.is_relative_to(BENCH_DIR / "out"):
+                continue
             parts = path.relative_to(folder.parent).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
