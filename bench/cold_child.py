@@ -3,12 +3,14 @@ several; and the datasets' objects they read."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 from typing import Any
 
+from bench.machine_cpu import machine_cpu_s
 from shardio.format.manifests import load_manifest
 
 __all__ = ["cold_rate", "command", "dataset_objects", "local_rate", "result", "child_env"]
@@ -29,8 +31,9 @@ def _rate(runs: list[tuple[int, float]]) -> float:
 
 
 # One process's cold epochs, run as a child (``--compare`` runs the same script on another checkout's code,
-# alternated with this one's): numpy and shardio only, so any checkout runs it.
-_CHILD = r"""
+# alternated with this one's): numpy and shardio only, so any checkout runs it; ``machine_cpu_s`` goes in as
+# its source, since another checkout may have no ``bench.machine_cpu``.
+_CHILD = inspect.getsource(machine_cpu_s) + r"""
 import json, os, shutil, sys, time, warnings
 import numpy as np
 from shardio import ShardDataset
@@ -70,13 +73,6 @@ else:
         epoch(dataset)  # not an epoch's; the cache holds a third, so the epochs after download again
 cached = mode == "cold" or (mode == "rank" and bool(cache_dir))
 warm = dataset.cache_stats() if cached else {}
-def machine_cpu_s():  # every process's CPU seconds (the server's too), less idle and iowait
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 began = time.time()
 cpu, machine = os.times(), machine_cpu_s()
