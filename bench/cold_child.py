@@ -62,7 +62,7 @@ elif mode == "rank":  # rank RANK of WORLD (sharing cache_dir with the others, o
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     cache = {"cache_dir": cache_dir, "cache_limit": limit} if cache_dir else {}
-    dataset = ShardDataset(url, 256, shuffle=True, rank=rank, world_size=world, **cache)
+    dataset = ShardDataset(url, 256, shuffle=True, **cache)  # the rank from torch.distributed, as under torchrun
     step = dist.barrier  # as DDP's all-reduce at every step: the ranks go through the epoch in lockstep
     epoch(dataset)  # as the cold row's: the processes' start and the cache's first fill are no epoch's
     dist.barrier()

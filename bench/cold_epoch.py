@@ -28,9 +28,10 @@ The same photo-like 256x256 images as a raw and as a JPEG dataset (``bench.gpu_d
   e.g. the main branch), alternated with this one's: the "before" column;
 - ``--ranks 4,8`` (S3 only): that many rank processes of one node sharing one ``cache_dir``, in lockstep (a
   barrier after every batch, as DDP's all-reduce), on a dataset of ``--ranks-samples`` (the node's cache a third
-  of it: ``cache_limit`` is per process, so each rank's is a third over the ranks), two epochs after an untimed
-  one: the combined rate against raw GET and the same ranks reading the local copy, the share of the shards
-  downloaded an epoch, and the whole machine's CPU per GB against the raw GETs'.
+  of it: each rank's ``cache_limit``, since the ranks sharing a directory hold the same files), two epochs after an
+  untimed one: the combined rate against raw GET and the same ranks reading the local copy, the share of the
+  shards downloaded an epoch, the directory's peak against the limit, and the whole machine's CPU per GB against
+  the raw GETs'.
 
 Writes ``cold_epoch`` into ``results.json`` and its section into ``results.md`` in ``bench/`` (or
 ``--results DIR``; ``--quick``: ``bench/out/quick``), and prints the table. On a shared 2-core VM the server and
@@ -237,7 +238,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| s3, {row['ranks']} ranks, lockstep | {name} | {cold['samples/s']:.0f} | "
                      f"{row['raw_get_samples/s']:.0f} | {row['local_samples/s']:.0f} (the ranks) | | | "
                      f"{row['cold / limit']:.3f} | {row.get('before', {}).get('cold / limit', '')} | "
-                     f"downloads {row['downloads / shards, an epoch']:.2f} of the shards an epoch |")
+                     f"downloads {row['downloads / shards, an epoch']:.2f} of the shards an epoch, directory peak "
+                     f"{row.get('directory peak / limit', 0):.2f} of the limit |")
     return "\n".join(lines)
 
 
@@ -272,9 +274,10 @@ def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
     for label, row in result.get("ranks", {}).items():
         name, cold = label.split(",")[0], row["cold"]
         detail = (f"{cold['samples/s']:.0f} samples/s together, in lockstep; raw GET {row['raw_get_samples/s']:.0f}, "
-                  f"the same ranks from local disk {row['local_samples/s']:.0f}; each rank's cache a third of the "
-                  f"dataset over {row['ranks']}: {row['downloads / shards, an epoch']:.2f} of the {row['shards']} "
-                  f"shards downloaded an epoch ({cold['downloads']} downloads, {cold['adopted']} adopted)")
+                  f"the same ranks from local disk {row['local_samples/s']:.0f}; the node's cache a third of the "
+                  f"dataset: {row['downloads / shards, an epoch']:.2f} of the {row['shards']} shards downloaded an "
+                  f"epoch ({cold['downloads']} downloads, {cold['adopted']} adopted), the directory's peak "
+                  f"{row.get('directory peak / limit', 0):.2f} of the limit")
         if "cpu_allows / raw_get" in row:
             detail += (f"; the machine's CPU s/GB {row['machine_cpu_s_per_GB']:.2f}: on cores the server shares, "
                        f"the ranks can reach {row['cpu_allows / raw_get']:.3f} of raw GET and reach "

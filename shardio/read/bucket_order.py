@@ -174,6 +174,19 @@ class BucketRankBatches(Sequence[range]):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
+    @property
+    def steps(self) -> range:
+        """The pass's step of each batch held (``shardio.read.order.DealtBatches``): rounds after ``skip``."""
+        return range(self._indices.start - self.skip, self._indices.stop - self.skip, self._indices.step)
+
+    def of_rank(self, rank: int) -> BucketRankBatches:
+        """The whole pass as dealt to ``rank`` (``shardio.read.order.DealtBatches``): the same rounds."""
+        other = object.__new__(BucketRankBatches)
+        other.__dict__.update(self.__dict__)
+        other.rank, other._tails = int(rank), {}
+        other._indices = range(self.skip, len(self.sequence))
+        return other
+
     def consumed_after(self, batches_each: int) -> list[int]:
         """Each bucket's consumed samples once every rank took ``batches_each`` batches of this pass
         (counted from the first batch of the pass, i.e. after ``skip``)."""

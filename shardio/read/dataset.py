@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.store.root import DatasetRoot, open_root
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
+from shardio.read.cache.cache_group import CacheGroup, place_of
 from shardio.read.cache.cache_setup import default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
@@ -180,6 +181,8 @@ class ShardDataset(IterableDataset):
         self.cache_dir = cache_dir
         self.cache_limit: int | str | None = cache_limit
         self._cache: ShardCache | None = None
+        # The ranks reading through this process's cache directory: found when the ranks compare what they opened.
+        self._cache_group = CacheGroup.alone(self.rank)
         self._open(generation, check_ranks=True)
         if decode == "device" and not (self.is_jpeg or self.is_yuv420):
             raise ValueError(f"{path}: decode='device' is for JPEG datasets (encoding: jpeg) and yuv420 ones; "
@@ -250,7 +253,8 @@ class ShardDataset(IterableDataset):
             self._assembler: BatchAssembler = CachedAssembler(snapshot, self._cache, kept,
                                                               buffers=self.prefetch + 4, fields=self.fields,
                                                               batch_size=self.batch_size, layout=layout,
-                                                              threads=self.gather_threads)
+                                                              threads=self.gather_threads, group=self._cache_group,
+                                                              lag_steps=self.prefetch + 2)
         else:
             self._assembler = BatchAssembler(snapshot, kept, buffers=self.prefetch + 4,
                                              fields=self.fields, batch_size=self.batch_size, layout=layout,
@@ -291,23 +295,28 @@ class ShardDataset(IterableDataset):
         """Ranks that opened different generations (a job committed in between) would disagree on the
         batch count, and a rank that failed to open while the others go on leaves them waiting: either
         would hang DDP. So the ranks compare generations (and, for manifests from before generations,
-        what they list), and all raise or none does."""
+        what they list), and all raise or none does. Each says where its cache directory is too: the ranks
+        sharing one plan their downloads together (``shardio.read.cache.cache_group``)."""
         if snapshot is None:
             mine: tuple[Any, ...] = (str(error),)
         else:
             mine = (snapshot.generation, len(snapshot), snapshot.manifest.updated)
+        place = "" if self._cache is None else place_of(self._cache.cache_dir)
         everyone: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(everyone, mine)
-        failed = [(rank, note[0]) for rank, note in enumerate(everyone) if len(note) == 1]
+        torch.distributed.all_gather_object(everyone, (mine, place))
+        notes = [note for note, _ in everyone]
+        failed = [(rank, note[0]) for rank, note in enumerate(notes) if len(note) == 1]
         if error is None and failed:
             rank, message = failed[0]
             raise ShardError(f"{manifest_path}: rank {rank} could not open the dataset: {message}")
-        if error is None and any(note != mine for note in everyone):
+        if error is None and any(note != mine for note in notes):
             raise ShardError(
                 f"{manifest_path}: the ranks opened different snapshots (generation, samples, updated) = "
-                f"{everyone}; the dataset changed while they started - start them again once the writer "
+                f"{notes}; the dataset changed while they started - start them again once the writer "
                 "is done, or pass generation= to all of them"
             )
+        if place:
+            self._cache_group = CacheGroup.of(self.rank, [where for _, where in everyone])
 
     def _newest_generation(self) -> int:
         """The newest generation every rank can open: under DDP the smallest of each rank's newest (a

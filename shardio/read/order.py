@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload, runtime_checkable
 
 import numpy as np
 
-__all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS", "Deal", "RankBatches",
+__all__ = ["DEFAULT_SHUFFLE_BLOCK", "DEFAULT_SHUFFLE_WINDOW", "ORDER_VERSION", "ORDER_VERSIONS", "Deal", "DealtBatches",
+           "RankBatches",
            "checked_batches_seen", "consumed_position", "epoch_runs", "epoch_windows", "join_runs", "rank_batches",
            "run_pieces", "window_bounds", "window_runs"]
 
@@ -131,6 +132,19 @@ def join_runs(runs: np.ndarray) -> np.ndarray:
     return np.stack([runs[head, 0], runs[head, 1], runs[tail, 2]], axis=1)
 
 
+@runtime_checkable
+class DealtBatches(Protocol):
+    """A pass's batches as one rank's deal of them (``RankBatches``, ``BucketRankBatches``), or a DataLoader
+    worker's share of it: what lets the shard cache plan the batches the ranks sharing its directory read."""
+
+    @property
+    def steps(self) -> range:
+        """The step of the pass (0: its first batch on every rank) of each batch held: a worker's share's."""
+
+    def of_rank(self, rank: int) -> Sequence[range]:
+        """The whole pass as dealt to ``rank`` (every rank has as many batches)."""
+
+
 class RankBatches(Sequence[range]):
     """This rank's batches of an epoch (``rank_batches``), each a range of epoch positions, computed on
     demand: a few ints whatever the epoch's size (LAION-2B at 256 a batch on 64 ranks: 140k batches a
@@ -183,6 +197,16 @@ class RankBatches(Sequence[range]):
         if not isinstance(other, Sequence):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    @property
+    def steps(self) -> range:
+        """The pass's step of each batch held (``DealtBatches``)."""
+        return self._indices
+
+    def of_rank(self, rank: int) -> RankBatches:
+        """The whole pass as dealt to ``rank`` (``DealtBatches``)."""
+        samples, batch_size, _, world_size, drop_last, start = self._args
+        return RankBatches(samples, batch_size, rank, world_size, drop_last, start)
 
     def __repr__(self) -> str:
         return f"RankBatches({len(self)} batches: {list(self[:3])}{'...' if len(self) > 3 else ''})"

@@ -111,8 +111,8 @@ def test_a_warm_cache_downloads_nothing_and_reads_the_same(local, remote, tmp_pa
 
 
 def test_dataloader_workers_share_one_cache_dir(local, remote, tmp_path):
-    # ShardLoader spawns its workers for a URL (the S3 client does not survive fork); each plans its own
-    # batches with half the limit, and they share the directory's files.
+    # ShardLoader spawns its workers for a URL (the S3 client does not survive fork); each plans the rank's whole
+    # pass, step by step, within the limit, so they hold the same files of the shared directory.
     cache = str(tmp_path / "cache")
     ds = ShardDataset(remote, 8, cache_dir=cache, cache_limit="1MiB", **SETTINGS)
     here = ShardDataset(local, 8, **SETTINGS)
@@ -128,9 +128,9 @@ def test_dataloader_workers_share_one_cache_dir(local, remote, tmp_path):
 
 
 def test_workers_with_the_default_cache_read_the_local_batches(local, remote, tmp_path):
-    """The default limit holds the whole dataset; the workers share the directory's files, so each keeps
-    that limit (together they hold no more than the dataset) and a batch drawing from most of the
-    dataset's shards still fits."""
+    """The default limit holds the whole dataset; the workers plan the same pass and share the directory's
+    files, so each keeps that limit (together they hold no more than the dataset) and a batch drawing from
+    most of the dataset's shards still fits."""
     cache = str(tmp_path / "cache")
     ds = ShardDataset(remote, 32, shuffle=True, seed=3, cache_dir=cache)
     got = list(ShardLoader(ds, num_workers=2))

@@ -17,6 +17,7 @@ from torch.utils.data import get_worker_info
 
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_dir import cache_key
+from shardio.read.cache.cache_group import CacheGroup, node_reads
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 from shardio.read.selection import SubsetSnapshot
@@ -39,8 +40,9 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, data
     of 1: 162 of 256 shards in a batch of 256), and a batch across a window's end from two, so two windows
     must fit on disk at once (which also lets the next window download while this one is read), or the pass is
     refused or downloads shards again and again. The default window is clamped to ``cache.limit // (2 ×
-    largest shard)``, with a warning; a window the caller chose is kept, with one. (A DataLoader worker's
-    cache gets ``limit / num_workers``, or all of a limit that holds the dataset.) A bucketed dataset's
+    largest shard)``, with a warning; a window the caller chose is kept, with one. (The processes of a cache
+    directory's group, ranks and workers, plan the same batches and hold the same files, each within the whole
+    limit: ``shardio.read.cache.cache_group``.) A bucketed dataset's
     ``buckets`` (those with samples) take turns, each reading its own window: two windows of each must fit. A
     cache that holds the whole dataset (the default ``cache_limit`` is its size) needs no room for windows:
     every shard stays once downloaded, so the window is kept, and a dataset smaller than two windows reads in
@@ -79,28 +81,45 @@ class CachedAssembler(BatchAssembler):
 
     def __init__(self, snapshot: DatasetSnapshot, cache: ShardCache, cache_shards: int, buffers: int = 4,
                  fields: tuple[str, ...] = FIELDS, batch_size: int = 0, *, layout: Layout,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, group: CacheGroup | None = None, lag_steps: int = 4) -> None:
         super().__init__(snapshot, cache_shards, buffers, fields, batch_size, layout=layout, threads=threads)
         self.shard_cache = cache
+        self.group = CacheGroup.alone(0) if group is None else group  # the processes planning with this one
+        # How many steps another process of the group may read behind this one: under DDP the ranks are in one
+        # step, and each assembles ``prefetch`` batches ahead of it (a DataLoader worker: its share of the steps).
+        self.lag_steps = lag_steps
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
 
     def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
                 encoded: bool = False) -> Iterator[Batch]:
-        """The batches, the cache given the pass's exact access sequence first (downloads ahead, Belady):
-        every piece of the pass is listed up front (one entry a sample with blocks of 1)."""
+        """The batches, the cache given the exact access sequence first (downloads ahead, Belady): every piece of
+        every batch the processes of this directory's group read in the pass (``shardio.read.cache.cache_group``:
+        the ranks sharing it, their workers), step by step, listed up front (one entry a sample with blocks of 1),
+        so they all hold the same files; the cache advances a step at a time."""
         cache = self.shard_cache
-        pieces = [plan.pieces(positions) for positions in batches]
+        node, steps = node_reads(batches, self.group)
         unit_of = cache_units(self.snapshot)
-        shards = [[unit_of[shard] for shard, _, _ in batch] for batch in pieces]
+        where = {step: number for number, step in enumerate(steps)}
+        own: list[list[tuple[int, int, int]]] = [[] for _ in steps]
+        shards = []
+        for step, reads in enumerate(node):
+            units = []
+            for member, positions in enumerate(reads):
+                pieces = plan.pieces(positions)
+                units += [unit_of[shard] for shard, _, _ in pieces]
+                number = where.get(step) if member == node.member else None
+                if number is not None:
+                    own[number] = pieces
+            shards.append(units)
         worker = get_worker_info()
-        if worker is not None:
-            cache.share(worker.num_workers)
-        cache.plan(shards)
-        for number, batch in enumerate(pieces):
-            cache.advance(number)
+        spread = 1 if worker is None else worker.num_workers  # a rank's workers read its steps in turn
+        alone = len(self.group.ranks) == 1 and spread == 1
+        cache.plan(shards, behind=0 if alone else self.lag_steps * spread)
+        for step, pieces in zip(steps, own):
+            cache.advance(step)
             self.release_read()
-            yield self.assemble(batch, shared, pinned, encoded)
+            yield self.assemble(pieces, shared, pinned, encoded)
 
     def _open(self, shard: int) -> tuple[Any, ShardMeta, Any]:
         # Every way to a shard's map (``shard``, ``assemble``) comes here: maps of doomed files go first.

@@ -23,10 +23,9 @@ needed, which no LRU cache of a streaming loader can know.
 - **A unit is all of a shard's files**: its ``.npy``, its ``.jsonl`` and its model outputs' files (spec,
   "Model outputs"), downloaded, counted, held and evicted together; a map of any of them holds the unit.
 
-The limit is per cache (one per process reading: a rank, or a DataLoader worker, each of which gets
-``limit / num_workers``, or the whole limit where it holds the whole dataset: the workers' files are
-shared, so together they hold no more than the dataset). Pickling a cache gives a new, empty one (a
-worker plans its own batches).
+The limit is per cache (one per process reading: a rank, or a DataLoader worker). The processes sharing a
+directory plan one sequence, the node's (``shardio.read.cache.cache_group``), so they hold the same files: together
+about one limit. Pickling a cache gives a new, empty one (a worker plans its pass itself).
 """
 
 from __future__ import annotations
@@ -82,7 +81,6 @@ class ShardCache(CachedViews):
         self.store, self.cache_dir, self.limit = store, cache_dir, int(limit)
         # ``buckets``: a bucketed dataset's (h, w) by bucket id, each unit mapped at its own (None: ``shape``)
         self.shape, self.attempts, self.buckets = shape, attempts, buckets
-        self.full_limit = self.limit
         sizes = unit_sizes(self.units)
         self.dataset_bytes = int(sizes.sum())  # every unit's bytes: a limit of at least this holds them all
         self.threads = download_threads(self.dataset_bytes // max(1, len(sizes))) if threads is None else threads
@@ -120,6 +118,7 @@ class ShardCache(CachedViews):
         self._demanded: list[str] = []  # wanted by the reader now (first in line)
         self._starts: list[int] = [0]  # sequence index where each batch starts (and the end)
         self._batch = 0
+        self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
         self._released: deque[str] = deque()  # maps gone (finalizers only append: any thread, any time)
         self._used = 0
         self._sequence: list[str] = []
@@ -145,7 +144,7 @@ class ShardCache(CachedViews):
         self._forked = True
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("units", "store", "cache_dir", "limit", "full_limit", "dataset_bytes", "largest_sizes",
+        keep = ("units", "store", "cache_dir", "limit", "dataset_bytes", "largest_sizes",
                 "shape", "threads", "attempts", "buckets")
         return {name: self.__dict__[name] for name in keep}
 
@@ -156,10 +155,13 @@ class ShardCache(CachedViews):
 
     # --- the plan ---------------------------------------------------------------------------------
 
-    def plan(self, batches: Sequence[Sequence[int]]) -> None:
-        """This pass's access sequence: for each batch, the shard index of each of its pieces, in the
-        order they are read (``advance(b)`` says the reader starts batch ``b``). Refuses (``ShardError``)
-        a limit that cannot hold the shards of one batch (all mapped while it is assembled)."""
+    def plan(self, batches: Sequence[Sequence[int]], behind: int = 0) -> None:
+        """This pass's access sequence: for each batch (a step: the batches of every rank sharing the directory),
+        the shard index of each of its pieces, in the order they are read (``advance(b)`` says the reader starts
+        batch ``b``). Refuses (``ShardError``) a limit that cannot hold the shards of one batch (all mapped while it
+        is assembled). ``behind``: how many batches behind this process the slowest one planning the same sequence
+        may be; what they read is not evicted for a download ahead (that one might not hold it yet), only for the
+        batch this process reads now."""
         if self._forked and self.store is None:
             raise ShardError(
                 f"{self.unit(0).npy_url}: an object-storage dataset cannot be read in a process started by "
@@ -172,9 +174,9 @@ class ShardCache(CachedViews):
             need = sum(self._unit(k).size for k in keys)
             if need > self.limit:
                 raise ShardError(
-                    f"{self.unit(shards[0]).npy_url}: a batch of this pass needs {len(keys)} shards ({need} "
-                    f"bytes) on disk at once, over cache_limit {self.limit}; raise cache_limit or lower "
-                    "shuffle_window")
+                    f"{self.unit(shards[0]).npy_url}: a step of this pass (a batch on each rank sharing the "
+                    f"cache directory) needs {len(keys)} shards ({need} bytes) on disk at once, over cache_limit "
+                    f"{self.limit}; raise cache_limit or lower shuffle_window")
         with self._cond:
             sequence: list[str] = []
             starts = []
@@ -188,7 +190,7 @@ class ShardCache(CachedViews):
             self._uses = {}
             for i, key in enumerate(sequence):
                 self._uses.setdefault(key, []).append(i)
-            self._batch = 0
+            self._batch, self._behind = 0, behind
             self._position = self._scan = 0
             for key in list(self._in[_FAILED]):  # a new pass tries again
                 self._set(key, _ABSENT)
@@ -198,6 +200,12 @@ class ShardCache(CachedViews):
             self._jobs.notify()
         self._start_threads()
 
+    @property
+    def planned(self) -> tuple[str, ...]:
+        """The planned pass's access sequence, as unit keys (a key repeats where another unit came between)."""
+        with self._cond:
+            return tuple(self._sequence)
+
     def advance(self, batch: int) -> None:
         """The reader starts batch ``batch`` of the plan."""
         with self._cond:
@@ -206,15 +214,6 @@ class ShardCache(CachedViews):
             self._scan = max(self._scan, self._position)
             self._jobs.notify()
         self._start_threads()
-
-    def share(self, parts: int) -> None:
-        """Keep ``limit / parts`` (a DataLoader worker: the workers of a rank share its limit), unless the
-        limit holds the whole dataset (the default): the workers share the directory's files (content
-        addressed, each downloaded once), so together they never hold more than the dataset, and each
-        keeps the whole limit."""
-        whole = self.full_limit >= self.dataset_bytes
-        self.limit = self.full_limit if whole else self.full_limit // max(1, parts)
-        self._check_limit()
 
     def unit(self, shard: int) -> CachedShard:
         """Shard ``shard``'s unit: made on first use, kept while a pass needs it or the cache holds it."""
@@ -303,9 +302,10 @@ class ShardCache(CachedViews):
     def _unit(self, key: str) -> CachedShard:
         return self._by_key[key]
 
-    def _next_use(self, key: str) -> float:
+    def _next_use(self, key: str, after: int | None = None) -> float:
+        """Where ``key`` is next read, from ``after`` (default: this process's place)."""
         uses = self._uses.get(key, ())
-        i = bisect.bisect_left(uses, self._position)
+        i = bisect.bisect_left(uses, self._position if after is None else after)
         return uses[i] if i < len(uses) else float("inf")
 
     def _collect(self) -> None:
@@ -339,6 +339,8 @@ class ShardCache(CachedViews):
         batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
         current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
         for_current = needed_at < batch_end
+        # For a download ahead, what a slower process of the group may still be about to adopt stays.
+        slowest = self._position if for_current else self._starts[max(0, self._batch - self._behind)]
         # Doomed files free their bytes when their maps go: doom no more than the room still missing.
         freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
         while self.limit - self._used + freeing < unit.size:
@@ -351,7 +353,7 @@ class ShardCache(CachedViews):
                     i = bisect.bisect_left(uses, batch_end)
                     use: float = uses[i] if i < len(uses) else float("inf")
                 else:
-                    use = self._next_use(k)
+                    use = self._next_use(k, slowest)
                 if use > needed_at:
                     victims.append((use, k not in current, not self._maps.get(k), k))
             if not victims:
