@@ -90,7 +90,8 @@ if mode == "cold":
 
 
 def command(mode: str, url: str, epochs: int, cache_dir: str = "", limit: int = 0, *more: object) -> list[str]:
-    return [sys.executable, "-c", _CHILD, mode, url, cache_dir, str(limit), str(epochs), *map(str, more)]
+    # -P: the working directory is not put first on sys.path, so a --compare checkout (PYTHONPATH) is the one imported
+    return [sys.executable, "-P", "-c", _CHILD, mode, url, cache_dir, str(limit), str(epochs), *map(str, more)]
 
 
 def result(mode: str, url: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:

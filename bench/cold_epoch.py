@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--per-shard", type=int, default=64)
     parser.add_argument("--ranks", default="4,8", help="rank processes of one node to run together (S3 only), "
                         "comma-separated; '' for none")
-    parser.add_argument("--ranks-samples", type=int, default=12288, help="the ranks' dataset: a third of it over "
-                        "8 ranks must hold two shuffle windows of each rank")
+    parser.add_argument("--ranks-samples", type=int, default=24576, help="the ranks' dataset: a third of it "
+                        "(the node's cache) must hold two shuffle windows, each well over a step of 8 ranks")
     parser.add_argument("--rounds", type=int, default=2, help="alternated runs of each row (medians)")
     parser.add_argument("--compare", help="a checkout of shardio to run the same cold epochs with, alternated "
                         "with this one's (e.g. the main branch): its rows are 'before'")

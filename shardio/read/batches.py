@@ -188,10 +188,11 @@ class BatchAssembler:
         return slices
 
     def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
-                encoded: bool = False) -> Iterator[Batch]:
+                encoded: bool = False, *, pass_id: tuple[int, int] = (0, 0)) -> Iterator[Batch]:
         """The batches of ``batches`` (ranges of ``plan``'s epoch positions), in order. The next batch's
         slices are asked of the kernel before this one is copied: read ahead in the background where the
-        page cache lacks them (``read_ahead``)."""
+        page cache lacks them (``read_ahead``). ``pass_id`` (epoch, start) names the pass to processes reading
+        it together (a shard cache's group: ``CachedAssembler``); local shards need no one's help."""
         ahead = plan.pieces(batches[0]) if len(batches) else []
         for number in range(len(batches)):
             pieces = ahead

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.store.root import DatasetRoot, open_root
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cache.cache_group import CacheGroup, place_of
+from shardio.read.cache.cache_group import CacheGroup, new_name, place_of
 from shardio.read.cache.cache_setup import default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
@@ -105,7 +105,9 @@ class ShardDataset(IterableDataset):
     ``cache_dir`` (default ``$SHARDIO_CACHE_DIR``, else ``~/.cache/shardio``), at most ``cache_limit``
     bytes (an int or a size such as ``"50GB"``, ``"512MiB"``; default: the smaller of the dataset's size
     and half the cache disk's free space), evicting the shard needed farthest ahead
-    (``shardio.read.cache.shard_cache``); ``cache_stats()`` has its counters. For a local path both are refused
+    (``shardio.read.cache.shard_cache``); ``cache_stats()`` has its counters. Ranks under ``torch.distributed``
+    sharing a ``cache_dir`` plan their downloads together, each shard fetched once for the node and ``cache_limit``
+    the node's (``shardio.read.cache.cache_group``). For a local path both are refused
     (a local dataset is read in place).
     """
 
@@ -303,8 +305,8 @@ class ShardDataset(IterableDataset):
             mine = (snapshot.generation, len(snapshot), snapshot.manifest.updated)
         place = "" if self._cache is None else place_of(self._cache.cache_dir)
         everyone: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(everyone, (mine, place))
-        notes = [note for note, _ in everyone]
+        torch.distributed.all_gather_object(everyone, (mine, place, new_name()))
+        notes = [note for note, _, _ in everyone]
         failed = [(rank, note[0]) for rank, note in enumerate(notes) if len(note) == 1]
         if error is None and failed:
             rank, message = failed[0]
@@ -316,7 +318,8 @@ class ShardDataset(IterableDataset):
                 "is done, or pass generation= to all of them"
             )
         if place:
-            self._cache_group = CacheGroup.of(self.rank, [where for _, where in everyone])
+            self._cache_group = CacheGroup.of(self.rank, [where for _, where, _ in everyone],
+                                              [name for _, _, name in everyone])
 
     def _newest_generation(self) -> int:
         """The newest generation every rank can open: under DDP the smallest of each rank's newest (a
@@ -492,18 +495,21 @@ class ShardDataset(IterableDataset):
         # the pass carries to a worker is a few ints, and each worker builds the windows its batches touch.
         depth = self.prefetch if prefetch is None else prefetch
         if depth <= 0:
-            return self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded)
+            return self._assembler.batches(self.plan(epoch_pass.epoch), batches, worker is not None, pinned, encoded,
+                                           pass_id=(epoch_pass.epoch, epoch_pass.start))
 
         def ahead() -> tuple[tuple[Any, ...], Iterator[Batch]] | None:  # on the prefetch thread
             following = self.pass_ahead()
             if following is None:
                 return None
             return (self.pass_key(following, pinned, encoded),
-                    self._assembler.batches(self.plan(following.epoch), following.batches, False, pinned, encoded))
+                    self._assembler.batches(self.plan(following.epoch), following.batches, False, pinned, encoded,
+                                            pass_id=(following.epoch, following.start)))
 
         return self._passes.passes(
             self.pass_key(epoch_pass, pinned, encoded),
-            lambda: self._assembler.batches(self.plan(epoch_pass.epoch), batches, False, pinned, encoded),
+            lambda: self._assembler.batches(self.plan(epoch_pass.epoch), batches, False, pinned, encoded,
+                                            pass_id=(epoch_pass.epoch, epoch_pass.start)),
             _identity, depth, ahead, len(batches))
 
     def pass_ahead(self) -> EpochPass | None:

@@ -1,18 +1,21 @@
 """The processes sharing a cache directory plan one sequence (``shardio.read.cache.cache_group``): a rank's deal
 gives any other rank's batches of the same pass (fresh, resumed, bucketed, a worker's share), the node's steps put
-every rank's batch of a step together, each process finds its own batches in them, and the ranks sharing a
-directory are those whose directory is the same one (another path to it included). The processes themselves, under
+every rank's batch of a step together, each process finds its own batches in them, the ranks sharing a
+directory are those whose directory is the same one (another path to it included), and the group's positions file
+says where its slowest process is. The processes themselves, under
 torch.distributed, are in ``tests/read/test_remote_faults.py`` (four ranks, one cache directory)."""
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import pytest
 
 from shardio.read.bucket_order import Buckets
 from shardio.read.cache.cache_group import CacheGroup, NodeSteps, node_reads, place_of
+from shardio.read.cache.group_positions import GroupPositions, prune
 from shardio.read.order import Deal, DealtBatches, rank_batches
 
 
@@ -60,11 +63,41 @@ def test_batches_that_are_no_deal_are_planned_alone():
     assert isinstance(node, NodeSteps) and len(node[0]) == 1
 
 
-def test_the_group_is_the_ranks_of_one_directory():
-    places = ["a", "b", "a", "c", "a"]
-    assert CacheGroup.of(2, places) == CacheGroup((0, 2, 4), 1)
-    assert CacheGroup.of(3, places) == CacheGroup((3,), 0)
-    assert CacheGroup.alone(5) == CacheGroup((5,), 0)
+def test_the_group_is_the_ranks_of_one_directory_named_by_its_first():
+    places, names = ["a", "b", "a", "c", "a"], ["n0", "n1", "n2", "n3", "n4"]
+    assert CacheGroup.of(2, places, names) == CacheGroup((0, 2, 4), 1, "n0")
+    assert CacheGroup.of(3, places, names) == CacheGroup((3,), 0, "n3")
+    alone, other = CacheGroup.alone(5), CacheGroup.alone(5)
+    assert alone.ranks == (5,) and alone.index == 0 and alone.name != other.name  # a run never meets another's
+
+
+def test_the_slowest_process_of_the_group_bounds_the_pass(tmp_path):
+    cache = str(tmp_path / "cache")
+    slots = [GroupPositions(cache, "g", 3, slot) for slot in range(3)]
+    first, second, third = slots
+    first.begin(4, 0)
+    first.at(9)
+    assert first.slowest() == 0  # the others have not begun epoch 4: all they will read is kept
+    second.begin(4, 0)
+    second.at(7)
+    third.begin(4, 0)
+    third.at(12)
+    assert first.slowest() == second.slowest() == 7
+    second.begin(5, 0)  # done with epoch 4, in the next one
+    assert first.slowest() == 9 and second.slowest() == 0
+    again = GroupPositions(cache, "g", 3, 0)  # a process of the group mapping the file afresh sees the same
+    again.begin(4, 0)
+    again.at(10)
+    assert third.slowest() == 10
+
+
+def test_positions_files_a_day_old_are_pruned_others_kept(tmp_path):
+    cache = str(tmp_path / "cache")
+    old, new = GroupPositions(cache, "old", 1, 0), GroupPositions(cache, "new", 1, 0)
+    day_ago = time.time() - 2 * 24 * 3600
+    os.utime(old.path, (day_ago, day_ago))
+    prune(cache)
+    assert not os.path.exists(old.path) and os.path.exists(new.path)
 
 
 def test_a_directory_is_named_by_what_it_is_not_by_its_path(tmp_path):

@@ -593,3 +593,29 @@ def test_small_shards_get_more_download_threads_set_by_bytes_in_flight(monkeypat
     assert download_threads(1024) == MAX_DOWNLOAD_THREADS
     monkeypatch.setenv("SHARDIO_DOWNLOAD_THREADS", "5")
     assert download_threads(1024) == 5
+
+
+def test_a_follower_holds_two_steps_and_reads_what_the_leader_holds(dataset, tmp_path):
+    """Two processes of a group plan the same steps (``shardio.read.cache.cache_group``): the leader downloads ahead
+    within the whole limit, the follower holds no more than two of the largest steps, and both read every shard's
+    own bytes."""
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    steps = [[0, 1], [2, 3], [1, 4], [5, 6], [7, 0], [8, 9], [10, 11], [12, 13], [14, 2]]
+    largest = max(sum(units[s].size for s in step) for step in steps)
+    leader = ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
+    follower = ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
+    try:
+        leader.plan(steps, behind=2)
+        follower.plan(steps, behind=2, lead=False)
+        for number, step in enumerate(steps):
+            for cache in (leader, follower):
+                cache.advance(number)
+                for shard in step:
+                    assert bytes(np.ascontiguousarray(cache.pixels(shard))) == \
+                        local_pixels(dataset, units[shard]).tobytes()
+        assert 0 < follower.stats["peak_bytes"] <= 2 * largest < leader.stats["peak_bytes"]
+        assert follower.stats["downloads"] + follower.stats["adopted"] >= len(units)
+    finally:
+        leader.close()
+        follower.close()

@@ -15,6 +15,8 @@ stale file can never stand for another shard)::
     locks/KEY.lock        the unit's lock file (empty; never removed)
     index/                the dataset indexes' segments, shared by the node's processes
                           (``shardio.format.segment_cache``; not counted in ``cache_limit``)
+    groups/NAME.steps     where each process of a group sharing the directory is in its pass (a few bytes a
+                          process; ``shardio.read.cache.group_positions``; removed a day after its last pass)
 
 Why the pair: a unit is two files (and its outputs'), and a name must stand for all of them. Two shards with the
 same pixels but different metadata (the same tar uploaded under two names: each ``.jsonl`` line names its tar)

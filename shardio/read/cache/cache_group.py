@@ -16,6 +16,7 @@ The group is found when the dataset opens: under ``torch.distributed`` the ranks
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import overload
 
 from shardio.read.order import DealtBatches
 
-__all__ = ["CacheGroup", "NodeSteps", "node_reads", "place_of"]
+__all__ = ["CacheGroup", "NodeSteps", "new_name", "node_reads", "place_of"]
 
 
 def place_of(cache_dir: str) -> str:
@@ -38,23 +39,30 @@ def place_of(cache_dir: str) -> str:
     return f"{machine}:{info.st_dev}:{info.st_ino}"
 
 
+def new_name() -> str:
+    """A group's name: drawn by each rank when the dataset opens; the group takes its first rank's."""
+    return secrets.token_hex(8)
+
+
 @dataclass(frozen=True)
 class CacheGroup:
-    """The ranks reading through this process's cache directory (rank order), and this rank's place among them."""
+    """The ranks reading through this process's cache directory (rank order), this rank's place among them, and
+    the group's ``name`` (its positions file: ``shardio.read.cache.group_positions``)."""
 
     ranks: tuple[int, ...]
     index: int
+    name: str = ""
 
     @classmethod
     def alone(cls, rank: int) -> CacheGroup:
         """A rank that shares its directory with no other rank (its DataLoader workers still plan together)."""
-        return cls((rank,), 0)
+        return cls((rank,), 0, new_name())
 
     @classmethod
-    def of(cls, rank: int, places: Sequence[str]) -> CacheGroup:
-        """The group of ``rank``, given every rank's ``place_of`` its cache directory."""
+    def of(cls, rank: int, places: Sequence[str], names: Sequence[str]) -> CacheGroup:
+        """The group of ``rank``, given every rank's ``place_of`` its cache directory and ``new_name``."""
         ranks = tuple(r for r, place in enumerate(places) if place == places[rank])
-        return cls(ranks, ranks.index(rank))
+        return cls(ranks, ranks.index(rank), names[ranks[0]])
 
 
 class NodeSteps(Sequence[tuple[range, ...]]):

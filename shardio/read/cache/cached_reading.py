@@ -18,6 +18,7 @@ from torch.utils.data import get_worker_info
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_dir import cache_key
 from shardio.read.cache.cache_group import CacheGroup, node_reads
+from shardio.read.cache.group_positions import GroupPositions
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
 from shardio.read.selection import SubsetSnapshot
@@ -88,11 +89,12 @@ class CachedAssembler(BatchAssembler):
         # How many steps another process of the group may read behind this one: under DDP the ranks are in one
         # step, and each assembles ``prefetch`` batches ahead of it (a DataLoader worker: its share of the steps).
         self.lag_steps = lag_steps
+        self._group_positions: tuple[tuple[int, int], GroupPositions | None] | None = None
         self._seen_dooms = 0
         cache.on_wait = self.release_doomed
 
     def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
-                encoded: bool = False) -> Iterator[Batch]:
+                encoded: bool = False, *, pass_id: tuple[int, int] = (0, 0)) -> Iterator[Batch]:
         """The batches, the cache given the exact access sequence first (downloads ahead, Belady): every piece of
         every batch the processes of this directory's group read in the pass (``shardio.read.cache.cache_group``:
         the ranks sharing it, their workers), step by step, listed up front (one entry a sample with blocks of 1),
@@ -111,15 +113,33 @@ class CachedAssembler(BatchAssembler):
                 number = where.get(step) if member == node.member else None
                 if number is not None:
                     own[number] = pieces
-            shards.append(units)
+            shards.append(list(dict.fromkeys(units)))  # a step's shards once each, in their first read's order
         worker = get_worker_info()
         spread = 1 if worker is None else worker.num_workers  # a rank's workers read its steps in turn
         alone = len(self.group.ranks) == 1 and spread == 1
-        cache.plan(shards, behind=0 if alone else self.lag_steps * spread)
+        # One process of the group downloads ahead with the whole limit: the first rank's (its first worker)
+        lead = self.group.index == 0 and (worker is None or worker.id == 0)
+        positions = None if alone else self._positions(spread, 0 if worker is None else worker.id)
+        if positions is not None:
+            positions.begin(*pass_id)
+        cache.plan(shards, behind=0 if alone else self.lag_steps * spread, lead=lead, positions=positions)
         for step, pieces in zip(steps, own):
             cache.advance(step)
             self.release_read()
             yield self.assemble(pieces, shared, pinned, encoded)
+
+    def _positions(self, spread: int, worker: int) -> GroupPositions | None:
+        """This process's slot in its group's positions file (each rank's workers after one another); None where
+        the directory cannot take the file (another user's, read-only): the group then plans with ``lag_steps``."""
+        key = (spread, worker)
+        if self._group_positions is None or self._group_positions[0] != key:
+            try:
+                found = GroupPositions(self.shard_cache.cache_dir, self.group.name, len(self.group.ranks) * spread,
+                                       self.group.index * spread + worker)
+            except OSError:
+                found = None
+            self._group_positions = (key, found)
+        return self._group_positions[1]
 
     def _open(self, shard: int) -> tuple[Any, ShardMeta, Any]:
         # Every way to a shard's map (``shard``, ``assemble``) comes here: maps of doomed files go first.
@@ -176,6 +196,11 @@ class CachedAssembler(BatchAssembler):
         if isinstance(self.snapshot, SubsetSnapshot):  # it keeps maps of the parent's shards too
             self.snapshot.forget(keys)
         self.shard_cache.maps_dropped()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_group_positions"] = None  # each process maps the file itself
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

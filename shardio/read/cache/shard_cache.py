@@ -40,7 +40,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shardio.read.cache.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.read.cache.cache_room import _ABSENT, _DOOMED, _FAILED, _HELD, _LOADING, CacheRoom
 from shardio.read.cache.cached_views import CachedViews
+from shardio.read.cache.group_positions import GroupPositions, prune
 from shardio.read.cache.cache_units import ShardUnits, download_threads, largest_two, unit_algorithms, unit_sizes
 from shardio.store.checksum import require
 from shardio.errors import ShardError
@@ -51,7 +53,6 @@ __all__ = ["ShardCache"]
 # hanging a DDP job: the limit cannot hold what the program keeps mapped.
 STUCK_TIMEOUT_S = 120.0
 
-_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
 
 # Every cache of this process, so that a forked child resets them (``ShardCache._after_fork``).
 _LIVE: weakref.WeakSet[ShardCache] = weakref.WeakSet()
@@ -65,7 +66,7 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-class ShardCache(CachedViews):
+class ShardCache(CacheRoom, CachedViews):
     """Shards of one snapshot (``units[i]`` for shard index ``i``) cached in ``cache_dir``, at most
     ``limit`` bytes; see the module docstring. ``plan`` a pass, ``advance`` as batches start, ``pixels``,
     ``output_arrays`` and ``meta_bytes`` to read; ``stats`` for counters; ``close`` to stop the threads.
@@ -119,6 +120,10 @@ class ShardCache(CachedViews):
         self._starts: list[int] = [0]  # sequence index where each batch starts (and the end)
         self._batch = 0
         self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
+        self._positions: GroupPositions | None = None  # where the group's processes are (``plan``)
+        self._kept: tuple[int, set[str]] = (-1, set())  # the group's keep set, and where it was counted from
+        self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
+        self._lead = True  # whether this process downloads ahead (a group's followers adopt: ``plan``)
         self._released: deque[str] = deque()  # maps gone (finalizers only append: any thread, any time)
         self._used = 0
         self._sequence: list[str] = []
@@ -155,13 +160,19 @@ class ShardCache(CachedViews):
 
     # --- the plan ---------------------------------------------------------------------------------
 
-    def plan(self, batches: Sequence[Sequence[int]], behind: int = 0) -> None:
+    def plan(self, batches: Sequence[Sequence[int]], behind: int = 0, lead: bool = True,
+             positions: GroupPositions | None = None) -> None:
         """This pass's access sequence: for each batch (a step: the batches of every rank sharing the directory),
         the shard index of each of its pieces, in the order they are read (``advance(b)`` says the reader starts
         batch ``b``). Refuses (``ShardError``) a limit that cannot hold the shards of one batch (all mapped while it
         is assembled). ``behind``: how many batches behind this process the slowest one planning the same sequence
         may be; what they read is not evicted for a download ahead (that one might not hold it yet), only for the
-        batch this process reads now."""
+        batch this process reads now. ``lead=False``: another process of the group downloads ahead with the whole
+        limit; this one adopts ahead only files already there (downloading only what it reads now) and holds no
+        more than two of its largest batches (the one read and the next), which the leader
+        holds too, so the directory holds about one limit however many processes share it. ``positions``: where
+        the group's processes are (this one writes its batch there as it advances); then the slowest of them, not
+        ``behind``, bounds what a download ahead may evict."""
         if self._forked and self.store is None:
             raise ShardError(
                 f"{self.unit(0).npy_url}: an object-storage dataset cannot be read in a process started by "
@@ -169,9 +180,11 @@ class ShardCache(CachedViews):
                 "does not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
                 "shardio.ShardLoader (its workers are spawned), or DataLoader(..., "
                 "multiprocessing_context='spawn')")
+        largest = 0
         for shards in batches:
             keys = {self.unit(s).key for s in shards}
             need = sum(self._unit(k).size for k in keys)
+            largest = max(largest, need)
             if need > self.limit:
                 raise ShardError(
                     f"{self.unit(shards[0]).npy_url}: a step of this pass (a batch on each rank sharing the "
@@ -190,11 +203,15 @@ class ShardCache(CachedViews):
             self._uses = {}
             for i, key in enumerate(sequence):
                 self._uses.setdefault(key, []).append(i)
-            self._batch, self._behind = 0, behind
+            self._batch, self._behind, self._positions = 0, behind, positions
+            self._kept = (-1, set())
+            self._lead = lead
+            self._budget = self.limit if lead else min(self.limit, 2 * max(largest, sum(self.largest_sizes)))
             self._position = self._scan = 0
             for key in list(self._in[_FAILED]):  # a new pass tries again
                 self._set(key, _ABSENT)
             self._forget(set(sequence))
+            self._shrink()
             self._trim()
             self._cond.notify_all()
             self._jobs.notify()
@@ -208,10 +225,15 @@ class ShardCache(CachedViews):
 
     def advance(self, batch: int) -> None:
         """The reader starts batch ``batch`` of the plan."""
+        if self._positions is not None:
+            self._positions.at(batch)
         with self._cond:
             self._batch = batch
             self._position = self._starts[batch]
             self._scan = max(self._scan, self._position)
+            if self._used > self._budget:
+                self._shrink()
+            self._keep()  # in a group: what it no longer keeps is let go
             self._jobs.notify()
         self._start_threads()
 
@@ -328,55 +350,13 @@ class ShardCache(CachedViews):
             key = self._sequence[self._scan]
             state = self._state.get(key, _ABSENT)
             if state == _ABSENT:
+                if not self._lead and not self.files.present(self._unit(key)):
+                    return None  # a follower adopts ahead what the leader fetched; fetches only what it reads now
                 return self._reserve(key, float(self._scan))
             if state == _DOOMED:
                 self._set(key, _HELD)  # needed again: keep it
             self._scan += 1
         return None
-
-    def _reserve(self, key: str, needed_at: float) -> CachedShard | None:
-        unit = self._unit(key)
-        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
-        current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
-        for_current = needed_at < batch_end
-        # For a download ahead, what a slower process of the group may still be about to adopt stays.
-        slowest = self._position if for_current else self._starts[max(0, self._batch - self._behind)]
-        # Doomed files free their bytes when their maps go: doom no more than the room still missing.
-        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
-        while self.limit - self._used + freeing < unit.size:
-            victims = []
-            for k in self._in[_HELD]:
-                if k in current:
-                    if for_current:
-                        continue
-                    uses = self._uses.get(k, ())
-                    i = bisect.bisect_left(uses, batch_end)
-                    use: float = uses[i] if i < len(uses) else float("inf")
-                else:
-                    use = self._next_use(k, slowest)
-                if use > needed_at:
-                    victims.append((use, k not in current, not self._maps.get(k), k))
-            if not victims:
-                return None
-            use, free_now, _, victim = max(victims)
-            if not free_now:
-                return None  # the farthest is the shard in use: wait for the batch to end, then evict it
-            if freeing and use != float("inf"):
-                # Room is coming from doomed files' maps: wait for it rather than throw away a shard this pass
-                # still reads (shards differ in size, so one doomed file may not make all the room).
-                return None
-            self.stats["evictions"] += 1
-            if self._maps.get(victim):
-                self.dooms += 1
-                self._set(victim, _DOOMED)  # removed when its last map goes; counted until then
-                freeing += self._unit(victim).size
-            else:
-                self._drop(victim)
-        if self.limit - self._used < unit.size:
-            return None  # waiting for doomed files' maps to go
-        self._set(key, _LOADING)
-        self._add_used(unit.size)
-        return unit
 
     def _add_used(self, delta: int) -> None:
         self._used += delta
@@ -396,7 +376,9 @@ class ShardCache(CachedViews):
 
     def _trim(self) -> None:
         """Bring the directory under the limit: remove files no process holds, first those this pass does
-        not need, then those it needs last; and killed downloads' temp files no process is writing."""
+        not need, then those it needs last; and killed downloads' temp files no process is writing, and groups'
+        positions files a day old."""
+        prune(self.cache_dir)
         sizes, temps = self.files.usage()
         for key in temps:
             if self._state.get(key) != _LOADING:

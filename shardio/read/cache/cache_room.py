@@ -1,0 +1,191 @@
+"""How the shard cache (``shardio.read.cache.shard_cache.ShardCache``) makes room for a download. Alone: Belady's
+policy, evicting the held shard read farthest ahead, and only one read later than the shard it makes room for. In a
+group of processes sharing the directory (``shardio.read.cache.cache_group``): the group's keep set, the shards it
+reads next from its slowest process on (``shardio.read.cache.group_positions``), which every process computes alike
+and so lets go of the same files in the same order; a shard this process reads now that finds no room outside it is
+made room for as alone."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+from shardio.read.cache.cache_dir import CachedShard
+from shardio.read.cache.group_positions import GroupPositions
+
+__all__ = ["CacheRoom"]
+
+_ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
+
+
+class CacheRoom:
+    """What ``ShardCache`` makes room with: it gives the plan (sequence, uses, batch starts, place), the held states,
+    the counts and the budget these use, and ``_set``, ``_drop``, ``_add_used``, ``_next_use``, ``_unit``."""
+
+    _cond: threading.Condition
+    _sequence: list[str]
+    _uses: dict[str, list[int]]
+    _starts: list[int]
+    _batch: int
+    _position: int
+    _behind: int
+    _budget: int
+    _used: int
+    _in: dict[str, set[str]]
+    _maps: dict[str, int]
+    _positions: GroupPositions | None
+    _kept: tuple[int, set[str]]
+    stats: dict[str, int]
+    dooms: int
+
+    def _unit(self, key: str) -> CachedShard:
+        raise NotImplementedError
+
+    def _set(self, key: str, state: str) -> None:
+        raise NotImplementedError
+
+    def _drop(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _add_used(self, delta: int) -> None:
+        raise NotImplementedError
+
+    def _next_use(self, key: str, after: int | None = None) -> float:
+        raise NotImplementedError
+
+    def _keep(self) -> set[str] | None:
+        """In a group (``positions``): what the group holds now, the distinct shards it reads next from its slowest
+        process's batch on, as many as this process's budget takes. That is Belady's set at that place, and the same
+        in every process of the group, so they let go of the same files (a file goes when its last holder lets it
+        go: processes keeping different parts of the past would keep all of it). None alone."""
+        if self._positions is None:
+            return None
+        start = self._starts[self._slowest_batch()]
+        if self._kept[0] == start:
+            return self._kept[1]
+        keep: set[str] = set()
+        total = 0
+        for index in range(start, len(self._sequence)):
+            key = self._sequence[index]
+            if key in keep:
+                continue
+            size = self._unit(key).size
+            if total + size > self._budget:
+                break
+            keep.add(key)
+            total += size
+        self._kept = (start, keep)
+        # Let go at once of what the group no longer keeps, not only when room is wanted: every process then holds
+        # no more than the keep set (and the batch it reads), whatever it downloaded meanwhile.
+        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
+        current = set(self._sequence[self._position:batch_end])
+        for victim in sorted(k for k in self._in[_HELD] if k not in keep and k not in current):
+            self._evict(victim)
+        return keep
+
+    def _reserve(self, key: str, needed_at: float) -> CachedShard | None:
+        unit = self._unit(key)
+        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
+        current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
+        for_current = needed_at < batch_end
+        keep = self._keep()
+        if keep is not None:
+            if not for_current or self._make_room(unit, keep, current):
+                return self._reserve_kept(unit, keep, current, for_current)
+        # For a download ahead, what a slower process of the group may still be about to adopt stays.
+        slowest = self._position if for_current else self._starts[self._slowest_batch()]
+        # Doomed files free their bytes when their maps go: doom no more than the room still missing.
+        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        while self._budget - self._used + freeing < unit.size:
+            victims = []
+            for k in self._in[_HELD]:
+                if k in current:
+                    if for_current:
+                        continue
+                    uses = self._uses.get(k, ())
+                    i = bisect.bisect_left(uses, batch_end)
+                    use: float = uses[i] if i < len(uses) else float("inf")
+                else:
+                    use = self._next_use(k, slowest)
+                if use > needed_at:  # alone an unmapped file first (free at once); a group's processes alike
+                    victims.append((use, k not in current, keep is not None or not self._maps.get(k), k))
+            if not victims:
+                return None
+            use, free_now, _, victim = max(victims)
+            if not free_now:
+                return None  # the farthest is the shard in use: wait for the batch to end, then evict it
+            if freeing and use != float("inf"):
+                # Room is coming from doomed files' maps: wait for it rather than throw away a shard this pass
+                # still reads (shards differ in size, so one doomed file may not make all the room).
+                return None
+            self.stats["evictions"] += 1
+            if self._maps.get(victim):
+                self.dooms += 1
+                self._set(victim, _DOOMED)  # removed when its last map goes; counted until then
+                freeing += self._unit(victim).size
+            else:
+                self._drop(victim)
+        if self._budget - self._used < unit.size:
+            return None  # waiting for doomed files' maps to go
+        self._set(key, _LOADING)
+        self._add_used(unit.size)
+        return unit
+
+    def _make_room(self, unit: CachedShard, keep: set[str], current: set[str]) -> bool:
+        """In a group, let go of held shards outside the keep set (in key order, as every process of the group
+        does) until ``unit`` fits, counting doomed files as free; whether it fits."""
+        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        if self._budget - self._used + freeing >= unit.size:
+            return True
+        for victim in sorted(k for k in self._in[_HELD] if k not in keep and k not in current):
+            if self._maps.get(victim):
+                freeing += self._unit(victim).size
+            self._evict(victim)
+            if self._budget - self._used + freeing >= unit.size:
+                return True
+        return False
+
+    def _reserve_kept(self, unit: CachedShard, keep: set[str], current: set[str],
+                      for_current: bool) -> CachedShard | None:
+        """A download in a group: ahead, only a shard of the group's keep set (the rest waits for the slowest to move
+        on); room made outside the keep set first. A shard this process reads now that still finds no room there
+        is made room for as alone (``_reserve``'s Belady, from this process's place)."""
+        if not for_current and unit.key not in keep:
+            return None
+        if not self._make_room(unit, keep, current) or self._budget - self._used < unit.size:
+            return None  # room is coming from doomed files' maps, or the keep set is held already
+        self._set(unit.key, _LOADING)
+        self._add_used(unit.size)
+        return unit
+
+    def _evict(self, victim: str) -> None:
+        """Let go of a held shard: doomed while this process maps it (its room counted until the maps go), else
+        dropped."""
+        self.stats["evictions"] += 1
+        if self._maps.get(victim):
+            self.dooms += 1
+            self._set(victim, _DOOMED)
+        else:
+            self._drop(victim)
+
+    def _shrink(self) -> None:
+        """Give up held shards, the one read farthest ahead first, until this process holds no more than its budget
+        (a follower beginning a pass still holds what it kept of the last one, which the leader holds too, or not)."""
+        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
+        current = set(self._sequence[self._position:batch_end])
+        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        keep = self._keep() or set()
+        victims = sorted(((k not in keep, self._next_use(k), k) for k in self._in[_HELD] if k not in current),
+                         reverse=True)
+        for _, _, victim in victims:
+            if self._used - freeing <= self._budget:
+                return
+            if self._maps.get(victim):
+                freeing += self._unit(victim).size
+            self._evict(victim)
+
+    def _slowest_batch(self) -> int:
+        """The batch the slowest process of the group reads: from the group's positions, else ``behind`` back."""
+        if self._positions is None:
+            return max(0, self._batch - self._behind)
+        return min(self._batch, self._positions.slowest())
