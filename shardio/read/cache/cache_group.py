@@ -6,8 +6,8 @@ rank's batches draw from the same window. But the epoch order is a pure function
 every process can compute what its neighbours read. Here each process of a group (the ranks whose cache directory
 is the same directory on the same machine, and their DataLoader workers) plans the *node's* sequence: at each step
 of the pass, the batch of every rank of the group, in rank order, and advances by steps, not by its own batches.
-They all evict by it, so they hold the same files, downloaded once (the others adopt them) and kept until the node
-as a whole is done with them: under DDP the ranks are all in one step, and no shard of that step is evicted.
+They all keep by it the same files, downloaded once (the others adopt them) and kept until the node as a whole is
+done with them (the group's keep set: ``shardio.read.cache.cache_room``).
 
 The group is found when the dataset opens: under ``torch.distributed`` the ranks already gather what they opened
 (``ShardDataset._check_same_snapshot``), and each adds the identity of its cache directory (``place_of``).

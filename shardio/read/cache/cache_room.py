@@ -7,7 +7,6 @@ made room for as alone."""
 
 from __future__ import annotations
 
-import bisect
 import threading
 
 from shardio.read.cache.cache_dir import CachedShard
@@ -24,7 +23,6 @@ class CacheRoom:
 
     _cond: threading.Condition
     _sequence: list[str]
-    _uses: dict[str, list[int]]
     _starts: list[int]
     _batch: int
     _position: int
@@ -53,6 +51,11 @@ class CacheRoom:
     def _next_use(self, key: str, after: int | None = None) -> float:
         raise NotImplementedError
 
+    def _current(self) -> tuple[int, set[str]]:
+        """Where the batch being read ends in the sequence, and its shards (never evicted for a download ahead)."""
+        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
+        return batch_end, set(self._sequence[self._position:batch_end])
+
     def _keep(self) -> set[str] | None:
         """In a group (``positions``): what the group holds now, the distinct shards it reads next from its slowest
         process's batch on, as many as this process's budget takes. That is Belady's set at that place, and the same
@@ -77,36 +80,34 @@ class CacheRoom:
         self._kept = (start, keep)
         # Let go at once of what the group no longer keeps, not only when room is wanted: every process then holds
         # no more than the keep set (and the batch it reads), whatever it downloaded meanwhile.
-        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
-        current = set(self._sequence[self._position:batch_end])
+        _, current = self._current()
         for victim in sorted(k for k in self._in[_HELD] if k not in keep and k not in current):
             self._evict(victim)
         return keep
 
     def _reserve(self, key: str, needed_at: float) -> CachedShard | None:
         unit = self._unit(key)
-        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
-        current = set(self._sequence[self._position:batch_end])  # the batch being read: never evicted
+        batch_end, current = self._current()
         for_current = needed_at < batch_end
         keep = self._keep()
         if keep is not None:
-            if not for_current or self._make_room(unit, keep, current):
-                return self._reserve_kept(unit, keep, current, for_current)
+            # In a group: ahead, only a shard of the group's keep set (the rest waits for the slowest to move on),
+            # room made outside the keep set. A shard this process reads now that finds no room there is made room
+            # for as alone, below.
+            if not for_current and unit.key not in keep:
+                return None
+            if self._make_room(unit, keep, current) or not for_current:
+                return self._take(unit)
         # For a download ahead, what a slower process of the group may still be about to adopt stays.
         slowest = self._position if for_current else self._starts[self._slowest_batch()]
         # Doomed files free their bytes when their maps go: doom no more than the room still missing.
-        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        freeing = self._freeing()
         while self._budget - self._used + freeing < unit.size:
             victims = []
             for k in self._in[_HELD]:
-                if k in current:
-                    if for_current:
-                        continue
-                    uses = self._uses.get(k, ())
-                    i = bisect.bisect_left(uses, batch_end)
-                    use: float = uses[i] if i < len(uses) else float("inf")
-                else:
-                    use = self._next_use(k, slowest)
+                if k in current and for_current:
+                    continue
+                use = self._next_use(k, batch_end if k in current else slowest)
                 if use > needed_at:  # alone an unmapped file first (free at once); a group's processes alike
                     victims.append((use, k not in current, keep is not None or not self._maps.get(k), k))
             if not victims:
@@ -118,23 +119,27 @@ class CacheRoom:
                 # Room is coming from doomed files' maps: wait for it rather than throw away a shard this pass
                 # still reads (shards differ in size, so one doomed file may not make all the room).
                 return None
-            self.stats["evictions"] += 1
             if self._maps.get(victim):
-                self.dooms += 1
-                self._set(victim, _DOOMED)  # removed when its last map goes; counted until then
                 freeing += self._unit(victim).size
-            else:
-                self._drop(victim)
+            self._evict(victim)
+        return self._take(unit)
+
+    def _freeing(self) -> int:
+        """Bytes of doomed files: free once their maps go."""
+        return sum(self._unit(k).size for k in self._in[_DOOMED])
+
+    def _take(self, unit: CachedShard) -> CachedShard | None:
+        """Reserve ``unit``'s room for its download, unless it is still coming from doomed files' maps."""
         if self._budget - self._used < unit.size:
-            return None  # waiting for doomed files' maps to go
-        self._set(key, _LOADING)
+            return None
+        self._set(unit.key, _LOADING)
         self._add_used(unit.size)
         return unit
 
     def _make_room(self, unit: CachedShard, keep: set[str], current: set[str]) -> bool:
         """In a group, let go of held shards outside the keep set (in key order, as every process of the group
         does) until ``unit`` fits, counting doomed files as free; whether it fits."""
-        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        freeing = self._freeing()
         if self._budget - self._used + freeing >= unit.size:
             return True
         for victim in sorted(k for k in self._in[_HELD] if k not in keep and k not in current):
@@ -145,22 +150,9 @@ class CacheRoom:
                 return True
         return False
 
-    def _reserve_kept(self, unit: CachedShard, keep: set[str], current: set[str],
-                      for_current: bool) -> CachedShard | None:
-        """A download in a group: ahead, only a shard of the group's keep set (the rest waits for the slowest to move
-        on); room made outside the keep set first. A shard this process reads now that still finds no room there
-        is made room for as alone (``_reserve``'s Belady, from this process's place)."""
-        if not for_current and unit.key not in keep:
-            return None
-        if not self._make_room(unit, keep, current) or self._budget - self._used < unit.size:
-            return None  # room is coming from doomed files' maps, or the keep set is held already
-        self._set(unit.key, _LOADING)
-        self._add_used(unit.size)
-        return unit
-
     def _evict(self, victim: str) -> None:
-        """Let go of a held shard: doomed while this process maps it (its room counted until the maps go), else
-        dropped."""
+        """Let go of a held shard: doomed while this process maps it (removed when its last map goes, its room
+        counted until then), else dropped."""
         self.stats["evictions"] += 1
         if self._maps.get(victim):
             self.dooms += 1
@@ -171,9 +163,8 @@ class CacheRoom:
     def _shrink(self) -> None:
         """Give up held shards, the one read farthest ahead first, until this process holds no more than its budget
         (a follower beginning a pass still holds what it kept of the last one, which the leader holds too, or not)."""
-        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
-        current = set(self._sequence[self._position:batch_end])
-        freeing = sum(self._unit(k).size for k in self._in[_DOOMED])
+        _, current = self._current()
+        freeing = self._freeing()
         keep = self._keep() or set()
         victims = sorted(((k not in keep, self._next_use(k), k) for k in self._in[_HELD] if k not in current),
                          reverse=True)
