@@ -193,7 +193,7 @@ def _rank_epoch(url: str, cache_dir: str, limit: int, rank: int, world: int, ren
         cache = ds._cache
         assert cache is not None
         with open(out, "w") as f:
-            json.dump({"seen": seen, "stats": ds.cache_stats(), "planned": list(cache.planned)}, f)
+            json.dump({"seen": seen, "stats": ds.cache_stats(), "planned": cache.plan_digest}, f)
     finally:
         dist.destroy_process_group()
 
@@ -234,9 +234,9 @@ def test_four_rank_processes_sharing_a_cache_dir_get_each_object_once(cloud_buck
     finally:
         proxy.close()
     assert len(got) == len(set(got.tolist())) == 116  # 29 rounds of 4, the last sample dropped
-    # Every rank planned the node's reads, the same sequence, which names every shard of the epoch.
+    # Every rank planned the node's reads: the same steps, in the same order (every shard of the epoch is
+    # fetched once, below).
     assert all(r["planned"] == results[0]["planned"] for r in results)
-    assert len(set(results[0]["planned"])) == len(shards)
     assert len(counts) == 2 * len(shards) and set(counts.values()) == {1}, counts  # every .npy and .jsonl once
     assert sum(r["stats"]["downloads"] for r in results) == len(shards)
     assert sum(r["stats"]["adopted"] for r in results) > 0  # the ranks met on shards: one fetched, others adopted

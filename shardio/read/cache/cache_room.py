@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from shardio.read.cache.cache_dir import CachedShard
+from shardio.read.cache.cache_plan import PlannedPass
 from shardio.read.cache.group_positions import GroupPositions
 
 __all__ = ["CacheRoom"]
@@ -22,8 +23,7 @@ class CacheRoom:
     the counts and the budget these use, and ``_set``, ``_drop``, ``_add_used``, ``_next_use``, ``_unit``."""
 
     _cond: threading.Condition
-    _sequence: list[str]
-    _starts: list[int]
+    _pass: PlannedPass
     _batch: int
     _position: int
     _behind: int
@@ -32,7 +32,7 @@ class CacheRoom:
     _in: dict[str, set[str]]
     _maps: dict[str, int]
     _positions: GroupPositions | None
-    _kept: tuple[int, set[str]]
+    _kept: tuple[int, int, set[str]]
     stats: dict[str, int]
     dooms: int
 
@@ -53,8 +53,8 @@ class CacheRoom:
 
     def _current(self) -> tuple[int, set[str]]:
         """Where the batch being read ends in the sequence, and its shards (never evicted for a download ahead)."""
-        batch_end = self._starts[min(self._batch + 1, len(self._starts) - 1)]
-        return batch_end, set(self._sequence[self._position:batch_end])
+        batch_end = self._pass.start(min(self._batch + 1, self._pass.batches))
+        return batch_end, set(self._pass.keys(self._position, batch_end))
 
     def _keep(self) -> set[str] | None:
         """In a group (``positions``): what the group holds now, the distinct shards it reads next from its slowest
@@ -63,21 +63,22 @@ class CacheRoom:
         go: processes keeping different parts of the past would keep all of it). None alone."""
         if self._positions is None:
             return None
-        start = self._starts[self._slowest_batch()]
-        if self._kept[0] == start:
-            return self._kept[1]
+        start = self._pass.start(self._slowest_batch())
+        if self._kept[0] == start and self._kept[1] in (-1, self._pass.end):
+            return self._kept[2]
         keep: set[str] = set()
         total = 0
-        for index in range(start, len(self._sequence)):
-            key = self._sequence[index]
+        horizon = self._pass.end  # a keep set cut by the horizon, not the budget, is counted again as it grows
+        for key in self._pass.keys(start, self._pass.end):
             if key in keep:
                 continue
             size = self._unit(key).size
             if total + size > self._budget:
+                horizon = -1
                 break
             keep.add(key)
             total += size
-        self._kept = (start, keep)
+        self._kept = (start, horizon, keep)
         # Let go at once of what the group no longer keeps, not only when room is wanted: every process then holds
         # no more than the keep set (and the batch it reads), whatever it downloaded meanwhile.
         _, current = self._current()
@@ -99,7 +100,7 @@ class CacheRoom:
             if self._make_room(unit, keep, current) or not for_current:
                 return self._take(unit)
         # For a download ahead, what a slower process of the group may still be about to adopt stays.
-        slowest = self._position if for_current else self._starts[self._slowest_batch()]
+        slowest = self._position if for_current else self._pass.start(self._slowest_batch())
         # Doomed files free their bytes when their maps go: doom no more than the room still missing.
         freeing = self._freeing()
         while self._budget - self._used + freeing < unit.size:
@@ -178,5 +179,7 @@ class CacheRoom:
     def _slowest_batch(self) -> int:
         """The batch the slowest process of the group reads: from the group's positions, else ``behind`` back."""
         if self._positions is None:
-            return max(0, self._batch - self._behind)
-        return min(self._batch, self._positions.slowest())
+            slowest = self._batch - self._behind
+        else:
+            slowest = min(self._batch, self._positions.slowest())
+        return max(slowest, self._pass.base_batch)  # one further behind than the steps kept: from the first kept

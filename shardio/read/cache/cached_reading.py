@@ -6,10 +6,11 @@ its directory ``shardio.read.cache.cache_dir``.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from torch.utils.data import get_worker_info
 
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_dir import cache_key
-from shardio.read.cache.cache_group import CacheGroup, node_reads
+from shardio.read.cache.cache_group import CacheGroup, NodeSteps, node_reads
 from shardio.read.cache.group_positions import GroupPositions
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
@@ -25,7 +26,7 @@ from shardio.read.selection import SubsetSnapshot
 from shardio.read.cache.shard_cache import ShardCache
 from shardio.read.yuv_pixels import YuvPlanes
 
-__all__ = ["CachedAssembler", "cache_units", "fitting_window"]
+__all__ = ["CachedAssembler", "PassShards", "cache_units", "fitting_window"]
 
 
 def cache_units(snapshot: DatasetSnapshot) -> list[int]:
@@ -70,6 +71,38 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, data
     return shuffle_window
 
 
+class PassShards(Sequence[list[int]]):
+    """The steps of a pass as the cache plans them, computed when asked: step ``k``'s cache units (every group
+    rank's batch of the step, ``NodeSteps``), each once, in their first read's order. The order's windows are made
+    by one thread at a time: the cache grows its plan from its download threads while the reader takes its own
+    batches' pieces (``pieces``) from the same order."""
+
+    def __init__(self, node: NodeSteps, plan: EpochOrder, unit_of: list[int]) -> None:
+        self.node, self.plan, self.unit_of = node, plan, unit_of
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[list[int]]: ...
+    def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        units: list[int] = []
+        with self._lock:
+            for positions in self.node[index]:
+                units += [self.unit_of[shard] for shard, _, _ in self.plan.pieces(positions)]
+        return list(dict.fromkeys(units))
+
+    def pieces(self, positions: range) -> list[tuple[int, int, int]]:
+        """The ``(shard, start, stop)`` pieces of this process's batch at ``positions``."""
+        with self._lock:
+            return self.plan.pieces(positions)
+
+
 class CachedAssembler(BatchAssembler):
     """A ``BatchAssembler`` whose memory maps give way to the cache: before each shard (and while the
     reader waits for room) it drops its maps of files the cache wants to evict, so a doomed file is
@@ -95,25 +128,13 @@ class CachedAssembler(BatchAssembler):
 
     def batches(self, plan: EpochOrder, batches: Sequence[range], shared: bool, pinned: bool,
                 encoded: bool = False, *, pass_id: tuple[int, int] = (0, 0)) -> Iterator[Batch]:
-        """The batches, the cache given the exact access sequence first (downloads ahead, Belady): every piece of
-        every batch the processes of this directory's group read in the pass (``shardio.read.cache.cache_group``:
-        the ranks sharing it, their workers), step by step, listed up front (one entry a sample with blocks of 1),
-        so they all hold the same files; the cache advances a step at a time."""
+        """The batches, the cache given the exact access sequence (downloads ahead, Belady): the shards of every
+        batch the processes of this directory's group read in the pass (``shardio.read.cache.cache_group``: the ranks
+        sharing it, their workers), step by step, so they all hold the same files; the cache plans them a horizon
+        ahead (``shardio.read.cache.cache_plan``) and advances a step at a time."""
         cache = self.shard_cache
         node, steps = node_reads(batches, self.group)
-        unit_of = cache_units(self.snapshot)
-        where = {step: number for number, step in enumerate(steps)}
-        own: list[list[tuple[int, int, int]]] = [[] for _ in steps]
-        shards = []
-        for step, reads in enumerate(node):
-            units = []
-            for member, positions in enumerate(reads):
-                pieces = plan.pieces(positions)
-                units += [unit_of[shard] for shard, _, _ in pieces]
-                number = where.get(step) if member == node.member else None
-                if number is not None:
-                    own[number] = pieces
-            shards.append(list(dict.fromkeys(units)))  # a step's shards once each, in their first read's order
+        shards = PassShards(node, plan, cache_units(self.snapshot))
         worker = get_worker_info()
         spread = 1 if worker is None else worker.num_workers  # a rank's workers read its steps in turn
         alone = len(self.group.ranks) == 1 and spread == 1
@@ -123,10 +144,10 @@ class CachedAssembler(BatchAssembler):
         if positions is not None:
             positions.begin(*pass_id)
         cache.plan(shards, behind=0 if alone else self.lag_steps * spread, lead=lead, positions=positions)
-        for step, pieces in zip(steps, own):
+        for step, batch in zip(steps, batches):
             cache.advance(step)
             self.release_read()
-            yield self.assemble(pieces, shared, pinned, encoded)
+            yield self.assemble(shards.pieces(batch), shared, pinned, encoded)
 
     def _positions(self, spread: int, worker: int) -> GroupPositions | None:
         """This process's slot in its group's positions file (each rank's workers after one another); None where

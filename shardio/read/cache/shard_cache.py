@@ -2,9 +2,10 @@
 in bytes, evicting the shard needed farthest in the future (Belady's optimal policy).
 
 Why this works: the epoch order is a pure function of ``(seed, epoch, rank)``, so at the start of a pass
-the reader hands the cache its exact *access sequence* (``plan``: the shard of every piece of every batch
-this process will assemble, in order). The cache then knows, at every moment, when each shard is next
-needed, which no LRU cache of a streaming loader can know.
+the reader hands the cache its exact *access sequence* (``plan``: the shards of every batch this process will
+assemble, in order, as a sequence computed when asked), which the cache writes down a horizon ahead
+(``shardio.read.cache.cache_plan``: as far as it could hold, a bounded number of entries). The cache then knows,
+at every moment, when each shard it could hold is next needed, which no LRU cache of a streaming loader can know.
 
 - **Ahead of need, in order.** ``threads`` download threads take the next shard of the sequence that is
   not on disk, as long as room can be made for it; the reader waits only for a shard that is late.
@@ -30,7 +31,6 @@ about one limit. Pickling a cache gives a new, empty one (a worker plans its pas
 
 from __future__ import annotations
 
-import bisect
 import os
 import threading
 import time
@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shardio.read.cache.cache_dir import CacheDir, CachedShard, Downloader
+from shardio.read.cache import cache_plan
+from shardio.read.cache.cache_plan import PlannedPass
 from shardio.read.cache.cache_room import _ABSENT, _DOOMED, _FAILED, _HELD, _LOADING, CacheRoom
 from shardio.read.cache.cached_views import CachedViews
 from shardio.read.cache.group_positions import GroupPositions, prune
@@ -117,17 +119,16 @@ class ShardCache(CacheRoom, CachedViews):
         self._locks: dict[str, int] = {}  # key -> fd holding LOCK_SH while held
         self._maps: dict[str, int] = {}  # live memory maps per key
         self._demanded: list[str] = []  # wanted by the reader now (first in line)
-        self._starts: list[int] = [0]  # sequence index where each batch starts (and the end)
         self._batch = 0
         self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
         self._positions: GroupPositions | None = None  # where the group's processes are (``plan``)
-        self._kept: tuple[int, set[str]] = (-1, set())  # the group's keep set, and where it was counted from
+        self._kept: tuple[int, int, set[str]] = (-1, -1, set())  # the group's keep set, and where it was counted from
         self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
         self._lead = True  # whether this process downloads ahead (a group's followers adopt: ``plan``)
         self._released: deque[str] = deque()  # maps gone (finalizers only append: any thread, any time)
         self._used = 0
-        self._sequence: list[str] = []
-        self._uses: dict[str, list[int]] = {}
+        self._pass = PlannedPass([], str, len)  # the planned steps, a horizon ahead (``plan``)
+        self._refused: str | None = None  # why a step of this pass cannot be read (found as the plan grows)
         self._position = 0
         self._scan = 0
         self._workers: list[threading.Thread] = []
@@ -164,8 +165,9 @@ class ShardCache(CacheRoom, CachedViews):
              positions: GroupPositions | None = None) -> None:
         """This pass's access sequence: for each batch (a step: the batches of every rank sharing the directory),
         the shard index of each of its pieces, in the order they are read (``advance(b)`` says the reader starts
-        batch ``b``). Refuses (``ShardError``) a limit that cannot hold the shards of one batch (all mapped while it
-        is assembled). ``behind``: how many batches behind this process the slowest one planning the same sequence
+        batch ``b``); a sequence whose steps are computed when asked, planned a horizon ahead (``cache_plan``).
+        Refuses (``ShardError``, here or in ``advance`` as the plan reaches it) a limit that cannot hold the shards of
+        one batch (all mapped while it is assembled). ``behind``: how many batches behind this process the slowest one planning the same sequence
         may be; what they read is not evicted for a download ahead (that one might not hold it yet), only for the
         batch this process reads now. ``lead=False``: another process of the group downloads ahead with the whole
         limit; this one adopts ahead only files already there (downloading only what it reads now) and holds no
@@ -180,37 +182,20 @@ class ShardCache(CacheRoom, CachedViews):
                 "does not survive fork. Use num_workers=0 (the fast path: DeviceLoader prefetches on a thread), "
                 "shardio.ShardLoader (its workers are spawned), or DataLoader(..., "
                 "multiprocessing_context='spawn')")
-        largest = 0
-        for shards in batches:
-            keys = {self.unit(s).key for s in shards}
-            need = sum(self._unit(k).size for k in keys)
-            largest = max(largest, need)
-            if need > self.limit:
-                raise ShardError(
-                    f"{self.unit(shards[0]).npy_url}: a step of this pass (a batch on each rank sharing the "
-                    f"cache directory) needs {len(keys)} shards ({need} bytes) on disk at once, over cache_limit "
-                    f"{self.limit}; raise cache_limit or lower shuffle_window")
         with self._cond:
-            sequence: list[str] = []
-            starts = []
-            for shards in batches:
-                starts.append(len(sequence))
-                for shard in shards:
-                    key = self.unit(shard).key
-                    if len(sequence) == starts[-1] or sequence[-1] != key:  # a batch starts with its own
-                        sequence.append(key)
-            self._sequence, self._starts = sequence, starts + [len(sequence)]
-            self._uses = {}
-            for i, key in enumerate(sequence):
-                self._uses.setdefault(key, []).append(i)
+            self._pass = PlannedPass(batches, lambda shard: self.unit(shard).key, lambda key: self._unit(key).size)
+            self._refused = None
             self._batch, self._behind, self._positions = 0, behind, positions
-            self._kept = (-1, set())
+            self._kept = (-1, -1, set())
             self._lead = lead
-            self._budget = self.limit if lead else min(self.limit, 2 * max(largest, sum(self.largest_sizes)))
+            self._budget = self.limit
             self._position = self._scan = 0
             for key in list(self._in[_FAILED]):  # a new pass tries again
                 self._set(key, _ABSENT)
-            self._forget(set(sequence))
+            for _ in range(2):  # the first steps now (a step too large for the limit refused here); the rest as read
+                self._grow()
+            self._check_refused()
+            self._forget()
             self._shrink()
             self._trim()
             self._cond.notify_all()
@@ -218,24 +203,55 @@ class ShardCache(CacheRoom, CachedViews):
         self._start_threads()
 
     @property
-    def planned(self) -> tuple[str, ...]:
-        """The planned pass's access sequence, as unit keys (a key repeats where another unit came between)."""
+    def plan_digest(self) -> str:
+        """A hash of every step planned so far in this pass, in order: the processes of a group plan the same."""
         with self._cond:
-            return tuple(self._sequence)
+            return self._pass.digest
 
     def advance(self, batch: int) -> None:
         """The reader starts batch ``batch`` of the plan."""
         if self._positions is not None:
             self._positions.at(batch)
         with self._cond:
+            while self._pass.batches < min(batch + 2, len(self._pass.steps)) and self._refused is None:
+                self._grow(needed=True)  # this batch and the next are planned before they are read
+            self._check_refused()
             self._batch = batch
-            self._position = self._starts[batch]
+            self._position = self._pass.start(batch)
             self._scan = max(self._scan, self._position)
+            self._grow()
+            behind = max(self._pass.first_batch_from(self._position - cache_plan.AHEAD_ENTRIES), self._slowest_batch())
+            if self._pass.forget(min(batch, behind)):
+                self._forget()
             if self._used > self._budget:
                 self._shrink()
             self._keep()  # in a group: what it no longer keeps is let go
             self._jobs.notify()
         self._start_threads()
+
+    def _grow(self, needed: bool = False) -> None:
+        """Plan ``GROW_STEPS`` more steps if the horizon wants them (under the lock; ``cache_plan``): the batch read
+        and the next (or ``needed``), then as far as the budget could hold, at most ``AHEAD_ENTRIES`` ahead."""
+        planned = self._pass
+        if planned.complete or self._refused is not None:
+            return
+        if not needed and planned.batches >= self._batch + 2 and (
+                planned.end - self._position >= cache_plan.AHEAD_ENTRIES
+                or planned.window_bytes >= self._budget + planned.largest[0]):
+            return
+        refused = planned.grow(cache_plan.GROW_STEPS, self.limit)
+        if refused is not None:
+            need, count, first = refused
+            self._refused = (
+                f"{self.unit(first).npy_url}: a step of this pass (a batch on each rank sharing the cache "
+                f"directory) needs {count} shards ({need} bytes) on disk at once, over cache_limit {self.limit}; "
+                "raise cache_limit or lower shuffle_window")
+        if not self._lead:  # a follower holds two of its largest steps (the one read and the next)
+            self._budget = min(self.limit, 2 * max(planned.largest[0], sum(self.largest_sizes)))
+
+    def _check_refused(self) -> None:
+        if self._refused is not None:
+            raise ShardError(self._refused)
 
     def unit(self, shard: int) -> CachedShard:
         """Shard ``shard``'s unit: made on first use, kept while a pass needs it or the cache holds it."""
@@ -248,10 +264,10 @@ class ShardCache(CacheRoom, CachedViews):
                     self._by_key.setdefault(unit.key, unit)
         return unit
 
-    def _forget(self, sequence: set[str]) -> None:
-        """Drop the units of shards neither this pass nor the cache needs (under the lock): what is kept
-        stays O(shards of a pass) however many passes went before."""
-        needed = sequence | self._state.keys() | set(self._demanded)
+    def _forget(self) -> None:
+        """Drop the units of shards neither the planned steps nor the cache needs (under the lock): what is kept
+        stays O(shards of the horizon) however many steps and passes went before."""
+        needed = self._pass.uses.keys() | self._state.keys() | set(self._demanded)
         self._units = {shard: unit for shard, unit in self._units.items() if unit.key in needed}
         self._by_key = {key: unit for key, unit in self._by_key.items() if key in needed}
 
@@ -326,9 +342,7 @@ class ShardCache(CacheRoom, CachedViews):
 
     def _next_use(self, key: str, after: int | None = None) -> float:
         """Where ``key`` is next read, from ``after`` (default: this process's place)."""
-        uses = self._uses.get(key, ())
-        i = bisect.bisect_left(uses, self._position if after is None else after)
-        return uses[i] if i < len(uses) else float("inf")
+        return self._pass.next_use(key, self._position if after is None else after)
 
     def _collect(self) -> None:
         """Account for maps that went away; remove doomed files nothing maps any more."""
@@ -346,8 +360,13 @@ class ShardCache(CacheRoom, CachedViews):
         self._demanded = [k for k in self._demanded if k not in self._state]
         if self._demanded:
             return self._reserve(self._demanded[0], float(self._position))
-        while self._scan < len(self._sequence):
-            key = self._sequence[self._scan]
+        while True:
+            if self._scan >= self._pass.end:
+                end = self._pass.end
+                self._grow()  # the horizon moves as the downloads reach it
+                if self._pass.end == end:
+                    return None
+            key = self._pass.key(self._scan)
             state = self._state.get(key, _ABSENT)
             if state == _ABSENT:
                 if not self._lead and not self.files.present(self._unit(key)):
@@ -356,7 +375,6 @@ class ShardCache(CacheRoom, CachedViews):
             if state == _DOOMED:
                 self._set(key, _HELD)  # needed again: keep it
             self._scan += 1
-        return None
 
     def _add_used(self, delta: int) -> None:
         self._used += delta
@@ -371,7 +389,7 @@ class ShardCache(CacheRoom, CachedViews):
             self.files.release(unit, fd)
         self._set(key, _ABSENT)
         self._add_used(-unit.size)
-        if self._scan > self._position and key in self._uses:
+        if self._scan > self._position and key in self._pass.uses:
             self._scan = self._position  # it may be needed again in this pass
 
     def _trim(self) -> None:
