@@ -105,7 +105,7 @@ def ranks_rows(bucket: Any, local: dict[str, str], worlds: list[int], rows: dict
                 row["cpu_allows / raw_get"] = round(get_per_gb / per_gb, 3)
                 row["cold / what the CPU allows"] = round(row["cold / limit"] / row["cpu_allows / raw_get"], 3)
             if compare:
-                before = ranks_rate(url, shared, nbytes // 3 // world, world, RANK_EPOCHS, compare)
+                before = ranks_rate(url, shared, nbytes // 3, world, RANK_EPOCHS, compare)  # the same node budget
                 row["before"] = {"samples/s": before["samples/s"],
                                  "cold / limit": round(before["samples/s"] / limit, 3)}
             out[f"{name}, {world} ranks"] = row
