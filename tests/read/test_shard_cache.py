@@ -619,3 +619,31 @@ def test_a_follower_holds_two_steps_and_reads_what_the_leader_holds(dataset, tmp
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_groups_leader_downloads_ahead_only_while_the_directory_has_room(dataset, tmp_path):
+    """The processes of a group each hold at most their budget, but not always the same files (at a window's end one
+    still holds the old window while the leader keeps the next): the leader counts the directory's files, everyone's,
+    before a download ahead, so the directory stays within the limit; what a process reads now is never held back."""
+    from shardio.read.cache.group_positions import GroupPositions
+
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    largest = max(u.size for u in units)
+    other = ShardCache(units, FolderStore(dataset), cache_dir, 10**9, shape=shape)
+    store = FolderStore(dataset, cache_dir)
+    leader = ShardCache(units, store, cache_dir, 8 * largest, shape=shape, threads=3)
+    try:
+        read_all(other, [10, 11, 12, 13, 14])  # another process of the group still holds these
+        held = dir_bytes(cache_dir)
+        assert held > 4 * largest
+        leader.plan([[s] for s in range(10)], lead=True, positions=GroupPositions(cache_dir, "g", 1, 0))
+        for number in range(10):
+            leader.advance(number)
+            assert bytes(np.ascontiguousarray(leader.pixels(number))) == local_pixels(dataset, units[number]).tobytes()
+        assert leader.stats["downloads"] == 10
+        assert max(store.sizes) <= 8 * largest  # sampled at every download: never over the limit
+        assert held + 3 * largest > max(store.sizes)  # ahead of what it read, at most the room the others left
+    finally:
+        leader.close()
+        other.close()

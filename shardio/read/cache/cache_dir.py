@@ -385,6 +385,20 @@ class CacheDir:
             os.close(fd)
         return True
 
+    def bytes_now(self) -> int:
+        """The bytes of every shard file in the directory now, downloads in progress included: what all the processes
+        sharing it hold (a group's first process downloads ahead only while they leave room, ``cache_room``)."""
+        total = 0
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.startswith(TEMP_PREFIX) or entry.name.endswith((".npy", ".jsonl")):
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:  # removed meanwhile by another process
+                        pass
+        return total
+
     def usage(self) -> tuple[dict[str, int], set[str]]:
         """(bytes of finished files per shard key, keys with temp files) in the directory now."""
         sizes: dict[str, int] = {}

@@ -8,14 +8,19 @@ made room for as alone."""
 from __future__ import annotations
 
 import threading
+import time
 
-from shardio.read.cache.cache_dir import CachedShard
+from shardio.read.cache.cache_dir import CacheDir, CachedShard
 from shardio.read.cache.cache_plan import PlannedPass
 from shardio.read.cache.group_positions import GroupPositions
 
 __all__ = ["CacheRoom"]
 
 _ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
+
+# How long a count of the directory's bytes serves a group's leader (``CacheRoom._directory_room``) before it counts
+# again (a tenth of it at the soonest when the count says it is full).
+DIRECTORY_RECOUNT_S = 0.05
 
 
 class CacheRoom:
@@ -33,6 +38,10 @@ class CacheRoom:
     _maps: dict[str, int]
     _positions: GroupPositions | None
     _kept: tuple[int, int, set[str]]
+    _lead: bool
+    _directory_count: tuple[float, int]
+    files: CacheDir
+    limit: int
     stats: dict[str, int]
     dooms: int
 
@@ -98,6 +107,8 @@ class CacheRoom:
             if not for_current and unit.key not in keep:
                 return None
             if self._make_room(unit, keep, current) or not for_current:
+                if not for_current and not self._directory_room(unit):
+                    return None  # the group's files fill the directory: a download ahead waits for the others
                 return self._take(unit)
         # For a download ahead, what a slower process of the group may still be about to adopt stays.
         slowest = self._position if for_current else self._pass.start(self._slowest_batch())
@@ -124,6 +135,25 @@ class CacheRoom:
                 freeing += self._unit(victim).size
             self._evict(victim)
         return self._take(unit)
+
+    def _directory_room(self, unit: CachedShard) -> bool:
+        """Whether the group's leader may download ``unit`` ahead: the directory, every process's files (``bytes_now``,
+        counted again after ``DIRECTORY_RECOUNT_S``, with what this process reserved since), has room for it. Each
+        process holds no more than its budget, but they read the slowest step at different moments: at a window's
+        end the others may still hold the old window while the leader keeps the next two. Only the leader downloads
+        ahead (the others adopt, or fetch what they read now), so this check bounds the directory by the limit."""
+        if not self._lead or self.files.present(unit):
+            return True  # a follower fetches only what it reads now; adopting a file adds nothing
+        now = time.monotonic()
+        counted_at, counted = self._directory_count
+        if now - counted_at > DIRECTORY_RECOUNT_S or counted + unit.size > self.limit:
+            if now - counted_at > DIRECTORY_RECOUNT_S / 10:
+                counted_at, counted = now, self.files.bytes_now()
+        if counted + unit.size > self.limit:
+            self._directory_count = (counted_at, counted)
+            return False
+        self._directory_count = (counted_at, counted + unit.size)  # this download, until the next count
+        return True
 
     def _freeing(self) -> int:
         """Bytes of doomed files: free once their maps go."""

@@ -26,7 +26,7 @@ at every moment, when each shard it could hold is next needed, which no LRU cach
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker). The processes sharing a
 directory plan one sequence, the node's (``shardio.read.cache.cache_group``), so they hold the same files: together
-about one limit. Pickling a cache gives a new, empty one (a worker plans its pass itself).
+one limit (the one that downloads ahead counts the directory's files first, ``CacheRoom._directory_room``). Pickling a cache gives a new, empty one (a worker plans its pass itself).
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ class ShardCache(CacheRoom, CachedViews):
         self._kept: tuple[int, int, set[str]] = (-1, -1, set())  # the group's keep set, and where it was counted from
         self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
         self._lead = True  # whether this process downloads ahead (a group's followers adopt: ``plan``)
+        self._directory_count = (float("-inf"), 0)  # (when, bytes): the directory's files, for a group's leader
         self._released: deque[str] = deque()  # maps gone (finalizers only append: any thread, any time)
         self._used = 0
         self._pass = PlannedPass([], str, len)  # the planned steps, a horizon ahead (``plan``)
@@ -167,12 +168,12 @@ class ShardCache(CacheRoom, CachedViews):
         the shard index of each of its pieces, in the order they are read (``advance(b)`` says the reader starts
         batch ``b``); a sequence whose steps are computed when asked, planned a horizon ahead (``cache_plan``).
         Refuses (``ShardError``, here or in ``advance`` as the plan reaches it) a limit that cannot hold the shards of
-        one batch (all mapped while it is assembled). ``behind``: how many batches behind this process the slowest one planning the same sequence
-        may be; what they read is not evicted for a download ahead (that one might not hold it yet), only for the
-        batch this process reads now. ``lead=False``: another process of the group downloads ahead with the whole
-        limit; this one adopts ahead only files already there (downloading only what it reads now) and holds no
-        more than two of its largest batches (the one read and the next), which the leader
-        holds too, so the directory holds about one limit however many processes share it. ``positions``: where
+        one batch (all mapped while it is assembled). ``behind``: how many batches behind this process the slowest
+        one planning the same sequence may be; what they read is not evicted for a download ahead (that one might
+        not hold it yet), only for the batch this process reads now. ``lead=False``: another process of the group
+        downloads ahead with the whole limit, while the directory has room; this one adopts ahead only files already
+        there (downloading only what it reads now) and holds no more than two of its largest batches (the one read
+        and the next), so the directory holds one limit however many processes share it. ``positions``: where
         the group's processes are (this one writes its batch there as it advances); then the slowest of them, not
         ``behind``, bounds what a download ahead may evict."""
         if self._forked and self.store is None:
