@@ -180,3 +180,40 @@ def test_windows_read_through_a_short_horizon_come_whole_and_within_the_limit(da
             assert cache.stats["downloads"] == len(set(sequence))
     finally:
         cache.close()
+
+
+def fresh_keep(planned: PlannedPass, start: int, budget: int, size_of) -> set[str]:
+    keep: set[str] = set()
+    total = 0
+    for key in planned.keys(start, planned.end):
+        if key not in keep:
+            if total + size_of(key) > budget:
+                break
+            keep.add(key)
+            total += size_of(key)
+    return keep
+
+
+def test_the_keep_set_followed_step_by_step_is_the_one_counted_afresh(monkeypatch):
+    """The group's keep set, kept up to date as the slowest reader and the horizon move (``KeepSet``), is at every
+    step the set counted from scratch there: the distinct keys from that place on, as many as the budget takes."""
+    monkeypatch.setattr(cache_plan, "FORGET_ENTRIES", 16)
+    from shardio.read.cache.cache_plan import KeepSet
+
+    def size_of(key: str) -> int:
+        return 5 + int(key) % 7  # shards of different sizes
+
+    planned = PlannedPass(CountedSteps(3_000, width=5, window=20, per_window=6), str, size_of)
+    planned.grow(20, 10**9)
+    kept = KeepSet()
+    rng = np.random.default_rng(0)
+    batch = 0
+    for _ in range(600):
+        batch = min(batch + int(rng.integers(0, 4)), planned.batches - 1)  # the slowest moves on, or waits
+        if rng.random() < 0.5:
+            planned.grow(int(rng.integers(1, 6)), 10**9)  # the horizon grows
+        if rng.random() < 0.2:
+            planned.forget(batch)
+        budget = 200 if rng.random() < 0.9 else 120  # a follower's budget changes as its largest step does
+        start = planned.start(batch)
+        assert kept.update(planned, start, budget, size_of) == fresh_keep(planned, start, budget, size_of)

@@ -23,7 +23,7 @@ import hashlib
 from array import array
 from collections.abc import Callable, Sequence
 
-__all__ = ["AHEAD_ENTRIES", "GROW_STEPS", "PlannedPass"]
+__all__ = ["AHEAD_ENTRIES", "GROW_STEPS", "KeepSet", "PlannedPass"]
 
 # At most this many entries (a step's distinct shards each) planned ahead of the reader: 16 bytes each, 4 MB. One
 # rank's window of 256 shards of 1,000 samples is about 162,000 entries in batches of 256 (162 shards a batch); a
@@ -146,3 +146,41 @@ class PlannedPass:
     def first_batch_from(self, index: int) -> int:
         """The first batch planned that starts at or after sequence index ``index`` (or ``batches``)."""
         return self.base_batch + bisect.bisect_left(self._starts, index, hi=len(self._starts) - 1)
+
+
+class KeepSet:
+    """The distinct keys a planned pass reads from a place on (``start``), in order, as many as a budget of bytes takes
+    (a group's keep set, ``shardio.read.cache.cache_room``), kept up to date as the place and the horizon move: a key
+    leaves when the place passes its last read before ``stop`` (where counting stopped), and counting goes on from
+    ``stop``. O(1) an entry passed or counted, amortised, instead of the budget's entries at every step."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self._of: tuple[PlannedPass, int] | None = None  # the pass and budget counted for
+        self.start = self.stop = 0
+        self._total = 0
+
+    def update(self, planned: PlannedPass, start: int, budget: int, size_of: Callable[[str], int]) -> set[str]:
+        """The keep set from sequence index ``start`` under ``budget``."""
+        if self._of != (planned, budget) or not self.start <= start <= self.stop or self.start < planned.base:
+            self._of, self.keys, self._total = (planned, budget), set(), 0  # counted afresh
+            self.start = self.stop = start
+        for key in set(planned.keys(self.start, start)):  # the entries passed
+            if key in self.keys and planned.next_use(key, start) >= self.stop:
+                self.keys.discard(key)
+                self._total -= size_of(key)
+        self.start = start
+        index = self.stop
+        while index < planned.end:
+            chunk = planned.keys(index, min(index + 4096, planned.end))
+            for key in chunk:
+                if key not in self.keys:
+                    size = size_of(key)
+                    if self._total + size > budget:
+                        self.stop = index
+                        return self.keys
+                    self.keys.add(key)
+                    self._total += size
+                index += 1
+        self.stop = index
+        return self.keys

@@ -11,7 +11,7 @@ import threading
 import time
 
 from shardio.read.cache.cache_dir import CacheDir, CachedShard
-from shardio.read.cache.cache_plan import PlannedPass
+from shardio.read.cache.cache_plan import KeepSet, PlannedPass
 from shardio.read.cache.group_positions import GroupPositions
 
 __all__ = ["CacheRoom"]
@@ -38,6 +38,7 @@ class CacheRoom:
     _maps: dict[str, int]
     _positions: GroupPositions | None
     _kept: tuple[int, int, set[str]]
+    _keep_set: KeepSet
     _lead: bool
     _directory_count: tuple[float, int]
     files: CacheDir
@@ -73,21 +74,10 @@ class CacheRoom:
         if self._positions is None:
             return None
         start = self._pass.start(self._slowest_batch())
-        if self._kept[0] == start and self._kept[1] in (-1, self._pass.end):
+        if self._kept[0] == start and self._kept[1] == self._pass.end:
             return self._kept[2]
-        keep: set[str] = set()
-        total = 0
-        horizon = self._pass.end  # a keep set cut by the horizon, not the budget, is counted again as it grows
-        for key in self._pass.keys(start, self._pass.end):
-            if key in keep:
-                continue
-            size = self._unit(key).size
-            if total + size > self._budget:
-                horizon = -1
-                break
-            keep.add(key)
-            total += size
-        self._kept = (start, horizon, keep)
+        keep = self._keep_set.update(self._pass, start, self._budget, lambda key: self._unit(key).size)
+        self._kept = (start, self._pass.end, keep)
         # Let go at once of what the group no longer keeps, not only when room is wanted: every process then holds
         # no more than the keep set (and the batch it reads), whatever it downloaded meanwhile.
         _, current = self._current()

@@ -26,7 +26,8 @@ at every moment, when each shard it could hold is next needed, which no LRU cach
 
 The limit is per cache (one per process reading: a rank, or a DataLoader worker). The processes sharing a
 directory plan one sequence, the node's (``shardio.read.cache.cache_group``), so they hold the same files: together
-one limit (the one that downloads ahead counts the directory's files first, ``CacheRoom._directory_room``). Pickling a cache gives a new, empty one (a worker plans its pass itself).
+one limit (the one that downloads ahead counts the directory's files first, ``CacheRoom._directory_room``).
+Pickling a cache gives a new, empty one (a worker plans its pass itself).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 from shardio.read.cache.cache_dir import CacheDir, CachedShard, Downloader
 from shardio.read.cache import cache_plan
-from shardio.read.cache.cache_plan import PlannedPass
+from shardio.read.cache.cache_plan import KeepSet, PlannedPass
 from shardio.read.cache.cache_room import _ABSENT, _DOOMED, _FAILED, _HELD, _LOADING, CacheRoom
 from shardio.read.cache.cached_views import CachedViews
 from shardio.read.cache.group_positions import GroupPositions, prune
@@ -123,6 +124,7 @@ class ShardCache(CacheRoom, CachedViews):
         self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
         self._positions: GroupPositions | None = None  # where the group's processes are (``plan``)
         self._kept: tuple[int, int, set[str]] = (-1, -1, set())  # the group's keep set, and where it was counted from
+        self._keep_set = KeepSet()  # counts it as the group and the horizon move
         self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
         self._lead = True  # whether this process downloads ahead (a group's followers adopt: ``plan``)
         self._directory_count = (float("-inf"), 0)  # (when, bytes): the directory's files, for a group's leader
