@@ -9,6 +9,8 @@ imported and the counts exist: the index's part is not in the figure):
   ``--whole-up-to`` shards, default 300k: 2.3M shards are 140k batches and 8,985 windows, minutes). ``eager``
   is the plan before it was lazy (``epoch_runs`` + ``run_pieces``), up to ``--eager-up-to`` shards (default
   300: at 30k shards it took 29.9 s and 3.26 GB here, too much to run beside other work).
+- **cached**: a remote dataset's shard cache planning a pass of one node's 8 ranks (of 64) and advancing 1,000
+  steps (``--cached-sizes``): the plan is written a horizon ahead, so its time and memory stay flat.
 - **dataset**: ``ShardDataset(path, 256, shuffle=True)`` opened and its first batch taken, on datasets of
   1x1-pixel samples in shards of 1,000 made with the writer (``--dataset-samples``; 1M in ~10 s, kept in
   ``bench/out/scale_plan``), with the plan's share (``plan``: ``ds.plan`` + the first batch's pieces).
@@ -25,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -32,6 +35,7 @@ import numpy as np
 
 SAMPLES_PER_SHARD = 1000
 RANK, WORLD, BATCH = 0, 64, 256
+CACHED_STEPS = 1000  # steps a cached pass advances in ``child_cached``
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "scale_plan")
 
 
@@ -113,6 +117,41 @@ def child_index(path: str) -> dict[str, Any]:
             "open_plan_s": round(time.perf_counter() - start, 3), "open_plan_mb": _over(baseline)}
 
 
+def child_cached(path: str) -> dict[str, Any]:
+    """A remote dataset's cache planning a pass (``shardio.read.cache``): ranks 0-7 of 64 sharing one cache directory
+    (one node), the cache two windows of shards, on a synthetic index. The pass handed to the cache (``PassShards``
+    over the node's steps) and the first two steps planned; then ``CACHED_STEPS`` steps advanced (no downloads:
+    no threads), the horizon growing as it goes. RSS over the process once the index is open."""
+    from shardio.format.manifests import load_index
+    from shardio.read.cache.cache_group import CacheGroup, node_reads
+    from shardio.read.cache.cache_units import ShardUnits
+    from shardio.read.cache.cached_reading import PassShards
+    from shardio.read.cache.shard_cache import ShardCache
+    from shardio.read.epoch_plan import EpochPlan
+    from shardio.read.order import rank_batches
+
+    table = load_index(path).shards
+    units = ShardUnits(path, table)
+    counts = table.samples
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cache = ShardCache(units, None, cache_dir, 2 * 256 * int(units.sizes().max()), shape=(2, 2, 3), threads=0)
+        baseline = _reset_peak()
+        start = time.perf_counter()
+        plan = EpochPlan(counts, shuffle=True, seed=0, epoch=0, shuffle_window=256, shuffle_block=1, order_version=2)
+        node, _ = node_reads(rank_batches(int(counts.sum()), BATCH, RANK, WORLD, False), CacheGroup(tuple(range(8)), 0))
+        cache.plan(PassShards(node, plan, range(len(table))))
+        row: dict[str, Any] = {"steps": len(node), "plan_s": round(time.perf_counter() - start, 3),
+                               "plan_mb": _over(baseline)}
+        steps = min(CACHED_STEPS, len(node))
+        start = time.perf_counter()
+        for step in range(steps):
+            cache.advance(step)
+        row.update(advanced=steps, ms_per_step=round((time.perf_counter() - start) / max(1, steps) * 1e3, 3),
+                   mb_after=_over(baseline), entries_kept=cache._pass.end - cache._pass.base)
+        cache.close()
+    return row
+
+
 def make_index(shards: int) -> str:
     from bench.synthetic_index import write_index
 
@@ -184,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="synthetic indexes opened and planned (shards of 1,000 samples; '' none)")
     parser.add_argument("--many-shards", default="300,30000",
                         help="ShardDatasets of that many 10-sample shards, opened + first shuffled batch ('' none)")
+    parser.add_argument("--cached-sizes", default="300,30000,300000",
+                        help="synthetic indexes whose remote cache plans a pass of 8 ranks of 64 ('' none)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -192,11 +233,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row = child_plan(int(value), "whole" in flags, "eager" in flags)
         elif kind == "index":
             row = child_index(value)
+        elif kind == "cached":
+            row = child_cached(value)
         else:
             row = child_dataset(value)
         print(json.dumps(row))
         return row
-    result: dict[str, Any] = {"plan": {}, "dataset": {}, "index": {}, "many_shards": {}}
+    result: dict[str, Any] = {"plan": {}, "dataset": {}, "index": {}, "many_shards": {}, "cached": {}}
     for shards in (int(s) for s in args.sizes.split(",") if s):
         row = _child("plan", str(shards), *(["whole"] if shards <= args.whole_up_to else []))
         if shards <= args.eager_up_to:
@@ -215,6 +258,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = _child("dataset", make_dataset(shards * 10, per_shard=10))
         result["many_shards"][shards] = row
         print(f"open  {shards:>9,} shards of 10 samples, ShardDataset + first shuffled batch: {row}", flush=True)
+    for shards in (int(s) for s in args.cached_sizes.split(",") if s):
+        row = _child("cached", make_index(shards))
+        result["cached"][shards] = row
+        print(f"cache {shards:>9,} shards, a pass planned for ranks 0-7 of {WORLD} (one node), the cache two "
+              f"windows: {row}", flush=True)
     sizes = sorted(result["dataset"])
     if len(sizes) >= 2:
         small, big = result["dataset"][sizes[0]], result["dataset"][sizes[-1]]

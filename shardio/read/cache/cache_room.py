@@ -97,7 +97,7 @@ class CacheRoom:
             if not for_current and unit.key not in keep:
                 return None
             if self._make_room(unit, keep, current) or not for_current:
-                if not for_current and not self._directory_room(unit):
+                if not self._directory_room(unit, for_current, current):
                     return None  # the group's files fill the directory: a download ahead waits for the others
                 return self._take(unit)
         # For a download ahead, what a slower process of the group may still be about to adopt stays.
@@ -126,20 +126,33 @@ class CacheRoom:
             self._evict(victim)
         return self._take(unit)
 
-    def _directory_room(self, unit: CachedShard) -> bool:
-        """Whether the group's leader may download ``unit`` ahead: the directory, every process's files (``bytes_now``,
+    def _directory_room(self, unit: CachedShard, for_current: bool, current: set[str]) -> bool:
+        """Whether the group's leader may download ``unit``: the directory, every process's files (``bytes_now``,
         counted again after ``DIRECTORY_RECOUNT_S``, with what this process reserved since), has room for it. Each
         process holds no more than its budget, but they read the slowest step at different moments: at a window's
         end the others may still hold the old window while the leader keeps the next two. Only the leader downloads
-        ahead (the others adopt, or fetch what they read now), so this check bounds the directory by the limit."""
+        ahead (the others adopt, or fetch what they read now), so this bounds the directory by the limit. For the
+        batch it reads now the leader makes room among its own files, the one read farthest ahead first, waits
+        for its own doomed files' maps to go, and else goes ahead: a read is never held back by the others."""
         if not self._lead or self.files.present(unit):
             return True  # a follower fetches only what it reads now; adopting a file adds nothing
         now = time.monotonic()
         counted_at, counted = self._directory_count
-        if now - counted_at > DIRECTORY_RECOUNT_S or counted + unit.size > self.limit:
-            if now - counted_at > DIRECTORY_RECOUNT_S / 10:
+        if for_current or now - counted_at > DIRECTORY_RECOUNT_S or counted + unit.size > self.limit:
+            if for_current or now - counted_at > DIRECTORY_RECOUNT_S / 10:
                 counted_at, counted = now, self.files.bytes_now()
-        if counted + unit.size > self.limit:
+        if counted + unit.size > self.limit and for_current:
+            victims = sorted(((self._next_use(k), k) for k in self._in[_HELD] if k not in current), reverse=True)
+            for _, victim in victims:
+                self._evict(victim)  # removed unless another process holds it too
+                counted = self.files.bytes_now()
+                if counted + unit.size <= self.limit:
+                    break
+            else:
+                if self._in[_DOOMED]:
+                    self._directory_count = (counted_at, counted)
+                    return False  # room comes as this process's maps of its doomed files go
+        if counted + unit.size > self.limit and not for_current:
             self._directory_count = (counted_at, counted)
             return False
         self._directory_count = (counted_at, counted + unit.size)  # this download, until the next count

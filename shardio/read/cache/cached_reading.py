@@ -29,11 +29,12 @@ from shardio.read.yuv_pixels import YuvPlanes
 __all__ = ["CachedAssembler", "PassShards", "cache_units", "fitting_window"]
 
 
-def cache_units(snapshot: DatasetSnapshot) -> list[int]:
-    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment."""
+def cache_units(snapshot: DatasetSnapshot) -> Sequence[int]:
+    """Each snapshot shard's index in its cache: itself, or for a subset the parent shard of a segment (a range or
+    a column: no object a shard, at millions of shards)."""
     if isinstance(snapshot, SubsetSnapshot):
-        return [int(s) for s in snapshot.segments[:, 0]]
-    return list(range(len(snapshot.shards)))
+        return snapshot.segments[:, 0]
+    return range(len(snapshot.shards))
 
 
 def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
@@ -77,7 +78,7 @@ class PassShards(Sequence[list[int]]):
     by one thread at a time: the cache grows its plan from its download threads while the reader takes its own
     batches' pieces (``pieces``) from the same order."""
 
-    def __init__(self, node: NodeSteps, plan: EpochOrder, unit_of: list[int]) -> None:
+    def __init__(self, node: NodeSteps, plan: EpochOrder, unit_of: Sequence[int]) -> None:
         self.node, self.plan, self.unit_of = node, plan, unit_of
         self._lock = threading.Lock()
 
@@ -94,7 +95,7 @@ class PassShards(Sequence[list[int]]):
         units: list[int] = []
         with self._lock:
             for positions in self.node[index]:
-                units += [self.unit_of[shard] for shard, _, _ in self.plan.pieces(positions)]
+                units += [int(self.unit_of[shard]) for shard, _, _ in self.plan.pieces(positions)]
         return list(dict.fromkeys(units))
 
     def pieces(self, positions: range) -> list[tuple[int, int, int]]:
