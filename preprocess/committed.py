@@ -19,6 +19,7 @@ from preprocess.rewrite import config_to_compare
 from shardio.errors import DatasetIncompatibleError, ShardError
 from shardio.format import InputEntry, Manifest
 from shardio.format.manifests import DatasetIndex, load_index
+from shardio.format.model_outputs import OutputSpec
 from shardio.write import directory as dataset_dir
 from shardio.store.root import Place, open_root
 
@@ -34,6 +35,11 @@ class Committed:
     index: DatasetIndex | Manifest | None
     inputs: dict[str, InputEntry]
     restored: str = ""
+
+    @property
+    def outputs(self) -> tuple[OutputSpec, ...]:
+        """The model outputs the dataset has (none for a new dataset)."""
+        return () if self.index is None else self.index.outputs
 
     @property
     def columns(self) -> DatasetIndex | None:

@@ -199,7 +199,7 @@ def run_job(
         committed = read_committed(root)
         if options.rewrite_output is not None:  # ConfigError before anything else is said or touched
             check_rewrite(options.rewrite_output, [spec.name for spec in options.config.model_specs],
-                          [o.name for o in getattr(committed.index, "outputs", ())], committed.inputs,
+                          [o.name for o in committed.outputs], committed.inputs,
                           set(inputs.resolved.paths), options.prune, dataset_dir.manifest_path(root))
         _check_committed(run, committed)
         # ConfigError before anything is touched; with nothing new too: "unchanged" would say a dataset made by
@@ -292,7 +292,7 @@ def _check_committed(run: _Run, committed: Committed) -> None:
 def _check_models(run: _Run, committed: Committed) -> None:
     """Each model loaded once and identified, one that is not the dataset's refused before anything is touched
     (``identify_models``); a model with neither weights nor version is said in a warning."""
-    identities, warnings = identify_models(run.options.config.model_specs, getattr(committed.index, "outputs", ()),
+    identities, warnings = identify_models(run.options.config.model_specs, committed.outputs,
                                            run.options.rewrite_output, dataset_dir.manifest_path(run.root))
     for warning in warnings:
         run.report.warnings.append(warning)
@@ -308,7 +308,7 @@ def _plan(run: _Run, inputs: RunInputs, committed: Committed) -> _Work:
     report.inputs_failed, report.inputs_ignored = resolved.failed, resolved.ignored
     report.files_ignored = resolved.files_ignored
     name = run.options.rewrite_output
-    if name is not None and made_by(getattr(committed.index, "outputs", ()), name, run.identities[name]):
+    if name is not None and made_by(committed.outputs, name, run.identities[name]):
         # Already this model's (the rewrite done, a rerun of its command): a run as any other, nothing rewritten
         message = f"--rewrite-output {name}: the dataset's {name} is this model's already: nothing to rewrite"
         report.warnings.append(message)

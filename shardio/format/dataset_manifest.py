@@ -12,6 +12,7 @@ from shardio.format.buckets import root_buckets
 from shardio.store.checksum import SHA256
 from shardio.format.dataset_config import ConfigDerived, pixel_encoding
 from shardio.format.entries import InputEntry, RetiredFile, ShardEntry
+from shardio.format.model_outputs import OutputSpec
 from shardio.format.names import check_dataset_path
 from shardio.format.root_fields import root_generation, root_shape
 from shardio.format.spec import FORMAT_NAME, JPEG, JPEG_FORMAT_VERSION, LEGACY_VERSIONS, READ_VERSIONS
@@ -48,7 +49,7 @@ class Manifest(ConfigDerived):
     # Format 3 only: the root's class table (spec, "Classes"), () where it has none.
     classes: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # Format 6 only: the root's model outputs (spec, "Model outputs": ``OutputSpec``s), () where it has none.
-    outputs: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    outputs: tuple[OutputSpec, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def samples(self) -> int:
