@@ -217,3 +217,37 @@ def test_the_keep_set_followed_step_by_step_is_the_one_counted_afresh(monkeypatc
         budget = 200 if rng.random() < 0.9 else 120  # a follower's budget changes as its largest step does
         start = planned.start(batch)
         assert kept.update(planned, start, budget, size_of) == fresh_keep(planned, start, budget, size_of)
+
+
+def test_a_remote_pass_through_a_horizon_of_a_few_entries_reads_the_local_copys_batches(cloud_bucket, tmp_path,
+                                                                                      monkeypatch):
+    """The reader end to end (``ShardDataset`` on each cloud's emulator, two epochs, a cache of a third of the
+    dataset) with a horizon of a few entries, grown a step at a time by the reader and the download threads and
+    forgotten behind it: the same batches as the local copy, and the limit kept."""
+    import torch
+
+    from shardio.format.manifests import load_manifest
+    from shardio.read.dataset import ShardDataset
+    from tests.dataset_fixtures import make_dataset
+
+    monkeypatch.setattr(cache_plan, "AHEAD_ENTRIES", 6)
+    monkeypatch.setattr(cache_plan, "GROW_STEPS", 1)
+    monkeypatch.setattr(cache_plan, "FORGET_ENTRIES", 3)
+    local = str(tmp_path / "local")
+    make_dataset(local, inputs=(40, 45, 32), samples_per_shard=8, height=16, width=16)  # 15 shards
+    url = cloud_bucket.upload_dir(local)
+    limit = 5 * max(e.bytes + e.meta_bytes for e in load_manifest(local).shards)
+    settings = {"shuffle": True, "seed": 3, "shuffle_window": 2, "shuffle_block": 2, "drop_last": False}
+    remote = ShardDataset(url, 4, cache_dir=str(tmp_path / "cache"), cache_limit=limit, **settings)
+    local_ds = ShardDataset(local, 4, **settings)
+    for epoch in (0, 1):
+        remote.set_epoch(epoch)
+        local_ds.set_epoch(epoch)
+        expected, got = list(local_ds), list(remote)
+        assert len(got) == len(expected) == 30  # 117 samples in batches of 4
+        for a, b in zip(expected, got):
+            assert torch.equal(a["image"], b["image"]) and a["__key__"] == b["__key__"]
+        planned = remote._cache._pass
+        assert planned.complete and planned.base > 0  # planned a few steps at a time, forgotten behind the reader
+    stats = remote.cache_stats()
+    assert 0 < stats["peak_bytes"] <= limit and stats["downloads"] >= 15
