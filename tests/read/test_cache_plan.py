@@ -134,7 +134,7 @@ def test_the_horizon_stops_at_what_the_cache_could_hold(big_table, tmp_path):
         for batch in range(2_000):
             cache.advance(batch)
             planned = cache._pass
-            assert planned.window_bytes <= limit + planned.largest[0] + cache_plan.GROW_STEPS * 3 * size
+            assert planned.window_bytes <= limit + planned.largest + cache_plan.GROW_STEPS * 3 * size
         assert planned.window_bytes >= limit
         assert cache._pass.end - cache._position < cache_plan.AHEAD_ENTRIES
     finally:

@@ -50,7 +50,7 @@ class PlannedPass:
         self._starts: list[int] = [0]  # where each batch from ``base_batch`` starts, and the end
         self.uses: dict[str, array[int]] = {}  # key -> its sequence indices planned, ascending
         self.window_bytes = 0  # the distinct keys' bytes from ``live`` to the end
-        self.largest: tuple[int, int, int] = (0, 0, 0)  # the largest step so far: (bytes, shards, its first shard)
+        self.largest = 0  # the bytes of the largest step planned so far
         self._digest = hashlib.blake2b(digest_size=16)
 
     @property
@@ -99,8 +99,7 @@ class PlannedPass:
             need = sum(self._size_of(k) for k in distinct)
             if need > limit:
                 return need, len(distinct), shards[0]
-            if need > self.largest[0]:
-                self.largest = (need, len(distinct), shards[0] if shards else 0)
+            self.largest = max(self.largest, need)
             index = self.end
             for i, key in enumerate(keys):
                 if i and keys[i - 1] == key:  # a batch reads a run of one shard as one entry

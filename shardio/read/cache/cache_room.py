@@ -37,7 +37,7 @@ class CacheRoom:
     _in: dict[str, set[str]]
     _maps: dict[str, int]
     _positions: GroupPositions | None
-    _kept: tuple[int, int, set[str]]
+    _kept: tuple[int, int]
     _keep_set: KeepSet
     _lead: bool
     _directory_count: tuple[float, int]
@@ -74,10 +74,10 @@ class CacheRoom:
         if self._positions is None:
             return None
         start = self._pass.start(self._slowest_batch())
-        if self._kept[0] == start and self._kept[1] == self._pass.end:
-            return self._kept[2]
+        if self._kept == (start, self._pass.end):
+            return self._keep_set.keys
         keep = self._keep_set.update(self._pass, start, self._budget, lambda key: self._unit(key).size)
-        self._kept = (start, self._pass.end, keep)
+        self._kept = (start, self._pass.end)
         # Let go at once of what the group no longer keeps, not only when room is wanted: every process then holds
         # no more than the keep set (and the batch it reads), whatever it downloaded meanwhile.
         _, current = self._current()
@@ -127,36 +127,42 @@ class CacheRoom:
         return self._take(unit)
 
     def _directory_room(self, unit: CachedShard, for_current: bool, current: set[str]) -> bool:
-        """Whether the group's leader may download ``unit``: the directory, every process's files (``bytes_now``,
-        counted again after ``DIRECTORY_RECOUNT_S``, with what this process reserved since), has room for it. Each
-        process holds no more than its budget, but they read the slowest step at different moments: at a window's
-        end the others may still hold the old window while the leader keeps the next two. Only the leader downloads
-        ahead (the others adopt, or fetch what they read now), so this bounds the directory by the limit. For the
-        batch it reads now the leader makes room among its own files, the one read farthest ahead first, waits
-        for its own doomed files' maps to go, and else goes ahead: a read is never held back by the others."""
+        """Whether the group's leader may download ``unit``: the directory, every process's files
+        (``_directory_bytes``), has room for it. Each process holds no more than its budget, but they read the slowest
+        step at different moments: at a window's end the others may still hold the old window while the leader keeps
+        the next two. Only the leader downloads ahead (the others adopt, or fetch what they read now), so this bounds
+        the directory by the limit. For the batch it reads now the leader makes room among its own files, the one read
+        farthest ahead first, waits for its own doomed files' maps to go, and else goes ahead: a read is never held
+        back by the others."""
         if not self._lead or self.files.present(unit):
             return True  # a follower fetches only what it reads now; adopting a file adds nothing
-        now = time.monotonic()
-        counted_at, counted = self._directory_count
-        if for_current or now - counted_at > DIRECTORY_RECOUNT_S or counted + unit.size > self.limit:
-            if for_current or now - counted_at > DIRECTORY_RECOUNT_S / 10:
-                counted_at, counted = now, self.files.bytes_now()
-        if counted + unit.size > self.limit and for_current:
-            victims = sorted(((self._next_use(k), k) for k in self._in[_HELD] if k not in current), reverse=True)
-            for _, victim in victims:
+        counted = self._directory_bytes(unit.size, fresh=for_current)
+        if counted + unit.size > self.limit:
+            if not for_current:
+                return False
+            for _, victim in sorted(((self._next_use(k), k) for k in self._in[_HELD] if k not in current),
+                                    reverse=True):
                 self._evict(victim)  # removed unless another process holds it too
-                counted = self.files.bytes_now()
+                counted = self._directory_bytes(unit.size, fresh=True)
                 if counted + unit.size <= self.limit:
                     break
             else:
                 if self._in[_DOOMED]:
-                    self._directory_count = (counted_at, counted)
                     return False  # room comes as this process's maps of its doomed files go
-        if counted + unit.size > self.limit and not for_current:
-            self._directory_count = (counted_at, counted)
-            return False
-        self._directory_count = (counted_at, counted + unit.size)  # this download, until the next count
+        self._directory_count = (self._directory_count[0], counted + unit.size)  # this download, until a recount
         return True
+
+    def _directory_bytes(self, size: int, fresh: bool) -> int:
+        """The directory's bytes (``CacheDir.bytes_now``): counted again when ``fresh``, when the count is
+        ``DIRECTORY_RECOUNT_S`` old, or when it leaves no room for ``size`` (a tenth of that apart at the soonest);
+        else the last count with what this process reserved since."""
+        now = time.monotonic()
+        counted_at, counted = self._directory_count
+        age = now - counted_at
+        if fresh or age > DIRECTORY_RECOUNT_S or (counted + size > self.limit and age > DIRECTORY_RECOUNT_S / 10):
+            counted_at, counted = now, self.files.bytes_now()
+            self._directory_count = (counted_at, counted)
+        return counted
 
     def _freeing(self) -> int:
         """Bytes of doomed files: free once their maps go."""

@@ -123,8 +123,8 @@ class ShardCache(CacheRoom, CachedViews):
         self._batch = 0
         self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
         self._positions: GroupPositions | None = None  # where the group's processes are (``plan``)
-        self._kept: tuple[int, int, set[str]] = (-1, -1, set())  # the group's keep set, and where it was counted from
-        self._keep_set = KeepSet()  # counts it as the group and the horizon move
+        self._keep_set = KeepSet()  # the group's keep set, counted as the group and the horizon move
+        self._kept = (-1, -1)  # (start, end) of the plan where the group's keep set last let go of files
         self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
         self._lead = True  # whether this process downloads ahead (a group's followers adopt: ``plan``)
         self._directory_count = (float("-inf"), 0)  # (when, bytes): the directory's files, for a group's leader
@@ -189,7 +189,7 @@ class ShardCache(CacheRoom, CachedViews):
             self._pass = PlannedPass(batches, lambda shard: self.unit(shard).key, lambda key: self._unit(key).size)
             self._refused = None
             self._batch, self._behind, self._positions = 0, behind, positions
-            self._kept = (-1, -1, set())
+            self._kept = (-1, -1)
             self._lead = lead
             self._budget = self.limit
             self._position = self._scan = 0
@@ -240,7 +240,7 @@ class ShardCache(CacheRoom, CachedViews):
             return
         if not needed and planned.batches >= self._batch + 2 and (
                 planned.end - self._position >= cache_plan.AHEAD_ENTRIES
-                or planned.window_bytes >= self._budget + planned.largest[0]):
+                or planned.window_bytes >= self._budget + planned.largest):
             return
         refused = planned.grow(cache_plan.GROW_STEPS, self.limit)
         if refused is not None:
@@ -250,7 +250,7 @@ class ShardCache(CacheRoom, CachedViews):
                 f"directory) needs {count} shards ({need} bytes) on disk at once, over cache_limit {self.limit}; "
                 "raise cache_limit or lower shuffle_window")
         if not self._lead:  # a follower holds two of its largest steps (the one read and the next)
-            self._budget = min(self.limit, 2 * max(planned.largest[0], sum(self.largest_sizes)))
+            self._budget = min(self.limit, 2 * max(planned.largest, sum(self.largest_sizes)))
 
     def _check_refused(self) -> None:
         if self._refused is not None:
