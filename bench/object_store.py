@@ -268,11 +268,15 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                            + (f"; the machine busy {busy['s3']:.0%} (S3) and {busy['local']:.0%} (local)"
                               if busy else "")))
         if job.get("s3 / local, per job CPU second") is not None:
-            cpu = job["job_cpu_s"]
-            detail = (f"the job's own CPU seconds (driver and workers: the machine's less the server's) for the "
-                      f"same images, local {statistics.median(cpu['local']):.2f} over S3 "
-                      f"{statistics.median(cpu['s3']):.2f}; the wall ratio over (1 - server share): "
-                      f"{job['s3 / local, server CPU excluded']:.3f}")
+            own, machine = job["job_process_cpu_s"], job["job_cpu_s"]
+            by_machine = job["s3 / local, per machine CPU second less the server's"]
+            detail = (f"the job's own processes' CPU seconds (driver, Ray's daemons and workers) for the same images, "
+                      f"local {statistics.median(own['local']):.2f} over S3 {statistics.median(own['s3']):.2f}; "
+                      f"the machine's less the server process's (kernel threads, the server's disk writeback "
+                      f"among them, counted as the job's): {statistics.median(machine['local']):.2f} over "
+                      f"{statistics.median(machine['s3']):.2f}, "
+                      f"{by_machine:.3f}; the wall ratio over "
+                      f"(1 - server share): {job['s3 / local, server CPU excluded']:.3f}")
             out.append(_figure("job S3 / local on the cores the server leaves it",
                                job["s3 / local, per job CPU second"], 0.85, detail=detail))
     else:

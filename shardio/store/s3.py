@@ -79,7 +79,8 @@ def _unsigned_payload_by_default(endpoint: str | None) -> bool:
     """Whether uploads go with ``UNSIGNED-PAYLOAD``, as the AWS SDKs send them, where nothing says otherwise:
     over HTTPS (AWS itself, or an ``https://`` endpoint) TLS already guards the body, and signing it costs a
     SHA-256 pass over every byte written (the largest single cost uploads add to a job's worker). Over plain
-    HTTP the payload stays signed, as the SDKs sign it. ``AWS_UNSIGNED_PAYLOAD`` set either way wins (obstore reads it)."""
+    HTTP the payload stays signed, as the SDKs sign it. ``AWS_UNSIGNED_PAYLOAD`` set either way wins (obstore
+    reads it)."""
     if os.environ.get("AWS_UNSIGNED_PAYLOAD"):
         return False
     return endpoint is None or endpoint.lower().startswith("https://")
