@@ -33,6 +33,7 @@ written at its offset and hashed in order as it comes, every GET holding bytes f
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import tempfile
 import threading
@@ -409,15 +410,24 @@ class ObjectStorage:
                 pass
 
     def upload(self, local_path: str, path: str) -> str:
-        """Upload a local file at ``path`` (multipart above 16 MB); returns the ETag."""
+        """Upload a local file at ``path`` (multipart above 16 MB); returns the ETag. The file is mapped and its
+        pages handed to obstore as they are: read through a file object, a multipart upload took twice the CPU
+        (a 39 MB shard: 55 against 28 ms on the bench's S3 server)."""
         store, key = self._target(path)
-        size = os.path.getsize(local_path)
         with self._errors(path, "PUT"), open(local_path, "rb") as f:
-            if size <= _PART_BYTES:
-                result = self._ob.put(store, key, f.read(), use_multipart=False)
-            else:
-                result = self._ob.put(store, key, f, use_multipart=True, chunk_size=_PART_BYTES,
-                                      max_concurrency=4)
+            size = os.fstat(f.fileno()).st_size
+            if not size:  # nothing to map
+                return self._version(self._ob.put(store, key, b"", use_multipart=False))
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    if size <= _PART_BYTES:
+                        result = self._ob.put(store, key, view, use_multipart=False)
+                    else:
+                        result = self._ob.put(store, key, view, use_multipart=True, chunk_size=_PART_BYTES,
+                                              max_concurrency=4)
+                finally:
+                    view.release()
         return self._version(result)
 
     def create_temp(self, final_path: str) -> tuple[int, str]:

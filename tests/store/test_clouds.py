@@ -60,6 +60,20 @@ def test_create_if_absent_and_replace_if_unchanged_are_enforced(writable_cloud_b
     assert bucket.keys("ds") == ["manifests/0000000001.json"]
 
 
+@pytest.mark.parametrize("size", [0, 1, 16 << 20, (16 << 20) + 1, 40 << 20])
+def test_an_upload_of_any_size_reads_back_whole(writable_cloud_bucket, tmp_path, size):
+    """A file is uploaded from its mapped pages: empty, one byte, one part exactly, one byte over (multipart)."""
+    local = tmp_path / "shard.npy"
+    data = os.urandom(size)
+    local.write_bytes(data)
+    url = writable_cloud_bucket.url("ds/shards/a.npy")
+    store = for_path(url)
+    assert store.upload(str(local), url)
+    assert store.info(url).size == size
+    assert store.read_bytes(url) == data
+    local.unlink()  # the map is gone: the file goes as any other
+
+
 @pytest.mark.parametrize("ignore,named", [("create", "create-if-absent"), ("replace", "replace-if-unchanged")])
 def test_a_store_ignoring_either_precondition_is_refused_before_anything_is_written(
         writable_cloud_bucket, monkeypatch, ignore, named):

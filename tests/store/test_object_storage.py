@@ -82,6 +82,19 @@ def test_a_large_upload_is_multipart_whole_and_downloads_back(store, s3_bucket, 
     assert store.checksum(url, "sha256") == hashlib.sha256(data).hexdigest()  # shards written before xxh3_128
 
 
+@pytest.mark.parametrize("size", [10, 20 << 20])
+def test_an_upload_the_store_refuses_is_an_error_naming_the_url(s3_server, s3_bucket, tmp_path, size,
+                                                                monkeypatch):
+    local = tmp_path / "shard.npy"
+    local.write_bytes(b"x" * size)
+    url = f"s3://{s3_bucket}/ds/shards/a.npy"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(errors.StorageAccessError, match=f"^{url}: PUT refused"):
+        S3Storage().upload(str(local), url)
+    local.write_bytes(b"y")  # the file was let go: written, then uploaded again elsewhere
+    assert local.read_bytes() == b"y"
+
+
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
     import shardio.store.scratch
 
