@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from shardio.errors import MissingExtra, ShardError, ShardFormatError, ShardIntegrityError, StorageAccessError
@@ -100,12 +101,13 @@ class CachedShard:
     bucket: int = 0  # the shard's bucket (its images' shape: a bucketed dataset's ``buckets[bucket]``)
     outputs: tuple[CachedOutput, ...] = ()  # in the root's ``outputs`` order
 
-    @property
+    # Both asked for at every step a pass plans and at every eviction (hundreds of times a step): made once.
+    @cached_property
     def key(self) -> str:
         """The unit's name in the cache directory (``cache_key``)."""
         return _key(self.npy_checksum, self.meta_checksum, tuple(o.digest for o in self.outputs))
 
-    @property
+    @cached_property
     def size(self) -> int:
         return self.npy_bytes + self.meta_bytes + sum(o.nbytes for o in self.outputs)
 

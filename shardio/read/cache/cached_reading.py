@@ -6,6 +6,7 @@ its directory ``shardio.read.cache.cache_dir``.
 
 from __future__ import annotations
 
+import operator
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,8 @@ from shardio.read.cache.shard_cache import ShardCache
 from shardio.read.yuv_pixels import YuvPlanes
 
 __all__ = ["CachedAssembler", "PassShards", "cache_units", "fitting_window"]
+
+_first = operator.itemgetter(0)  # a piece's shard
 
 
 def cache_units(snapshot: DatasetSnapshot) -> Sequence[int]:
@@ -80,6 +83,7 @@ class PassShards(Sequence[list[int]]):
 
     def __init__(self, node: NodeSteps, plan: EpochOrder, unit_of: Sequence[int]) -> None:
         self.node, self.plan, self.unit_of = node, plan, unit_of
+        self._identity = isinstance(unit_of, range) and unit_of == range(len(unit_of))
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -92,11 +96,13 @@ class PassShards(Sequence[list[int]]):
     def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
-        units: list[int] = []
+        shards: list[int] = []
         with self._lock:
             for positions in self.node[index]:
-                units += [int(self.unit_of[shard]) for shard, _, _ in self.plan.pieces(positions)]
-        return list(dict.fromkeys(units))
+                shards += map(_first, self.plan.pieces(positions))
+        if not self._identity:  # a subset's: its segments' parent shards
+            shards = [int(self.unit_of[shard]) for shard in shards]
+        return list(dict.fromkeys(shards))
 
     def pieces(self, positions: range) -> list[tuple[int, int, int]]:
         """The ``(shard, start, stop)`` pieces of this process's batch at ``positions``."""
