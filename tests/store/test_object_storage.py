@@ -95,6 +95,22 @@ def test_an_upload_the_store_refuses_is_an_error_naming_the_url(s3_server, s3_bu
     assert local.read_bytes() == b"y"
 
 
+@pytest.mark.parametrize("size", [10, 20 << 20])
+def test_a_file_that_cannot_be_mapped_is_uploaded_through_reads(store, s3_bucket, tmp_path, size, monkeypatch):
+    import shardio.store.object_store
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # what a filesystem without maps answers
+
+    monkeypatch.setattr(shardio.store.object_store.mmap, "mmap", refuse)
+    local = tmp_path / "shard.npy"
+    data = os.urandom(size)
+    local.write_bytes(data)
+    url = f"s3://{s3_bucket}/ds/shards/a.npy"
+    store.upload(str(local), url)
+    assert store.read_bytes(url) == data
+
+
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
     import shardio.store.scratch
 
