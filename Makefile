@@ -130,10 +130,10 @@ bench: $(STAMP)
 	$(PY) -m bench.sources
 	$(PY) -m bench.parquet_memory --gb 2
 	$(PY) -m bench.sources_rerun --inputs 1000
-	# Object storage, on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no
-	# dependency of shardio), the S3 reader and job against local, LitData and Mosaic Streaming in their
-	# own venv (bench/out/peer-venv, made on first use). Adds object_store to bench/results.json / .md.
-	-$(PIP) install -q s3fs
+	# Object storage, on a SeaweedFS server on loopback: raw GET, s3fs vs obstore (s3fs is no dependency
+	# of shardio: in its own venv, bench/out/clients-venv), the S3 reader and job against local, LitData and
+	# Mosaic Streaming in theirs (bench/out/peer-venv); both made on first use. Adds object_store to
+	# bench/results.json / .md.
 	$(PY) -m bench.object_store
 	# Every epoch cold from S3, GCS and Azure (their emulators): the reader with a cache of a third of the dataset
 	# against raw parallel GETs and the local-disk reader, raw and JPEG shards, and 4 ranks sharing a cache_dir.

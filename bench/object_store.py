@@ -36,9 +36,9 @@ from typing import Any
 
 from bench.corpus import CorpusSpec, build_corpus
 from bench.job_bench import ForeignLoad
-from bench.peer_venv import ensure_peer_venv
+from bench.peer_venv import ensure_clients_venv, ensure_peer_venv
 from bench.copy_baseline import build
-from bench.s3_clients import SAMPLE_BYTES, compare_clients, obstore_store, raw_get
+from bench.s3_clients import SAMPLE_BYTES, obstore_store, raw_get
 from bench.s3_job import job_rows, upload_files
 from bench.s3_reader import reader_rows
 from bench.results_file import write_section
@@ -96,6 +96,26 @@ def _run_peer(command: list[str]) -> tuple[dict[str, Any] | None, str]:
         tail = (process.stderr or process.stdout).strip().splitlines()[-3:]
         return None, f"exit {process.returncode}: {' | '.join(tail)}"[-600:]
     return json.loads(line[len("PEER_RESULT "):]), ""
+
+
+def _clients(env: dict[str, str], rounds: int, large_mb: int) -> dict[str, Any]:
+    """``bench.s3_clients.compare_clients`` in the clients' venv (s3fs is no dependency of shardio, and its
+    botocore pin would break the project venv's boto3): its result, or why there is none."""
+    python, why = ensure_clients_venv(os.path.join(SCRATCH, "clients-venv"), log=_log)
+    if why:
+        return {"not available": why}
+    code = ("import json, os\nfrom bench.s3_clients import compare_clients\n"
+            f"print('CLIENTS ' + json.dumps(compare_clients({BUCKET!r}, dict(os.environ), rounds={rounds}, "
+            f"large_mb={large_mb})))")
+    try:
+        process = subprocess.run([python, "-c", code], env={**os.environ, **env, "PYTHONPATH": os.path.dirname(HERE)},
+                                 capture_output=True, text=True, timeout=1800, check=False)
+    except subprocess.TimeoutExpired:
+        return {"not available": "the comparison timed out after 1800 s"}
+    line = next((ln for ln in process.stdout.splitlines() if ln.startswith("CLIENTS ")), None)
+    if process.returncode != 0 or line is None:
+        return {"not available": f"exit {process.returncode}: {process.stderr.strip()[-300:]}"}
+    return json.loads(line[len("CLIENTS "):])  # type: ignore[no-any-return]
 
 
 def _peers(quick: bool, local_dir: str) -> dict[str, Any]:
@@ -185,11 +205,7 @@ def _measure(args: argparse.Namespace, server: S3Server) -> dict[str, Any]:
                           "MB/s": round(statistics.mean(r["best_MB/s"] for r in raw), 1)}
     results["raw_get"]["samples/s"] = round(results["raw_get"]["MB/s"] * 1e6 / SAMPLE_BYTES, 1)
     _log("s3fs vs obstore on the same server")
-    try:
-        results["clients"] = compare_clients(BUCKET, env, rounds=2 if args.quick else 3,
-                                             large_mb=32 if args.quick else 128)
-    except ImportError as exc:  # s3fs is no dependency of shardio: `make bench` installs it
-        results["clients"] = {"not available": f"{exc} (pip install s3fs)"}
+    results["clients"] = _clients(env, rounds=2 if args.quick else 3, large_mb=32 if args.quick else 128)
     if args.no_peers:
         results["peers"] = {"skipped": "--no-peers"}
     else:

@@ -1,4 +1,5 @@
-"""The peers' own venv, ``bench/out/peer-venv``: LitData and Mosaic Streaming, never in the project's venv.
+"""The peers' own venv, ``bench/out/peer-venv``: LitData and Mosaic Streaming, never in the project's venv; and
+the client comparison's, ``bench/out/clients-venv``: s3fs (``ensure_clients_venv``).
 
 Both pull stock Pillow (and torchvision), which would replace the project venv's Pillow-SIMD, so they live
 in a venv of their own, made here on first use and reused after. Install order and why:
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["PEERS", "ensure_peer_venv"]
+__all__ = ["PEERS", "ensure_clients_venv", "ensure_peer_venv"]
 
 # peer name -> (pip package, module the check imports)
 PEERS = {"LitData": ("litdata", "litdata"), "Mosaic Streaming": ("mosaicml-streaming", "streaming")}
@@ -84,3 +85,25 @@ def ensure_peer_venv(directory: str, log: Callable[[str], None] = print) -> tupl
     for peer, why in problems.items():
         log(f"peer {peer}: {'ready' if not why else 'NOT AVAILABLE: ' + why}")
     return python, problems
+
+
+def ensure_clients_venv(directory: str, log: Callable[[str], None] = print) -> tuple[str, str]:
+    """(the venv's python, "" if s3fs and obstore import there, else why not): what ``bench.s3_clients``'s
+    ``compare_clients`` runs in. Not the project's venv: s3fs's aiobotocore pins a botocore older than the boto3
+    there needs, and pip would install it over boto3's. Made on first use (s3fs and this venv's obstore version)."""
+    from importlib.metadata import version
+
+    python = os.path.join(directory, "bin", "python")
+    why = _import_error(python, "s3fs, obstore") if os.path.exists(python) else "no venv"
+    if not why:
+        return python, ""
+    log(f"clients venv {directory}: installing s3fs and obstore (first use)")
+    if not os.path.exists(python):
+        made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True,
+                              check=False)
+        if made.returncode != 0:
+            return python, f"python -m venv failed: {made.stderr.strip()[-300:]}"
+    ok, output = _pip(python, ["s3fs", f"obstore=={version('obstore')}"])
+    if not ok:
+        return python, f"pip install s3fs obstore failed: {output.strip()[-300:]}"
+    return python, _import_error(python, "s3fs, obstore")
