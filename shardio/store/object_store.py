@@ -423,12 +423,15 @@ class ObjectStorage:
                 mapped = None
             if mapped is None:
                 return self._version(self._put(store, key, f.read() if size <= _PART_BYTES else f, size))
-            with mapped:
-                view = memoryview(mapped)
+            view = memoryview(mapped)
+            try:
+                result = self._put(store, key, view, size)
+            finally:
                 try:
-                    result = self._put(store, key, view, size)
-                finally:
                     view.release()
+                    mapped.close()
+                except BufferError:  # obstore still holds part of it (a failed request): unmapped once let go
+                    pass
         return self._version(result)
 
     def _put(self, store: Any, key: str, data: Any, size: int) -> Any:

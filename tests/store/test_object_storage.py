@@ -111,6 +111,32 @@ def test_a_file_that_cannot_be_mapped_is_uploaded_through_reads(store, s3_bucket
     assert store.read_bytes(url) == data
 
 
+def test_an_upload_failing_while_the_client_holds_its_bytes_raises_that_failure(store, s3_bucket, tmp_path,
+                                                                                monkeypatch):
+    """The file's map cannot close while the client still holds part of it (a request failed mid-way): the
+    upload's own error is raised, not the map's."""
+    held = []
+
+    class Holding:
+        def __init__(self, real):
+            self.real = real
+
+        def put(self, store, key, data, **kwargs):
+            held.append(memoryview(data)[:10])
+            raise RuntimeError("the connection was reset")
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    monkeypatch.setattr(store, "_ob", Holding(store._ob))
+    local = tmp_path / "shard.npy"
+    local.write_bytes(b"x" * 100)
+    with pytest.raises(RuntimeError, match="the connection was reset"):
+        store.upload(str(local), f"s3://{s3_bucket}/ds/shards/a.npy")
+    assert bytes(held[0]) == b"x" * 10
+    held.clear()
+
+
 def test_staging_is_local_scratch_and_promote_uploads_then_removes_it(store, s3_bucket, tmp_path, monkeypatch):
     import shardio.store.scratch
 
