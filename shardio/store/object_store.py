@@ -32,7 +32,6 @@ written at its offset and hashed in order as it comes, every GET holding bytes f
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any, BinaryIO, ContextManager
 from shardio.errors import (CommitConflict, MissingExtra, StorageAccessError, UnsupportedStore)
 from shardio.store import piece_download
 from shardio.store.checksum import new_hasher
+from shardio.store.reader_file import ReaderFile
 from shardio.store.base import LOCK_NAME, FileInfo
 from shardio.store.lease import lease
 from shardio.store.s3_errors import StoreSettings, explain, parse, refused_access
@@ -366,7 +366,7 @@ class ObjectStorage:
         store, key = self._target(path)
         with self._errors(path, "GET"):
             reader = self._ob.open_reader(store, key, buffer_size=_DOWNLOAD_CHUNK)
-        return _Reader(reader, path)  # type: ignore[return-value]
+        return ReaderFile(reader, path)  # type: ignore[return-value]
 
     def download(self, path: str, local_path: str, algorithm: str, attempts: int = 3) -> str:
         """The whole object into ``local_path``, in pieces fetched at once and written at their offsets
@@ -554,38 +554,3 @@ def _file_info(cls: Any, path: str, meta: dict[str, Any]) -> Any:
     modified = meta.get("last_modified")
     mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else 0
     return cls(path=path, size=int(meta["size"]), mtime_ns=mtime_ns, version=_etag(meta))
-
-
-class _Reader(io.RawIOBase):
-    """obstore's ReadableFile as a binary file object (context manager, readinto)."""
-
-    def __init__(self, reader: Any, path: str) -> None:
-        self._reader, self.name = reader, path
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        return bytes(self._reader.read() if size is None or size < 0 else self._reader.read(size))
-
-    def readall(self) -> bytes:
-        return self.read()
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._reader.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._reader.tell()
-
-    def close(self) -> None:
-        if not self.closed:
-            self._reader.close()
-        super().close()
