@@ -41,6 +41,14 @@ def _pip(python: str, args: list[str], pypi_only: bool = False) -> tuple[bool, s
     return process.returncode == 0, (process.stderr or process.stdout)[-1500:]
 
 
+def _make_venv(directory: str, python: str) -> str:
+    """"" once ``directory`` is a venv (made here if ``python`` is not there yet), else why it could not be made."""
+    if os.path.exists(python):
+        return ""
+    made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True, check=False)
+    return "" if made.returncode == 0 else f"python -m venv failed: {made.stderr.strip()[-300:]}"
+
+
 def _import_error(python: str, module: str) -> str:
     """"" if ``module`` imports in the venv, else the last line of its error."""
     process = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300,
@@ -59,12 +67,9 @@ def ensure_peer_venv(directory: str, log: Callable[[str], None] = print) -> tupl
     if not any(problems.values()):
         return python, problems
     log(f"peer venv {directory}: installing torch=={TORCH} (CPU), litdata, mosaicml-streaming (first use)")
-    if not os.path.exists(python):
-        made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True,
-                              check=False)
-        if made.returncode != 0:
-            why = f"python -m venv failed: {made.stderr.strip()[-300:]}"
-            return python, dict.fromkeys(PEERS, why)
+    why = _make_venv(directory, python)
+    if why:
+        return python, dict.fromkeys(PEERS, why)
     ok, output = _pip(python, [f"torch=={TORCH}"])
     if not ok:
         return python, dict.fromkeys(PEERS, f"pip install torch=={TORCH} failed: {output.strip()[-300:]}")
@@ -98,11 +103,9 @@ def ensure_clients_venv(directory: str, log: Callable[[str], None] = print) -> t
     if not why:
         return python, ""
     log(f"clients venv {directory}: installing s3fs and obstore (first use)")
-    if not os.path.exists(python):
-        made = subprocess.run([sys.executable, "-m", "venv", directory], capture_output=True, text=True,
-                              check=False)
-        if made.returncode != 0:
-            return python, f"python -m venv failed: {made.stderr.strip()[-300:]}"
+    why = _make_venv(directory, python)
+    if why:
+        return python, why
     ok, output = _pip(python, ["s3fs", f"obstore=={version('obstore')}"])
     if not ok:
         return python, f"pip install s3fs obstore failed: {output.strip()[-300:]}"
