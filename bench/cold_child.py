@@ -83,7 +83,7 @@ print("RESULT " + json.dumps({"runs": runs, "cpu_s": after.user - cpu.user + aft
                               "machine_cpu_s": machine, "began": began, "ended": time.time(),
                               "downloads": stats.get("downloads", 0) - warm.get("downloads", 0),
                               "adopted": stats.get("adopted", 0) - warm.get("adopted", 0),
-                              "peak_bytes": stats.get("peak_bytes", 0)}))
+                              "peak_bytes": stats.get("peak_bytes", 0), "shuffle_window": dataset.shuffle_window}))
 if mode == "cold":
     shutil.rmtree(cache_dir, ignore_errors=True)
 """

@@ -277,7 +277,8 @@ def figures(result: dict[str, Any]) -> list[dict[str, Any]]:
                   f"the same ranks from local disk {row['local_samples/s']:.0f}; the node's cache a third of the "
                   f"dataset: {row['downloads / shards, an epoch']:.2f} of the {row['shards']} shards downloaded an "
                   f"epoch ({cold['downloads']} downloads, {cold['adopted']} adopted), the directory's peak "
-                  f"{row.get('directory peak / limit', 0):.2f} of the limit")
+                  f"{row.get('directory peak / limit', 0):.2f} of the limit; shuffle window "
+                  f"{cold.get('shuffle_window')} shards (the default, fitted to the cache)")
         if "cpu_allows / raw_get" in row:
             detail += (f"; the machine's CPU s/GB {row['machine_cpu_s_per_GB']:.2f}: on cores the server shares, "
                        f"the ranks can reach {row['cpu_allows / raw_get']:.3f} of raw GET and reach "

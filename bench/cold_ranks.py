@@ -38,7 +38,8 @@ def ranks_rate(url: str, cache_dir: str, limit: int, world: int, epochs: int,
     """``epochs`` epochs of ``world`` rank processes in lockstep (a barrier after every batch, as DDP's all-reduce
     at every step), sharing ``cache_dir`` (each its own ``limit``; none: ``url`` is a local copy), after an untimed
     one: combined samples/s from the first timed epoch's start to the last one's end, downloads summed over the
-    ranks, and the most the directory held (sampled every 20 ms)."""
+    ranks, the most the directory held (sampled every 20 ms), and the shuffle window the ranks used (the default,
+    clamped to what the cache holds: ``fitting_window``)."""
     if cache_dir:
         shutil.rmtree(cache_dir, ignore_errors=True)
     folder = tempfile.mkdtemp(prefix="shardio-ranks-")
@@ -73,6 +74,7 @@ def ranks_rate(url: str, cache_dir: str, limit: int, world: int, epochs: int,
     return {"ranks": world, "epochs": epochs, "samples": samples, "seconds": round(seconds, 3),
             "samples/s": round(samples / seconds, 1), "downloads": downloads,
             "adopted": sum(r["adopted"] for r in results), "directory_peak_bytes": peak[0],
+            "shuffle_window": results[0].get("shuffle_window"),
             "machine_cpu_s": round(max(r["machine_cpu_s"] for r in results), 2)}
 
 

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardio.store.root import DatasetRoot, open_root
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
-from shardio.read.cache.cache_group import CacheGroup, new_name, place_of
+from shardio.read.cache.cache_group import CacheGroup, new_name, place_of, shards_in_flight
 from shardio.read.cache.cache_setup import default_cache_dir
 from shardio.read.cache.cached_reading import CachedAssembler, fitting_window
 from shardio.read.dataloader_checks import WorkerEpochs, refuse_batched_again
@@ -192,8 +192,10 @@ class ShardDataset(IterableDataset):
         if self.is_jpeg and decode == "cpu":  # each batch decodes into batch_size H×W×3: said now, not as a MemoryError
             check_decoded_bytes(batch_size, *self.snapshot.shape[:2], path)
         if shuffle and self._cache is not None:
+            in_flight = shards_in_flight(len(self._cache_group.ranks), batch_size,
+                                         len(self.snapshot) / max(1, len(self.snapshot.shards)))
             shuffle_window = fitting_window(shuffle_window, "shuffle_window" in defaulted, self._cache,
-                                            self.path, self.layout.turns)
+                                            self.path, self.layout.turns, in_flight)
         self.cursor = EpochCursor(batch_size, self.rank, self.world_size, drop_last, settings={
             "seed": self.seed, "shuffle": shuffle, "shuffle_window": shuffle_window,
             "shuffle_block": shuffle_block, "order_version": order_version, "drop_last": drop_last,

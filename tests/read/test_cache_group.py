@@ -91,6 +91,24 @@ def test_the_slowest_process_of_the_group_bounds_the_pass(tmp_path):
     assert third.slowest() == 10
 
 
+def test_the_slowest_reading_leaves_out_processes_yet_to_begin_the_pass(tmp_path):
+    """What a process ahead waits for (``CacheRoom._held_back``): the slowest of those reading the pass now. A process
+    that never begins it (a rank that opened the dataset and reads another) holds no one back; one done with it
+    neither."""
+    cache = str(tmp_path / "cache")
+    first, second, third = (GroupPositions(cache, "g", 3, slot) for slot in range(3))
+    first.begin(2, 0)
+    first.at(9)
+    assert first.slowest_reading() == 9 and first.slowest() == 0
+    second.begin(2, 0)
+    second.at(4)
+    assert first.slowest_reading() == second.slowest_reading() == 4
+    second.begin(3, 0)
+    third.begin(1, 0)  # still in an earlier pass: not reading this one
+    third.at(50)
+    assert first.slowest_reading() == 9
+
+
 def test_positions_files_a_day_old_are_pruned_others_kept(tmp_path):
     cache = str(tmp_path / "cache")
     old, new = GroupPositions(cache, "old", 1, 0), GroupPositions(cache, "new", 1, 0)

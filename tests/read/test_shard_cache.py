@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -411,6 +412,34 @@ def test_a_cache_holding_the_whole_dataset_keeps_the_window(dataset, tmp_path, b
         short.close()
 
 
+def test_the_default_window_leaves_room_for_the_steps_a_group_reads_at_once(dataset, tmp_path):
+    """Ranks sharing a cache directory read three steps of a batch on each of them at once (``shards_in_flight``): the
+    default window is clamped to two windows and those shards, saying so; a rank alone keeps the two windows' rule."""
+    import warnings
+
+    from shardio.read.cache.cache_group import shards_in_flight
+    from shardio.read.cache.cached_reading import fitting_window
+
+    units, shape = units_of(dataset)
+    largest = max(u.size for u in units)
+    cache = ShardCache(units, FolderStore(dataset), str(tmp_path / "cache"), 10 * largest, shape=shape)
+    try:
+        assert shards_in_flight(1, 256, 64) == 0 and shards_in_flight(8, 256, 64) == 96
+        assert shards_in_flight(2, 8, 8) == 6  # 3 steps of 2 batches of 8, shards of 8 samples
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fitting_window(2, True, cache, BASE, 1, shards_in_flight(2, 8, 8)) == 2  # 4 + 6 shards fit
+        with pytest.warns(UserWarning, match="and 6 shards for the steps its ranks read at once") as warned:
+            assert fitting_window(256, True, cache, BASE, 1, 6) == 2
+        assert "raise cache_limit to " in str(warned[0].message)
+        with pytest.warns(UserWarning, match="using shuffle_window=5"):
+            assert fitting_window(256, True, cache, BASE, 1, 0) == 5
+        with pytest.warns(UserWarning, match="lower shuffle_window to 2"):
+            assert fitting_window(3, False, cache, BASE, 1, 6) == 3  # a window the caller chose is kept
+    finally:
+        cache.close()
+
+
 def test_a_warm_cache_on_a_read_only_file_system_reads_without_downloading(dataset, tmp_path, monkeypatch):
     """A cache directory on a read-only mount (EROFS), filled before: every shard is read from it, nothing
     downloaded, nothing removed; a shard missing there is a clear error at once, naming the directory."""
@@ -647,3 +676,79 @@ def test_a_groups_leader_downloads_ahead_only_while_the_directory_has_room(datas
     finally:
         leader.close()
         other.close()
+
+
+def _read_steps(cache: ShardCache, dataset: str, units: list[CachedShard], steps: range) -> None:
+    for number in steps:
+        cache.advance(number)
+        assert bytes(np.ascontiguousarray(cache.pixels(number))) == local_pixels(dataset, units[number]).tobytes()
+
+
+def test_a_process_ahead_of_its_group_waits_for_room_instead_of_passing_the_limit(dataset, tmp_path):
+    """A follower running ahead of the group's slowest process (its prefetch) reads past the group's keep set; the
+    directory is full of what the slowest still reads, so its read waits until the slowest moves on and the group
+    lets go of what it read: the directory stays within the limit, and every byte read is the shard's own."""
+    from shardio.read.cache.group_positions import GroupPositions
+
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    largest = max(u.size for u in units)
+    limit = 6 * largest
+    stores = [FolderStore(dataset, cache_dir), FolderStore(dataset, cache_dir)]
+    leader, follower = (ShardCache(units, store, cache_dir, limit, shape=shape, threads=2) for store in stores)
+    steps = [[s] for s in range(len(units))]
+    slots = [GroupPositions(cache_dir, "g", 2, slot) for slot in range(2)]
+    errors: list[BaseException] = []
+
+    def run_ahead() -> None:
+        try:
+            _read_steps(follower, dataset, units, range(len(units)))
+        except BaseException as e:  # noqa: BLE001 - raised in the test below
+            errors.append(e)
+
+    try:
+        for cache, slot, lead in ((leader, slots[0], True), (follower, slots[1], False)):
+            slot.begin(0, 0)
+            cache.plan(steps, behind=2, lead=lead, positions=slot)
+        _read_steps(leader, dataset, units, range(1))  # the slowest, at step 0, downloading its keep set ahead
+        deadline = time.monotonic() + 60
+        while dir_bytes(cache_dir) + largest <= limit and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the keep set fills the directory
+        ahead = threading.Thread(target=run_ahead)
+        ahead.start()
+        ahead.join(timeout=1.0)
+        assert ahead.is_alive() and not errors  # waiting for the group: the directory holds what the slowest reads
+        assert dir_bytes(cache_dir) <= limit
+        _read_steps(leader, dataset, units, range(1, len(units)))
+        ahead.join(timeout=120)
+        assert not ahead.is_alive() and not errors, errors
+        assert max(stores[0].sizes + stores[1].sizes) <= limit  # sampled at every download
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_process_ahead_of_a_group_that_stopped_goes_ahead_after_a_while(dataset, tmp_path, monkeypatch):
+    """The slowest process of the group stops mid-pass (never moves again): a process ahead of it waits
+    ``HOLD_BACK_S`` for it, then reads on over the limit rather than hang."""
+    from shardio.read.cache import cache_room
+    from shardio.read.cache.group_positions import GroupPositions
+
+    monkeypatch.setattr(cache_room, "HOLD_BACK_S", 0.5)
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    limit = 6 * max(u.size for u in units)
+    leader, follower = (ShardCache(units, FolderStore(dataset), cache_dir, limit, shape=shape, threads=2)
+                        for _ in range(2))
+    steps = [[s] for s in range(len(units))]
+    slots = [GroupPositions(cache_dir, "g", 2, slot) for slot in range(2)]
+    try:
+        for cache, slot, lead in ((leader, slots[0], True), (follower, slots[1], False)):
+            slot.begin(0, 0)
+            cache.plan(steps, behind=2, lead=lead, positions=slot)
+        _read_steps(leader, dataset, units, range(1))  # and never again
+        _read_steps(follower, dataset, units, range(len(units)))
+        assert follower.stats["downloads"] > 0
+    finally:
+        leader.close()
+        follower.close()

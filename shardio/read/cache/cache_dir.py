@@ -44,7 +44,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -387,13 +387,19 @@ class CacheDir:
             os.close(fd)
         return True
 
-    def bytes_now(self) -> int:
+    def bytes_now(self, loading: Mapping[str, int] | None = None) -> int:
         """The bytes of every shard file in the directory now, downloads in progress included: what all the processes
-        sharing it hold (a group's first process downloads ahead only while they leave room, ``cache_room``)."""
-        total = 0
+        sharing it hold (a group's first process downloads ahead only while they leave room, ``cache_room``).
+        ``loading``: the calling process's downloads (unit key -> bytes), counted at the size they will have, not
+        the part written so far."""
+        loading = loading or {}
+        total = sum(loading.values())
         with os.scandir(self.root) as entries:
             for entry in entries:
-                if entry.name.startswith(TEMP_PREFIX) or entry.name.endswith((".npy", ".jsonl")):
+                temp = entry.name.startswith(TEMP_PREFIX)
+                if temp and entry.name[len(TEMP_PREFIX):].split(".", 1)[0] in loading:
+                    continue
+                if temp or entry.name.endswith((".npy", ".jsonl")):
                     try:
                         if entry.is_file(follow_symlinks=False):
                             total += entry.stat(follow_symlinks=False).st_size

@@ -15,6 +15,7 @@ The group is found when the dataset opens: under ``torch.distributed`` the ranks
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
@@ -24,7 +25,7 @@ from typing import overload
 
 from shardio.read.order import DealtBatches
 
-__all__ = ["CacheGroup", "NodeSteps", "new_name", "node_reads", "place_of"]
+__all__ = ["CacheGroup", "NodeSteps", "hold_after", "new_name", "node_reads", "place_of", "shards_in_flight"]
 
 
 def place_of(cache_dir: str) -> str:
@@ -93,3 +94,20 @@ def node_reads(batches: Sequence[range], group: CacheGroup) -> tuple[NodeSteps, 
     if not isinstance(batches, DealtBatches):
         return NodeSteps([batches], 0), range(len(batches))
     return NodeSteps([batches.of_rank(rank) for rank in group.ranks], group.index), batches.steps
+
+
+def hold_after(spread: int) -> int:
+    """How many steps past the group's slowest process one reads without waiting for room in the directory
+    (``CacheRoom._held_back``), so that no process ever waits for one that waits for it: ranks meet at every step (a
+    rank's consumer is at most one step past the slowest's), and a process's place may be up to ``spread`` steps
+    behind its consumer (its next batch not begun; a rank's ``spread`` DataLoader workers take its steps in turn, one
+    idle since its last step)."""
+    return spread + 1
+
+
+def shards_in_flight(ranks: int, batch_size: int, samples_per_shard: float) -> int:
+    """About how many shards the steps a group of ``ranks`` reads at once (the slowest's and ``hold_after`` more,
+    each a batch on every rank) span beyond the two windows a rank alone needs; none for a rank alone."""
+    if ranks < 2:
+        return 0
+    return math.ceil((hold_after(1) + 1) * ranks * batch_size / max(samples_per_shard, 1.0))

@@ -18,6 +18,10 @@ __all__ = ["CacheRoom"]
 
 _ABSENT, _LOADING, _HELD, _DOOMED, _FAILED = "absent", "loading", "held", "doomed", "failed"
 
+# How long a read past the group's slowest process waits for room in the directory while that process does not move
+# (stopped reading mid-pass): then it goes ahead, over the limit, rather than hang.
+HOLD_BACK_S = 10.0
+
 # How long a count of the directory's bytes serves a group's leader (``CacheRoom._directory_room``) before it counts
 # again (a tenth of it at the soonest when the count says it is full).
 DIRECTORY_RECOUNT_S = 0.05
@@ -41,6 +45,8 @@ class CacheRoom:
     _keep_set: KeepSet
     _lead: bool
     _directory_count: tuple[float, int]
+    _hold_after: int
+    _slowest_seen: tuple[int, float]
     files: CacheDir
     limit: int
     stats: dict[str, int]
@@ -96,9 +102,10 @@ class CacheRoom:
             # for as alone, below.
             if not for_current and unit.key not in keep:
                 return None
-            if self._make_room(unit, keep, current) or not for_current:
-                if not self._directory_room(unit, for_current, current):
-                    return None  # the group's files fill the directory: a download ahead waits for the others
+            fits = self._make_room(unit, keep, current)
+            if not self._directory_room(unit, for_current, current):
+                return None  # the group's files fill the directory: this download waits for the others
+            if fits or not for_current:
                 return self._take(unit)
         # For a download ahead, what a slower process of the group may still be about to adopt stays.
         slowest = self._position if for_current else self._pass.start(self._slowest_batch())
@@ -127,19 +134,24 @@ class CacheRoom:
         return self._take(unit)
 
     def _directory_room(self, unit: CachedShard, for_current: bool, current: set[str]) -> bool:
-        """Whether the group's leader may download ``unit``: the directory, every process's files
+        """Whether a process of a group may download ``unit``: the directory, every process's files
         (``_directory_bytes``), has room for it. Each process holds no more than its budget, but they read the slowest
         step at different moments: at a window's end the others may still hold the old window while the leader keeps
-        the next two. Only the leader downloads ahead (the others adopt, or fetch what they read now), so this bounds
-        the directory by the limit. For the batch it reads now the leader makes room among its own files, the one read
-        farthest ahead first, waits for its own doomed files' maps to go, and else goes ahead: a read is never held
-        back by the others."""
-        if not self._lead or self.files.present(unit):
-            return True  # a follower fetches only what it reads now; adopting a file adds nothing
+        the next two, and a process that runs ahead of the slowest (its prefetch) reads past the keep set. Only the
+        leader downloads ahead (the others adopt, or fetch what they read now), and a read past the steps the group
+        needs to move on waits for room (``_held_back``), so this bounds the directory by the limit. For a batch the
+        group needs now the leader makes room among its own files, the one read farthest ahead first, waits for its
+        own doomed files' maps to go, and else goes ahead, as a follower does: such a read is never held back by the
+        others."""
+        if self.files.present(unit):
+            return True  # adopting a file adds nothing
+        held_back = for_current and self._held_back()
+        if not self._lead and not held_back:
+            return True  # a follower fetches only what it reads now
         counted = self._directory_bytes(unit.size, fresh=for_current)
         if counted + unit.size > self.limit:
-            if not for_current:
-                return False
+            if not for_current or held_back:
+                return False  # room comes as the slowest moves on and the group lets go of what it read
             for _, victim in sorted(((self._next_use(k), k) for k in self._in[_HELD] if k not in current),
                                     reverse=True):
                 self._evict(victim)  # removed unless another process holds it too
@@ -152,15 +164,32 @@ class CacheRoom:
         self._directory_count = (self._directory_count[0], counted + unit.size)  # this download, until a recount
         return True
 
+    def _held_back(self) -> bool:
+        """Whether the batch this process reads may wait for room in the directory: it lies more than ``_hold_after``
+        steps past the slowest process reading the pass, which needs nothing from it to move on (ranks meet at the step
+        each one reads; a rank's workers take its steps in turn, ``_hold_after`` apart), and that process moved within
+        ``HOLD_BACK_S``. A process ahead of the group (its prefetch) then waits for the group instead of going past
+        the limit."""
+        if self._positions is None:
+            return False
+        slowest = self._positions.slowest_reading()
+        if self._batch <= slowest + self._hold_after:
+            return False
+        now = time.monotonic()
+        if slowest != self._slowest_seen[0]:
+            self._slowest_seen = (slowest, now)
+        return now - self._slowest_seen[1] < HOLD_BACK_S
+
     def _directory_bytes(self, size: int, fresh: bool) -> int:
-        """The directory's bytes (``CacheDir.bytes_now``): counted again when ``fresh``, when the count is
-        ``DIRECTORY_RECOUNT_S`` old, or when it leaves no room for ``size`` (a tenth of that apart at the soonest);
-        else the last count with what this process reserved since."""
+        """The directory's bytes (``CacheDir.bytes_now``, this process's downloads at their whole size): counted again
+        when ``fresh``, when the count is ``DIRECTORY_RECOUNT_S`` old, or when it leaves no room for ``size`` (a tenth
+        of that apart at the soonest); else the last count with what this process reserved since."""
         now = time.monotonic()
         counted_at, counted = self._directory_count
         age = now - counted_at
         if fresh or age > DIRECTORY_RECOUNT_S or (counted + size > self.limit and age > DIRECTORY_RECOUNT_S / 10):
-            counted_at, counted = now, self.files.bytes_now()
+            loading = {key: self._unit(key).size for key in self._in[_LOADING]}
+            counted_at, counted = now, self.files.bytes_now(loading)
             self._directory_count = (counted_at, counted)
         return counted
 

@@ -19,7 +19,7 @@ from torch.utils.data import get_worker_info
 
 from shardio.read.batches import FIELDS, Batch, BatchAssembler
 from shardio.read.cache.cache_dir import cache_key
-from shardio.read.cache.cache_group import CacheGroup, NodeSteps, node_reads
+from shardio.read.cache.cache_group import CacheGroup, NodeSteps, hold_after, node_reads
 from shardio.read.cache.group_positions import GroupPositions
 from shardio.read.layout import EpochOrder, Layout
 from shardio.read.snapshot import DatasetSnapshot, ShardMeta
@@ -40,15 +40,17 @@ def cache_units(snapshot: DatasetSnapshot) -> Sequence[int]:
     return range(len(snapshot.shards))
 
 
-def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1) -> int:
+def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, dataset: str, buckets: int = 1,
+                   in_flight: int = 0) -> int:
     """The shuffle window to use with ``cache`` for the dataset at ``dataset`` (the URL its warnings
     name). A shuffled pass reads every batch from about the shards of one window (order version 2 with blocks
     of 1: 162 of 256 shards in a batch of 256), and a batch across a window's end from two, so two windows
     must fit on disk at once (which also lets the next window download while this one is read), or the pass is
-    refused or downloads shards again and again. The default window is clamped to ``cache.limit // (2 ×
-    largest shard)``, with a warning; a window the caller chose is kept, with one. (The processes of a cache
-    directory's group, ranks and workers, plan the same batches and hold the same files, each within the whole
-    limit: ``shardio.read.cache.cache_group``.) A bucketed dataset's
+    refused or downloads shards again and again. The default window is clamped to what fits, with a warning; a
+    window the caller chose is kept, with one. The processes of a cache directory's group, ranks and workers, plan
+    the same batches and hold the same files, each within the whole limit (``shardio.read.cache.cache_group``), and
+    read several steps of a batch on every rank at once: ``in_flight`` shards more (``shards_in_flight``), so a
+    process ahead of the group seldom waits for room. A bucketed dataset's
     ``buckets`` (those with samples) take turns, each reading its own window: two windows of each must fit. A
     cache that holds the whole dataset (the default ``cache_limit`` is its size) needs no room for windows:
     every shard stays once downloaded, so the window is kept, and a dataset smaller than two windows reads in
@@ -57,21 +59,23 @@ def fitting_window(shuffle_window: int, defaulted: bool, cache: ShardCache, data
     if dataset_bytes <= cache.limit:
         return shuffle_window
     largest = cache.largest_sizes[0]
-    fits = max(1, cache.limit // (2 * largest * buckets))
-    need = min(min(2 * shuffle_window * buckets, len(cache.units)) * largest, dataset_bytes)
+    fits = max(1, (cache.limit // largest - in_flight) // (2 * buckets))
+    need = min(min(2 * shuffle_window * buckets + in_flight, len(cache.units)) * largest, dataset_bytes)
     if need <= cache.limit:
         return shuffle_window
     where = dataset
     each = f" for each of {buckets} buckets" if buckets > 1 else ""
+    group = f" and {in_flight} shards for the steps its ranks read at once" if in_flight else ""
     if defaulted:
         warnings.warn(f"{where}: cache_limit {cache.limit} bytes holds two windows of {fits} shards of up to "
-                      f"{largest} bytes{each}, not of the default {shuffle_window} ({need} bytes): using "
+                      f"{largest} bytes{each}{group}, not of the default {shuffle_window} ({need} bytes): using "
                       f"shuffle_window={fits}, so batches mix fewer shards (docs/reader.md); raise cache_limit "
                       f"to {need} or pass shuffle_window={fits} to silence this", stacklevel=3)
         return fits
     warnings.warn(f"{where}: shuffle_window={shuffle_window} needs {need} bytes of cache (two windows of "
-                  f"shards of up to {largest} bytes{each}), cache_limit is {cache.limit}: shards will be downloaded "
-                  f"more than once an epoch; raise cache_limit or lower shuffle_window to {fits}", stacklevel=3)
+                  f"shards of up to {largest} bytes{each}{group}), cache_limit is {cache.limit}: shards will be "
+                  f"downloaded more than once an epoch; raise cache_limit or lower shuffle_window to {fits}",
+                  stacklevel=3)
     return shuffle_window
 
 
@@ -150,7 +154,8 @@ class CachedAssembler(BatchAssembler):
         positions = None if alone else self._positions(spread, 0 if worker is None else worker.id)
         if positions is not None:
             positions.begin(*pass_id)
-        cache.plan(shards, behind=0 if alone else self.lag_steps * spread, lead=lead, positions=positions)
+        cache.plan(shards, behind=0 if alone else self.lag_steps * spread, lead=lead, positions=positions,
+                   hold_after=hold_after(spread))
         for step, batch in zip(steps, batches):
             cache.advance(step)
             self.release_read()

@@ -68,6 +68,14 @@ class GroupPositions:
         steps = np.where(here, rows[:, 2], np.where(later, np.iinfo(np.int64).max, 0))
         return int(steps.min())
 
+    def slowest_reading(self) -> int:
+        """The step of the slowest process reading this process's pass now, those yet to begin it left out (one that
+        never begins it, a rank that opened the dataset and reads another, holds no one back)."""
+        rows = self._slots.copy()
+        here = (rows[:, 0] == self._pass[0]) & (rows[:, 1] == self._pass[1])
+        here[self.slot] = True
+        return int(rows[here, 2].min())
+
 
 def prune(cache_dir: str) -> None:
     """Remove group files no process has written for a day (the runs are long gone)."""

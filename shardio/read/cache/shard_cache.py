@@ -123,6 +123,7 @@ class ShardCache(CacheRoom, CachedViews):
         self._batch = 0
         self._behind = 0  # batches the slowest process planning the same sequence may be behind (``plan``)
         self._positions: GroupPositions | None = None  # where the group's processes are (``plan``)
+        self._hold_after, self._slowest_seen = 1, (-1, 0.0)  # when a read waits for the group (``_held_back``)
         self._keep_set = KeepSet()  # the group's keep set, counted as the group and the horizon move
         self._kept = (-1, -1)  # (start, end) of the plan where the group's keep set last let go of files
         self._budget = self.limit  # what this process may hold: the limit, or a follower's two batches (``plan``)
@@ -165,7 +166,7 @@ class ShardCache(CacheRoom, CachedViews):
     # --- the plan ---------------------------------------------------------------------------------
 
     def plan(self, batches: Sequence[Sequence[int]], behind: int = 0, lead: bool = True,
-             positions: GroupPositions | None = None) -> None:
+             positions: GroupPositions | None = None, hold_after: int = 1) -> None:
         """This pass's access sequence: for each batch (a step: the batches of every rank sharing the directory),
         the shard index of each of its pieces, in the order they are read (``advance(b)`` says the reader starts
         batch ``b``); a sequence whose steps are computed when asked, planned a horizon ahead (``cache_plan``).
@@ -177,7 +178,8 @@ class ShardCache(CacheRoom, CachedViews):
         there (downloading only what it reads now) and holds no more than two of its largest batches (the one read
         and the next), so the directory holds one limit however many processes share it. ``positions``: where
         the group's processes are (this one writes its batch there as it advances); then the slowest of them, not
-        ``behind``, bounds what a download ahead may evict."""
+        ``behind``, bounds what a download ahead may evict, and a batch more than ``hold_after`` steps past the
+        slowest waits for room in the directory rather than pass the limit (``CacheRoom._held_back``)."""
         if self._forked and self.store is None:
             raise ShardError(
                 f"{self.unit(0).npy_url}: an object-storage dataset cannot be read in a process started by "
@@ -189,6 +191,7 @@ class ShardCache(CacheRoom, CachedViews):
             self._pass = PlannedPass(batches, lambda shard: self.unit(shard).key, lambda key: self._unit(key).size)
             self._refused = None
             self._batch, self._behind, self._positions = 0, behind, positions
+            self._hold_after, self._slowest_seen = hold_after, (-1, 0.0)
             self._kept = (-1, -1)
             self._lead = lead
             self._budget = self.limit
