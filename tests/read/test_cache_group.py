@@ -91,6 +91,22 @@ def test_the_slowest_process_of_the_group_bounds_the_pass(tmp_path):
     assert third.slowest() == 10
 
 
+def test_a_process_that_does_not_begin_the_pass_in_time_is_taken_for_one_reading_something_else(tmp_path,
+                                                                                                  monkeypatch):
+    from shardio.read.cache import group_positions
+
+    cache = str(tmp_path / "cache")
+    first, second = (GroupPositions(cache, "g", 2, slot) for slot in range(2))
+    first.begin(0, 0)  # the first pass: a slot never written (all zeros) is no process reading it
+    first.at(6)
+    assert first.slowest() == 0 and first.slowest_reading() == 6  # within the grace: the other may be about to begin
+    monkeypatch.setattr(group_positions, "BEGIN_GRACE_S", 0.0)
+    assert first.slowest() == 6  # past it: no longer waited for
+    second.begin(0, 0)
+    second.at(2)
+    assert first.slowest() == 2  # once it begins, it counts again
+
+
 def test_the_slowest_reading_leaves_out_processes_yet_to_begin_the_pass(tmp_path):
     """What a process ahead waits for (``CacheRoom._held_back``): the slowest of those reading the pass now. A process
     that never begins it (a rank that opened the dataset and reads another) holds no one back; one done with it

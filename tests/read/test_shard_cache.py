@@ -752,3 +752,32 @@ def test_a_process_ahead_of_a_group_that_stopped_goes_ahead_after_a_while(datase
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_group_member_that_never_begins_the_pass_does_not_stop_the_downloads_ahead(dataset, tmp_path,
+                                                                                     monkeypatch):
+    """A rank of the group opened the dataset and never iterates it (say, a validation set read on one rank): once
+    it has not begun the pass for ``BEGIN_GRACE_S``, the others no longer keep what it would read at step 0, and the
+    leader downloads ahead of where it reads, not only what it reads now."""
+    from shardio.read.cache import group_positions
+    from shardio.read.cache.group_positions import GroupPositions
+
+    monkeypatch.setattr(group_positions, "BEGIN_GRACE_S", 0.0)
+    units, shape = units_of(dataset)
+    cache_dir = str(tmp_path / "cache")
+    leader = ShardCache(units, FolderStore(dataset), cache_dir, 6 * max(u.size for u in units), shape=shape,
+                        threads=2)
+    steps = [[s] for s in range(len(units))]
+    slot = GroupPositions(cache_dir, "g", 2, 0)  # slot 1's process never begins
+    try:
+        slot.begin(0, 0)
+        leader.plan(steps, behind=2, lead=True, positions=slot)
+        _read_steps(leader, dataset, units, range(9))
+        ahead = [units[s] for s in (9, 10, 11)]
+        deadline = time.monotonic() + 60
+        while not all(leader.files.present(u) for u in ahead) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(leader.files.present(u) for u in ahead)  # downloaded before they are read
+        _read_steps(leader, dataset, units, range(9, len(units)))
+    finally:
+        leader.close()

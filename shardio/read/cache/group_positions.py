@@ -4,10 +4,12 @@ The processes sharing a cache directory plan one sequence (``shardio.read.cache.
 at one ``cache_limit`` the one that downloads ahead must not make room by letting go of what a slower process of the
 group is still to read. Each process writes its step into its slot as it starts a batch; the slowest slot is where
 the group is. File: ``CACHE_DIR/groups/NAME.steps``, ``NAME`` the group's (a token its first rank drew when the
-dataset opened, so a run never reads another run's slots); per slot three little-endian int64: the pass (epoch,
-start) and the step. A slot of another pass is a process that has not begun this one (at step 0: all it will read is
-kept) or, for a later pass, one done with it. Nothing here is trusted for correctness: a wrong slot costs a download
-or a little room, never a wrong byte. Files a day old are removed by the next pass of any process (``prune``).
+dataset opened, so a run never reads another run's slots); per slot three little-endian int64: the pass (epoch + 1,
+start: a slot never written, all zeros, is in no pass) and the step. A slot of another pass is a process that has not
+begun this one (at step 0: all it will read is kept, for ``BEGIN_GRACE_S`` after this process began it; later it is
+taken for one that reads something else, a rank that opened the dataset and never iterates it) or, for a later pass,
+one done with it. Nothing here is trusted for correctness: a wrong slot costs a download or a little room, never a
+wrong byte. Files a day old are removed by the next pass of any process (``prune``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = ["GroupPositions", "prune"]
 
 FIELDS = 3  # epoch, start, step
 STALE_S = 24 * 3600.0
+# How long a process that has not begun this process's pass counts as about to (at step 0).
+BEGIN_GRACE_S = 10.0
 
 
 class GroupPositions:
@@ -36,17 +40,18 @@ class GroupPositions:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # zeros: every slot at pass (0, 0), step 0
+                os.ftruncate(fd, size)  # zeros: every slot in no pass yet
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self._slots = np.frombuffer(self._map, dtype="<i8").reshape(slots, FIELDS)
-        self._pass = (0, 0)
+        self._pass = (0, 0)  # (epoch + 1, start) of this process's pass, as its slot holds it
+        self._begun = float("-inf")  # when this process began its pass (``time.monotonic``)
 
     def begin(self, epoch: int, start: int) -> None:
         """This process begins the pass ``(epoch, start)``, at step 0 (the step first, so a reader never sees the
         new pass with the old step)."""
-        self._pass = (int(epoch), int(start))
+        self._pass, self._begun = (int(epoch) + 1, int(start)), time.monotonic()  # as written: 0 is no pass
         self._slots[self.slot, 2] = 0
         self._slots[self.slot, 0:2] = self._pass
         try:
@@ -59,13 +64,15 @@ class GroupPositions:
         self._slots[self.slot, 2] = step
 
     def slowest(self) -> int:
-        """The step of the slowest process of the group in this process's pass (0 for one yet to begin it; a
-        process in a later pass is done with this one)."""
+        """The step of the slowest process of the group in this process's pass (0 for one yet to begin it, within
+        ``BEGIN_GRACE_S`` of this process's beginning; a process in a later pass is done with this one)."""
         rows = self._slots.copy()
         mine = np.array(self._pass, dtype=np.int64)
         here = (rows[:, 0] == mine[0]) & (rows[:, 1] == mine[1])
         later = (rows[:, 0] > mine[0]) | ((rows[:, 0] == mine[0]) & (rows[:, 1] > mine[1]))
-        steps = np.where(here, rows[:, 2], np.where(later, np.iinfo(np.int64).max, 0))
+        done = np.iinfo(np.int64).max
+        waited_for = 0 if time.monotonic() - self._begun < BEGIN_GRACE_S else done
+        steps = np.where(here, rows[:, 2], np.where(later, done, waited_for))
         return int(steps.min())
 
     def slowest_reading(self) -> int:
