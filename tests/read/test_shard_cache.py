@@ -687,7 +687,8 @@ def _read_steps(cache: ShardCache, dataset: str, units: list[CachedShard], steps
 def test_a_process_ahead_of_its_group_waits_for_room_instead_of_passing_the_limit(dataset, tmp_path):
     """A follower running ahead of the group's slowest process (its prefetch) reads past the group's keep set; the
     directory is full of what the slowest still reads, so its read waits until the slowest moves on and the group
-    lets go of what it read: the directory stays within the limit, and every byte read is the shard's own."""
+    lets go of what it read: the directory stays within the limit (a shard, where both take the last room at once),
+    and every byte read is the shard's own."""
     from shardio.read.cache.group_positions import GroupPositions
 
     units, shape = units_of(dataset)
@@ -722,7 +723,9 @@ def test_a_process_ahead_of_its_group_waits_for_room_instead_of_passing_the_limi
         _read_steps(leader, dataset, units, range(1, len(units)))
         ahead.join(timeout=120)
         assert not ahead.is_alive() and not errors, errors
-        assert max(stores[0].sizes + stores[1].sizes) <= limit  # sampled at every download
+        # Sampled at every download. Two processes counting the directory at one moment may each take its last
+        # room (each counts the other's downloads once they begin): one shard over at most.
+        assert max(stores[0].sizes + stores[1].sizes) <= limit + largest
     finally:
         leader.close()
         follower.close()

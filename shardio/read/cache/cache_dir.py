@@ -387,25 +387,29 @@ class CacheDir:
             os.close(fd)
         return True
 
-    def bytes_now(self, loading: Mapping[str, int] | None = None) -> int:
+    def bytes_now(self, loading: Mapping[str, int], size_of: Callable[[str], int | None]) -> int:
         """The bytes of every shard file in the directory now, downloads in progress included: what all the processes
-        sharing it hold (a group's first process downloads ahead only while they leave room, ``cache_room``).
-        ``loading``: the calling process's downloads (unit key -> bytes), counted at the size they will have, not
-        the part written so far."""
-        loading = loading or {}
-        total = sum(loading.values())
+        sharing it hold (a group's first process downloads ahead only while they leave room, ``cache_room``). A
+        download is counted at the size it will have, not the part written so far: the calling process's
+        (``loading``: unit key -> bytes, its ``.tmp-`` files there yet or not) and any other process's whose unit
+        ``size_of`` knows (the processes of a group download the units of one plan); another's at what it wrote."""
+        total, whole = 0, dict(loading)
         with os.scandir(self.root) as entries:
             for entry in entries:
                 temp = entry.name.startswith(TEMP_PREFIX)
-                if temp and entry.name[len(TEMP_PREFIX):].split(".", 1)[0] in loading:
-                    continue
+                if temp:
+                    key = entry.name[len(TEMP_PREFIX):].split(".", 1)[0]
+                    size = whole.get(key, size_of(key))
+                    if size is not None:
+                        whole[key] = size  # a unit's files, counted once
+                        continue
                 if temp or entry.name.endswith((".npy", ".jsonl")):
                     try:
                         if entry.is_file(follow_symlinks=False):
                             total += entry.stat(follow_symlinks=False).st_size
                     except FileNotFoundError:  # removed meanwhile by another process
                         pass
-        return total
+        return total + sum(whole.values())
 
     def usage(self) -> tuple[dict[str, int], set[str]]:
         """(bytes of finished files per shard key, keys with temp files) in the directory now."""

@@ -181,7 +181,7 @@ class CacheRoom:
         return now - self._slowest_seen[1] < HOLD_BACK_S
 
     def _directory_bytes(self, size: int, fresh: bool) -> int:
-        """The directory's bytes (``CacheDir.bytes_now``, this process's downloads at their whole size): counted again
+        """The directory's bytes (``CacheDir.bytes_now``, downloads in progress at their whole size): counted again
         when ``fresh``, when the count is ``DIRECTORY_RECOUNT_S`` old, or when it leaves no room for ``size`` (a tenth
         of that apart at the soonest); else the last count with what this process reserved since."""
         now = time.monotonic()
@@ -189,9 +189,12 @@ class CacheRoom:
         age = now - counted_at
         if fresh or age > DIRECTORY_RECOUNT_S or (counted + size > self.limit and age > DIRECTORY_RECOUNT_S / 10):
             loading = {key: self._unit(key).size for key in self._in[_LOADING]}
-            counted_at, counted = now, self.files.bytes_now(loading)
+            counted_at, counted = now, self.files.bytes_now(loading, self._size_if_known)
             self._directory_count = (counted_at, counted)
         return counted
+
+    def _size_if_known(self, key: str) -> int | None:
+        raise NotImplementedError
 
     def _freeing(self) -> int:
         """Bytes of doomed files: free once their maps go."""

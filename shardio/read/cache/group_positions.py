@@ -9,7 +9,8 @@ start: a slot never written, all zeros, is in no pass) and the step. A slot of a
 begun this one (at step 0: all it will read is kept, for ``BEGIN_GRACE_S`` after this process began it; later it is
 taken for one that reads something else, a rank that opened the dataset and never iterates it) or, for a later pass,
 one done with it. Nothing here is trusted for correctness: a wrong slot costs a download, a little room or a wait of
-``cache_room.HOLD_BACK_S`` at most, never a wrong byte. Files a day old are removed by the next pass of any process (``prune``).
+``cache_room.HOLD_BACK_S`` at most, never a wrong byte. Files a day old are removed by the next pass of any process
+(``prune``).
 """
 
 from __future__ import annotations

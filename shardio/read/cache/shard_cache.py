@@ -346,6 +346,10 @@ class ShardCache(CacheRoom, CachedViews):
     def _unit(self, key: str) -> CachedShard:
         return self._by_key[key]
 
+    def _size_if_known(self, key: str) -> int | None:
+        unit = self._by_key.get(key)
+        return None if unit is None else unit.size
+
     def _next_use(self, key: str, after: int | None = None) -> float:
         """Where ``key`` is next read, from ``after`` (default: this process's place)."""
         return self._pass.next_use(key, self._position if after is None else after)
