@@ -67,22 +67,21 @@ class GroupPositions:
     def slowest(self) -> int:
         """The step of the slowest process of the group in this process's pass (0 for one yet to begin it, within
         ``BEGIN_GRACE_S`` of this process's beginning; a process in a later pass is done with this one)."""
+        return self._slowest(time.monotonic() - self._begun < BEGIN_GRACE_S)
+
+    def slowest_reading(self) -> int:
+        """The step of the slowest process reading this process's pass now, those yet to begin it left out (one that
+        never begins it, a rank that opened the dataset and reads another, holds no one back)."""
+        return self._slowest(False)
+
+    def _slowest(self, wait_for_new: bool) -> int:
         rows = self._slots.copy()
         mine = np.array(self._pass, dtype=np.int64)
         here = (rows[:, 0] == mine[0]) & (rows[:, 1] == mine[1])
         later = (rows[:, 0] > mine[0]) | ((rows[:, 0] == mine[0]) & (rows[:, 1] > mine[1]))
         done = np.iinfo(np.int64).max
-        waited_for = 0 if time.monotonic() - self._begun < BEGIN_GRACE_S else done
-        steps = np.where(here, rows[:, 2], np.where(later, done, waited_for))
+        steps = np.where(here, rows[:, 2], np.where(later, done, 0 if wait_for_new else done))
         return int(steps.min())
-
-    def slowest_reading(self) -> int:
-        """The step of the slowest process reading this process's pass now, those yet to begin it left out (one that
-        never begins it, a rank that opened the dataset and reads another, holds no one back)."""
-        rows = self._slots.copy()
-        here = (rows[:, 0] == self._pass[0]) & (rows[:, 1] == self._pass[1])
-        here[self.slot] = True
-        return int(rows[here, 2].min())
 
 
 def prune(cache_dir: str) -> None:
