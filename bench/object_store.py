@@ -85,17 +85,19 @@ def _upload_dataset(store: Any, directory: str) -> dict[str, Any]:
 PEER_WORKERS = (2, 4)  # DataLoader workers tried for each peer (2 cores): the best warm epoch is its row
 
 
-def _run_peer(command: list[str]) -> tuple[dict[str, Any] | None, str]:
-    """(the script's PEER_RESULT, "") or (None, why it gave none)."""
+def _run_child(command: list[str], marker: str, timeout: int = 900,
+               env: dict[str, str] | None = None) -> tuple[dict[str, Any] | None, str]:
+    """(the JSON the child printed after ``marker``, "") or (None, why it gave none): a peer's script, the clients'
+    comparison."""
     try:
-        process = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        process = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
-        return None, "timed out after 900 s"
-    line = next((ln for ln in reversed(process.stdout.splitlines()) if ln.startswith("PEER_RESULT ")), None)
+        return None, f"timed out after {timeout} s"
+    line = next((ln for ln in reversed(process.stdout.splitlines()) if ln.startswith(marker + " ")), None)
     if process.returncode != 0 or line is None:
         tail = (process.stderr or process.stdout).strip().splitlines()[-3:]
         return None, f"exit {process.returncode}: {' | '.join(tail)}"[-600:]
-    return json.loads(line[len("PEER_RESULT "):]), ""
+    return json.loads(line[len(marker) + 1:]), ""
 
 
 def _clients(env: dict[str, str], rounds: int, large_mb: int) -> dict[str, Any]:
@@ -107,15 +109,9 @@ def _clients(env: dict[str, str], rounds: int, large_mb: int) -> dict[str, Any]:
     code = ("import json, os\nfrom bench.s3_clients import compare_clients\n"
             f"print('CLIENTS ' + json.dumps(compare_clients({BUCKET!r}, dict(os.environ), rounds={rounds}, "
             f"large_mb={large_mb})))")
-    try:
-        process = subprocess.run([python, "-c", code], env={**os.environ, **env, "PYTHONPATH": os.path.dirname(HERE)},
-                                 capture_output=True, text=True, timeout=1800, check=False)
-    except subprocess.TimeoutExpired:
-        return {"not available": "the comparison timed out after 1800 s"}
-    line = next((ln for ln in process.stdout.splitlines() if ln.startswith("CLIENTS ")), None)
-    if process.returncode != 0 or line is None:
-        return {"not available": f"exit {process.returncode}: {process.stderr.strip()[-300:]}"}
-    return json.loads(line[len("CLIENTS "):])  # type: ignore[no-any-return]
+    result, why = _run_child([python, "-c", code], "CLIENTS", timeout=1800,
+                             env={**os.environ, **env, "PYTHONPATH": os.path.dirname(HERE)})
+    return result if result is not None else {"not available": why}
 
 
 def _peers(quick: bool, local_dir: str) -> dict[str, Any]:
@@ -135,7 +131,7 @@ def _peers(quick: bool, local_dir: str) -> dict[str, Any]:
             command = [python, os.path.join(HERE, "peers", script), "--shards", local_dir,
                        "--remote", f"s3://{BUCKET}/peer-{slug}", "--scratch", scratch,
                        "--epochs", "2" if quick else "3", "--workers", str(workers)]
-            result, why = _run_peer(command + (["--skip-write"] if runs else []))
+            result, why = _run_child(command + (["--skip-write"] if runs else []), "PEER_RESULT")
             runs[workers] = result if result is not None else {"not available": why}
         shutil.rmtree(scratch, ignore_errors=True)
         out[peer] = peer_row(runs)
