@@ -667,9 +667,7 @@ def test_a_groups_leader_downloads_ahead_only_while_the_directory_has_room(datas
         held = dir_bytes(cache_dir)
         assert held > 4 * largest
         leader.plan([[s] for s in range(10)], lead=True, positions=GroupPositions(cache_dir, "g", 1, 0))
-        for number in range(10):
-            leader.advance(number)
-            assert bytes(np.ascontiguousarray(leader.pixels(number))) == local_pixels(dataset, units[number]).tobytes()
+        _read_steps(leader, dataset, units, range(10))
         assert leader.stats["downloads"] == 10
         assert max(store.sizes) <= 8 * largest  # sampled at every download: never over the limit
         assert held + 3 * largest > max(store.sizes)  # ahead of what it read, at most the room the others left
